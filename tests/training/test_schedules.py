@@ -1,0 +1,131 @@
+"""Learning-rate schedules: values of :func:`lr_at` and the optimizer's rate during each update."""
+
+import io
+import math
+
+import pytest
+import torch
+
+from transformer.config import SchedulerConfig
+from transformer.training.schedules import build_scheduler, lr_at
+
+
+def _cfg(**kw):
+    return SchedulerConfig(**kw)
+
+
+def test_inverse_sqrt_fairseq_values():
+    cfg = _cfg(name="inverse_sqrt", warmup_updates=10, warmup_init_lr=0.0)
+    lrs = [lr_at(u, cfg, 0.01, 512, 0) for u in range(1, 31)]
+    for u in range(1, 11):
+        assert lrs[u - 1] == pytest.approx(0.001 * u, rel=1e-12)
+    assert lrs[9] == pytest.approx(0.01, rel=1e-12)
+    for u in range(11, 31):
+        assert lrs[u - 1] == pytest.approx(0.01 * math.sqrt(10 / u), rel=1e-12)
+
+
+def test_inverse_sqrt_warmup_init_lr():
+    cfg = _cfg(name="inverse_sqrt", warmup_updates=4, warmup_init_lr=1e-7)
+    assert lr_at(1, cfg, 1e-3, 512, 0) == pytest.approx(1e-7 + (1e-3 - 1e-7) / 4)
+    assert lr_at(4, cfg, 1e-3, 512, 0) == pytest.approx(1e-3)
+
+
+def test_noam_values_and_equivalence_with_fairseq_form():
+    d_model, warmup, scale = 512, 4000, 2.0
+    noam = _cfg(name="inverse_sqrt", form="noam", warmup_updates=warmup, noam_scale=scale)
+    peak = scale * d_model**-0.5 * warmup**-0.5
+    fairseq = _cfg(name="inverse_sqrt", form="fairseq", warmup_updates=warmup)
+    for u in (1, 2, 100, 3999, 4000, 4001, 10_000, 100_000):
+        expected = scale * d_model**-0.5 * min(u**-0.5, u * warmup**-1.5)
+        got = lr_at(u, noam, base_lr=123.0, d_model=d_model, max_updates=0)  # base_lr unused
+        assert got == pytest.approx(expected, rel=1e-12)
+        assert got == pytest.approx(lr_at(u, fairseq, peak, d_model, 0), rel=1e-12)
+    # Vaswani et al. 2017 base: peak lr at step 4000.
+    paper = _cfg(name="inverse_sqrt", form="noam", warmup_updates=4000)
+    assert lr_at(4000, paper, 0.0, 512, 0) == pytest.approx(6.9877e-4, rel=1e-4)
+
+
+def test_cosine_and_constant_values():
+    cfg = _cfg(name="cosine", warmup_updates=4, min_lr=1e-4)
+    base, total = 1e-3, 14
+    assert lr_at(2, cfg, base, 512, total) == pytest.approx(5e-4)
+    assert lr_at(4, cfg, base, 512, total) == pytest.approx(base)
+    assert lr_at(9, cfg, base, 512, total) == pytest.approx(1e-4 + 9e-4 * 0.5)  # half way
+    assert lr_at(14, cfg, base, 512, total) == pytest.approx(1e-4)
+    assert lr_at(50, cfg, base, 512, total) == pytest.approx(1e-4)
+    const = _cfg(name="constant", warmup_updates=4)
+    assert [lr_at(u, const, 1e-3, 512, 0) for u in (1, 4, 5, 1000)] == pytest.approx(
+        [2.5e-4, 1e-3, 1e-3, 1e-3]
+    )
+    no_warmup = _cfg(name="constant", warmup_updates=0)
+    assert lr_at(1, no_warmup, 1e-3, 512, 0) == 1e-3
+
+
+@pytest.mark.parametrize(
+    "kw, update, max_updates, match",
+    [
+        (dict(name="inverse_sqrt", warmup_updates=0), 1, 0, "warmup_updates > 0"),
+        (dict(name="inverse_sqrt", warmup_updates=10), 0, 0, "numbered from 1"),
+        (dict(name="cosine", warmup_updates=10), 1, 10, "max_updates"),
+        (dict(name="linear"), 1, 0, "not one of"),
+        (dict(form="other"), 1, 0, "not one of"),
+        (dict(name="cosine", form="noam"), 1, 100, "inverse_sqrt only"),
+        (dict(form="noam", warmup_init_lr=1e-7), 1, 0, "warmup_init_lr"),
+    ],
+)
+def test_invalid_configs_raise(kw, update, max_updates, match):
+    with pytest.raises(ValueError, match=match):
+        lr_at(update, _cfg(**kw), 1e-3, 512, max_updates)
+
+
+def _drive(cfg, base_lr, max_updates, n, d_model=512, groups=2):
+    """Run ``n`` real updates; return the lr read from every param group before each step."""
+    params = [torch.nn.Parameter(torch.ones(2)) for _ in range(groups)]
+    opt = torch.optim.Adam([{"params": [p]} for p in params], lr=base_lr)
+    sched = build_scheduler(opt, cfg, base_lr, d_model, max_updates)
+    seen = []
+    for _ in range(n):
+        seen.append([g["lr"] for g in opt.param_groups])
+        sum(p.sum() for p in params).backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+    return seen, opt, sched
+
+
+@pytest.mark.parametrize(
+    "kw, max_updates",
+    [
+        (dict(name="inverse_sqrt", warmup_updates=10), 0),
+        (dict(name="inverse_sqrt", form="noam", warmup_updates=10), 0),
+        (dict(name="cosine", warmup_updates=5, min_lr=1e-5), 25),
+        (dict(name="constant", warmup_updates=3), 0),
+    ],
+)
+def test_optimizer_lr_during_update_u_is_lr_at_u(kw, max_updates):
+    cfg = _cfg(**kw)
+    seen, _, sched = _drive(cfg, 0.01, max_updates, 25)
+    for u, group_lrs in enumerate(seen, start=1):
+        expected = lr_at(u, cfg, 0.01, 512, max_updates)
+        assert group_lrs == pytest.approx([expected, expected], rel=1e-12), u
+    assert sched.num_updates == 25
+    assert sched.get_last_lr() == pytest.approx([lr_at(26, cfg, 0.01, 512, max_updates)] * 2)
+
+
+def test_resume_restores_position_and_lr():
+    cfg = _cfg(name="inverse_sqrt", warmup_updates=10)
+    _, opt, sched = _drive(cfg, 0.01, 0, 7)
+    buf = io.BytesIO()
+    torch.save({"opt": opt.state_dict(), "sched": sched.state_dict()}, buf)
+    buf.seek(0)
+    state = torch.load(buf, weights_only=True)
+
+    params = [torch.nn.Parameter(torch.ones(2)) for _ in range(2)]
+    opt2 = torch.optim.Adam([{"params": [p]} for p in params], lr=0.01)
+    sched2 = build_scheduler(opt2, cfg, 0.01, 512, 0)
+    sched2.load_state_dict(state["sched"])
+    opt2.load_state_dict(state["opt"])
+    assert sched2.num_updates == 7
+    assert [g["lr"] for g in opt2.param_groups] == pytest.approx([lr_at(8, cfg, 0.01, 512, 0)] * 2)
+    sched2.step()
+    assert [g["lr"] for g in opt2.param_groups] == pytest.approx([lr_at(9, cfg, 0.01, 512, 0)] * 2)
