@@ -1,0 +1,182 @@
+"""The builder: turns a :class:`~transformer.config.ModelConfig` into modules.
+
+Component builders (``build_norm``, ``build_ffn``, ``build_attention``, ``build_position``) wire one
+part from sizes; :func:`build_model` wires a whole model. Modules never see the config.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch import nn
+
+from transformer.config import resolve_n_kv_heads, validate_model_config
+from transformer.models.decoder_only import DecoderOnlyModel
+from transformer.models.encoder_decoder import EncoderDecoderModel
+from transformer.modules.attention import Attention
+from transformer.modules.embedding import TokenEmbedding
+from transformer.modules.ffn import ACTIVATIONS, FeedForward, GatedFeedForward, glu_hidden_size
+from transformer.modules.layers import TransformerLayer, TransformerStack
+from transformer.modules.positions import (
+    ALiBi,
+    LearnedPositionalEmbedding,
+    NoPositions,
+    PositionEncoding,
+    RotaryEmbedding,
+    SinusoidalPositionalEmbedding,
+)
+from transformer.modules.residual import PostNormResidual, PreNormResidual
+
+
+def build_norm(name: str, d_model: int, eps: float) -> nn.Module:
+    """``layernorm`` -> :class:`torch.nn.LayerNorm`; ``rmsnorm`` -> :class:`torch.nn.RMSNorm`."""
+    if name == "layernorm":
+        return nn.LayerNorm(d_model, eps=eps)
+    if name == "rmsnorm":
+        return nn.RMSNorm(d_model, eps=eps)
+    raise ValueError(f"unknown norm {name!r}")
+
+
+def build_ffn(name: str, d_model: int, d_ff: int, bias: bool, dropout: float, glu_match_params: bool, multiple_of: int) -> nn.Module:
+    """A two-matrix (relu, gelu) or gated (swiglu, geglu) feed-forward block of width ``d_ff``.
+
+    Gated blocks use ``glu_hidden_size(d_ff)`` when ``glu_match_params`` (parameter-matched) and
+    ``d_ff`` otherwise.
+    """
+    act = ACTIVATIONS[name]
+    if name in ("relu", "gelu"):
+        return FeedForward(nn.Linear(d_model, d_ff, bias=bias), nn.Linear(d_ff, d_model, bias=bias), act, dropout)
+    hidden = glu_hidden_size(d_ff, multiple_of) if glu_match_params else d_ff
+    return GatedFeedForward(nn.Linear(d_model, 2 * hidden, bias=bias), nn.Linear(hidden, d_model, bias=bias), act, dropout)
+
+
+def build_attention(d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dropout: float) -> Attention:
+    """An :class:`Attention` with packed q/k/v projections of ``d_model // n_heads`` wide heads."""
+    head_dim = d_model // n_heads
+    in_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
+    return Attention(n_heads, n_kv_heads, head_dim, in_proj, nn.Linear(n_heads * head_dim, d_model, bias=bias), dropout)
+
+
+def build_position(name: str, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> PositionEncoding:
+    """The position encoding named by ``model/position``."""
+    if name == "sinusoidal":
+        return SinusoidalPositionalEmbedding(d_model, max_positions)
+    if name == "learned":
+        return LearnedPositionalEmbedding(max_positions, d_model)
+    if name == "rope":
+        return RotaryEmbedding(d_model // n_heads, rope_theta)
+    if name == "alibi":
+        return ALiBi(n_heads)
+    if name == "none":
+        return NoPositions()
+    raise ValueError(f"unknown position encoding {name!r}")
+
+
+def _build_stack(cfg: Any, n_layers: int, n_kv_heads: int, cross: bool) -> TransformerStack:
+    residual = PreNormResidual if cfg.norm_position == "pre" else PostNormResidual
+
+    def block(sublayer: nn.Module) -> nn.Module:
+        return residual(sublayer, build_norm(cfg.norm.name, cfg.d_model, cfg.norm.eps), cfg.dropout)
+
+    def attention() -> Attention:
+        return build_attention(cfg.d_model, cfg.n_heads, n_kv_heads, cfg.bias, cfg.attention_dropout)
+
+    layers = [
+        TransformerLayer(
+            self_attn=block(attention()),
+            ffn=block(
+                build_ffn(
+                    cfg.ffn.name, cfg.d_model, cfg.d_ff, cfg.bias, cfg.activation_dropout,
+                    cfg.ffn.glu_match_params, cfg.ffn.multiple_of,
+                )
+            ),
+            cross_attn=block(attention()) if cross else None,
+        )
+        for _ in range(n_layers)
+    ]
+    final = build_norm(cfg.norm.name, cfg.d_model, cfg.norm.eps) if cfg.norm_position == "pre" else None
+    return TransformerStack(layers, final)
+
+
+def _init_weights(model: nn.Module, cfg: Any, embeddings: list[nn.Embedding], pad_id: int) -> None:
+    """``xavier``: fairseq's transformer init (Xavier-uniform linears, zero biases, N(0, d^-1/2)
+    embeddings); ``normal``: Llama/GPT style N(0, init_std) for every matrix."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            if cfg.init == "xavier":
+                nn.init.xavier_uniform_(module.weight)
+            else:
+                nn.init.normal_(module.weight, std=cfg.init_std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+    for emb in embeddings:  # after the linears: a tied output projection takes the embedding init
+        nn.init.normal_(emb.weight, std=cfg.d_model**-0.5 if cfg.init == "xavier" else cfg.init_std)
+        emb.weight.data[pad_id].zero_()
+
+
+def build_model(
+    cfg: Any,
+    src_vocab_size: int,
+    tgt_vocab_size: int | None = None,
+    *,
+    pad_id: int = 0,
+    bos_id: int = 2,
+    eos_id: int = 3,
+    sep_id: int = 4,
+) -> EncoderDecoderModel | DecoderOnlyModel:
+    """Build the model described by ``cfg`` (a :class:`~transformer.config.ModelConfig` or DictConfig).
+
+    Args:
+        cfg: the model config; validated first.
+        src_vocab_size: source vocabulary (the only one for a joint vocabulary / decoder-only).
+        tgt_vocab_size: target vocabulary; None means the same as the source (joint vocabulary).
+        pad_id, bos_id, eos_id, sep_id: special token ids of the tokenizer.
+
+    Returns:
+        :class:`EncoderDecoderModel` or :class:`DecoderOnlyModel`.
+
+    Raises:
+        ConfigError: for invalid field combinations (see :func:`validate_model_config`).
+    """
+    joint = tgt_vocab_size is None or tgt_vocab_size == src_vocab_size
+    validate_model_config(cfg, joint_vocab=tgt_vocab_size is None)
+    tgt_vocab_size = src_vocab_size if tgt_vocab_size is None else tgt_vocab_size
+    n_kv_heads = resolve_n_kv_heads(cfg)
+    d = cfg.d_model
+    scale = math.sqrt(d) if cfg.scale_embeddings else 1.0
+
+    def position() -> PositionEncoding:
+        return build_position(cfg.position.name, d, cfg.n_heads, cfg.max_positions, cfg.position.rope_theta)
+
+    if cfg.arch == "decoder_only":
+        emb = nn.Embedding(src_vocab_size, d, padding_idx=pad_id)
+        out = nn.Linear(d, src_vocab_size, bias=False)
+        stack = _build_stack(cfg, cfg.n_encoder_layers + cfg.n_decoder_layers, n_kv_heads, cross=False)
+        model = DecoderOnlyModel(
+            TokenEmbedding(emb, position(), scale, cfg.dropout), stack, out, cfg.n_heads,
+            pad_id=pad_id, sep_id=sep_id, eos_id=eos_id,
+        )
+        embeddings = [emb]
+        if cfg.tie_embeddings != "none":
+            out.weight = emb.weight
+        elif cfg.init == "xavier":
+            embeddings.append(out)  # fairseq inits an untied output matrix like an embedding
+    else:
+        src_emb = nn.Embedding(src_vocab_size, d, padding_idx=pad_id)
+        tgt_emb = src_emb if cfg.tie_embeddings == "all" and joint else nn.Embedding(tgt_vocab_size, d, padding_idx=pad_id)
+        out = nn.Linear(d, tgt_vocab_size, bias=False)
+        model = EncoderDecoderModel(
+            TokenEmbedding(src_emb, position(), scale, cfg.dropout),
+            TokenEmbedding(tgt_emb, position(), scale, cfg.dropout),
+            _build_stack(cfg, cfg.n_encoder_layers, n_kv_heads, cross=False),
+            _build_stack(cfg, cfg.n_decoder_layers, n_kv_heads, cross=True),
+            out, cfg.n_heads, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id,
+        )
+        embeddings = [src_emb] if tgt_emb is src_emb else [src_emb, tgt_emb]
+        if cfg.tie_embeddings in ("decoder", "all"):
+            out.weight = tgt_emb.weight
+        elif cfg.init == "xavier":
+            embeddings.append(out)
+    _init_weights(model, cfg, embeddings, pad_id)
+    return model

@@ -1,0 +1,101 @@
+"""A decoder-only causal LM that translates as a prefix LM: ``source <sep> target <eos>``."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from transformer.models.state import DecodingState, incremental_step
+from transformer.modules.attention import KVCache, build_attention_mask
+from transformer.modules.embedding import TokenEmbedding
+from transformer.modules.layers import TransformerStack
+
+
+class DecoderOnlyModel(nn.Module):
+    """Causal Transformer LM (Radford et al. 2018; Llama, Touvron et al. 2023) used as a prefix LM.
+
+    Training reads ``source <sep> target`` in one sequence with the loss on the target only (the
+    collator puts padding in the target over the source). Decoding processes the source prefix once
+    into the KV cache, then starts from ``<sep>``.
+
+    Args:
+        embed: token embedding with its position encoding.
+        decoder: stack of causal layers without cross-attention.
+        output_proj: Linear ``d_model -> vocab``.
+        n_heads: query heads (ALiBi bias shape).
+        pad_id, sep_id, eos_id: special token ids.
+    """
+
+    arch = "decoder_only"
+
+    def __init__(
+        self,
+        embed: TokenEmbedding,
+        decoder: TransformerStack,
+        output_proj: nn.Linear,
+        n_heads: int,
+        pad_id: int = 0,
+        sep_id: int = 4,
+        eos_id: int = 3,
+    ) -> None:
+        super().__init__()
+        self.embed, self.decoder, self.output_proj = embed, decoder, output_proj
+        self.n_heads = n_heads
+        self.pad_id, self.sep_id, self.eos_id = pad_id, sep_id, eos_id
+        self.decoder_start_token_id = sep_id
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """Teacher-forced forward pass over right-padded sequences.
+
+        Args:
+            tokens: ``(batch, seq_len)`` ``source <sep> target`` right-padded.
+
+        Returns:
+            Logits ``(batch, seq_len, vocab)``.
+        """
+        b, t = tokens.shape
+        positions = torch.arange(t, device=tokens.device)[None]  # (1, T)
+        x = self.embed(tokens, positions.expand(b, t))
+        position = self.embed.position
+        bias = position.score_bias(positions, positions, causal=True)
+        mask, is_causal = build_attention_mask(None, True, t, t, bias, x.dtype)
+        h = self.decoder(x, self_mask=mask, is_causal=is_causal, rotary=position.rotary(positions))
+        return self.output_proj(h)
+
+    def start_decoding(self, src_tokens: Tensor) -> DecodingState:
+        """Left-pad the sources and run them once through the stack, filling the KV caches.
+
+        Args:
+            src_tokens: ``(batch, src_len)`` right-padded source ids (no specials).
+
+        Returns:
+            A :class:`DecodingState` whose caches hold the source; feed ``sep_id`` first.
+        """
+        b, s = src_tokens.shape
+        device = src_tokens.device
+        lengths = src_tokens.ne(self.pad_id).sum(1)  # (B,)
+        n = len(self.decoder.layers)
+        caches = [KVCache() for _ in range(n)]
+        idx = torch.arange(s, device=device)[None] - (s - lengths)[:, None]  # (B, S)
+        pad_mask = idx < 0
+        positions = idx.clamp(min=0)
+        if s > 0:
+            left = src_tokens.gather(1, positions).masked_fill(pad_mask, self.pad_id)
+            x = self.embed(left, positions)
+            position = self.embed.position
+            bias = position.score_bias(positions, positions, causal=True)
+            has_pad = bool(pad_mask.any())
+            mask, is_causal = build_attention_mask(pad_mask if has_pad else None, True, s, s, bias, x.dtype)
+            self.decoder(x, self_mask=mask, is_causal=is_causal, rotary=position.rotary(positions), self_caches=caches)
+        else:
+            has_pad = False
+        return DecodingState(
+            self_caches=caches,
+            positions=lengths.clone(),
+            key_positions=positions,
+            self_pad_mask=pad_mask if has_pad else None,
+        )
+
+    def decode_step(self, tokens: Tensor, state: DecodingState) -> Tensor:
+        """One incremental step. Args: tokens ``(batch, 1)``. Returns logits ``(batch, vocab)``."""
+        return incremental_step(self.embed, self.decoder, self.output_proj, self.n_heads, tokens, state)

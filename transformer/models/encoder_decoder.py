@@ -1,0 +1,127 @@
+"""The encoder-decoder Transformer (Vaswani et al. 2017, §3.1)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from transformer.models.state import DecodingState, incremental_step
+from transformer.modules.attention import KVCache, build_attention_mask
+from transformer.modules.embedding import TokenEmbedding
+from transformer.modules.layers import TransformerStack
+
+
+class EncoderDecoderModel(nn.Module):
+    """Sequence-to-sequence Transformer: an encoder over the source, a causal decoder over the target.
+
+    Args:
+        src_embed: source :class:`TokenEmbedding` (its position encoding is the encoder's).
+        tgt_embed: target :class:`TokenEmbedding` (its position encoding is the decoder's).
+        encoder: encoder stack (layers without cross-attention).
+        decoder: decoder stack (layers with cross-attention).
+        output_proj: Linear ``d_model -> tgt_vocab`` (weight possibly tied to the embeddings).
+        n_heads: query heads (ALiBi bias shape).
+        pad_id, bos_id, eos_id: special token ids; ``bos_id`` starts every decoder input.
+    """
+
+    arch = "encoder_decoder"
+
+    def __init__(
+        self,
+        src_embed: TokenEmbedding,
+        tgt_embed: TokenEmbedding,
+        encoder: TransformerStack,
+        decoder: TransformerStack,
+        output_proj: nn.Linear,
+        n_heads: int,
+        pad_id: int = 0,
+        bos_id: int = 2,
+        eos_id: int = 3,
+    ) -> None:
+        super().__init__()
+        self.src_embed, self.tgt_embed = src_embed, tgt_embed
+        self.encoder, self.decoder, self.output_proj = encoder, decoder, output_proj
+        self.n_heads = n_heads
+        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        self.decoder_start_token_id = bos_id
+
+    def encode(self, src_tokens: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Run the encoder.
+
+        Args:
+            src_tokens: ``(batch, src_len)`` right-padded with ``pad_id``.
+
+        Returns:
+            memory ``(batch, src_len, d_model)`` and the cross-attention mask
+            ``(batch, 1, 1, src_len)`` (bool, True = attend) or None when nothing is padded.
+        """
+        b, s = src_tokens.shape
+        pad = src_tokens.eq(self.pad_id)
+        has_pad = bool(pad.any())
+        positions = torch.arange(s, device=src_tokens.device)[None].expand(b, s)
+        x = self.src_embed(src_tokens, positions)
+        position = self.src_embed.position
+        bias = position.score_bias(positions, positions, causal=False)
+        mask, _ = build_attention_mask(pad if has_pad else None, False, s, s, bias, x.dtype)
+        memory = self.encoder(x, self_mask=mask, rotary=position.rotary(positions))
+        return memory, (~pad[:, None, None, :] if has_pad else None)
+
+    def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
+        """Teacher-forced forward pass.
+
+        Args:
+            src_tokens: ``(batch, src_len)``.
+            prev_output_tokens: ``(batch, tgt_len)`` decoder input (BOS + target), right-padded.
+
+        Returns:
+            Logits ``(batch, tgt_len, tgt_vocab)``.
+        """
+        memory, memory_mask = self.encode(src_tokens)
+        b, t = prev_output_tokens.shape
+        positions = torch.arange(t, device=prev_output_tokens.device)[None].expand(b, t)
+        x = self.tgt_embed(prev_output_tokens, positions)
+        position = self.tgt_embed.position
+        bias = position.score_bias(positions[:1], positions[:1], causal=True)
+        mask, is_causal = build_attention_mask(None, True, t, t, bias, x.dtype)
+        h = self.decoder(
+            x,
+            self_mask=mask,
+            is_causal=is_causal,
+            rotary=position.rotary(positions[:1]),
+            memory=memory,
+            memory_mask=memory_mask,
+        )
+        return self.output_proj(h)
+
+    def start_decoding(self, src_tokens: Tensor) -> DecodingState:
+        """Encode the source once and return an empty decoder state.
+
+        Args:
+            src_tokens: ``(batch, src_len)`` right-padded source (ids + EOS).
+
+        Returns:
+            A :class:`DecodingState`; feed ``decoder_start_token_id`` first.
+        """
+        memory, memory_mask = self.encode(src_tokens)
+        b = src_tokens.shape[0]
+        n = len(self.decoder.layers)
+        return DecodingState(
+            self_caches=[KVCache() for _ in range(n)],
+            cross_caches=[KVCache(static=True) for _ in range(n)],
+            positions=torch.zeros(b, dtype=torch.long, device=src_tokens.device),
+            key_positions=torch.zeros(b, 0, dtype=torch.long, device=src_tokens.device),
+            memory=memory,
+            memory_mask=memory_mask,
+        )
+
+    def decode_step(self, tokens: Tensor, state: DecodingState) -> Tensor:
+        """One incremental decoder step.
+
+        Args:
+            tokens: ``(batch, 1)`` previous tokens.
+            state: from :meth:`start_decoding` (updated in place).
+
+        Returns:
+            Logits ``(batch, tgt_vocab)``.
+        """
+        return incremental_step(self.tgt_embed, self.decoder, self.output_proj, self.n_heads, tokens, state)

@@ -1,0 +1,106 @@
+"""Decoding state shared by both model families, and the one incremental step they both use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from transformer.modules.attention import KVCache, build_attention_mask
+from transformer.modules.embedding import TokenEmbedding
+from transformer.modules.layers import TransformerStack
+
+
+@dataclass
+class DecodingState:
+    """Everything a model needs to extend its hypotheses by one token.
+
+    Attributes:
+        self_caches: one self-attention :class:`KVCache` per decoder layer.
+        positions: ``(batch,)`` position of the next token of each row.
+        key_positions: ``(batch, cached_len)`` positions of the cached self-attention keys.
+        self_pad_mask: ``(batch, cached_len)`` bool, True at padding keys (left-padded prompts of the
+            decoder-only model), or None when no row has padding.
+        cross_caches: one static cross-attention cache per decoder layer (encoder-decoder only).
+        memory: encoder output ``(batch, src_len, d_model)``; dropped once the cross caches are full.
+        memory_mask: ``(batch, 1, 1, src_len)`` bool, True = attend, or None without source padding.
+    """
+
+    self_caches: list[KVCache]
+    positions: Tensor
+    key_positions: Tensor
+    self_pad_mask: Tensor | None = None
+    cross_caches: list[KVCache] | None = None
+    memory: Tensor | None = None
+    memory_mask: Tensor | None = None
+
+    def reorder(self, index: Tensor) -> None:
+        """Select (and repeat) batch rows in place, e.g. expand to beams or follow surviving beams.
+
+        Args:
+            index: ``(new_batch,)`` long tensor of row indices.
+        """
+        for cache in self.self_caches:
+            cache.reorder(index)
+        for cache in self.cross_caches or ():
+            cache.reorder(index)
+        self.positions = self.positions.index_select(0, index)
+        self.key_positions = self.key_positions.index_select(0, index)
+        if self.self_pad_mask is not None:
+            self.self_pad_mask = self.self_pad_mask.index_select(0, index)
+        if self.memory is not None:
+            self.memory = self.memory.index_select(0, index)
+        if self.memory_mask is not None:
+            self.memory_mask = self.memory_mask.index_select(0, index)
+
+    @property
+    def batch_size(self) -> int:
+        """Number of rows (sentences × beams)."""
+        return self.positions.shape[0]
+
+
+def incremental_step(
+    embed: TokenEmbedding,
+    stack: TransformerStack,
+    output_proj: nn.Linear,
+    n_heads: int,
+    tokens: Tensor,
+    state: DecodingState,
+) -> Tensor:
+    """Feed one token per row through a decoder stack with KV caches; update ``state`` in place.
+
+    Args:
+        embed: target embedding (with its position encoding).
+        stack: the decoder stack.
+        output_proj: Linear ``d_model -> vocab``.
+        n_heads: query heads (for the ALiBi bias shape).
+        tokens: ``(batch, 1)`` the previous output token of each row.
+        state: the caches; ``positions`` says where ``tokens`` sit.
+
+    Returns:
+        Logits ``(batch, vocab)`` for the next token.
+    """
+    pos = state.positions[:, None]  # (B, 1)
+    k_positions = torch.cat((state.key_positions, pos), dim=1)  # (B, Tk)
+    pad_mask = state.self_pad_mask
+    if pad_mask is not None:
+        pad_mask = torch.cat((pad_mask, pad_mask.new_zeros(pad_mask.shape[0], 1)), dim=1)
+    x = embed(tokens, pos)
+    position = embed.position
+    bias = position.score_bias(pos, k_positions, causal=True)
+    self_mask, _ = build_attention_mask(pad_mask, True, 1, k_positions.shape[1], bias, x.dtype)
+    h = stack(
+        x,
+        self_mask=self_mask,
+        rotary=position.rotary(pos),
+        memory=state.memory,
+        memory_mask=state.memory_mask,
+        self_caches=state.self_caches,
+        cross_caches=state.cross_caches,
+    )
+    state.positions = state.positions + 1
+    state.key_positions = k_positions
+    state.self_pad_mask = pad_mask
+    state.memory = None  # the cross-attention caches now hold its keys and values
+    return output_proj(h[:, -1])

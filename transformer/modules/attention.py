@@ -1,0 +1,197 @@
+"""Multi-head attention with grouped key/value heads and a KV cache.
+
+One module serves self-attention and cross-attention, MHA (``n_kv_heads == n_heads``), GQA
+(Ainslie et al. 2023; ``n_kv_heads`` divides ``n_heads``) and MQA (Shazeer 2019; ``n_kv_heads == 1``).
+The kernel is :func:`torch.nn.functional.scaled_dot_product_attention`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from transformer.modules.positions import apply_rotary
+
+
+class KVCache:
+    """Keys and values of one attention module during incremental decoding.
+
+    Self-attention caches grow by one step per call; cross-attention caches are filled once per
+    source and reused. ``k`` and ``v`` are ``(batch, n_kv_heads, cached_len, head_dim)``.
+
+    Args:
+        static: True for cross-attention (filled once from the encoder output, then only read).
+    """
+
+    __slots__ = ("k", "v", "static")
+
+    def __init__(self, static: bool = False) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+        self.static = static
+
+    def reorder(self, index: Tensor) -> None:
+        """Select (and repeat) batch rows, e.g. to follow the surviving beams.
+
+        Args:
+            index: ``(new_batch,)`` long tensor of rows to keep.
+        """
+        if self.k is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+
+def build_attention_mask(
+    key_padding_mask: Tensor | None,
+    causal: bool,
+    q_len: int,
+    k_len: int,
+    score_bias: Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor | None, bool]:
+    """Combine padding, causality and an additive score bias into SDPA arguments.
+
+    Queries are the last ``q_len`` of ``k_len`` positions (so a causal mask is bottom-right aligned,
+    which is what a KV cache needs).
+
+    Args:
+        key_padding_mask: ``(batch, k_len)`` bool, True at padding keys, or None.
+        causal: forbid attending to later positions.
+        q_len, k_len: query and key lengths.
+        score_bias: ``(batch | 1, n_heads, q_len, k_len)`` additive bias (ALiBi), or None.
+        dtype: dtype of a float mask (the attention dtype).
+
+    Returns:
+        ``(attn_mask, is_causal)`` for SDPA: None + True for the plain causal case, a bool mask
+        ``(batch, 1, q_len, k_len)`` (True = attend) without a bias, a float mask with a bias.
+    """
+    if key_padding_mask is None and score_bias is None:
+        if not causal or q_len == 1:
+            return None, False
+        if q_len == k_len:
+            return None, True
+    allowed: Tensor | None = None
+    if causal and q_len > 1:
+        device = key_padding_mask.device if key_padding_mask is not None else score_bias.device
+        q_idx = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+        allowed = (torch.arange(k_len, device=device)[None, :] <= q_idx)[None, None]  # (1,1,Tq,Tk)
+    if key_padding_mask is not None:
+        keep = ~key_padding_mask[:, None, None, :]  # (B,1,1,Tk)
+        allowed = keep if allowed is None else allowed & keep
+    if score_bias is None:
+        return allowed, False
+    bias = score_bias.to(dtype)
+    if allowed is not None:
+        bias = bias.masked_fill(~allowed, float("-inf"))
+    return bias, False
+
+
+class Attention(nn.Module):
+    """Scaled dot-product attention over ``n_heads`` query and ``n_kv_heads`` key/value heads.
+
+    Query head ``h`` reads key/value head ``h // (n_heads // n_kv_heads)``.
+
+    Args:
+        n_heads: query heads.
+        n_kv_heads: key/value heads; must divide ``n_heads``.
+        head_dim: width of one head.
+        in_proj: Linear ``d_model -> (n_heads + 2 * n_kv_heads) * head_dim`` holding the q, k and v
+            projections stacked in that order (one matmul for self-attention, as in
+            ``nn.MultiheadAttention``'s ``in_proj_weight``).
+        out_proj: Linear ``n_heads * head_dim -> d_model``.
+        dropout: dropout on the attention weights (training only).
+
+    Raises:
+        ValueError: if the sizes do not fit.
+    """
+
+    def __init__(
+        self,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        in_proj: nn.Linear,
+        out_proj: nn.Linear,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if n_kv_heads <= 0 or n_heads % n_kv_heads != 0:
+            raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
+        if in_proj.out_features != (n_heads + 2 * n_kv_heads) * head_dim:
+            raise ValueError(
+                f"in_proj has {in_proj.out_features} outputs, expected "
+                f"(n_heads + 2 * n_kv_heads) * head_dim = {(n_heads + 2 * n_kv_heads) * head_dim}"
+            )
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.in_proj, self.out_proj = in_proj, out_proj
+        self.dropout = dropout
+
+    def _split_kv(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        k, v = kv.split(self.n_kv_heads * self.head_dim, dim=-1)
+        k = rearrange(k, "b t (h d) -> b h t d", h=self.n_kv_heads)
+        v = rearrange(v, "b t (h d) -> b h t d", h=self.n_kv_heads)
+        return k, v
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        rotary: tuple[Tensor, Tensor] | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """Attend from ``x`` to itself (``memory is None``) or to ``memory``.
+
+        Args:
+            x: queries' input ``(batch, q_len, d_model)``.
+            memory: keys'/values' input ``(batch, k_len, d_model)`` for cross-attention.
+            attn_mask: from :func:`build_attention_mask`, covering cached plus new keys.
+            is_causal: plain causal mask (only without ``attn_mask``).
+            rotary: ``(cos, sin)`` for the new positions (RoPE), applied to q and the new k.
+            cache: a :class:`KVCache`; self-attention appends the new k/v; a static (cross-attention)
+                cache is filled once from ``memory`` and reused afterwards, when ``memory`` may be None.
+
+        Returns:
+            ``(batch, q_len, d_model)``.
+        """
+        q_width = self.n_heads * self.head_dim
+        w, b = self.in_proj.weight, self.in_proj.bias
+        cross = memory is not None or (cache is not None and cache.static)
+        if not cross:
+            qkv = self.in_proj(x)  # (B, T, (H + 2Hkv) * hd)
+            q, kv = qkv[..., :q_width], qkv[..., q_width:]
+            k, v = self._split_kv(kv)
+        else:
+            q = F.linear(x, w[:q_width], None if b is None else b[:q_width])
+            if cache is not None and cache.k is not None:
+                k, v = cache.k, cache.v
+            else:
+                k, v = self._split_kv(F.linear(memory, w[q_width:], None if b is None else b[q_width:]))
+                if cache is not None:
+                    cache.k, cache.v = k, v
+        q = rearrange(q, "b t (h d) -> b h t d", h=self.n_heads)
+        if rotary is not None:
+            cos, sin = rotary
+            q = apply_rotary(q, cos, sin)
+            k = apply_rotary(k, cos, sin)
+        if not cross and cache is not None:
+            if cache.k is not None:
+                k = torch.cat((cache.k, k), dim=2)
+                v = torch.cat((cache.v, v), dim=2)
+            cache.k, cache.v = k, v
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal and attn_mask is None,
+            enable_gqa=self.n_kv_heads != self.n_heads,
+        )  # (B, H, Tq, hd)
+        return self.out_proj(rearrange(out, "b h t d -> b t (h d)"))

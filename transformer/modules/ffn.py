@@ -1,0 +1,78 @@
+"""Position-wise feed-forward blocks: two-matrix (ReLU, GELU) and gated (SwiGLU, GEGLU)."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def glu_hidden_size(d_ff: int, multiple_of: int = 8) -> int:
+    """Hidden width of a gated FFN with the parameters of a two-matrix FFN of width ``d_ff``.
+
+    Three matrices of ``d_model x h`` match two of ``d_model x d_ff`` when ``h = 2/3 * d_ff``
+    (Shazeer 2020, §2); the result is rounded up to a multiple of ``multiple_of`` (Llama's rule).
+
+    Args:
+        d_ff: the two-matrix hidden width.
+        multiple_of: rounding unit (>= 1).
+
+    Returns:
+        ``multiple_of * ceil(int(2 * d_ff / 3) / multiple_of)``.
+    """
+    h = int(2 * d_ff / 3)
+    return multiple_of * math.ceil(h / multiple_of)
+
+
+class FeedForward(nn.Module):
+    """``w2(dropout(act(w1 x)))`` (Vaswani et al. 2017, §3.3, with ReLU; GELU: Hendrycks & Gimpel 2016).
+
+    Args:
+        w1: Linear ``d_model -> d_ff``.
+        w2: Linear ``d_ff -> d_model``.
+        activation: elementwise function, e.g. ``F.relu``.
+        dropout: activation dropout (fairseq's ``activation_dropout``).
+    """
+
+    def __init__(self, w1: nn.Linear, w2: nn.Linear, activation: Callable[[Tensor], Tensor], dropout: float = 0.0):
+        super().__init__()
+        self.w1, self.w2, self.activation = w1, w2, activation
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(batch, seq_len, d_model) -> (batch, seq_len, d_model)``."""
+        return self.w2(self.dropout(self.activation(self.w1(x))))
+
+
+class GatedFeedForward(nn.Module):
+    """``w2(dropout(act(x W_gate) * (x W_up)))`` — SwiGLU (act = SiLU) or GEGLU (act = GELU), Shazeer 2020.
+
+    Args:
+        w13: Linear ``d_model -> 2 * hidden`` with the gate rows first, then the up rows (one matmul;
+            HF Llama's ``gate_proj`` and ``up_proj`` stacked).
+        w2: Linear ``hidden -> d_model`` (``down_proj``).
+        activation: ``F.silu`` or ``F.gelu``.
+        dropout: activation dropout.
+    """
+
+    def __init__(self, w13: nn.Linear, w2: nn.Linear, activation: Callable[[Tensor], Tensor], dropout: float = 0.0):
+        super().__init__()
+        if w13.out_features != 2 * w2.in_features:
+            raise ValueError(f"w13 has {w13.out_features} outputs, expected 2 * {w2.in_features}")
+        self.w13, self.w2, self.activation = w13, w2, activation
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(batch, seq_len, d_model) -> (batch, seq_len, d_model)``."""
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(self.dropout(self.activation(gate) * up))
+
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "swiglu": F.silu,
+    "geglu": F.gelu,
+}

@@ -1,0 +1,210 @@
+"""Position encodings: sinusoidal, learned, rotary (RoPE), ALiBi and none.
+
+Every encoding answers the same three questions, so the model asks each once per forward pass and
+layers never branch on the kind of position:
+
+* :meth:`PositionEncoding.embed` — a vector added to the token embeddings (absolute encodings);
+* :meth:`PositionEncoding.rotary` — ``(cos, sin)`` tables that rotate queries and keys (RoPE);
+* :meth:`PositionEncoding.score_bias` — an additive bias on the attention scores (ALiBi).
+
+Positions are explicit ``LongTensor`` s of shape ``(batch, seq_len)`` so that left-padded prompts
+(decoder-only decoding) and incremental steps use the same code as training.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+class PositionEncoding(nn.Module):
+    """Base class: by default an encoding contributes nothing at any of the three sites."""
+
+    def embed(self, positions: Tensor) -> Tensor | None:
+        """Absolute position vectors ``(batch, seq_len, d_model)`` for ``positions`` ``(batch, seq_len)``."""
+        return None
+
+    def rotary(self, positions: Tensor) -> tuple[Tensor, Tensor] | None:
+        """``(cos, sin)``, each ``(batch, 1, seq_len, head_dim)`` in fp32, for rotating q and k."""
+        return None
+
+    def score_bias(self, q_positions: Tensor, k_positions: Tensor, causal: bool) -> Tensor | None:
+        """Additive attention-score bias ``(batch, n_heads, q_len, k_len)``."""
+        return None
+
+
+class NoPositions(PositionEncoding):
+    """``model/position=none``: no position information (a causal decoder can still infer order)."""
+
+
+def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
+    """The sinusoid table of Vaswani et al. 2017, §3.5, in fp32.
+
+    ``PE[pos, 2i] = sin(pos / 10000^(2i/d_model))`` and ``PE[pos, 2i+1] = cos(pos / 10000^(2i/d_model))``
+    (sines and cosines interleaved exactly as in the paper's formula).
+
+    Args:
+        n_positions: number of rows (positions ``0 .. n_positions-1``).
+        d_model: width; must be even.
+
+    Returns:
+        Tensor ``(n_positions, d_model)``, dtype float32.
+
+    Raises:
+        ValueError: if ``d_model`` is odd.
+    """
+    if d_model % 2 != 0:
+        raise ValueError(f"sinusoidal positions need an even d_model, got {d_model}")
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)[None, :]
+    angle = pos / torch.pow(10000.0, two_i / d_model)  # (n_positions, d_model/2)
+    table = torch.empty(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle)
+    return table.float()
+
+
+class SinusoidalPositionalEmbedding(PositionEncoding):
+    """Fixed sinusoidal positions added to the embeddings (Vaswani et al. 2017, §3.5).
+
+    Args:
+        d_model: embedding width (even).
+        max_positions: rows precomputed; longer inputs extend the table on the fly.
+    """
+
+    def __init__(self, d_model: int, max_positions: int = 1024) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
+
+    def embed(self, positions: Tensor) -> Tensor:
+        """Args: positions ``(batch, seq_len)``. Returns ``(batch, seq_len, d_model)`` fp32."""
+        needed = int(positions.max()) + 1 if positions.numel() and not positions.is_cuda else 0
+        if needed > self.table.shape[0]:
+            self.table = sinusoidal_table(max(needed, 2 * self.table.shape[0]), self.d_model).to(
+                self.table.device
+            )
+        return self.table[positions]
+
+
+class LearnedPositionalEmbedding(PositionEncoding):
+    """Learned absolute positions (Gehring et al. 2017; BERT/GPT-2 style), one row per position.
+
+    Args:
+        max_positions: number of rows; a position ``>= max_positions`` raises ``ValueError``.
+        d_model: embedding width.
+    """
+
+    def __init__(self, max_positions: int, d_model: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(max_positions, d_model))
+        nn.init.normal_(self.weight, std=d_model**-0.5)
+
+    def embed(self, positions: Tensor) -> Tensor:
+        """Args: positions ``(batch, seq_len)``. Returns ``(batch, seq_len, d_model)``.
+
+        Raises:
+            ValueError: if a position does not have a learned row (CPU tensors only; no sync on GPU).
+        """
+        if not positions.is_cuda and positions.numel() and int(positions.max()) >= self.weight.shape[0]:
+            raise ValueError(
+                f"position {int(positions.max())} exceeds the {self.weight.shape[0]} learned positions "
+                "(model.max_positions)"
+            )
+        return nn.functional.embedding(positions, self.weight)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate ``x`` by the RoPE angles (Su et al. 2021), half-split layout as in GPT-NeoX / HF Llama.
+
+    Args:
+        x: ``(batch, n_heads, seq_len, head_dim)``.
+        cos, sin: ``(batch, 1, seq_len, head_dim)`` fp32 tables from :meth:`RotaryEmbedding.rotary`.
+
+    Returns:
+        Tensor like ``x`` (same dtype); the rotation is computed in fp32.
+    """
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+class RotaryEmbedding(PositionEncoding):
+    """Rotary position embedding on queries and keys (Su et al. 2021, "RoFormer").
+
+    The q·k score of two rotated vectors depends only on their offset. Frequencies
+    ``theta^(-2i/head_dim)`` and the cos/sin tables are always fp32, whatever the model dtype.
+
+    Args:
+        head_dim: per-head width (even).
+        rope_theta: the base (10000 in Llama 2, 500000 in Llama 3).
+
+    Raises:
+        ValueError: if ``head_dim`` is odd.
+    """
+
+    def __init__(self, head_dim: int, rope_theta: float = 10000.0) -> None:
+        super().__init__()
+        if head_dim % 2 != 0:
+            raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
+        self.head_dim = head_dim
+        self.rope_theta = rope_theta
+        inv_freq = 1.0 / (rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+
+    def rotary(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Args: positions ``(batch, seq_len)``. Returns cos, sin ``(batch, 1, seq_len, head_dim)`` fp32."""
+        freqs = positions.float()[..., None] * self.inv_freq  # (B, T, hd/2)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, hd)
+        return emb.cos(), emb.sin()
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """Head slopes of ALiBi (Press et al. 2022, §3 and their reference code).
+
+    For ``n`` a power of two the slopes are the geometric sequence starting at ``2^(-8/n)`` with that
+    ratio (8 heads: ``2^-1 … 2^-8``). Otherwise the slopes of the closest smaller power of two ``p``
+    are followed by every other slope of ``2p`` heads, as in the paper's code.
+
+    Returns:
+        Tensor ``(n_heads,)`` fp32.
+    """
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        slopes = power_of_two(n_heads)
+    else:
+        p = 2 ** math.floor(math.log2(n_heads))
+        slopes = power_of_two(p) + power_of_two(2 * p)[0::2][: n_heads - p]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class ALiBi(PositionEncoding):
+    """Attention with Linear Biases (Press et al. 2022): score bias ``-slope_h * distance``.
+
+    Causal self-attention uses ``-m_h * (i - j)`` for keys ``j <= i``; bidirectional (encoder)
+    self-attention uses the symmetric ``-m_h * |i - j|``. Cross-attention gets no bias.
+
+    Args:
+        n_heads: number of query heads.
+    """
+
+    def __init__(self, n_heads: int) -> None:
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    def score_bias(self, q_positions: Tensor, k_positions: Tensor, causal: bool) -> Tensor:
+        """Args: q_positions ``(batch, q_len)``, k_positions ``(batch, k_len)``.
+
+        Returns:
+            fp32 bias ``(batch, n_heads, q_len, k_len)``; future keys are masked elsewhere.
+        """
+        dist = (q_positions[:, :, None] - k_positions[:, None, :]).float()  # (B, Tq, Tk)
+        dist = dist.clamp(min=0) if causal else dist.abs()
+        return -self.slopes[None, :, None, None] * dist[:, None]

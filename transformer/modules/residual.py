@@ -1,0 +1,46 @@
+"""Residual wrappers that place the normalisation: post-LN (the 2017 paper) or pre-LN.
+
+Swapping the wrapper, not a flag inside the layer, selects ``model.norm_position``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+
+class PostNormResidual(nn.Module):
+    """``norm(x + dropout(sublayer(x)))`` — Vaswani et al. 2017, §5.4.
+
+    Args:
+        sublayer: attention or feed-forward module.
+        norm: LayerNorm or RMSNorm over ``d_model``.
+        dropout: residual dropout ``P_drop``.
+    """
+
+    def __init__(self, sublayer: nn.Module, norm: nn.Module, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.sublayer, self.norm, self.dropout = sublayer, norm, nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        """``(batch, seq_len, d_model) -> (batch, seq_len, d_model)``; extra arguments go to the sublayer."""
+        return self.norm(x + self.dropout(self.sublayer(x, *args, **kwargs)))
+
+
+class PreNormResidual(nn.Module):
+    """``x + dropout(sublayer(norm(x)))`` — Xiong et al. 2020; the stack then ends with a final norm.
+
+    Args:
+        sublayer: attention or feed-forward module.
+        norm: LayerNorm or RMSNorm over ``d_model``.
+        dropout: residual dropout.
+    """
+
+    def __init__(self, sublayer: nn.Module, norm: nn.Module, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.sublayer, self.norm, self.dropout = sublayer, norm, nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        """``(batch, seq_len, d_model) -> (batch, seq_len, d_model)``; extra arguments go to the sublayer."""
+        return x + self.dropout(self.sublayer(self.norm(x), *args, **kwargs))
