@@ -1,4 +1,5 @@
-"""Learning-rate schedules: values of :func:`lr_at` and the optimizer's rate during each update."""
+"""Learning-rate schedules (values of :func:`lr_at`, the optimizer's rate during each update) and
+the optimizer builder they drive."""
 
 import io
 import math
@@ -6,7 +7,8 @@ import math
 import pytest
 import torch
 
-from transformer.config import SchedulerConfig
+from transformer.config import OptimConfig, SchedulerConfig
+from transformer.training.optim import build_optimizer
 from transformer.training.schedules import build_scheduler, lr_at
 
 
@@ -129,3 +131,45 @@ def test_resume_restores_position_and_lr():
     assert [g["lr"] for g in opt2.param_groups] == pytest.approx([lr_at(8, cfg, 0.01, 512, 0)] * 2)
     sched2.step()
     assert [g["lr"] for g in opt2.param_groups] == pytest.approx([lr_at(9, cfg, 0.01, 512, 0)] * 2)
+
+
+# ----------------------------------------------------------------------------- optimizer (optim.py)
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+        self.proj = torch.nn.Linear(4, 4)
+        self.norm = torch.nn.LayerNorm(4)
+        self.out = torch.nn.Linear(4, 10, bias=False)
+        self.out.weight = self.embed.weight  # tied
+        self.frozen = torch.nn.Parameter(torch.ones(3, 3), requires_grad=False)
+
+
+def test_adamw_excludes_biases_norms_and_embeddings_from_decay():
+    model = _Tiny()
+    cfg = OptimConfig(name="adamw", lr=1e-3, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.01)
+    opt = build_optimizer(model, cfg, "cpu")
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert [id(p) for p in decay["params"]] == [id(model.proj.weight)]
+    assert {id(p) for p in no_decay["params"]} == {
+        id(model.embed.weight), id(model.proj.bias), id(model.norm.weight), id(model.norm.bias)
+    }
+    assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-9
+    assert opt.defaults["foreach"] is True and not opt.defaults["fused"]
+    assert isinstance(opt, torch.optim.AdamW)
+
+
+def test_adam_one_group_fused_on_cuda_and_validation():
+    model = _Tiny()
+    opt = build_optimizer(model, OptimConfig(name="adam", weight_decay=1e-4), "cuda")
+    assert isinstance(opt, torch.optim.Adam) and not isinstance(opt, torch.optim.AdamW)
+    assert len(opt.param_groups) == 1 and opt.param_groups[0]["weight_decay"] == 1e-4
+    assert len(opt.param_groups[0]["params"]) == 5  # tied weight once, frozen one left out
+    assert opt.defaults["fused"] is True
+    forced = build_optimizer(model.parameters(), OptimConfig(fused=False), "cuda")
+    assert forced.defaults["foreach"] is True and not forced.defaults["fused"]
+    with pytest.raises(ValueError, match="optim.name"):
+        build_optimizer(model, OptimConfig(name="sgd"), "cpu")
