@@ -1,0 +1,233 @@
+"""Token-bounded, length-bucketed batches, sharded across ranks and resumable mid-epoch.
+
+Batches are bounded by ``max_tokens`` *counting padding* (fairseq's ``--max-tokens``, Ott et al.
+2019): a batch of ``n`` items whose longest item has length ``L`` costs ``n * L``. Per epoch:
+
+1. the indices are randomly permuted (generator seeded from ``(seed, epoch)``), then
+   stably sorted by ``(item_length, src_len + tgt_len)``: equal-length items land in a new
+   random order every epoch;
+2. consecutive items are packed greedily while ``n * L <= max_tokens`` (and ``n <= max_sentences``);
+3. the batch order is shuffled with the same generator.
+
+The epoch's global batch list is therefore identical on every rank; rank ``r`` of ``W`` takes
+batches ``r, r + W, r + 2W, ...``. When the number of batches is not a multiple of ``W``, the list
+is **padded by repeating its first batches** (like ``DistributedSampler(drop_last=False)``), so
+every rank gets the same number of batches and no sentence is skipped; a few sentences are then
+seen twice in that epoch.
+
+Item length (the positions one example occupies):
+
+* ``encoder_decoder``: ``max(len(src) + 1, len(tgt) + 1)`` (source + EOS; BOS + target / target + EOS);
+* ``decoder_only``: ``len(src) + 1 + len(tgt)`` (``src + [SEP] + tgt``, target shifted to end in EOS).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Iterator, Sequence
+
+import torch
+
+ARCHS = ("encoder_decoder", "decoder_only")
+
+
+def item_lengths(src_lengths: Sequence[int], tgt_lengths: Sequence[int], arch: str) -> list[int]:
+    """Padded-cost length of each example (see the module docstring).
+
+    Args:
+        src_lengths: source lengths in pieces, without specials.
+        tgt_lengths: target lengths in pieces, without specials.
+        arch: ``encoder_decoder`` or ``decoder_only``.
+
+    Returns:
+        One length per example.
+
+    Raises:
+        ValueError: unknown ``arch`` or different numbers of source and target lengths.
+    """
+    if arch not in ARCHS:
+        raise ValueError(f"arch={arch!r} is not one of {', '.join(ARCHS)}")
+    if len(src_lengths) != len(tgt_lengths):
+        raise ValueError(f"{len(src_lengths)} source lengths but {len(tgt_lengths)} target lengths")
+    if arch == "encoder_decoder":
+        return [max(s, t) + 1 for s, t in zip(src_lengths, tgt_lengths)]
+    return [s + 1 + t for s, t in zip(src_lengths, tgt_lengths)]
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    digest = hashlib.sha256(f"TokenBatchSampler:{seed}:{epoch}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class TokenBatchSampler:
+    """Iterable of index lists (``list[int]``) for one rank; usable as a DataLoader ``batch_sampler``.
+
+    Args:
+        src_lengths: source length of each example (pieces, no specials).
+        tgt_lengths: target length of each example (pieces, no specials).
+        max_tokens: bound on ``len(batch) * max(item_length)`` (padding included).
+        arch: ``encoder_decoder`` or ``decoder_only`` (defines item length).
+        shuffle: random order per epoch; with ``False`` batches come in ascending length and
+            the order is the same every epoch (evaluation).
+        seed: base seed; the epoch's order depends only on ``(seed, epoch)``.
+        rank: this process's rank.
+        world_size: number of ranks.
+        max_sentences: optional bound on the number of examples per batch.
+
+    Raises:
+        ValueError: an example alone is longer than ``max_tokens`` (the message names its index
+            and length), or invalid arguments.
+    """
+
+    def __init__(
+        self,
+        src_lengths: Sequence[int],
+        tgt_lengths: Sequence[int],
+        max_tokens: int,
+        *,
+        arch: str = "encoder_decoder",
+        shuffle: bool = True,
+        seed: int = 1,
+        rank: int = 0,
+        world_size: int = 1,
+        max_sentences: int | None = None,
+    ) -> None:
+        if max_tokens <= 0:
+            raise ValueError(f"max_tokens={max_tokens} must be positive")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+        if max_sentences is not None and max_sentences < 1:
+            raise ValueError(f"max_sentences={max_sentences} must be >= 1 or None")
+        self.lengths = item_lengths(src_lengths, tgt_lengths, arch)
+        self._tiebreak = [int(s) + int(t) for s, t in zip(src_lengths, tgt_lengths)]
+        for i, n in enumerate(self.lengths):
+            if n > max_tokens:
+                raise ValueError(
+                    f"example {i} has length {n} (arch={arch}), more than max_tokens={max_tokens}; "
+                    f"filter it with data.max_source_positions/max_target_positions or raise max_tokens"
+                )
+        self.max_tokens = max_tokens
+        self.arch = arch
+        self.shuffle = shuffle
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.max_sentences = max_sentences
+        self.epoch = 0
+        self.position = 0
+        self._cache: tuple[int, list[list[int]]] | None = None
+        self._num_global = len(self._pack(sorted(range(len(self.lengths)), key=self._key)))
+
+    # ------------------------------------------------------------------ building one epoch
+
+    def _key(self, i: int) -> tuple[int, int]:
+        return (self.lengths[i], self._tiebreak[i])
+
+    def _pack(self, order: list[int]) -> list[list[int]]:
+        batches: list[list[int]] = []
+        batch: list[int] = []
+        longest = 0
+        cap = self.max_sentences or len(order) + 1
+        for i in order:
+            n = self.lengths[i]
+            new_longest = max(longest, n)
+            if batch and ((len(batch) + 1) * new_longest > self.max_tokens or len(batch) >= cap):
+                batches.append(batch)
+                batch, new_longest = [], n
+            batch.append(i)
+            longest = new_longest
+        if batch:
+            batches.append(batch)
+        return batches
+
+    def global_batches(self, epoch: int | None = None) -> list[list[int]]:
+        """All batches of an epoch, in order, before sharding (identical on every rank).
+
+        Args:
+            epoch: defaults to the current epoch.
+
+        Returns:
+            Index lists.
+        """
+        epoch = self.epoch if epoch is None else epoch
+        n = len(self.lengths)
+        if not self.shuffle:
+            return self._pack(sorted(range(n), key=self._key))
+        g = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
+        perm = torch.randperm(n, generator=g).tolist()
+        batches = self._pack(sorted(perm, key=self._key))  # stable: ties keep the random order
+        return [batches[j] for j in torch.randperm(len(batches), generator=g).tolist()]
+
+    def _rank_batches(self) -> list[list[int]]:
+        if self._cache is not None and self._cache[0] == self.epoch:
+            return self._cache[1]
+        batches = self.global_batches()
+        if batches and len(batches) % self.world_size:
+            extra = self.world_size - len(batches) % self.world_size
+            batches = batches + [batches[j % len(batches)] for j in range(extra)]
+        mine = batches[self.rank :: self.world_size]
+        self._cache = (self.epoch, mine)
+        return mine
+
+    # ------------------------------------------------------------------ public protocol
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order :meth:`__iter__` yields.
+
+        Changing the epoch resets the position to 0; setting the current epoch again keeps it
+        (so ``load_state_dict`` followed by ``set_epoch(same_epoch)`` resumes).
+
+        Args:
+            epoch: the epoch number (any integer; usually 1-based in the trainer).
+        """
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self.position = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """Yield this rank's batches of the current epoch from the saved position.
+
+        ``position`` is advanced as each batch is handed out, and reset to 0 when the epoch is
+        exhausted. Note that a DataLoader with workers prefetches: save the number of batches the
+        training loop has *consumed* (and restore it with :meth:`load_state_dict`) rather than
+        reading ``position`` while a DataLoader is running ahead.
+
+        Yields:
+            Lists of dataset indices.
+        """
+        batches = self._rank_batches()
+        start = self.position
+        for j in range(start, len(batches)):
+            self.position = j + 1
+            yield list(batches[j])
+        self.position = 0
+
+    def __len__(self) -> int:
+        """Number of batches this rank yields per (whole) epoch; the same for every epoch."""
+        return -(-self._num_global // self.world_size)
+
+    def state_dict(self) -> dict[str, int]:
+        """Resumable state.
+
+        Returns:
+            ``{"epoch": e, "position": p}`` where ``p`` batches of epoch ``e`` were handed out on
+            this rank.
+        """
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; the next :meth:`__iter__` continues from there.
+
+        Args:
+            state: ``{"epoch": int, "position": int}``.
+
+        Raises:
+            ValueError: the position is beyond the epoch's length.
+        """
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if not 0 <= position <= len(self):
+            raise ValueError(f"position={position} is outside [0, {len(self)}] batches per epoch")
+        self.epoch, self.position = epoch, position
+
+
+__all__ = ["ARCHS", "TokenBatchSampler", "item_lengths"]

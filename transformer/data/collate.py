@@ -1,0 +1,287 @@
+"""Turning lists of id lists into padded tensors for the two architectures.
+
+Encoder-decoder (Vaswani et al. 2017), teacher forcing with a right-shifted decoder input::
+
+    src_tokens          = src + [EOS]            (B, S)
+    prev_output_tokens  = [BOS] + tgt            (B, T)
+    target              = tgt + [EOS]            (B, T)
+
+Decoder-only prefix LM (translation as conditional language modelling, e.g. Wang et al. 2021
+"Language Models are Good Translators"; Raffel et al. 2020 for the prefix-LM form)::
+
+    tokens = src + [SEP] + tgt                   (B, L),  L = len(src) + 1 + len(tgt)
+    target = [PAD] * len(src) + tgt + [EOS]      (B, L)
+
+so the position of ``SEP`` predicts ``tgt[0]``, the last target token predicts ``EOS``, and no loss
+is taken on the source (``loss_mask = target != PAD``). All tensors are right-padded with ``PAD``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+import torch.utils.data
+
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SEP_ID
+
+if TYPE_CHECKING:
+    from transformer.data.batching import TokenBatchSampler
+    from transformer.data.dataset import ParallelDataset
+
+
+@dataclass
+class Batch:
+    """One collated batch.
+
+    Attributes:
+        net_input: model inputs. encoder_decoder: ``{"src_tokens": (B, S), "prev_output_tokens":
+            (B, T)}``; decoder_only: ``{"tokens": (B, L)}``.
+        target: ``(B, T)`` or ``(B, L)`` next-token targets, ``PAD`` where no loss is taken;
+            ``(B, 0)`` for generation-only batches.
+        src_tokens: the source for generation, ``(B, S)``: encoder_decoder ``ids + [EOS]``,
+            decoder_only ids only; right-padded with ``PAD``.
+        ids: ``(B,)`` dataset indices of the rows.
+        ntokens: number of non-pad target tokens (the loss normaliser).
+        nsentences: ``B``.
+    """
+
+    net_input: dict[str, torch.Tensor]
+    target: torch.Tensor
+    src_tokens: torch.Tensor
+    ids: torch.Tensor
+    ntokens: int
+    nsentences: int
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """``(B, T)`` / ``(B, L)`` bool, true where a loss is taken (``target != PAD``)."""
+        return self.target.ne(PAD_ID)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        """Move every tensor to ``device``.
+
+        Args:
+            device: target device.
+            non_blocking: passed to :meth:`torch.Tensor.to` (useful with pinned memory).
+
+        Returns:
+            A new :class:`Batch`.
+        """
+        mv = functools.partial(torch.Tensor.to, device=device, non_blocking=non_blocking)
+        return Batch(
+            net_input={k: mv(v) for k, v in self.net_input.items()},
+            target=mv(self.target),
+            src_tokens=mv(self.src_tokens),
+            ids=mv(self.ids),
+            ntokens=self.ntokens,
+            nsentences=self.nsentences,
+        )
+
+    def pin_memory(self) -> "Batch":
+        """Pin every tensor (called by a DataLoader with ``pin_memory=True``).
+
+        Returns:
+            A new :class:`Batch` with pinned tensors.
+        """
+        return Batch(
+            net_input={k: v.pin_memory() for k, v in self.net_input.items()},
+            target=self.target.pin_memory(),
+            src_tokens=self.src_tokens.pin_memory(),
+            ids=self.ids.pin_memory(),
+            ntokens=self.ntokens,
+            nsentences=self.nsentences,
+        )
+
+
+def pad_sequences(seqs: Sequence[Sequence[int]], pad: int = PAD_ID) -> torch.Tensor:
+    """Right-pad id lists into one tensor.
+
+    Args:
+        seqs: ``B`` id lists.
+        pad: padding id.
+
+    Returns:
+        ``(B, max_len)`` long tensor (``(B, 0)`` when all are empty).
+    """
+    width = max((len(s) for s in seqs), default=0)
+    out = torch.full((len(seqs), width), pad, dtype=torch.long)
+    for row, s in enumerate(seqs):
+        if s:
+            out[row, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+    return out
+
+
+def _ids_tensor(ids: Any, n: int) -> torch.Tensor:
+    if ids is None:
+        return torch.arange(n, dtype=torch.long)
+    t = torch.as_tensor(ids, dtype=torch.long).reshape(-1)
+    if t.numel() != n:
+        raise ValueError(f"{t.numel()} ids for {n} examples")
+    return t
+
+
+def collate_encoder_decoder(
+    src: list[list[int]], tgt: list[list[int]] | None, ids: Any = None
+) -> Batch:
+    """Collate for an encoder-decoder.
+
+    Args:
+        src: ``B`` source id lists (no specials).
+        tgt: ``B`` target id lists (no specials), or ``None`` for generation-only batches.
+        ids: ``B`` dataset indices (list or tensor); ``None`` means ``0..B-1``.
+
+    Returns:
+        A :class:`Batch` with ``src_tokens (B, S)`` = src + EOS, ``prev_output_tokens (B, T)`` =
+        BOS + tgt and ``target (B, T)`` = tgt + EOS; with ``tgt=None`` the last two are ``(B, 0)``
+        and ``ntokens`` is 0.
+
+    Raises:
+        ValueError: ``src`` and ``tgt`` (or ``ids``) differ in length.
+    """
+    n = len(src)
+    src_tokens = pad_sequences([list(s) + [EOS_ID] for s in src])
+    if tgt is None:
+        prev = torch.empty((n, 0), dtype=torch.long)
+        target = torch.empty((n, 0), dtype=torch.long)
+        ntokens = 0
+    else:
+        if len(tgt) != n:
+            raise ValueError(f"{n} sources but {len(tgt)} targets")
+        prev = pad_sequences([[BOS_ID] + list(t) for t in tgt])
+        target = pad_sequences([list(t) + [EOS_ID] for t in tgt])
+        ntokens = sum(len(t) + 1 for t in tgt)
+    return Batch(
+        net_input={"src_tokens": src_tokens, "prev_output_tokens": prev},
+        target=target,
+        src_tokens=src_tokens,
+        ids=_ids_tensor(ids, n),
+        ntokens=ntokens,
+        nsentences=n,
+    )
+
+
+def collate_decoder_only(
+    src: list[list[int]], tgt: list[list[int]] | None, ids: Any = None
+) -> Batch:
+    """Collate for a decoder-only prefix LM.
+
+    Args:
+        src: ``B`` source id lists (no specials).
+        tgt: ``B`` target id lists (no specials), or ``None`` for generation-only batches (then
+            ``tokens`` is the prompt ``src + [SEP]``).
+        ids: ``B`` dataset indices; ``None`` means ``0..B-1``.
+
+    Returns:
+        A :class:`Batch` with ``tokens (B, L)`` = src + SEP + tgt, ``target (B, L)`` =
+        ``[PAD] * len(src) + tgt + [EOS]`` (``(B, 0)`` with ``tgt=None``) and ``src_tokens
+        (B, S)`` = the source ids only.
+
+    Raises:
+        ValueError: ``src`` and ``tgt`` (or ``ids``) differ in length.
+    """
+    n = len(src)
+    src_tokens = pad_sequences([list(s) for s in src])
+    if tgt is None:
+        tokens = pad_sequences([list(s) + [SEP_ID] for s in src])
+        target = torch.empty((n, 0), dtype=torch.long)
+        ntokens = 0
+    else:
+        if len(tgt) != n:
+            raise ValueError(f"{n} sources but {len(tgt)} targets")
+        tokens = pad_sequences([list(s) + [SEP_ID] + list(t) for s, t in zip(src, tgt)])
+        target = pad_sequences([[PAD_ID] * len(s) + list(t) + [EOS_ID] for s, t in zip(src, tgt)])
+        ntokens = sum(len(t) + 1 for t in tgt)
+    return Batch(
+        net_input={"tokens": tokens},
+        target=target,
+        src_tokens=src_tokens,
+        ids=_ids_tensor(ids, n),
+        ntokens=ntokens,
+        nsentences=n,
+    )
+
+
+def collate(dataset: "ParallelDataset", indices: Sequence[int], arch: str, *, with_target: bool = True) -> Batch:
+    """Collate examples of a dataset for ``arch``.
+
+    Args:
+        dataset: a :class:`~transformer.data.dataset.ParallelDataset`.
+        indices: dataset indices of the batch (e.g. one list from a
+            :class:`~transformer.data.batching.TokenBatchSampler`).
+        arch: ``encoder_decoder`` or ``decoder_only``.
+        with_target: ``False`` builds a generation-only batch (no target).
+
+    Returns:
+        A :class:`Batch` whose ``ids`` are ``indices``.
+
+    Raises:
+        ValueError: unknown ``arch``.
+    """
+    src = [dataset.src[i] for i in indices]
+    tgt = [dataset.tgt[i] for i in indices] if with_target else None
+    if arch == "encoder_decoder":
+        return collate_encoder_decoder(src, tgt, list(indices))
+    if arch == "decoder_only":
+        return collate_decoder_only(src, tgt, list(indices))
+    raise ValueError(f"arch={arch!r} is not one of encoder_decoder, decoder_only")
+
+
+class _IndexDataset(torch.utils.data.Dataset):
+    """Map-style dataset returning its index, so that ``collate_fn`` sees index lists."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def _collate_indices(dataset: "ParallelDataset", arch: str, with_target: bool, indices: list[int]) -> Batch:
+    return collate(dataset, indices, arch, with_target=with_target)
+
+
+def make_dataloader(
+    dataset: "ParallelDataset",
+    sampler: "TokenBatchSampler",
+    arch: str,
+    *,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    with_target: bool = True,
+) -> torch.utils.data.DataLoader:
+    """A DataLoader yielding :class:`Batch` objects in the sampler's order.
+
+    Args:
+        dataset: the examples.
+        sampler: batches of indices (its epoch/position decide what is yielded).
+        arch: ``encoder_decoder`` or ``decoder_only``.
+        num_workers: DataLoader worker processes (collation is cheap; 0 is usually fine).
+        pin_memory: pin batches for faster host-to-GPU copies.
+        with_target: ``False`` for generation-only batches.
+
+    Returns:
+        A :class:`torch.utils.data.DataLoader`.
+    """
+    return torch.utils.data.DataLoader(
+        _IndexDataset(len(dataset)),
+        batch_sampler=sampler,
+        collate_fn=functools.partial(_collate_indices, dataset, arch, with_target),
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+    )
+
+
+__all__ = [
+    "Batch",
+    "collate",
+    "collate_decoder_only",
+    "collate_encoder_decoder",
+    "make_dataloader",
+    "pad_sequences",
+]

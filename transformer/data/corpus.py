@@ -1,0 +1,331 @@
+"""Reading parallel text: ``{prefix}.{lang}`` files, plain or gzip, one sentence per line.
+
+This module knows where the files of each split live (:func:`resolve_split_files`) and how to
+read them safely (:func:`read_lines`, :func:`read_parallel`). It never tokenizes: the lines it
+returns are the original strings, which are kept as BLEU references.
+
+Where data comes from (first match wins):
+
+1. ``data.root`` (the Hydra override),
+2. the environment variable ``TRANSFORMER_DATA_DIR``,
+3. a user cache folder, ``$XDG_CACHE_HOME/transformer_zoo/data`` (``~/.cache/...`` by default).
+
+Multi30k files are looked up in ``<root>/multi30k/`` (raw, cased: ``{split}.{lang}.gz``) and
+``<root>/multi30k/tok/`` (lowercased, tokenized: ``{split}.lc.norm.tok.{lang}.gz``) and are
+downloaded there when missing (:mod:`transformer.data.download`). A ``parallel_text`` corpus is
+given by prefixes (paths without the ``.{lang}`` suffix), relative to the root when relative.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from pathlib import Path
+from typing import Any
+
+ENV_DATA_DIR = "TRANSFORMER_DATA_DIR"
+"""Environment variable naming the data root (a folder that holds ``multi30k/``)."""
+
+CORPORA = ("multi30k", "multi30k_tok", "parallel_text")
+
+
+class DataError(ValueError):
+    """Unusable input data: the message names the file(s), and the line or the counts involved."""
+
+
+# ----------------------------------------------------------------------------- locations
+
+
+def user_cache_root() -> Path:
+    """The per-user cache folder of the project.
+
+    Returns:
+        ``$XDG_CACHE_HOME/transformer_zoo`` or ``~/.cache/transformer_zoo`` (not created here).
+    """
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "transformer_zoo"
+
+
+def data_root(cfg: Any) -> Path:
+    """The folder that holds the corpora for ``cfg``.
+
+    Args:
+        cfg: a :class:`~transformer.config.DataConfig` (or a DictConfig with its fields).
+
+    Returns:
+        ``cfg.root`` if set, else ``$TRANSFORMER_DATA_DIR`` if set, else
+        ``user_cache_root() / "data"``; ``~`` is expanded, relative paths stay relative to the
+        working directory.
+    """
+    if cfg.root:
+        return Path(str(cfg.root)).expanduser()
+    env = os.environ.get(ENV_DATA_DIR)
+    if env:
+        return Path(env).expanduser()
+    return user_cache_root() / "data"
+
+
+def split_prefixes(cfg: Any) -> dict[str, str]:
+    """Split names configured by ``cfg`` and the file prefix of each.
+
+    ``train`` and ``valid`` map to ``train_prefix`` / ``valid_prefix``; ``test`` maps to
+    ``test_prefix`` when that is set (an alias: it is usually also one of ``test_splits``); each
+    entry of ``test_splits`` is its own split, named by itself.
+
+    Args:
+        cfg: a :class:`~transformer.config.DataConfig`.
+
+    Returns:
+        ``{split_name: prefix}`` in the order train, valid, test, test_splits.
+    """
+    out = {"train": str(cfg.train_prefix), "valid": str(cfg.valid_prefix)}
+    if cfg.test_prefix:
+        out["test"] = str(cfg.test_prefix)
+    for name in cfg.test_splits or ():
+        out.setdefault(str(name), str(name))
+    return out
+
+
+_REQUIRED_PARALLEL = ("src_lang", "tgt_lang", "train_prefix", "valid_prefix")
+
+
+def _check_corpus(cfg: Any) -> None:
+    """Reject an unknown corpus, and a ``parallel_text`` corpus whose required fields are unset.
+
+    ``configs/data/parallel_text.yaml`` leaves the required fields empty (``""``): a YAML ``???``
+    would not work there, because Hydra merges the file onto :class:`DataConfig`, whose defaults
+    (``en``, ``de``, ``train``, ...) a ``???`` does not replace.
+    """
+    if cfg.corpus not in CORPORA:
+        raise DataError(f"data.corpus={cfg.corpus!r} is not one of {', '.join(CORPORA)}")
+    if cfg.corpus == "parallel_text":
+        unset = [k for k in _REQUIRED_PARALLEL if str(getattr(cfg, k) or "").strip() in ("", "???")]
+        if unset:
+            raise DataError(
+                f"data=parallel_text needs {', '.join('data.' + k for k in unset)}; e.g. "
+                "data.root=/data/wmt14 data.train_prefix=train data.valid_prefix=newstest2013 "
+                "data.test_prefix=newstest2014 data.src_lang=en data.tgt_lang=de"
+            )
+
+
+def _multi30k_split_names(cfg: Any) -> dict[str, str]:
+    """Split name -> prefix for a Multi30k corpus: configured names plus every upstream test set
+    that exists for both languages."""
+    from transformer.data import download as dl
+
+    tokenized = cfg.corpus == "multi30k_tok"
+    known = set(dl.multi30k_splits(cfg.src_lang, cfg.tgt_lang, tokenized=tokenized))
+    out = {name: p for name, p in split_prefixes(cfg).items() if p in known}
+    for prefix in dl.multi30k_splits(cfg.src_lang, cfg.tgt_lang, tokenized=tokenized):
+        if prefix not in (cfg.train_prefix, cfg.valid_prefix):
+            out.setdefault(prefix, prefix)
+    return out
+
+
+def _candidates(prefix: Path, lang: str) -> list[Path]:
+    return [Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")]
+
+
+def _parallel_prefix(cfg: Any, prefix: str) -> Path:
+    p = Path(prefix).expanduser()
+    return p if p.is_absolute() else data_root(cfg) / p
+
+
+def _existing(prefix: Path, lang: str) -> Path | None:
+    for c in _candidates(prefix, lang):
+        if c.is_file():
+            return c
+    return None
+
+
+def available_splits(cfg: Any) -> list[str]:
+    """Split names that :func:`resolve_split_files` (and the dataset loader) accept for ``cfg``.
+
+    Multi30k: the configured splits plus every upstream test set that exists for both languages
+    (files are downloaded on demand, so they need not be on disk). ``parallel_text``: the
+    configured splits whose two files exist.
+
+    Args:
+        cfg: a :class:`~transformer.config.DataConfig`.
+
+    Returns:
+        Split names, e.g. ``["train", "valid", "test", "test_2016_flickr", ...]``.
+
+    Raises:
+        DataError: for an unknown ``data.corpus``.
+    """
+    _check_corpus(cfg)
+    if cfg.corpus in ("multi30k", "multi30k_tok"):
+        return list(_multi30k_split_names(cfg))
+    names = []
+    for name, prefix in split_prefixes(cfg).items():
+        p = _parallel_prefix(cfg, prefix)
+        if _existing(p, cfg.src_lang) and _existing(p, cfg.tgt_lang):
+            names.append(name)
+    return names
+
+
+def resolve_split_files(cfg: Any, split: str, *, download: bool | None = None) -> tuple[Path, Path]:
+    """Find (and for Multi30k, download when missing) the source and target files of a split.
+
+    Args:
+        cfg: a :class:`~transformer.config.DataConfig`.
+        split: ``train``, ``valid``, ``test`` or a test split name (see :func:`available_splits`).
+        download: whether missing Multi30k files may be fetched; ``None`` uses ``cfg.download``.
+
+    Returns:
+        ``(src_path, tgt_path)``: existing files, ``{prefix}.{lang}`` or ``{prefix}.{lang}.gz``.
+
+    Raises:
+        DataError: the split is unknown or its files are missing (the message lists the
+            available splits), or Multi30k files are missing and cannot be downloaded (the
+            message names the files and the variable ``TRANSFORMER_DATA_DIR``).
+    """
+    _check_corpus(cfg)
+    if cfg.corpus in ("multi30k", "multi30k_tok"):
+        from transformer.data import download as dl
+
+        names = _multi30k_split_names(cfg)
+        if split not in names:
+            raise DataError(
+                f"split {split!r} is not available for {cfg.corpus} {cfg.src_lang}-{cfg.tgt_lang}; "
+                f"available splits: {', '.join(names)}"
+            )
+        tokenized = cfg.corpus == "multi30k_tok"
+        root = data_root(cfg)
+        rel = [dl.multi30k_relpath(names[split], lang, tokenized) for lang in (cfg.src_lang, cfg.tgt_lang)]
+        paths = dl.ensure_multi30k(
+            root, rel, download=cfg.download if download is None else download
+        )
+        return paths[0], paths[1]
+
+    prefixes = split_prefixes(cfg)
+    if split not in prefixes:
+        raise DataError(
+            f"split {split!r} is not configured for data.name={cfg.name}; available splits: "
+            f"{', '.join(available_splits(cfg)) or '(none)'}"
+        )
+    prefix = _parallel_prefix(cfg, prefixes[split])
+    found = [_existing(prefix, lang) for lang in (cfg.src_lang, cfg.tgt_lang)]
+    if None in found:
+        looked = [str(c) for lang in (cfg.src_lang, cfg.tgt_lang) for c in _candidates(prefix, lang)]
+        raise DataError(
+            f"files of split {split!r} not found (looked for {', '.join(looked)}); available "
+            f"splits: {', '.join(available_splits(cfg)) or '(none)'}"
+        )
+    return found[0], found[1]  # type: ignore[return-value]
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+    """The content of a file, decompressed when it is gzip (detected by its magic bytes).
+
+    Args:
+        path: a plain or gzip-compressed file.
+
+    Returns:
+        The (decompressed) bytes.
+
+    Raises:
+        DataError: the file is missing or is a damaged gzip file.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError as e:
+        raise DataError(f"file not found: {path}") from e
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            raise DataError(f"{path}: damaged gzip file ({e})") from e
+    return data
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """Read a UTF-8 text file (plain or gzip), one sentence per line.
+
+    Only the line terminator (``\\n`` or ``\\r\\n``) is removed; leading, trailing and internal
+    whitespace is kept. A UTF-8 byte-order mark at the start is dropped. A final line without
+    a terminator counts as a line.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The lines, in order.
+
+    Raises:
+        DataError: invalid UTF-8 (the message names the file and the 1-based line number), a
+            missing file, or a damaged gzip file.
+    """
+    data = read_bytes(path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataError(
+            f"{path}: invalid UTF-8 on line {line} (byte {col} of the line: {e.reason})"
+        ) from e
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if "\r" in text:
+        lines = [s[:-1] if s.endswith("\r") else s for s in lines]
+    return lines
+
+
+def read_parallel(
+    src_path: str | os.PathLike, tgt_path: str | os.PathLike
+) -> tuple[list[str], list[str], int]:
+    """Read two line-aligned files and drop pairs with an empty side.
+
+    A pair is dropped when either side is empty or whitespace only; dropping whole pairs keeps
+    the two sides aligned.
+
+    Args:
+        src_path: source-language file (plain or gzip).
+        tgt_path: target-language file (plain or gzip).
+
+    Returns:
+        ``(src_lines, tgt_lines, n_dropped)``: the kept lines, unchanged, and the number of
+        dropped pairs.
+
+    Raises:
+        DataError: the files have different numbers of lines (the message names both files and
+            both counts), or either file is unreadable (see :func:`read_lines`).
+    """
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise DataError(
+            f"parallel files have different line counts: {src_path} has {len(src)} lines, "
+            f"{tgt_path} has {len(tgt)} lines"
+        )
+    keep_src, keep_tgt = [], []
+    for s, t in zip(src, tgt):
+        if s.strip() and t.strip():
+            keep_src.append(s)
+            keep_tgt.append(t)
+    return keep_src, keep_tgt, len(src) - len(keep_src)
+
+
+__all__ = [
+    "CORPORA",
+    "ENV_DATA_DIR",
+    "DataError",
+    "available_splits",
+    "data_root",
+    "read_bytes",
+    "read_lines",
+    "read_parallel",
+    "resolve_split_files",
+    "split_prefixes",
+    "user_cache_root",
+]

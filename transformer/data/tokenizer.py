@@ -1,0 +1,222 @@
+"""SentencePiece subword vocabulary (Kudo & Richardson 2018) with fixed special ids.
+
+BPE (Sennrich et al. 2016) or unigram LM (Kudo 2018) models are trained on the training split,
+jointly over source and target by default. Every model produced here has the same special ids:
+
+=========  ====  ==================================================================
+``<pad>``  0     padding, never a loss target
+``<unk>``  1     unknown piece
+``<s>``    2     BOS: first decoder input of the encoder-decoder
+``</s>``   3     EOS: appended to the source and to the target
+``<sep>``  4     separator between source and target in the decoder-only prefix-LM
+=========  ====  ==================================================================
+
+Text is normalised with SentencePiece's ``nmt_nfkc`` rule (``nmt_nfkc_cf``, i.e. case folded,
+with ``lowercase=True``), so :meth:`Tokenizer.decode` returns normalised text: BLEU must be
+computed against the original reference lines, which the datasets keep.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import sentencepiece as spm
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID, SEP_ID = 0, 1, 2, 3, 4
+SEP_PIECE = "<sep>"
+SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID, SEP_ID))
+
+
+class Tokenizer:
+    """A SentencePiece model with the project's special ids.
+
+    Args:
+        model_path: a ``.model`` file written by :meth:`train` (or any SentencePiece model with
+            pad=0, unk=1, bos=2, eos=3 and ``<sep>`` = 4).
+        num_threads: threads for :meth:`encode_batch`.
+
+    Raises:
+        ValueError: the model does not have the expected special ids.
+    """
+
+    def __init__(self, model_path: str | os.PathLike, num_threads: int = 2) -> None:
+        self.model_path = Path(model_path)
+        self.num_threads = num_threads
+        self._load(self.model_path.read_bytes())
+
+    def _load(self, proto: bytes) -> None:
+        self._proto = proto
+        self.sp = spm.SentencePieceProcessor(model_proto=proto)
+        got = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id(), self.sp.piece_to_id(SEP_PIECE))
+        if got != (PAD_ID, UNK_ID, BOS_ID, EOS_ID, SEP_ID):
+            raise ValueError(
+                f"{self.model_path}: special ids (pad, unk, bos, eos, <sep>) are {got}, expected "
+                f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID, SEP_ID)}"
+            )
+        self._size = self.sp.get_piece_size()
+
+    # pickling (DataLoader workers, multiprocessing): ship the model bytes, not the path
+    def __getstate__(self) -> dict[str, Any]:
+        return {"model_path": str(self.model_path), "num_threads": self.num_threads, "proto": self._proto}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.model_path = Path(state["model_path"])
+        self.num_threads = state["num_threads"]
+        self._load(state["proto"])
+
+    def __len__(self) -> int:
+        """Vocabulary size (number of pieces, specials included)."""
+        return self._size
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({str(self.model_path)!r}, vocab_size={self._size})"
+
+    pad_id, unk_id, bos_id, eos_id, sep_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID, SEP_ID
+
+    def encode(self, text: str) -> list[int]:
+        """Encode one sentence.
+
+        Args:
+            text: a raw sentence.
+
+        Returns:
+            Piece ids, without BOS/EOS.
+        """
+        return self.sp.encode(text, out_type=int)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Encode many sentences (multi-threaded inside SentencePiece).
+
+        Args:
+            texts: raw sentences.
+
+        Returns:
+            One id list per sentence, without BOS/EOS.
+        """
+        if not texts:
+            return []
+        return self.sp.encode(list(texts), out_type=int, num_threads=self.num_threads)
+
+    def decode(self, ids: Sequence[int] | Any) -> str:
+        """Turn ids back into text.
+
+        Everything from the first EOS on is ignored; PAD, BOS and ``<sep>`` are dropped; ids
+        outside the vocabulary (e.g. from an output layer padded to a multiple of 8) decode as
+        ``<unk>``.
+
+        Args:
+            ids: a sequence of ids, or a 1-D tensor / array ``(seq_len,)``.
+
+        Returns:
+            The detokenized (normalised) sentence.
+        """
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        out = []
+        for i in ids:
+            i = int(i)
+            if i == EOS_ID:
+                break
+            if i in SPECIAL_IDS:
+                continue
+            out.append(i if 0 <= i < self._size else UNK_ID)
+        return self.sp.decode(out)
+
+    def id_to_piece(self, i: int) -> str:
+        """The piece string of id ``i`` (e.g. ``"▁a"``)."""
+        return self.sp.id_to_piece(int(i))
+
+    @classmethod
+    def train(
+        cls,
+        inputs: Iterable[str | os.PathLike],
+        model_prefix: str | os.PathLike,
+        vocab_size: int,
+        model_type: str = "bpe",
+        character_coverage: float = 1.0,
+        *,
+        lowercase: bool = False,
+        num_threads: int = 2,
+        input_sentence_size: int = 2_000_000,
+        max_sentence_length: int = 4192,
+        seed: int = 17,
+    ) -> "Tokenizer":
+        """Train a SentencePiece model and write ``{model_prefix}.model`` / ``.vocab``.
+
+        Training is deterministic for given inputs: a fixed random seed for SentencePiece's
+        sentence sampling (``input_sentence_size`` caps the sample, shuffled), and
+        ``hard_vocab_limit=False`` so a small corpus yields a slightly smaller vocabulary instead
+        of an error. The files are written to a temporary name first and then renamed.
+
+        Args:
+            inputs: sentences (``str``) or files (``pathlib.Path``, plain or gzip; read with
+                :func:`~transformer.data.corpus.read_lines`), or a mix.
+            model_prefix: output path without ``.model``.
+            vocab_size: target number of pieces (specials included).
+            model_type: ``bpe`` or ``unigram``.
+            character_coverage: fraction of characters covered by the alphabet (1.0 for
+                alphabetic European languages, ~0.9995 for CJK).
+            lowercase: case-fold during normalisation (``nmt_nfkc_cf``); :meth:`encode` then
+                lowercases by itself.
+            num_threads: trainer threads.
+            input_sentence_size: at most this many sentences are sampled for training.
+            max_sentence_length: longer sentences (in bytes) are skipped by the trainer.
+            seed: SentencePiece's random seed (sampling only).
+
+        Returns:
+            The trained tokenizer.
+
+        Raises:
+            ValueError: unknown ``model_type``, non-positive ``vocab_size`` or no sentences.
+        """
+        from transformer.data.corpus import read_lines
+
+        if model_type not in ("bpe", "unigram"):
+            raise ValueError(f"model_type={model_type!r} is not one of bpe, unigram")
+        if vocab_size <= SEP_ID + 1:
+            raise ValueError(f"vocab_size={vocab_size} must be larger than the {SEP_ID + 1} special pieces")
+        lines: list[str] = []
+        for item in inputs:
+            if isinstance(item, str):
+                lines.append(item)
+            else:
+                lines.extend(read_lines(item))
+        lines = [s for s in lines if s.strip()]
+        if not lines:
+            raise ValueError("no non-empty sentences to train the SentencePiece model on")
+        spm.set_random_generator_seed(seed)
+        buf = io.BytesIO()
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(lines),
+            model_writer=buf,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            user_defined_symbols=[SEP_PIECE],
+            hard_vocab_limit=False,
+            input_sentence_size=input_sentence_size,
+            shuffle_input_sentence=True,
+            max_sentence_length=max_sentence_length,
+            num_threads=num_threads,
+            minloglevel=2,
+        )
+        path = Path(f"{model_prefix}.model")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(buf.getvalue())
+        os.replace(tmp, path)
+        sp = spm.SentencePieceProcessor(model_proto=buf.getvalue())
+        vocab = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
+        Path(f"{model_prefix}.vocab").write_text(vocab, encoding="utf-8")
+        return cls(path, num_threads=num_threads)
+
+
+__all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "SEP_ID", "SEP_PIECE", "SPECIAL_IDS", "UNK_ID", "Tokenizer"]
