@@ -39,7 +39,13 @@ from typing import Any, Callable, Iterator, Sequence
 
 import sentencepiece as spm
 
-from transformer.data.corpus import read_parallel, resolve_split_files, split_prefixes, user_cache_root
+from transformer.data.corpus import (
+    available_splits,
+    read_parallel,
+    resolve_split_files,
+    split_prefixes,
+    user_cache_root,
+)
 from transformer.data.download import sha256_file
 from transformer.data.tokenizer import Tokenizer
 
@@ -375,6 +381,7 @@ __all__ = [
     "CACHE_VERSION",
     "ParallelDataset",
     "TranslationData",
+    "available_splits",
     "cache_root",
     "default_splits",
     "file_digest",
