@@ -468,12 +468,23 @@ class CheckpointManager:
 
     def numbered(self) -> list[Path]:
         """Stems of the numbered checkpoints, oldest (lowest update) first."""
-        found = []
-        for p in self.run_dir.iterdir():
-            m = _NUMBERED.match(p.name)
-            if m:
-                found.append((int(m.group(1)), self.run_dir / f"checkpoint_{m.group(1)}"))
-        return [stem for _, stem in sorted(found)]
+        return numbered_checkpoints(self.run_dir)
+
+
+def numbered_checkpoints(folder: Path | str) -> list[Path]:
+    """Stems of the ``checkpoint_{update}`` checkpoints in ``folder``, oldest (lowest update) first.
+
+    Args:
+        folder: a checkpoint folder (see :class:`CheckpointManager`); a missing folder has none.
+
+    Returns:
+        ``[folder / "checkpoint_{update}", ...]`` for every ``checkpoint_{update}.safetensors``.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), m.group(1)) for m in map(_NUMBERED.match, os.listdir(folder)) if m]
+    return [folder / f"checkpoint_{digits}" for _, digits in sorted(found)]
 
 
 # ----------------------------------------------------------------------------- averaging
@@ -532,6 +543,7 @@ __all__ = [
     "get_rng_state",
     "load_checkpoint",
     "load_weights",
+    "numbered_checkpoints",
     "save_checkpoint",
     "save_weights",
     "set_rng_state",
