@@ -253,12 +253,11 @@ def save_checkpoint(
     meta = {"format": _FORMAT, "checkpoint_id": checkpoint_id}
     payload = {"format": _FORMAT, "checkpoint_id": checkpoint_id, "train_state": train_state}
     info = {
+        **{k: v for k, v in train_state.items() if isinstance(v, (bool, int, float, str, type(None)))},
         **meta,
-        "name": name,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "num_tensors": len(tensors),
         "num_elements": sum(t.numel() for t in tensors.values()),
-        **{k: v for k, v in train_state.items() if isinstance(v, (bool, int, float, str, type(None)))},
     }
     stem = path_dir / name
     _atomic_write_all(
