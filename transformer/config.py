@@ -333,6 +333,14 @@ def validate_config(cfg: Any) -> None:
     Raises:
         ConfigError: naming the offending fields.
     """
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(cfg, DictConfig):  # catches keys appended with Hydra's "+" that the schema lacks
+        try:
+            OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"unknown or mistyped field: {err}".splitlines()[0]) from None
     validate_model_config(cfg.model, joint_vocab=cfg.data.joint_vocab)
     t = cfg.train
     if t.precision not in ("fp32", "bf16", "fp16"):

@@ -20,7 +20,19 @@ from torch import Tensor, nn
 
 
 class PositionEncoding(nn.Module):
-    """Base class: by default an encoding contributes nothing at any of the three sites."""
+    """Base class: by default an encoding contributes nothing at any of the three sites.
+
+    Fixed tables (sinusoids, RoPE frequencies, ALiBi slopes) are kept as fp32 attributes rather
+    than buffers so that ``model.to(torch.bfloat16)`` never rounds them; :meth:`_fp32` moves them to
+    the device of the input on first use.
+    """
+
+    def _fp32(self, name: str, device: torch.device) -> Tensor:
+        table = getattr(self, name)
+        if table.device != device:
+            table = table.to(device)
+            setattr(self, name, table)
+        return table
 
     def embed(self, positions: Tensor) -> Tensor | None:
         """Absolute position vectors ``(batch, seq_len, d_model)`` for ``positions`` ``(batch, seq_len)``."""
@@ -77,16 +89,15 @@ class SinusoidalPositionalEmbedding(PositionEncoding):
     def __init__(self, d_model: int, max_positions: int = 1024) -> None:
         super().__init__()
         self.d_model = d_model
-        self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
+        self.table = sinusoidal_table(max_positions, d_model)
 
     def embed(self, positions: Tensor) -> Tensor:
         """Args: positions ``(batch, seq_len)``. Returns ``(batch, seq_len, d_model)`` fp32."""
+        table = self._fp32("table", positions.device)
         needed = int(positions.max()) + 1 if positions.numel() and not positions.is_cuda else 0
-        if needed > self.table.shape[0]:
-            self.table = sinusoidal_table(max(needed, 2 * self.table.shape[0]), self.d_model).to(
-                self.table.device
-            )
-        return self.table[positions]
+        if needed > table.shape[0]:
+            self.table = table = sinusoidal_table(max(needed, 2 * table.shape[0]), self.d_model).to(table.device)
+        return table[positions]
 
 
 class LearnedPositionalEmbedding(PositionEncoding):
@@ -153,11 +164,11 @@ class RotaryEmbedding(PositionEncoding):
         self.head_dim = head_dim
         self.rope_theta = rope_theta
         inv_freq = 1.0 / (rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.inv_freq = inv_freq.float()
 
     def rotary(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """Args: positions ``(batch, seq_len)``. Returns cos, sin ``(batch, 1, seq_len, head_dim)`` fp32."""
-        freqs = positions.float()[..., None] * self.inv_freq  # (B, T, hd/2)
+        freqs = positions.float()[..., None] * self._fp32("inv_freq", positions.device)  # (B, T, hd/2)
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, hd)
         return emb.cos(), emb.sin()
 
@@ -197,7 +208,7 @@ class ALiBi(PositionEncoding):
 
     def __init__(self, n_heads: int) -> None:
         super().__init__()
-        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+        self.slopes = alibi_slopes(n_heads)
 
     def score_bias(self, q_positions: Tensor, k_positions: Tensor, causal: bool) -> Tensor:
         """Args: q_positions ``(batch, q_len)``, k_positions ``(batch, k_len)``.
@@ -207,4 +218,4 @@ class ALiBi(PositionEncoding):
         """
         dist = (q_positions[:, :, None] - k_positions[:, None, :]).float()  # (B, Tq, Tk)
         dist = dist.clamp(min=0) if causal else dist.abs()
-        return -self.slopes[None, :, None, None] * dist[:, None]
+        return -self._fp32("slopes", q_positions.device)[None, :, None, None] * dist[:, None]

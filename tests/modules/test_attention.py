@@ -1,0 +1,99 @@
+"""Attention: GQA/MQA semantics, masks, KV cache."""
+
+import torch
+from torch import nn
+
+from transformer.models.builder import build_attention
+from transformer.modules.attention import Attention, KVCache, build_attention_mask
+
+
+def _mha_from_gqa(gqa: Attention) -> Attention:
+    """An MHA module whose k/v heads are the GQA heads repeated for their query groups."""
+    h, hkv, hd = gqa.n_heads, gqa.n_kv_heads, gqa.head_dim
+    g = h // hkv
+    w = gqa.in_proj.weight.detach()
+    b = gqa.in_proj.bias.detach()
+    q_w, k_w, v_w = w[: h * hd], w[h * hd : (h + hkv) * hd], w[(h + hkv) * hd :]
+    q_b, k_b, v_b = b[: h * hd], b[h * hd : (h + hkv) * hd], b[(h + hkv) * hd :]
+
+    def rep(t):  # (hkv*hd, ...) -> (h*hd, ...): kv head j serves query heads j*g .. j*g+g-1
+        return t.reshape(hkv, 1, hd, *t.shape[1:]).expand(hkv, g, hd, *t.shape[1:]).reshape(h * hd, *t.shape[1:])
+
+    mha = build_attention(h * hd, h, h, True, 0.0)
+    with torch.no_grad():
+        mha.in_proj.weight.copy_(torch.cat([q_w, rep(k_w), rep(v_w)]))
+        mha.in_proj.bias.copy_(torch.cat([q_b, rep(k_b), rep(v_b)]))
+        mha.out_proj.load_state_dict(gqa.out_proj.state_dict())
+    return mha
+
+
+def test_gqa_with_all_heads_equals_mha_weights():
+    mha = build_attention(32, 4, 4, True, 0.0)
+    x = torch.randn(2, 5, 32)
+    # the same weights loaded into an identically shaped module give identical outputs
+    other = build_attention(32, 4, 4, True, 0.0)
+    other.load_state_dict(mha.state_dict())
+    torch.testing.assert_close(mha(x, is_causal=True), other(x, is_causal=True), rtol=0, atol=0)
+
+
+def test_gqa_query_head_h_reads_kv_head_h_div_group():
+    for n_kv in (2, 1):
+        gqa = build_attention(32, 4, n_kv, True, 0.0)
+        mha = _mha_from_gqa(gqa)
+        x = torch.randn(2, 6, 32)
+        torch.testing.assert_close(gqa(x, is_causal=True), mha(x, is_causal=True), atol=1e-5, rtol=1e-5)
+
+
+def test_cross_attention_cache_computed_once_and_reused():
+    attn = build_attention(32, 4, 2, True, 0.0)
+    x, memory = torch.randn(2, 1, 32), torch.randn(2, 7, 32)
+    cache = KVCache(static=True)
+    first = attn(x, memory=memory, cache=cache)
+    k_before = cache.k
+    second = attn(x, memory=None, cache=cache)
+    assert cache.k is k_before and cache.k.shape == (2, 2, 7, 8)
+    torch.testing.assert_close(first, second)
+
+
+def test_self_attention_cache_grows_per_step():
+    attn = build_attention(32, 4, 4, True, 0.0)
+    x = torch.randn(2, 4, 32)
+    cache = KVCache()
+    steps = [attn(x[:, t : t + 1], cache=cache) for t in range(4)]
+    assert len(cache) == 4
+    full = attn(x, is_causal=True)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-6, rtol=1e-5)
+
+
+def test_mask_builder_combines_padding_causality_and_bias():
+    pad = torch.tensor([[False, False, True]])
+    mask, is_causal = build_attention_mask(pad, True, 3, 3)
+    assert not is_causal and mask.dtype == torch.bool
+    expected = torch.tensor([[True, False, False], [True, True, False], [True, True, False]])
+    assert torch.equal(mask[0, 0], expected)
+    bias = torch.ones(1, 2, 3, 3)
+    fmask, _ = build_attention_mask(pad, True, 3, 3, bias)
+    assert fmask.shape == (1, 2, 3, 3) and torch.isinf(fmask[0, 0, 0, 1]) and fmask[0, 1, 2, 1] == 1
+    assert build_attention_mask(None, True, 4, 4) == (None, True)
+    assert build_attention_mask(None, True, 1, 4) == (None, False)
+
+
+def test_fully_masked_rows_are_finite_in_fp32_and_bf16():
+    for dtype in (torch.float32, torch.bfloat16):
+        attn = build_attention(32, 4, 2, True, 0.0).to(dtype)
+        x = torch.randn(2, 3, 32, dtype=dtype)
+        pad = torch.ones(2, 3, dtype=torch.bool)
+        mask, _ = build_attention_mask(pad, False, 3, 3, None, dtype)
+        out = attn(x, attn_mask=mask)
+        assert torch.isfinite(out).all()
+        fmask, _ = build_attention_mask(pad, True, 3, 3, torch.zeros(1, 4, 3, 3), dtype)
+        assert torch.isfinite(attn(x, attn_mask=fmask)).all()
+
+
+def test_sizes_are_checked():
+    import pytest
+
+    with pytest.raises(ValueError, match="divisible"):
+        Attention(4, 3, 8, nn.Linear(32, 80), nn.Linear(32, 32))
+    with pytest.raises(ValueError, match="in_proj"):
+        Attention(4, 2, 8, nn.Linear(32, 32), nn.Linear(32, 32))

@@ -1,0 +1,85 @@
+"""Hydra composition of every documented switch, typed validation and early failure."""
+
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from tests.conftest import REPO_ROOT
+from transformer.config import ConfigError, register_configs, validate_config
+from transformer.models import build_model
+
+SWITCHES = {
+    "model=transformer_2017_base": ("model.d_model", 512),
+    "model=transformer_2017_big": ("model.d_model", 1024),
+    "model=transformer_tiny": ("model.d_model", 128),
+    "model=llama_style": ("model.arch", "decoder_only"),
+    "model=llama_style_tiny": ("model.n_kv_heads", 2),
+    "model.arch=decoder_only": ("model.arch", "decoder_only"),
+    "model.norm_position=pre": ("model.norm_position", "pre"),
+    "model/norm=rmsnorm": ("model.norm.name", "rmsnorm"),
+    "model/ffn=swiglu": ("model.ffn.name", "swiglu"),
+    "model/ffn=geglu": ("model.ffn.name", "geglu"),
+    "model/ffn=gelu": ("model.ffn.name", "gelu"),
+    "model/position=rope": ("model.position.name", "rope"),
+    "model/position=alibi": ("model.position.name", "alibi"),
+    "model/position=learned": ("model.position.name", "learned"),
+    "model/position=none": ("model.position.name", "none"),
+    "model/attention=gqa model.n_kv_heads=2": ("model.n_kv_heads", 2),
+    "model/attention=mqa": ("model.n_kv_heads", 1),
+    "model.tie_embeddings=all": ("model.tie_embeddings", "all"),
+    "model.tie_embeddings=none": ("model.tie_embeddings", "none"),
+}
+
+
+def _compose(overrides):
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
+
+
+@pytest.mark.parametrize("switch", sorted(SWITCHES))
+def test_every_switch_composes_validates_and_builds(switch):
+    cfg = _compose(switch.split())
+    key, value = SWITCHES[switch]
+    assert OmegaConf.select(cfg, key) == value
+    validate_config(cfg)
+    if cfg.model.d_model <= 128:
+        build_model(cfg.model, 100)
+
+
+def test_unknown_key_and_wrong_type_are_rejected_by_the_schema():
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="d_modle"):
+        _compose(["model.d_modle=3"])
+    with pytest.raises(ConfigCompositionException, match="d_model"):
+        _compose(["model.d_model=wide"])
+
+
+def test_invalid_schedule_is_rejected():
+    cfg = _compose(["lr_scheduler.warmup_updates=0"])
+    with pytest.raises(ConfigError, match="warmup_updates"):
+        validate_config(cfg)
+
+
+def test_cfg_job_prints_resolved_config_without_training():
+    out = subprocess.run(
+        [sys.executable, "scripts/train.py", "model/position=rope", "model/ffn=swiglu", "--cfg", "job"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    printed = OmegaConf.create(out.stdout)
+    assert printed.model.position.name == "rope" and printed.model.ffn.name == "swiglu"
+
+
+def test_invalid_config_exits_nonzero_before_training(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "scripts/train.py", "model.n_heads=3", f"hydra.run.dir={tmp_path}/run"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 2
+    assert "model.d_model=128 is not divisible by model.n_heads=3" in out.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
