@@ -1,0 +1,152 @@
+"""Test helpers for decoding: tiny biased models, a no-cache reference model, a table model."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from tests.conftest import tiny_model_config
+from transformer.models import build_model
+
+PAD, UNK, BOS, EOS, SEP = 0, 1, 2, 3, 4
+
+
+def make_model(arch: str = "encoder_decoder", vocab: int = 40, *, eos_bias: float = 0.0, scale: float = 1.0,
+               seed: int = 0, **overrides) -> nn.Module:
+    """A tiny (d 32, 2+2 layers, dropout 0) model whose output layer gets a bias on EOS.
+
+    ``scale`` multiplies the output matrix (peakier distributions); ``eos_bias`` is added to the EOS
+    logit so that hypotheses finish at varied lengths. Both families read the same
+    ``output_proj`` in their teacher-forced forward and in ``decode_step``.
+    """
+    torch.manual_seed(seed)
+    if arch == "decoder_only":
+        overrides = {"arch": "decoder_only", "n_encoder_layers": 0, **overrides}
+    model = build_model(tiny_model_config(**overrides), vocab)
+    old = model.output_proj
+    proj = nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        proj.weight.copy_(old.weight * scale)
+        proj.bias.zero_()
+        proj.bias[EOS] = eos_bias
+    model.output_proj = proj
+    return model.eval()
+
+
+def make_src(arch: str, lengths: Sequence[int], vocab: int, seed: int = 0) -> Tensor:
+    """Right-padded random sources ``(len(lengths), max)`` in the arch's format (+EOS for enc-dec)."""
+    g = torch.Generator().manual_seed(seed)
+    low = 5 if vocab > 5 else 1  # tiny vocabularies: any non-special-looking id
+    seqs = [torch.randint(low, vocab, (n,), generator=g).tolist() for n in lengths]
+    if arch == "encoder_decoder":
+        seqs = [s + [EOS] for s in seqs]
+    width = max(len(s) for s in seqs)
+    out = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.tensor(s)
+    return out
+
+
+class _PrefixState:
+    """Decoding state of the reference models: the source and every token fed so far."""
+
+    def __init__(self, src: Tensor) -> None:
+        self.src = src
+        self.prefix = torch.empty(src.shape[0], 0, dtype=torch.long)
+
+    def reorder(self, index: Tensor) -> None:
+        self.src = self.src.index_select(0, index)
+        self.prefix = self.prefix.index_select(0, index)
+
+    @property
+    def batch_size(self) -> int:
+        return self.src.shape[0]
+
+
+def full_logits(model: nn.Module, src: Tensor, prefix: Tensor) -> Tensor:
+    """Teacher-forced logits ``(B, T, V)`` at every fed token (``prefix`` starts with the start token)."""
+    if model.arch == "encoder_decoder":
+        return model(src, prefix)
+    lengths = src.ne(model.pad_id).sum(1)
+    seqs = [torch.cat((src[i, : lengths[i]], prefix[i])) for i in range(src.shape[0])]
+    width = max(len(s) for s in seqs)
+    tokens = torch.full((len(seqs), width), model.pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        tokens[i, : len(s)] = s
+    logits = model(tokens)  # (B, L, V); right padding is invisible to earlier positions (causal)
+    t = prefix.shape[1]
+    return torch.stack([logits[i, lengths[i] : lengths[i] + t] for i in range(len(seqs))])
+
+
+class RecomputeModel(nn.Module):
+    """The same model decoded without any cache: every step re-runs the teacher-forced forward."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.arch, self.pad_id, self.eos_id = model.arch, model.pad_id, model.eos_id
+        self.decoder_start_token_id = model.decoder_start_token_id
+
+    def start_decoding(self, src_tokens: Tensor) -> _PrefixState:
+        return _PrefixState(src_tokens)
+
+    def decode_step(self, tokens: Tensor, state: _PrefixState) -> Tensor:
+        state.prefix = torch.cat((state.prefix, tokens), dim=1)
+        return full_logits(self.model, state.src, state.prefix)[:, -1]
+
+
+class Recorder(nn.Module):
+    """Wraps a model and keeps a copy of every ``decode_step`` output."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.arch, self.pad_id, self.eos_id = model.arch, model.pad_id, model.eos_id
+        self.decoder_start_token_id = model.decoder_start_token_id
+        self.logits: list[Tensor] = []
+
+    def start_decoding(self, src_tokens: Tensor):
+        return self.model.start_decoding(src_tokens)
+
+    def decode_step(self, tokens: Tensor, state) -> Tensor:
+        out = self.model.decode_step(tokens, state)
+        self.logits.append(out.clone())
+        return out
+
+
+class TableModel(nn.Module):
+    """A fake model: ``fn(prefix: tuple[int, ...]) -> list[float]`` gives the log-probabilities.
+
+    ``prefix`` excludes the start token. The source is ignored (only its batch size counts).
+    """
+
+    arch = "encoder_decoder"
+
+    def __init__(self, fn: Callable[[tuple[int, ...]], Sequence[float]], pad_id: int = PAD, eos_id: int = EOS) -> None:
+        super().__init__()
+        self.fn, self.pad_id, self.eos_id, self.decoder_start_token_id = fn, pad_id, eos_id, BOS
+
+    def start_decoding(self, src_tokens: Tensor) -> _PrefixState:
+        return _PrefixState(src_tokens)
+
+    def decode_step(self, tokens: Tensor, state: _PrefixState) -> Tensor:
+        state.prefix = torch.cat((state.prefix, tokens), dim=1)
+        rows = [tuple(r[1:]) for r in state.prefix.tolist()]
+        return torch.tensor([list(self.fn(r)) for r in rows], dtype=torch.float32)
+
+
+def sequence_logprob(model: nn.Module, src: Tensor, tokens: Sequence[int]) -> float:
+    """Summed log-probability of ``tokens`` (ending with EOS) for one source ``(1, S)``."""
+    prefix = torch.tensor([[model.decoder_start_token_id, *tokens[:-1]]])
+    with torch.no_grad():
+        lp = torch.log_softmax(full_logits(model, src, prefix).double(), -1)[0]  # (T, V)
+    return float(lp[torch.arange(len(tokens)), torch.tensor(tokens)].sum())
+
+
+def enumerate_outputs(vocab: int, max_len: int, min_len: int = 0, banned: Sequence[int] = (PAD,)) -> list[list[int]]:
+    """Every output sequence (tokens + EOS) with ``min_len <= len - 1 <= max_len``."""
+    allowed = [t for t in range(vocab) if t not in banned and t != EOS]
+    return [list(w) + [EOS] for n in range(min_len, max_len + 1) for w in itertools.product(allowed, repeat=n)]
