@@ -1,0 +1,135 @@
+"""Corpus BLEU / chrF with sacreBLEU signatures, and paired bootstrap resampling between systems.
+
+BLEU (Papineni et al. 2002) and chrF (Popović 2015) are computed by sacreBLEU (Post 2018) on
+detokenised text with its ``13a`` tokenizer by default; for the pre-tokenized, lowercased
+``multi30k_tok_*`` corpora use ``tokenize="none"`` (multi-bleu style, as in published Multi30k
+numbers). Paired bootstrap resampling (Koehn 2004) is sacreBLEU's own implementation
+(:class:`sacrebleu.significance.PairedTest` with ``test_type="bs"``, which replicates Moses'
+``bootstrap-hypothesis-difference-significance.pl``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator, Mapping, Sequence
+
+from sacrebleu.metrics import BLEU, CHRF
+
+__all__ = ["corpus_scores", "paired_bootstrap"]
+
+
+def _check(hyps: Sequence[str], refs: Sequence[str], what: str = "hypotheses") -> None:
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} {what} but {len(refs)} references: the lines must pair up")
+    if not refs:
+        raise ValueError("no references: nothing to score")
+
+
+def corpus_scores(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a", lowercase: bool = False) -> dict:
+    """Corpus-level BLEU and chrF of detokenised hypotheses against one reference each.
+
+    Args:
+        hyps: one hypothesis per line.
+        refs: one reference per line (same order).
+        tokenize: sacreBLEU tokenizer for BLEU (``13a``, ``intl``, ``none`` for pre-tokenized text...).
+        lowercase: case-insensitive BLEU and chrF.
+
+    Returns:
+        ``{"bleu": float, "chrf": float, "bleu_signature": str, "chrf_signature": str,
+        "bleu_details": str}`` (scores in 0-100; details is sacreBLEU's one-line BLEU summary with
+        the n-gram precisions and brevity penalty).
+
+    Raises:
+        ValueError: when the lists differ in length or are empty.
+    """
+    _check(hyps, refs)
+    hyps, refs_t = list(hyps), [list(refs)]
+    bleu = BLEU(tokenize=tokenize, lowercase=lowercase)
+    chrf = CHRF(lowercase=lowercase)
+    b = bleu.corpus_score(hyps, refs_t)
+    c = chrf.corpus_score(hyps, refs_t)
+    return {
+        "bleu": float(b.score),
+        "chrf": float(c.score),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+        "bleu_details": str(b),
+    }
+
+
+@contextlib.contextmanager
+def _sacrebleu_seed(seed: int | None) -> Iterator[None]:
+    """sacreBLEU reads the resampling seed from ``SACREBLEU_SEED`` when a test is set up."""
+    old = os.environ.get("SACREBLEU_SEED")
+    os.environ["SACREBLEU_SEED"] = "None" if seed is None else str(int(seed))
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["SACREBLEU_SEED"]
+        else:
+            os.environ["SACREBLEU_SEED"] = old
+
+
+def paired_bootstrap(
+    baseline_hyps: Sequence[str],
+    system_hyps: Mapping[str, Sequence[str]],
+    refs: Sequence[str],
+    n_samples: int = 1000,
+    seed: int | None = 12345,
+    tokenize: str = "13a",
+    lowercase: bool = False,
+) -> dict[str, dict]:
+    """Paired bootstrap resampling (Koehn 2004) of BLEU and chrF, each system against a baseline.
+
+    The p-value is sacreBLEU's: the probability, under resampling centred at no difference, of a
+    score difference at least as large as the observed one (two-sided, ``abs``). Small p-values
+    mean the difference is unlikely to be chance.
+
+    Args:
+        baseline_hyps: the baseline's hypotheses.
+        system_hyps: ``{name: hypotheses}`` of the systems to compare with the baseline.
+        refs: one reference per line.
+        n_samples: bootstrap resamples.
+        seed: RNG seed for the resampling indices (None: not fixed).
+        tokenize: sacreBLEU tokenizer for BLEU (``none`` for pre-tokenized text).
+        lowercase: case-insensitive scores.
+
+    Returns:
+        ``{name: {"bleu", "bleu_p_value", "bleu_mean", "bleu_ci", "chrf", "chrf_p_value",
+        "chrf_mean", "chrf_ci", "p_value", "signatures"}}`` with ``"baseline"`` first (its p-values
+        are None); ``p_value`` is the BLEU p-value; ``signatures`` is ``{"bleu": str, "chrf": str}``
+        (sacreBLEU signatures including the seed and the number of resamples).
+
+    Raises:
+        ValueError: mismatched lengths, no systems, or the name ``baseline`` used by a system.
+    """
+    from sacrebleu.significance import PairedTest
+
+    _check(baseline_hyps, refs, "baseline hypotheses")
+    if not system_hyps:
+        raise ValueError("paired_bootstrap needs at least one system besides the baseline")
+    for name, hyps in system_hyps.items():
+        if name == "baseline":
+            raise ValueError(f"system name {name!r} is reserved")
+        _check(hyps, refs, f"hypotheses of {name!r}")
+    named = [("baseline", list(baseline_hyps))] + [(k, list(v)) for k, v in system_hyps.items()]
+    metrics = {"BLEU": BLEU(tokenize=tokenize, lowercase=lowercase), "chrF2": CHRF(lowercase=lowercase)}
+    with _sacrebleu_seed(seed):
+        test = PairedTest(named, metrics, [list(refs)], test_type="bs", n_samples=n_samples)
+        signatures, scores = test()
+    keys = {"BLEU": "bleu", "chrF2": "chrf"}
+    out: dict[str, dict] = {}
+    for row, name in enumerate(scores["System"]):
+        entry: dict = {}
+        for metric, key in keys.items():
+            res = scores[metric][row]
+            entry[key] = float(res.score)
+            entry[f"{key}_p_value"] = None if res.p_value is None else float(res.p_value)
+            entry[f"{key}_mean"] = None if res.mean is None else float(res.mean)
+            entry[f"{key}_ci"] = None if res.ci is None else float(res.ci)
+        entry["p_value"] = entry["bleu_p_value"]
+        entry["signatures"] = {keys[m]: str(sig) for m, sig in signatures.items()}
+        out[name] = entry
+    return out
