@@ -150,3 +150,73 @@ def enumerate_outputs(vocab: int, max_len: int, min_len: int = 0, banned: Sequen
     """Every output sequence (tokens + EOS) with ``min_len <= len - 1 <= max_len``."""
     allowed = [t for t in range(vocab) if t not in banned and t != EOS]
     return [list(w) + [EOS] for n in range(min_len, max_len + 1) for w in itertools.product(allowed, repeat=n)]
+
+
+# ----------------------------------------------------------------------------- run folders
+
+REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def shared_data_dir():
+    """``$TRANSFORMER_DATA_DIR`` when set, else ``<repo>/../shared/data`` (may not exist)."""
+    import os
+    from pathlib import Path
+
+    env = os.environ.get("TRANSFORMER_DATA_DIR")
+    return Path(env) if env else (REPO_ROOT / ".." / "shared" / "data").resolve()
+
+
+def corpus_lines(n: int = 300) -> dict[str, list[str]]:
+    """The first ``n`` Multi30k training lines (en, de), or synthetic lines without the data."""
+    from transformer.data.corpus import read_lines
+
+    d = shared_data_dir() / "multi30k"
+    if (d / "train.en.gz").is_file():
+        return {lang: read_lines(d / f"train.{lang}.gz")[:n] for lang in ("en", "de")}
+    words = "a man woman dog runs in the park with two people on street red blue".split()
+    g = torch.Generator().manual_seed(0)
+    lines = [" ".join(words[i] for i in torch.randint(0, len(words), (8,), generator=g).tolist()) for _ in range(n)]
+    return {"en": lines, "de": [line.upper() for line in lines]}
+
+
+def make_run_dir(root, arch: str = "encoder_decoder", vocab_size: int = 250, joint: bool = True,
+                 seed: int = 0, **model_overrides):
+    """Write a tiny run folder like training does: config.yaml, spm model(s), checkpoint_best.
+
+    Returns:
+        ``(run_dir, model, src_tokenizer, tgt_tokenizer)`` with the model in eval mode.
+    """
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from transformer.config import Config
+    from transformer.data.tokenizer import Tokenizer
+    from transformer.training.checkpoint import save_checkpoint
+
+    run_dir = Path(root)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lines = corpus_lines()
+    if joint:
+        src_tok = tgt_tok = Tokenizer.train(lines["en"] + lines["de"], run_dir / "spm", vocab_size=vocab_size)
+    else:
+        src_tok = Tokenizer.train(lines["en"], run_dir / "spm.src", vocab_size=vocab_size)
+        tgt_tok = Tokenizer.train(lines["de"], run_dir / "spm.tgt", vocab_size=vocab_size - 20)
+    cfg = OmegaConf.structured(Config)
+    if arch == "decoder_only":
+        model_overrides = {"arch": "decoder_only", "n_encoder_layers": 0, **model_overrides}
+    if not joint:
+        model_overrides = {"tie_embeddings": "decoder", **model_overrides}
+    cfg.model = tiny_model_config(**model_overrides)
+    cfg.data.joint_vocab = joint
+    cfg.data.root = str(shared_data_dir())
+    cfg.generation.max_len_b = 5
+    cfg.generation.max_len_a = 1.0
+    OmegaConf.save(cfg, run_dir / "config.yaml")
+    torch.manual_seed(seed)
+    model = build_model(cfg.model, len(src_tok), None if joint else len(tgt_tok))
+    with torch.no_grad():  # make EOS likely enough that outputs have varied lengths
+        model.output_proj.weight.mul_(2.0)
+    save_checkpoint(run_dir, "checkpoint_best", model.state_dict(),
+                    {"config": OmegaConf.to_container(cfg), "update": 1})
+    return run_dir, model.eval(), src_tok, tgt_tok

@@ -2,11 +2,12 @@
 
 Typical use::
 
-    model, tokenizers, cfg = load_run("runs/exp1")            # or a checkpoint path
-    hyps = translate_sentences(model, src_ids, cfg.generation, "cpu", model.arch)
+    model, tokenizers, cfg = load_run("outputs/exp/2026-01-01_00-00-00")  # or a checkpoint file
+    hyps = translate_sentences(model, [tokenizers.src.encode(s) for s in lines], cfg.generation, "cpu")
     text = detokenize(hyps, tokenizers.tgt)
 """
 
+from transformer.generation.loading import LoadedRun, LoadError, Tokenizers, find_checkpoint, load_run
 from transformer.generation.search import (
     Hypothesis,
     beam_search,
@@ -18,15 +19,32 @@ from transformer.generation.search import (
     sample,
     top_k_top_p_filter,
 )
+from transformer.generation.translate import (
+    batches_by_tokens,
+    detokenize,
+    make_src_tokens,
+    translate_dataset,
+    translate_sentences,
+)
 
 __all__ = [
     "Hypothesis",
+    "LoadError",
+    "LoadedRun",
+    "Tokenizers",
+    "batches_by_tokens",
     "beam_search",
     "decoding",
+    "detokenize",
+    "find_checkpoint",
     "generate",
     "greedy_search",
     "length_penalty",
+    "load_run",
+    "make_src_tokens",
     "max_lengths",
     "sample",
     "top_k_top_p_filter",
+    "translate_dataset",
+    "translate_sentences",
 ]

@@ -1,0 +1,114 @@
+"""Loading a trained run folder / checkpoint (transformer.generation.loading)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from tests.generation.helpers import corpus_lines, make_run_dir
+from transformer.data.tokenizer import Tokenizer
+from transformer.generation import LoadError, load_run
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return make_run_dir(tmp_path_factory.mktemp("run") / "run")
+
+
+def same_logits(a, b, arch: str = "encoder_decoder") -> None:
+    src = torch.tensor([[10, 11, 12, 3]])
+    prev = torch.tensor([[2, 20, 21]])
+    with torch.no_grad():
+        if arch == "encoder_decoder":
+            torch.testing.assert_close(a(src, prev), b(src, prev))
+        else:
+            torch.testing.assert_close(a(prev), b(prev))
+
+
+def test_load_from_folder_file_state_and_stem(run) -> None:
+    run_dir, model, tok, _ = run
+    for path in (run_dir, run_dir / "checkpoint_best.safetensors", run_dir / "checkpoint_best.pt",
+                 run_dir / "checkpoint_best", str(run_dir)):
+        loaded = load_run(path)
+        m, toks, cfg = loaded
+        assert not m.training and loaded.run_dir == run_dir
+        assert toks.src is toks.tgt and len(toks.src) == len(tok)
+        assert cfg.generation.max_len_b == 5 and cfg.model.d_model == 32
+        same_logits(m, model)
+
+
+def test_config_from_training_state_and_overrides(run, tmp_path) -> None:
+    run_dir, model, _, _ = run
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    (copy / "config.yaml").unlink()
+    m, _, cfg = load_run(copy / "checkpoint_best.safetensors", overrides=["generation.beam_size=2"])
+    assert cfg.generation.beam_size == 2 and cfg.generation.max_len_b == 5
+    same_logits(m, model)
+    (copy / "checkpoint_best.pt").unlink()
+    with pytest.raises(LoadError, match="no config"):
+        load_run(copy)
+
+
+@pytest.mark.parametrize("arch,joint", [("decoder_only", True), ("encoder_decoder", False)])
+def test_other_families_and_separate_vocabularies(tmp_path, arch: str, joint: bool) -> None:
+    run_dir, model, src_tok, tgt_tok = make_run_dir(tmp_path / "r", arch=arch, joint=joint)
+    m, toks, _ = load_run(run_dir)
+    assert (toks.src is toks.tgt) == joint and len(toks.tgt) == len(tgt_tok)
+    same_logits(m, model, arch)
+
+
+def test_missing_checkpoint(tmp_path, run) -> None:
+    with pytest.raises(LoadError, match="not found"):
+        load_run(tmp_path / "nope")
+    with pytest.raises(LoadError, match="no checkpoint in"):
+        load_run(tmp_path)
+    empty = tmp_path / "only_last"
+    shutil.copytree(run[0], empty)
+    for suffix in (".safetensors", ".pt", ".json"):
+        (empty / f"checkpoint_best{suffix}").rename(empty / f"checkpoint_7{suffix}")
+    with pytest.raises(LoadError, match="checkpoint_7.safetensors"):
+        load_run(empty)
+    assert load_run(empty / "checkpoint_7.safetensors").checkpoint.name == "checkpoint_7.safetensors"
+
+
+def test_foreign_files(tmp_path, run) -> None:
+    run_dir = tmp_path / "r"
+    shutil.copytree(run[0], run_dir)
+    text = tmp_path / "notes.txt"
+    text.write_text("hello\n")
+    with pytest.raises(LoadError, match="not a checkpoint of this project"):
+        load_run(text)
+    (run_dir / "checkpoint_best.safetensors").write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(LoadError, match="not a safetensors"):
+        load_run(run_dir)
+    save_file({"bert.embeddings.word_embeddings.weight": torch.zeros(4, 4)}, str(run_dir / "checkpoint_best.safetensors"))
+    with pytest.raises(LoadError, match="not a checkpoint of this project"):
+        load_run(run_dir)
+    state = {k: v.clone() for k, v in run[1].state_dict().items()}
+    state.pop("output_proj.weight")
+    save_file(state, str(run_dir / "checkpoint_best.safetensors"))
+    with pytest.raises(LoadError, match="does not fit"):
+        load_run(run_dir)
+
+
+def test_tokenizer_that_does_not_match_the_weights(tmp_path, run) -> None:
+    lines = corpus_lines()
+    other = Tokenizer.train(lines["en"] + lines["de"], tmp_path / "other", vocab_size=200)
+    with pytest.raises(LoadError, match=r"tokenizer .*200 pieces.*does not match"):
+        load_run(run[0], src_tokenizer=tmp_path / "other.model")
+    run_dir = tmp_path / "r"
+    shutil.copytree(run[0], run_dir)
+    shutil.copy(tmp_path / "other.model", run_dir / "spm.model")
+    with pytest.raises(LoadError, match="250 rows"):
+        load_run(run_dir)
+    (run_dir / "spm.model").write_bytes(b"not a model")
+    with pytest.raises(LoadError, match="SentencePiece"):
+        load_run(run_dir)
+    (run_dir / "spm.model").unlink()
+    with pytest.raises(LoadError, match="no tokenizer"):
+        load_run(run_dir)
+    assert len(other) == 200

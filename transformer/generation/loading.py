@@ -1,0 +1,262 @@
+"""Load a trained run (its folder, or one checkpoint in it) into a model, its tokenizers and config.
+
+A run folder written by ``scripts/train.py`` holds::
+
+    config.yaml                       the resolved config (also read: .hydra/config.yaml)
+    spm.model                         joint SentencePiece model, or spm.src.model + spm.tgt.model
+    checkpoint_best.safetensors       weights (+ checkpoint_best.pt training state with "config")
+    checkpoint_last.safetensors, checkpoint_{update}.safetensors, ...
+
+:func:`load_run` accepts the folder (then ``checkpoint_best``, else ``checkpoint_last``) or any
+``.safetensors`` / ``.pt`` file or checkpoint stem inside it, and fails with a sentence that says
+what is wrong: a missing checkpoint, a file that is not this project's weights, weights that do not
+fit the run's config, or a tokenizer whose vocabulary does not match the embedding matrices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, NamedTuple
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor, nn
+
+__all__ = ["LoadError", "LoadedRun", "Tokenizers", "find_checkpoint", "load_run"]
+
+CHECKPOINT_NAMES = ("checkpoint_best", "checkpoint_last")
+CONFIG_NAMES = ("config.yaml", ".hydra/config.yaml")
+
+
+class LoadError(RuntimeError):
+    """A run or checkpoint that cannot be loaded (the message says why and what was expected)."""
+
+
+class Tokenizers(NamedTuple):
+    """Source and target tokenizers (the same object for a joint vocabulary)."""
+
+    src: Any
+    tgt: Any
+
+
+@dataclass
+class LoadedRun:
+    """A loaded model with everything needed to translate with it.
+
+    Unpacks as ``model, tokenizers, cfg = load_run(path)``.
+
+    Attributes:
+        model: the model in eval mode on the requested device.
+        tokenizers: :class:`Tokenizers` ``(src, tgt)``.
+        cfg: the run's config (DictConfig over :class:`~transformer.config.Config`).
+        run_dir: the run folder.
+        checkpoint: the ``.safetensors`` file that was loaded.
+    """
+
+    model: nn.Module
+    tokenizers: Tokenizers
+    cfg: DictConfig
+    run_dir: Path
+    checkpoint: Path
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.model, self.tokenizers, self.cfg))
+
+
+def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
+    """Resolve a run folder, checkpoint file or checkpoint stem to ``(run_dir, weights_file)``.
+
+    Args:
+        path: a run folder, a ``.safetensors`` or ``.pt`` checkpoint file, or a stem such as
+            ``runs/x/checkpoint_best``.
+
+    Returns:
+        The run folder (the checkpoint's folder) and the ``.safetensors`` weights file.
+
+    Raises:
+        LoadError: nothing usable at ``path`` (the message lists what was looked for).
+    """
+    p = Path(path).expanduser()
+    if p.is_dir():
+        for name in CHECKPOINT_NAMES:
+            w = p / f"{name}.safetensors"
+            if w.is_file():
+                return p, w
+        found = sorted(x.name for x in p.glob("*.safetensors"))
+        hint = f"; it holds {', '.join(found)} (pass one of them)" if found else ""
+        raise LoadError(
+            f"no checkpoint in {p}: expected {' or '.join(n + '.safetensors' for n in CHECKPOINT_NAMES)}{hint}"
+        )
+    if p.suffix in (".pt", ".json"):
+        w = p.with_suffix(".safetensors")
+    elif p.suffix == ".safetensors":
+        w = p
+    else:
+        w = p.with_name(p.name + ".safetensors")
+    if not w.is_file():
+        if p.is_file():
+            raise LoadError(
+                f"{p} is not a checkpoint of this project: expected a run folder or a .safetensors "
+                f"weights file (with its .pt training state), and there is no {w.name} next to it"
+            )
+        raise LoadError(f"checkpoint not found: {p} (no such file or folder)")
+    return w.parent, w
+
+
+def _read_config(run_dir: Path, weights: Path) -> DictConfig:
+    """The run's config: config.yaml in the run folder, else the training state's "config"."""
+    from transformer.config import Config
+
+    base = OmegaConf.structured(Config)
+    for name in CONFIG_NAMES:
+        f = run_dir / name
+        if f.is_file():
+            raw = OmegaConf.load(f)
+            break
+    else:
+        state_file = weights.with_suffix(".pt")
+        raw = None
+        if state_file.is_file():
+            try:
+                payload = torch.load(state_file, map_location="cpu", weights_only=True)
+            except Exception as e:  # a foreign or damaged file
+                raise LoadError(f"cannot read the training state {state_file}: {e}") from e
+            train_state = payload.get("train_state", payload) if isinstance(payload, dict) else None
+            if isinstance(train_state, dict) and isinstance(train_state.get("config"), dict):
+                raw = OmegaConf.create(train_state["config"])
+        if raw is None:
+            raise LoadError(
+                f"no config for {weights}: expected {run_dir / 'config.yaml'} (written by "
+                f"scripts/train.py) or a training state {state_file.name} with a 'config' entry"
+            )
+    if "hydra" in raw:
+        raw = OmegaConf.masked_copy(raw, [k for k in raw.keys() if k != "hydra"])
+    try:
+        return OmegaConf.merge(base, raw)
+    except Exception as e:
+        raise LoadError(f"the config of {run_dir} does not fit transformer.config.Config: {e}") from e
+
+
+def _load_tokenizers(run_dir: Path, cfg: DictConfig, src: str | Path | None, tgt: str | Path | None) -> Tokenizers:
+    from transformer.data.tokenizer import Tokenizer
+
+    def load(p: Path) -> Any:
+        if not p.is_file():
+            raise LoadError(f"tokenizer not found: {p}")
+        try:
+            return Tokenizer(p)
+        except Exception as e:
+            raise LoadError(f"{p} is not a usable SentencePiece model for this project: {e}") from e
+
+    if src is not None or tgt is not None:
+        s = load(Path(src or tgt))
+        t = s if tgt is None or Path(tgt) == Path(src or tgt) else load(Path(tgt))
+        return Tokenizers(s, t)
+    if (run_dir / "spm.model").is_file():
+        tok = load(run_dir / "spm.model")
+        return Tokenizers(tok, tok)
+    if (run_dir / "spm.src.model").is_file() or (run_dir / "spm.tgt.model").is_file():
+        return Tokenizers(load(run_dir / "spm.src.model"), load(run_dir / "spm.tgt.model"))
+    raise LoadError(
+        f"no tokenizer in {run_dir}: expected spm.model (joint vocabulary) or spm.src.model + "
+        "spm.tgt.model, or pass the SentencePiece model(s) explicitly"
+    )
+
+
+def _read_weights(weights: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(weights), framework="pt", device="cpu") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+    except Exception as e:
+        raise LoadError(
+            f"{weights} is not a safetensors weights file ({type(e).__name__}: {e}); expected the "
+            "checkpoint_*.safetensors written by training"
+        ) from e
+
+
+def _vocab_params(model: nn.Module) -> dict[str, str]:
+    """State-dict names of the vocabulary-sized matrices -> "source" / "target"."""
+    names = {}
+    for mod_name, side in (("src_embed", "source"), ("embed", "source"), ("tgt_embed", "target")):
+        if hasattr(model, mod_name):
+            names[f"{mod_name}.embedding.weight"] = side
+    names["output_proj.weight"] = "target"
+    return names
+
+
+def load_run(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    *,
+    src_tokenizer: str | Path | None = None,
+    tgt_tokenizer: str | Path | None = None,
+    overrides: list[str] | None = None,
+) -> LoadedRun:
+    """Load a trained model, its tokenizers and its config.
+
+    Args:
+        path: run folder, checkpoint file (``.safetensors`` / ``.pt``) or checkpoint stem.
+        device: where the model goes.
+        src_tokenizer, tgt_tokenizer: SentencePiece models to use instead of the run folder's
+            (one path alone is used for both sides).
+        overrides: dotlist overrides of the run's config (e.g. ``["data.root=/data"]``).
+
+    Returns:
+        A :class:`LoadedRun` (unpacks as ``model, tokenizers, cfg``), the model in eval mode.
+
+    Raises:
+        LoadError: a missing checkpoint/config/tokenizer, a foreign file, weights that do not fit
+            the config, or a tokenizer whose size differs from the weights' vocabulary.
+    """
+    from transformer.config import ConfigError
+    from transformer.models import build_model
+
+    run_dir, weights = find_checkpoint(path)
+    state, meta = _read_weights(weights)
+    cfg = _read_config(run_dir, weights)
+    if overrides:
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    toks = _load_tokenizers(run_dir, cfg, src_tokenizer, tgt_tokenizer)
+    joint = toks.src is toks.tgt
+    arch = cfg.model.arch
+    try:
+        model = build_model(
+            cfg.model, len(toks.src), None if joint or arch == "decoder_only" else len(toks.tgt),
+            pad_id=toks.src.pad_id, bos_id=toks.src.bos_id, eos_id=toks.src.eos_id, sep_id=toks.src.sep_id,
+        )
+    except ConfigError as e:
+        raise LoadError(f"the model config of {run_dir} is invalid: {e}") from e
+
+    expected = model.state_dict()
+    missing = sorted(expected.keys() - state.keys())
+    unexpected = sorted(state.keys() - expected.keys())
+    if missing and len(missing) == len(expected) or (not state):
+        fmt = meta.get("format", "no format tag")
+        raise LoadError(
+            f"{weights} is not a checkpoint of this project ({fmt}): none of its {len(state)} tensors "
+            f"(e.g. {sorted(state)[:3]}) are parameters of the {arch} model of {run_dir / 'config.yaml'}"
+        )
+    vocab_names = _vocab_params(model)
+    for name, side in vocab_names.items():
+        if name in state and name in expected and state[name].shape[0] != expected[name].shape[0]:
+            tok = toks.src if side == "source" else toks.tgt
+            raise LoadError(
+                f"the {side} tokenizer ({tok.model_path}, {len(tok)} pieces) does not match the "
+                f"checkpoint {weights.name}, whose {name} has {state[name].shape[0]} rows: use the "
+                "SentencePiece model(s) saved with this run"
+            )
+    bad_shapes = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs config {tuple(expected[k].shape)}"
+        for k in sorted(expected.keys() & state.keys()) if state[k].shape != expected[k].shape
+    ]
+    if missing or unexpected or bad_shapes:
+        raise LoadError(
+            f"{weights} does not fit the model described by the run's config ({arch}): "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}, shape mismatches {bad_shapes[:5]}"
+        )
+    model.load_state_dict(state, strict=True)
+    model.to(device).eval()
+    return LoadedRun(model=model, tokenizers=toks, cfg=cfg, run_dir=run_dir, checkpoint=weights)
