@@ -39,9 +39,13 @@ def main(cfg: DictConfig) -> float | None:
     except ConfigError as err:
         print(f"error: invalid configuration: {err}", file=sys.stderr)
         sys.exit(2)
-    from transformer.training.trainer import train
+    from transformer.training.trainer import TrainingError, train
 
-    results = train(cfg)
+    try:
+        results = train(cfg)
+    except TrainingError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
     return results.get("bleu")
 
 

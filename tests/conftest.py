@@ -14,7 +14,7 @@ from transformer.config import ModelConfig
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("TRANSFORMER_DATA_DIR", REPO_ROOT.parent / "shared" / "data"))
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+torch.set_num_threads(1)  # tiny models gain nothing from more; avoids oversubscription
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,133 @@
+"""The training loop end to end on a small slice of real Multi30k (tiny model, seconds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO_ROOT
+from tests.training.conftest import small_cli_args, small_config
+from transformer.config import validate_config
+from transformer.training.checkpoint import load_checkpoint
+from transformer.training.trainer import Trainer, TrainingError, train
+
+
+def _metrics(run_dir: Path, split: str = "train") -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["split"] == split]
+
+
+def _weights(run_dir: Path, name: str = "checkpoint_last") -> dict[str, torch.Tensor]:
+    return load_checkpoint(run_dir, name)[0]
+
+
+def test_training_run_writes_results_and_artifacts(small_corpus, tmp_path):
+    cfg = small_config(small_corpus, tmp_path / "run", "logger=wandb")
+    validate_config(cfg)
+    results = train(cfg)
+    run = tmp_path / "run"
+    saved = json.loads((run / "results.json").read_text())
+    for key in ("bleu", "chrf", "sacrebleu_signature", "params", "updates", "wall_time_s",
+                "train_tokens_per_s", "peak_memory_mb", "choices", "config"):
+        assert key in saved, key
+    assert saved["updates"] == 6 and saved["params"] == results["params"] > 0
+    assert saved["sacrebleu_signature"].startswith("nrefs:1")
+    assert len((run / "hyps" / "test_2016_flickr.txt").read_text().splitlines()) == 30
+    assert (run / "config.yaml").is_file() and (run / "spm.model").is_file()
+    assert [r["update"] for r in _metrics(run)] == [1, 2, 3, 4, 5, 6]
+    assert [r["update"] for r in _metrics(run, "valid")] == [3, 6]
+    assert list((run / "wandb").glob("offline-run-*")), "wandb offline wrote no run folder"
+
+
+def test_decoder_only_trains(small_corpus, tmp_path):
+    cfg = small_config(small_corpus, tmp_path / "run", "model=llama_style_tiny", "model.n_decoder_layers=2",
+                       "model.d_model=32", "model.d_ff=64", "train.max_updates=2", "train.validate_every=2")
+    results = train(cfg)
+    assert results["updates"] == 2 and results["bleu"] is not None
+
+
+def test_resume_equals_uninterrupted_bit_for_bit(small_corpus, tmp_path):
+    full, split = tmp_path / "full", tmp_path / "split"
+    train(small_config(small_corpus, full, "train.max_updates=6"))
+    train(small_config(small_corpus, split, "train.max_updates=3"))
+    train(small_config(small_corpus, split, "train.max_updates=6", "train.resume=true"))
+    a, b = _weights(full), _weights(split)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    losses_full = [r["loss"] for r in _metrics(full)]
+    losses_split = [r["loss"] for r in _metrics(split)]
+    assert losses_full == losses_split
+
+
+def test_nan_loss_stops_naming_the_update_and_keeps_last_checkpoint(small_corpus, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    cfg = small_config(small_corpus, run, "train.max_updates=10", "train.save_every=2", "train.validate_every=0")
+    original = Trainer._loss
+
+    def poisoned(self, batch):
+        out = original(self, batch)
+        if self.update == 4:  # the 5th update
+            out["loss"] = out["loss"] * float("nan")
+        return out
+
+    monkeypatch.setattr(Trainer, "_loss", poisoned)
+    with pytest.raises(TrainingError, match="at update 5"):
+        train(cfg)
+    _, state = load_checkpoint(run, "checkpoint_last")
+    assert state["update"] == 4
+    assert all(torch.isfinite(t).all() for t in _weights(run).values())
+
+
+def _run_train(args: list[str], **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "scripts/train.py", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, **kw)
+
+
+def test_sigkill_then_resume_continues_from_last_checkpoint(small_corpus, tmp_path):
+    run = tmp_path / "run"
+    args = small_cli_args(small_corpus, run, "train.max_updates=100000", "train.save_every=2",
+                          "train.validate_every=0", f"hydra.run.dir={run}")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "scripts/train.py", *args], cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while not (run / "checkpoint_6.json").exists():
+        assert proc.poll() is None and time.time() < deadline, "training ended or stalled before its 3rd checkpoint"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    saved = load_checkpoint(run, "checkpoint_last")[1]["update"]
+    assert saved >= 6 and saved % 2 == 0
+    out = _run_train(small_cli_args(small_corpus, run, f"train.max_updates={saved + 2}", "train.save_every=2",
+                                    "train.validate_every=0", "train.resume=true", f"hydra.run.dir={run}"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"at update {saved} " in out.stderr
+    assert json.loads((run / "results.json").read_text())["updates"] == saved + 2
+
+
+def test_two_process_gloo_matches_one_process_same_global_batch(small_corpus, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    common = ["model.dropout=0.0", "train.max_updates=3", "train.validate_every=0", "train.valid_bleu=false"]
+    out1 = _run_train(small_cli_args(small_corpus, one, *common, "train.update_freq=2", f"hydra.run.dir={one}"))
+    assert out1.returncode == 0, out1.stderr[-2000:]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out2 = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
+         "scripts/train.py", *small_cli_args(small_corpus, two, *common, f"hydra.run.dir={two}")],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert out2.returncode == 0, out2.stderr[-3000:]
+    assert json.loads((two / "results.json").read_text())["world_size"] == 2
+    a, b = _weights(one), _weights(two)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)

@@ -1,0 +1,518 @@
+"""The training loop behind ``scripts/train.py``: one call trains, validates, tests and reports.
+
+Gradients are normalised per target token over the whole update (all accumulation steps and all
+ranks), as in fairseq: each micro-batch contributes its *summed* loss, gradients are summed across
+ranks with one all-reduce, then divided by the global number of target tokens. A 2-process run is
+therefore the same computation as a 1-process run with ``update_freq=2`` (up to summation order).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import shutil
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from transformer.data.collate import Batch, collate
+from transformer.data.dataset import TranslationData, load_translation_data
+from transformer.data.batching import TokenBatchSampler
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SEP_ID
+from transformer.models import build_model, count_parameters, forward_flops
+from transformer.training.checkpoint import (
+    CheckpointManager,
+    average_checkpoints,
+    get_rng_state,
+    load_checkpoint,
+    set_rng_state,
+)
+from transformer.training.criterion import LabelSmoothedCrossEntropy, perplexity
+from transformer.training.loggers import build_loggers
+from transformer.training.optim import build_optimizer
+from transformer.training.schedules import build_scheduler
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (a non-finite loss, a resume that does not fit)."""
+
+
+@dataclass
+class DistInfo:
+    """Rank, world size and device of this process."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed(device_name: str) -> DistInfo:
+    """Initialise ``torch.distributed`` when launched by torchrun (``WORLD_SIZE > 1``).
+
+    Uses NCCL on CUDA and gloo on CPU; ``device_name`` ``auto`` picks CUDA when present.
+    """
+    if device_name == "auto":
+        device_name = "cuda" if torch.cuda.is_available() else "cpu"
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if device_name == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device(device_name)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return DistInfo(rank, world_size, device)
+
+
+def _run_dir(cfg: DictConfig) -> Path:
+    if cfg.get("run_dir"):
+        return Path(cfg.run_dir)
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return Path(HydraConfig.get().runtime.output_dir)
+    except Exception:  # not under Hydra (tests, notebooks)
+        return Path("outputs") / cfg.experiment_name / time.strftime("%Y-%m-%d_%H-%M-%S")
+
+
+def hydra_choices() -> dict[str, str]:
+    """The config-group choices of this Hydra run (``{"model": "transformer_tiny", "model/ffn": "relu", ...}``)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        choices = HydraConfig.get().runtime.choices
+        return {k: str(v) for k, v in choices.items() if not k.startswith("hydra") and v is not None}
+    except Exception:
+        return {}
+
+
+def _run_name(cfg: DictConfig, choices: dict[str, str]) -> str:
+    keep = ("model", "model/norm", "model/ffn", "model/position", "model/attention", "data", "experiment")
+    parts = [f"{k.split('/')[-1]}={choices[k]}" for k in keep if k in choices]
+    return ",".join(parts + [f"seed={cfg.seed}"]) or f"{cfg.experiment_name}-seed{cfg.seed}"
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+class Trainer:
+    """Owns the model, optimiser, data order and checkpoints of one run.
+
+    Args:
+        cfg: the resolved :class:`~transformer.config.Config` (validated by the caller).
+        data: the loaded corpus (tokenizers and splits).
+        dist_info: rank / world size / device.
+        run_dir: the run folder (checkpoints, metrics.jsonl, results.json).
+    """
+
+    def __init__(self, cfg: DictConfig, data: TranslationData, dist_info: DistInfo, run_dir: Path) -> None:
+        self.cfg, self.data, self.dist, self.run_dir = cfg, data, dist_info, run_dir
+        t = cfg.train
+        self.device = dist_info.device
+        self.arch = cfg.model.arch
+        joint = data.joint_vocab
+        torch.manual_seed(cfg.seed)
+        self.model = build_model(
+            cfg.model, len(data.src_tokenizer), None if joint else len(data.tgt_tokenizer),
+            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, sep_id=SEP_ID,
+        ).to(self.device)
+        self.forward_model: nn.Module = torch.compile(self.model) if t.compile else self.model
+        self.criterion = LabelSmoothedCrossEntropy(cfg.criterion.label_smoothing, ignore_index=PAD_ID)
+        self.optimizer = build_optimizer(self.model, cfg.optim, self.device.type)
+        self.scheduler = build_scheduler(self.optimizer, cfg.lr_scheduler, cfg.optim.lr, cfg.model.d_model, t.max_updates)
+        self.precision = t.precision
+        self.autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[t.precision]
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=t.precision == "fp16")
+        train = data.splits["train"]
+        self.train_set = train
+        self.sampler = TokenBatchSampler(
+            train.src_lengths, train.tgt_lengths, t.max_tokens, arch=self.arch, shuffle=True,
+            seed=cfg.seed, rank=dist_info.rank, world_size=dist_info.world_size,
+        )
+        self.update = 0
+        self.epoch = 1
+        self.best_metric: float | None = None
+        self.bad_validations = 0
+        self.train_tokens = 0
+        self.train_time = 0.0
+        self.checkpoints = CheckpointManager(run_dir, keep_last=t.keep_last) if dist_info.is_main else None
+
+    # ------------------------------------------------------------------ state
+
+    def train_state(self) -> dict[str, Any]:
+        """Everything but the weights needed to continue exactly (loadable with weights_only)."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": get_rng_state(),
+            "sampler": self.sampler.state_dict(),
+            "update": self.update,
+            "epoch": self.epoch,
+            "best_metric": self.best_metric,
+            "bad_validations": self.bad_validations,
+            "train_tokens": self.train_tokens,
+            "train_time": self.train_time,
+            "config": OmegaConf.to_container(self.cfg, resolve=True),
+        }
+
+    def load_state(self, model_state: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+        """Restore weights and training state saved by :meth:`save`."""
+        self.model.load_state_dict(model_state, strict=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        self.update, self.epoch = int(state["update"]), int(state["epoch"])
+        self.best_metric = state["best_metric"]
+        self.bad_validations = int(state["bad_validations"])
+        self.train_tokens, self.train_time = int(state["train_tokens"]), float(state["train_time"])
+
+    def save(self, is_best: bool = False, numbered: bool = False) -> None:
+        """Atomically write ``checkpoint_last`` (and best / numbered) on rank 0."""
+        if self.checkpoints is not None:
+            self.checkpoints.save(self.update, self.model.state_dict(), self.train_state(), is_best=is_best, numbered=numbered)
+
+    # ------------------------------------------------------------------ steps
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _loss(self, batch: Batch) -> dict[str, torch.Tensor]:
+        with self._autocast():
+            logits = self.forward_model(**batch.net_input)
+        return self.criterion(logits, batch.target)
+
+    def _batches(self) -> Iterator[Batch]:
+        """This rank's training batches, epoch after epoch, from the sampler's saved position."""
+        while True:
+            self.sampler.set_epoch(self.epoch)  # keeps the saved position within the same epoch
+            for indices in self.sampler:
+                yield collate(self.train_set, indices, self.arch).to(self.device)
+            self.epoch += 1
+
+    @property
+    def epochs_done(self) -> int:
+        """Complete passes over the training data (this rank's shard)."""
+        finished = self.sampler.epoch == self.epoch and self.sampler.position >= len(self.sampler)
+        return self.epoch - 1 + int(finished)
+
+    def _all_reduce_grads(self, ntokens: int, loss_sum: float) -> tuple[int, float]:
+        """Sum gradients, token counts and losses over ranks; scale gradients to a per-token mean.
+
+        Returns:
+            The global ``(ntokens, loss_sum)``.
+        """
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if self.dist.world_size > 1:
+            extra = torch.tensor([float(ntokens), loss_sum], dtype=grads[0].dtype, device=self.device)
+            flat = torch.cat([g.reshape(-1) for g in grads] + [extra])
+            dist.all_reduce(flat)
+            ntokens, loss_sum = int(round(flat[-2].item())), float(flat[-1].item())
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+        if ntokens > 0:
+            for g in grads:
+                g.div_(ntokens)
+        return ntokens, loss_sum
+
+    def train_step(self, batches: list[Batch]) -> dict[str, float]:
+        """One update over ``update_freq`` micro-batches.
+
+        Returns:
+            ``loss`` and ``nll_loss`` per target token (base e, this rank's batches), ``ntokens``
+            (all ranks), ``lr``, ``grad_norm``.
+
+        Raises:
+            TrainingError: when the loss is not finite (names the update).
+        """
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = nll_sum = 0.0
+        ntokens = 0
+        for batch in batches:
+            out = self._loss(batch)
+            self.scaler.scale(out["loss"]).backward()
+            loss_sum += out["loss"].detach().float().item()
+            nll_sum += out["nll_loss"].detach().float().item()
+            ntokens += int(out["ntokens"])
+        local_tokens = ntokens
+        self.scaler.unscale_(self.optimizer)
+        ntokens, global_loss = self._all_reduce_grads(ntokens, loss_sum)
+        if not math.isfinite(global_loss):
+            raise TrainingError(
+                f"non-finite loss ({global_loss}) at update {self.update + 1}; the last good checkpoint "
+                f"in {self.run_dir} is kept (lower optim.lr, raise lr_scheduler.warmup_updates, or set "
+                "train.clip_norm)"
+            )
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        clip = self.cfg.train.clip_norm
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.update += 1
+        self.train_tokens += ntokens
+        return {
+            "loss": loss_sum / max(local_tokens, 1),
+            "nll_loss": nll_sum / max(local_tokens, 1),
+            "ntokens": ntokens,
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+        }
+
+    # ------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def valid_loss(self) -> dict[str, float]:
+        """Teacher-forced loss / nll / perplexity per target token on the validation split."""
+        was_training = self.model.training
+        self.model.eval()
+        valid = self.data.splits["valid"]
+        sampler = TokenBatchSampler(valid.src_lengths, valid.tgt_lengths, self.cfg.train.max_tokens, arch=self.arch, shuffle=False)
+        loss = nll = 0.0
+        n = 0
+        for indices in sampler:
+            out = self._loss(collate(valid, indices, self.arch).to(self.device))
+            loss += out["loss"].item()
+            nll += out["nll_loss"].item()
+            n += int(out["ntokens"])
+        self.model.train(was_training)
+        return {"loss": loss / n, "nll_loss": nll / n, "ppl": perplexity(nll / n)}
+
+    def bleu(self, split: str, subset: int = 0, hyp_file: Path | None = None) -> dict[str, Any]:
+        """Translate ``split`` with ``cfg.generation`` and score it against the raw references."""
+        from transformer.evaluation.metrics import corpus_scores
+        from transformer.generation.translate import translate_dataset
+
+        dataset = self.data.splits[split]
+        if subset and subset < len(dataset):
+            dataset = dataset.subset(range(subset))
+        hyps = translate_dataset(self.model, dataset, self.data.tgt_tokenizer, self.cfg.generation, self.device)
+        if hyp_file is not None:
+            hyp_file.parent.mkdir(parents=True, exist_ok=True)
+            hyp_file.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        return corpus_scores(hyps, dataset.tgt_text, tokenize=self.cfg.data.bleu_tokenize, lowercase=self.cfg.data.lowercase)
+
+    def validate(self, logger: Any) -> bool:
+        """Validation loss (+ BLEU); returns True when this is the best result so far."""
+        t = self.cfg.train
+        metrics: dict[str, Any] = {}
+        if self.dist.is_main:
+            metrics = self.valid_loss()
+            if t.valid_bleu:
+                scores = self.bleu("valid", subset=t.valid_bleu_subset)
+                metrics.update(bleu=scores["bleu"], chrf=scores["chrf"])
+        if self.dist.world_size > 1:  # every rank takes the same best/patience decisions
+            shared = [metrics]
+            dist.broadcast_object_list(shared, src=0)
+            metrics = shared[0]
+        if t.best_metric == "bleu" and "bleu" in metrics:
+            value, better = metrics["bleu"], lambda a, b: a > b
+        else:
+            value, better = metrics["loss"], lambda a, b: a < b
+        is_best = self.best_metric is None or better(value, self.best_metric)
+        if is_best:
+            self.best_metric, self.bad_validations = value, 0
+        else:
+            self.bad_validations += 1
+        metrics["best"] = self.best_metric
+        logger.log(metrics, step=self.update, split="valid")
+        if self.dist.is_main:
+            shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float))
+            print(f"[valid] update {self.update}: {shown}", file=sys.stderr, flush=True)
+        return is_best
+
+
+def _stop_reason(cfg: DictConfig, trainer: Trainer) -> str | None:
+    t = cfg.train
+    if t.max_updates > 0 and trainer.update >= t.max_updates:
+        return f"reached train.max_updates={t.max_updates}"
+    if t.max_epochs > 0 and trainer.epochs_done >= t.max_epochs:
+        return f"reached train.max_epochs={t.max_epochs}"
+    if t.max_time > 0 and trainer.train_time >= t.max_time:
+        return f"reached train.max_time={t.max_time}s"
+    if t.patience > 0 and trainer.bad_validations >= t.patience:
+        return f"no improvement in {t.patience} validations (train.patience)"
+    return None
+
+
+def _copy_tokenizers(data: TranslationData, run_dir: Path) -> None:
+    if data.joint_vocab:
+        shutil.copyfile(data.src_tokenizer.model_path, run_dir / "spm.model")
+    else:
+        shutil.copyfile(data.src_tokenizer.model_path, run_dir / "spm.src.model")
+        shutil.copyfile(data.tgt_tokenizer.model_path, run_dir / "spm.tgt.model")
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Train ``cfg`` to the end, test it, and write ``results.json`` into the run folder.
+
+    Args:
+        cfg: a validated config (see :func:`transformer.config.validate_config`).
+
+    Returns:
+        The results dict (also in ``results.json``): ``bleu``, ``chrf``, ``sacrebleu_signature``,
+        ``params``, ``updates``, ``wall_time_s``, ``train_tokens_per_s``, ``peak_memory_mb``,
+        ``choices``, ``config`` and per-split ``test`` scores.
+
+    Raises:
+        TrainingError: on a non-finite loss (the last good checkpoint stays).
+    """
+    start = time.time()
+    t = cfg.train
+    if t.num_threads > 0:
+        torch.set_num_threads(t.num_threads)
+    dist_info = setup_distributed(t.device)
+    run_dir = _run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if dist_info.is_main else (lambda *a: None)
+    data = load_translation_data(cfg.data, log=log)
+    trainer = Trainer(cfg, data, dist_info, run_dir)
+    choices = hydra_choices()
+    if dist_info.is_main:
+        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        _copy_tokenizers(data, run_dir)
+    if t.resume:
+        latest = CheckpointManager.LAST
+        if (run_dir / f"{latest}.safetensors").is_file():
+            model_state, state = load_checkpoint(run_dir, latest, map_location=dist_info.device)
+            trainer.load_state(model_state, state)
+            log(f"resumed from {run_dir / latest} at update {trainer.update} (epoch {trainer.epoch})")
+        else:
+            log(f"train.resume=true but {run_dir} holds no {latest}; starting from scratch")
+    params = count_parameters(trainer.model)
+    log(f"model: {cfg.model.arch}, {params:,} parameters; run folder {run_dir}")
+    loggers = build_loggers(cfg.logger, run_dir, _run_name(cfg, choices), OmegaConf.to_container(cfg, resolve=True), dist_info.is_main)
+
+    progress = None
+    if dist_info.is_main and t.progress:
+        from tqdm import tqdm
+
+        progress = tqdm(total=t.max_updates or None, initial=trainer.update, desc="train", unit="upd", dynamic_ncols=True, mininterval=2.0, file=sys.stderr)
+    batches = trainer._batches()
+    stop = _stop_reason(cfg, trainer)
+    window_tokens, window_start = 0, time.time()
+    try:
+        while stop is None:
+            step_start = time.time()
+            micro = [next(batches) for _ in range(t.update_freq)]
+            stats = trainer.train_step(micro)
+            trainer.train_time += time.time() - step_start
+            window_tokens += stats["ntokens"]
+            if trainer.update % t.log_every == 0 or trainer.update == 1:
+                elapsed = max(time.time() - window_start, 1e-9)
+                stats.update(tokens_per_s=window_tokens / elapsed, epoch=trainer.epoch, ppl=perplexity(stats["nll_loss"]))
+                loggers.log(stats, step=trainer.update, split="train")
+                window_tokens, window_start = 0, time.time()
+                if progress is not None:
+                    progress.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{stats['tokens_per_s']:.0f}", refresh=False)
+            if progress is not None:
+                progress.update(1)
+            stop = _stop_reason(cfg, trainer)
+            validate_now = t.validate_every > 0 and trainer.update % t.validate_every == 0
+            if validate_now or stop is not None:
+                is_best = trainer.validate(loggers)
+                stop = _stop_reason(cfg, trainer)
+                trainer.save(is_best=is_best, numbered=t.save_every > 0 and trainer.update % t.save_every == 0)
+            elif t.save_every > 0 and trainer.update % t.save_every == 0:
+                trainer.save(numbered=True)
+    finally:
+        if progress is not None:
+            progress.close()
+    log(f"stopped: {stop}")
+
+    results: dict[str, Any] = {}
+    if dist_info.is_main:
+        results = _final_test(cfg, trainer, run_dir, choices, params, start)
+    loggers.log({k: v for k, v in results.items() if isinstance(v, (int, float))}, step=trainer.update, split="test")
+    loggers.close()
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    return results
+
+
+def _final_weights(cfg: DictConfig, trainer: Trainer, run_dir: Path) -> str:
+    """Load the weights the test uses: averaged last N, else best, else final. Returns which."""
+    t = cfg.train
+    numbered = trainer.checkpoints.numbered() if trainer.checkpoints is not None else []
+    if t.average_last > 0 and numbered:
+        chosen = numbered[-t.average_last :]
+        averaged = average_checkpoints([p.with_name(p.name + ".safetensors") for p in chosen])
+        trainer.model.load_state_dict(averaged, strict=True)
+        return f"average of {', '.join(p.name for p in chosen)}"
+    best = trainer.checkpoints.best() if trainer.checkpoints is not None else None
+    if best is not None:
+        model_state, _ = load_checkpoint(best.parent, best.name, map_location=trainer.device)
+        trainer.model.load_state_dict(model_state, strict=True)
+        return "checkpoint_best"
+    return "final"
+
+
+def _final_test(cfg: DictConfig, trainer: Trainer, run_dir: Path, choices: dict[str, str], params: int, start: float) -> dict[str, Any]:
+    final_model = _final_weights(cfg, trainer, run_dir)
+    test_splits = [s for s in cfg.data.test_splits if s in trainer.data.splits] or [
+        s for s in trainer.data.splits if s not in ("train", "valid")
+    ][:1]
+    scores = {}
+    for split in test_splits:
+        scores[split] = trainer.bleu(split, hyp_file=run_dir / "hyps" / f"{split}.txt")
+        print(f"[test] {split}: BLEU {scores[split]['bleu']:.2f} chrF {scores[split]['chrf']:.2f} ({final_model})", file=sys.stderr, flush=True)
+    primary = cfg.data.test_prefix if cfg.data.test_prefix in scores else (test_splits[0] if test_splits else None)
+    main = scores.get(primary, {})
+    sample_len = 16
+    flops = forward_flops(cfg.model, len(trainer.data.tgt_tokenizer), sample_len, sample_len)
+    results = {
+        "bleu": main.get("bleu"),
+        "chrf": main.get("chrf"),
+        "sacrebleu_signature": main.get("bleu_signature"),
+        "chrf_signature": main.get("chrf_signature"),
+        "test_split": primary,
+        "test": scores,
+        "final_model": final_model,
+        "params": params,
+        "flops_per_token": flops["per_target_token"],
+        "updates": trainer.update,
+        "epochs": trainer.epoch,
+        "best_valid": trainer.best_metric,
+        "best_metric": cfg.train.best_metric,
+        "wall_time_s": time.time() - start,
+        "train_time_s": trainer.train_time,
+        "train_tokens": trainer.train_tokens,
+        "train_tokens_per_s": trainer.train_tokens / max(trainer.train_time, 1e-9),
+        "peak_memory_mb": _peak_memory_mb(trainer.device),
+        "device": str(trainer.device),
+        "world_size": trainer.dist.world_size,
+        "choices": choices,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+    tmp = run_dir / "results.json.tmp"
+    tmp.write_text(json.dumps(results, indent=2) + "\n")
+    os.replace(tmp, run_dir / "results.json")
+    return results
