@@ -7,7 +7,15 @@ Typical use::
     text = detokenize(hyps, tokenizers.tgt)
 """
 
-from transformer.generation.loading import LoadedRun, LoadError, Tokenizers, find_checkpoint, load_run
+from transformer.generation.loading import (
+    LoadedRun,
+    LoadError,
+    Tokenizers,
+    find_checkpoint,
+    load_run,
+    merge_generation,
+    resolve_device,
+)
 from transformer.generation.search import (
     Hypothesis,
     beam_search,
@@ -42,6 +50,8 @@ __all__ = [
     "length_penalty",
     "load_run",
     "make_src_tokens",
+    "merge_generation",
+    "resolve_device",
     "max_lengths",
     "sample",
     "top_k_top_p_filter",

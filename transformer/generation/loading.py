@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
-__all__ = ["LoadError", "LoadedRun", "Tokenizers", "find_checkpoint", "load_run"]
+__all__ = ["LoadError", "LoadedRun", "Tokenizers", "find_checkpoint", "load_run", "merge_generation", "resolve_device"]
 
 CHECKPOINT_NAMES = ("checkpoint_best", "checkpoint_last")
 CONFIG_NAMES = ("config.yaml", ".hydra/config.yaml")
@@ -260,3 +260,54 @@ def load_run(
     model.load_state_dict(state, strict=True)
     model.to(device).eval()
     return LoadedRun(model=model, tokenizers=toks, cfg=cfg, run_dir=run_dir, checkpoint=weights)
+
+
+def merge_generation(base: Any, overrides: Any) -> DictConfig:
+    """The run's generation settings with every non-null field of ``overrides`` on top.
+
+    Args:
+        base: the run's ``cfg.generation`` (DictConfig, dataclass or dict), or None for defaults.
+        overrides: a mapping whose null values mean "keep the run's value" (the script configs list
+            every generation field as null so that ``generation.beam_size=10`` works on the command
+            line), or None.
+
+    Returns:
+        A DictConfig over :class:`~transformer.config.GenerationConfig`, validated.
+
+    Raises:
+        ConfigError: an unknown field, a value of the wrong type, or an invalid value (strategy,
+            beam_size/nbest, length_penalty_form, top_p, temperature, top_k); the message names it.
+    """
+    from transformer.config import ConfigError, GenerationConfig
+
+    merged = OmegaConf.structured(GenerationConfig)
+    try:
+        if base is not None:
+            merged = OmegaConf.merge(merged, base)
+        if overrides is not None:
+            items = overrides.items() if hasattr(overrides, "items") else dict(overrides).items()
+            merged = OmegaConf.merge(merged, {k: v for k, v in items if v is not None})
+    except Exception as e:
+        raise ConfigError(f"invalid generation settings: {e}") from e
+    g = merged
+    if g.strategy not in ("greedy", "beam", "sample"):
+        raise ConfigError(f"generation.strategy={g.strategy!r} is not one of greedy, beam, sample")
+    if g.beam_size < 1 or g.nbest < 1 or (g.strategy == "beam" and g.nbest > g.beam_size):
+        raise ConfigError(
+            f"generation.beam_size={g.beam_size} must be >= 1 and generation.nbest={g.nbest} between 1 "
+            "and beam_size"
+        )
+    if g.length_penalty_form not in ("gnmt", "fairseq"):
+        raise ConfigError(f"generation.length_penalty_form={g.length_penalty_form!r} is not gnmt or fairseq")
+    if not 0.0 < g.top_p <= 1.0:
+        raise ConfigError(f"generation.top_p={g.top_p} must be in (0, 1]")
+    if g.temperature < 0 or g.top_k < 0:
+        raise ConfigError(f"generation.temperature={g.temperature} and generation.top_k={g.top_k} must be >= 0")
+    return merged
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """``auto`` (or None) -> CUDA when available, else CPU; anything else as given."""
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
