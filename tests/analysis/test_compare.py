@@ -1,0 +1,252 @@
+"""transformer.analysis on synthetic run folders: grouping, statistics, missing runs, outputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from transformer.analysis import compare_sweeps, expected_jobs, find_run_dirs, load_run, write_outputs
+
+N_SENT = 60
+
+
+@pytest.fixture()
+def corpus(tmp_path) -> Path:
+    """A parallel_text test split of N_SENT pairs (references are the ``de`` side)."""
+    root = tmp_path / "corpus"
+    root.mkdir()
+    rng = random.Random(0)
+    words = "ein mann eine frau hund spielt im park auf der straße mit einem ball".split()
+    refs = [" ".join(rng.choice(words) for _ in range(8)) for _ in range(N_SENT)]
+    (root / "test.de").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+    (root / "test.en").write_text("".join(f"source {i}\n" for i in range(N_SENT)), encoding="utf-8")
+    return root
+
+
+def _refs(corpus: Path) -> list[str]:
+    return (corpus / "test.de").read_text(encoding="utf-8").splitlines()
+
+
+def _degrade(refs: list[str], frac: float, seed: int) -> list[str]:
+    """References with the last word dropped in a fraction ``frac`` of the lines."""
+    rng = random.Random(seed)
+    return [" ".join(r.split()[:-3]) if rng.random() < frac else r for r in refs]
+
+
+def _config(corpus: Path, step: str, seed: int) -> dict:
+    norm_position = "post" if step.startswith("step0") else "pre"
+    return {
+        "seed": seed,
+        "run_dir": None,
+        "experiment_name": "ladder",
+        "model": {
+            "arch": "encoder_decoder", "n_encoder_layers": 2, "n_decoder_layers": 2, "d_model": 32,
+            "n_heads": 4, "n_kv_heads": None, "attention": "mha", "norm_position": norm_position,
+        },
+        "data": {
+            "name": "parallel_text", "corpus": "parallel_text", "root": str(corpus), "src_lang": "en",
+            "tgt_lang": "de", "train_prefix": "train", "valid_prefix": "val", "test_prefix": "test",
+            "test_splits": ["test"], "download": False, "bleu_tokenize": "13a", "lowercase": False,
+            "cache_dir": str(corpus / f"cache{seed}"),
+        },
+        "train": {"max_updates": 10, "num_threads": seed, "progress": False},
+        "logger": {"name": "none"},
+    }
+
+
+def make_run(run_dir: Path, corpus: Path, step: str, seed: int, hyps: list[str] | None, *, bleu: float | None = None,
+             finished: bool = True, params: int = 1000) -> Path:
+    """A run folder as scripts/train.py writes it (results.json only when ``finished``)."""
+    run_dir.mkdir(parents=True)
+    cfg = _config(corpus, step, seed)
+    choices = {"ladder": step, "experiment": "ladder", "model": "transformer_tiny"}
+    (run_dir / ".hydra").mkdir()
+    (run_dir / ".hydra" / "overrides.yaml").write_text(f"- ladder={step}\n- seed={seed}\n")
+    (run_dir / "config.yaml").write_text(json.dumps(cfg))  # JSON is YAML
+    with (run_dir / "metrics.jsonl").open("w") as f:
+        for u in (5, 10) if finished else (5,):
+            f.write(json.dumps({"split": "train", "update": u, "loss": 5.0 - u / 10}) + "\n")
+            f.write(json.dumps({"split": "valid", "update": u, "loss": 4.5 - u / 10 - seed / 100,
+                                "nll_loss": 4.0 - u / 10 - seed / 100, "bleu": u + seed}) + "\n")
+        if not finished:
+            f.write('{"split": "train", "upd')  # torn by the crash
+    if finished:
+        (run_dir / "hyps").mkdir()
+        (run_dir / "hyps" / "test.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        results = {
+            "bleu": bleu, "chrf": 2 * bleu, "sacrebleu_signature": "nrefs:1|tok:13a", "chrf_signature": "nrefs:1|nc:6",
+            "test_split": "test", "params": params, "flops_per_token": 2.0e6, "updates": 10,
+            "best_valid": 3.0, "train_tokens_per_s": 1000.0 * seed, "peak_memory_mb": 100.0 + seed,
+            "choices": choices, "config": cfg,
+        }
+        (run_dir / "results.json").write_text(json.dumps(results))
+    return run_dir
+
+
+@pytest.fixture()
+def sweep(tmp_path, corpus) -> Path:
+    """step1 (listed first on disk) and step0, 3 seeds each, plus a crashed step1 seed-4 run and an
+    unidentifiable folder."""
+    root = tmp_path / "sweep"
+    refs = _refs(corpus)
+    bleus = {"step0_vaswani2017": [20.0, 22.0, 24.0], "step1_pre_ln": [30.0, 31.0, 35.0]}
+    n = 0
+    for step in ("step1_pre_ln", "step0_vaswani2017"):
+        for i, seed in enumerate((1, 2, 3)):
+            frac = 0.9 if step.startswith("step0") else 0.05
+            make_run(root / str(n), corpus, step, seed, _degrade(refs, frac, seed), bleu=bleus[step][i], params=1000 + n // 3)
+            n += 1
+    make_run(root / str(n), corpus, "step1_pre_ln", 4, None, finished=False)
+    (root / "7" / ".hydra").mkdir(parents=True)
+    (root / "7" / ".hydra" / "overrides.yaml").write_text("- ladder=step9_broken\n- seed=1\n")
+    return root
+
+
+def test_groups_by_config_orders_by_ladder_and_averages_seeds(sweep):
+    comp = compare_sweeps([sweep], n_bootstrap=100)
+    assert [c.label for c in comp.configurations] == ["step0_vaswani2017", "step1_pre_ln"]
+    assert comp.baseline == "step0_vaswani2017"
+    base, step1 = comp.rows
+    assert base["is_baseline"] and not step1["is_baseline"]
+    assert (base["n_runs"], base["n_missing"], base["seeds"]) == (3, 0, "1 2 3")
+    assert (step1["n_runs"], step1["n_missing"]) == (3, 1)
+    assert base["bleu_mean"] == pytest.approx(22.0)
+    assert base["bleu_std"] == pytest.approx(statistics.stdev([20.0, 22.0, 24.0]))
+    assert step1["bleu_mean"] == pytest.approx(32.0)
+    assert step1["delta_bleu"] == pytest.approx(10.0)
+    assert step1["chrf_mean"] == pytest.approx(64.0)
+    assert step1["train_tokens_per_s"] == pytest.approx(2000.0)
+    assert base["params"] == 1001 and step1["params"] == 1000
+    assert base["kv_cache_bytes_per_token"] == 2 * 2 * 4 * 8 * 4  # K and V, 2 layers, 4 heads of 8, fp32
+
+
+def test_seed_only_differences_do_not_split_a_configuration(sweep):
+    # seed, data.cache_dir and train.num_threads differ between seeds (see _config), yet one group each
+    comp = compare_sweeps([sweep], n_bootstrap=0)
+    assert len(comp.configurations) == 2
+
+
+def test_p_value_is_paired_bootstrap_against_the_baseline(sweep):
+    comp = compare_sweeps([sweep], n_bootstrap=200)
+    base, step1 = comp.rows
+    assert base["p_value"] is None
+    assert 0 < step1["p_value"] < 0.05  # step1 hyps are nearly the references, step0's are truncated
+    assert [s.split(":")[0] for s in step1["p_value_seeds"].split()] == ["1", "2", "3"]
+    assert "bs:200" in comp.signatures["bootstrap"]
+
+
+def test_baseline_choice_and_errors(sweep):
+    comp = compare_sweeps([sweep], baseline="pre_ln", n_bootstrap=50)
+    assert comp.baseline == "step1_pre_ln"
+    assert comp.rows[1]["is_baseline"] and comp.rows[0]["p_value"] is not None
+    with pytest.raises(ValueError, match="matches no configuration"):
+        compare_sweeps([sweep], baseline="step5", n_bootstrap=0)
+    with pytest.raises(ValueError, match="several"):
+        compare_sweeps([sweep], baseline="step", n_bootstrap=0)
+    with pytest.raises(FileNotFoundError):
+        compare_sweeps([sweep / "nope"])
+
+
+def test_identical_hypotheses_get_p_one(tmp_path, corpus):
+    refs = _degrade(_refs(corpus), 0.5, 0)
+    make_run(tmp_path / "s" / "0", corpus, "step0_vaswani2017", 1, refs, bleu=10.0)
+    make_run(tmp_path / "s" / "1", corpus, "step1_pre_ln", 1, refs, bleu=10.0)
+    comp = compare_sweeps([tmp_path / "s"], n_bootstrap=50)
+    assert comp.rows[1]["p_value"] == 1.0
+    assert any("identical" in n for n in comp.notes)
+
+
+def test_missing_runs_are_listed(sweep):
+    comp = compare_sweeps([sweep], n_bootstrap=0)
+    reasons = {r.run_dir.name: r.reason for r in comp.missing}
+    assert set(reasons) == {"6", "7"}
+    assert "no results.json (last logged update 5)" in reasons["6"]
+    assert "no metrics" in reasons["7"]
+    run = load_run(sweep / "6")
+    assert not run.ok and run.seed == 4 and len(run.metrics) == 2  # the torn line is skipped
+
+
+def test_never_started_jobs_of_a_multirun_are_listed(tmp_path, corpus):
+    root = tmp_path / "multi"
+    refs = _refs(corpus)
+    for n, (step, seed) in enumerate([("step0_vaswani2017", 1), ("step0_vaswani2017", 2), ("step1_pre_ln", 1)]):
+        make_run(root / str(n), corpus, step, seed, refs, bleu=10.0 + n)
+    (root / "multirun.yaml").write_text(
+        "hydra:\n"
+        "  sweep: {dir: multi, subdir: '${hydra.job.num}'}\n"
+        "  sweeper:\n"
+        "    _target_: hydra._internal.core_plugins.basic_sweeper.BasicSweeper\n"
+        "    params: {ladder: 'step0_vaswani2017,step1_pre_ln'}\n"
+        "  overrides:\n"
+        "    task: [experiment=ladder, 'seed=1,2', train.max_updates=10]\n"
+    )
+    jobs = expected_jobs(root)
+    assert [[o for o in j if o.startswith(("ladder", "seed"))] for j in jobs] == [
+        ["ladder=step0_vaswani2017", "seed=1"], ["ladder=step0_vaswani2017", "seed=2"],
+        ["ladder=step1_pre_ln", "seed=1"], ["ladder=step1_pre_ln", "seed=2"],
+    ]
+    comp = compare_sweeps([root], n_bootstrap=0)
+    assert [(r.run_dir.name, r.reason) for r in comp.missing] == [("3", "job folder missing (never started)")]
+    md = write_outputs(comp, tmp_path / "out")["markdown"].read_text()
+    assert "(ladder=step1_pre_ln experiment=ladder seed=2): job folder missing (never started)" in md
+
+
+def test_labels_from_config_values_when_no_choice_differs(tmp_path, corpus):
+    refs = _refs(corpus)
+    a = make_run(tmp_path / "s" / "0", corpus, "step1_pre_ln", 1, refs, bleu=1.0)
+    b = make_run(tmp_path / "s" / "1", corpus, "step1_pre_ln", 1, refs, bleu=2.0)
+    for run_dir, width in ((a, 32), (b, 64)):
+        res = json.loads((run_dir / "results.json").read_text())
+        res["config"]["model"]["d_model"] = width
+        (run_dir / "results.json").write_text(json.dumps(res))
+    comp = compare_sweeps([tmp_path / "s"], n_bootstrap=0)
+    assert [c.label for c in comp.configurations] == ["step1_pre_ln, model.d_model=32", "step1_pre_ln, model.d_model=64"]
+
+
+def test_outputs_markdown_csv_plots(sweep, tmp_path):
+    comp = compare_sweeps([sweep], n_bootstrap=100)
+    paths = write_outputs(comp, tmp_path / "out")
+    md = paths["markdown"].read_text()
+    assert "| step0_vaswani2017 (baseline) | 3/3 | 22.00 ± 2.00 |" in md
+    assert "| step1_pre_ln | 3/4 | 32.00 ± 2.65 | +10.00 |" in md
+    assert "## Runs without results (2)" in md and "/6`" in md and "/7`" in md
+    assert "![bleu_bars](bleu_bars.png)" in md
+    rows = list(csv.DictReader(paths["csv"].open()))
+    assert [r["label"] for r in rows] == ["step0_vaswani2017", "step1_pre_ln"]
+    assert float(rows[1]["p_value"]) < 0.05 and rows[0]["p_value"] == ""
+    assert float(rows[0]["bleu_std"]) == pytest.approx(2.0)
+    runs = list(csv.DictReader(paths["runs_csv"].open()))
+    assert sum(r["status"] == "missing" for r in runs) == 2 and sum(r["status"] == "ok" for r in runs) == 6
+    for key in ("valid_curves", "bleu_bars"):
+        assert paths[key].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths[key].stat().st_size > 5000
+
+
+def test_find_run_dirs_natural_order_and_nested(tmp_path, corpus):
+    refs = _refs(corpus)
+    for name in ("2", "10", "1"):
+        make_run(tmp_path / "d" / "a" / name, corpus, "step0_vaswani2017", int(name), refs, bleu=1.0)
+    (tmp_path / "d" / "a" / ".submitit").mkdir()
+    assert [p.name for p in find_run_dirs(tmp_path / "d")] == ["1", "2", "10"]
+
+
+def test_cli(sweep, tmp_path):
+    out = tmp_path / "cli"
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "compare.py"), str(sweep), "--out", str(out), "--bootstrap", "50"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "| step1_pre_ln | 3/4 |" in proc.stdout
+    assert "2 run(s) without results" in proc.stderr
+    assert {p.name for p in out.iterdir()} >= {"comparison.md", "comparison.csv", "runs.csv", "valid_curves.png", "bleu_bars.png"}
+    bad = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "compare.py"), str(sweep), "--baseline", "zzz"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "matches no configuration" in bad.stderr

@@ -1,0 +1,114 @@
+"""PNG plots of a :class:`~transformer.analysis.compare.Comparison`.
+
+Figures are built with :class:`matplotlib.figure.Figure` (Agg canvas) rather than ``pyplot``: no
+display or global backend is needed, and a notebook's own backend is left alone. Each function
+saves the PNG and returns its path; :func:`validation_curves_figure` / :func:`bleu_bars_figure`
+return the figure itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from transformer.analysis.compare import Comparison
+
+__all__ = ["bleu_bars_figure", "plot_bleu_bars", "plot_validation_curves", "validation_curves_figure"]
+
+
+def _new_figure(width: float, height: float, ncols: int = 1):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, axes
+
+
+def _colors(n: int) -> list:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def validation_curves_figure(comparison: "Comparison") -> "Figure":
+    """Validation NLL (and validation BLEU when logged) against updates, one colour per
+    configuration: thin lines per seed, a thick line for the mean over the seeds at each update."""
+    configs = comparison.configurations
+    metrics = ["nll_loss"] if any(r.valid_curve("nll_loss") for c in configs for r in c.runs) else ["loss"]
+    if any(r.valid_curve("bleu") for c in configs for r in c.runs):
+        metrics.append("bleu")
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = _new_figure(6.0 * len(metrics), 4.2, len(metrics))
+    for ax, metric in zip(axes, metrics):
+        for color, c in zip(_colors(len(configs)), configs):
+            by_update: dict[int, list[float]] = {}
+            for r in c.runs:
+                curve = r.valid_curve(metric)
+                if curve:
+                    ax.plot(*zip(*curve), color=color, alpha=0.3, linewidth=0.8)
+                for u, v in curve:
+                    by_update.setdefault(u, []).append(v)
+            if by_update:
+                xs = sorted(by_update)
+                ys = [sum(by_update[u]) / len(by_update[u]) for u in xs]
+                ax.plot(xs, ys, color=color, linewidth=2.0, marker="o" if len(xs) < 20 else None, markersize=3,
+                        label=f"{c.label} (n={len(c.runs)})")
+        ax.set_xlabel("update")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel({"nll_loss": "validation NLL (nats/token)", "loss": "validation loss", "bleu": "validation BLEU"}[metric])
+        ax.grid(alpha=0.3)
+    axes[0].set_title("Validation curves (thin: seeds, thick: mean)")
+    axes[0].legend(fontsize="small")
+    return fig
+
+
+def plot_validation_curves(comparison: "Comparison", path: str | Path) -> Path:
+    """Save :func:`validation_curves_figure` as a PNG at ``path``."""
+    path = Path(path)
+    validation_curves_figure(comparison).savefig(path, dpi=120)
+    return path
+
+
+def bleu_bars_figure(comparison: "Comparison") -> "Figure":
+    """Test BLEU per configuration: bar = mean over seeds, error bar = sample std, dots = seeds;
+    the baseline bar is hatched and significant differences (p < 0.05) are starred."""
+    rows = comparison.rows
+    fig, (ax,) = _new_figure(max(5.5, 1.1 * len(rows) + 1.5), 4.2)
+    xs = list(range(len(rows)))
+    means = [r["bleu_mean"] or 0.0 for r in rows]
+    stds = [r["bleu_std"] or 0.0 for r in rows]
+    colors = _colors(len(rows))
+    bars = ax.bar(xs, means, yerr=stds, capsize=4, color=colors, edgecolor="black", linewidth=0.6)
+    for bar, r in zip(bars, rows):
+        if r["is_baseline"]:
+            bar.set_hatch("//")
+    for x, c in zip(xs, comparison.configurations):
+        seeds = [run.results["bleu"] for run in c.runs]
+        ax.scatter([x] * len(seeds), seeds, color="black", s=10, zorder=3)
+    top = max((m + s for m, s in zip(means, stds)), default=0.0)
+    for x, r in zip(xs, rows):
+        p = r["p_value"]
+        mark = "" if p is None or r["is_baseline"] else ("*" if p < 0.05 else "ns")
+        ax.text(x, means[x] + stds[x] + 0.02 * max(top, 1.0), f"{means[x]:.2f}{(' ' + mark) if mark else ''}",
+                ha="center", va="bottom", fontsize="small")
+    ax.set_xticks(xs, [r["label"] for r in rows], rotation=30, ha="right", fontsize="small")
+    split = rows[0]["test_split"] if rows else ""
+    ax.set_ylabel(f"test BLEU ({split})")
+    ax.set_ylim(0, max(top * 1.15, 1.0))
+    ax.set_title(f"Test BLEU, mean ± std over seeds\nbaseline hatched; * p < 0.05 vs {comparison.baseline}", fontsize="medium")
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def plot_bleu_bars(comparison: "Comparison", path: str | Path) -> Path:
+    """Save :func:`bleu_bars_figure` as a PNG at ``path``."""
+    path = Path(path)
+    bleu_bars_figure(comparison).savefig(path, dpi=120)
+    return path
