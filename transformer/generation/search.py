@@ -501,8 +501,7 @@ def _beam_search(
             toks = history[rows].tolist()
             lps = cand_scores[s_idx, c_idx].tolist()
             touched = {}
-            for s, t, l in zip(s_idx.tolist(), toks, lps):
-                sid = int(sent_ids[s])
+            for s, sid, t, l in zip(s_idx.tolist(), sent_ids[s_idx].tolist(), toks, lps):
                 finished[sid].append(Hypothesis(tokens=t + [eos], score=l / lp, logprob=l))
                 touched[s] = sid
             for s, sid in touched.items():
