@@ -131,3 +131,13 @@ def test_two_process_gloo_matches_one_process_same_global_batch(small_corpus, tm
     a, b = _weights(one), _weights(two)
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains(small_corpus, tmp_path, precision):
+    cfg = small_config(small_corpus, tmp_path / "run", f"train.precision={precision}", "train.max_updates=2",
+                       "train.validate_every=0", "train.valid_bleu=false")
+    results = train(cfg)
+    assert results["updates"] == 2
+    weights = _weights(tmp_path / "run")
+    assert all(t.dtype == torch.float32 and torch.isfinite(t).all() for t in weights.values())

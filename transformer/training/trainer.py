@@ -15,6 +15,7 @@ import resource
 import shutil
 import sys
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,11 @@ from transformer.training.criterion import LabelSmoothedCrossEntropy, perplexity
 from transformer.training.loggers import build_loggers
 from transformer.training.optim import build_optimizer
 from transformer.training.schedules import build_scheduler
+
+
+# With fp16 the GradScaler skips the optimizer step of an update whose gradients overflowed; the
+# schedule still advances (the update is counted), which torch reports with a misleading warning.
+warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
 
 
 class TrainingError(RuntimeError):
