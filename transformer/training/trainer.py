@@ -38,15 +38,10 @@ from transformer.training.checkpoint import (
     load_checkpoint,
     set_rng_state,
 )
-from transformer.training.criterion import LabelSmoothedCrossEntropy, perplexity
+from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss, perplexity
 from transformer.training.loggers import build_loggers
 from transformer.training.optim import build_optimizer
 from transformer.training.schedules import build_scheduler
-
-
-# With fp16 the GradScaler skips the optimizer step of an update whose gradients overflowed; the
-# schedule still advances (the update is counted), which torch reports with a misleading warning.
-warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
 
 
 class TrainingError(RuntimeError):
@@ -207,9 +202,10 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def _loss(self, batch: Batch) -> dict[str, torch.Tensor]:
+        # eager: output layer fused with the loss at target positions; compiled: logits + loss
+        forward = None if self.forward_model is self.model else self.forward_model
         with self._autocast():
-            logits = self.forward_model(**batch.net_input)
-        return self.criterion(logits, batch.target)
+            return model_loss(self.model, self.criterion, batch.net_input, batch.target, forward)
 
     def _batches(self) -> Iterator[Batch]:
         """This rank's training batches, epoch after epoch, from the sampler's saved position."""
@@ -281,7 +277,11 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            # fp16: the GradScaler skips the optimizer step of an update whose gradients overflowed;
+            # the update still counts and the schedule advances (torch warns about that order)
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+            self.scheduler.step()
         self.update += 1
         self.train_tokens += ntokens
         return {
