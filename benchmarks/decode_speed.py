@@ -1,0 +1,353 @@
+"""Decoding speed: our KV-cached greedy/beam search vs Hugging Face ``generate`` on the same weights.
+
+    # one command: trains a tiny checkpoint first when RUN has none (scripts/train.py, ~10 min CPU)
+    flock /tmp/cpu_heavy.lock python benchmarks/decode_speed.py --run runs/bench_tiny --data-root ../shared/data
+
+Our trained encoder-decoder (post-LN, ReLU, sinusoidal, tied embeddings: the 2017 recipe) is copied
+into a Hugging Face ``MarianMTModel`` of the same dimensions (the same architecture: q/k/v split
+from our packed projection, our interleaved sinusoid table written into Marian's position
+embedding); the benchmark first checks that both give the same logits. Both systems then decode the
+same split (Multi30k ``test_2016_flickr``, 1000 sentences) with the same settings: beam size,
+``len ** alpha`` length penalty (the only form HF has), a fixed maximum of ``--max-len`` tokens plus
+the (forced) EOS, at least one token, PAD banned, and the same batches (sorted by length, at most
+``--max-tokens`` source tokens x beam per batch). HF runs with ``early_stopping="never"``, the exact
+stopping rule our beam search uses (no running beam can beat the kept ones, bounded with the
+maximum length), and optionally with ``early_stopping=True`` (stop at ``beam`` finished
+hypotheses, fairseq's shortcut, fastest).
+
+Each configuration runs in its own subprocess so that its peak memory (peak RSS on CPU,
+``torch.cuda.max_memory_allocated`` on GPU) is its own. Printed: a side-by-side table with
+sentences/s, generated tokens/s, peak memory, BLEU of each output (sanity: the same model must score
+the same) and the share of sentences where the output equals ours, plus the speed ratios.
+Results also go to ``--out`` (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+# ----------------------------------------------------------------------------- weights -> Marian
+
+
+def to_marian(model: Any, cfg: Any, vocab: int):
+    """A Hugging Face ``MarianMTModel`` holding our encoder-decoder's weights.
+
+    Args:
+        model: our :class:`~transformer.models.EncoderDecoderModel` (post-LN, tied embeddings,
+            ReLU, sinusoidal positions, MHA with biases).
+        cfg: its model config.
+        vocab: vocabulary size.
+
+    Returns:
+        The Marian model in eval mode.
+
+    Raises:
+        ValueError: for a model the mapping does not cover.
+    """
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+
+    from transformer.modules.positions import sinusoidal_table
+
+    if (cfg.arch, cfg.norm_position, cfg.ffn.name, cfg.position.name, cfg.tie_embeddings, cfg.norm.name) != (
+        "encoder_decoder", "post", "relu", "sinusoidal", "all", "layernorm"
+    ) or not cfg.bias or cfg.attention != "mha":
+        raise ValueError("the Marian mapping covers the 2017 recipe only (post-LN, relu, sinusoidal, tied, MHA)")
+    d = cfg.d_model
+    hf_cfg = MarianConfig(
+        vocab_size=vocab, decoder_vocab_size=vocab, d_model=d,
+        encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
+        encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu",
+        max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embeddings,
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+        pad_token_id=0, eos_token_id=3, decoder_start_token_id=2, forced_eos_token_id=3,
+    )
+    hf = MarianMTModel(hf_cfg).eval()
+    ours = model.state_dict()
+    pe = sinusoidal_table(cfg.max_positions, d)
+    new: dict[str, torch.Tensor] = {
+        "model.shared.weight": ours["src_embed.embedding.weight"],
+        "model.encoder.embed_tokens.weight": ours["src_embed.embedding.weight"],
+        "model.decoder.embed_tokens.weight": ours["tgt_embed.embedding.weight"],
+        "model.encoder.embed_positions.weight": pe,
+        "model.decoder.embed_positions.weight": pe,
+        "lm_head.weight": ours["output_proj.weight"],
+        "final_logits_bias": torch.zeros(1, vocab),
+    }
+
+    def attn(dst: str, src: str) -> None:
+        w, b = ours[f"{src}.sublayer.in_proj.weight"], ours[f"{src}.sublayer.in_proj.bias"]
+        for name, i in (("q", 0), ("k", 1), ("v", 2)):
+            new[f"{dst}.{name}_proj.weight"] = w[i * d : (i + 1) * d]
+            new[f"{dst}.{name}_proj.bias"] = b[i * d : (i + 1) * d]
+        new[f"{dst}.out_proj.weight"] = ours[f"{src}.sublayer.out_proj.weight"]
+        new[f"{dst}.out_proj.bias"] = ours[f"{src}.sublayer.out_proj.bias"]
+
+    def norm(dst: str, src: str) -> None:
+        new[f"{dst}.weight"], new[f"{dst}.bias"] = ours[f"{src}.norm.weight"], ours[f"{src}.norm.bias"]
+
+    def ffn(dst: str, src: str) -> None:
+        for a, b in (("fc1", "w1"), ("fc2", "w2")):
+            new[f"{dst}.{a}.weight"] = ours[f"{src}.sublayer.{b}.weight"]
+            new[f"{dst}.{a}.bias"] = ours[f"{src}.sublayer.{b}.bias"]
+        norm(f"{dst}.final_layer_norm", src)
+
+    for side, n in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
+        for i in range(n):
+            dst, src = f"model.{side}.layers.{i}", f"{side}.layers.{i}"
+            attn(f"{dst}.self_attn", f"{src}.self_attn")
+            norm(f"{dst}.self_attn_layer_norm", f"{src}.self_attn")
+            if side == "decoder":
+                attn(f"{dst}.encoder_attn", f"{src}.cross_attn")
+                norm(f"{dst}.encoder_attn_layer_norm", f"{src}.cross_attn")
+            ffn(dst, f"{src}.ffn")
+    expected = hf.state_dict()
+    missing = sorted(set(expected) - set(new))
+    if missing:
+        raise ValueError(f"unmapped Marian weights: {missing[:5]}")
+    with torch.no_grad():
+        for k, v in new.items():
+            if k in expected:
+                expected[k].copy_(v)
+    return hf
+
+
+def check_parity(model: Any, hf: Any) -> float:
+    """Max |logit difference| between our model and the Marian copy on a padded batch."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(5, 200, (3, 9), generator=g)
+    src[:, -1] = 3
+    src[1, 6:] = 0
+    src[1, 5] = 3
+    prev = torch.randint(5, 200, (3, 7), generator=g)
+    prev[:, 0] = 2
+    with torch.inference_mode():
+        a = model(src, prev)
+        b = hf(input_ids=src, attention_mask=src.ne(0), decoder_input_ids=prev).logits
+    return float((a - b).abs().max())
+
+
+# ----------------------------------------------------------------------------- worker
+
+
+def _peak_mb(device: Any) -> float:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    """Decode the split with one (system, strategy); returns timings and writes the hypotheses."""
+    import torch
+
+    from transformer.data.corpus import read_parallel, resolve_split_files
+    from transformer.generation import load_run, resolve_device, translate_sentences
+    from transformer.generation.translate import batches_by_tokens, make_src_tokens
+
+    torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    model, toks, cfg = load_run(args.run, device)
+    if args.data_root:
+        cfg.data.root = args.data_root
+    src_lines, refs, _ = read_parallel(*resolve_split_files(cfg.data, args.split))
+    if args.limit:
+        src_lines, refs = src_lines[: args.limit], refs[: args.limit]
+    src_ids = toks.src.encode_batch(src_lines)
+    beam = args.beam if args.strategy == "beam" else 1
+    gen = dict(strategy=args.strategy, beam_size=beam, length_penalty=args.lenpen, length_penalty_form="fairseq",
+               max_len_a=0.0, max_len_b=args.max_len, min_len=1, nbest=1, max_tokens=args.max_tokens)
+    hf = None
+    if args.system != "ours":
+        hf = to_marian(model.cpu(), cfg.model, len(toks.tgt)).to(device)
+        model = None
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    base_mb = _peak_mb(device)
+
+    def run_hf(ids: list[list[int]]) -> list[list[int]]:
+        lengths = [len(s) + 1 for s in ids]
+        out: list[list[int] | None] = [None] * len(ids)
+        early = {"hf": "never", "hf_early": True}[args.system]
+        for idx in batches_by_tokens(lengths, args.max_tokens, beam):
+            src = make_src_tokens([ids[i] for i in idx], "encoder_decoder", device=device)
+            with torch.inference_mode():
+                gen_out = hf.generate(
+                    input_ids=src, attention_mask=src.ne(0), num_beams=beam, do_sample=False,
+                    max_new_tokens=args.max_len + 1, min_new_tokens=1, length_penalty=args.lenpen,
+                    early_stopping=early, num_return_sequences=1, decoder_start_token_id=2,
+                    eos_token_id=3, pad_token_id=0, forced_eos_token_id=3, bad_words_ids=[[0]],
+                )
+            for i, row in zip(idx, gen_out.tolist()):
+                toks_i = row[1:]  # drop the decoder start token
+                out[i] = toks_i[: toks_i.index(3) + 1] if 3 in toks_i else toks_i
+        return out  # type: ignore[return-value]
+
+    def run_ours(ids: list[list[int]]) -> list[list[int]]:
+        return [h[0].tokens for h in translate_sentences(model, ids, gen, device, "encoder_decoder")]
+
+    decode = run_ours if args.system == "ours" else run_hf
+    decode(src_ids[:16])  # warm-up
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    outputs = decode(src_ids)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    hyps = [toks.tgt.decode(t) for t in outputs]
+    out_file = Path(args.workdir) / f"{args.system}.{args.strategy}.txt"
+    out_file.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    (out_file.with_suffix(".ids.json")).write_text(json.dumps(outputs))
+    return {
+        "system": args.system, "strategy": args.strategy, "beam": beam, "sentences": len(src_ids),
+        "seconds": seconds, "sentences_per_s": len(src_ids) / seconds,
+        "tokens_per_s": sum(len(t) for t in outputs) / seconds,
+        "peak_mb": _peak_mb(device), "base_mb": base_mb, "hyp_file": str(out_file), "device": str(device),
+        "threads": args.threads,
+    }
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def ensure_checkpoint(args: argparse.Namespace) -> None:
+    """Train a tiny checkpoint into ``args.run`` with scripts/train.py when it has none."""
+    run = Path(args.run)
+    if (run / "checkpoint_best.safetensors").is_file() or (run / "checkpoint_last.safetensors").is_file():
+        return
+    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), f"run_dir={run}", "model=transformer_tiny",
+           f"train.max_time={args.train_seconds}", "train.validate_every=1000", "train.valid_bleu_subset=100",
+           f"train.num_threads={args.threads}", "train.progress=false", "data.test_splits=[test_2016_flickr]"]
+    if args.data_root:
+        cmd.append(f"data.root={args.data_root}")
+    print(f"no checkpoint in {run}: training one ({args.train_seconds}s): {' '.join(cmd)}", file=sys.stderr)
+    subprocess.run(cmd, check=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", default="runs/bench_tiny", help="trained run folder (trained here when empty)")
+    p.add_argument("--data-root", default=None, help="folder holding multi30k/ (default: the run's data.root)")
+    p.add_argument("--split", default="test_2016_flickr")
+    p.add_argument("--limit", type=int, default=0, help="first N sentences only (0 = all)")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--lenpen", type=float, default=0.6, help="alpha of len ** alpha (both systems)")
+    p.add_argument("--max-len", type=int, default=60, help="tokens before the forced EOS (both systems)")
+    p.add_argument("--max-tokens", type=int, default=8000, help="source tokens x beam per batch")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--strategies", default="greedy,beam")
+    p.add_argument("--systems", default="ours,hf,hf_early", help="ours, hf (early_stopping=never), hf_early")
+    p.add_argument("--train-seconds", type=int, default=600)
+    p.add_argument("--out", default=None, help="JSON results (default: <run>/decode_speed.json)")
+    p.add_argument("--workdir", default=None, help="hypothesis files (default: <run>/decode_speed)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--system", default="ours", help=argparse.SUPPRESS)
+    p.add_argument("--strategy", default="beam", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    args.workdir = args.workdir or str(Path(args.run) / "decode_speed")
+
+    if args.worker:
+        print("RESULT " + json.dumps(worker(args)))
+        return
+
+    ensure_checkpoint(args)
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    import torch
+
+    from transformer.generation import load_run
+
+    torch.set_num_threads(args.threads)
+    model, toks, cfg = load_run(args.run)
+    diff = check_parity(model, to_marian(model, cfg.model, len(toks.tgt)))
+    print(f"parity: max |logits(ours) - logits(Marian copy)| = {diff:.2e}")
+    if diff > 1e-3:
+        raise SystemExit("the Marian copy does not reproduce our logits; the comparison would be meaningless")
+
+    results = []
+    for strategy in args.strategies.split(","):
+        for system in args.systems.split(","):
+            if system == "hf_early" and strategy != "beam":
+                continue
+            cmd = [sys.executable, __file__, "--worker", f"--system={system}", f"--strategy={strategy}"] + [
+                f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+                if k not in ("worker", "system", "strategy", "strategies", "systems", "out") and v is not None
+            ]
+            res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
+            if res.returncode != 0 or not line:
+                print(res.stdout[-2000:], res.stderr[-4000:], file=sys.stderr)
+                raise SystemExit(f"worker {system}/{strategy} failed")
+            r = json.loads(line[0][len("RESULT "):])
+            print(f"  {system:9s} {strategy:6s} {r['sentences_per_s']:8.1f} sent/s  {r['peak_mb']:7.0f} MB", flush=True)
+            results.append(r)
+
+    from transformer.data.corpus import read_parallel, resolve_split_files
+    from transformer.evaluation import corpus_scores
+
+    if args.data_root:
+        cfg.data.root = args.data_root
+    _, refs, _ = read_parallel(*resolve_split_files(cfg.data, args.split))
+    refs = refs[: args.limit] if args.limit else refs
+    ours_ids = {r["strategy"]: json.loads(Path(r["hyp_file"]).with_suffix(".ids.json").read_text())
+                for r in results if r["system"] == "ours"}
+    for r in results:
+        hyps = Path(r["hyp_file"]).read_text(encoding="utf-8").splitlines()
+        r["bleu"] = corpus_scores(hyps, refs)["bleu"]
+        ids = json.loads(Path(r["hyp_file"]).with_suffix(".ids.json").read_text())
+        mine = ours_ids.get(r["strategy"])
+        r["same_as_ours"] = None if mine is None else sum(a == b for a, b in zip(ids, mine)) / len(ids)
+
+    dev = results[0]["device"]
+    print(f"\nDecoding {args.split} ({results[0]['sentences']} sentences) on {dev} with {args.threads} threads; "
+          f"model {cfg.model.n_encoder_layers}+{cfg.model.n_decoder_layers} layers, d_model {cfg.model.d_model}, "
+          f"vocab {len(toks.tgt)}; length penalty len^{args.lenpen}, max {args.max_len} tokens + EOS, "
+          f"max_tokens {args.max_tokens}\n")
+    head = f"| {'system':<28} | {'search':<7} | {'sent/s':>7} | {'tok/s':>7} | {'peak MB':>8} | {'BLEU':>6} | {'= ours':>6} |"
+    print(head)
+    print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
+    names = {"ours": "ours (KV cache)", "hf": "HF generate (never)", "hf_early": "HF generate (early_stop)"}
+    for r in results:
+        same = "" if r["same_as_ours"] is None else f"{100 * r['same_as_ours']:.1f}%"
+        search = "greedy" if r["strategy"] == "greedy" else f"beam {r['beam']}"
+        print(f"| {names[r['system']]:<28} | {search:<7} | {r['sentences_per_s']:7.1f} | {r['tokens_per_s']:7.0f} "
+              f"| {r['peak_mb']:8.0f} | {r['bleu']:6.2f} | {same:>6} |")
+    print()
+    by = {(r["system"], r["strategy"]): r for r in results}
+    for strategy in args.strategies.split(","):
+        ours = by.get(("ours", strategy))
+        for system in ("hf", "hf_early"):
+            other = by.get((system, strategy))
+            if ours and other:
+                print(f"speed-up ours / {names[system]} ({strategy}): "
+                      f"{ours['sentences_per_s'] / other['sentences_per_s']:.2f}x")
+    if ("ours", "greedy") in by and ("ours", "beam") in by:
+        print(f"ours: greedy / beam {args.beam}: "
+              f"{by[('ours', 'greedy')]['sentences_per_s'] / by[('ours', 'beam')]['sentences_per_s']:.2f}x")
+    out = Path(args.out) if args.out else Path(args.run) / "decode_speed.json"
+    out.write_text(json.dumps({"args": vars(args), "parity_max_abs_diff": diff, "results": results}, indent=2) + "\n")
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
