@@ -81,7 +81,7 @@ def test_invalid_config_exits_nonzero_before_training(tmp_path):
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 2
-    assert "model.d_model=128 is not divisible by model.n_heads=3" in out.stderr
+    assert "model.d_model=256 is not divisible by model.n_heads=3" in out.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
