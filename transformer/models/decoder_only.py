@@ -53,14 +53,21 @@ class DecoderOnlyModel(nn.Module):
         Returns:
             Logits ``(batch, seq_len, vocab)``.
         """
+        return self.output_proj(self.features(tokens))
+
+    def features(self, tokens: Tensor) -> Tensor:
+        """:meth:`forward` without the output layer: the final hidden states ``(batch, seq_len, d_model)``.
+
+        The training loss applies ``output_proj`` at the target positions only (no logits over the
+        source), see :meth:`~transformer.training.criterion.LabelSmoothedCrossEntropy.from_hidden`.
+        """
         b, t = tokens.shape
         positions = torch.arange(t, device=tokens.device)[None]  # (1, T)
         x = self.embed(tokens, positions.expand(b, t))
         position = self.embed.position
         bias = position.score_bias(positions, positions, causal=True)
         mask, is_causal = build_attention_mask(None, True, t, t, bias, x.dtype)
-        h = self.decoder(x, self_mask=mask, is_causal=is_causal, rotary=position.rotary(positions))
-        return self.output_proj(h)
+        return self.decoder(x, self_mask=mask, is_causal=is_causal, rotary=position.rotary(positions))
 
     def start_decoding(self, src_tokens: Tensor) -> DecodingState:
         """Left-pad the sources and run them once through the stack, filling the KV caches.

@@ -76,6 +76,17 @@ class EncoderDecoderModel(nn.Module):
         Returns:
             Logits ``(batch, tgt_len, tgt_vocab)``.
         """
+        return self.output_proj(self.features(src_tokens, prev_output_tokens))
+
+    def features(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
+        """:meth:`forward` without the output layer: the decoder's final hidden states.
+
+        The training loss applies ``output_proj`` itself, at the target positions only
+        (:meth:`~transformer.training.criterion.LabelSmoothedCrossEntropy.from_hidden`).
+
+        Returns:
+            ``(batch, tgt_len, d_model)``.
+        """
         memory, memory_mask = self.encode(src_tokens)
         b, t = prev_output_tokens.shape
         positions = torch.arange(t, device=prev_output_tokens.device)[None].expand(b, t)
@@ -91,7 +102,7 @@ class EncoderDecoderModel(nn.Module):
             memory=memory,
             memory_mask=memory_mask,
         )
-        return self.output_proj(h)
+        return h
 
     def start_decoding(self, src_tokens: Tensor) -> DecodingState:
         """Encode the source once and return an empty decoder state.

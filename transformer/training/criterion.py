@@ -21,10 +21,11 @@ fairseq does for its reported loss and gradient, or per sentence) is the caller'
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 # exp(100) ~ 2.7e43: far above any real perplexity, far below float overflow (exp(709)).
 _MAX_PPL_EXPONENT = 100.0
@@ -80,6 +81,114 @@ def label_smoothed_nll_loss(
     return loss_sum, nll_sum, int(keep.sum().item())
 
 
+def _chunk_rows(vocab: int) -> int:
+    """Rows per chunk of the fused output layer: ~4M logits (16 MiB in fp32) at a time."""
+    return max(16, (1 << 22) // max(vocab, 1))
+
+
+class _LinearLabelSmoothedLoss(torch.autograd.Function):
+    """``sum_i loss_i(hidden_i @ weight.T)`` without materialising the ``(N, V)`` logits.
+
+    The forward pass walks over row chunks: logits of a chunk (in cache), its log-sum-exp, the
+    smoothed loss and NLL, then the gradient ``softmax - target_distribution`` of the chunk, which
+    is multiplied straight away into the gradients of ``hidden`` and ``weight`` (Liger-Kernel's
+    fused linear cross entropy, Hsu et al. 2024). The backward pass only scales them by the
+    incoming gradient. The same three matmuls as ``F.linear`` + loss, but no ``(N, V)`` tensor
+    (and its log-softmax, gather and mean backward passes) ever goes through memory.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+        n, vocab = hidden.shape[0], weight.shape[0]
+        device = hidden.device.type
+        # under autocast the matmuls run in the autocast dtype, the softmax always in fp32
+        cdt = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if need_grad else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_grad else None
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        nll_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        step = _chunk_rows(vocab)
+        with torch.autocast(device, enabled=False):
+            hidden_c, weight_c = hidden.to(cdt), weight.to(cdt)
+            for lo in range(0, n, step):
+                h = hidden_c[lo : lo + step]  # (C, d)
+                y = target[lo : lo + step, None]  # (C, 1)
+                lprobs = torch.log_softmax(torch.mm(h, weight_c.t()).float(), 1)  # (C, V) fp32
+                nll = -lprobs.gather(1, y).sum()
+                nll_sum += nll
+                loss += (1.0 - epsilon) * nll - epsilon * lprobs.mean(1).sum()
+                if not need_grad:
+                    continue
+                # d loss_i / d z = softmax - (1 - eps) * onehot(y) - eps / V: the softmax part goes
+                # through the matmuls, the two constant parts are added on (C, d) / (V, d) below
+                g = lprobs.exp_().to(cdt)  # (C, V)
+                rows = grad_h[lo : lo + step]
+                if grad_h.dtype == cdt:
+                    torch.mm(g, weight_c, out=rows)
+                else:
+                    rows.copy_(torch.mm(g, weight_c))
+                rows.sub_(weight[y[:, 0]].to(rows.dtype), alpha=1.0 - epsilon)  # onehot part
+                if cdt == torch.float32:
+                    grad_w.addmm_(g.t(), h)
+                else:
+                    grad_w += torch.mm(g.t(), h).float()
+            if need_grad:
+                grad_w.index_add_(0, target, hidden.float(), alpha=-(1.0 - epsilon))  # onehot part
+                if epsilon > 0.0:  # uniform part: -eps / V for every class
+                    grad_h.sub_(weight.float().sum(0).to(grad_h.dtype), alpha=epsilon / vocab)
+                    grad_w.sub_(hidden.float().sum(0), alpha=epsilon / vocab)
+        ctx.mark_non_differentiable(nll_sum)
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.weight_dtype = weight.dtype
+        return loss, nll_sum
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor | None, ...]:
+        grad_h, grad_w = ctx.saved_tensors
+        gh = grad_h * grad_loss.to(grad_h.dtype) if ctx.needs_input_grad[0] else None
+        gw = (grad_w * grad_loss).to(ctx.weight_dtype) if ctx.needs_input_grad[1] else None
+        return gh, gw, None, None
+
+
+def linear_label_smoothed_nll_loss(
+    hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int
+) -> tuple[Tensor, Tensor, int]:
+    """:func:`label_smoothed_nll_loss` of ``logits = hidden @ weight.T``, fused with the output layer.
+
+    Only the non-ignored positions go through the output layer (no logits for padding or, in a
+    decoder-only prefix LM, for the source), and the ``(N, V)`` logits are never stored: see
+    :class:`_LinearLabelSmoothedLoss`. The values equal ``label_smoothed_nll_loss(hidden @
+    weight.T, ...)`` up to float rounding; the gradient reaches ``hidden`` and ``weight`` through
+    the smoothed loss only (the returned NLL is for reporting and is not differentiable).
+
+    Args:
+        hidden: final hidden states ``(batch, seq_len, d_model)`` or ``(N, d_model)``.
+        weight: the output layer ``(vocab, d_model)`` (no bias).
+        target: ``(batch, seq_len)`` or ``(N,)`` class indices.
+        epsilon: label smoothing in ``[0, 1)``.
+        ignore_index: target value of positions to skip.
+
+    Returns:
+        ``(loss_sum, nll_sum, ntokens)`` as :func:`label_smoothed_nll_loss`.
+
+    Raises:
+        ValueError: on mismatched shapes or ``epsilon`` outside ``[0, 1)``.
+    """
+    if tuple(target.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(
+            f"target shape {tuple(target.shape)} must equal hidden shape without the model "
+            f"dimension, {tuple(hidden.shape[:-1])}"
+        )
+    if not 0.0 <= epsilon < 1.0:
+        raise ValueError(f"label smoothing epsilon={epsilon} must be in [0, 1)")
+    target = target.reshape(-1)
+    keep = (target != ignore_index).nonzero().squeeze(1)  # (n,)
+    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, keep)  # (n, d)
+    loss, nll = _LinearLabelSmoothedLoss.apply(h.contiguous(), weight, target.index_select(0, keep), float(epsilon))
+    return loss, nll, int(keep.numel())
+
+
 class LabelSmoothedCrossEntropy:
     """Label-smoothed cross entropy as a callable criterion; see :func:`label_smoothed_nll_loss`.
 
@@ -114,8 +223,62 @@ class LabelSmoothedCrossEntropy:
         loss, nll, ntokens = label_smoothed_nll_loss(logits, target, self.label_smoothing, self.ignore_index)
         return {"loss": loss, "nll_loss": nll, "ntokens": ntokens}
 
+    def from_hidden(self, hidden: Tensor, output_proj: nn.Linear, target: Tensor) -> dict[str, Tensor | int]:
+        """The same sums from the final hidden states, fused with the (bias-free) output layer.
+
+        See :func:`linear_label_smoothed_nll_loss`: no logits at ignored positions, no ``(N, V)``
+        tensor in memory; ``nll_loss`` is not differentiable.
+
+        Args:
+            hidden: ``(batch, seq_len, d_model)`` (the model's ``features``).
+            output_proj: the model's ``Linear(d_model, vocab, bias=False)``.
+            target: ``(batch, seq_len)``.
+
+        Returns:
+            ``{"loss", "nll_loss", "ntokens"}`` as :meth:`__call__`.
+
+        Raises:
+            ValueError: on mismatched shapes, or an output layer with a bias.
+        """
+        if output_proj.bias is not None:
+            raise ValueError("from_hidden needs an output layer without bias")
+        loss, nll, ntokens = linear_label_smoothed_nll_loss(
+            hidden, output_proj.weight, target, self.label_smoothing, self.ignore_index
+        )
+        return {"loss": loss, "nll_loss": nll, "ntokens": ntokens}
+
     def __repr__(self) -> str:
         return f"LabelSmoothedCrossEntropy(label_smoothing={self.label_smoothing}, ignore_index={self.ignore_index})"
+
+
+def model_loss(
+    model: nn.Module,
+    criterion: LabelSmoothedCrossEntropy,
+    net_input: dict[str, Tensor],
+    target: Tensor,
+    forward: Callable[..., Tensor] | None = None,
+) -> dict[str, Tensor | int]:
+    """The training loss of one batch, the way the trainer computes it.
+
+    Without ``forward``, and when the output layer has no bias, ``model.features`` runs and
+    :meth:`LabelSmoothedCrossEntropy.from_hidden` applies the output layer fused with the loss,
+    at the target positions only. Otherwise ``forward(**net_input)`` (e.g. a ``torch.compile`` d
+    model) returns the logits for :meth:`LabelSmoothedCrossEntropy.__call__`.
+
+    Args:
+        model: an encoder-decoder or decoder-only model (``features`` and ``output_proj``).
+        criterion: the loss.
+        net_input: the batch's model inputs.
+        target: ``(batch, seq_len)`` targets.
+        forward: optional logits function used instead of the fused path.
+
+    Returns:
+        ``{"loss", "nll_loss", "ntokens"}`` sums as :meth:`LabelSmoothedCrossEntropy.__call__`.
+    """
+    proj = getattr(model, "output_proj", None)
+    if forward is None and hasattr(model, "features") and proj is not None and proj.bias is None:
+        return criterion.from_hidden(model.features(**net_input), proj, target)
+    return criterion((forward or model)(**net_input), target)
 
 
 def perplexity(nll_per_token: float) -> float:
@@ -134,4 +297,4 @@ def perplexity(nll_per_token: float) -> float:
     return math.exp(min(x, _MAX_PPL_EXPONENT))
 
 
-__all__ = ["LabelSmoothedCrossEntropy", "label_smoothed_nll_loss", "perplexity"]
+__all__ = ["LabelSmoothedCrossEntropy", "label_smoothed_nll_loss", "linear_label_smoothed_nll_loss", "model_loss", "perplexity"]
