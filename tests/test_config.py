@@ -87,7 +87,7 @@ def test_invalid_config_exits_nonzero_before_training(tmp_path):
 
 def test_root_config_values_override_group_defaults_and_experiments_override_both():
     default = _compose([])
-    assert default.optim.lr == 1.5e-3 and default.lr_scheduler.warmup_updates == 1000  # train.yaml
+    assert default.optim.lr == 2e-3 and default.lr_scheduler.warmup_updates == 400  # train.yaml
     wu = _compose(["experiment=wu2021_tiny"])
     assert wu.optim.lr == 0.005 and wu.lr_scheduler.warmup_updates == 2000 and wu.model.d_model == 128
     assert _compose(["experiment=wu2021_tiny", "optim.lr=1e-3"]).optim.lr == 1e-3
