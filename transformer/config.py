@@ -377,18 +377,28 @@ def validate_config(cfg: Any) -> None:
         )
     if s.name == "cosine" and t.max_updates <= 0:
         raise ConfigError("lr_scheduler=cosine needs train.max_updates > 0 (the length of the cosine)")
-    g = cfg.generation
+    validate_generation_config(cfg.generation)
+
+
+def validate_generation_config(g: Any) -> None:
+    """Reject invalid ``generation.*`` settings (training, ``translate.py`` and ``evaluate.py``).
+
+    Raises:
+        ConfigError: naming the offending fields.
+    """
     if g.strategy not in ("greedy", "beam", "sample"):
         raise ConfigError(f"generation.strategy={g.strategy!r} is not one of greedy, beam, sample")
-    if g.beam_size < 1 or g.nbest < 1 or g.nbest > g.beam_size:
+    if g.beam_size < 1 or g.nbest < 1 or (g.strategy == "beam" and g.nbest > g.beam_size):
         raise ConfigError(
-            f"generation.beam_size={g.beam_size} must be >= 1 and generation.nbest={g.nbest} "
-            "between 1 and beam_size"
+            f"generation.beam_size={g.beam_size} must be >= 1 and generation.nbest={g.nbest} between 1 "
+            "and beam_size"
         )
     if g.length_penalty_form not in ("gnmt", "fairseq"):
         raise ConfigError(f"generation.length_penalty_form={g.length_penalty_form!r} is not gnmt or fairseq")
     if not 0.0 < g.top_p <= 1.0:
         raise ConfigError(f"generation.top_p={g.top_p} must be in (0, 1]")
+    if g.temperature < 0 or g.top_k < 0:
+        raise ConfigError(f"generation.temperature={g.temperature} and generation.top_k={g.top_k} must be >= 0")
 
 
 def register_configs() -> None:
@@ -421,5 +431,6 @@ __all__ = [
     "register_configs",
     "resolve_n_kv_heads",
     "validate_config",
+    "validate_generation_config",
     "validate_model_config",
 ]

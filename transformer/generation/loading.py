@@ -278,7 +278,7 @@ def merge_generation(base: Any, overrides: Any) -> DictConfig:
         ConfigError: an unknown field, a value of the wrong type, or an invalid value (strategy,
             beam_size/nbest, length_penalty_form, top_p, temperature, top_k); the message names it.
     """
-    from transformer.config import ConfigError, GenerationConfig
+    from transformer.config import ConfigError, GenerationConfig, validate_generation_config
 
     merged = OmegaConf.structured(GenerationConfig)
     try:
@@ -289,20 +289,7 @@ def merge_generation(base: Any, overrides: Any) -> DictConfig:
             merged = OmegaConf.merge(merged, {k: v for k, v in items if v is not None})
     except Exception as e:
         raise ConfigError(f"invalid generation settings: {e}") from e
-    g = merged
-    if g.strategy not in ("greedy", "beam", "sample"):
-        raise ConfigError(f"generation.strategy={g.strategy!r} is not one of greedy, beam, sample")
-    if g.beam_size < 1 or g.nbest < 1 or (g.strategy == "beam" and g.nbest > g.beam_size):
-        raise ConfigError(
-            f"generation.beam_size={g.beam_size} must be >= 1 and generation.nbest={g.nbest} between 1 "
-            "and beam_size"
-        )
-    if g.length_penalty_form not in ("gnmt", "fairseq"):
-        raise ConfigError(f"generation.length_penalty_form={g.length_penalty_form!r} is not gnmt or fairseq")
-    if not 0.0 < g.top_p <= 1.0:
-        raise ConfigError(f"generation.top_p={g.top_p} must be in (0, 1]")
-    if g.temperature < 0 or g.top_k < 0:
-        raise ConfigError(f"generation.temperature={g.temperature} and generation.top_k={g.top_k} must be >= 0")
+    validate_generation_config(merged)
     return merged
 
 
