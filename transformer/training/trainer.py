@@ -464,7 +464,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     return results
 
 
-def _final_weights(cfg: DictConfig, trainer: Trainer, run_dir: Path) -> str:
+def _final_weights(cfg: DictConfig, trainer: Trainer) -> str:
     """Load the weights the test uses: averaged last N, else best, else final. Returns which."""
     t = cfg.train
     numbered = trainer.checkpoints.numbered() if trainer.checkpoints is not None else []
@@ -482,7 +482,7 @@ def _final_weights(cfg: DictConfig, trainer: Trainer, run_dir: Path) -> str:
 
 
 def _final_test(cfg: DictConfig, trainer: Trainer, run_dir: Path, choices: dict[str, str], params: int, start: float) -> dict[str, Any]:
-    final_model = _final_weights(cfg, trainer, run_dir)
+    final_model = _final_weights(cfg, trainer)
     test_splits = [s for s in cfg.data.test_splits if s in trainer.data.splits] or [
         s for s in trainer.data.splits if s not in ("train", "valid")
     ][:1]
