@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from transformer.modules.dropout import Dropout
 from transformer.modules.positions import PositionEncoding
 
 
@@ -21,7 +22,7 @@ class TokenEmbedding(nn.Module):
     def __init__(self, embedding: nn.Embedding, position: PositionEncoding, scale: float = 1.0, dropout: float = 0.0):
         super().__init__()
         self.embedding, self.position, self.scale = embedding, position, scale
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """Args: tokens, positions ``(batch, seq_len)`` long. Returns ``(batch, seq_len, d_model)``."""

@@ -8,6 +8,8 @@ from typing import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer.modules.dropout import Dropout
+
 
 def glu_hidden_size(d_ff: int, multiple_of: int = 8) -> int:
     """Hidden width of a gated FFN with the parameters of a two-matrix FFN of width ``d_ff``.
@@ -39,7 +41,7 @@ class FeedForward(nn.Module):
     def __init__(self, w1: nn.Linear, w2: nn.Linear, activation: Callable[[Tensor], Tensor], dropout: float = 0.0):
         super().__init__()
         self.w1, self.w2, self.activation = w1, w2, activation
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """``(batch, seq_len, d_model) -> (batch, seq_len, d_model)``."""
@@ -62,7 +64,7 @@ class GatedFeedForward(nn.Module):
         if w13.out_features != 2 * w2.in_features:
             raise ValueError(f"w13 has {w13.out_features} outputs, expected 2 * {w2.in_features}")
         self.w13, self.w2, self.activation = w13, w2, activation
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """``(batch, seq_len, d_model) -> (batch, seq_len, d_model)``."""

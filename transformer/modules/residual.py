@@ -9,6 +9,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from transformer.modules.dropout import dropout_add
+
 
 class PostNormResidual(nn.Module):
     """``norm(x + dropout(sublayer(x)))`` — Vaswani et al. 2017, §5.4.
@@ -21,11 +23,11 @@ class PostNormResidual(nn.Module):
 
     def __init__(self, sublayer: nn.Module, norm: nn.Module, dropout: float = 0.0) -> None:
         super().__init__()
-        self.sublayer, self.norm, self.dropout = sublayer, norm, nn.Dropout(dropout)
+        self.sublayer, self.norm, self.dropout = sublayer, norm, float(dropout)
 
     def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         """``(batch, seq_len, d_model) -> (batch, seq_len, d_model)``; extra arguments go to the sublayer."""
-        return self.norm(x + self.dropout(self.sublayer(x, *args, **kwargs)))
+        return self.norm(dropout_add(x, self.sublayer(x, *args, **kwargs), self.dropout, self.training))
 
 
 class PreNormResidual(nn.Module):
@@ -39,8 +41,8 @@ class PreNormResidual(nn.Module):
 
     def __init__(self, sublayer: nn.Module, norm: nn.Module, dropout: float = 0.0) -> None:
         super().__init__()
-        self.sublayer, self.norm, self.dropout = sublayer, norm, nn.Dropout(dropout)
+        self.sublayer, self.norm, self.dropout = sublayer, norm, float(dropout)
 
     def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         """``(batch, seq_len, d_model) -> (batch, seq_len, d_model)``; extra arguments go to the sublayer."""
-        return x + self.dropout(self.sublayer(self.norm(x), *args, **kwargs))
+        return dropout_add(x, self.sublayer(self.norm(x), *args, **kwargs), self.dropout, self.training)

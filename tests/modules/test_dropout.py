@@ -1,0 +1,75 @@
+"""The fast CPU dropout: rate, scaling, gradients, reproducibility, the fused residual add."""
+
+import pytest
+import torch
+
+from transformer.modules.dropout import Dropout, dropout, dropout_add
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+def test_drop_rate_and_inverted_scaling(p):
+    torch.manual_seed(0)
+    x = torch.rand(1000, 1000) + 0.5  # no zeros, so a zero output means dropped
+    y = dropout(x, p, training=True)
+    dropped = y == 0
+    # 1e6 Bernoulli(p) draws: the standard deviation of the rate is < 5e-4
+    assert abs(dropped.float().mean().item() - p) < 3e-3
+    torch.testing.assert_close(y[~dropped], x[~dropped] / (1 - p))
+
+
+def test_identity_in_eval_mode_and_at_zero():
+    x = torch.randn(4, 5)
+    assert dropout(x, 0.3, training=False) is x
+    assert dropout(x, 0.0, training=True) is x
+    module = Dropout(0.3).eval()
+    assert module(x) is x
+    torch.testing.assert_close(dropout_add(x, x, 0.3, training=False), 2 * x)
+
+
+def test_gradient_uses_the_forward_mask():
+    torch.manual_seed(1)
+    x = (torch.rand(64, 32) + 0.5).requires_grad_()
+    y = dropout(x, 0.25, training=True)
+    y.backward(torch.ones_like(y))
+    kept = y.detach() != 0
+    torch.testing.assert_close(x.grad, kept.float() / 0.75)
+
+
+def test_dropout_add_values_and_gradients():
+    torch.manual_seed(2)
+    residual = torch.randn(8, 6, 16, requires_grad=True)
+    x = (torch.rand(8, 6, 16) + 0.5).requires_grad_()
+    out = dropout_add(residual, x, 0.3, training=True)
+    delta = (out - residual).detach()
+    kept = delta != 0
+    torch.testing.assert_close(delta[kept], x.detach()[kept] / 0.7)
+    g = torch.randn_like(out)
+    out.backward(g)
+    torch.testing.assert_close(residual.grad, g)
+    torch.testing.assert_close(x.grad, g * kept / 0.7)
+
+
+def test_reproducible_under_manual_seed():
+    x = torch.randn(32, 32)
+    torch.manual_seed(3)
+    a = dropout(x, 0.3, training=True)
+    torch.manual_seed(3)
+    b = dropout(x, 0.3, training=True)
+    assert torch.equal(a, b)
+
+
+def test_low_precision_and_mixed_dtype_fallback():
+    torch.manual_seed(4)
+    x = torch.randn(16, 8, dtype=torch.bfloat16)
+    assert dropout(x, 0.2, training=True).dtype == torch.bfloat16
+    # a bf16 sublayer output added to an fp32 residual goes through F.dropout with type promotion
+    out = dropout_add(torch.zeros(16, 8), x, 0.2, training=True)
+    assert out.dtype == torch.float32 and out.shape == (16, 8)
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.0])
+def test_invalid_probability_raises(p):
+    with pytest.raises(ValueError, match="dropout probability"):
+        Dropout(p)
+    with pytest.raises(ValueError, match="dropout probability"):
+        dropout(torch.ones(2), p, training=True)
