@@ -158,8 +158,30 @@ def test_adamw_excludes_biases_norms_and_embeddings_from_decay():
         id(model.embed.weight), id(model.proj.bias), id(model.norm.weight), id(model.norm.bias)
     }
     assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-9
-    assert opt.defaults["foreach"] is True and not opt.defaults["fused"]
+    assert opt.defaults["fused"] is True  # the fused kernel on CPU too (3-5x faster than foreach there)
     assert isinstance(opt, torch.optim.AdamW)
+    elsewhere = build_optimizer(model, cfg, "mps")
+    assert elsewhere.defaults["foreach"] is True and not elsewhere.defaults["fused"]
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_fused_cpu_update_equals_foreach(name):
+    """The default CPU implementation (fused) takes the same steps as the foreach one."""
+    torch.manual_seed(0)
+    models = [_Tiny(), _Tiny()]
+    models[1].load_state_dict(models[0].state_dict())
+    cfg = OptimConfig(name=name, lr=1e-2, weight_decay=0.01)
+    foreach = OptimConfig(name=name, lr=1e-2, weight_decay=0.01, fused=False)
+    opts = [build_optimizer(models[0], cfg, "cpu"), build_optimizer(models[1], foreach, "cpu")]
+    assert opts[0].defaults["fused"] and opts[1].defaults["foreach"]
+    x = torch.randint(0, 10, (4, 3))
+    for _ in range(5):
+        for model, opt in zip(models, opts):
+            opt.zero_grad()
+            model.out(model.norm(model.proj(model.embed(x)))).square().mean().backward()
+            opt.step()
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_adam_one_group_fused_on_cuda_and_validation():

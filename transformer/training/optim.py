@@ -12,9 +12,11 @@ Weight decay:
   and Hugging Face convention). A weight tied between an embedding and the output projection is
   one parameter, owned by the embedding, so it is not decayed.
 
-Implementation: ``fused=True`` on CUDA and ``foreach=True`` elsewhere when ``cfg.fused`` is None;
-``cfg.fused=True`` forces the fused kernels (CUDA, or CPU in recent PyTorch), ``False`` forces
-``foreach``.
+Implementation: when ``cfg.fused`` is None, the fused single-kernel update on CUDA and CPU (on
+CPU it is 3-5x faster than ``foreach``, which PyTorch runs there as a loop over parameters:
+13.1 -> 4.1 ms per step for ``transformer_tiny``, 251 -> 51 ms for ``transformer_2017_base``,
+measured with 2 threads) and ``foreach`` elsewhere; ``cfg.fused=True`` forces the fused kernels,
+``False`` forces ``foreach``.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def build_optimizer(params: nn.Module | Iterable[Any], cfg: Any, device_type: st
     else:
         groups = [{"params": [p for _, p in _named_trainable(params)[0]]}]
 
-    use_fused = (device_type == "cuda") if cfg.fused is None else bool(cfg.fused)
+    use_fused = device_type in ("cuda", "cpu") if cfg.fused is None else bool(cfg.fused)
     impl = {"fused": True} if use_fused else {"foreach": True}
     optimizer_cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
     return optimizer_cls(
