@@ -188,6 +188,7 @@ class TrainConfig:
     compile: bool = False
     device: str = "auto"
     num_threads: int = 0  # 0 = torch default
+    tune_malloc: bool = True  # CPU: keep freed tensor memory in the process (glibc mallopt)
     validate_every: int = 1000
     valid_bleu: bool = True
     valid_bleu_subset: int = 0  # 0 = whole validation set

@@ -31,6 +31,7 @@ from transformer.data.dataset import TranslationData, load_translation_data
 from transformer.data.batching import TokenBatchSampler
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SEP_ID
 from transformer.models import build_model, count_parameters, forward_flops
+from transformer.training.allocator import tune_cpu_allocator
 from transformer.training.checkpoint import (
     CheckpointManager,
     average_checkpoints,
@@ -395,6 +396,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if t.num_threads > 0:
         torch.set_num_threads(t.num_threads)
     dist_info = setup_distributed(t.device)
+    if t.tune_malloc and dist_info.device.type == "cpu":
+        tune_cpu_allocator()
     run_dir = _run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if dist_info.is_main else (lambda *a: None)
