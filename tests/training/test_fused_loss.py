@@ -82,3 +82,23 @@ def test_model_loss_fused_path_equals_forward_path(arch):
     torch.testing.assert_close(fused["nll_loss"], plain["nll_loss"])
     assert fused["ntokens"] == plain["ntokens"]
     torch.testing.assert_close(g_fused, g_plain)
+
+
+def test_compiled_features_equal_eager_without_graph_breaks():
+    """``train.compile``: the compiled layers (one graph, padded source) + fused loss = eager."""
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = build_model(tiny_model_config(n_encoder_layers=1, n_decoder_layers=1, d_model=16, d_ff=32), 40).eval()
+    crit = LabelSmoothedCrossEntropy(0.1, ignore_index=PAD)
+    src = torch.randint(5, 40, (3, 6))
+    src[1, 4:] = PAD  # padded source: the cross-attention mask path
+    net_input = {"src_tokens": src, "prev_output_tokens": torch.randint(5, 40, (3, 5))}
+    target = torch.randint(5, 40, (3, 5))
+    target[2, 3:] = PAD
+    compiled = torch.compile(model.features, fullgraph=True)  # fails on any graph break
+    got = model_loss(model, crit, net_input, target, features=compiled)
+    g_got = torch.autograd.grad(got["loss"], list(model.parameters()))
+    ref = model_loss(model, crit, net_input, target)
+    g_ref = torch.autograd.grad(ref["loss"], list(model.parameters()))
+    torch.testing.assert_close(got["loss"], ref["loss"])
+    torch.testing.assert_close(g_got, g_ref)

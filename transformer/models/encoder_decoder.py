@@ -57,7 +57,8 @@ class EncoderDecoderModel(nn.Module):
         """
         b, s = src_tokens.shape
         pad = src_tokens.eq(self.pad_id)
-        has_pad = bool(pad.any())
+        # a host sync in eager mode (no mask when nothing is padded); always a mask under torch.compile
+        has_pad = True if torch.compiler.is_compiling() else bool(pad.any())
         positions = torch.arange(s, device=src_tokens.device)[None].expand(b, s)
         x = self.src_embed(src_tokens, positions)
         position = self.src_embed.position

@@ -94,7 +94,9 @@ class SinusoidalPositionalEmbedding(PositionEncoding):
     def embed(self, positions: Tensor) -> Tensor:
         """Args: positions ``(batch, seq_len)``. Returns ``(batch, seq_len, d_model)`` fp32."""
         table = self._fp32("table", positions.device)
-        needed = int(positions.max()) + 1 if positions.numel() and not positions.is_cuda else 0
+        # grows on CPU only (reading the max is a host sync on GPU and a graph break under torch.compile)
+        eager_cpu = not positions.is_cuda and not torch.compiler.is_compiling()
+        needed = int(positions.max()) + 1 if positions.numel() and eager_cpu else 0
         if needed > table.shape[0]:
             self.table = table = sinusoidal_table(max(needed, 2 * table.shape[0]), self.d_model).to(table.device)
         return table[positions]
@@ -119,7 +121,8 @@ class LearnedPositionalEmbedding(PositionEncoding):
         Raises:
             ValueError: if a position does not have a learned row (CPU tensors only; no sync on GPU).
         """
-        if not positions.is_cuda and positions.numel() and int(positions.max()) >= self.weight.shape[0]:
+        eager_cpu = not positions.is_cuda and not torch.compiler.is_compiling()
+        if eager_cpu and positions.numel() and int(positions.max()) >= self.weight.shape[0]:
             raise ValueError(
                 f"position {int(positions.max())} exceeds the {self.weight.shape[0]} learned positions "
                 "(model.max_positions)"

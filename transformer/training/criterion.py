@@ -257,13 +257,15 @@ def model_loss(
     net_input: dict[str, Tensor],
     target: Tensor,
     forward: Callable[..., Tensor] | None = None,
+    features: Callable[..., Tensor] | None = None,
 ) -> dict[str, Tensor | int]:
     """The training loss of one batch, the way the trainer computes it.
 
-    Without ``forward``, and when the output layer has no bias, ``model.features`` runs and
-    :meth:`LabelSmoothedCrossEntropy.from_hidden` applies the output layer fused with the loss,
-    at the target positions only. Otherwise ``forward(**net_input)`` (e.g. a ``torch.compile`` d
-    model) returns the logits for :meth:`LabelSmoothedCrossEntropy.__call__`.
+    Without ``forward``, and when the output layer has no bias, ``features(**net_input)``
+    (default ``model.features``; e.g. a ``torch.compile`` d ``model.features``) gives the final
+    hidden states and :meth:`LabelSmoothedCrossEntropy.from_hidden` applies the output layer fused
+    with the loss, at the target positions only. Otherwise ``forward(**net_input)`` returns the
+    logits for :meth:`LabelSmoothedCrossEntropy.__call__` (the unfused reference path).
 
     Args:
         model: an encoder-decoder or decoder-only model (``features`` and ``output_proj``).
@@ -271,13 +273,14 @@ def model_loss(
         net_input: the batch's model inputs.
         target: ``(batch, seq_len)`` targets.
         forward: optional logits function used instead of the fused path.
+        features: optional hidden-state function used instead of ``model.features``.
 
     Returns:
         ``{"loss", "nll_loss", "ntokens"}`` sums as :meth:`LabelSmoothedCrossEntropy.__call__`.
     """
     proj = getattr(model, "output_proj", None)
     if forward is None and hasattr(model, "features") and proj is not None and proj.bias is None:
-        return criterion.from_hidden(model.features(**net_input), proj, target)
+        return criterion.from_hidden((features or model.features)(**net_input), proj, target)
     return criterion((forward or model)(**net_input), target)
 
 

@@ -137,7 +137,8 @@ class Trainer:
             cfg.model, len(data.src_tokenizer), None if joint else len(data.tgt_tokenizer),
             pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, sep_id=SEP_ID,
         ).to(self.device)
-        self.forward_model: nn.Module = torch.compile(self.model) if t.compile else self.model
+        # torch.compile covers the embeddings and layers; the output layer stays fused with the loss
+        self.features = torch.compile(self.model.features) if t.compile else None
         self.criterion = LabelSmoothedCrossEntropy(cfg.criterion.label_smoothing, ignore_index=PAD_ID)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device.type)
         self.scheduler = build_scheduler(self.optimizer, cfg.lr_scheduler, cfg.optim.lr, cfg.model.d_model, t.max_updates)
@@ -203,10 +204,9 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def _loss(self, batch: Batch) -> dict[str, torch.Tensor]:
-        # eager: output layer fused with the loss at target positions; compiled: logits + loss
-        forward = None if self.forward_model is self.model else self.forward_model
+        # output layer fused with the loss at the target positions (layers compiled or eager)
         with self._autocast():
-            return model_loss(self.model, self.criterion, batch.net_input, batch.target, forward)
+            return model_loss(self.model, self.criterion, batch.net_input, batch.target, features=self.features)
 
     def _batches(self) -> Iterator[Batch]:
         """This rank's training batches, epoch after epoch, from the sampler's saved position."""
