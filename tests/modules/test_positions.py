@@ -82,3 +82,23 @@ def test_learned_positions_raise_past_the_table():
     emb = LearnedPositionalEmbedding(4, 8)
     with pytest.raises(ValueError, match="max_positions"):
         emb.embed(torch.tensor([[4]]))
+
+
+def test_apply_rotary_equals_the_textbook_formula_values_and_gradient():
+    """The one-rotation autograd function = x * cos + rotate_half(x) * sin, forward and backward."""
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(8)
+    positions = torch.tensor([[0, 1, 2, 5, 9], [3, 4, 5, 6, 7]])
+    cos, sin = rope.rotary(positions)
+    x = torch.randn(2, 3, 5, 8, requires_grad=True)
+
+    def formula(t):
+        t1, t2 = t.chunk(2, dim=-1)
+        return t * cos + torch.cat((-t2, t1), dim=-1) * sin
+
+    g = torch.randn(2, 3, 5, 8)
+    got, want = apply_rotary(x, cos, sin), formula(x)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, x, g)[0], torch.autograd.grad(want, x, g)[0])
+    # a rotation keeps the norm of every pair
+    torch.testing.assert_close(got.norm(dim=-1), x.norm(dim=-1))
