@@ -9,6 +9,11 @@ Peers: ``torch.nn.Transformer`` (with our own embeddings/positions/output layer 
 Hugging Face ``MarianMTModel`` and ``BartForConditionalGeneration``, ``LlamaForCausalLM`` and
 x-transformers (encoder-decoder and decoder-only). Transformers and x-transformers come from the
 ``bench`` extra (``pip install -e '.[bench]'``); a peer whose package is missing is skipped.
+
+Every peer also carries ``dropout_desc``: the dropout it actually applies, read back from its own
+configuration (``"0.3"``; where it differs from ours, which drops embeddings and residual branches,
+where: ``"0.3 (emb, ff)"``). ``preload(name)`` imports what a peer's constructor imports, so the
+benchmark can take its memory baseline after module imports.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 PAD = 0
+
+
+def _p(x: float) -> str:
+    return repr(float(x))
 
 
 class TorchTransformerPeer(nn.Module):
@@ -43,6 +52,10 @@ class TorchTransformerPeer(nn.Module):
         self.out = nn.Linear(d["d_model"], vocab, bias=False)
         self.out.weight = self.emb.weight
         self.eps = d["label_smoothing"]
+        layer = self.core.encoder.layers[0]
+        # nn.Transformer drops the residual branches, and also the attention weights and FFN hidden units
+        assert self.drop.p == layer.self_attn.dropout == layer.dropout.p
+        self.dropout_desc = f"{_p(self.drop.p)} (+ attn weights, ff)"
 
     def _embed(self, x: Tensor) -> Tensor:
         return self.drop(self.emb(x) * self.scale + self.pe[: x.shape[1]])
@@ -78,6 +91,9 @@ class HFSeq2SeqPeer(nn.Module):
             cfg = transformers.BartConfig(**common)
             self.core = transformers.BartForConditionalGeneration(cfg)
         self.core.config._attn_implementation = "sdpa"
+        c = self.core.config
+        extra = [f"{k} {_p(v)}" for k, v in (("attn", c.attention_dropout), ("ff", c.activation_dropout)) if v]
+        self.dropout_desc = _p(c.dropout) + (f" (+ {', '.join(extra)})" if extra else "")
 
     def step_loss(self, batch: dict[str, Tensor]) -> Tensor:
         labels = batch["target"].masked_fill(batch["target"].eq(PAD), -100)
@@ -98,6 +114,8 @@ class HFLlamaPeer(nn.Module):
             attn_implementation="sdpa",
         )
         self.core = transformers.LlamaForCausalLM(cfg)
+        # LlamaForCausalLM has no embedding or residual dropout; attention_dropout is its only one
+        self.dropout_desc = _p(self.core.config.attention_dropout)
 
     def step_loss(self, batch: dict[str, Tensor]) -> Tensor:
         # HF shifts labels itself: labels[i] is predicted from position i - 1
@@ -113,19 +131,23 @@ class XTransformersEncDecPeer(nn.Module):
         super().__init__()
         from x_transformers import Decoder, Encoder, TransformerWrapper
 
+        emb_dropout, ff_dropout = d["dropout"], d["dropout"]
         layer = dict(dim=d["d_model"], heads=d["n_heads"], ff_mult=d["d_ff"] / d["d_model"], ff_relu_squared=False,
-                     pre_norm=False, layer_dropout=0.0, attn_dropout=0.0, ff_dropout=d["dropout"],
+                     pre_norm=False, layer_dropout=0.0, attn_dropout=0.0, ff_dropout=ff_dropout,
                      attn_flash=True, attn_dim_head=d["d_model"] // d["n_heads"])
         self.encoder = TransformerWrapper(
             num_tokens=vocab, max_seq_len=1024, return_only_embed=True, scaled_sinu_pos_emb=True,
-            emb_dropout=d["dropout"], attn_layers=Encoder(depth=d["enc_layers"], **layer),
+            emb_dropout=emb_dropout, attn_layers=Encoder(depth=d["enc_layers"], **layer),
         )
         self.decoder = TransformerWrapper(
-            num_tokens=vocab, max_seq_len=1024, emb_dropout=d["dropout"], scaled_sinu_pos_emb=True,
+            num_tokens=vocab, max_seq_len=1024, emb_dropout=emb_dropout, scaled_sinu_pos_emb=True,
             tie_embedding=True, attn_layers=Decoder(depth=d["dec_layers"], cross_attend=True, **layer),
         )
         self.decoder.token_emb = self.encoder.token_emb  # one table for source, target and output
         self.eps = d["label_smoothing"]
+        # x-transformers drops the embeddings and the FFN hidden units, not the residual branches
+        self.dropout_desc = f"{_p(emb_dropout)} (emb, ff)" if emb_dropout == ff_dropout else \
+            f"emb {_p(emb_dropout)}, ff {_p(ff_dropout)}"
 
     def step_loss(self, batch: dict[str, Tensor]) -> Tensor:
         enc = self.encoder(batch["src"], return_embeddings=True)
@@ -140,15 +162,18 @@ class XTransformersDecoderPeer(nn.Module):
         super().__init__()
         from x_transformers import Decoder, TransformerWrapper
 
+        emb_dropout = attn_dropout = ff_dropout = 0.0  # as LlamaForCausalLM: no dropout
         self.core = TransformerWrapper(
-            num_tokens=vocab, max_seq_len=1024, use_abs_pos_emb=False, emb_dropout=0.0,
+            num_tokens=vocab, max_seq_len=1024, use_abs_pos_emb=False, emb_dropout=emb_dropout,
             attn_layers=Decoder(
                 dim=d["d_model"], depth=d["dec_layers"], heads=d["n_heads"], attn_kv_heads=d["n_kv_heads"],
                 rotary_pos_emb=True, use_rmsnorm=True, ff_glu=True, ff_swish=True, ff_no_bias=True,
                 attn_flash=True, attn_dim_head=d["d_model"] // d["n_heads"], ff_mult=d["ffn_hidden"] / d["d_model"],
+                attn_dropout=attn_dropout, ff_dropout=ff_dropout,
             ),
         )
         self.eps = d["label_smoothing"]
+        self.dropout_desc = _p(max(emb_dropout, attn_dropout, ff_dropout))
 
     def step_loss(self, batch: dict[str, Tensor]) -> Tensor:
         logits = self.core(batch["tokens"])
@@ -168,3 +193,24 @@ def encdec_peers() -> dict[str, Callable[[dict[str, Any], int], nn.Module]]:
 def decoder_only_peers() -> dict[str, Callable[[dict[str, Any], int], nn.Module]]:
     """Name -> constructor of the decoder-only peers."""
     return {"HF Llama": HFLlamaPeer, "x-transformers": XTransformersDecoderPeer}
+
+
+_TRANSFORMERS_CLASSES = {
+    "HF Marian": ("MarianConfig", "MarianMTModel"),
+    "HF BART": ("BartConfig", "BartForConditionalGeneration"),
+    "HF Llama": ("LlamaConfig", "LlamaForCausalLM"),
+}
+
+
+def preload(name: str) -> None:
+    """Import the package (and, for transformers, the lazily loaded model module) peer ``name`` needs.
+
+    Raises ImportError when the package is missing.
+    """
+    if name in _TRANSFORMERS_CLASSES:
+        import transformers
+
+        for cls in _TRANSFORMERS_CLASSES[name]:
+            getattr(transformers, cls)  # transformers imports its model modules on first attribute access
+    elif name.startswith("x-transformers"):
+        import x_transformers  # noqa: F401
