@@ -132,7 +132,8 @@ class XTransformersEncDecPeer(nn.Module):
         from x_transformers import Decoder, Encoder, TransformerWrapper
 
         emb_dropout, ff_dropout = d["dropout"], d["dropout"]
-        layer = dict(dim=d["d_model"], heads=d["n_heads"], ff_mult=d["d_ff"] / d["d_model"], ff_relu_squared=False,
+        layer = dict(dim=d["d_model"], heads=d["n_heads"], ff_mult=d["d_ff"] / d["d_model"],
+                     ff_custom_activation=nn.ReLU(),  # x-transformers defaults to GELU
                      pre_norm=False, layer_dropout=0.0, attn_dropout=0.0, ff_dropout=ff_dropout,
                      attn_flash=True, attn_dim_head=d["d_model"] // d["n_heads"])
         self.encoder = TransformerWrapper(

@@ -41,7 +41,7 @@ What is measured (fp32, ``--threads`` intra-op threads, synthetic uniform tokens
   too with ``--compile-base``); the first (compiling) step is reported separately (``compile_s``).
   The ``ours, unfused loss`` rows are the code before the fused output layer + loss (ablation,
   ``--no-ablation`` to skip).
-* **decoding**: the row of ``benchmarks/decode_speed.py`` when that file exists (``--decode``).
+* **decoding**: the rows of a ``benchmarks/decode_speed.py`` results file (``--decode <run>/decode_speed.json``).
 """
 
 from __future__ import annotations
@@ -405,15 +405,25 @@ def scaling(args: argparse.Namespace, peak: float) -> dict[str, list[dict[str, A
     return out
 
 
-def decode_row() -> dict[str, Any] | None:
-    path = REPO / "benchmarks" / "decode_speed.py"
-    if not path.exists():
-        return None
-    try:
-        proc = subprocess.run([sys.executable, str(path), "--json"], capture_output=True, text=True, timeout=120)
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    except Exception as err:  # noqa: BLE001 - an optional row; report why it is missing
-        return {"skipped": repr(err)}
+def decode_rows(path: Path) -> dict[str, Any]:
+    """The rows of a ``benchmarks/decode_speed.py`` results file (``<run>/decode_speed.json``).
+
+    Decoding needs a trained checkpoint, so it is run on its own (see that script) and its JSON
+    is folded into this table with ``--decode PATH``.
+    """
+    data = json.loads(Path(path).read_text())
+    ours = {r["strategy"]: r for r in data["results"] if r["system"] == "ours"}
+    rows = []
+    for r in data["results"]:
+        base = ours.get(r["strategy"])
+        rows.append({
+            "system": r["system"], "strategy": r["strategy"], "beam": r["beam"], "sentences": r["sentences"],
+            "sentences_per_s": r["sentences_per_s"], "tokens_per_s": r["tokens_per_s"],
+            "ratio_to_ours": r["sentences_per_s"] / base["sentences_per_s"] if base else None,
+            "peak_mb": r["peak_mb"], "bleu": r["bleu"], "same_as_ours": r.get("same_as_ours"),
+        })
+    return {"file": str(path), "run": data["args"]["run"], "split": data["args"]["split"],
+            "threads": data["args"]["threads"], "device": data["args"]["device"], "rows": rows}
 
 
 # ----------------------------------------------------------------------------- report
@@ -493,7 +503,17 @@ def markdown(res: dict[str, Any]) -> str:
                 lines.append(f"| {r[key]} | {r['rows']} | {r['tok_s']:,.0f} | {1e3 * r['step_s']:.0f} | "
                              f"{100 * r['mfu']:.0f}% | {r['mem_mb']:.0f} |")
     if res.get("decode"):
-        lines += ["", "## Decoding", "", "```", json.dumps(res["decode"], indent=1), "```"]
+        d = res["decode"]
+        lines += ["", f"## Decoding ({d['split']}, {d['device']}, {d['threads']} threads; from `{d['file']}`)", "",
+                  "Same checkpoint in both systems (ours copied into a same-size HF Marian); ratio = system / ours.", "",
+                  "| system | search | sentences/s | target tok/s | ratio to ours | peak MiB | BLEU | same output as ours |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for r in d["rows"]:
+            ratio = "" if r["ratio_to_ours"] is None else f"{r['ratio_to_ours']:.2f}"
+            same = "" if r["same_as_ours"] is None else f"{100 * r['same_as_ours']:.1f}%"
+            search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+            lines.append(f"| {r['system']} | {search} | {r['sentences_per_s']:.1f} | {r['tokens_per_s']:,.0f} | {ratio} | "
+                         f"{r['peak_mb']:.0f} | {r['bleu']:.2f} | {same} |")
     return "\n".join(lines) + "\n"
 
 
@@ -516,7 +536,8 @@ def main() -> None:
     p.add_argument("--scaling-tokens", type=int, default=4096)
     p.add_argument("--scaling-rows", type=int, nargs="+", default=[16, 64, 256])
     p.add_argument("--scaling-steps", type=int, default=2)
-    p.add_argument("--decode", action="store_true", help="add benchmarks/decode_speed.py's row if present")
+    p.add_argument("--decode", type=Path, default=None, metavar="JSON",
+                   help="fold in a benchmarks/decode_speed.py results file (<run>/decode_speed.json)")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "train_throughput.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one model in this process (a JSON spec)
     args = p.parse_args()
@@ -545,7 +566,7 @@ def main() -> None:
     if not args.no_scaling:
         res["scaling"] = scaling(args, peak)
     if args.decode:
-        res["decode"] = decode_row()
+        res["decode"] = decode_rows(args.decode)
     peak_end = matmul_peak()
     res["machine"]["peak_gflops_end"] = peak_end / 1e9
     res["seconds"] = time.time() - start
