@@ -164,9 +164,11 @@ class Attention(nn.Module):
         w, b = self.in_proj.weight, self.in_proj.bias
         cross = memory is not None or (cache is not None and cache.static)
         if not cross:
-            qkv = self.in_proj(x)  # (B, T, (H + 2Hkv) * hd)
-            q, kv = qkv[..., :q_width], qkv[..., q_width:]
-            k, v = self._split_kv(kv)
+            kv_width = self.n_kv_heads * self.head_dim
+            # one split (its backward is one concatenation, not a zero-filled buffer per slice)
+            q, k, v = self.in_proj(x).split((q_width, kv_width, kv_width), dim=-1)  # (B, T, H*hd), 2x (B, T, Hkv*hd)
+            k = rearrange(k, "b t (h d) -> b h t d", h=self.n_kv_heads)
+            v = rearrange(v, "b t (h d) -> b h t d", h=self.n_kv_heads)
         else:
             q = F.linear(x, w[:q_width], None if b is None else b[:q_width])
             if cache is not None and cache.k is not None:
