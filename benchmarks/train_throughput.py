@@ -296,19 +296,22 @@ def run_one(name: str, spec: dict[str, Any], tokens: int, args: argparse.Namespa
     return r
 
 
-def run_rounds(specs: list[tuple[str, dict[str, Any]]], tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Measure every spec ``args.rounds`` times, interleaved (round r starts at spec r), one worker each.
+def run_rounds(specs: list[tuple[str, dict[str, Any]]], tokens: int, args: argparse.Namespace,
+               n_rounds: int | None = None) -> list[dict[str, Any]]:
+    """Measure every spec ``n_rounds`` (default ``args.rounds``) times, interleaved (round r starts at spec r), one worker each.
 
     The speed of a shared or throttled machine drifts by up to 2x within minutes; measuring the
     models one after another once each turns that drift into false ratios. Interleaving gives every
-    model the same conditions, and the reported step time is the best of its per-round medians
-    (``round_step_s`` keeps them all); memory is the largest of its rounds.
+    model the same conditions, and the reported step time is the median of its per-round medians
+    (``round_step_s`` keeps them all; a best-of estimator picked lucky fast periods in a trial run);
+    memory is the largest of its rounds.
     """
     n = len(specs)
     per: list[list[dict[str, Any]]] = [[] for _ in range(n)]
-    for rnd in range(args.rounds):
-        if args.rounds > 1:
-            print(f"  round {rnd + 1}/{args.rounds}", flush=True)
+    rounds = args.rounds if n_rounds is None else n_rounds
+    for rnd in range(rounds):
+        if rounds > 1:
+            print(f"  round {rnd + 1}/{rounds}", flush=True)
         for j in range(n):
             i = (rnd + j) % n
             per[i].append(run_one(specs[i][0], specs[i][1], tokens, args))
@@ -318,7 +321,7 @@ def run_rounds(specs: list[tuple[str, dict[str, Any]]], tokens: int, args: argpa
         if not ok:
             out.append(runs[0])
             continue
-        best = dict(min(ok, key=lambda r: r["step_s"]))
+        best = dict(sorted(ok, key=lambda r: r["step_s"])[(len(ok) - 1) // 2])  # the median round
         best["round_step_s"] = [r["step_s"] for r in ok]
         best["mem_mb"] = max(r["mem_mb"] for r in ok)
         if "compile_s" in ok[0]:
@@ -389,7 +392,7 @@ def throughput(args: argparse.Namespace, peak: float) -> list[dict[str, Any]]:
                 specs.append(("ours + torch.compile", {**ours_spec, "compile": True, "warmup": max(w, 3)}))
             if not args.no_peers:
                 specs += [(pname, {**base, "model": pname}) for pname in peers]
-            results = run_rounds(specs, tokens, args)
+            results = run_rounds(specs, tokens, args, args.rounds if size == "tiny" else args.base_rounds)
             ours = results[0]
             for r in results:
                 if "tok_s" in r:
@@ -480,7 +483,8 @@ def markdown(res: dict[str, Any]) -> str:
         f"Machine: {m['cpu']}, {m['threads']} torch threads, torch {m['torch']}; "
         f"fp32 matmul peak measured in this run: **{m['peak_gflops']:.0f} GFLOP/s** (best `torch.mm` over square and "
         f"FFN shapes) at the start, {m.get('peak_gflops_end', float('nan')):.0f} GFLOP/s at the end; MFU uses the higher. "
-        f"Step times: best of {res.get('rounds', 1)} interleaved rounds per model (median of its steps in each round).  ",
+        f"Step times: median over {res.get('rounds', 1)} (tiny) / {res.get('base_rounds', 1)} (base) interleaved rounds per model "
+        "of the median step of each round.  ",
         f"glibc malloc: {malloc}.",
         "",
         "Target tokens/s of a full training step (forward, loss, backward, Adam step), fp32, vocabulary "
@@ -566,7 +570,8 @@ def main() -> None:
     p.add_argument("--scaling-tokens", type=int, default=4096)
     p.add_argument("--scaling-rows", type=int, nargs="+", default=[16, 64, 256])
     p.add_argument("--scaling-steps", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3, help="interleaved measurements per model (best round reported)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved measurements per model at tiny size (median round reported)")
+    p.add_argument("--base-rounds", type=int, default=3, help="interleaved measurements per model at base size")
     p.add_argument("--decode", type=Path, default=None, metavar="JSON",
                    help="fold in a benchmarks/decode_speed.py results file (<run>/decode_speed.json)")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "train_throughput.json")
@@ -588,6 +593,7 @@ def main() -> None:
     res: dict[str, Any] = {
         "command": "python benchmarks/train_throughput.py " + " ".join(sys.argv[1:]),
         "rounds": args.rounds,
+        "base_rounds": args.base_rounds,
         "date": datetime.date.today().isoformat(),
         "commit": commit,
         "machine": {"cpu": cpu_name(), "threads": args.threads, "torch": torch.__version__,

@@ -1,0 +1,86 @@
+"""Profile one training step of our model or a peer with ``torch.profiler`` (the table behind docs/benchmarks).
+
+Example (from the repository root; peers need the ``bench`` extra)::
+
+    python benchmarks/profile_step.py --model ours --preset transformer_tiny
+    python benchmarks/profile_step.py --model "HF Marian" --preset transformer_tiny
+    python benchmarks/profile_step.py --model ours --preset llama_style_tiny model.dropout=0.0
+
+Same batch, optimizer, threads and allocator setting as ``benchmarks/train_throughput.py``: the
+median step time of ``--steps`` steps, then the operators of ``--profile-steps`` steps sorted by
+their own CPU time (``--row-limit`` rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+import peers  # noqa: E402
+from train_throughput import SIZES, SRC_LEN, TGT_LEN, VOCAB, Ours, dims, make_batch, make_optimizer, preset  # noqa: E402
+from transformer.training.allocator import tune_cpu_allocator  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="ours", help="'ours' or a peer name from benchmarks/peers.py")
+    p.add_argument("--preset", default="transformer_tiny", help="model preset (configs/model/) giving the dims")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides of the preset (ours only), e.g. model.dropout=0.0")
+    p.add_argument("--rows", type=int, default=0, help="batch rows (default: the benchmark's for the preset)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--malloc", choices=["tuned", "default"], default="tuned")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--profile-steps", type=int, default=3)
+    p.add_argument("--row-limit", type=int, default=25)
+    args = p.parse_args()
+
+    torch.set_num_threads(args.threads)
+    if args.malloc == "tuned":
+        tune_cpu_allocator()
+    cfg, optim_cfg = preset(args.preset, args.overrides)
+    rows = args.rows or next((r for ed, do, r in SIZES.values() if args.preset in (ed, do)), 96)
+    torch.manual_seed(0)
+    if args.model == "ours":
+        model = Ours(cfg)
+    else:
+        table = peers.encdec_peers() if cfg.arch == "encoder_decoder" else peers.decoder_only_peers()
+        if args.model not in table:
+            raise SystemExit(f"--model {args.model!r} is not 'ours' or one of {sorted(table)}")
+        model = table[args.model](dims(cfg), VOCAB)
+    optimizer = make_optimizer(model, optim_cfg)
+    batch = make_batch(cfg.arch, rows, SRC_LEN, TGT_LEN)
+    model.train()
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        model.step_loss(batch).backward()
+        optimizer.step()
+
+    for _ in range(2):
+        step()
+    times = []
+    for _ in range(args.steps):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    median = statistics.median(times)
+    print(f"{args.model} {args.preset} {rows}x{TGT_LEN}: median step {median * 1e3:.1f} ms, "
+          f"{rows * TGT_LEN / median:,.0f} target tok/s ({args.threads} threads, malloc {args.malloc})")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(args.profile_steps):
+            step()
+    print(f"operators over {args.profile_steps} steps (self CPU time):")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.row_limit))
+
+
+if __name__ == "__main__":
+    main()
