@@ -131,11 +131,10 @@ class Attention(nn.Module):
         self.in_proj, self.out_proj = in_proj, out_proj
         self.dropout = dropout
 
-    def _split_kv(self, kv: Tensor) -> tuple[Tensor, Tensor]:
-        k, v = kv.split(self.n_kv_heads * self.head_dim, dim=-1)
-        k = rearrange(k, "b t (h d) -> b h t d", h=self.n_kv_heads)
-        v = rearrange(v, "b t (h d) -> b h t d", h=self.n_kv_heads)
-        return k, v
+    def _kv_heads(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """``(B, T, Hkv * hd)`` keys and values -> ``(B, Hkv, T, hd)``."""
+        return (rearrange(k, "b t (h d) -> b h t d", h=self.n_kv_heads),
+                rearrange(v, "b t (h d) -> b h t d", h=self.n_kv_heads))
 
     def forward(
         self,
@@ -167,14 +166,14 @@ class Attention(nn.Module):
             kv_width = self.n_kv_heads * self.head_dim
             # one split (its backward is one concatenation, not a zero-filled buffer per slice)
             q, k, v = self.in_proj(x).split((q_width, kv_width, kv_width), dim=-1)  # (B, T, H*hd), 2x (B, T, Hkv*hd)
-            k = rearrange(k, "b t (h d) -> b h t d", h=self.n_kv_heads)
-            v = rearrange(v, "b t (h d) -> b h t d", h=self.n_kv_heads)
+            k, v = self._kv_heads(k, v)
         else:
             q = F.linear(x, w[:q_width], None if b is None else b[:q_width])
             if cache is not None and cache.k is not None:
                 k, v = cache.k, cache.v
             else:
-                k, v = self._split_kv(F.linear(memory, w[q_width:], None if b is None else b[q_width:]))
+                kv = F.linear(memory, w[q_width:], None if b is None else b[q_width:])
+                k, v = self._kv_heads(*kv.chunk(2, dim=-1))
                 if cache is not None:
                     cache.k, cache.v = k, v
         q = rearrange(q, "b t (h d) -> b h t d", h=self.n_heads)

@@ -22,6 +22,11 @@ from torch import Tensor, nn
 _RANGE = 2**31  # int32 ``random_()`` draws from [0, 2^31 - 1]
 
 
+def _check_probability(p: float) -> None:
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+
+
 def _keep_mask(x: Tensor, p: float) -> Tensor:
     """``(x.shape)`` tensor of ``x.dtype``: ``1 / (1 - p)`` where kept (probability ``1 - p``), else 0."""
     draws = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_()
@@ -63,8 +68,7 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     Raises:
         ValueError: if ``p`` is outside ``[0, 1)``.
     """
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    _check_probability(p)
     if not training or p == 0.0:
         return x
     if not _use_fast_path(x):
@@ -87,8 +91,7 @@ def dropout_add(residual: Tensor, x: Tensor, p: float, training: bool) -> Tensor
     Raises:
         ValueError: if ``p`` is outside ``[0, 1)``.
     """
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    _check_probability(p)
     if not training or p == 0.0:
         return residual + x
     if not _use_fast_path(x, residual):
@@ -108,8 +111,7 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float = 0.0) -> None:
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        _check_probability(p)
         self.p = float(p)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -19,6 +19,12 @@ import torch
 from torch import Tensor, nn
 
 
+def _host_readable(positions: Tensor) -> bool:
+    """Whether reading ``positions``' values is free: non-empty, not on CUDA (a host sync) and not
+    under ``torch.compile`` (a graph break)."""
+    return bool(positions.numel()) and not positions.is_cuda and not torch.compiler.is_compiling()
+
+
 class PositionEncoding(nn.Module):
     """Base class: by default an encoding contributes nothing at any of the three sites.
 
@@ -94,9 +100,7 @@ class SinusoidalPositionalEmbedding(PositionEncoding):
     def embed(self, positions: Tensor) -> Tensor:
         """Args: positions ``(batch, seq_len)``. Returns ``(batch, seq_len, d_model)`` fp32."""
         table = self._fp32("table", positions.device)
-        # grows on CPU only (reading the max is a host sync on GPU and a graph break under torch.compile)
-        eager_cpu = not positions.is_cuda and not torch.compiler.is_compiling()
-        needed = int(positions.max()) + 1 if positions.numel() and eager_cpu else 0
+        needed = int(positions.max()) + 1 if _host_readable(positions) else 0  # grows in eager CPU only
         if needed > table.shape[0]:
             self.table = table = sinusoidal_table(max(needed, 2 * table.shape[0]), self.d_model).to(table.device)
         return table[positions]
@@ -121,8 +125,7 @@ class LearnedPositionalEmbedding(PositionEncoding):
         Raises:
             ValueError: if a position does not have a learned row (CPU tensors only; no sync on GPU).
         """
-        eager_cpu = not positions.is_cuda and not torch.compiler.is_compiling()
-        if eager_cpu and positions.numel() and int(positions.max()) >= self.weight.shape[0]:
+        if _host_readable(positions) and int(positions.max()) >= self.weight.shape[0]:
             raise ValueError(
                 f"position {int(positions.max())} exceeds the {self.weight.shape[0]} learned positions "
                 "(model.max_positions)"

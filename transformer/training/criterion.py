@@ -31,6 +31,17 @@ from torch import Tensor, nn
 _MAX_PPL_EXPONENT = 100.0
 
 
+def _check_loss_args(target: Tensor, scores: Tensor, name: str, last_dim: str, epsilon: float) -> None:
+    """Raise ValueError unless ``target.shape == scores.shape[:-1]`` and ``0 <= epsilon < 1``."""
+    if tuple(target.shape) != tuple(scores.shape[:-1]):
+        raise ValueError(
+            f"target shape {tuple(target.shape)} must equal {name} shape without the {last_dim} "
+            f"dimension, {tuple(scores.shape[:-1])}"
+        )
+    if not 0.0 <= epsilon < 1.0:
+        raise ValueError(f"label smoothing epsilon={epsilon} must be in [0, 1)")
+
+
 def label_smoothed_nll_loss(
     logits: Tensor, target: Tensor, epsilon: float, ignore_index: int
 ) -> tuple[Tensor, Tensor, int]:
@@ -58,13 +69,7 @@ def label_smoothed_nll_loss(
         ValueError: when ``target``'s shape is not ``logits``' without the vocabulary dimension,
             or ``epsilon`` is outside ``[0, 1)``.
     """
-    if tuple(target.shape) != tuple(logits.shape[:-1]):
-        raise ValueError(
-            f"target shape {tuple(target.shape)} must equal logits shape without the vocabulary "
-            f"dimension, {tuple(logits.shape[:-1])}"
-        )
-    if not 0.0 <= epsilon < 1.0:
-        raise ValueError(f"label smoothing epsilon={epsilon} must be in [0, 1)")
+    _check_loss_args(target, logits, "logits", "vocabulary", epsilon)
     vocab = logits.size(-1)
     lprobs = F.log_softmax(logits.reshape(-1, vocab), dim=-1, dtype=torch.float32)  # (N, V) fp32
     target = target.reshape(-1)  # (N,)
@@ -175,13 +180,7 @@ def linear_label_smoothed_nll_loss(
     Raises:
         ValueError: on mismatched shapes or ``epsilon`` outside ``[0, 1)``.
     """
-    if tuple(target.shape) != tuple(hidden.shape[:-1]):
-        raise ValueError(
-            f"target shape {tuple(target.shape)} must equal hidden shape without the model "
-            f"dimension, {tuple(hidden.shape[:-1])}"
-        )
-    if not 0.0 <= epsilon < 1.0:
-        raise ValueError(f"label smoothing epsilon={epsilon} must be in [0, 1)")
+    _check_loss_args(target, hidden, "hidden", "model", epsilon)
     target = target.reshape(-1)
     keep = (target != ignore_index).nonzero().squeeze(1)  # (n,)
     h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, keep)  # (n, d)
