@@ -14,9 +14,7 @@ their own CPU time (``--row-limit`` rows).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -26,7 +24,9 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import peers  # noqa: E402
-from train_throughput import SIZES, SRC_LEN, TGT_LEN, VOCAB, Ours, dims, make_batch, make_optimizer, preset  # noqa: E402
+from train_throughput import (  # noqa: E402
+    SIZES, SRC_LEN, TGT_LEN, VOCAB, Ours, dims, make_batch, make_optimizer, preset, time_steps,
+)
 from transformer.training.allocator import tune_cpu_allocator  # noqa: E402
 
 
@@ -58,26 +58,11 @@ def main() -> None:
         model = table[args.model](dims(cfg), VOCAB)
     optimizer = make_optimizer(model, optim_cfg)
     batch = make_batch(cfg.arch, rows, SRC_LEN, TGT_LEN)
-    model.train()
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        model.step_loss(batch).backward()
-        optimizer.step()
-
-    for _ in range(2):
-        step()
-    times = []
-    for _ in range(args.steps):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    median = statistics.median(times)
+    median = time_steps(model, batch, optimizer, warmup=2, steps=args.steps)["step_s"]
     print(f"{args.model} {args.preset} {rows}x{TGT_LEN}: median step {median * 1e3:.1f} ms, "
           f"{rows * TGT_LEN / median:,.0f} target tok/s ({args.threads} threads, malloc {args.malloc})")
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(args.profile_steps):
-            step()
+        time_steps(model, batch, optimizer, warmup=0, steps=args.profile_steps)
     print(f"operators over {args.profile_steps} steps (self CPU time):")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.row_limit))
 

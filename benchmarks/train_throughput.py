@@ -68,6 +68,7 @@ import torch  # noqa: E402
 from transformer.models import build_model  # noqa: E402
 from transformer.models.flops import forward_flops, kv_cache_bytes_per_token  # noqa: E402
 from transformer.modules.ffn import glu_hidden_size  # noqa: E402
+from transformer.training.allocator import tune_cpu_allocator  # noqa: E402
 from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss  # noqa: E402
 from transformer.training.optim import build_optimizer  # noqa: E402
 
@@ -187,24 +188,6 @@ def make_optimizer(model: torch.nn.Module, optim_cfg: Any) -> torch.optim.Optimi
     return build_optimizer(model, optim_cfg, "cpu")
 
 
-def tune_malloc() -> bool:
-    """``transformer.training.allocator.tune_cpu_allocator()``; glibc ``mallopt`` directly if it is missing."""
-    try:
-        from transformer.training.allocator import tune_cpu_allocator
-    except ImportError:
-        import ctypes
-        import ctypes.util
-
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-            # M_MMAP_THRESHOLD = -3, M_TRIM_THRESHOLD = -1
-            return bool(libc.mallopt(-3, 1 << 30)) and bool(libc.mallopt(-1, 2**31 - 1))
-        except (OSError, AttributeError):
-            return False
-    return bool(tune_cpu_allocator())
-
-
 def _p(x: float) -> str:
     return repr(float(x))
 
@@ -236,7 +219,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     ``threads``, ``malloc``.
     """
     torch.set_num_threads(spec["threads"])
-    tuned = tune_malloc() if spec["malloc"] == "tuned" else False
+    tuned = tune_cpu_allocator() if spec["malloc"] == "tuned" else False
     cfg, optim_cfg = preset(spec["preset"], spec.get("overrides"))
     batch = make_batch(cfg.arch, spec["rows"], spec["src_len"], spec["tgt_len"])
     if spec["model"] == "ours":
