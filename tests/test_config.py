@@ -91,3 +91,33 @@ def test_root_config_values_override_group_defaults_and_experiments_override_bot
     wu = _compose(["experiment=wu2021_tiny"])
     assert wu.optim.lr == 0.005 and wu.lr_scheduler.warmup_updates == 2000 and wu.model.d_model == 128
     assert _compose(["experiment=wu2021_tiny", "optim.lr=1e-3"]).optim.lr == 1e-3
+
+
+# Each ladder step = the step before it + one switch; Hydra's recorded group choices (results.json
+# "choices", the wandb run name) must name every switch the step has reached.
+LADDER = [
+    ("step0_vaswani2017", {"model/norm": "layernorm", "model/ffn": "relu", "model/position": "sinusoidal", "model/attention": "mha"}, ("post", "encoder_decoder")),
+    ("step1_pre_ln", {"model/norm": "layernorm", "model/ffn": "relu", "model/position": "sinusoidal", "model/attention": "mha"}, ("pre", "encoder_decoder")),
+    ("step2_rmsnorm", {"model/norm": "rmsnorm", "model/ffn": "relu", "model/position": "sinusoidal", "model/attention": "mha"}, ("pre", "encoder_decoder")),
+    ("step3_swiglu", {"model/norm": "rmsnorm", "model/ffn": "swiglu", "model/position": "sinusoidal", "model/attention": "mha"}, ("pre", "encoder_decoder")),
+    ("step4_rope", {"model/norm": "rmsnorm", "model/ffn": "swiglu", "model/position": "rope", "model/attention": "mha"}, ("pre", "encoder_decoder")),
+    ("step5_gqa", {"model/norm": "rmsnorm", "model/ffn": "swiglu", "model/position": "rope", "model/attention": "gqa"}, ("pre", "encoder_decoder")),
+    ("step6_decoder_only", {"model/norm": "rmsnorm", "model/ffn": "swiglu", "model/position": "rope", "model/attention": "gqa"}, ("pre", "decoder_only")),
+]
+
+
+@pytest.mark.parametrize("step,choices,fields", LADDER, ids=[s for s, _, _ in LADDER])
+def test_ladder_steps_compose_and_record_their_choices(step, choices, fields):
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["experiment=ladder", f"ladder={step}"], return_hydra_config=True)
+    recorded = {k: v for k, v in cfg.hydra.runtime.choices.items() if k in choices}
+    assert recorded == choices
+    assert (cfg.model.norm_position, cfg.model.arch) == fields
+    # the recorded choice and the value agree (no field restated inline behind the group's back)
+    assert cfg.model.norm.name == choices["model/norm"]
+    assert cfg.model.ffn.name == choices["model/ffn"]
+    assert cfg.model.position.name == choices["model/position"]
+    assert cfg.model.attention == choices["model/attention"]
+    assert cfg.train.max_tokens == (8192 if step == "step6_decoder_only" else 4096)
+    validate_config(cfg)

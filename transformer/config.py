@@ -184,7 +184,7 @@ class TrainConfig:
     max_updates: int = 0
     max_epochs: int = 0
     max_time: float = 0.0  # seconds; 0 = no limit
-    precision: str = "fp32"  # fp32 | bf16 | fp16
+    precision: str = "auto"  # auto (bf16 where the device has fast bf16, else fp32) | fp32 | bf16 | fp16
     compile: bool = False
     device: str = "auto"
     num_threads: int = 0  # 0 = torch default
@@ -344,8 +344,8 @@ def validate_config(cfg: Any) -> None:
             raise ConfigError(f"unknown or mistyped field: {err}".splitlines()[0]) from None
     validate_model_config(cfg.model, joint_vocab=cfg.data.joint_vocab)
     t = cfg.train
-    if t.precision not in ("fp32", "bf16", "fp16"):
-        raise ConfigError(f"train.precision={t.precision!r} is not one of fp32, bf16, fp16")
+    if t.precision not in ("auto", "fp32", "bf16", "fp16"):
+        raise ConfigError(f"train.precision={t.precision!r} is not one of auto, fp32, bf16, fp16")
     if t.max_tokens <= 0:
         raise ConfigError(f"train.max_tokens={t.max_tokens} must be positive")
     if t.update_freq < 1:

@@ -35,7 +35,7 @@ def small_cli_args(corpus: Path, run_dir: Path, *overrides: str) -> list[str]:
         "model.n_encoder_layers=2", "model.n_decoder_layers=2", "model.d_model=32", "model.n_heads=4",
         "model.d_ff=64", "model.dropout=0.1", "train.max_tokens=600", "train.max_updates=6",
         "train.max_time=0", "train.validate_every=3", "train.valid_bleu_subset=8", "train.log_every=1",
-        "train.progress=false", "train.num_threads=1", "lr_scheduler.warmup_updates=4",
+        "train.progress=false", "train.num_threads=1", "train.precision=fp32", "lr_scheduler.warmup_updates=4",
         "generation.beam_size=2", "generation.max_len_a=1.0", "generation.max_len_b=5",
         f"run_dir={run_dir}", *overrides,
     ]

@@ -36,8 +36,9 @@ def test_training_run_writes_results_and_artifacts(small_corpus, tmp_path):
     run = tmp_path / "run"
     saved = json.loads((run / "results.json").read_text())
     for key in ("bleu", "chrf", "sacrebleu_signature", "params", "updates", "wall_time_s",
-                "train_tokens_per_s", "peak_memory_mb", "choices", "config"):
+                "train_tokens_per_s", "peak_memory_mb", "choices", "config", "precision", "hardware"):
         assert key in saved, key
+    assert saved["precision"] == "fp32" and saved["hardware"]["torch"] == torch.__version__
     assert saved["updates"] == 6 and saved["params"] == results["params"] > 0
     assert saved["sacrebleu_signature"].startswith("nrefs:1")
     assert len((run / "hyps" / "test_2016_flickr.txt").read_text().splitlines()) == 30
@@ -138,6 +139,6 @@ def test_mixed_precision_trains(small_corpus, tmp_path, precision):
     cfg = small_config(small_corpus, tmp_path / "run", f"train.precision={precision}", "train.max_updates=2",
                        "train.validate_every=0", "train.valid_bleu=false")
     results = train(cfg)
-    assert results["updates"] == 2
+    assert results["updates"] == 2 and results["precision"] == precision
     weights = _weights(tmp_path / "run")
     assert all(t.dtype == torch.float32 and torch.isfinite(t).all() for t in weights.values())

@@ -373,6 +373,11 @@ def _labels(configs: list[Configuration]) -> None:
         return
     keys = sorted({k for c in configs for k in c.choices})
     varying = [k for k in keys if len({c.choices.get(k) for c in configs}) > 1]
+    for k in _LABEL_CHOICES:  # a naming choice (a ladder step) that alone tells them apart names them
+        if k in varying and len({c.choices.get(k) for c in configs}) == len(configs):
+            for c in configs:
+                c.label = str(c.choices.get(k, "none"))
+            return
     for c in configs:
         parts = [(k, c.choices.get(k, "none")) for k in varying]
         if not parts:  # same choices: name by the main one, config values are added below

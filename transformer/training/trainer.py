@@ -42,6 +42,7 @@ from transformer.training.checkpoint import (
 from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss, perplexity
 from transformer.training.loggers import build_loggers
 from transformer.training.optim import build_optimizer
+from transformer.training.precision import describe_hardware, resolve_precision
 from transformer.training.schedules import build_scheduler
 
 
@@ -142,9 +143,9 @@ class Trainer:
         self.criterion = LabelSmoothedCrossEntropy(cfg.criterion.label_smoothing, ignore_index=PAD_ID)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device.type)
         self.scheduler = build_scheduler(self.optimizer, cfg.lr_scheduler, cfg.optim.lr, cfg.model.d_model, t.max_updates)
-        self.precision = t.precision
-        self.autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[t.precision]
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=t.precision == "fp16")
+        self.precision = resolve_precision(t.precision, self.device)
+        self.autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         train = data.splits["train"]
         self.train_set = train
         self.sampler = TokenBatchSampler(
@@ -416,14 +417,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         else:
             log(f"train.resume=true but {run_dir} holds no {latest}; starting from scratch")
     params = count_parameters(trainer.model)
-    log(f"model: {cfg.model.arch}, {params:,} parameters; run folder {run_dir}")
+    log(f"model: {cfg.model.arch}, {params:,} parameters, precision {trainer.precision} "
+        f"(train.precision={t.precision}); run folder {run_dir}")
     loggers = build_loggers(cfg.logger, run_dir, _run_name(cfg, choices), OmegaConf.to_container(cfg, resolve=True), dist_info.is_main)
 
     progress = None
     if dist_info.is_main and t.progress:
         from tqdm import tqdm
 
-        progress = tqdm(total=t.max_updates or None, initial=trainer.update, desc="train", unit="upd", dynamic_ncols=True, mininterval=2.0, file=sys.stderr)
+        progress = tqdm(total=t.max_updates or None, initial=trainer.update, desc=f"train {trainer.precision}", unit="upd", dynamic_ncols=True, mininterval=2.0, file=sys.stderr)
     batches = trainer._batches()
     stop = _stop_reason(cfg, trainer)
     window_tokens, window_start = 0, time.time()
@@ -517,6 +519,8 @@ def _final_test(cfg: DictConfig, trainer: Trainer, run_dir: Path, choices: dict[
         "train_tokens_per_s": trainer.train_tokens / max(trainer.train_time, 1e-9),
         "peak_memory_mb": _peak_memory_mb(trainer.device),
         "device": str(trainer.device),
+        "precision": trainer.precision,
+        "hardware": describe_hardware(trainer.device),
         "world_size": trainer.dist.world_size,
         "choices": choices,
         "config": OmegaConf.to_container(cfg, resolve=True),
