@@ -23,6 +23,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
+from transformer.io import SafetensorsReadError, read_safetensors
+
 __all__ = ["LoadError", "LoadedRun", "Tokenizers", "find_checkpoint", "load_run", "merge_generation", "resolve_device"]
 
 CHECKPOINT_NAMES = ("checkpoint_best", "checkpoint_last")
@@ -165,14 +167,11 @@ def _load_tokenizers(run_dir: Path, cfg: DictConfig, src: str | Path | None, tgt
 
 
 def _read_weights(weights: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
-    from safetensors import safe_open
-
     try:
-        with safe_open(str(weights), framework="pt", device="cpu") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
-    except Exception as e:
+        return read_safetensors(weights, "cpu")
+    except SafetensorsReadError as e:
         raise LoadError(
-            f"{weights} is not a safetensors weights file ({type(e).__name__}: {e}); expected the "
+            f"{weights} is not a safetensors weights file ({e}); expected the "
             "checkpoint_*.safetensors written by training"
         ) from e
 

@@ -28,18 +28,25 @@ import os
 import random
 import re
 import shutil
-import tempfile
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import Tensor
+
+from transformer.io import (
+    SafetensorsReadError,
+    atomic_write,
+    atomic_write_all,
+    read_safetensors,
+    safetensors_writer,
+    weights_for_safetensors,
+)
+from transformer.io import write_safetensors as save_weights
 
 WEIGHTS_SUFFIX = ".safetensors"
 STATE_SUFFIX = ".pt"
@@ -52,132 +59,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read or whose files do not belong together."""
 
 
-# ----------------------------------------------------------------------------- atomic files
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # e.g. platforms without directory handles
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _stage(path: Path, write: Callable[[Path], None]) -> Path:
-    """Write ``path``'s content to a fsync-ed temporary file next to it; return the temporary path."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
-
-
-def _atomic_write_all(writes: Sequence[tuple[Path, Callable[[Path], None]]]) -> None:
-    """Stage every ``(path, write)`` completely, then move all into place; on error remove the temps."""
-    staged: list[tuple[Path, Path]] = []
-    try:
-        for path, write in writes:
-            staged.append((_stage(path, write), path))
-        for tmp, path in staged:
-            os.replace(tmp, path)
-    finally:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
-    for folder in {path.parent for path, _ in writes}:
-        _fsync_dir(folder)
-
-
-def atomic_write(path: Path | str, write: Callable[[Path], None]) -> Path:
-    """Write a file atomically: ``write(tmp)`` fills a temporary file in the same folder, which is
-    fsync-ed and moved onto ``path`` with ``os.replace``.
-
-    Args:
-        path: the destination; its folder is created when missing.
-        write: a function that writes the whole content to the path it receives.
-
-    Returns:
-        ``path`` as a :class:`Path`.
-
-    Raises:
-        Whatever ``write`` raises; ``path`` is then unchanged and the temporary file removed.
-    """
-    path = Path(path)
-    _atomic_write_all([(path, write)])
-    return path
-
-
 # ----------------------------------------------------------------------------- weights
-
-
-def weights_for_safetensors(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Make a state dict acceptable to safetensors: detached, contiguous, no shared storage.
-
-    Tensors are not copied unless needed: a tensor is cloned when its storage already appeared
-    under an earlier name (tied weights, views of one buffer) or made contiguous when it is not.
-
-    Args:
-        state: name -> tensor (e.g. ``model.state_dict()``), any devices and dtypes.
-
-    Returns:
-        A new dict with the same names and values.
-
-    Raises:
-        TypeError: when a value is not a tensor (the message names the key).
-    """
-    out: dict[str, Tensor] = {}
-    seen: set[tuple[str, int]] = set()
-    for name, t in state.items():
-        if not isinstance(t, Tensor):
-            raise TypeError(f"model state {name!r} is a {type(t).__name__}, not a tensor")
-        t = t.detach()
-        key = (str(t.device), t.untyped_storage().data_ptr())
-        if key in seen:
-            t = t.clone(memory_format=torch.contiguous_format)
-        else:
-            t = t.contiguous()
-        seen.add((str(t.device), t.untyped_storage().data_ptr()))
-        out[name] = t
-    return out
-
-
-def save_weights(path: Path | str, state: dict[str, Tensor], metadata: dict[str, str] | None = None) -> Path:
-    """Write ``state`` atomically as a safetensors file (see :func:`weights_for_safetensors`).
-
-    Args:
-        path: the ``.safetensors`` file to write.
-        state: name -> tensor.
-        metadata: optional string -> string header entries.
-
-    Returns:
-        ``path`` as a :class:`Path`.
-
-    Raises:
-        TypeError: when a value is not a tensor.
-    """
-    tensors = weights_for_safetensors(state)
-    return atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
-
-
-def _read_weights(path: Path, device: str) -> tuple[dict[str, Tensor], dict[str, str]]:
-    if not path.is_file():
-        raise FileNotFoundError(f"no weights file {path}")
-    try:
-        with safe_open(str(path), framework="pt", device=device) as f:
-            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
-    except Exception as e:  # safetensors raises its own error types without the file name
-        raise CheckpointError(f"cannot read {path}: {e}") from e
 
 
 def load_weights(path: Path | str, map_location: str | torch.device = "cpu") -> dict[str, Tensor]:
@@ -195,6 +77,13 @@ def load_weights(path: Path | str, map_location: str | torch.device = "cpu") -> 
         CheckpointError: when it cannot be parsed.
     """
     return _read_weights(_weights_path(Path(path)), str(map_location))[0]
+
+
+def _read_weights(path: Path, device: str) -> tuple[dict[str, Tensor], dict[str, str]]:
+    try:
+        return read_safetensors(path, device)
+    except SafetensorsReadError as e:
+        raise CheckpointError(str(e)) from e
 
 
 def _weights_path(path: Path) -> Path:
@@ -260,10 +149,10 @@ def save_checkpoint(
         "num_elements": sum(t.numel() for t in tensors.values()),
     }
     stem = path_dir / name
-    _atomic_write_all(
+    atomic_write_all(
         [
             (stem.with_name(name + STATE_SUFFIX), lambda tmp: torch.save(payload, tmp)),
-            (stem.with_name(name + WEIGHTS_SUFFIX), lambda tmp: save_file(tensors, str(tmp), metadata=meta)),
+            (stem.with_name(name + WEIGHTS_SUFFIX), safetensors_writer(tensors, meta)),
             (stem.with_name(name + META_SUFFIX), lambda tmp: tmp.write_text(json.dumps(info, indent=1) + "\n")),
         ]
     )
@@ -384,7 +273,7 @@ def _link_or_copy_all(src: Path, dst: Path) -> None:
 
         return write
 
-    _atomic_write_all([(dst.with_name(dst.name + s), copier(s)) for s in (STATE_SUFFIX, WEIGHTS_SUFFIX, META_SUFFIX)])
+    atomic_write_all([(dst.with_name(dst.name + s), copier(s)) for s in (STATE_SUFFIX, WEIGHTS_SUFFIX, META_SUFFIX)])
 
 
 def _remove_checkpoint(stem: Path) -> None:

@@ -30,6 +30,7 @@ from transformer.data.collate import Batch, collate
 from transformer.data.dataset import TranslationData, load_translation_data
 from transformer.data.batching import TokenBatchSampler
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SEP_ID
+from transformer.io import atomic_write_text
 from transformer.models import build_model, count_parameters, forward_flops
 from transformer.training.allocator import tune_cpu_allocator
 from transformer.training.checkpoint import (
@@ -525,7 +526,5 @@ def _final_test(cfg: DictConfig, trainer: Trainer, run_dir: Path, choices: dict[
         "choices": choices,
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
-    tmp = run_dir / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(tmp, run_dir / "results.json")
+    atomic_write_text(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
     return results
