@@ -9,7 +9,14 @@ elsewhere). Every measured model (table row, scaling point) runs in a fresh subp
 (``--worker``), so no model inherits the allocator state or the memory high-water mark of another;
 a row whose worker fails (a peer package missing, ...) is reported as skipped with the reason.
 
-What is measured (fp32, ``--threads`` intra-op threads, synthetic uniform tokens, no padding):
+What is measured (``--threads`` intra-op threads, synthetic uniform tokens, no padding):
+
+* **precision** (``--precision fp32 bf16``): every model at every listed precision, bf16 as
+  ``torch.autocast("cpu", bfloat16)`` around the forward and loss for ours and for every peer
+  alike (fp32 weights, Adam in fp32). Ratios compare models at the same precision; the
+  ``ours bf16 / fp32`` column is our own speed-up. bf16 rows are skipped, with the reason and the
+  measured bf16/fp32 matmul peaks, on a CPU without AMX or AVX512-BF16 (there bf16 matmuls are
+  emulated, ~100x slower than fp32); ``--force-bf16`` runs them anyway.
 
 * **throughput**: target tokens per second of one training step (zero_grad, forward, loss,
   backward, optimizer step), for the 2017 encoder-decoder (``transformer_tiny``,
@@ -25,8 +32,8 @@ What is measured (fp32, ``--threads`` intra-op threads, synthetic uniform tokens
   all use the preset's dropout (``torch.nn.Transformer`` also on attention weights and FFN hidden
   units, x-transformers on embeddings and FFN hidden units only).
 * **MFU**: ``3 x forward FLOPs`` (``transformer.models.flops.forward_flops``, counting the output
-  layer only where a loss is taken) per step over the step time, divided by the fp32 matmul peak
-  measured in the same run (best of square ``torch.mm`` and the FFN shapes).
+  layer only where a loss is taken) per step over the step time, divided by the matmul peak of the row's dtype
+  measured in the same run for the row's dtype (best of square ``torch.mm`` and the FFN shapes).
 * **memory**: peak RSS of the model's fresh process (``ru_maxrss``) minus its RSS right before the
   model was built (after the imports, the peer's package included, and one tiny warm-up step that
   starts torch's runtime): weights, gradients, optimizer state, activations and allocator caching.
@@ -47,6 +54,7 @@ What is measured (fp32, ``--threads`` intra-op threads, synthetic uniform tokens
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import json
@@ -71,6 +79,7 @@ from transformer.modules.ffn import glu_hidden_size  # noqa: E402
 from transformer.training.allocator import tune_cpu_allocator  # noqa: E402
 from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss  # noqa: E402
 from transformer.training.optim import build_optimizer  # noqa: E402
+from transformer.training.precision import cpu_has_fast_bf16  # noqa: E402
 
 VOCAB = 8000
 SRC_LEN = TGT_LEN = 24
@@ -164,15 +173,24 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
 def time_steps(model: torch.nn.Module, batch: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer,
-               warmup: int, steps: int) -> dict[str, Any]:
-    """Median and best step time (s) of ``steps`` steps after ``warmup``; the warmup step times."""
+               warmup: int, steps: int, precision: str = "fp32") -> dict[str, Any]:
+    """Median and best step time (s) of ``steps`` steps after ``warmup``; the warmup step times.
+
+    ``precision="bf16"`` runs the forward and loss under ``torch.autocast("cpu", bfloat16)`` (as the
+    trainer does); the backward and the optimizer step follow autocast's dtypes.
+    """
     model.train()
 
     def step() -> float:
         t = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        loss = model.step_loss(batch)
+        ctx = torch.autocast("cpu", dtype=DTYPES[precision]) if precision != "fp32" else contextlib.nullcontext()
+        with ctx:
+            loss = model.step_loss(batch)
         loss.backward()
         optimizer.step()
         return time.perf_counter() - t
@@ -216,7 +234,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     ``spec``: ``model`` (``"ours"`` or a peer name of ``peers.py``), ``preset``, ``overrides``
     (Hydra), ``compile``, ``fused_loss``, ``rows``, ``src_len``, ``tgt_len``, ``warmup``, ``steps``,
-    ``threads``, ``malloc``.
+    ``threads``, ``malloc``, ``precision`` (``fp32`` | ``bf16``).
     """
     torch.set_num_threads(spec["threads"])
     tuned = tune_cpu_allocator() if spec["malloc"] == "tuned" else False
@@ -240,7 +258,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(0)
     model = ctor()
     opt = make_optimizer(model, optim_cfg)
-    r = time_steps(model, batch, opt, spec["warmup"], spec["steps"])
+    r = time_steps(model, batch, opt, spec["warmup"], spec["steps"], spec.get("precision", "fp32"))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     r.update(mem_mb=peak - before, rss_before_mb=before, peak_rss_mb=peak, malloc_tuned=tuned,
              params=sum(p.numel() for p in model.parameters()),
@@ -316,15 +334,19 @@ def run_rounds(specs: list[tuple[str, dict[str, Any]]], tokens: int, args: argpa
 # ----------------------------------------------------------------------------- machine peak
 
 
-def matmul_peak(reps: int = 5) -> float:
-    """Best fp32 ``torch.mm`` rate (FLOP/s) over square sizes and the base model's FFN shape.
+def matmul_peak(reps: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """Best ``torch.mm`` rate (FLOP/s) in ``dtype`` over square sizes and the base model's FFN shape.
 
     One 2048^3 product alone under-reads the peak on some machine states (the base rows then show
-    MFU > 100%), so the best over several shapes is taken.
+    MFU > 100%), so the best over several shapes is taken. A dtype without hardware support (bf16
+    on an AVX2 CPU) is probed on the smaller shapes only.
     """
     best_rate = 0.0
-    for m, k, n in ((1024, 1024, 1024), (2048, 2048, 2048), (1152, 512, 2048), (1152, 2048, 512)):
-        a, b = torch.randn(m, k), torch.randn(k, n)
+    shapes = ((1024, 1024, 1024), (2048, 2048, 2048), (1152, 512, 2048), (1152, 2048, 512))
+    if dtype != torch.float32 and not cpu_has_fast_bf16():
+        shapes, reps = (shapes[0], shapes[2]), 2
+    for m, k, n in shapes:
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
         torch.mm(a, b)
         for _ in range(reps):
             t = time.perf_counter()
@@ -346,10 +368,21 @@ def cpu_name() -> str:
 # ----------------------------------------------------------------------------- sections
 
 
-def throughput(args: argparse.Namespace, peak: float) -> list[dict[str, Any]]:
+def bf16_skip_reason(args: argparse.Namespace, peaks: dict[str, float]) -> str:
+    """Why bf16 rows are not run on this machine ("" when they are)."""
+    if args.force_bf16 or cpu_has_fast_bf16():
+        return ""
+    return (f"no fast bf16 on this CPU ({cpu_name()}: no AMX / AVX512-BF16, torch capability "
+            f"{torch.backends.cpu.get_cpu_capability()}); bf16 matmul {peaks['bf16'] / 1e9:.1f} GFLOP/s vs fp32 "
+            f"{peaks['fp32'] / 1e9:.0f}; --force-bf16 runs them anyway")
+
+
+def throughput(args: argparse.Namespace, peaks: dict[str, float]) -> list[dict[str, Any]]:
     from peers import decoder_only_peers, encdec_peers
 
     rows_out = []
+    several = len(args.precision) > 1
+    skip_bf16 = bf16_skip_reason(args, peaks) if "bf16" in args.precision else ""
     for size in args.sizes:
         ed_name, do_name, rows = SIZES[size]
         for family, preset_name, peers in (
@@ -361,29 +394,44 @@ def throughput(args: argparse.Namespace, peak: float) -> list[dict[str, Any]]:
             print(f"[{size} {family}] {preset_name}, batch {rows}x{TGT_LEN}, {flops / rows / TGT_LEN / 1e6:.1f} "
                   "MFLOP per target token", flush=True)
             w, s = args.warmup, (args.steps if size == "tiny" else args.base_steps)
-            base = {"preset": preset_name, "rows": rows, "src_len": SRC_LEN, "tgt_len": TGT_LEN,
-                    "warmup": w, "steps": s}
-            # decoder-only peers have no dropout: our reference row gets none either
-            ours_over = ["model.dropout=0.0"] if family == "decoder-only" else []
-            ours_spec = {**base, "model": "ours", "overrides": ours_over}
-            specs = [("ours", ours_spec)]
-            if family == "decoder-only":
-                specs.append((f"ours, preset dropout {_p(cfg.dropout)}", {**base, "model": "ours"}))
-            if not args.no_ablation:  # before the fused output layer + loss: full logits, then the loss
-                specs.append(("ours, unfused loss", {**ours_spec, "fused_loss": False}))
-            if (args.compile or args.compile_base) and (size == "tiny" or args.compile_base):
-                specs.append(("ours + torch.compile", {**ours_spec, "compile": True, "warmup": max(w, 3)}))
-            if not args.no_peers:
-                specs += [(pname, {**base, "model": pname}) for pname in peers]
+            specs, skipped = [], []
+            for prec in args.precision:
+                tag = f" [{prec}]" if several else ""
+                base = {"preset": preset_name, "rows": rows, "src_len": SRC_LEN, "tgt_len": TGT_LEN,
+                        "warmup": w, "steps": s, "precision": prec}
+                # decoder-only peers have no dropout: our reference row gets none either
+                ours_over = ["model.dropout=0.0"] if family == "decoder-only" else []
+                ours_spec = {**base, "model": "ours", "overrides": ours_over}
+                these = [("ours" + tag, ours_spec)]
+                if family == "decoder-only":
+                    these.append((f"ours, preset dropout {_p(cfg.dropout)}{tag}", {**base, "model": "ours"}))
+                if not args.no_ablation:  # before the fused output layer + loss: full logits, then the loss
+                    these.append(("ours, unfused loss" + tag, {**ours_spec, "fused_loss": False}))
+                if (args.compile or args.compile_base) and (size == "tiny" or args.compile_base):
+                    these.append(("ours + torch.compile" + tag, {**ours_spec, "compile": True, "warmup": max(w, 3)}))
+                if not args.no_peers:
+                    these += [(pname + tag, {**base, "model": pname}) for pname in peers]
+                if prec == "bf16" and skip_bf16:
+                    skipped += [{"name": n, "skipped": skip_bf16, "spec": sp} for n, sp in these]
+                else:
+                    specs += these
             results = run_rounds(specs, tokens, args, args.rounds if size == "tiny" else args.base_rounds)
-            ours = results[0]
+            ours = {r["spec"]["precision"]: r for r in results if r["spec"]["model"] == "ours"
+                    and r["name"].split(" [")[0] == "ours"}
             for r in results:
-                if "tok_s" in r:
-                    r["mfu"] = flops / r["step_s"] / peak
-                    if "tok_s" in ours:
-                        r["ratio_to_ours"] = r["tok_s"] / ours["tok_s"]
+                prec = r["spec"]["precision"]
+                r["precision"] = prec
+                if "tok_s" not in r:
+                    continue
+                r["mfu"] = flops / r["step_s"] / peaks[prec]
+                if "tok_s" in ours.get(prec, {}):
+                    r["ratio_to_ours"] = r["tok_s"] / ours[prec]["tok_s"]
+                if prec != "fp32" and r["spec"]["model"] == "ours" and "tok_s" in ours.get("fp32", {}):
+                    r["speedup_vs_ours_fp32"] = r["tok_s"] / ours["fp32"]["tok_s"]
+            for r in skipped:
+                r["precision"] = r["spec"]["precision"]
             rows_out.append({"size": size, "family": family, "preset": preset_name, "batch": [rows, TGT_LEN],
-                             "train_flops_per_step": flops, "results": results})
+                             "train_flops_per_step": flops, "results": results + skipped})
     return rows_out
 
 
@@ -464,14 +512,18 @@ def markdown(res: dict[str, Any]) -> str:
         f"Command: `{res['command']}`  ",
         f"Date: {res['date']}; commit `{res['commit']}`  ",
         f"Machine: {m['cpu']}, {m['threads']} torch threads, torch {m['torch']}; "
-        f"fp32 matmul peak measured in this run: **{m['peak_gflops']:.0f} GFLOP/s** (best `torch.mm` over square and "
-        f"FFN shapes) at the start, {m.get('peak_gflops_end', float('nan')):.0f} GFLOP/s at the end; MFU uses the higher. "
+        "Matmul peak measured in this run (best `torch.mm` over square and FFN shapes), at the start / at the end: "
+        + "; ".join(f"{prec} **{m['peaks_gflops'][prec]:.1f}** / {m.get('peaks_gflops_end', {}).get(prec, float('nan')):.1f} GFLOP/s"
+                    for prec in m["peaks_gflops"])
+        + "; MFU uses the higher of the row's dtype. "
         f"Step times: median over {res.get('rounds', 1)} (tiny) / {res.get('base_rounds', 1)} (base) interleaved rounds per model "
         "of the median step of each round.  ",
         f"glibc malloc: {malloc}.",
         "",
-        "Target tokens/s of a full training step (forward, loss, backward, Adam step), fp32, vocabulary "
-        f"{VOCAB}, uniform random tokens without padding; each model in a fresh process; ratio = peer / ours; "
+        "Target tokens/s of a full training step (forward, loss, backward, Adam step) at the row's precision "
+        "(bf16 = `torch.autocast(\"cpu\", bfloat16)` around forward and loss for every model), vocabulary "
+        f"{VOCAB}, uniform random tokens without padding; each model in a fresh process; ratio = peer / ours at the "
+        "same precision; bf16/fp32 = ours in bf16 over ours in fp32; "
         "MFU = 3 x forward FLOPs (output layer at loss positions only) / step time / measured peak. "
         "Memory = peak RSS of a fresh process per model minus its RSS before the model was built (weights, "
         "grads, optimizer state, activations, allocator caching).",
@@ -482,26 +534,34 @@ def markdown(res: dict[str, Any]) -> str:
         "on embeddings and residual branches; nn.Transformer also on attention weights and FFN hidden units; "
         "x-transformers on embeddings and FFN hidden units only.",
         "",
-        "| size | family | model | dropout | target tok/s | ratio to ours | MFU | step ms | memory MiB |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|",
+        "| size | family | model | precision | dropout | target tok/s | ratio to ours | bf16/fp32 | MFU | step ms | memory MiB |",
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     compiled = []
+    bf16_skips = {r["skipped"] for block in res["throughput"] for r in block["results"]
+                  if r.get("precision") == "bf16" and r.get("skipped", "").startswith("no fast bf16")}
     for block in res["throughput"]:
         size = f"{block['size']} ({block['batch'][0]}x{block['batch'][1]})"
         for r in block["results"]:
+            prec = r.get("precision", "fp32")
+            if r.get("skipped") in bf16_skips:
+                continue  # one sentence under the table
             if "tok_s" not in r:
-                lines.append(f"| {size} | {block['family']} | {r['name']} | | {_skip_cell(r)} | | | | |")
+                lines.append(f"| {size} | {block['family']} | {r['name']} | {prec} | | {_skip_cell(r)} | | | | | |")
                 continue
             ratio = f"{r['ratio_to_ours']:.2f}" if "ratio_to_ours" in r else ""
+            speedup = f"{r['speedup_vs_ours_fp32']:.2f}" if "speedup_vs_ours_fp32" in r else ""
             lines.append(
-                f"| {size} | {block['family']} | {r['name']} | {r['dropout']} | "
-                f"{r['tok_s']:,.0f} | {ratio} | {100 * r['mfu']:.0f}% | {1e3 * r['step_s']:.0f} | "
+                f"| {size} | {block['family']} | {r['name']} | {prec} | {r['dropout']} | "
+                f"{r['tok_s']:,.0f} | {ratio} | {speedup} | {100 * r['mfu']:.0f}% | {1e3 * r['step_s']:.0f} | "
                 f"{r['mem_mb']:.0f} |"
             )
             if "compile_s" in r:
                 compiled.append(f"{block['size']} {block['family']} {r['compile_s']:.1f} s")
     if compiled:
         lines += ["", "torch.compile rows: first (compiling) step, not in the step time: " + "; ".join(compiled) + "."]
+    for reason in sorted(bf16_skips):
+        lines += ["", f"bf16 rows not run: {reason}."]
     lines += ["", "## KV cache per generated token (Llama-style base, fp32, all layers)", "",
               "| attention | n_heads | n_kv_heads | bytes/token | ratio to MHA |", "|---|---:|---:|---:|---:|"]
     for r in res["kv_cache"]:
@@ -537,6 +597,10 @@ def markdown(res: dict[str, Any]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", nargs="+", default=["tiny", "base"], choices=list(SIZES))
+    p.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=list(DTYPES),
+                   help="precisions to measure every model at (bf16: autocast for ours and peers alike)")
+    p.add_argument("--force-bf16", action="store_true",
+                   help="run bf16 rows even on a CPU without AMX / AVX512-BF16 (emulated, very slow)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5, help="measured steps at tiny size (median reported)")
@@ -566,8 +630,10 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
     start = time.time()
-    peak = matmul_peak()
-    print(f"fp32 matmul peak: {peak / 1e9:.0f} GFLOP/s ({args.threads} threads)", flush=True)
+    peaks = {prec: matmul_peak(dtype=DTYPES[prec]) for prec in ("fp32", *[p for p in args.precision if p != "fp32"])}
+    for prec, value in peaks.items():
+        print(f"{prec} matmul peak: {value / 1e9:.1f} GFLOP/s ({args.threads} threads)", flush=True)
+    peak = peaks["fp32"]
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                                 text=True).stdout.strip()
@@ -579,25 +645,30 @@ def main() -> None:
         "base_rounds": args.base_rounds,
         "date": datetime.date.today().isoformat(),
         "commit": commit,
+        "precision": args.precision,
         "machine": {"cpu": cpu_name(), "threads": args.threads, "torch": torch.__version__,
-                    "peak_gflops": peak / 1e9, "malloc": args.malloc, "process_per_model": True},
+                    "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_fast_bf16": cpu_has_fast_bf16(),
+                    "peaks_gflops": {k: v / 1e9 for k, v in peaks.items()}, "peak_gflops": peak / 1e9,
+                    "malloc": args.malloc, "process_per_model": True},
     }
-    res["throughput"] = throughput(args, peak)
+    res["throughput"] = throughput(args, peaks)
     res["kv_cache"] = kv_cache()
     if not args.no_scaling:
         res["scaling"] = scaling(args, peak)
     if args.decode:
         res["decode"] = decode_rows(args.decode)
-    peak_end = matmul_peak()
-    res["machine"]["peak_gflops_end"] = peak_end / 1e9
+    peaks_end = {prec: matmul_peak(dtype=DTYPES[prec]) for prec in peaks}
+    res["machine"]["peaks_gflops_end"] = {k: v / 1e9 for k, v in peaks_end.items()}
+    res["machine"]["peak_gflops_end"] = peaks_end["fp32"] / 1e9
     # MFU against the higher probe: the machine's speed drifts and the rows report their best round
-    best_peak = max(peak, peak_end)
-    res["machine"]["mfu_peak_gflops"] = best_peak / 1e9
+    best = {prec: max(peaks[prec], peaks_end[prec]) for prec in peaks}
+    res["machine"]["mfu_peak_gflops"] = best["fp32"] / 1e9
     rows = [r for block in res["throughput"] for r in block["results"]]
     rows += [r for part in (res.get("scaling") or {}).values() for r in part]
     for r in rows:
         if "mfu" in r:
-            r["mfu"] *= peak / best_peak
+            prec = r.get("precision", "fp32")
+            r["mfu"] *= peaks[prec] / best[prec]
     res["seconds"] = time.time() - start
     md = markdown(res)
     print(md)

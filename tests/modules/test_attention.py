@@ -1,5 +1,6 @@
 """Attention: GQA/MQA semantics, masks, KV cache."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -97,3 +98,26 @@ def test_sizes_are_checked():
         Attention(4, 3, 8, nn.Linear(32, 80), nn.Linear(32, 32))
     with pytest.raises(ValueError, match="in_proj"):
         Attention(4, 2, 8, nn.Linear(32, 32), nn.Linear(32, 32))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cpu_bf16_autocast_attention_runs_in_fp32_and_matches(causal):
+    """Under CPU autocast the SDPA kernel runs in fp32 (q/k/v from bf16 projections) and returns bf16."""
+    from transformer.modules.attention import _sdpa
+
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 6, 8).bfloat16().requires_grad_() for _ in range(3))
+    mask = torch.zeros(2, 1, 6, 6)
+    mask[0, :, :, -2:] = float("-inf")  # a float mask (ALiBi-like) in fp32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = _sdpa(q, k, v, None if causal else mask, 0.0, causal, False)
+    assert out.dtype == torch.bfloat16
+    ref_in = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref = torch.nn.functional.scaled_dot_product_attention(*ref_in, attn_mask=None if causal else mask, is_causal=causal)
+    torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
+    g = torch.randn_like(ref)
+    grads = torch.autograd.grad(out, (q, k, v), g.bfloat16())
+    ref_grads = torch.autograd.grad(ref, ref_in, g)
+    for a, b in zip(grads, ref_grads):
+        assert a.dtype == torch.bfloat16
+        torch.testing.assert_close(a.float(), b, rtol=2e-2, atol=2e-2)

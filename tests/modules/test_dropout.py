@@ -58,13 +58,36 @@ def test_reproducible_under_manual_seed():
     assert torch.equal(a, b)
 
 
-def test_low_precision_and_mixed_dtype_fallback():
+def test_bf16_uses_the_fast_mask_and_matches_fp32():
+    # bf16 draws the same int32 mask as fp32 (no bernoulli_ fallback): same seed, same zeros
+    x = torch.randn(64, 32)
     torch.manual_seed(4)
-    x = torch.randn(16, 8, dtype=torch.bfloat16)
-    assert dropout(x, 0.2, training=True).dtype == torch.bfloat16
-    # a bf16 sublayer output added to an fp32 residual goes through F.dropout with type promotion
-    out = dropout_add(torch.zeros(16, 8), x, 0.2, training=True)
-    assert out.dtype == torch.float32 and out.shape == (16, 8)
+    ref = dropout(x, 0.2, training=True)
+    torch.manual_seed(4)
+    low = dropout(x.bfloat16(), 0.2, training=True)
+    assert low.dtype == torch.bfloat16
+    assert torch.equal(low == 0, ref == 0)
+    torch.testing.assert_close(low.float(), ref, rtol=8e-3, atol=1e-2)  # bf16 rounding
+
+
+def test_bf16_sublayer_into_fp32_residual_matches_fp32_with_gradients():
+    """The autocast case: bf16 sublayer output + fp32 residual, fast mask, fp32 sum, grads by dtype."""
+    residual = torch.randn(16, 24, 32, requires_grad=True)
+    x = torch.randn(16, 24, 32)
+    x_low = x.bfloat16().requires_grad_()
+    x_ref = x_low.detach().float().requires_grad_()
+    torch.manual_seed(5)
+    out = dropout_add(residual, x_low, 0.3, training=True)
+    torch.manual_seed(5)
+    ref = dropout_add(residual.detach().requires_grad_(), x_ref, 0.3, training=True)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, rtol=8e-3, atol=1e-2)
+    g = torch.randn_like(out)
+    grad_x, grad_res = torch.autograd.grad(out, (x_low, residual), g)
+    grad_x_ref, = torch.autograd.grad(ref, (x_ref,), g)
+    assert grad_x.dtype == torch.bfloat16 and grad_res.dtype == torch.float32
+    torch.testing.assert_close(grad_x.float(), grad_x_ref, rtol=8e-3, atol=1e-2)
+    torch.testing.assert_close(grad_res, g)
 
 
 @pytest.mark.parametrize("p", [-0.1, 1.0])

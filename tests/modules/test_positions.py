@@ -102,3 +102,20 @@ def test_apply_rotary_equals_the_textbook_formula_values_and_gradient():
     torch.testing.assert_close(torch.autograd.grad(got, x, g)[0], torch.autograd.grad(want, x, g)[0])
     # a rotation keeps the norm of every pair
     torch.testing.assert_close(got.norm(dim=-1), x.norm(dim=-1))
+
+
+def test_rope_bf16_forward_and_gradients_within_bf16_tolerance_of_fp32():
+    torch.manual_seed(2)
+    rope = RotaryEmbedding(16)
+    cos, sin = rope.rotary(torch.arange(9)[None])
+    x = torch.randn(2, 4, 9, 16)
+    x_low = x.bfloat16().requires_grad_()
+    out = apply_rotary(x_low, cos, sin)
+    x_ref = x_low.detach().float().requires_grad_()
+    ref = apply_rotary(x_ref, cos, sin)
+    g = torch.randn_like(ref)
+    (gx,) = torch.autograd.grad(out, (x_low,), g.bfloat16())
+    (rgx,) = torch.autograd.grad(ref, (x_ref,), g)
+    assert out.dtype == gx.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(gx.float(), rgx, rtol=1e-2, atol=3e-2)

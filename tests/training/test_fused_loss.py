@@ -102,3 +102,24 @@ def test_compiled_features_equal_eager_without_graph_breaks():
     g_ref = torch.autograd.grad(ref["loss"], list(model.parameters()))
     torch.testing.assert_close(got["loss"], ref["loss"])
     torch.testing.assert_close(g_got, g_ref)
+
+
+def test_fused_bf16_autocast_gradients_within_bf16_tolerance_of_fp32():
+    """bf16 matmuls, fp32 softmax/loss and fp32 weight gradient: close to the fp32 reference."""
+    torch.manual_seed(2)
+    hidden, weight = torch.randn(40, 16), torch.randn(300, 16) * 0.3
+    target = torch.randint(1, 300, (40,))
+    target[-5:] = PAD
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low, low_nll, n = linear_label_smoothed_nll_loss(h, w, target, 0.1, PAD)
+    low.backward()
+    h_ref, w_ref = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    ref, ref_nll, n_ref = label_smoothed_nll_loss(h_ref @ w_ref.t(), target, 0.1, PAD)
+    ref.backward()
+    assert n == n_ref == 35 and low.dtype == low_nll.dtype == torch.float32
+    assert h.grad.dtype == w.grad.dtype == torch.float32
+    torch.testing.assert_close(low, ref, rtol=1e-2, atol=0.0)
+    torch.testing.assert_close(low_nll, ref_nll, rtol=1e-2, atol=0.0)
+    torch.testing.assert_close(h.grad, h_ref.grad, rtol=0.0, atol=2e-2)
+    torch.testing.assert_close(w.grad, w_ref.grad, rtol=0.0, atol=2e-2)

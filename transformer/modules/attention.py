@@ -186,13 +186,36 @@ class Attention(nn.Module):
                 k = torch.cat((cache.k, k), dim=2)
                 v = torch.cat((cache.v, v), dim=2)
             cache.k, cache.v = k, v
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=attn_mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal and attn_mask is None,
-            enable_gqa=self.n_kv_heads != self.n_heads,
+        out = _sdpa(
+            q, k, v, attn_mask, self.dropout if self.training else 0.0, is_causal and attn_mask is None,
+            self.n_kv_heads != self.n_heads,
         )  # (B, H, Tq, hd)
         return self.out_proj(rearrange(out, "b h t d -> b t (h d)"))
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool, enable_gqa: bool) -> Tensor:
+    """:func:`F.scaled_dot_product_attention`, in fp32 on the CPU under bf16/fp16 autocast.
+
+    On the CPU, SDPA's low-precision flash kernel is slow where Transformers for translation live
+    (sentences of tens of tokens): in a bf16-autocast profile of the base model on an AMX Xeon its
+    backward took 26.7 ms a call, 32% of the training step (issue #11). Attention is a small share
+    of the FLOPs at these lengths, so it runs in fp32 there (the projections around it stay in
+    bf16) and returns the autocast dtype. On CUDA, low-precision flash/efficient kernels are used.
+
+    Shapes: q ``(batch, n_heads, q_len, head_dim)``, k/v ``(batch, n_kv_heads, k_len, head_dim)``
+    -> ``(batch, n_heads, q_len, head_dim)``.
+    """
+    device = q.device.type
+    if device == "cpu" and torch.is_autocast_enabled(device) and q.dtype in (torch.bfloat16, torch.float16):
+        low = q.dtype
+        with torch.autocast(device, enabled=False):
+            out = F.scaled_dot_product_attention(
+                q.float(), k.float(), v.float(),
+                attn_mask=attn_mask.float() if attn_mask is not None and attn_mask.is_floating_point() else attn_mask,
+                dropout_p=dropout_p, is_causal=is_causal,
+                enable_gqa=enable_gqa,
+            )
+        return out.to(low)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa
+    )

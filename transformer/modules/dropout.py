@@ -10,7 +10,9 @@ are scaled by ``1 / (1 - p)`` (inverted dropout, as PyTorch does). On other devi
 framework's fused kernel is used unchanged.
 
 :func:`dropout_add` computes ``residual + dropout(x)`` in one pass (``addcmul``) for the
-residual blocks.
+residual blocks. Under bf16/fp16 autocast the sublayer output ``x`` is low precision while the
+residual stream stays fp32: the mask is drawn the same way, kept in ``x``'s dtype (so the
+backward gradient of ``x`` has ``x``'s dtype), and ``addcmul`` promotes the sum to fp32.
 """
 
 from __future__ import annotations
@@ -45,13 +47,14 @@ class _MaskedScale(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, None, Tensor | None]:
         (mask,) = ctx.saved_tensors
-        grad_x = grad * mask if ctx.needs_input_grad[0] else None
+        grad_x = (grad * mask).to(mask.dtype) if ctx.needs_input_grad[0] else None
         grad_res = grad if ctx.has_residual and ctx.needs_input_grad[2] else None
         return grad_x, None, grad_res
 
 
 def _use_fast_path(x: Tensor, residual: Tensor | None = None) -> bool:
-    return x.device.type == "cpu" and x.is_floating_point() and (residual is None or residual.dtype == x.dtype)
+    # a low-precision sublayer output may meet an fp32 residual (autocast): addcmul promotes
+    return x.device.type == "cpu" and x.is_floating_point() and (residual is None or residual.is_floating_point())
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
