@@ -8,114 +8,46 @@ therefore the same computation as a 1-process run with ``update_freq=2`` (up to 
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import resource
-import shutil
 import sys
 import time
 import warnings
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
-from torch import nn
+from tqdm import tqdm
 
+from transformer.data.batching import TokenBatchSampler
 from transformer.data.collate import Batch, collate
 from transformer.data.dataset import TranslationData, load_translation_data
-from transformer.data.batching import TokenBatchSampler
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SEP_ID
-from transformer.io import atomic_write_text
-from transformer.models import build_model, count_parameters, forward_flops
+from transformer.evaluation.metrics import corpus_scores
+from transformer.generation.translate import translate_dataset
+from transformer.models import build_model, count_parameters
 from transformer.training.allocator import tune_cpu_allocator
-from transformer.training.checkpoint import (
-    CheckpointManager,
-    average_checkpoints,
-    get_rng_state,
-    load_checkpoint,
-    set_rng_state,
-)
+from transformer.training.checkpoint import CheckpointManager, get_rng_state, load_checkpoint, set_rng_state
 from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss, perplexity
+from transformer.training.distributed import (
+    DistInfo,
+    all_reduce_grads,
+    broadcast_from_main,
+    setup_distributed,
+    shutdown_distributed,
+)
 from transformer.training.loggers import build_loggers
 from transformer.training.optim import build_optimizer
-from transformer.training.precision import describe_hardware, resolve_precision
+from transformer.training.precision import resolve_precision
+from transformer.training.results import copy_tokenizers, final_test, hydra_choices, run_dir_for, run_name
 from transformer.training.schedules import build_scheduler
+
+__all__ = ["Trainer", "TrainingError", "train"]
 
 
 class TrainingError(RuntimeError):
     """Training cannot go on (a non-finite loss, a resume that does not fit)."""
-
-
-@dataclass
-class DistInfo:
-    """Rank, world size and device of this process."""
-
-    rank: int
-    world_size: int
-    device: torch.device
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def setup_distributed(device_name: str) -> DistInfo:
-    """Initialise ``torch.distributed`` when launched by torchrun (``WORLD_SIZE > 1``).
-
-    Uses NCCL on CUDA and gloo on CPU; ``device_name`` ``auto`` picks CUDA when present.
-    """
-    if device_name == "auto":
-        device_name = "cuda" if torch.cuda.is_available() else "cpu"
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    if device_name == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device(device_name)
-    if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return DistInfo(rank, world_size, device)
-
-
-def _run_dir(cfg: DictConfig) -> Path:
-    if cfg.get("run_dir"):
-        return Path(cfg.run_dir)
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return Path(HydraConfig.get().runtime.output_dir)
-    except Exception:  # not under Hydra (tests, notebooks)
-        return Path("outputs") / cfg.experiment_name / time.strftime("%Y-%m-%d_%H-%M-%S")
-
-
-def hydra_choices() -> dict[str, str]:
-    """The config-group choices of this Hydra run (``{"model": "transformer_tiny", "model/ffn": "relu", ...}``)."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        choices = HydraConfig.get().runtime.choices
-        return {k: str(v) for k, v in choices.items() if not k.startswith("hydra") and v is not None}
-    except Exception:
-        return {}
-
-
-def _run_name(cfg: DictConfig, choices: dict[str, str]) -> str:
-    keep = ("model", "model/norm", "model/ffn", "model/position", "model/attention", "data", "experiment")
-    parts = [f"{k.split('/')[-1]}={choices[k]}" for k in keep if k in choices]
-    return ",".join(parts + [f"seed={cfg.seed}"]) or f"{cfg.experiment_name}-seed{cfg.seed}"
-
-
-def _peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 class Trainer:
@@ -224,27 +156,6 @@ class Trainer:
         finished = self.sampler.epoch == self.epoch and self.sampler.position >= len(self.sampler)
         return self.epoch - 1 + int(finished)
 
-    def _all_reduce_grads(self, ntokens: int, loss_sum: float) -> tuple[int, float]:
-        """Sum gradients, token counts and losses over ranks; scale gradients to a per-token mean.
-
-        Returns:
-            The global ``(ntokens, loss_sum)``.
-        """
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if self.dist.world_size > 1:
-            extra = torch.tensor([float(ntokens), loss_sum], dtype=grads[0].dtype, device=self.device)
-            flat = torch.cat([g.reshape(-1) for g in grads] + [extra])
-            dist.all_reduce(flat)
-            ntokens, loss_sum = int(round(flat[-2].item())), float(flat[-1].item())
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
-        if ntokens > 0:
-            for g in grads:
-                g.div_(ntokens)
-        return ntokens, loss_sum
-
     def train_step(self, batches: list[Batch]) -> dict[str, float]:
         """One update over ``update_freq`` micro-batches.
 
@@ -267,7 +178,7 @@ class Trainer:
             ntokens += int(out["ntokens"])
         local_tokens = ntokens
         self.scaler.unscale_(self.optimizer)
-        ntokens, global_loss = self._all_reduce_grads(ntokens, loss_sum)
+        ntokens, global_loss = all_reduce_grads(self.model.parameters(), ntokens, loss_sum, self.dist)
         if not math.isfinite(global_loss):
             raise TrainingError(
                 f"non-finite loss ({global_loss}) at update {self.update + 1}; the last good checkpoint "
@@ -316,9 +227,6 @@ class Trainer:
 
     def bleu(self, split: str, subset: int = 0, hyp_file: Path | None = None) -> dict[str, Any]:
         """Translate ``split`` with ``cfg.generation`` and score it against the raw references."""
-        from transformer.evaluation.metrics import corpus_scores
-        from transformer.generation.translate import translate_dataset
-
         dataset = self.data.splits[split]
         if subset and subset < len(dataset):
             dataset = dataset.subset(range(subset))
@@ -337,10 +245,7 @@ class Trainer:
             if t.valid_bleu:
                 scores = self.bleu("valid", subset=t.valid_bleu_subset)
                 metrics.update(bleu=scores["bleu"], chrf=scores["chrf"])
-        if self.dist.world_size > 1:  # every rank takes the same best/patience decisions
-            shared = [metrics]
-            dist.broadcast_object_list(shared, src=0)
-            metrics = shared[0]
+        metrics = broadcast_from_main(metrics, self.dist)  # every rank takes the same best/patience decisions
         if t.best_metric == "bleu" and "bleu" in metrics:
             value, better = metrics["bleu"], lambda a, b: a > b
         else:
@@ -357,26 +262,82 @@ class Trainer:
             print(f"[valid] update {self.update}: {shown}", file=sys.stderr, flush=True)
         return is_best
 
+    # ------------------------------------------------------------------ the loop
 
-def _stop_reason(cfg: DictConfig, trainer: Trainer) -> str | None:
-    t = cfg.train
-    if t.max_updates > 0 and trainer.update >= t.max_updates:
-        return f"reached train.max_updates={t.max_updates}"
-    if t.max_epochs > 0 and trainer.epochs_done >= t.max_epochs:
-        return f"reached train.max_epochs={t.max_epochs}"
-    if t.max_time > 0 and trainer.train_time >= t.max_time:
-        return f"reached train.max_time={t.max_time}s"
-    if t.patience > 0 and trainer.bad_validations >= t.patience:
-        return f"no improvement in {t.patience} validations (train.patience)"
-    return None
+    def stop_reason(self) -> str | None:
+        """Why training stops now (a sentence naming the ``train.*`` limit reached), or None."""
+        t = self.cfg.train
+        if t.max_updates > 0 and self.update >= t.max_updates:
+            return f"reached train.max_updates={t.max_updates}"
+        if t.max_epochs > 0 and self.epochs_done >= t.max_epochs:
+            return f"reached train.max_epochs={t.max_epochs}"
+        if t.max_time > 0 and self.train_time >= t.max_time:
+            return f"reached train.max_time={t.max_time}s"
+        if t.patience > 0 and self.bad_validations >= t.patience:
+            return f"no improvement in {t.patience} validations (train.patience)"
+        return None
 
+    def fit(self, logger: Any) -> str:
+        """Train until a ``train.*`` limit is reached: updates of ``update_freq`` micro-batches,
+        training metrics every ``log_every`` updates, validation every ``validate_every`` (and at
+        the end), checkpoints after each validation and every ``save_every`` updates.
 
-def _copy_tokenizers(data: TranslationData, run_dir: Path) -> None:
-    if data.joint_vocab:
-        shutil.copyfile(data.src_tokenizer.model_path, run_dir / "spm.model")
-    else:
-        shutil.copyfile(data.src_tokenizer.model_path, run_dir / "spm.src.model")
-        shutil.copyfile(data.tgt_tokenizer.model_path, run_dir / "spm.tgt.model")
+        Args:
+            logger: a :class:`~transformer.training.loggers.MetricsLogger` (``log(metrics, step, split)``).
+
+        Returns:
+            The reason training stopped (see :meth:`stop_reason`).
+
+        Raises:
+            TrainingError: on a non-finite loss (the last good checkpoint stays).
+        """
+        t = self.cfg.train
+        progress = None
+        if self.dist.is_main and t.progress:
+            progress = tqdm(total=t.max_updates or None, initial=self.update, desc=f"train {self.precision}", unit="upd", dynamic_ncols=True, mininterval=2.0, file=sys.stderr)
+        batches = self._batches()
+        stop = self.stop_reason()
+        window_tokens, window_start = 0, time.time()
+        try:
+            while stop is None:
+                step_start = time.time()
+                micro = [next(batches) for _ in range(t.update_freq)]
+                stats = self.train_step(micro)
+                self.train_time += time.time() - step_start
+                window_tokens += stats["ntokens"]
+                if self.update % t.log_every == 0 or self.update == 1:
+                    elapsed = max(time.time() - window_start, 1e-9)
+                    stats.update(tokens_per_s=window_tokens / elapsed, epoch=self.epoch, ppl=perplexity(stats["nll_loss"]))
+                    logger.log(stats, step=self.update, split="train")
+                    window_tokens, window_start = 0, time.time()
+                    if progress is not None:
+                        progress.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{stats['tokens_per_s']:.0f}", refresh=False)
+                if progress is not None:
+                    progress.update(1)
+                stop = self.stop_reason()
+                validate_now = t.validate_every > 0 and self.update % t.validate_every == 0
+                if validate_now or stop is not None:
+                    is_best = self.validate(logger)
+                    stop = self.stop_reason()
+                    self.save(is_best=is_best, numbered=t.save_every > 0 and self.update % t.save_every == 0)
+                elif t.save_every > 0 and self.update % t.save_every == 0:
+                    self.save(numbered=True)
+        finally:
+            if progress is not None:
+                progress.close()
+        return stop
+
+    def progress(self) -> dict[str, Any]:
+        """The run's counters as recorded in ``results.json``."""
+        return {
+            "updates": self.update,
+            "epochs": self.epoch,
+            "best_valid": self.best_metric,
+            "train_time_s": self.train_time,
+            "train_tokens": self.train_tokens,
+            "precision": self.precision,
+            "world_size": self.dist.world_size,
+        }
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -400,7 +361,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     dist_info = setup_distributed(t.device)
     if t.tune_malloc and dist_info.device.type == "cpu":
         tune_cpu_allocator()
-    run_dir = _run_dir(cfg)
+    run_dir = run_dir_for(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if dist_info.is_main else (lambda *a: None)
     data = load_translation_data(cfg.data, log=log)
@@ -408,7 +369,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     choices = hydra_choices()
     if dist_info.is_main:
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-        _copy_tokenizers(data, run_dir)
+        copy_tokenizers(data, run_dir)
     if t.resume:
         latest = CheckpointManager.LAST
         if (run_dir / f"{latest}.safetensors").is_file():
@@ -420,111 +381,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     params = count_parameters(trainer.model)
     log(f"model: {cfg.model.arch}, {params:,} parameters, precision {trainer.precision} "
         f"(train.precision={t.precision}); run folder {run_dir}")
-    loggers = build_loggers(cfg.logger, run_dir, _run_name(cfg, choices), OmegaConf.to_container(cfg, resolve=True), dist_info.is_main)
-
-    progress = None
-    if dist_info.is_main and t.progress:
-        from tqdm import tqdm
-
-        progress = tqdm(total=t.max_updates or None, initial=trainer.update, desc=f"train {trainer.precision}", unit="upd", dynamic_ncols=True, mininterval=2.0, file=sys.stderr)
-    batches = trainer._batches()
-    stop = _stop_reason(cfg, trainer)
-    window_tokens, window_start = 0, time.time()
-    try:
-        while stop is None:
-            step_start = time.time()
-            micro = [next(batches) for _ in range(t.update_freq)]
-            stats = trainer.train_step(micro)
-            trainer.train_time += time.time() - step_start
-            window_tokens += stats["ntokens"]
-            if trainer.update % t.log_every == 0 or trainer.update == 1:
-                elapsed = max(time.time() - window_start, 1e-9)
-                stats.update(tokens_per_s=window_tokens / elapsed, epoch=trainer.epoch, ppl=perplexity(stats["nll_loss"]))
-                loggers.log(stats, step=trainer.update, split="train")
-                window_tokens, window_start = 0, time.time()
-                if progress is not None:
-                    progress.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{stats['tokens_per_s']:.0f}", refresh=False)
-            if progress is not None:
-                progress.update(1)
-            stop = _stop_reason(cfg, trainer)
-            validate_now = t.validate_every > 0 and trainer.update % t.validate_every == 0
-            if validate_now or stop is not None:
-                is_best = trainer.validate(loggers)
-                stop = _stop_reason(cfg, trainer)
-                trainer.save(is_best=is_best, numbered=t.save_every > 0 and trainer.update % t.save_every == 0)
-            elif t.save_every > 0 and trainer.update % t.save_every == 0:
-                trainer.save(numbered=True)
-    finally:
-        if progress is not None:
-            progress.close()
+    loggers = build_loggers(cfg.logger, run_dir, run_name(cfg, choices), OmegaConf.to_container(cfg, resolve=True), dist_info.is_main)
+    stop = trainer.fit(loggers)
     log(f"stopped: {stop}")
 
     results: dict[str, Any] = {}
     if dist_info.is_main:
-        results = _final_test(cfg, trainer, run_dir, choices, params, start)
+        results = final_test(trainer, choices, params, start)
     loggers.log({k: v for k, v in results.items() if isinstance(v, (int, float))}, step=trainer.update, split="test")
     loggers.close()
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    return results
-
-
-def _final_weights(cfg: DictConfig, trainer: Trainer) -> str:
-    """Load the weights the test uses: averaged last N, else best, else final. Returns which."""
-    t = cfg.train
-    numbered = trainer.checkpoints.numbered() if trainer.checkpoints is not None else []
-    if t.average_last > 0 and numbered:
-        chosen = numbered[-t.average_last :]
-        averaged = average_checkpoints([p.with_name(p.name + ".safetensors") for p in chosen])
-        trainer.model.load_state_dict(averaged, strict=True)
-        return f"average of {', '.join(p.name for p in chosen)}"
-    best = trainer.checkpoints.best() if trainer.checkpoints is not None else None
-    if best is not None:
-        model_state, _ = load_checkpoint(best.parent, best.name, map_location=trainer.device)
-        trainer.model.load_state_dict(model_state, strict=True)
-        return "checkpoint_best"
-    return "final"
-
-
-def _final_test(cfg: DictConfig, trainer: Trainer, run_dir: Path, choices: dict[str, str], params: int, start: float) -> dict[str, Any]:
-    final_model = _final_weights(cfg, trainer)
-    test_splits = [s for s in cfg.data.test_splits if s in trainer.data.splits] or [
-        s for s in trainer.data.splits if s not in ("train", "valid")
-    ][:1]
-    scores = {}
-    for split in test_splits:
-        scores[split] = trainer.bleu(split, hyp_file=run_dir / "hyps" / f"{split}.txt")
-        print(f"[test] {split}: BLEU {scores[split]['bleu']:.2f} chrF {scores[split]['chrf']:.2f} ({final_model})", file=sys.stderr, flush=True)
-    primary = cfg.data.test_prefix if cfg.data.test_prefix in scores else (test_splits[0] if test_splits else None)
-    main = scores.get(primary, {})
-    sample_len = 16
-    flops = forward_flops(cfg.model, len(trainer.data.tgt_tokenizer), sample_len, sample_len)
-    results = {
-        "bleu": main.get("bleu"),
-        "chrf": main.get("chrf"),
-        "sacrebleu_signature": main.get("bleu_signature"),
-        "chrf_signature": main.get("chrf_signature"),
-        "test_split": primary,
-        "test": scores,
-        "final_model": final_model,
-        "params": params,
-        "flops_per_token": flops["per_target_token"],
-        "updates": trainer.update,
-        "epochs": trainer.epoch,
-        "best_valid": trainer.best_metric,
-        "best_metric": cfg.train.best_metric,
-        "wall_time_s": time.time() - start,
-        "train_time_s": trainer.train_time,
-        "train_tokens": trainer.train_tokens,
-        "train_tokens_per_s": trainer.train_tokens / max(trainer.train_time, 1e-9),
-        "peak_memory_mb": _peak_memory_mb(trainer.device),
-        "device": str(trainer.device),
-        "precision": trainer.precision,
-        "hardware": describe_hardware(trainer.device),
-        "world_size": trainer.dist.world_size,
-        "choices": choices,
-        "config": OmegaConf.to_container(cfg, resolve=True),
-    }
-    atomic_write_text(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
+    shutdown_distributed()
     return results

@@ -1,0 +1,210 @@
+"""The run folder of a training run: where it is, what Hydra chose, and the ``results.json`` record.
+
+A run folder (Hydra's output dir, or ``run_dir`` when set) receives ``config.yaml``, the
+SentencePiece model(s), ``metrics.jsonl``, the checkpoints, ``hyps/{split}.txt`` and finally
+``results.json`` (written atomically by :func:`write_results`), which the comparison tools read.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from transformer.data.dataset import TranslationData
+from transformer.io import atomic_write_text
+from transformer.models import forward_flops
+from transformer.training.checkpoint import average_checkpoints, load_checkpoint
+from transformer.training.precision import describe_hardware
+
+__all__ = [
+    "build_results",
+    "copy_tokenizers",
+    "final_test",
+    "hydra_choices",
+    "load_final_weights",
+    "peak_memory_mb",
+    "run_dir_for",
+    "run_name",
+    "write_results",
+]
+
+# the config groups named in a run's display name (wandb / tensorboard), in this order
+RUN_NAME_GROUPS = ("model", "model/norm", "model/ffn", "model/position", "model/attention", "data", "experiment")
+
+
+def run_dir_for(cfg: DictConfig) -> Path:
+    """The run folder: ``cfg.run_dir`` when set, else Hydra's output dir, else a dated folder under
+    ``outputs/{experiment_name}`` (outside Hydra: tests, notebooks)."""
+    if cfg.get("run_dir"):
+        return Path(cfg.run_dir)
+    try:
+        return Path(HydraConfig.get().runtime.output_dir)
+    except Exception:  # not under Hydra (tests, notebooks)
+        return Path("outputs") / cfg.experiment_name / time.strftime("%Y-%m-%d_%H-%M-%S")
+
+
+def hydra_choices() -> dict[str, str]:
+    """The config-group choices of this Hydra run (``{"model": "transformer_tiny", "model/ffn": "relu", ...}``);
+    empty outside Hydra."""
+    try:
+        choices = HydraConfig.get().runtime.choices
+        return {k: str(v) for k, v in choices.items() if not k.startswith("hydra") and v is not None}
+    except Exception:
+        return {}
+
+
+def run_name(cfg: DictConfig, choices: dict[str, str]) -> str:
+    """A display name from the chosen groups and the seed (``model=transformer_tiny,ffn=relu,seed=1``)."""
+    parts = [f"{k.split('/')[-1]}={choices[k]}" for k in RUN_NAME_GROUPS if k in choices]
+    return ",".join(parts + [f"seed={cfg.seed}"]) or f"{cfg.experiment_name}-seed{cfg.seed}"
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory in MiB: allocated tensors on CUDA, the process's peak RSS elsewhere (Linux)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def copy_tokenizers(data: TranslationData, run_dir: Path) -> None:
+    """Copy the SentencePiece model(s) into the run folder (``spm.model``, or ``spm.src.model`` +
+    ``spm.tgt.model`` for separate vocabularies) so the run loads on its own."""
+    if data.joint_vocab:
+        shutil.copyfile(data.src_tokenizer.model_path, run_dir / "spm.model")
+    else:
+        shutil.copyfile(data.src_tokenizer.model_path, run_dir / "spm.src.model")
+        shutil.copyfile(data.tgt_tokenizer.model_path, run_dir / "spm.tgt.model")
+
+
+def build_results(
+    cfg: DictConfig,
+    *,
+    scores: dict[str, dict[str, Any]],
+    test_split: str | None,
+    final_model: str,
+    params: int,
+    flops_per_token: float,
+    progress: dict[str, Any],
+    device: torch.device,
+    choices: dict[str, str],
+    wall_time_s: float,
+) -> dict[str, Any]:
+    """The ``results.json`` record of a finished run.
+
+    Args:
+        cfg: the run's config (stored resolved under ``config``).
+        scores: split -> :func:`~transformer.evaluation.metrics.corpus_scores` of the test splits.
+        test_split: the split whose scores are the headline ``bleu`` / ``chrf`` (None: no test).
+        final_model: which weights were tested (``checkpoint_best``, ``average of ...``, ``final``).
+        params: the model's parameter count.
+        flops_per_token: forward FLOPs per target token (see :func:`~transformer.models.forward_flops`).
+        progress: the trainer's counters: ``updates``, ``epochs``, ``best_valid``, ``train_time_s``,
+            ``train_tokens``, ``precision``, ``world_size``.
+        device: the training device.
+        choices: Hydra's config-group choices (see :func:`hydra_choices`).
+        wall_time_s: seconds since the run started.
+
+    Returns:
+        The record (JSON-serialisable).
+    """
+    main = scores.get(test_split, {}) if test_split is not None else {}
+    return {
+        "bleu": main.get("bleu"),
+        "chrf": main.get("chrf"),
+        "sacrebleu_signature": main.get("bleu_signature"),
+        "chrf_signature": main.get("chrf_signature"),
+        "test_split": test_split,
+        "test": scores,
+        "final_model": final_model,
+        "params": params,
+        "flops_per_token": flops_per_token,
+        "updates": progress["updates"],
+        "epochs": progress["epochs"],
+        "best_valid": progress["best_valid"],
+        "best_metric": cfg.train.best_metric,
+        "wall_time_s": wall_time_s,
+        "train_time_s": progress["train_time_s"],
+        "train_tokens": progress["train_tokens"],
+        "train_tokens_per_s": progress["train_tokens"] / max(progress["train_time_s"], 1e-9),
+        "peak_memory_mb": peak_memory_mb(device),
+        "device": str(device),
+        "precision": progress["precision"],
+        "hardware": describe_hardware(device),
+        "world_size": progress["world_size"],
+        "choices": choices,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+
+
+def write_results(run_dir: Path, results: dict[str, Any]) -> Path:
+    """Write ``results`` atomically to ``run_dir / "results.json"``; returns the path."""
+    return atomic_write_text(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
+
+
+def load_final_weights(trainer: Any) -> str:
+    """Load into ``trainer.model`` the weights the test uses: the average of the last
+    ``train.average_last`` numbered checkpoints, else ``checkpoint_best``, else keep the weights in
+    memory.
+
+    Args:
+        trainer: the :class:`~transformer.training.trainer.Trainer` of the run.
+
+    Returns:
+        Which weights: ``"average of checkpoint_..., ..."``, ``"checkpoint_best"`` or ``"final"``.
+    """
+    t = trainer.cfg.train
+    numbered = trainer.checkpoints.numbered() if trainer.checkpoints is not None else []
+    if t.average_last > 0 and numbered:
+        chosen = numbered[-t.average_last :]
+        averaged = average_checkpoints([p.with_name(p.name + ".safetensors") for p in chosen])
+        trainer.model.load_state_dict(averaged, strict=True)
+        return f"average of {', '.join(p.name for p in chosen)}"
+    best = trainer.checkpoints.best() if trainer.checkpoints is not None else None
+    if best is not None:
+        model_state, _ = load_checkpoint(best.parent, best.name, map_location=trainer.device)
+        trainer.model.load_state_dict(model_state, strict=True)
+        return "checkpoint_best"
+    return "final"
+
+
+def final_test(trainer: Any, choices: dict[str, str], params: int, start: float) -> dict[str, Any]:
+    """Load the final weights (:func:`load_final_weights`), translate and score the test splits
+    (hypotheses in ``hyps/{split}.txt``), and write ``results.json`` (:func:`build_results`).
+
+    Args:
+        trainer: the :class:`~transformer.training.trainer.Trainer` of the run (rank 0).
+        choices: Hydra's config-group choices, recorded in the results.
+        params: the model's parameter count.
+        start: ``time.time()`` when the run started.
+
+    Returns:
+        The results record.
+    """
+    cfg = trainer.cfg
+    final_model = load_final_weights(trainer)
+    test_splits = [s for s in cfg.data.test_splits if s in trainer.data.splits] or [
+        s for s in trainer.data.splits if s not in ("train", "valid")
+    ][:1]
+    scores = {}
+    for split in test_splits:
+        scores[split] = trainer.bleu(split, hyp_file=trainer.run_dir / "hyps" / f"{split}.txt")
+        print(f"[test] {split}: BLEU {scores[split]['bleu']:.2f} chrF {scores[split]['chrf']:.2f} ({final_model})", file=sys.stderr, flush=True)
+    primary = cfg.data.test_prefix if cfg.data.test_prefix in scores else (test_splits[0] if test_splits else None)
+    sample_len = 16
+    flops = forward_flops(cfg.model, len(trainer.data.tgt_tokenizer), sample_len, sample_len)
+    results = build_results(
+        cfg, scores=scores, test_split=primary, final_model=final_model, params=params,
+        flops_per_token=flops["per_target_token"], progress=trainer.progress(), device=trainer.device,
+        choices=choices, wall_time_s=time.time() - start,
+    )
+    write_results(trainer.run_dir, results)
+    return results
