@@ -1,19 +1,24 @@
-"""Decoding speed: our KV-cached greedy/beam search vs Hugging Face ``generate`` on the same weights.
+"""Decoding speed: our KV-cached greedy/beam search vs Hugging Face ``generate`` and CTranslate2
+on the same weights.
 
     # one command: trains a tiny checkpoint first when RUN has none (scripts/train.py, ~10 min CPU)
     flock /tmp/cpu_heavy.lock python benchmarks/decode_speed.py --run runs/bench_tiny --data-root ../shared/data
 
 Our trained encoder-decoder (post-LN, ReLU, sinusoidal, tied embeddings: the 2017 recipe) is copied
-into a Hugging Face ``MarianMTModel`` of the same dimensions (the same architecture: q/k/v split
-from our packed projection, our interleaved sinusoid table written into Marian's position
-embedding); the benchmark first checks that both give the same logits. Both systems then decode the
-same split (Multi30k ``test_2016_flickr``, 1000 sentences) with the same settings: beam size,
-``len ** alpha`` length penalty (the only form HF has), a fixed maximum of ``--max-len`` tokens plus
-the (forced) EOS, at least one token, PAD banned, and the same batches (sorted by length, at most
-``--max-tokens`` source tokens x beam per batch). HF runs with ``early_stopping="never"``, the exact
-stopping rule our beam search uses (no running beam can beat the kept ones, bounded with the
-maximum length), and optionally with ``early_stopping=True`` (stop at ``beam`` finished
-hypotheses, fairseq's shortcut, fastest).
+into a Hugging Face ``MarianMTModel`` of the same dimensions (:mod:`transformer.interop.hf_marian`,
+the mapping ``scripts/export.py format=hf`` writes) and exported to a CTranslate2 folder
+(:mod:`transformer.interop.ct2`, as ``scripts/export.py format=ctranslate2``); the benchmark first
+checks that Marian gives the same logits. All systems then decode the same split (Multi30k
+``test_2016_flickr``, 1000 sentences) with the same settings: beam size, ``len ** alpha`` length
+penalty (the only form HF and CTranslate2 have), a fixed maximum of ``--max-len`` tokens plus the
+(forced) EOS, at least one token, PAD banned. Ours and HF get the same batches (sorted by length,
+at most ``--max-tokens`` source tokens x beam per batch); CTranslate2 gets every sentence at once
+and batches by ``--max-tokens / beam`` source tokens itself (``batch_type="tokens"``). HF runs with
+``early_stopping="never"``, the exact stopping rule our beam search uses (no running beam can beat
+the kept ones, bounded with the maximum length), and optionally with ``early_stopping=True`` (stop
+at ``beam`` finished hypotheses, fairseq's shortcut, fastest). CTranslate2 runs in fp32
+(``ct2``) and with int8 weights quantized on load (``ct2_int8``), ``--threads`` intra-op threads,
+one translator; its outputs cut at the maximum get the EOS ours forces, for the comparison.
 
 Each configuration runs in its own subprocess so that its peak memory (peak RSS on CPU,
 ``torch.cuda.max_memory_allocated`` on GPU) is its own. Printed: a side-by-side table with
@@ -39,92 +44,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-# ----------------------------------------------------------------------------- weights -> Marian
-
-
-def to_marian(model: Any, cfg: Any, vocab: int):
-    """A Hugging Face ``MarianMTModel`` holding our encoder-decoder's weights.
-
-    Args:
-        model: our :class:`~transformer.models.EncoderDecoderModel` (post-LN, tied embeddings,
-            ReLU, sinusoidal positions, MHA with biases).
-        cfg: its model config.
-        vocab: vocabulary size.
-
-    Returns:
-        The Marian model in eval mode.
-
-    Raises:
-        ValueError: for a model the mapping does not cover.
-    """
-    import torch
-    from transformers import MarianConfig, MarianMTModel
-
-    from transformer.modules.positions import sinusoidal_table
-
-    if (cfg.arch, cfg.norm_position, cfg.ffn.name, cfg.position.name, cfg.tie_embeddings, cfg.norm.name) != (
-        "encoder_decoder", "post", "relu", "sinusoidal", "all", "layernorm"
-    ) or not cfg.bias or cfg.attention != "mha":
-        raise ValueError("the Marian mapping covers the 2017 recipe only (post-LN, relu, sinusoidal, tied, MHA)")
-    d = cfg.d_model
-    hf_cfg = MarianConfig(
-        vocab_size=vocab, decoder_vocab_size=vocab, d_model=d,
-        encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
-        encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu",
-        max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embeddings,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-        pad_token_id=0, eos_token_id=3, decoder_start_token_id=2, forced_eos_token_id=3,
-    )
-    hf = MarianMTModel(hf_cfg).eval()
-    ours = model.state_dict()
-    pe = sinusoidal_table(cfg.max_positions, d)
-    new: dict[str, torch.Tensor] = {
-        "model.shared.weight": ours["src_embed.embedding.weight"],
-        "model.encoder.embed_tokens.weight": ours["src_embed.embedding.weight"],
-        "model.decoder.embed_tokens.weight": ours["tgt_embed.embedding.weight"],
-        "model.encoder.embed_positions.weight": pe,
-        "model.decoder.embed_positions.weight": pe,
-        "lm_head.weight": ours["output_proj.weight"],
-        "final_logits_bias": torch.zeros(1, vocab),
-    }
-
-    def attn(dst: str, src: str) -> None:
-        w, b = ours[f"{src}.sublayer.in_proj.weight"], ours[f"{src}.sublayer.in_proj.bias"]
-        for name, i in (("q", 0), ("k", 1), ("v", 2)):
-            new[f"{dst}.{name}_proj.weight"] = w[i * d : (i + 1) * d]
-            new[f"{dst}.{name}_proj.bias"] = b[i * d : (i + 1) * d]
-        new[f"{dst}.out_proj.weight"] = ours[f"{src}.sublayer.out_proj.weight"]
-        new[f"{dst}.out_proj.bias"] = ours[f"{src}.sublayer.out_proj.bias"]
-
-    def norm(dst: str, src: str) -> None:
-        new[f"{dst}.weight"], new[f"{dst}.bias"] = ours[f"{src}.norm.weight"], ours[f"{src}.norm.bias"]
-
-    def ffn(dst: str, src: str) -> None:
-        for a, b in (("fc1", "w1"), ("fc2", "w2")):
-            new[f"{dst}.{a}.weight"] = ours[f"{src}.sublayer.{b}.weight"]
-            new[f"{dst}.{a}.bias"] = ours[f"{src}.sublayer.{b}.bias"]
-        norm(f"{dst}.final_layer_norm", src)
-
-    for side, n in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
-        for i in range(n):
-            dst, src = f"model.{side}.layers.{i}", f"{side}.layers.{i}"
-            attn(f"{dst}.self_attn", f"{src}.self_attn")
-            norm(f"{dst}.self_attn_layer_norm", f"{src}.self_attn")
-            if side == "decoder":
-                attn(f"{dst}.encoder_attn", f"{src}.cross_attn")
-                norm(f"{dst}.encoder_attn_layer_norm", f"{src}.cross_attn")
-            ffn(dst, f"{src}.ffn")
-    expected = hf.state_dict()
-    missing = sorted(set(expected) - set(new))
-    if missing:
-        raise ValueError(f"unmapped Marian weights: {missing[:5]}")
-    with torch.no_grad():
-        for k, v in new.items():
-            if k in expected:
-                expected[k].copy_(v)
-    return hf
+# ----------------------------------------------------------------------------- parity
 
 
 def check_parity(model: Any, hf: Any) -> float:
@@ -159,9 +79,12 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     """Decode the split with one (system, strategy); returns timings and writes the hypotheses."""
     import torch
 
+    from transformer.config import GenerationConfig
     from transformer.data.corpus import read_parallel, resolve_split_files
     from transformer.generation import load_run, resolve_device, translate_sentences
     from transformer.generation.translate import batches_by_tokens, make_src_tokens
+    from transformer.interop.ct2 import ct2_translate, load_ct2
+    from transformer.interop.hf_marian import marian_generate, to_marian
 
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
@@ -173,11 +96,17 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         src_lines, refs = src_lines[: args.limit], refs[: args.limit]
     src_ids = toks.src.encode_batch(src_lines)
     beam = args.beam if args.strategy == "beam" else 1
-    gen = dict(strategy=args.strategy, beam_size=beam, length_penalty=args.lenpen, length_penalty_form="fairseq",
-               max_len_a=0.0, max_len_b=args.max_len, min_len=1, nbest=1, max_tokens=args.max_tokens)
-    hf = None
-    if args.system != "ours":
-        hf = to_marian(model.cpu(), cfg.model, len(toks.tgt)).to(device)
+    gen = GenerationConfig(strategy=args.strategy, beam_size=beam, length_penalty=args.lenpen,
+                           length_penalty_form="fairseq", max_len_a=0.0, max_len_b=args.max_len, min_len=1, nbest=1,
+                           max_tokens=args.max_tokens)
+    arch, eos = model.arch, model.eos_id
+    hf = engine = None
+    if args.system.startswith("hf"):
+        hf = to_marian(model.cpu(), cfg.model).to(device)
+        model = None
+    elif args.system.startswith("ct2"):
+        compute = {"ct2": "float32", "ct2_int8": "int8"}[args.system]
+        engine = load_ct2(args.ct2_dir, arch, device=device.type, compute_type=compute, threads=args.threads)
         model = None
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -185,27 +114,22 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     base_mb = _peak_mb(device)
 
     def run_hf(ids: list[list[int]]) -> list[list[int]]:
-        lengths = [len(s) + 1 for s in ids]
         out: list[list[int] | None] = [None] * len(ids)
         early = {"hf": "never", "hf_early": True}[args.system]
-        for idx in batches_by_tokens(lengths, args.max_tokens, beam):
+        for idx in batches_by_tokens([len(s) + 1 for s in ids], args.max_tokens, beam):
             src = make_src_tokens([ids[i] for i in idx], "encoder_decoder", device=device)
-            with torch.inference_mode():
-                gen_out = hf.generate(
-                    input_ids=src, attention_mask=src.ne(0), num_beams=beam, do_sample=False,
-                    max_new_tokens=args.max_len + 1, min_new_tokens=1, length_penalty=args.lenpen,
-                    early_stopping=early, num_return_sequences=1, decoder_start_token_id=2,
-                    eos_token_id=3, pad_token_id=0, forced_eos_token_id=3, bad_words_ids=[[0]],
-                )
-            for i, row in zip(idx, gen_out.tolist()):
-                toks_i = row[1:]  # drop the decoder start token
-                out[i] = toks_i[: toks_i.index(3) + 1] if 3 in toks_i else toks_i
+            for i, row in zip(idx, marian_generate(hf, src, gen, early_stopping=early)):
+                out[i] = row
         return out  # type: ignore[return-value]
 
-    def run_ours(ids: list[list[int]]) -> list[list[int]]:
-        return [h[0].tokens for h in translate_sentences(model, ids, gen, device, "encoder_decoder")]
+    def run_ct2(ids: list[list[int]]) -> list[list[int]]:
+        rows = ct2_translate(engine, ids, gen, toks.src, toks.tgt, arch, max_batch_tokens=max(1, args.max_tokens // beam))
+        return [r if r and r[-1] == eos else r + [eos] for r in rows]  # the EOS ours forces at the maximum
 
-    decode = run_ours if args.system == "ours" else run_hf
+    def run_ours(ids: list[list[int]]) -> list[list[int]]:
+        return [h[0].tokens for h in translate_sentences(model, ids, gen, device, arch)]
+
+    decode = {"ours": run_ours, "hf": run_hf, "hf_early": run_hf, "ct2": run_ct2, "ct2_int8": run_ct2}[args.system]
     decode(src_ids[:16])  # warm-up
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -223,7 +147,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": seconds, "sentences_per_s": len(src_ids) / seconds,
         "tokens_per_s": sum(len(t) for t in outputs) / seconds,
         "peak_mb": _peak_mb(device), "base_mb": base_mb, "hyp_file": str(out_file), "device": str(device),
-        "threads": args.threads,
+        "threads": args.threads, "compute_type": {"ct2": "float32", "ct2_int8": "int8"}.get(args.system),
     }
 
 
@@ -257,15 +181,18 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument("--strategies", default="greedy,beam")
-    p.add_argument("--systems", default="ours,hf,hf_early", help="ours, hf (early_stopping=never), hf_early")
+    p.add_argument("--systems", default="ours,hf,hf_early,ct2,ct2_int8",
+                   help="ours, hf (early_stopping=never), hf_early, ct2 (CTranslate2 fp32), ct2_int8")
     p.add_argument("--train-seconds", type=int, default=600)
     p.add_argument("--out", default=None, help="JSON results (default: <run>/decode_speed.json)")
     p.add_argument("--workdir", default=None, help="hypothesis files (default: <run>/decode_speed)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--system", default="ours", help=argparse.SUPPRESS)
     p.add_argument("--strategy", default="beam", help=argparse.SUPPRESS)
+    p.add_argument("--ct2-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     args.workdir = args.workdir or str(Path(args.run) / "decode_speed")
+    args.ct2_dir = args.ct2_dir or str(Path(args.workdir) / "ctranslate2")
 
     if args.worker:
         print("RESULT " + json.dumps(worker(args)))
@@ -279,10 +206,20 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     model, toks, cfg = load_run(args.run)
-    diff = check_parity(model, to_marian(model, cfg.model, len(toks.tgt)))
-    print(f"parity: max |logits(ours) - logits(Marian copy)| = {diff:.2e}")
-    if diff > 1e-3:
-        raise SystemExit("the Marian copy does not reproduce our logits; the comparison would be meaningless")
+    systems = args.systems.split(",")
+    diff = None
+    if any(s.startswith("hf") for s in systems):
+        from transformer.interop.hf_marian import to_marian
+
+        diff = check_parity(model, to_marian(model, cfg.model))
+        print(f"parity: max |logits(ours) - logits(Marian copy)| = {diff:.2e}")
+        if diff > 1e-3:
+            raise SystemExit("the Marian copy does not reproduce our logits; the comparison would be meaningless")
+    if any(s.startswith("ct2") for s in systems):
+        from transformer.interop import export_run
+
+        export_run(args.run, "ctranslate2", args.ct2_dir, force=True)
+        print(f"exported {args.run} to {args.ct2_dir} (CTranslate2, fp32)")
 
     results = []
     for strategy in args.strategies.split(","):
@@ -326,7 +263,8 @@ def main() -> None:
     head = f"| {'system':<28} | {'search':<7} | {'sent/s':>7} | {'tok/s':>7} | {'peak MB':>8} | {'BLEU':>6} | {'= ours':>6} |"
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
-    names = {"ours": "ours (KV cache)", "hf": "HF generate (never)", "hf_early": "HF generate (early_stop)"}
+    names = {"ours": "ours (KV cache)", "hf": "HF generate (never)", "hf_early": "HF generate (early_stop)",
+             "ct2": "CTranslate2 fp32", "ct2_int8": "CTranslate2 int8"}
     for r in results:
         same = "" if r["same_as_ours"] is None else f"{100 * r['same_as_ours']:.1f}%"
         search = "greedy" if r["strategy"] == "greedy" else f"beam {r['beam']}"
@@ -336,11 +274,16 @@ def main() -> None:
     by = {(r["system"], r["strategy"]): r for r in results}
     for strategy in args.strategies.split(","):
         ours = by.get(("ours", strategy))
-        for system in ("hf", "hf_early"):
+        for system in ("hf", "hf_early", "ct2", "ct2_int8"):
             other = by.get((system, strategy))
             if ours and other:
                 print(f"speed-up ours / {names[system]} ({strategy}): "
                       f"{ours['sentences_per_s'] / other['sentences_per_s']:.2f}x")
+    ours_beam, ct2_beam = by.get(("ours", "beam")), by.get(("ct2", "beam"))
+    if ours_beam and ct2_beam:
+        ratio = ours_beam["sentences_per_s"] / ct2_beam["sentences_per_s"]
+        print(f"goal (issue #15): ours >= 0.5x CTranslate2 fp32 at beam {args.beam}: {ratio:.2f}x, "
+              f"{'met' if ratio >= 0.5 else 'missed'}")
     if ("ours", "greedy") in by and ("ours", "beam") in by:
         print(f"ours: greedy / beam {args.beam}: "
               f"{by[('ours', 'greedy')]['sentences_per_s'] / by[('ours', 'beam')]['sentences_per_s']:.2f}x")

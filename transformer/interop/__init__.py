@@ -1,0 +1,16 @@
+"""Interoperability: export runs to Hugging Face (``LlamaForCausalLM``, ``MarianMTModel``) and
+CTranslate2 model folders, and import ``LlamaForCausalLM`` folders back.
+
+    from transformer.interop import export_run, import_hf_llama
+    export_run("outputs/RUN", "ctranslate2", "exports/run_ct2")         # or "hf"
+    import_hf_llama("exports/run_hf", "outputs/imported")               # a run folder again
+
+Each target lists the switches it cannot represent (``*_unsupported(cfg)``); an export is refused
+with those sentences before anything is written, and output goes to a temporary folder renamed
+at the end. The optional packages come with ``pip install -e '.[interop]'``.
+"""
+
+from transformer.interop.common import ExportError
+from transformer.interop.export import FORMATS, export_run, import_hf_llama, unsupported
+
+__all__ = ["FORMATS", "ExportError", "export_run", "import_hf_llama", "unsupported"]

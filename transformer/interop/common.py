@@ -1,0 +1,84 @@
+"""Shared parts of the exporters: the refusal error, the all-or-nothing output folder, vocabularies."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from torch import Tensor
+
+__all__ = ["ExportError", "refuse", "staging_dir", "vocabulary", "state_dict_fp32"]
+
+
+class ExportError(ValueError):
+    """A model a target format cannot represent, or an output folder that cannot be written.
+
+    The message names the switches (e.g. ``model/position=alibi``) that stand in the way.
+    """
+
+
+def refuse(target: str, reasons: Sequence[str]) -> None:
+    """Raise :class:`ExportError` listing every reason, or return when there is none.
+
+    Args:
+        target: what was asked for, e.g. ``"Hugging Face MarianMTModel"``.
+        reasons: one sentence per switch the target cannot represent.
+
+    Raises:
+        ExportError: ``reasons`` is not empty.
+    """
+    if reasons:
+        raise ExportError(f"cannot export to {target}: " + "; ".join(reasons))
+
+
+@contextmanager
+def staging_dir(out: str | os.PathLike, force: bool = False) -> Iterator[Path]:
+    """A temporary folder next to ``out`` that becomes ``out`` only when the block succeeds.
+
+    On any exception the temporary folder is deleted and ``out`` is untouched, so no half-written
+    export ever sits at ``out``. With ``force`` an existing ``out`` is replaced (moved aside, then
+    deleted after the rename).
+
+    Args:
+        out: the final folder.
+        force: replace an existing ``out``.
+
+    Yields:
+        The temporary folder to write into.
+
+    Raises:
+        ExportError: ``out`` exists and ``force`` is false, or it is a file.
+    """
+    out = Path(out)
+    if out.exists() and not force:
+        raise ExportError(f"{out} already exists: choose another out= or pass force=true to replace it")
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} exists and is not a folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.{os.getpid()}.old")
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def vocabulary(tokenizer: Any) -> list[str]:
+    """The pieces of a :class:`~transformer.data.Tokenizer` in id order (``["<pad>", "<unk>", ...]``)."""
+    return [tokenizer.id_to_piece(i) for i in range(len(tokenizer))]
+
+
+def state_dict_fp32(model: Any) -> dict[str, Tensor]:
+    """The model's state dict on the CPU in fp32, detached (tied matrices appear under each name)."""
+    return {k: v.detach().to("cpu").float() for k, v in model.state_dict().items()}

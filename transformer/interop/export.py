@@ -1,0 +1,156 @@
+"""One entry point per direction: :func:`export_run` (a run -> HF / CTranslate2 folder) and
+:func:`import_hf_llama` (a HF ``LlamaForCausalLM`` folder -> a run folder our scripts load).
+
+Both check everything first (the model's switches against the target, the optional packages, the
+output folder) and write into a temporary folder that is renamed to ``out`` only when complete.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from transformer.interop.common import ExportError, refuse, staging_dir
+
+__all__ = ["FORMATS", "export_run", "import_hf_llama", "unsupported"]
+
+FORMATS = ("hf", "ctranslate2")
+
+
+def _require(package: str, extra: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        raise ExportError(f"this export needs the '{package}' package: pip install -e '.[{extra}]'")
+
+
+def unsupported(cfg: Any, fmt: str) -> tuple[str, list[str]]:
+    """``(target name, reasons)``: why format ``fmt`` cannot represent a model of config ``cfg``.
+
+    Args:
+        cfg: a model config.
+        fmt: ``hf`` (Llama for decoder-only, Marian for encoder-decoders) or ``ctranslate2``.
+
+    Raises:
+        ExportError: unknown ``fmt``.
+    """
+    from transformer.interop import ct2, hf_llama, hf_marian
+
+    if fmt == "hf":
+        if cfg.arch == "decoder_only":
+            return hf_llama.TARGET, hf_llama.llama_unsupported(cfg)
+        return hf_marian.TARGET, hf_marian.marian_unsupported(cfg)
+    if fmt == "ctranslate2":
+        return ct2.TARGET, ct2.ct2_unsupported(cfg)
+    raise ExportError(f"format={fmt!r} is not one of {', '.join(FORMATS)}")
+
+
+def export_run(checkpoint: str | Path, fmt: str, out: str | Path, *, force: bool = False,
+               quantization: str | None = None) -> Path:
+    """Export a trained run to a Hugging Face or CTranslate2 model folder.
+
+    ``hf``: decoder-only Llama-style models become ``LlamaForCausalLM`` folders, 2017-style
+    encoder-decoders ``MarianMTModel`` folders (with their tokenizer files). ``ctranslate2``: a
+    CTranslate2 model folder with the vocabulary and SentencePiece model(s).
+
+    Args:
+        checkpoint: a run folder, checkpoint file or stem (as ``scripts/translate.py`` takes).
+        fmt: ``hf`` or ``ctranslate2``.
+        out: the folder to create.
+        force: replace an existing ``out``.
+        quantization: CTranslate2 only: weight type (``int8``, ``int8_float32``, ``int16``,
+            ``float16``, ``bfloat16``, ``float32``); None keeps fp32.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ExportError: a switch the target cannot represent (named), a missing optional package, an
+            existing ``out`` without ``force``, or an invalid ``quantization``; nothing is written.
+        LoadError: the checkpoint cannot be loaded.
+    """
+    from transformer.generation import load_run
+
+    if fmt not in FORMATS:
+        raise ExportError(f"format={fmt!r} is not one of {', '.join(FORMATS)}")
+    if quantization is not None and fmt != "ctranslate2":
+        raise ExportError(f"quantization={quantization} applies to format=ctranslate2 only")
+    out = Path(out)
+    if out.exists() and not force:
+        raise ExportError(f"{out} already exists: choose another out= or pass force=true to replace it")
+    loaded = load_run(checkpoint, "cpu")
+    model, toks, cfg = loaded
+    target, why = unsupported(cfg.model, fmt)
+    refuse(target, why)
+    _require("transformers" if fmt == "hf" else "ctranslate2", "interop")
+    if quantization is not None:
+        from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
+
+        if quantization not in ACCEPTED_MODEL_TYPES:
+            raise ExportError(f"quantization={quantization} is not one of {', '.join(ACCEPTED_MODEL_TYPES)}")
+    model.float()
+    with staging_dir(out, force) as tmp:
+        if fmt == "ctranslate2":
+            from transformer.interop.ct2 import save_ct2
+
+            save_ct2(model, cfg.model, toks, tmp, quantization)
+        elif cfg.model.arch == "decoder_only":
+            from transformer.interop.hf_llama import save_hf_llama
+
+            save_hf_llama(model, cfg.model, toks.src, tmp, cfg)
+        else:
+            from transformer.interop.hf_marian import save_marian
+
+            save_marian(model, cfg.model, toks, tmp, cfg)
+    return out
+
+
+def import_hf_llama(folder: str | Path, out: str | Path, *, force: bool = False) -> Path:
+    """Turn a HF ``LlamaForCausalLM`` folder into a run folder (``config.yaml``, ``spm.model``,
+    ``checkpoint_best``) that ``scripts/translate.py`` / ``evaluate.py`` / ``train.py`` load.
+
+    The folder's ``tokenizer.model`` must be a SentencePiece model with this project's special ids
+    (as our Llama exports ship): the imported model is our prefix LM (``source <sep> target``).
+
+    Args:
+        folder: the HF folder.
+        out: the run folder to create.
+        force: replace an existing ``out``.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ExportError: a Llama feature our model lacks (named), a missing or foreign tokenizer, a
+            vocabulary size that differs from the tokenizer's, or an existing ``out``.
+    """
+    from transformer.data.tokenizer import Tokenizer
+    from transformer.interop.hf_llama import from_hf_llama
+    from transformer.training.checkpoint import save_checkpoint
+
+    _require("transformers", "interop")
+    folder, out = Path(folder), Path(out)
+    if out.exists() and not force:
+        raise ExportError(f"{out} already exists: choose another out= or pass force=true to replace it")
+    spm_file = folder / "tokenizer.model"
+    if not spm_file.is_file():
+        raise ExportError(f"{folder} has no tokenizer.model (the SentencePiece model the run folder needs)")
+    try:
+        tok = Tokenizer(spm_file)
+    except ValueError as e:
+        raise ExportError(f"{spm_file} is not a tokenizer of this project: {e}") from e
+    model, run_cfg = from_hf_llama(folder)
+    rows = model.embed.embedding.weight.shape[0]
+    if rows != len(tok):
+        raise ExportError(f"{folder}: vocab_size={rows} differs from the {len(tok)} pieces of {spm_file.name}")
+    run_cfg.data.vocab_size = len(tok)
+    run_cfg.data.joint_vocab = True
+    with staging_dir(out, force) as tmp:
+        shutil.copyfile(spm_file, tmp / "spm.model")
+        OmegaConf.save(run_cfg, tmp / "config.yaml")
+        save_checkpoint(tmp, "checkpoint_best", model.state_dict(),
+                        {"config": OmegaConf.to_container(run_cfg), "update": 0, "imported_from": str(folder)})
+    return out

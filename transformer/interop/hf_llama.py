@@ -1,0 +1,291 @@
+"""Decoder-only Llama-style models <-> Hugging Face ``LlamaForCausalLM``.
+
+Our decoder-only model with pre-norm RMSNorm, a gated feed-forward block (SwiGLU or GEGLU), RoPE
+and MHA/GQA/MQA is the architecture of Llama (Touvron et al. 2023; ``transformers``'
+``modeling_llama``): the same half-split RoPE layout, RMSNorm in fp32, no embedding scale. Only the
+packing differs: our ``in_proj`` stacks the q, k and v rows (HF ``q_proj``/``k_proj``/``v_proj``)
+and our ``w13`` the gate and up rows (HF ``gate_proj``/``up_proj``). Biases map to
+``attention_bias``/``mlp_bias``; ``tie_embeddings`` to ``tie_word_embeddings``; an embedding scale
+``sqrt(d_model)`` is folded into an untied embedding matrix.
+
+The model reads ``source <sep> target`` (ids of the SentencePiece model shipped as
+``tokenizer.model``; ``<sep>`` = 4, EOS = 3, PAD = 0): translate with HF by feeding
+``sp.encode(source) + [4]`` and generating until EOS.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from torch import Tensor, nn
+
+from transformer.config import resolve_n_kv_heads
+from transformer.interop.common import ExportError, refuse, state_dict_fp32
+
+__all__ = [
+    "from_hf_llama",
+    "hf_llama_state",
+    "llama_config",
+    "llama_unsupported",
+    "save_hf_llama",
+    "to_hf_llama",
+    "zoo_state_from_llama",
+]
+
+TARGET = "Hugging Face LlamaForCausalLM"
+ZOO_CONFIG = "transformer_zoo.yaml"  # our full run config, kept beside config.json for the way back
+_ACT = {"swiglu": "silu", "geglu": "gelu"}
+
+
+def llama_unsupported(cfg: Any) -> list[str]:
+    """Why ``LlamaForCausalLM`` cannot hold a model of this config (empty when it can).
+
+    Args:
+        cfg: a model config (``cfg.model`` of a run).
+
+    Returns:
+        One sentence per switch Llama cannot represent.
+    """
+    why = []
+    if cfg.arch != "decoder_only":
+        why.append(f"model.arch={cfg.arch}: LlamaForCausalLM is decoder-only (format=hf exports "
+                   "encoder-decoders as MarianMTModel)")
+    if cfg.norm_position != "pre":
+        why.append(f"model.norm_position={cfg.norm_position}: Llama normalises before each sublayer (pre)")
+    if cfg.norm.name != "rmsnorm":
+        why.append(f"model/norm={cfg.norm.name}: Llama uses RMSNorm")
+    if cfg.ffn.name not in _ACT:
+        why.append(f"model/ffn={cfg.ffn.name}: Llama's MLP is gated (model/ffn=swiglu or geglu)")
+    if cfg.position.name != "rope":
+        why.append(f"model/position={cfg.position.name}: Llama encodes positions with RoPE only")
+    if cfg.scale_embeddings and cfg.tie_embeddings != "none":
+        why.append(f"model.scale_embeddings=true with model.tie_embeddings={cfg.tie_embeddings}: Llama does "
+                   "not scale its embeddings, and a scale cannot be folded into a matrix shared with the output layer")
+    return why
+
+
+def llama_config(cfg: Any, vocab_size: int, ffn_hidden: int, *, pad_id: int = 0, eos_id: int = 3) -> Any:
+    """The ``transformers.LlamaConfig`` of a model config.
+
+    Args:
+        cfg: our model config (must pass :func:`llama_unsupported`).
+        vocab_size: rows of the embedding matrix.
+        ffn_hidden: width of the gated block (``w2``'s input).
+        pad_id, eos_id: special ids (no BOS: our prefix LM starts with the first source piece).
+
+    Returns:
+        A ``LlamaConfig`` (SDPA attention).
+    """
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size, hidden_size=cfg.d_model, intermediate_size=ffn_hidden,
+        num_hidden_layers=cfg.n_encoder_layers + cfg.n_decoder_layers, num_attention_heads=cfg.n_heads,
+        num_key_value_heads=resolve_n_kv_heads(cfg), head_dim=cfg.d_model // cfg.n_heads,
+        hidden_act=_ACT[cfg.ffn.name], max_position_embeddings=cfg.max_positions, rms_norm_eps=cfg.norm.eps,
+        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.position.rope_theta)},
+        attention_bias=bool(cfg.bias), mlp_bias=bool(cfg.bias), tie_word_embeddings=cfg.tie_embeddings != "none",
+        pad_token_id=pad_id, bos_token_id=None, eos_token_id=eos_id, attention_dropout=0.0,
+        initializer_range=cfg.init_std, architectures=["LlamaForCausalLM"],
+    )
+
+
+def hf_llama_state(model: nn.Module, cfg: Any) -> dict[str, Tensor]:
+    """Our decoder-only state dict renamed and split into ``LlamaForCausalLM``'s (fp32, CPU).
+
+    Args:
+        model: a :class:`~transformer.models.DecoderOnlyModel`.
+        cfg: its model config (must pass :func:`llama_unsupported`).
+
+    Returns:
+        HF parameter name -> tensor (``lm_head.weight`` included even when tied).
+    """
+    ours = state_dict_fp32(model)
+    q = cfg.n_heads * (cfg.d_model // cfg.n_heads)
+    kv = resolve_n_kv_heads(cfg) * (cfg.d_model // cfg.n_heads)
+    emb = ours["embed.embedding.weight"]
+    if cfg.scale_embeddings:  # untied (llama_unsupported refuses the tied case): fold the scale in
+        emb = emb * math.sqrt(cfg.d_model)
+    new = {"model.embed_tokens.weight": emb, "model.norm.weight": ours["decoder.final_norm.weight"],
+           "lm_head.weight": ours["output_proj.weight"]}
+    for i in range(cfg.n_encoder_layers + cfg.n_decoder_layers):
+        src, dst = f"decoder.layers.{i}", f"model.layers.{i}"
+        hidden = ours[f"{src}.ffn.sublayer.w2.weight"].shape[1]
+        for kind in ("weight", "bias") if cfg.bias else ("weight",):
+            for name, part in zip(("q", "k", "v"), ours[f"{src}.self_attn.sublayer.in_proj.{kind}"].split((q, kv, kv))):
+                new[f"{dst}.self_attn.{name}_proj.{kind}"] = part
+            new[f"{dst}.self_attn.o_proj.{kind}"] = ours[f"{src}.self_attn.sublayer.out_proj.{kind}"]
+            gate, up = ours[f"{src}.ffn.sublayer.w13.{kind}"].split((hidden, hidden))
+            new[f"{dst}.mlp.gate_proj.{kind}"], new[f"{dst}.mlp.up_proj.{kind}"] = gate, up
+            new[f"{dst}.mlp.down_proj.{kind}"] = ours[f"{src}.ffn.sublayer.w2.{kind}"]
+        new[f"{dst}.input_layernorm.weight"] = ours[f"{src}.self_attn.norm.weight"]
+        new[f"{dst}.post_attention_layernorm.weight"] = ours[f"{src}.ffn.norm.weight"]
+    return new
+
+
+def zoo_state_from_llama(hf: dict[str, Tensor], n_layers: int, bias: bool) -> dict[str, Tensor]:
+    """The inverse of :func:`hf_llama_state`: a ``LlamaForCausalLM`` state dict in our names.
+
+    Args:
+        hf: HF parameter name -> tensor.
+        n_layers: decoder layers.
+        bias: whether the projections carry biases.
+
+    Returns:
+        Our decoder-only state dict (``output_proj.weight`` is the embedding matrix when ``hf`` has
+        no ``lm_head.weight``, i.e. tied).
+    """
+    new = {"embed.embedding.weight": hf["model.embed_tokens.weight"], "decoder.final_norm.weight": hf["model.norm.weight"],
+           "output_proj.weight": hf.get("lm_head.weight", hf["model.embed_tokens.weight"])}
+    for i in range(n_layers):
+        src, dst = f"model.layers.{i}", f"decoder.layers.{i}"
+        for kind in ("weight", "bias") if bias else ("weight",):
+            new[f"{dst}.self_attn.sublayer.in_proj.{kind}"] = torch.cat(
+                [hf[f"{src}.self_attn.{n}_proj.{kind}"] for n in ("q", "k", "v")])
+            new[f"{dst}.self_attn.sublayer.out_proj.{kind}"] = hf[f"{src}.self_attn.o_proj.{kind}"]
+            new[f"{dst}.ffn.sublayer.w13.{kind}"] = torch.cat(
+                [hf[f"{src}.mlp.gate_proj.{kind}"], hf[f"{src}.mlp.up_proj.{kind}"]])
+            new[f"{dst}.ffn.sublayer.w2.{kind}"] = hf[f"{src}.mlp.down_proj.{kind}"]
+        new[f"{dst}.self_attn.norm.weight"] = hf[f"{src}.input_layernorm.weight"]
+        new[f"{dst}.ffn.norm.weight"] = hf[f"{src}.post_attention_layernorm.weight"]
+    return new
+
+
+def to_hf_llama(model: nn.Module, cfg: Any) -> Any:
+    """A ``LlamaForCausalLM`` (fp32, eval mode) holding our decoder-only model's weights.
+
+    Args:
+        model: a :class:`~transformer.models.DecoderOnlyModel`.
+        cfg: its model config.
+
+    Returns:
+        The HF model; its logits on ``tokens`` equal ``model(tokens)``.
+
+    Raises:
+        ExportError: the config has a switch Llama cannot represent (the message names it).
+    """
+    from transformers import LlamaForCausalLM
+
+    refuse(TARGET, llama_unsupported(cfg))
+    state = hf_llama_state(model, cfg)
+    hidden = state["model.layers.0.mlp.down_proj.weight"].shape[1]
+    hf_cfg = llama_config(cfg, state["model.embed_tokens.weight"].shape[0], hidden,
+                          pad_id=model.pad_id, eos_id=model.eos_id)
+    hf_cfg._attn_implementation = "sdpa"
+    hf = LlamaForCausalLM(hf_cfg).eval()
+    if hf_cfg.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (hf_cfg.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ExportError(f"the Llama mapping left weights unmatched: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return hf
+
+
+def save_hf_llama(model: nn.Module, cfg: Any, tokenizer: Any, folder: Path, run_cfg: Any = None) -> None:
+    """Write a ``LlamaForCausalLM`` folder: config.json, model.safetensors, generation_config.json,
+    the SentencePiece model (``tokenizer.model`` + ``tokenizer_config.json``) and our run config.
+
+    Args:
+        model: the decoder-only model.
+        cfg: its model config.
+        tokenizer: its :class:`~transformer.data.Tokenizer` (``model_path`` is copied).
+        folder: an existing, empty folder.
+        run_cfg: the whole run config, saved as ``transformer_zoo.yaml`` (read back by
+            :func:`from_hf_llama`), or None.
+
+    Raises:
+        ExportError: as :func:`to_hf_llama`.
+    """
+    hf = to_hf_llama(model, cfg)
+    hf.generation_config.update(eos_token_id=model.eos_id, pad_token_id=model.pad_id, bos_token_id=None)
+    hf.save_pretrained(folder, safe_serialization=True)
+    shutil.copyfile(tokenizer.model_path, folder / "tokenizer.model")
+    specials = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+                "additional_special_tokens": ["<sep>"]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "LlamaTokenizer", "add_bos_token": False, "add_eos_token": False, **specials}, indent=2) + "\n")
+    (folder / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
+    if run_cfg is not None:
+        OmegaConf.save(run_cfg, folder / ZOO_CONFIG)
+
+
+def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
+    """Import a ``LlamaForCausalLM`` folder (config.json + safetensors) into our decoder-only model.
+
+    Args:
+        folder: a Hugging Face model folder of ``model_type: llama``.
+
+    Returns:
+        ``(model, cfg)``: our model in eval mode (fp32) with the folder's weights, and the whole run
+        config (a DictConfig over :class:`~transformer.config.Config`; the ``model`` section comes
+        from ``config.json``, the rest from ``transformer_zoo.yaml`` when the folder has one).
+
+    Raises:
+        ExportError: not a Llama folder, or a Llama feature our model lacks (the message names it:
+            RoPE scaling, a head width other than ``hidden_size / num_attention_heads``, biases on
+            only some projections, an activation other than SiLU/GELU).
+    """
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from transformer.config import Config
+    from transformer.models import build_model
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise ExportError(f"{folder} is not a Hugging Face model folder (no config.json)")
+    hc = AutoConfig.from_pretrained(folder)
+    why = []
+    if hc.model_type != "llama":
+        why.append(f"model_type={hc.model_type!r} is not llama")
+    rope = dict(getattr(hc, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") != "default":
+        why.append(f"rope_parameters.rope_type={rope.get('rope_type')!r}: only unscaled RoPE maps to model/position=rope")
+    head_dim = getattr(hc, "head_dim", None) or hc.hidden_size // hc.num_attention_heads
+    if head_dim * hc.num_attention_heads != hc.hidden_size:
+        why.append(f"head_dim={head_dim} x num_attention_heads={hc.num_attention_heads} != hidden_size={hc.hidden_size}")
+    if bool(hc.attention_bias) != bool(getattr(hc, "mlp_bias", False)):
+        why.append("attention_bias != mlp_bias: model.bias sets both")
+    act = {v: k for k, v in _ACT.items()}.get(hc.hidden_act)
+    if act is None:
+        why.append(f"hidden_act={hc.hidden_act!r}: model/ffn offers swiglu (silu) and geglu (gelu)")
+    if why:
+        raise ExportError(f"cannot import {folder} into the llama_style model: " + "; ".join(why))
+    n_kv = hc.num_key_value_heads or hc.num_attention_heads
+    attention = "mha" if n_kv == hc.num_attention_heads else ("mqa" if n_kv == 1 else "gqa")
+    zoo = folder / ZOO_CONFIG
+    run_cfg = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(zoo)) if zoo.is_file() else OmegaConf.structured(Config)
+    run_cfg.model = OmegaConf.merge(OmegaConf.structured(Config).model, {
+        "arch": "decoder_only", "norm_position": "pre", "attention": attention, "n_encoder_layers": 0,
+        "n_decoder_layers": hc.num_hidden_layers, "d_model": hc.hidden_size, "n_heads": hc.num_attention_heads,
+        "n_kv_heads": None if attention == "mha" else n_kv, "d_ff": hc.intermediate_size, "dropout": 0.0,
+        "attention_dropout": float(hc.attention_dropout or 0.0), "activation_dropout": 0.0,
+        "bias": bool(hc.attention_bias), "scale_embeddings": False,
+        "tie_embeddings": "all" if hc.tie_word_embeddings else "none",
+        "max_positions": hc.max_position_embeddings, "init": "normal", "init_std": hc.initializer_range,
+        "norm": {"name": "rmsnorm", "eps": hc.rms_norm_eps},
+        "ffn": {"name": act, "glu_match_params": False},
+        "position": {"name": "rope", "rope_theta": float(rope.get("rope_theta", getattr(hc, "rope_theta", 10000.0)))},
+    })
+    state: dict[str, Tensor] = {}
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ExportError(f"{folder} holds no .safetensors weights")
+    for f in files:
+        state.update(load_file(f))
+    eos = hc.eos_token_id[0] if isinstance(hc.eos_token_id, (list, tuple)) else hc.eos_token_id
+    model = build_model(run_cfg.model, hc.vocab_size, pad_id=hc.pad_token_id if hc.pad_token_id is not None else 0,
+                        eos_id=3 if eos is None else eos)
+    ours = zoo_state_from_llama({k: v.float() for k, v in state.items()}, hc.num_hidden_layers, bool(hc.attention_bias))
+    missing, unexpected = model.load_state_dict(ours, strict=False)
+    if missing or unexpected:
+        raise ExportError(f"{folder}: weights do not fit LlamaForCausalLM's layout: missing {missing[:5]}, "
+                          f"unexpected {unexpected[:5]}")
+    return model.eval(), run_cfg
