@@ -121,3 +121,63 @@ def test_cpu_bf16_autocast_attention_runs_in_fp32_and_matches(causal):
     for a, b in zip(grads, ref_grads):
         assert a.dtype == torch.bfloat16
         torch.testing.assert_close(a.float(), b, rtol=2e-2, atol=2e-2)
+
+
+def test_is_causal_with_a_cache_aligns_bottom_right():
+    """One new query over a cache with ``is_causal=True`` sees every cached key (issue #13, item 14)."""
+    attn = build_attention(32, 4, 2, True, 0.0)
+    x = torch.randn(2, 6, 32)
+    full = attn(x, is_causal=True)  # (2, 6, 32)
+    cache = KVCache()
+    attn(x[:, :5], is_causal=True, cache=cache)
+    last = attn(x[:, 5:], is_causal=True, cache=cache)
+    torch.testing.assert_close(last, full[:, 5:], atol=1e-6, rtol=1e-5)
+
+
+def test_several_new_queries_over_a_cache_match_the_full_forward():
+    """Chunked prefill / speculative steps: chunks of 3, 2 and 1 queries over a growing cache give
+    the rows of one full causal forward, with ``is_causal`` and with an explicit mask (item 15)."""
+    attn = build_attention(32, 4, 2, True, 0.0)
+    x = torch.randn(2, 6, 32)
+    full = attn(x, is_causal=True)
+    for explicit_mask in (False, True):
+        cache, outs, start = KVCache(), [], 0
+        for size in (3, 2, 1):
+            chunk = x[:, start : start + size]
+            if explicit_mask:
+                mask, is_causal = build_attention_mask(None, True, size, start + size)
+                outs.append(attn(chunk, attn_mask=mask, is_causal=is_causal, cache=cache))
+            else:
+                outs.append(attn(chunk, is_causal=True, cache=cache))
+            start += size
+        torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-6, rtol=1e-5)
+
+
+def test_mask_builder_bottom_right_without_padding_or_bias():
+    """``build_attention_mask(None, True, q_len < k_len)`` is the bottom-right causal mask."""
+    mask, is_causal = build_attention_mask(None, True, 2, 6)
+    assert not is_causal and mask.dtype == torch.bool and mask.shape == (1, 1, 2, 6)
+    expected = torch.tensor([[True] * 5 + [False], [True] * 6])
+    assert torch.equal(mask[0, 0], expected)
+    meta, _ = build_attention_mask(None, True, 2, 6, device=torch.device("meta"))
+    assert meta.device.type == "meta"
+
+
+def test_chunked_prefill_with_alibi_and_padding_matches_the_full_forward():
+    """A pre-norm ALiBi decoder stack, left-padded rows: two chunks with caches = one pass."""
+    from transformer.modules.positions import ALiBi
+
+    attn = build_attention(32, 4, 4, True, 0.0)
+    alibi = ALiBi(4)
+    x = torch.randn(2, 5, 32)
+    pad = torch.tensor([[True, False, False, False, False], [False] * 5])
+    pos = (torch.arange(5)[None] - pad.sum(1, keepdim=True)).clamp(min=0)  # (2, 5)
+    bias = alibi.score_bias(pos, pos, causal=True)
+    mask, _ = build_attention_mask(pad, True, 5, 5, bias)
+    full = attn(x, attn_mask=mask)
+    cache, outs = KVCache(), []
+    for lo, hi in ((0, 3), (3, 5)):
+        b = alibi.score_bias(pos[:, lo:hi], pos[:, :hi], causal=True)
+        m, _ = build_attention_mask(pad[:, :hi], True, hi - lo, hi, b)
+        outs.append(attn(x[:, lo:hi], attn_mask=m, cache=cache))
+    torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-6, rtol=1e-5)

@@ -53,11 +53,13 @@ def build_attention_mask(
     k_len: int,
     score_bias: Tensor | None = None,
     dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
 ) -> tuple[Tensor | None, bool]:
     """Combine padding, causality and an additive score bias into SDPA arguments.
 
     Queries are the last ``q_len`` of ``k_len`` positions (so a causal mask is bottom-right aligned,
-    which is what a KV cache needs).
+    which is what a KV cache needs: one or several new queries over cached keys, as in chunked
+    prefill or speculative decoding).
 
     Args:
         key_padding_mask: ``(batch, k_len)`` bool, True at padding keys, or None.
@@ -65,6 +67,8 @@ def build_attention_mask(
         q_len, k_len: query and key lengths.
         score_bias: ``(batch | 1, n_heads, q_len, k_len)`` additive bias (ALiBi), or None.
         dtype: dtype of a float mask (the attention dtype).
+        device: where a mask built from causality alone goes (default: the device of
+            ``key_padding_mask`` or ``score_bias``, else the CPU).
 
     Returns:
         ``(attn_mask, is_causal)`` for SDPA: None + True for the plain causal case, a bool mask
@@ -77,7 +81,10 @@ def build_attention_mask(
             return None, True
     allowed: Tensor | None = None
     if causal and q_len > 1:
-        device = key_padding_mask.device if key_padding_mask is not None else score_bias.device
+        if key_padding_mask is not None:
+            device = key_padding_mask.device
+        elif score_bias is not None:
+            device = score_bias.device
         q_idx = torch.arange(k_len - q_len, k_len, device=device)[:, None]
         allowed = (torch.arange(k_len, device=device)[None, :] <= q_idx)[None, None]  # (1,1,Tq,Tk)
     if key_padding_mask is not None:
@@ -151,7 +158,8 @@ class Attention(nn.Module):
             x: queries' input ``(batch, q_len, d_model)``.
             memory: keys'/values' input ``(batch, k_len, d_model)`` for cross-attention.
             attn_mask: from :func:`build_attention_mask`, covering cached plus new keys.
-            is_causal: plain causal mask (only without ``attn_mask``).
+            is_causal: causal mask (only without ``attn_mask``), bottom-right aligned: with a KV
+                cache the ``q_len`` new queries are the last positions of the cached plus new keys.
             rotary: ``(cos, sin)`` for the new positions (RoPE), applied to q and the new k.
             cache: a :class:`KVCache`; self-attention appends the new k/v; a static (cross-attention)
                 cache is filled once from ``memory`` and reused afterwards, when ``memory`` may be None.
@@ -186,8 +194,11 @@ class Attention(nn.Module):
                 k = torch.cat((cache.k, k), dim=2)
                 v = torch.cat((cache.v, v), dim=2)
             cache.k, cache.v = k, v
+        causal = is_causal and attn_mask is None
+        if causal and k.shape[2] != q.shape[2]:  # new queries over a cache: SDPA aligns top-left
+            attn_mask, causal = build_attention_mask(None, True, q.shape[2], k.shape[2], device=q.device)
         out = _sdpa(
-            q, k, v, attn_mask, self.dropout if self.training else 0.0, is_causal and attn_mask is None,
+            q, k, v, attn_mask, self.dropout if self.training else 0.0, causal,
             self.n_kv_heads != self.n_heads,
         )  # (B, H, Tq, hd)
         return self.out_proj(rearrange(out, "b h t d -> b t (h d)"))
