@@ -283,16 +283,19 @@ def read_lines(path: str | os.PathLike) -> list[str]:
 
 
 def read_parallel(
-    src_path: str | os.PathLike, tgt_path: str | os.PathLike
+    src_path: str | os.PathLike, tgt_path: str | os.PathLike, *, keep_empty: bool = False
 ) -> tuple[list[str], list[str], int]:
-    """Read two line-aligned files and drop pairs with an empty side.
+    """Read two line-aligned files and drop pairs with an empty side (training data).
 
     A pair is dropped when either side is empty or whitespace only; dropping whole pairs keeps
-    the two sides aligned.
+    the two sides aligned. Evaluation data passes ``keep_empty=True``: every line stays, so that
+    hypotheses stay line-aligned with the input files (empty source in, empty output out) and
+    BLEU covers every line.
 
     Args:
         src_path: source-language file (plain or gzip).
         tgt_path: target-language file (plain or gzip).
+        keep_empty: keep pairs with an empty side (validation and test splits).
 
     Returns:
         ``(src_lines, tgt_lines, n_dropped)``: the kept lines, unchanged, and the number of
@@ -308,6 +311,8 @@ def read_parallel(
             f"parallel files have different line counts: {src_path} has {len(src)} lines, "
             f"{tgt_path} has {len(tgt)} lines"
         )
+    if keep_empty:
+        return src, tgt, 0
     keep_src, keep_tgt = [], []
     for s, t in zip(src, tgt):
         if s.strip() and t.strip():

@@ -7,7 +7,9 @@ translation. It
    (:func:`~transformer.data.corpus.resolve_split_files`);
 2. trains a SentencePiece model on the training split (joint over source and target, or one per
    side with ``data.joint_vocab=false``), or loads it from the cache;
-3. encodes every split, or loads it from the cache;
+3. encodes every split, or loads it from the cache (training pairs with an empty side are
+   dropped; validation and test splits keep every line, so that outputs stay line-aligned with
+   their files);
 4. removes training pairs longer than ``data.max_source_positions`` /
    ``data.max_target_positions`` (validation and test sets are kept whole).
 
@@ -273,12 +275,13 @@ def load_translation_data(
         "sizes": {},
         "files": {name: [str(p) for p in fs] for name, fs in files.items()},
     }
-    read_cache: dict[tuple[Path, Path], tuple[list[str], list[str], int]] = {}
+    read_cache: dict[tuple[Path, Path, bool], tuple[list[str], list[str], int]] = {}
 
-    def read(fs: tuple[Path, Path]) -> tuple[list[str], list[str], int]:
-        if fs not in read_cache:
-            read_cache[fs] = read_parallel(*fs)
-        return read_cache[fs]
+    def read(fs: tuple[Path, Path], keep_empty: bool = False) -> tuple[list[str], list[str], int]:
+        # evaluation splits keep empty lines: outputs stay line-aligned with the input files
+        if (*fs, keep_empty) not in read_cache:
+            read_cache[(*fs, keep_empty)] = read_parallel(*fs, keep_empty=keep_empty)
+        return read_cache[(*fs, keep_empty)]
 
     with _locked(folder):
         if cfg.joint_vocab:
@@ -309,17 +312,19 @@ def load_translation_data(
             src_tok, tgt_tok = Tokenizer(model_files["src"]), Tokenizer(model_files["tgt"])
 
         # 3. encoded splits (one object per distinct pair of files)
-        by_files: dict[tuple[Path, Path], ParallelDataset] = {}
+        by_files: dict[tuple[Path, Path, bool], ParallelDataset] = {}
         out: dict[str, ParallelDataset] = {}
         for name in names:
             fs = files[name]
-            if fs in by_files:  # an alias ("test") of a split already loaded
-                first = next(k for k in out if files[k] == fs)
-                out[name] = by_files[fs]
+            keep_empty = name != "train"  # evaluation splits stay line-aligned with their files
+            if (*fs, keep_empty) in by_files:  # an alias ("test") of a split already loaded
+                first = next(k for k in out if files[k] == fs and (k != "train") == keep_empty)
+                out[name] = by_files[(*fs, keep_empty)]
                 stats["split_cache"][name] = stats["split_cache"][first]
                 stats["dropped_empty"][name] = stats["dropped_empty"][first]
                 continue
-            path = folder / f"split-{_hash([file_digest(p) for p in fs])[:16]}.pkl"
+            key = [file_digest(p) for p in fs] + (["keep_empty"] if keep_empty else [])
+            path = folder / f"split-{_hash(key)[:16]}.pkl"
             payload = None
             if path.is_file():
                 try:
@@ -329,7 +334,7 @@ def load_translation_data(
                     payload = None
             stats["split_cache"][name] = "hit" if payload is not None else "miss"
             if payload is None:
-                s_text, t_text, dropped = read(fs)
+                s_text, t_text, dropped = read(fs, keep_empty)
                 payload = {
                     "src": src_tok.encode_batch(s_text),
                     "tgt": tgt_tok.encode_batch(t_text),
@@ -342,7 +347,7 @@ def load_translation_data(
             display = split_prefixes(cfg).get(name, name) if name == "test" else name
             ds = ParallelDataset(payload["src"], payload["tgt"], payload["src_text"], payload["tgt_text"], display)
             stats["dropped_empty"][name] = payload["dropped"]
-            by_files[fs] = out[name] = ds
+            by_files[(*fs, keep_empty)] = out[name] = ds
 
     # 4. length filter (train only) and counts
     max_src, max_tgt = int(cfg.max_source_positions), int(cfg.max_target_positions)
