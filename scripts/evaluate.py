@@ -11,7 +11,12 @@ Checkpoint mode reads each split's raw source and reference lines (the run's ``d
 ``generation`` settings (``generation.*`` overrides), and scores the detokenised output against the
 raw references with sacreBLEU: BLEU with ``data.bleu_tokenize`` (``none`` for ``multi30k_tok_*``,
 i.e. tokenized BLEU) and chrF, each with its signature. Hypotheses go to
-``<output_dir>/<split>.txt`` and everything to ``<output_dir>/results.json``.
+``<output_dir>/<split>.txt`` and everything to ``<output_dir>/results.json``; the default
+``output_dir`` is ``<run folder>/eval/<checkpoint name>/`` (e.g. ``eval/checkpoint_best/``), so
+evaluating another checkpoint of the same run never overwrites the first one's results. Every
+line of a split is translated and scored (an empty source line gives an empty hypothesis); a line
+that cannot be translated (e.g. longer than the model's learned positions) is reported on stderr,
+left empty, and counted in ``failed_lines``. ``progress=false`` turns off the progress bar.
 
 Paired bootstrap resampling (Koehn 2004; sacreBLEU's implementation, seeded) compares systems with a
 baseline: in files mode the first of ``hyps`` is the baseline; in checkpoint mode ``baseline=FILE``
@@ -44,6 +49,15 @@ def _read(path: str) -> list[str]:
     if not p.is_file():
         raise FileNotFoundError(f"file not found: {p}")
     return read_lines(p)
+
+
+def _paths(value: Any) -> list[str]:
+    """``hyps=FILE`` (one path) or ``hyps=[FILE,...]`` as a list of paths."""
+    if value is None:
+        return []
+    if isinstance(value, (str, Path)):
+        return [str(value)] if str(value) else []
+    return [str(v) for v in value]
 
 
 def _log(msg: str) -> None:
@@ -80,12 +94,13 @@ def score_files(cfg: DictConfig) -> dict[str, Any]:
     from transformer.config import ConfigError
     from transformer.evaluation import corpus_scores
 
-    if not cfg.refs or not cfg.hyps:
-        raise ConfigError("give checkpoint=PATH, or refs=FILE with hyps=[FILE,...] to score files")
+    hyp_files = _paths(cfg.hyps)
+    if not cfg.refs or not hyp_files:
+        raise ConfigError("give checkpoint=PATH, or refs=FILE with hyps=FILE or hyps=[FILE,...] to score files")
     tokenize = cfg.tokenize or "13a"
     lowercase = bool(cfg.lowercase) if cfg.lowercase is not None else False
     refs = _read(cfg.refs)
-    systems = {str(h): _read(str(h)) for h in cfg.hyps}
+    systems = {h: _read(h) for h in hyp_files}
     for name, hyps in systems.items():
         if len(hyps) != len(refs):
             raise ConfigError(f"{name} has {len(hyps)} lines but {cfg.refs} has {len(refs)}: the lines must pair up")
@@ -95,8 +110,8 @@ def score_files(cfg: DictConfig) -> dict[str, Any]:
         results["scores"][name] = s
         print(f"{name}: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f}")
     first = next(iter(systems.values()))
-    print(f"BLEU|{results['scores'][str(cfg.hyps[0])]['bleu_signature']}")
-    print(f"chrF2|{results['scores'][str(cfg.hyps[0])]['chrf_signature']}")
+    print(f"BLEU|{results['scores'][hyp_files[0]]['bleu_signature']}")
+    print(f"chrF2|{results['scores'][hyp_files[0]]['chrf_signature']}")
     if len(systems) > 1:
         names = list(systems)
         results["bootstrap"] = _bootstrap(first, {n: systems[n] for n in names[1:]}, refs, cfg, tokenize, lowercase)
@@ -114,7 +129,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
     from transformer.config import ConfigError
     from transformer.data.corpus import read_parallel, resolve_split_files
     from transformer.evaluation import corpus_scores
-    from transformer.generation import load_run, merge_generation, resolve_device, translate_sentences
+    from transformer.generation import detokenize, load_run, merge_generation, resolve_device, translate_sentences
 
     if cfg.num_threads > 0:
         torch.set_num_threads(int(cfg.num_threads))
@@ -132,7 +147,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError("no splits to evaluate: the run has no data.test_splits; pass splits=[...]")
     if cfg.baseline and len(splits) != 1:
         raise ConfigError(f"baseline=FILE compares one split, but {len(splits)} are requested; pass splits=[NAME]")
-    out_dir = Path(cfg.output_dir) if cfg.output_dir else loaded.run_dir / "eval"
+    # named by checkpoint: evaluating another checkpoint of the run does not overwrite these results
+    out_dir = Path(cfg.output_dir) if cfg.output_dir else loaded.run_dir / "eval" / _checkpoint_name(loaded.checkpoint)
     out_dir.mkdir(parents=True, exist_ok=True)
     src_tok, tgt_tok = loaded.tokenizers
     results: dict[str, Any] = {
@@ -146,19 +162,25 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
           f"{_describe(gen)})")
     for split in splits:
         src_file, ref_file = resolve_split_files(run_cfg.data, split)
-        src_lines, refs, dropped = read_parallel(src_file, ref_file)
+        src_lines, refs, _ = read_parallel(src_file, ref_file, keep_empty=True)  # every line is scored
         if cfg.limit and cfg.limit > 0:
             src_lines, refs = src_lines[: cfg.limit], refs[: cfg.limit]
         start = time.time()
-        hyps_tok = translate_sentences(loaded.model, src_tok.encode_batch(src_lines), gen, device, loaded.model.arch)
+        errors: dict[int, str] = {}
+        hyps_tok = translate_sentences(loaded.model, src_tok.encode_batch(src_lines), gen, device, loaded.model.arch,
+                                       errors=errors, progress=bool(cfg.progress), desc=split)
         seconds = time.time() - start
-        hyps = [tgt_tok.decode(h[0].tokens) for h in hyps_tok]
+        for i, msg in sorted(errors.items()):
+            _log(f"error: {split} line {i + 1} ({src_file}): {msg}; its hypothesis is left empty")
+        hyps = detokenize(hyps_tok, tgt_tok)
         (out_dir / f"{split}.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
         s = corpus_scores(hyps, refs, tokenize=tokenize, lowercase=lowercase)
-        s.update(sentences=len(refs), dropped_empty=dropped, seconds=seconds,
+        s.update(sentences=len(refs), empty_sources=sum(not line.strip() for line in src_lines),
+                 failed_lines=[i + 1 for i in sorted(errors)], seconds=seconds,
                  sentences_per_s=len(refs) / max(seconds, 1e-9), hyp_file=str(out_dir / f"{split}.txt"))
         results["splits"][split] = s
-        print(f"{split}: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f} ({len(refs)} sentences, "
+        failed = f", {len(errors)} could not be translated" if errors else ""
+        print(f"{split}: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f} ({len(refs)} sentences{failed}, "
               f"{s['sentences_per_s']:.1f} sent/s)")
         print(f"  BLEU|{s['bleu_signature']}\n  chrF2|{s['chrf_signature']}")
         if cfg.baseline:
@@ -171,6 +193,11 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     _log(f"wrote {out_dir / 'results.json'}")
     return results
+
+
+def _checkpoint_name(weights: Path) -> str:
+    """``checkpoint_best.safetensors`` -> ``checkpoint_best``."""
+    return weights.name[: -len(".safetensors")] if weights.name.endswith(".safetensors") else weights.stem
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:

@@ -8,10 +8,16 @@
 
 The run folder (Hydra's output dir) receives metrics.jsonl, checkpoints, test hypotheses and
 results.json.
+
+User errors (an invalid config, unusable data, a checkpoint that cannot be resumed, a diverged
+run) end with one line ``error: ...`` on stderr and exit status 2 (configuration) or 1 (others);
+``HYDRA_FULL_ERROR=1`` shows the traceback instead. In a sweep (``-m``) a failed job prints its
+line and the other jobs still run (Hydra reports the failure at the end).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -27,6 +33,31 @@ from transformer.config import ConfigError, register_configs, validate_config  #
 register_configs()
 
 
+class RunFailed(RuntimeError):
+    """One job of a sweep failed with a user error (already reported on stderr)."""
+
+
+def _multirun() -> bool:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except Exception:  # not under Hydra
+        return False
+
+
+def _fail(err: BaseException, status: int) -> None:
+    """Report a user error on one line (the traceback only with ``HYDRA_FULL_ERROR=1``) and stop."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise err
+    message = " ".join(str(err).split())
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    if _multirun():  # let Hydra run the sweep's other jobs
+        raise RunFailed(message) from None
+    sys.exit(status)
+
+
 @hydra.main(version_base="1.3", config_path=str(ROOT / "configs"), config_name="train")
 def main(cfg: DictConfig) -> float | None:
     """Validate the config, then train, validate, test and write results.json.
@@ -34,18 +65,21 @@ def main(cfg: DictConfig) -> float | None:
     Returns:
         The test BLEU (what a Hydra sweeper would optimise).
     """
+    from transformer.data.corpus import DataError
+    from transformer.training.checkpoint import CheckpointError
+
     try:
         validate_config(cfg)
     except ConfigError as err:
-        print(f"error: invalid configuration: {err}", file=sys.stderr)
-        sys.exit(2)
+        _fail(ConfigError(f"invalid configuration: {err}"), 2)
     from transformer.training.trainer import TrainingError, train
 
     try:
         results = train(cfg)
-    except TrainingError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
+    except ConfigError as err:
+        _fail(err, 2)
+    except (TrainingError, CheckpointError, DataError, FileNotFoundError) as err:
+        _fail(err, 1)
     return results.get("bleu")
 
 

@@ -8,6 +8,10 @@ Lines are read in chunks of ``buffer_lines``, sorted and batched by tokens
 (``generation.max_tokens`` x beam), decoded, and written back in input order, detokenised. Empty
 input lines give empty output lines. With ``generation.nbest > 1`` or ``scores=true`` every
 hypothesis is written as ``index ||| text ||| score ||| logprob`` (index from 0, best first).
+A line that cannot be translated (e.g. longer than a model with learned positions can read) gets
+a one-line ``error: line N: ...`` on stderr and an empty output line; every other line is still
+translated and written, and the exit status is then 1. A progress bar of translated lines goes to
+stderr (``progress=false`` turns it off).
 Exit status 2 with a one-line message on stderr for a missing or foreign checkpoint, a tokenizer
 that does not match it, or invalid settings.
 """
@@ -51,8 +55,20 @@ def _chunks(stream: IO[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
+class LinesFailed(RuntimeError):
+    """Some lines could not be translated (each was reported; every other line was written)."""
+
+
 def run(cfg: DictConfig) -> int:
-    """Translate ``cfg.input`` into ``cfg.output`` (stdout). Returns the number of lines."""
+    """Translate ``cfg.input`` into ``cfg.output`` (stdout).
+
+    Returns:
+        The number of lines.
+
+    Raises:
+        LinesFailed: after everything was written, when some lines could not be translated (their
+            output lines are empty; each one was reported on stderr as ``error: line N: ...``).
+    """
     import torch
 
     from transformer.generation import load_run, merge_generation, resolve_device, translate_sentences
@@ -66,15 +82,29 @@ def run(cfg: DictConfig) -> int:
     with_scores = bool(cfg.scores) or gen.nbest > 1
     out: IO[str] = open(cfg.output, "w", encoding="utf-8") if cfg.output else sys.stdout
     n = 0
+    failed = 0
     start = time.time()
+    bar = None
+    if cfg.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(desc="translate", unit="line", file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
     try:
         with _open_input(str(cfg.input)) as stream:
             for lines in _chunks(stream, max(1, int(cfg.buffer_lines))):
                 todo = [i for i, line in enumerate(lines) if line.strip()]
+                errors: dict[int, str] = {}
                 hyps = translate_sentences(
-                    loaded.model, src_tok.encode_batch([lines[i] for i in todo]), gen, device, loaded.model.arch
+                    loaded.model, src_tok.encode_batch([lines[i] for i in todo]), gen, device, loaded.model.arch,
+                    errors=errors, progress=False if bar is None else bar,
                 )
-                by_line = dict(zip(todo, hyps))
+                for j, msg in sorted(errors.items()):
+                    line_no = n + todo[j] + 1
+                    print(f"error: line {line_no}: {msg}; its output line is left empty", file=sys.stderr, flush=True)
+                failed += len(errors)
+                if bar is not None:
+                    bar.update(len(lines) - len(todo))
+                by_line = {todo[j]: h for j, h in enumerate(hyps) if h}
                 for i in range(len(lines)):
                     found = by_line.get(i, [])
                     if not with_scores:
@@ -87,10 +117,15 @@ def run(cfg: DictConfig) -> int:
                 out.flush()
                 n += len(lines)
     finally:
+        if bar is not None:
+            bar.close()
         if out is not sys.stdout:
             out.close()
     what = f"beam {gen.beam_size}" if gen.strategy == "beam" else gen.strategy
-    print(f"translated {n} lines in {time.time() - start:.1f}s ({loaded.checkpoint}, {what})", file=sys.stderr)
+    print(f"translated {n - failed} of {n} lines in {time.time() - start:.1f}s ({loaded.checkpoint}, {what})",
+          file=sys.stderr)
+    if failed:
+        raise LinesFailed(f"{failed} of {n} lines could not be translated (reported above; their output lines are empty)")
     return n
 
 
@@ -105,6 +140,9 @@ def main(cfg: DictConfig) -> None:
     except (LoadError, ConfigError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except LinesFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
     except BrokenPipeError:  # e.g. piped into head
         sys.exit(0)
 

@@ -10,11 +10,16 @@ A run folder written by ``scripts/train.py`` holds::
 :func:`load_run` accepts the folder (then ``checkpoint_best``, else ``checkpoint_last``) or any
 ``.safetensors`` / ``.pt`` file or checkpoint stem inside it, and fails with a sentence that says
 what is wrong: a missing checkpoint, a file that is not this project's weights, weights that do not
-fit the run's config, or a tokenizer whose vocabulary does not match the embedding matrices.
+fit the run's config (names, shapes, or the model config recorded in the weights), weights whose
+``checkpoint_id`` differs from their ``.json`` metadata (copied over from another save), or a
+tokenizer whose vocabulary does not match the embedding matrices. An averaged file
+(``scripts/average_checkpoints.py``) written outside its run folder names that run in its metadata
+(``source_run``); its config and tokenizers are read from there.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
@@ -52,7 +57,8 @@ class LoadedRun:
         model: the model in eval mode on the requested device.
         tokenizers: :class:`Tokenizers` ``(src, tgt)``.
         cfg: the run's config (DictConfig over :class:`~transformer.config.Config`).
-        run_dir: the run folder.
+        run_dir: the run folder (of the config and tokenizers: for an averaged file written
+            outside its run, the run it was averaged from).
         checkpoint: the ``.safetensors`` file that was loaded.
     """
 
@@ -140,6 +146,66 @@ def _read_config(run_dir: Path, weights: Path) -> DictConfig:
         raise LoadError(f"the config of {run_dir} does not fit transformer.config.Config: {e}") from e
 
 
+def _config_folder(run_dir: Path, weights: Path, meta: dict[str, str]) -> Path:
+    """The folder with the run's config and tokenizers: the checkpoint's own folder, or for an
+    averaged file written elsewhere the ``source_run`` recorded in its metadata."""
+    if any((run_dir / name).is_file() for name in CONFIG_NAMES) or "source_run" not in meta:
+        return run_dir
+    source = Path(meta["source_run"])
+    if not any((source / name).is_file() for name in CONFIG_NAMES):
+        raise LoadError(
+            f"{weights} was averaged from the run {source}, which holds no config.yaml any more (moved or "
+            f"deleted?); put the file into its run folder, or copy that run's config.yaml and spm model(s) next to it"
+        )
+    return source
+
+
+def _check_same_save(weights: Path, meta: dict[str, str]) -> None:
+    """The weights' ``checkpoint_id`` must be the one of the ``.json`` metadata beside them."""
+    info_file = weights.with_suffix(".json")
+    if not info_file.is_file() or not ({"checkpoint_id", "averaged_from"} & meta.keys()):
+        return  # foreign files are named as such by the checks of load_run
+    try:
+        info = json.loads(info_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # not our metadata file; nothing to compare with
+    expected = info.get("checkpoint_id") if isinstance(info, dict) else None
+    if expected and meta.get("checkpoint_id") != expected:
+        found = meta.get("checkpoint_id") or "none"
+        raise LoadError(
+            f"{weights.name} does not belong to {info_file.name} (checkpoint_id {found} vs {expected}): the "
+            "weights were replaced or copied from another save or run; use the three files of one checkpoint "
+            "together, each run's checkpoints with that run's config.yaml"
+        )
+
+
+def _check_model_config(weights: Path, meta: dict[str, str], cfg: DictConfig, config_dir: Path) -> None:
+    """The model config recorded in the weights (newer checkpoints) must be the run's."""
+    if "model_config" not in meta:
+        return
+    try:
+        recorded = json.loads(meta["model_config"])
+    except ValueError:
+        return
+    current = OmegaConf.to_container(cfg.model, resolve=True)
+    diffs = [f"model.{k}: {v} in the weights vs {u} in the config" for k, v, u in _differences(recorded, current)]
+    if diffs:
+        raise LoadError(
+            f"{weights} was trained with another model config than {config_dir / 'config.yaml'} "
+            f"({'; '.join(diffs[:5])}): use it with the config of the run that wrote it"
+        )
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """``(dotted key, a's value, b's value)`` for every key of ``a`` whose value differs in ``b``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k, v in a.items():
+            out += _differences(v, b.get(k), f"{prefix}{k}.") if k in b else []
+        return out
+    return [] if a == b else [(prefix.rstrip("."), a, b)]
+
+
 def _load_tokenizers(run_dir: Path, cfg: DictConfig, src: str | Path | None, tgt: str | Path | None) -> Tokenizers:
     from transformer.data.tokenizer import Tokenizer
 
@@ -215,7 +281,10 @@ def load_run(
 
     run_dir, weights = find_checkpoint(path)
     state, meta = _read_weights(weights)
+    _check_same_save(weights, meta)
+    run_dir = _config_folder(run_dir, weights, meta)
     cfg = _read_config(run_dir, weights)
+    _check_model_config(weights, meta, cfg, run_dir)
     if overrides:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     toks = _load_tokenizers(run_dir, cfg, src_tokenizer, tgt_tokenizer)

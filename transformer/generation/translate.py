@@ -6,6 +6,7 @@ Used by the trainer (validation BLEU, final test), ``scripts/translate.py`` and
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -13,7 +14,10 @@ from torch import nn
 
 from transformer.generation.search import Hypothesis, _cfg, generate
 
-__all__ = ["batches_by_tokens", "detokenize", "make_src_tokens", "translate_dataset", "translate_sentences"]
+__all__ = [
+    "batches_by_tokens", "detokenize", "make_src_tokens", "max_source_length", "translate_dataset",
+    "translate_sentences",
+]
 
 
 def make_src_tokens(
@@ -77,14 +81,45 @@ def batches_by_tokens(lengths: Sequence[int], max_tokens: int, rows_per_sentence
         yield batch
 
 
+def max_source_length(model: nn.Module, arch: str | None = None) -> int | None:
+    """The longest source (ids without specials) the model can encode, or None when unbounded.
+
+    Only learned absolute positions (``model/position=learned``) have a limit: ``model.max_positions``
+    rows. The encoder-decoder reads the source plus EOS; the decoder-only model reads the source
+    and then ``<sep>`` at the next position.
+
+    Args:
+        model: an encoder-decoder or decoder-only model.
+        arch: ``encoder_decoder`` or ``decoder_only``; defaults to ``model.arch``.
+
+    Returns:
+        The maximum number of source ids, or None.
+    """
+    from transformer.modules.positions import LearnedPositionalEmbedding
+
+    arch = arch or model.arch
+    embed = getattr(model, "src_embed", None) or getattr(model, "embed", None)
+    position = getattr(embed, "position", None)
+    if not isinstance(position, LearnedPositionalEmbedding):
+        return None
+    return position.weight.shape[0] - 1  # + EOS (encoder-decoder) or + <sep> (decoder-only)
+
+
 def translate_sentences(
     model: nn.Module,
     src_ids: Sequence[Sequence[int]],
     cfg: Any,
     device: torch.device | str,
     arch: str | None = None,
+    *,
+    errors: dict[int, str] | None = None,
+    progress: Any = False,
+    desc: str = "translate",
 ) -> list[list[Hypothesis]]:
     """Translate many sentences, batched by source tokens, results in input order.
+
+    Empty sources (no ids: an empty input line) are not decoded and get no hypotheses (an empty
+    output line), so outputs stay line-aligned with the input.
 
     Args:
         model: an encoder-decoder or decoder-only model (already on ``device``).
@@ -94,29 +129,83 @@ def translate_sentences(
             ``beam_size`` rows per sentence for beam search and ``nbest`` for sampling.
         device: device of the model.
         arch: ``encoder_decoder`` or ``decoder_only``; defaults to ``model.arch``.
+        errors: None to raise on the first sentence that cannot be translated; a dict to go on:
+            such a sentence (a source longer than the model's learned positions, or one whose
+            decoding raises; its batch is then retried one sentence at a time) gets no hypotheses,
+            and ``errors[index]`` says why.
+        progress: a tqdm progress bar of sentences on stderr: True for a new one (closed at the
+            end), an existing bar to update, or False.
+        desc: the label of a new bar.
 
     Returns:
-        One list of hypotheses (best first) per input sentence, in input order.
+        One list of hypotheses (best first) per input sentence, in input order (empty for an
+        empty source or a sentence recorded in ``errors``).
+
+    Raises:
+        ValueError: a source longer than the model's learned positions, when ``errors`` is None.
+        Whatever decoding raises, when ``errors`` is None.
     """
     arch = arch or model.arch
     strategy = _cfg(cfg, "strategy", "beam")
     rows = {"beam": int(_cfg(cfg, "beam_size", 5)), "sample": int(_cfg(cfg, "nbest", 1))}.get(strategy, 1)
     max_tokens = int(_cfg(cfg, "max_tokens", 8000))
     extra = 1 if arch == "encoder_decoder" else 0
-    lengths = [len(s) + extra for s in src_ids]
-    results: list[list[Hypothesis] | None] = [None] * len(src_ids)
-    for idx in batches_by_tokens(lengths, max_tokens, rows):
+    results: list[list[Hypothesis]] = [[] for _ in src_ids]
+    limit = max_source_length(model, arch)
+    todo = []
+    for i, s in enumerate(src_ids):
+        if not len(s):
+            continue
+        if limit is not None and len(s) > limit:
+            msg = (f"the source has {len(s)} tokens, more than the {limit} the model can read "
+                   "(its learned positions, model.max_positions)")
+            if errors is None:
+                raise ValueError(f"sentence {i}: {msg}")
+            errors[i] = msg
+            continue
+        todo.append(i)
+    bar = None if progress is False or progress is None else progress  # (a tqdm's truth value is its total)
+    if progress is True:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(src_ids), desc=desc, unit="sent", file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
+    if bar is not None:
+        bar.update(len(src_ids) - len(todo))
+
+    def decode(idx: list[int]) -> None:
         src = make_src_tokens([src_ids[i] for i in idx], arch, pad_id=model.pad_id, eos_id=model.eos_id, device=device)
         for i, hyps in zip(idx, generate(model, src, cfg)):
             results[i] = hyps
-    return results  # type: ignore[return-value]
+
+    try:
+        for batch in batches_by_tokens([len(src_ids[i]) + extra for i in todo], max_tokens, rows):
+            idx = [todo[j] for j in batch]
+            try:
+                decode(idx)
+            except Exception as e:  # noqa: BLE001 - reported per sentence below
+                if errors is None:
+                    raise
+                for i in idx if len(idx) > 1 else ():
+                    try:
+                        decode([i])
+                    except Exception as e1:  # noqa: BLE001
+                        errors[i] = f"{type(e1).__name__}: {e1}"
+                if len(idx) == 1:
+                    errors[idx[0]] = f"{type(e).__name__}: {e}"
+            if bar is not None:
+                bar.update(len(idx))
+    finally:
+        if progress is True:
+            bar.close()
+    return results
 
 
 def detokenize(hyps: Sequence[Sequence[Hypothesis]] | Sequence[Hypothesis], tokenizer: Any) -> list[str]:
     """Text of the best hypothesis of each sentence (or of each hypothesis of a flat list).
 
     Args:
-        hyps: output of :func:`translate_sentences` (lists, best first), or plain hypotheses.
+        hyps: output of :func:`translate_sentences` (lists, best first; an empty list gives an
+            empty string), or plain hypotheses.
         tokenizer: anything with ``decode(ids) -> str`` that stops at EOS
             (:class:`~transformer.data.Tokenizer`).
 
@@ -125,12 +214,22 @@ def detokenize(hyps: Sequence[Sequence[Hypothesis]] | Sequence[Hypothesis], toke
     """
     out = []
     for h in hyps:
-        best = h if isinstance(h, Hypothesis) else h[0]
-        out.append(tokenizer.decode(best.tokens))
+        best = h if isinstance(h, Hypothesis) else (h[0] if h else None)
+        out.append(tokenizer.decode(best.tokens) if best is not None else "")
     return out
 
 
-def translate_dataset(model: nn.Module, dataset: Any, tokenizer: Any, cfg: Any, device: torch.device | str) -> list[str]:
+def translate_dataset(
+    model: nn.Module,
+    dataset: Any,
+    tokenizer: Any,
+    cfg: Any,
+    device: torch.device | str,
+    *,
+    errors: dict[int, str] | None = None,
+    progress: Any = False,
+    desc: str = "translate",
+) -> list[str]:
     """Translate a :class:`~transformer.data.ParallelDataset` and detokenise the best hypotheses.
 
     Args:
@@ -139,8 +238,10 @@ def translate_dataset(model: nn.Module, dataset: Any, tokenizer: Any, cfg: Any, 
         tokenizer: the target tokenizer (``decode``).
         cfg: generation settings (see :func:`translate_sentences`).
         device: device of the model.
+        errors, progress, desc: see :func:`translate_sentences` (a failed sentence gives ``""``).
 
     Returns:
         Detokenised best hypotheses, in dataset order (compare with ``dataset.tgt_text``).
     """
-    return detokenize(translate_sentences(model, dataset.src, cfg, device, model.arch), tokenizer)
+    hyps = translate_sentences(model, dataset.src, cfg, device, model.arch, errors=errors, progress=progress, desc=desc)
+    return detokenize(hyps, tokenizer)

@@ -1,0 +1,44 @@
+"""Issue #13 item 19: checkpoint averaging as the README shows it, end to end: numbered checkpoints
+from ``train.save_every``, ``--num-last`` above what exists averages what there is (with a warning),
+and an average written outside the run folder can be translated and evaluated."""
+
+from __future__ import annotations
+
+import shutil
+
+import torch
+from safetensors.torch import load_file
+
+from tests.faults.conftest import SIZES, run_script
+from transformer.training.checkpoint import load_checkpoint
+
+
+def test_average_outside_the_run_folder_translates(trained_run, gappy_corpus, tmp_path):
+    avg = tmp_path / "elsewhere" / "avg.safetensors"
+    res = run_script("average_checkpoints", "--inputs", str(trained_run), "--num-last", "5", "--output", str(avg),
+                     cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "warning: --num-last=5" in res.stderr and "averaged 3 checkpoints" in res.stdout
+    states = [load_checkpoint(trained_run, f"checkpoint_{u}")[0] for u in (2, 4, 6)]
+    name = "output_proj.weight"
+    torch.testing.assert_close(load_file(avg)[name], sum(s[name] for s in states) / 3)
+    src = gappy_corpus / "test_2016_flickr.en"
+    out = run_script("translate", f"checkpoint={avg}", f"input={src}", "generation.strategy=greedy",
+                     "progress=false", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.split("\n")[:-1]) == SIZES["test_2016_flickr"]
+    ev = run_script("evaluate", f"checkpoint={avg}", "splits=[test_2016_flickr]", "limit=5",
+                    f"data.root={gappy_corpus}", "generation.strategy=greedy", "progress=false", cwd=tmp_path)
+    assert ev.returncode == 0, ev.stderr
+    assert (trained_run / "eval" / "avg" / "results.json").is_file()  # results go to the run it came from
+
+
+def test_a_run_without_numbered_checkpoints_names_train_save_every(trained_run, tmp_path):
+    run = tmp_path / "default_run"
+    shutil.copytree(trained_run, run)
+    for f in run.glob("checkpoint_[0-9]*"):
+        f.unlink()
+    res = run_script("average_checkpoints", "--inputs", str(run), "--num-last", "5", "--output",
+                     str(tmp_path / "avg.safetensors"), cwd=tmp_path)
+    assert res.returncode != 0
+    assert "train.save_every" in res.stderr and "checkpoint_last" in res.stderr and "Traceback" not in res.stderr
