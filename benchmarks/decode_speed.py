@@ -207,6 +207,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model, toks, cfg = load_run(args.run)
     systems = args.systems.split(",")
+    if model.arch != "encoder_decoder" and any(s.startswith("hf") for s in systems):
+        print(f"{args.run} is {model.arch}: the HF rows (Marian) are for encoder-decoders, skipped", file=sys.stderr)
+        systems = [s for s in systems if not s.startswith("hf")]
     diff = None
     if any(s.startswith("hf") for s in systems):
         from transformer.interop.hf_marian import to_marian
@@ -223,7 +226,7 @@ def main() -> None:
 
     results = []
     for strategy in args.strategies.split(","):
-        for system in args.systems.split(","):
+        for system in systems:
             if system == "hf_early" and strategy != "beam":
                 continue
             cmd = [sys.executable, __file__, "--worker", f"--system={system}", f"--strategy={strategy}"] + [

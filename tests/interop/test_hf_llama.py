@@ -75,6 +75,10 @@ def test_export_folder_loads_and_generates_like_ours(llama_run, tmp_path) -> Non
             "tokenizer_config.json", "transformer_zoo.yaml"} <= names
     assert (out / "tokenizer.model").read_bytes() == (run_dir / "spm.model").read_bytes()
     assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)  # LlamaTokenizer over our SentencePiece model
+    lines = ["A man is riding a bike.", "Two dogs play in the snow."]
+    assert hf_tok(lines)["input_ids"] == [tok.encode(s) for s in lines]
+    assert hf_tok.convert_tokens_to_ids("<sep>") == tok.sep_id and hf_tok.eos_token_id == tok.eos_id
     hf = transformers.LlamaForCausalLM.from_pretrained(out).eval()
     tokens = torch.tensor([tok.encode("A man is riding a bike.") + [tok.sep_id] + tok.encode("Ein Mann")])
     with torch.no_grad():

@@ -204,7 +204,8 @@ def save_hf_llama(model: nn.Module, cfg: Any, tokenizer: Any, folder: Path, run_
         ExportError: as :func:`to_hf_llama`.
     """
     hf = to_hf_llama(model, cfg)
-    hf.generation_config.update(eos_token_id=model.eos_id, pad_token_id=model.pad_id, bos_token_id=None)
+    hf.generation_config.update(eos_token_id=model.eos_id, pad_token_id=model.pad_id, bos_token_id=None,
+                                bad_words_ids=[[model.pad_id]], forced_eos_token_id=model.eos_id)
     hf.save_pretrained(folder, safe_serialization=True)
     shutil.copyfile(tokenizer.model_path, folder / "tokenizer.model")
     specials = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
