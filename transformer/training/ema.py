@@ -1,0 +1,104 @@
+"""Exponential moving average of the weights (``train.ema_decay``).
+
+After every update ``ema = decay * ema + (1 - decay) * weight`` (Polyak & Juditsky 1992; Marian's
+``--exponential-smoothing``, fairseq's and eole's EMA), kept in fp32 beside the model whatever the
+training precision, starting from the initial weights. The update is PyTorch's own
+(:func:`torch.optim.swa_utils.get_ema_multi_avg_fn`, one ``_foreach_lerp_`` over all tensors).
+Validation and the final test run with the averaged weights swapped in (:meth:`EMA.swapped`).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+from torch import Tensor, nn
+from torch.optim.swa_utils import get_ema_multi_avg_fn
+
+__all__ = ["EMA"]
+
+
+class EMA:
+    """fp32 moving averages of a model's parameters, by parameter name.
+
+    Tied parameters are averaged once (under the first name :meth:`nn.Module.named_parameters`
+    gives); :meth:`state_dict` returns every name of the model's ``state_dict`` (tied names share
+    a tensor), so it loads into the model like its own weights.
+
+    Args:
+        model: the model being trained (its current weights start the average).
+        decay: in ``(0, 1)``; 0.999 averages over roughly the last 1000 updates.
+
+    Raises:
+        ValueError: ``decay`` outside ``(0, 1)``.
+    """
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"train.ema_decay={decay} must be in (0, 1) (0 turns the average off)")
+        self.decay = float(decay)
+        self._update = get_ema_multi_avg_fn(self.decay)
+        params = dict(model.named_parameters())  # tied parameters appear once
+        self.names = list(params)
+        self.shadow = [p.detach().float().clone() for p in params.values()]
+        self._aliases = _aliases(model)  # state_dict name -> parameter name
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        """Move the averages towards ``model``'s current weights (call after each optimizer step)."""
+        params = dict(model.named_parameters())
+        current = [params[n].detach().float() for n in self.names]
+        self._update(self.shadow, current, 1)  # the count only matters to AveragedModel's first copy
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The averaged weights under the model's ``state_dict`` names (fp32)."""
+        by_name = dict(zip(self.names, self.shadow))
+        return {k: by_name[p] for k, p in self._aliases.items()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Restore averages saved by :meth:`state_dict` (copied, kept in fp32).
+
+        Raises:
+            KeyError: a parameter of the model is missing from ``state``.
+        """
+        missing = [n for n in self.names if n not in state]
+        if missing:
+            raise KeyError(f"EMA state lacks {missing[:5]}")
+        for i, n in enumerate(self.names):
+            self.shadow[i] = state[n].detach().to(self.shadow[i].device, torch.float32).clone()
+
+    def to(self, device: torch.device | str) -> "EMA":
+        """Move the averages to ``device``; returns self."""
+        self.shadow = [t.to(device) for t in self.shadow]
+        return self
+
+    @contextmanager
+    @torch.no_grad()
+    def swapped(self, model: nn.Module) -> Iterator[nn.Module]:
+        """Run the block with the averaged weights in ``model``; its own weights come back afterwards
+        (bit for bit, also when the block raises).
+
+        Yields:
+            ``model`` holding the averages (cast to each parameter's dtype).
+        """
+        params = dict(model.named_parameters())
+        saved = [params[n].detach().clone() for n in self.names]
+        try:
+            for n, avg in zip(self.names, self.shadow):
+                params[n].copy_(avg)
+            yield model
+        finally:
+            for n, w in zip(self.names, saved):
+                params[n].copy_(w)
+
+
+def _aliases(model: nn.Module) -> dict[str, str]:
+    """``state_dict`` key -> the ``named_parameters`` name of the same tensor (tied keys share one)."""
+    first: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=True):
+        first.setdefault(id(p), name)
+    out = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        out[name] = first[id(p)]
+    return out
