@@ -18,6 +18,7 @@ from transformer.generation.loading import (
 )
 from transformer.generation.search import (
     Hypothesis,
+    SearchLimits,
     beam_search,
     decoding,
     generate,
@@ -38,6 +39,7 @@ from transformer.generation.translate import (
 __all__ = [
     "Hypothesis",
     "LoadError",
+    "SearchLimits",
     "LoadedRun",
     "Tokenizers",
     "batches_by_tokens",

@@ -12,7 +12,8 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
-from transformer.generation.search import Hypothesis, _cfg, generate
+from transformer.generation.common import Hypothesis, as_generation_config
+from transformer.generation.search import generate
 
 __all__ = [
     "batches_by_tokens", "detokenize", "make_src_tokens", "max_source_length", "translate_dataset",
@@ -146,9 +147,9 @@ def translate_sentences(
         Whatever decoding raises, when ``errors`` is None.
     """
     arch = arch or model.arch
-    strategy = _cfg(cfg, "strategy", "beam")
-    rows = {"beam": int(_cfg(cfg, "beam_size", 5)), "sample": int(_cfg(cfg, "nbest", 1))}.get(strategy, 1)
-    max_tokens = int(_cfg(cfg, "max_tokens", 8000))
+    g = as_generation_config(cfg)
+    rows = {"beam": int(g.beam_size), "sample": int(g.nbest)}.get(g.strategy, 1)
+    max_tokens = int(g.max_tokens)
     extra = 1 if arch == "encoder_decoder" else 0
     results: list[list[Hypothesis]] = [[] for _ in src_ids]
     limit = max_source_length(model, arch)
@@ -174,7 +175,7 @@ def translate_sentences(
 
     def decode(idx: list[int]) -> None:
         src = make_src_tokens([src_ids[i] for i in idx], arch, pad_id=model.pad_id, eos_id=model.eos_id, device=device)
-        for i, hyps in zip(idx, generate(model, src, cfg)):
+        for i, hyps in zip(idx, generate(model, src, g)):
             results[i] = hyps
 
     try:

@@ -1,0 +1,218 @@
+"""What greedy search, beam search and sampling share: the output type, the length limits and
+penalty, the token constraints, and the generation settings as one typed object.
+
+Conventions shared by all strategies (and relied on by :mod:`transformer.generation.translate`):
+
+* ``Hypothesis.tokens`` holds the generated ids *without* the start token and always ends with
+  exactly one EOS. When a hypothesis reaches the maximum length, EOS is forced as its next token
+  (with the model's own log-probability for EOS), so "cut at max length" hypotheses also end with
+  EOS and carry ``max_len + 1`` tokens.
+* Maximum length per sentence: ``int(max_len_a * src_len + max_len_b)`` tokens before EOS, where
+  ``src_len`` is the number of non-pad source tokens (for the encoder-decoder that includes the
+  source EOS). Each sentence of a batch has its own limit, so batched and one-at-a-time decoding
+  agree.
+* ``min_len``: EOS is forbidden while a hypothesis has fewer than ``min_len`` tokens; the maximum
+  length wins when the two conflict.
+* PAD is never generated.
+* Length (for the length penalty) counts the generated tokens including EOS.
+* ``score`` is the length-penalised log-probability ``logprob / lp(len)`` (beam, greedy and sampling
+  alike); ``logprob`` is the sum of the model's log-probabilities (temperature 1, no filtering) of
+  every generated token including EOS, with the constraints above applied (banned tokens removed
+  by setting them to ``-inf`` *before* the log-softmax is read, i.e. the model distribution is not
+  renormalised over the allowed tokens; this is fairseq's convention).
+
+References: Wu et al. 2016 (GNMT length penalty ``((5 + len) / 6) ** alpha``); fairseq
+``SequenceGenerator`` (``len ** alpha``, ``max_len_a``/``max_len_b``, ``no_repeat_ngram_size``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, fields
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from transformer.config import GenerationConfig
+
+__all__ = [
+    "Hypothesis",
+    "SearchLimits",
+    "as_generation_config",
+    "constrain",
+    "decoding",
+    "length_penalty",
+    "log_probs",
+    "max_lengths",
+]
+
+
+@dataclass
+class Hypothesis:
+    """One output sentence.
+
+    Attributes:
+        tokens: generated ids without the start token, ending with exactly one EOS.
+        score: length-penalised log-probability ``logprob / lp(len(tokens))`` (higher is better).
+        logprob: summed log-probability of ``tokens`` under the model (EOS included).
+    """
+
+    tokens: list[int]
+    score: float
+    logprob: float
+
+
+@dataclass(frozen=True)
+class SearchLimits:
+    """The settings every search strategy takes (the keyword arguments of
+    :func:`~transformer.generation.sampling.greedy_search`, :func:`~transformer.generation.sampling.sample`
+    and :func:`~transformer.generation.beam.beam_search`).
+
+    Attributes:
+        max_len_a, max_len_b: maximum length ``int(a * n_src + b)`` tokens before EOS
+            (see :func:`max_lengths`).
+        min_len: minimum number of tokens before EOS.
+        no_repeat_ngram_size: forbid repeating n-grams of this size within a hypothesis (0 = off).
+        length_penalty_alpha: exponent of the length penalty (0 = plain log-probability).
+        length_penalty_form: ``gnmt`` or ``fairseq`` (see :func:`length_penalty`).
+    """
+
+    max_len_a: float = 1.0
+    max_len_b: int = 50
+    min_len: int = 1
+    no_repeat_ngram_size: int = 0
+    length_penalty_alpha: float = 0.0
+    length_penalty_form: str = "gnmt"
+
+    @classmethod
+    def from_generation(cls, g: GenerationConfig) -> SearchLimits:
+        """The limits of generation settings ``g`` (``length_penalty`` -> ``length_penalty_alpha``)."""
+        return cls(
+            max_len_a=float(g.max_len_a), max_len_b=int(g.max_len_b), min_len=int(g.min_len),
+            no_repeat_ngram_size=int(g.no_repeat_ngram_size), length_penalty_alpha=float(g.length_penalty),
+            length_penalty_form=str(g.length_penalty_form),
+        )
+
+    def penalty(self, length: Tensor | float) -> Tensor | float:
+        """:func:`length_penalty` of ``length`` with this alpha and form."""
+        return length_penalty(length, self.length_penalty_alpha, self.length_penalty_form)
+
+
+def as_generation_config(cfg: Any) -> GenerationConfig:
+    """Generation settings as a :class:`~transformer.config.GenerationConfig`.
+
+    Args:
+        cfg: a ``GenerationConfig`` (returned as is), a DictConfig / dict / object with some of
+            its fields (the others take the dataclass defaults), or None (all defaults).
+
+    Returns:
+        A ``GenerationConfig`` (not validated; see :func:`~transformer.config.validate_generation_config`).
+    """
+    if isinstance(cfg, GenerationConfig):
+        return cfg
+    defaults = GenerationConfig()
+    if cfg is None:
+        return defaults
+    if isinstance(cfg, dict):
+        return GenerationConfig(**{f.name: cfg.get(f.name, getattr(defaults, f.name)) for f in fields(GenerationConfig)})
+    return GenerationConfig(**{f.name: getattr(cfg, f.name, getattr(defaults, f.name)) for f in fields(GenerationConfig)})
+
+
+def length_penalty(length: Tensor | float, alpha: float, form: str = "gnmt") -> Tensor | float:
+    """The divisor of the summed log-probability.
+
+    Args:
+        length: number of generated tokens including EOS (a number or a tensor of them).
+        alpha: exponent; 0 disables the penalty, > 0 favours longer outputs, < 0 shorter ones.
+        form: ``gnmt`` for ``((5 + len) / 6) ** alpha`` (Wu et al. 2016, used by Vaswani et al. 2017)
+            or ``fairseq`` for ``len ** alpha``.
+
+    Returns:
+        ``lp(length)`` with the type of ``length``.
+
+    Raises:
+        ValueError: unknown ``form``.
+    """
+    if form == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    if form == "fairseq":
+        return length**alpha
+    raise ValueError(f"length_penalty_form={form!r} is not one of gnmt, fairseq")
+
+
+def max_lengths(src_tokens: Tensor, pad_id: int, max_len_a: float, max_len_b: int) -> Tensor:
+    """Per-sentence maximum number of generated tokens before the (forced) EOS.
+
+    Args:
+        src_tokens: ``(batch, src_len)`` right-padded source.
+        pad_id: padding id.
+        max_len_a, max_len_b: ``int(a * n_src + b)`` with ``n_src`` the non-pad source tokens.
+
+    Returns:
+        ``(batch,)`` long tensor, at least 0.
+    """
+    n_src = src_tokens.ne(pad_id).sum(1).double()  # (B,)
+    return (max_len_a * n_src + max_len_b).floor().long().clamp(min=0)
+
+
+@contextlib.contextmanager
+def decoding(model: nn.Module) -> Iterator[None]:
+    """Eval mode and ``torch.inference_mode`` for the duration; the training flags are restored.
+
+    Args:
+        model: the model (may be mid-training).
+    """
+    was_training = [m.training for m in model.modules()]
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        for m, flag in zip(model.modules(), was_training):
+            m.training = flag
+
+
+def constrain(
+    lprobs: Tensor, step: int, max_len: Tensor, history: Tensor, limits: SearchLimits, *, pad_id: int, eos_id: int
+) -> Tensor:
+    """Apply PAD ban, ``min_len``, ``no_repeat_ngram_size`` and the forced EOS at max length in place.
+
+    Args:
+        lprobs: ``(rows, vocab)`` log-probabilities (or logits) of the next token.
+        step: number of tokens each row has generated so far.
+        max_len: ``(rows,)`` per-row maximum length (tokens before EOS).
+        history: ``(rows, step)`` generated tokens so far (without the start token).
+        limits: ``min_len`` (EOS is banned while ``step < min_len``) and ``no_repeat_ngram_size``
+            (ban tokens that would repeat an n-gram of the row; 0 = off).
+        pad_id, eos_id: special ids.
+
+    Returns:
+        ``lprobs`` (modified in place).
+    """
+    ninf = float("-inf")
+    eos_lp = lprobs[:, eos_id].clone()  # (rows,) kept for the forced EOS
+    lprobs[:, pad_id] = ninf
+    if step < limits.min_len:
+        lprobs[:, eos_id] = ninf
+    n = limits.no_repeat_ngram_size
+    if n > 0 and step >= n:  # at least one complete n-gram in the history
+        if n == 1:
+            lprobs.scatter_(1, history, ninf)
+        else:
+            windows = history.unfold(1, n, 1)  # (rows, step - n + 1, n)
+            suffix = history[:, step - n + 1 :]  # (rows, n - 1)
+            hit = (windows[:, :, :-1] == suffix[:, None, :]).all(-1)  # (rows, W)
+            rows, cols = hit.nonzero(as_tuple=True)
+            if rows.numel():
+                lprobs[rows, windows[rows, cols, -1]] = ninf
+    forced = max_len <= step  # (rows,)
+    if bool(forced.any()):
+        lprobs[forced] = ninf
+        lprobs[forced, eos_id] = eos_lp[forced]
+    return lprobs
+
+
+def log_probs(logits: Tensor) -> Tensor:
+    """``(rows, vocab)`` logits -> float32 log-probabilities."""
+    return torch.log_softmax(logits.float(), dim=-1)

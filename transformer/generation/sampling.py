@@ -1,0 +1,187 @@
+"""Greedy search and ancestral sampling (temperature, top-k, nucleus): one loop over the rows of a
+batch, finished rows leaving it.
+
+Both use only the models' decoding interface (``start_decoding``, ``decode_step``,
+``state.reorder``) and the conventions of :mod:`transformer.generation.common`. References:
+Holtzman et al. 2020 (nucleus sampling); Fan et al. 2018 (top-k sampling).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from transformer.generation.common import (
+    Hypothesis,
+    SearchLimits,
+    constrain,
+    decoding,
+    log_probs,
+    max_lengths,
+)
+
+__all__ = ["greedy_search", "sample", "top_k_top_p_filter"]
+
+
+def greedy_search(model: nn.Module, src_tokens: Tensor, **limits: Any) -> list[list[Hypothesis]]:
+    """Pick the most probable next token until EOS, batched over sentences.
+
+    Finished sentences leave the batch (their cache rows are dropped through ``state.reorder``).
+
+    Args:
+        model: an encoder-decoder or decoder-only model (see :mod:`transformer.generation.search`).
+        src_tokens: ``(batch, src_len)`` source in the model's format, right-padded.
+        **limits: the fields of :class:`~transformer.generation.common.SearchLimits` (``max_len_a``,
+            ``max_len_b``, ``min_len``, ``no_repeat_ngram_size``; ``length_penalty_alpha`` and
+            ``length_penalty_form`` only for ``Hypothesis.score``), defaults as there.
+
+    Returns:
+        ``batch`` lists with one :class:`Hypothesis` each, in input order.
+
+    Raises:
+        TypeError: a keyword that is not a field of ``SearchLimits``.
+    """
+    with decoding(model):
+        return _greedy_or_sample(model, src_tokens, SearchLimits(**limits), n_samples=1, temperature=0.0, top_k=0, top_p=1.0, seed=0)
+
+
+def top_k_top_p_filter(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Set the logits outside the top-k / nucleus to ``-inf`` (in place).
+
+    The nucleus (Holtzman et al. 2020) is the smallest set of most probable tokens whose probability
+    reaches ``top_p``: a token is kept when the probability of the tokens ranked above it is below
+    ``top_p``, so the token that crosses ``top_p`` is kept and the most probable token always is.
+
+    Args:
+        logits: ``(rows, vocab)`` (already divided by the temperature).
+        top_k: keep the ``top_k`` largest logits (0 = all).
+        top_p: nucleus mass in ``(0, 1]`` (1 = all).
+
+    Returns:
+        ``logits`` (modified in place).
+
+    Raises:
+        ValueError: ``top_p`` outside ``(0, 1]`` or negative ``top_k``.
+    """
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p={top_p} must be in (0, 1]")
+    if top_k < 0:
+        raise ValueError(f"top_k={top_k} must be >= 0")
+    ninf = float("-inf")
+    if 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (rows, 1)
+        logits.masked_fill_(logits < kth, ninf)
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (rows, vocab)
+        probs = sorted_logits.softmax(-1)
+        mass_before = probs.cumsum(-1) - probs  # probability ranked strictly above each token
+        drop_sorted = mass_before >= top_p
+        drop_sorted[:, 0] = False
+        drop = drop_sorted.scatter(1, order, drop_sorted)
+        logits.masked_fill_(drop, ninf)
+    return logits
+
+
+def sample(
+    model: nn.Module,
+    src_tokens: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    n_samples: int = 1,
+    **limits: Any,
+) -> list[list[Hypothesis]]:
+    """Ancestral sampling with temperature, top-k and nucleus filtering, seeded.
+
+    Args:
+        model: an encoder-decoder or decoder-only model.
+        src_tokens: ``(batch, src_len)`` source in the model's format, right-padded.
+        temperature: logits are divided by it; 0 means argmax (greedy).
+        top_k: sample among the ``top_k`` most probable tokens (0 = all).
+        top_p: sample from the nucleus of mass ``top_p`` (1 = all).
+        seed: seed of a private :class:`torch.Generator` (the global RNG is untouched).
+        n_samples: independent samples per sentence (returned best first by ``score``).
+        **limits: the fields of :class:`~transformer.generation.common.SearchLimits`, as in
+            :func:`greedy_search` (the length penalty ranks the samples).
+
+    Returns:
+        ``batch`` lists of ``n_samples`` hypotheses, best first, in input order.
+
+    Raises:
+        ValueError: negative temperature, or invalid ``top_k`` / ``top_p``.
+        TypeError: a keyword that is not a field of ``SearchLimits``.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0")
+    with decoding(model):
+        return _greedy_or_sample(
+            model, src_tokens, SearchLimits(**limits), n_samples=n_samples, temperature=temperature,
+            top_k=top_k, top_p=top_p, seed=seed,
+        )
+
+
+def _greedy_or_sample(
+    model: nn.Module,
+    src_tokens: Tensor,
+    limits: SearchLimits,
+    *,
+    n_samples: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int,
+) -> list[list[Hypothesis]]:
+    """Shared loop of greedy search (``temperature == 0``) and sampling; rows = batch x n_samples."""
+    device = src_tokens.device
+    bsz = src_tokens.shape[0]
+    eos, pad = model.eos_id, model.pad_id
+    state = model.start_decoding(src_tokens)
+    if n_samples > 1:
+        state.reorder(torch.arange(bsz, device=device).repeat_interleave(n_samples))
+    rows = bsz * n_samples
+    row_ids = torch.arange(rows, device=device)  # original row of each active row
+    max_len = max_lengths(src_tokens, pad, limits.max_len_a, limits.max_len_b).repeat_interleave(n_samples)
+    history = torch.empty(rows, 0, dtype=torch.long, device=device)
+    logprob = torch.zeros(rows, device=device)
+    prev = torch.full((rows, 1), model.decoder_start_token_id, dtype=torch.long, device=device)
+    gen = None
+    if temperature > 0:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(int(seed))
+    results: list[Hypothesis | None] = [None] * rows
+    step = 0
+    while True:
+        logits = model.decode_step(prev, state).float()  # (rows, V)
+        lprobs = constrain(log_probs(logits), step, max_len, history, limits, pad_id=pad, eos_id=eos)  # (rows, V)
+        if temperature > 0:
+            scaled = logits / temperature
+            # the same constraints, on the scaled logits
+            scaled = constrain(scaled, step, max_len, history, limits, pad_id=pad, eos_id=eos)
+            scaled = top_k_top_p_filter(scaled, top_k, top_p)
+            nxt = torch.multinomial(scaled.softmax(-1), 1, generator=gen).squeeze(1)  # (rows,)
+        else:
+            nxt = lprobs.argmax(-1)  # (rows,)
+        logprob = logprob + lprobs.gather(1, nxt[:, None]).squeeze(1)
+        history = torch.cat((history, nxt[:, None]), dim=1)  # (rows, step + 1)
+        step += 1
+        done = nxt.eq(eos)
+        if bool(done.any()):
+            lp = limits.penalty(float(step))
+            for i, toks, score in zip(row_ids[done].tolist(), history[done].tolist(), logprob[done].tolist()):
+                results[i] = Hypothesis(tokens=toks, score=score / lp, logprob=score)
+            keep = (~done).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            state.reorder(keep)
+            row_ids, max_len, history, logprob, nxt = (t[keep] for t in (row_ids, max_len, history, logprob, nxt))
+        prev = nxt[:, None]
+    out: list[list[Hypothesis]] = []
+    for b in range(bsz):
+        hyps = [h for h in results[b * n_samples : (b + 1) * n_samples] if h is not None]
+        hyps.sort(key=lambda h: h.score, reverse=True)
+        out.append(hyps)
+    return out
