@@ -11,7 +11,6 @@ from safetensors.torch import load_file
 
 import transformer.io
 
-from transformer.training import checkpoint as ckpt
 from transformer.training.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -141,10 +140,10 @@ def test_crash_between_renames_is_detected(tmp_path, monkeypatch):
             raise OSError("power cut")
         real_replace(src, dst)
 
-    monkeypatch.setattr(ckpt.os, "replace", replace_once)
+    monkeypatch.setattr(os, "replace", replace_once)
     with pytest.raises(OSError, match="power cut"):
         save_checkpoint(tmp_path, "checkpoint_last", {"w": torch.ones(3)}, {"update": 2})
-    monkeypatch.setattr(ckpt.os, "replace", real_replace)
+    monkeypatch.setattr(os, "replace", real_replace)
     with pytest.raises(CheckpointError, match="different saves"):
         load_checkpoint(tmp_path, "checkpoint_last")
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

@@ -1,0 +1,76 @@
+"""What a checkpoint is: its three files, its format tag, and what its training state may hold.
+
+See :mod:`transformer.training.checkpoint` for the layout; :mod:`.files` reads and writes it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "FORMAT",
+    "META_SUFFIX",
+    "STATE_SUFFIX",
+    "SUFFIXES",
+    "WEIGHTS_SUFFIX",
+    "CheckpointError",
+    "check_plain",
+    "checkpoint_file",
+    "weights_path",
+]
+
+WEIGHTS_SUFFIX = ".safetensors"
+STATE_SUFFIX = ".pt"
+META_SUFFIX = ".json"
+SUFFIXES = (STATE_SUFFIX, WEIGHTS_SUFFIX, META_SUFFIX)  # the files of one checkpoint, in write order
+FORMAT = "transformer-zoo-checkpoint/1"
+_PLAIN_SCALARS = (type(None), bool, int, float, str, bytes, torch.dtype, torch.device)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be read or whose files do not belong together."""
+
+
+def checkpoint_file(stem: Path, suffix: str) -> Path:
+    """The file ``stem`` + ``suffix`` of checkpoint ``stem`` (``dir / "checkpoint_last"``)."""
+    return stem.with_name(stem.name + suffix)
+
+
+def weights_path(path: Path) -> Path:
+    """The weights file of ``path``: itself when it ends in ``.safetensors``, else the stem's."""
+    return path if path.suffix == WEIGHTS_SUFFIX else checkpoint_file(path, WEIGHTS_SUFFIX)
+
+
+def check_plain(obj: Any, where: str) -> None:
+    """Raise TypeError unless ``obj`` loads with ``torch.load(weights_only=True)``.
+
+    Args:
+        obj: the training state (or a part of it).
+        where: how to name ``obj`` in the message (``"train_state"``, ``"train_state['rng']"``).
+
+    Raises:
+        TypeError: naming the first part that is not a tensor, number, string, None, dtype,
+            device or dict/list/tuple of these.
+    """
+    if isinstance(obj, Tensor) or type(obj) in _PLAIN_SCALARS:
+        return
+    if type(obj) in (dict, OrderedDict):
+        for k, v in obj.items():
+            if type(k) not in _PLAIN_SCALARS:
+                raise TypeError(f"{where} has a key of type {type(k).__name__}; use str or int keys")
+            check_plain(v, f"{where}[{k!r}]")
+        return
+    if type(obj) in (list, tuple, torch.Size):
+        for i, v in enumerate(obj):
+            check_plain(v, f"{where}[{i}]")
+        return
+    raise TypeError(
+        f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}; the training state may hold only "
+        "tensors, numbers, strings, None and dicts/lists/tuples of these (torch.load(weights_only=True)); "
+        "convert configs with OmegaConf.to_container / dataclasses.asdict and arrays with torch.as_tensor"
+    )

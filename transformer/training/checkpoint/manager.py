@@ -1,0 +1,142 @@
+"""The checkpoints of one run: ``checkpoint_last``, ``checkpoint_best`` and numbered
+``checkpoint_{update}`` (fairseq names), linked rather than rewritten, pruned to the newest few."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from transformer.io import atomic_write_all
+from transformer.training.checkpoint.files import save_checkpoint
+from transformer.training.checkpoint.format import (
+    META_SUFFIX,
+    STATE_SUFFIX,
+    SUFFIXES,
+    WEIGHTS_SUFFIX,
+    checkpoint_file,
+)
+
+__all__ = ["CheckpointManager", "numbered_checkpoints"]
+
+_NUMBERED = re.compile(r"^checkpoint_(\d+)" + re.escape(WEIGHTS_SUFFIX) + "$")
+
+
+def _link_or_copy_all(src: Path, dst: Path) -> None:
+    """Make checkpoint ``dst`` a copy of ``src`` (hard links when possible), atomically per file."""
+
+    def copier(suffix: str) -> Callable[[Path], None]:
+        def write(tmp: Path) -> None:
+            tmp.unlink()
+            try:
+                os.link(checkpoint_file(src, suffix), tmp)
+            except OSError:
+                shutil.copyfile(checkpoint_file(src, suffix), tmp)
+
+        return write
+
+    atomic_write_all([(checkpoint_file(dst, s), copier(s)) for s in SUFFIXES])
+
+
+def _remove_checkpoint(stem: Path) -> None:
+    for suffix in (WEIGHTS_SUFFIX, STATE_SUFFIX, META_SUFFIX):  # weights first: the checkpoint disappears at once
+        checkpoint_file(stem, suffix).unlink(missing_ok=True)
+
+
+class CheckpointManager:
+    """The checkpoints of one run: ``checkpoint_last``, ``checkpoint_best`` and numbered
+    ``checkpoint_{update}`` files (fairseq names), all in ``run_dir``.
+
+    Each :meth:`save` serialises once (into ``checkpoint_last``) and makes ``checkpoint_best`` /
+    ``checkpoint_{update}`` hard links of it (copies where links are not supported); every
+    replacement is atomic, so a crash leaves the previous files loadable.
+
+    Args:
+        run_dir: the folder holding the checkpoints (created when missing).
+        keep_last: how many numbered checkpoints to keep (the newest); 0 keeps all.
+
+    Raises:
+        ValueError: when ``keep_last < 0``.
+    """
+
+    LAST = "checkpoint_last"
+    BEST = "checkpoint_best"
+
+    def __init__(self, run_dir: Path | str, keep_last: int = 5) -> None:
+        if keep_last < 0:
+            raise ValueError(f"keep_last={keep_last} must be >= 0 (0 keeps every numbered checkpoint)")
+        self.run_dir = Path(run_dir)
+        self.keep_last = int(keep_last)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    def save(
+        self,
+        update: int,
+        model_state: dict[str, Tensor],
+        train_state: dict[str, Any],
+        is_best: bool = False,
+        numbered: bool = False,
+    ) -> Path:
+        """Write ``checkpoint_last``; also ``checkpoint_best`` when ``is_best`` and
+        ``checkpoint_{update}`` when ``numbered`` (then prune to the newest ``keep_last``).
+
+        Args:
+            update: the number of completed updates (names the numbered checkpoint).
+            model_state: ``model.state_dict()``.
+            train_state: the plain training state (see :func:`save_checkpoint`).
+            is_best: whether this is the best validation result so far.
+            numbered: whether to keep this state as ``checkpoint_{update}``.
+
+        Returns:
+            The stem of ``checkpoint_last``.
+
+        Raises:
+            TypeError: see :func:`save_checkpoint`.
+        """
+        last = save_checkpoint(self.run_dir, self.LAST, model_state, train_state)
+        if is_best:
+            _link_or_copy_all(last, self.run_dir / self.BEST)
+        if numbered:
+            _link_or_copy_all(last, self.run_dir / f"checkpoint_{int(update)}")
+            self._prune()
+        return last
+
+    def _prune(self) -> None:
+        if self.keep_last > 0:
+            for stem in self.numbered()[: -self.keep_last]:
+                _remove_checkpoint(stem)
+
+    def latest(self) -> Path | None:
+        """The stem of ``checkpoint_last``, or None when there is none."""
+        stem = self.run_dir / self.LAST
+        return stem if checkpoint_file(stem, WEIGHTS_SUFFIX).is_file() else None
+
+    def best(self) -> Path | None:
+        """The stem of ``checkpoint_best``, or None when there is none."""
+        stem = self.run_dir / self.BEST
+        return stem if checkpoint_file(stem, WEIGHTS_SUFFIX).is_file() else None
+
+    def numbered(self) -> list[Path]:
+        """Stems of the numbered checkpoints, oldest (lowest update) first."""
+        return numbered_checkpoints(self.run_dir)
+
+
+def numbered_checkpoints(folder: Path | str) -> list[Path]:
+    """Stems of the ``checkpoint_{update}`` checkpoints in ``folder``, oldest (lowest update) first.
+
+    Args:
+        folder: a checkpoint folder (see :class:`CheckpointManager`); a missing folder has none.
+
+    Returns:
+        ``[folder / "checkpoint_{update}", ...]`` for every ``checkpoint_{update}.safetensors``.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), m.group(1)) for m in map(_NUMBERED.match, os.listdir(folder)) if m]
+    return [folder / f"checkpoint_{digits}" for _, digits in sorted(found)]
