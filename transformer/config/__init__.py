@@ -1,0 +1,60 @@
+"""Typed configuration for every experiment.
+
+The dataclasses here mirror the YAML files under ``configs/`` one to one (torchtitan style): Hydra
+validates each YAML file against them through the ConfigStore (:func:`register_configs`), and
+:func:`validate_config` rejects invalid *combinations* of fields before anything is built, with a
+sentence that names the fields.
+
+Modules in :mod:`transformer.modules` never see these classes; the builder
+(:mod:`transformer.models.builder`) turns a :class:`ModelConfig` into explicit sizes and parts.
+
+Where things are: :mod:`.schema` (the dataclasses and their ConfigStore registration),
+:mod:`.validation` (:class:`ConfigError` and the checks of field combinations).
+"""
+
+from omegaconf import MISSING
+
+from transformer.config.schema import (
+    Config,
+    CriterionConfig,
+    DataConfig,
+    FFNConfig,
+    GenerationConfig,
+    LoggerConfig,
+    ModelConfig,
+    NormConfig,
+    OptimConfig,
+    PositionConfig,
+    SchedulerConfig,
+    TrainConfig,
+    register_configs,
+)
+from transformer.config.validation import (
+    ConfigError,
+    resolve_n_kv_heads,
+    validate_config,
+    validate_generation_config,
+    validate_model_config,
+)
+
+__all__ = [
+    "MISSING",
+    "Config",
+    "ConfigError",
+    "CriterionConfig",
+    "DataConfig",
+    "FFNConfig",
+    "GenerationConfig",
+    "LoggerConfig",
+    "ModelConfig",
+    "NormConfig",
+    "OptimConfig",
+    "PositionConfig",
+    "SchedulerConfig",
+    "TrainConfig",
+    "register_configs",
+    "resolve_n_kv_heads",
+    "validate_config",
+    "validate_generation_config",
+    "validate_model_config",
+]

@@ -1,0 +1,185 @@
+"""Validation of configuration *combinations*: every invalid combination of fields is rejected
+before anything is built, with a sentence that names the fields (:class:`ConfigError`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from transformer.config.schema import Config
+
+__all__ = ["ConfigError", "resolve_n_kv_heads", "validate_config", "validate_generation_config", "validate_model_config"]
+
+
+class ConfigError(ValueError):
+    """An invalid combination of configuration fields (the message names the fields)."""
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "model.arch": ("encoder_decoder", "decoder_only"),
+    "model.norm_position": ("post", "pre"),
+    "model.attention": ("mha", "gqa", "mqa"),
+    "model.tie_embeddings": ("none", "decoder", "all"),
+    "model.init": ("xavier", "normal"),
+    "model.norm.name": ("layernorm", "rmsnorm"),
+    "model.ffn.name": ("relu", "gelu", "swiglu", "geglu"),
+    "model.position.name": ("sinusoidal", "learned", "rope", "alibi", "none"),
+}
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    obj = cfg
+    for part in dotted.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return obj
+
+
+def resolve_n_kv_heads(model: Any) -> int:
+    """Number of key/value heads implied by ``model.attention`` and ``model.n_kv_heads``.
+
+    Raises:
+        ConfigError: when the two disagree (e.g. ``mha`` with ``n_kv_heads != n_heads``).
+    """
+    n_heads, n_kv = model.n_heads, model.n_kv_heads
+    if model.attention == "mha":
+        if n_kv not in (None, n_heads):
+            raise ConfigError(
+                f"model/attention=mha needs model.n_kv_heads == model.n_heads ({n_heads}) or null, "
+                f"got model.n_kv_heads={n_kv}; use model/attention=gqa for fewer key/value heads"
+            )
+        return n_heads
+    if model.attention == "mqa":
+        if n_kv not in (None, 1):
+            raise ConfigError(f"model/attention=mqa needs model.n_kv_heads=1 or null, got {n_kv}")
+        return 1
+    if n_kv is None:
+        raise ConfigError("model/attention=gqa needs model.n_kv_heads (an integer dividing model.n_heads)")
+    return int(n_kv)
+
+
+def validate_model_config(model: Any, joint_vocab: bool = True) -> None:
+    """Reject invalid model field combinations before anything is built.
+
+    Args:
+        model: a :class:`ModelConfig` (or a DictConfig with the same fields).
+        joint_vocab: whether source and target share one vocabulary (``data.joint_vocab``).
+
+    Raises:
+        ConfigError: with a sentence naming the offending fields.
+    """
+    for key, choices in _CHOICES.items():
+        value = _get({"model": model}, key)
+        if value not in choices:
+            raise ConfigError(f"{key}={value!r} is not one of {', '.join(choices)}")
+    if model.d_model <= 0 or model.n_heads <= 0 or model.d_ff <= 0:
+        raise ConfigError("model.d_model, model.n_heads and model.d_ff must be positive")
+    if model.d_model % model.n_heads != 0:
+        raise ConfigError(
+            f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}"
+        )
+    n_kv = resolve_n_kv_heads(model)
+    if n_kv <= 0 or model.n_heads % n_kv != 0:
+        raise ConfigError(
+            f"model.n_heads={model.n_heads} is not divisible by model.n_kv_heads={n_kv}"
+        )
+    head_dim = model.d_model // model.n_heads
+    if model.position.name == "rope" and head_dim % 2 != 0:
+        raise ConfigError(
+            f"model/position=rope needs an even head dimension, but model.d_model / model.n_heads "
+            f"= {model.d_model} / {model.n_heads} = {head_dim} is odd"
+        )
+    if model.tie_embeddings == "all" and not joint_vocab and model.arch == "encoder_decoder":
+        raise ConfigError(
+            "model.tie_embeddings=all shares the source and target embeddings and needs one "
+            "vocabulary, but data.joint_vocab=false; use model.tie_embeddings=decoder or none"
+        )
+    if model.arch == "decoder_only" and not joint_vocab:
+        raise ConfigError(
+            "model.arch=decoder_only reads source and target in one sequence and needs "
+            "data.joint_vocab=true"
+        )
+    if model.n_encoder_layers < 0 or model.n_decoder_layers < 0:
+        raise ConfigError("model.n_encoder_layers and model.n_decoder_layers must be >= 0")
+    if model.arch == "encoder_decoder" and (model.n_encoder_layers == 0 or model.n_decoder_layers == 0):
+        raise ConfigError(
+            "model.arch=encoder_decoder needs model.n_encoder_layers > 0 and model.n_decoder_layers > 0"
+        )
+    if model.arch == "decoder_only" and model.n_encoder_layers + model.n_decoder_layers == 0:
+        raise ConfigError("model.arch=decoder_only needs model.n_encoder_layers + model.n_decoder_layers > 0")
+    for name in ("dropout", "attention_dropout", "activation_dropout"):
+        p = getattr(model, name)
+        if not 0.0 <= p < 1.0:
+            raise ConfigError(f"model.{name}={p} must be in [0, 1)")
+
+
+def validate_config(cfg: Any) -> None:
+    """Validate a whole :class:`Config` (model, data, optimisation, generation) before any work.
+
+    Raises:
+        ConfigError: naming the offending fields.
+    """
+    if isinstance(cfg, DictConfig):  # catches keys appended with Hydra's "+" that the schema lacks
+        try:
+            OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"unknown or mistyped field: {err}".splitlines()[0]) from None
+    validate_model_config(cfg.model, joint_vocab=cfg.data.joint_vocab)
+    t = cfg.train
+    if t.precision not in ("auto", "fp32", "bf16", "fp16"):
+        raise ConfigError(f"train.precision={t.precision!r} is not one of auto, fp32, bf16, fp16")
+    if t.max_tokens <= 0:
+        raise ConfigError(f"train.max_tokens={t.max_tokens} must be positive")
+    if t.update_freq < 1:
+        raise ConfigError(f"train.update_freq={t.update_freq} must be >= 1")
+    if t.max_updates <= 0 and t.max_epochs <= 0 and t.max_time <= 0:
+        raise ConfigError("set at least one of train.max_updates, train.max_epochs, train.max_time")
+    if t.best_metric not in ("bleu", "loss"):
+        raise ConfigError(f"train.best_metric={t.best_metric!r} is not one of bleu, loss")
+    longest = max(cfg.data.max_source_positions, cfg.data.max_target_positions)
+    if cfg.model.arch == "decoder_only":
+        longest = cfg.data.max_source_positions + cfg.data.max_target_positions + 2
+    if t.max_tokens < longest and t.max_tokens < 64:
+        raise ConfigError(f"train.max_tokens={t.max_tokens} is too small for any sentence")
+    if cfg.model.position.name == "learned" and cfg.model.max_positions < longest:
+        raise ConfigError(
+            f"model/position=learned has model.max_positions={cfg.model.max_positions} rows, fewer "
+            f"than the longest sequence allowed by data.max_source_positions/max_target_positions "
+            f"({longest})"
+        )
+    s = cfg.lr_scheduler
+    if s.name not in ("inverse_sqrt", "cosine", "constant"):
+        raise ConfigError(f"lr_scheduler.name={s.name!r} is not one of inverse_sqrt, cosine, constant")
+    if s.warmup_updates < 0:
+        raise ConfigError(f"lr_scheduler.warmup_updates={s.warmup_updates} must be >= 0")
+    if s.name == "inverse_sqrt" and s.warmup_updates == 0:
+        raise ConfigError(
+            "lr_scheduler=inverse_sqrt needs lr_scheduler.warmup_updates > 0 (the decay "
+            "lr * sqrt(warmup / update) is anchored at the end of warmup); use lr_scheduler=constant "
+            "or cosine for no warmup"
+        )
+    if s.name == "cosine" and t.max_updates <= 0:
+        raise ConfigError("lr_scheduler=cosine needs train.max_updates > 0 (the length of the cosine)")
+    validate_generation_config(cfg.generation)
+
+
+def validate_generation_config(g: Any) -> None:
+    """Reject invalid ``generation.*`` settings (training, ``translate.py`` and ``evaluate.py``).
+
+    Raises:
+        ConfigError: naming the offending fields.
+    """
+    if g.strategy not in ("greedy", "beam", "sample"):
+        raise ConfigError(f"generation.strategy={g.strategy!r} is not one of greedy, beam, sample")
+    if g.beam_size < 1 or g.nbest < 1 or (g.strategy == "beam" and g.nbest > g.beam_size):
+        raise ConfigError(
+            f"generation.beam_size={g.beam_size} must be >= 1 and generation.nbest={g.nbest} between 1 "
+            "and beam_size"
+        )
+    if g.length_penalty_form not in ("gnmt", "fairseq"):
+        raise ConfigError(f"generation.length_penalty_form={g.length_penalty_form!r} is not gnmt or fairseq")
+    if not 0.0 < g.top_p <= 1.0:
+        raise ConfigError(f"generation.top_p={g.top_p} must be in (0, 1]")
+    if g.temperature < 0 or g.top_k < 0:
+        raise ConfigError(f"generation.temperature={g.temperature} and generation.top_k={g.top_k} must be >= 0")
