@@ -1,25 +1,21 @@
-"""Analysis of sweeps: comparison tables, CSVs, significance tests and plots (scripts/compare.py)."""
+"""Analysis of sweeps: comparison tables, CSVs, significance tests and plots (scripts/compare.py).
 
-from transformer.analysis.compare import (
-    IGNORED_KEYS,
-    Comparison,
-    Configuration,
-    Run,
-    compare_sweeps,
-    expected_jobs,
-    find_run_dirs,
-    group_runs,
-    load_run,
-    to_markdown,
-    write_csv,
-    write_outputs,
-)
+Where things are: :mod:`.runs` (run folders of a sweep, read into :class:`Run`), :mod:`.grouping`
+(runs -> :class:`Configuration` by config, labels), :mod:`.stats` (means over seeds, paired
+bootstrap against the baseline), :mod:`.compare` (:func:`compare_sweeps` -> :class:`Comparison`),
+:mod:`.plots` and :mod:`.report` (markdown, CSV, PNG outputs). Imports go down that list only.
+"""
+
+from transformer.analysis.compare import Comparison, compare_sweeps
+from transformer.analysis.grouping import IGNORED_KEYS, Configuration, group_runs
 from transformer.analysis.plots import (
     bleu_bars_figure,
     plot_bleu_bars,
     plot_validation_curves,
     validation_curves_figure,
 )
+from transformer.analysis.report import to_markdown, write_csv, write_outputs
+from transformer.analysis.runs import Run, expected_jobs, find_run_dirs, load_run
 
 __all__ = [
     "IGNORED_KEYS",

@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
+from transformer.analysis.compare import Comparison
 
-    from transformer.analysis.compare import Comparison
+if TYPE_CHECKING:  # matplotlib is optional (the dev extra); it is imported when a plot is made
+    from matplotlib.figure import Figure
 
 __all__ = ["bleu_bars_figure", "plot_bleu_bars", "plot_validation_curves", "validation_curves_figure"]
 
@@ -36,7 +36,7 @@ def _colors(n: int) -> list:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
-def validation_curves_figure(comparison: "Comparison") -> "Figure":
+def validation_curves_figure(comparison: Comparison) -> "Figure":
     """Validation NLL (and validation BLEU when logged) against updates, one colour per
     configuration: thin lines per seed, a thick line for the mean over the seeds at each update."""
     configs = comparison.configurations
@@ -69,14 +69,14 @@ def validation_curves_figure(comparison: "Comparison") -> "Figure":
     return fig
 
 
-def plot_validation_curves(comparison: "Comparison", path: str | Path) -> Path:
+def plot_validation_curves(comparison: Comparison, path: str | Path) -> Path:
     """Save :func:`validation_curves_figure` as a PNG at ``path``."""
     path = Path(path)
     validation_curves_figure(comparison).savefig(path, dpi=120)
     return path
 
 
-def bleu_bars_figure(comparison: "Comparison") -> "Figure":
+def bleu_bars_figure(comparison: Comparison) -> "Figure":
     """Test BLEU per configuration: bar = mean over seeds, error bar = sample std, dots = seeds;
     the baseline bar is hatched and significant differences (p < 0.05) are starred."""
     rows = comparison.rows
@@ -107,7 +107,7 @@ def bleu_bars_figure(comparison: "Comparison") -> "Figure":
     return fig
 
 
-def plot_bleu_bars(comparison: "Comparison", path: str | Path) -> Path:
+def plot_bleu_bars(comparison: Comparison, path: str | Path) -> Path:
     """Save :func:`bleu_bars_figure` as a PNG at ``path``."""
     path = Path(path)
     bleu_bars_figure(comparison).savefig(path, dpi=120)

@@ -1,0 +1,146 @@
+"""Grouping runs into configurations: runs whose resolved configs are equal once the keys in
+:data:`IGNORED_KEYS` are removed are one configuration (its seeds), labelled by what tells the
+configurations apart (a ``ladder`` step's name when it alone does)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from transformer.analysis.runs import Run, natural_key
+
+__all__ = ["IGNORED_KEYS", "Configuration", "group_runs"]
+
+# Resolved-config keys (dotted; a key also covers everything below it) that do not define a
+# configuration: the seed, where files live, and how a run reports progress.
+IGNORED_KEYS: tuple[str, ...] = (
+    "seed",
+    "run_dir",
+    "data.root",
+    "data.cache_dir",
+    "data.download",
+    "train.device",
+    "train.num_threads",
+    "train.progress",
+    "train.resume",
+    "train.log_every",
+    "logger",
+)
+
+# Choices shown first when they name a configuration.
+_LABEL_CHOICES = ("ladder", "experiment", "model")
+
+@dataclass
+class Configuration:
+    """The runs of one configuration (all seeds), finished and missing."""
+
+    key: str
+    label: str
+    config: dict | None
+    choices: dict[str, str]
+    runs: list[Run] = field(default_factory=list)
+    missing: list[Run] = field(default_factory=list)
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out if out or not prefix else {prefix[:-1]: {}}
+    return {prefix[:-1]: tree}
+
+
+def _ignored(key: str, ignore: Sequence[str]) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in ignore)
+
+
+def _config_key(config: dict, ignore: Sequence[str]) -> str:
+    flat = {k: v for k, v in _flatten(config).items() if not _ignored(k, ignore)}
+    return json.dumps(flat, sort_keys=True, default=str)
+
+
+def _fmt_value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def _labels(configs: list[Configuration]) -> None:
+    """Name each configuration by the choices (then config values) that differ between them."""
+    if len(configs) == 1:
+        c = configs[0]
+        c.label = next((c.choices[k] for k in _LABEL_CHOICES if k in c.choices), "run")
+        return
+    keys = sorted({k for c in configs for k in c.choices})
+    varying = [k for k in keys if len({c.choices.get(k) for c in configs}) > 1]
+    for k in _LABEL_CHOICES:  # a naming choice (a ladder step) that alone tells them apart names them
+        if k in varying and len({c.choices.get(k) for c in configs}) == len(configs):
+            for c in configs:
+                c.label = str(c.choices.get(k, "none"))
+            return
+    for c in configs:
+        parts = [(k, c.choices.get(k, "none")) for k in varying]
+        if not parts:  # same choices: name by the main one, config values are added below
+            c.label = next((c.choices[k] for k in _LABEL_CHOICES if k in c.choices), "")
+        else:
+            c.label = parts[0][1] if len(parts) == 1 else ", ".join(f"{k.split('/')[-1]}={v}" for k, v in parts)
+    by_label: dict[str, list[Configuration]] = {}
+    for c in configs:
+        by_label.setdefault(c.label, []).append(c)
+    for same in by_label.values():
+        if len(same) < 2:
+            continue
+        flats = [json.loads(c.key) for c in same]
+        diff = sorted({k for f in flats for k in f if len({json.dumps(g.get(k), default=str) for g in flats}) > 1})
+        for c, f in zip(same, flats):
+            extra = ", ".join(f"{k}={_fmt_value(f.get(k))}" for k in diff)
+            c.label = f"{c.label}, {extra}" if c.label else extra
+    seen: dict[str, int] = {}
+    for c in configs:  # last resort: identical labels get a counter
+        n = seen.get(c.label, 0)
+        seen[c.label] = n + 1
+        if n:
+            c.label = f"{c.label} #{n + 1}"
+    for c in configs:
+        c.label = c.label or "run"
+
+
+def group_runs(runs: Iterable[Run], ignore: Sequence[str] = IGNORED_KEYS) -> tuple[list[Configuration], list[Run]]:
+    """Group runs into configurations (config equal up to ``ignore``), labelled and ordered.
+
+    Order: by the ``ladder`` choice (natural order) when every configuration has one, else by first
+    appearance. Unfinished runs join the configuration of their config; those without a readable
+    config, or whose configuration has no finished run, are returned separately.
+
+    Returns:
+        ``(configurations, unmatched_missing_runs)``; configurations without a finished run are
+        left out of the first list (their runs are in the second).
+    """
+    runs = list(runs)
+    groups: dict[str, Configuration] = {}
+    unmatched: list[Run] = []
+    for run in runs:
+        if run.config is None:
+            unmatched.append(run)
+            continue
+        key = _config_key(run.config, ignore)
+        if key not in groups:
+            groups[key] = Configuration(key=key, label="", config=run.config, choices=dict(run.choices))
+        c = groups[key]
+        if run.ok:
+            c.runs.append(run)
+            if not c.runs[:-1]:  # the first finished run defines the displayed choices/config
+                c.config, c.choices = run.config, dict(run.choices)
+        else:
+            c.missing.append(run)
+    configs = [c for c in groups.values() if c.runs]
+    for c in groups.values():
+        if not c.runs:
+            unmatched.extend(c.missing)
+            c.missing = []
+    _labels(configs)
+    if configs and all("ladder" in c.choices for c in configs):
+        configs.sort(key=lambda c: natural_key(c.choices["ladder"]))
+    for c in configs:
+        c.runs.sort(key=lambda r: (r.seed is None, r.seed or 0, natural_key(str(r.run_dir))))
+    return configs, unmatched

@@ -1,0 +1,130 @@
+"""The outputs of a comparison: markdown table, CSVs, and the plots (:mod:`transformer.analysis.plots`)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Sequence
+
+from transformer.analysis.compare import CSV_COLUMNS, Comparison
+from transformer.analysis.plots import plot_bleu_bars, plot_validation_curves
+from transformer.analysis.runs import Run
+
+__all__ = ["to_markdown", "write_csv", "write_outputs"]
+
+
+def _si(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "n/a"
+    for factor, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(value) >= factor:
+            return f"{value / factor:.2f}{suffix}{unit}"
+    return f"{value:.0f}{unit}" if float(value).is_integer() else f"{value:.2f}{unit}"
+
+
+def _pm(mean: float | None, std: float | None) -> str:
+    if mean is None:
+        return "n/a"
+    return f"{mean:.2f} ± {std:.2f}" if std is not None else f"{mean:.2f}"
+
+
+def _p(row: dict) -> str:
+    if row["is_baseline"]:
+        return "baseline"
+    p = row["p_value"]
+    if p is None:
+        return "n/a"
+    return f"{p:.4f}" + ("*" if p < 0.05 else "")
+
+
+def _missing_line(run: Run) -> str:
+    what = " ".join(o for o in run.overrides if not o.startswith(("data.", "model.", "train.", "generation.", "lr_scheduler.", "hydra.")))
+    where = f"`{run.run_dir}`"
+    return f"- {where}{f' ({what})' if what else ''}: {run.reason}"
+
+
+def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
+    """The comparison as a markdown document: table, notes, runs without results, plots."""
+    c = comparison
+    lines = ["# Comparison", ""]
+    lines.append("Sweeps: " + ", ".join(f"`{d}`" for d in c.sweep_dirs))
+    if c.rows:
+        split = c.rows[0]["test_split"]
+        lines.append(f"Test split: `{split}`; baseline: **{c.baseline}**.")
+        for name, sig in c.signatures.items():
+            lines.append(f"- {name} signature: `{sig}`")
+    lines.append("")
+    header = (
+        "| Configuration | Runs | BLEU | ΔBLEU | p (BLEU) | chrF | Params | FLOPs/token | KV-cache B/token "
+        "| Train tok/s | Peak MB |"
+    )
+    lines += [header, "|" + "|".join(["---"] + ["---:"] * 10) + "|"]
+    for r in c.rows:
+        runs = f"{r['n_runs']}/{r['n_runs'] + r['n_missing']}"
+        mem = "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
+        delta = "" if r["delta_bleu"] is None else f"{r['delta_bleu']:+.2f}"
+        lines.append(
+            f"| {r['label']}{' (baseline)' if r['is_baseline'] else ''} | {runs} | {_pm(r['bleu_mean'], r['bleu_std'])} "
+            f"| {delta} | {_p(r)} | {_pm(r['chrf_mean'], r['chrf_std'])} | {_si(r['params'])} "
+            f"| {_si(r['flops_per_token'])} | {_si(r['kv_cache_bytes_per_token'])} "
+            f"| {_si(r['train_tokens_per_s'])} | {mem} |"
+        )
+    lines += [
+        "",
+        "BLEU and chrF: mean ± sample standard deviation over seeds (Runs: finished/all). "
+        f"p: sacreBLEU paired bootstrap ({c.n_bootstrap} resamples) of the test hypotheses against the "
+        "baseline's, per seed-matched pair of runs; the largest p over the pairs is shown (* p < 0.05). "
+        "FLOPs/token: forward matmul FLOPs per target token (16-token sentences); KV-cache: fp32 bytes "
+        "per generated token over all decoder layers.",
+    ]
+    if c.notes:
+        lines += ["", "Notes:"] + [f"- {n}" for n in c.notes]
+    lines += ["", f"## Runs without results ({len(c.missing)})", ""]
+    lines += [_missing_line(r) for r in c.missing] or ["None: every run finished."]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(comparison: Comparison, path: str | Path) -> Path:
+    """One row per configuration (:data:`CSV_COLUMNS`), then one row per run without results
+    (``label`` = ``MISSING``, ``run_dirs`` = its folder, ``p_value_seeds`` = the reason)."""
+    path = Path(path)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        for r in comparison.rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_COLUMNS})
+    runs_path = path.with_name("runs.csv")
+    with runs_path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["configuration", "seed", "status", "bleu", "chrf", "updates", "run_dir", "reason"])
+        for c in comparison.configurations:
+            for r in c.runs:
+                w.writerow([c.label, r.seed, "ok", r.results["bleu"], r.results.get("chrf"), r.results.get("updates"), r.run_dir, ""])
+        labels = {id(r): c.label for c in comparison.configurations for r in c.missing}
+        for r in comparison.missing:
+            w.writerow([labels.get(id(r), ""), r.seed, "missing", "", "", "", r.run_dir, r.reason])
+    return path
+
+
+def write_outputs(comparison: Comparison, out_dir: str | Path) -> dict[str, Path]:
+    """Write ``comparison.md``, ``comparison.csv``, ``runs.csv``, ``valid_curves.png`` and
+    ``bleu_bars.png`` into ``out_dir`` (created).
+
+    Returns:
+        ``{"markdown", "csv", "runs_csv", "valid_curves", "bleu_bars"}`` -> path (plots only when
+        some configuration finished).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    if comparison.rows:
+        paths["valid_curves"] = plot_validation_curves(comparison, out / "valid_curves.png")
+        paths["bleu_bars"] = plot_bleu_bars(comparison, out / "bleu_bars.png")
+    paths["csv"] = write_csv(comparison, out / "comparison.csv")
+    paths["runs_csv"] = out / "runs.csv"
+    md = out / "comparison.md"
+    md.write_text(to_markdown(comparison, [str(paths[k]) for k in ("valid_curves", "bleu_bars") if k in paths]), encoding="utf-8")
+    paths["markdown"] = md
+    return paths

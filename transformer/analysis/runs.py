@@ -1,0 +1,242 @@
+"""Run folders of a sweep: finding them, reading each one (:class:`Run`), and the jobs a Hydra
+multirun launched but never started.
+
+A *run* is a folder written by ``scripts/train.py`` (``results.json``, ``metrics.jsonl``,
+``hyps/{test_split}.txt``, ``config.yaml``). Reading never raises for missing or damaged files:
+a run without results carries the reason in :attr:`Run.reason`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+__all__ = ["Run", "expected_jobs", "find_run_dirs", "load_run", "natural_key", "never_started"]
+
+_RUN_MARKERS = ("results.json", "metrics.jsonl", "config.yaml", ".hydra")
+
+
+@dataclass
+class Run:
+    """One run folder.
+
+    Attributes:
+        run_dir: the folder.
+        results: ``results.json`` (None when the run has none).
+        config: the resolved config (from ``results.json``, else ``config.yaml``, else Hydra's
+            ``.hydra/config.yaml``), None when none is readable.
+        choices: Hydra group choices (``{"ladder": "step3_swiglu", "model": ...}``).
+        overrides: the command-line overrides of the job (``.hydra/overrides.yaml``).
+        metrics: the records of ``metrics.jsonl`` (a torn last line is skipped).
+        reason: why the run has no results (None for a finished run).
+    """
+
+    run_dir: Path
+    results: dict | None = None
+    config: dict | None = None
+    choices: dict[str, str] = field(default_factory=dict)
+    overrides: list[str] = field(default_factory=list)
+    metrics: list[dict] = field(default_factory=list)
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the run finished (has ``results.json`` with a BLEU score)."""
+        return self.results is not None and self.results.get("bleu") is not None
+
+    @property
+    def seed(self) -> int | None:
+        if self.config is not None and self.config.get("seed") is not None:
+            return int(self.config["seed"])
+        for o in self.overrides:
+            if o.startswith("seed="):
+                try:
+                    return int(o.split("=", 1)[1])
+                except ValueError:
+                    return None
+        return None
+
+    @property
+    def test_split(self) -> str | None:
+        return None if self.results is None else self.results.get("test_split")
+
+    def hyps_path(self) -> Path | None:
+        """The test hypotheses file, None when absent."""
+        split = self.test_split
+        path = self.run_dir / "hyps" / f"{split}.txt"
+        return path if split and path.is_file() else None
+
+    def valid_curve(self, metric: str) -> list[tuple[int, float]]:
+        """``[(update, value)]`` of the validation records that carry ``metric``."""
+        return [
+            (int(m["update"]), float(m[metric]))
+            for m in self.metrics
+            if m.get("split") == "valid" and isinstance(m.get(metric), (int, float)) and "update" in m
+        ]
+
+
+def natural_key(text: str) -> list:
+    """Sort key that orders embedded numbers by value (``step2`` before ``step10``)."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(text))]
+
+
+def _is_run_dir(path: Path) -> bool:
+    return any((path / m).exists() for m in _RUN_MARKERS)
+
+
+def find_run_dirs(sweep_dir: str | Path) -> list[Path]:
+    """Every run folder at or below ``sweep_dir`` (hidden folders skipped), in natural order.
+
+    A run folder holds ``results.json``, ``metrics.jsonl``, ``config.yaml`` or ``.hydra/``; its
+    own subfolders are not searched.
+
+    Raises:
+        FileNotFoundError: ``sweep_dir`` is not a folder.
+    """
+    root = Path(sweep_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"sweep folder not found: {root}")
+    if _is_run_dir(root):
+        return [root]
+    found: list[Path] = []
+    for child in sorted(root.iterdir(), key=lambda p: natural_key(p.name)):
+        if child.is_dir() and not child.name.startswith("."):
+            found.extend(find_run_dirs(child))
+    return found
+
+
+def _load_yaml(path: Path, resolve: bool = True) -> Any:
+    node = OmegaConf.load(path)
+    try:
+        return OmegaConf.to_container(node, resolve=resolve)
+    except Exception:  # interpolations that need Hydra's resolvers
+        return OmegaConf.to_container(node, resolve=False)
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    records = []
+    if not path.is_file():
+        return records
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a line torn by a crash
+            continue
+        if isinstance(rec, dict):
+            records.append(rec)
+    return records
+
+
+def _last_log_line(run_dir: Path) -> str | None:
+    for log in sorted(run_dir.glob("*.log")):
+        lines = [ln.strip() for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+        if lines:
+            return lines[-1][:200]
+    return None
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Read one run folder; never raises for missing or damaged files (see :attr:`Run.reason`)."""
+    run_dir = Path(run_dir)
+    run = Run(run_dir=run_dir)
+    res_path = run_dir / "results.json"
+    problems = []
+    if res_path.is_file():
+        try:
+            run.results = json.loads(res_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            problems.append(f"unreadable results.json ({e})")
+    hydra_dir = run_dir / ".hydra"
+    if (hydra_dir / "overrides.yaml").is_file():
+        try:
+            run.overrides = [str(o) for o in (_load_yaml(hydra_dir / "overrides.yaml", resolve=False) or [])]
+        except Exception:
+            pass
+    if run.results is not None and isinstance(run.results.get("config"), dict):
+        run.config = run.results["config"]
+    else:
+        for path in (run_dir / "config.yaml", hydra_dir / "config.yaml"):
+            if path.is_file():
+                try:
+                    run.config = _load_yaml(path)
+                    break
+                except Exception:
+                    continue
+    if run.results is not None and isinstance(run.results.get("choices"), dict):
+        run.choices = {str(k): str(v) for k, v in run.results["choices"].items()}
+    elif (hydra_dir / "hydra.yaml").is_file():
+        try:
+            hcfg = _load_yaml(hydra_dir / "hydra.yaml", resolve=False)
+            choices = hcfg["hydra"]["runtime"]["choices"]
+            run.choices = {str(k): str(v) for k, v in choices.items() if not str(k).startswith("hydra") and v is not None}
+        except Exception:
+            pass
+    run.metrics = _read_metrics(run_dir / "metrics.jsonl")
+    if not run.ok:
+        if run.results is not None:
+            problems.append("results.json has no BLEU")
+        elif not problems:
+            updates = [m["update"] for m in run.metrics if isinstance(m.get("update"), int)]
+            problems.append(
+                f"no results.json (last logged update {max(updates)})" if updates else "no results.json, no metrics logged"
+            )
+        last = _last_log_line(run_dir)
+        if last:
+            problems.append(f"log ends with: {last}")
+        run.reason = "; ".join(problems)
+    return run
+
+
+def expected_jobs(sweep_dir: str | Path) -> list[list[str]] | None:
+    """The override lists of the jobs a Hydra basic-sweeper multirun launched (job number = index).
+
+    Rebuilt from ``multirun.yaml`` the way Hydra's ``BasicSweeper`` builds them: its
+    ``hydra.sweeper.params`` then the command-line overrides, cartesian product in that key order.
+
+    Returns:
+        The jobs' overrides, or None when ``sweep_dir`` has no ``multirun.yaml`` or another
+        sweeper ran.
+    """
+    path = Path(sweep_dir) / "multirun.yaml"
+    if not path.is_file():
+        return None
+    try:
+        hcfg = _load_yaml(path, resolve=False)["hydra"]
+        if "BasicSweeper" not in str(hcfg["sweeper"].get("_target_", "")):
+            return None
+        params = [f"{k}={v}" for k, v in (hcfg["sweeper"].get("params") or {}).items()]
+        params += [str(o) for o in hcfg["overrides"]["task"]]
+        overrides = OverridesParser.create().parse_overrides(params)
+        batches = BasicSweeper.split_arguments(overrides, None)
+        return [list(job) for batch in batches for job in batch]
+    except Exception:
+        return None
+
+
+def never_started(sweep_dir: Path, found: set[Path]) -> list[Run]:
+    """Expected jobs of a multirun whose ``<sweep>/<job_num>`` folder does not exist."""
+    jobs = expected_jobs(sweep_dir)
+    if jobs is None:
+        return []
+    try:
+        subdir = str(_load_yaml(sweep_dir / "multirun.yaml", resolve=False)["hydra"]["sweep"]["subdir"])
+    except Exception:
+        return []
+    if subdir.replace(" ", "") != "${hydra.job.num}":
+        return []
+    out = []
+    for num, overrides in enumerate(jobs):
+        run_dir = sweep_dir / str(num)
+        if run_dir not in found:
+            out.append(Run(run_dir=run_dir, overrides=overrides, reason="job folder missing (never started)"))
+    return out

@@ -1,0 +1,147 @@
+"""Statistics of a comparison: means and sample standard deviations over seeds, and the paired
+bootstrap of every configuration's test hypotheses against the baseline's, per seed pair."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Sequence
+
+from omegaconf import OmegaConf
+
+from transformer.analysis.grouping import Configuration
+from transformer.analysis.runs import Run
+from transformer.data.corpus import read_parallel, resolve_split_files
+from transformer.evaluation.metrics import paired_bootstrap
+from transformer.models.flops import kv_cache_bytes_per_token
+
+__all__ = ["first_result", "kv_cache_bytes", "mean", "significance", "std"]
+
+
+def mean(values: Sequence[float]) -> float | None:
+    """Mean of the numbers among ``values`` (None when there are none)."""
+    values = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return statistics.fmean(values) if values else None
+
+
+def std(values: Sequence[float]) -> float | None:
+    """Sample standard deviation (n - 1); None for fewer than two values."""
+    values = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return statistics.stdev(values) if len(values) >= 2 else None
+
+
+def first_result(runs: Sequence[Run], key: str) -> Any:
+    """``results[key]`` of the first run that has it (None when none has)."""
+    return next((r.results[key] for r in runs if r.results and r.results.get(key) is not None), None)
+
+
+def kv_cache_bytes(config: dict | None) -> int | None:
+    """KV-cache bytes per generated token of a run's model config (None when it cannot be computed)."""
+    if not config or "model" not in config:
+        return None
+    try:
+        return int(kv_cache_bytes_per_token(OmegaConf.create(config["model"])))
+    except Exception:
+        return None
+
+
+_REF_CACHE: dict[tuple[str, str], list[str]] = {}
+
+
+def _references(run: Run) -> list[str]:
+    """The raw references of ``run``'s test split, as the trainer scored them (empty pairs dropped)."""
+    data = run.config["data"]
+    cache_key = (json.dumps(data, sort_keys=True, default=str), str(run.test_split))
+    if cache_key not in _REF_CACHE:
+        src, tgt = resolve_split_files(OmegaConf.create(data), run.test_split, download=False)
+        _REF_CACHE[cache_key] = read_parallel(src, tgt)[1]
+    return _REF_CACHE[cache_key]
+
+
+def _same_test_set(a: Run, b: Run) -> bool:
+    strip = ("root", "cache_dir", "download")
+    da = {k: v for k, v in a.config.get("data", {}).items() if k not in strip}
+    db = {k: v for k, v in b.config.get("data", {}).items() if k not in strip}
+    return a.test_split == b.test_split and da == db
+
+
+def _seed_pairs(base: list[Run], other: list[Run]) -> list[tuple[Run, Run]]:
+    """Seed-matched pairs; when no seed is shared, the i-th runs in seed order."""
+    by_seed = {r.seed: r for r in other}
+    pairs = [(b, by_seed[b.seed]) for b in base if b.seed in by_seed]
+    return pairs or list(zip(base, other))
+
+
+def significance(
+    configs: list[Configuration], baseline: Configuration, n_samples: int, seed: int, notes: list[str]
+) -> tuple[dict[str, dict], str | None]:
+    """Paired bootstrap of every configuration against the baseline, per seed pair.
+
+    Returns:
+        ``({label: {"p_value", "chrf_p_value", "p_value_seeds"}}, bootstrap BLEU signature)``.
+    """
+    out: dict[str, dict] = {}
+    # baseline run -> {label: (hyps, system run)}
+    systems: dict[Path, dict[str, list[str]]] = {}
+    base_runs: dict[Path, Run] = {}
+    seed_of_pair: dict[tuple[Path, str], str] = {}
+    for c in configs:
+        if c is baseline:
+            continue
+        pairs = _seed_pairs(baseline.runs, c.runs)
+        for b, s in pairs:
+            if not _same_test_set(b, s):
+                notes.append(f"{c.label}: test set differs from the baseline's ({s.test_split} vs {b.test_split}); no p-value")
+                break
+            if s.hyps_path() is None or b.hyps_path() is None:
+                missing = s if s.hyps_path() is None else b
+                notes.append(f"{c.label}: no test hypotheses in {missing.run_dir}; seed pair skipped")
+                continue
+            systems.setdefault(b.run_dir, {})[c.label] = s.hyps_path().read_text(encoding="utf-8").splitlines()
+            base_runs[b.run_dir] = b
+            seed_of_pair[(b.run_dir, c.label)] = str(b.seed) if b.seed == s.seed else f"{b.seed}/{s.seed}"
+    signature = None
+    per_label: dict[str, list[tuple[str, float | None, float | None]]] = {}
+    for b_dir, sys_hyps in systems.items():
+        b = base_runs[b_dir]
+        try:
+            refs = _references(b)
+        except Exception as e:  # references not on this machine
+            notes.append(f"references of {b.test_split} not found for {b.run_dir} ({e}); no p-values for seed {b.seed}")
+            continue
+        base_hyps = b.hyps_path().read_text(encoding="utf-8").splitlines()
+        ok = {}
+        for label, hyps in sys_hyps.items():
+            if len(hyps) != len(refs) or len(base_hyps) != len(refs):
+                notes.append(
+                    f"{label}: {len(hyps)} hypotheses / {len(base_hyps)} baseline hypotheses but {len(refs)} "
+                    f"references in {b.test_split}; seed pair skipped"
+                )
+            else:
+                ok[label] = hyps
+        for label in [k for k, v in ok.items() if v == base_hyps]:
+            # sacreBLEU counts only strictly larger resampled differences, so identical outputs
+            # would get p = 1/(n+1); no difference at all is p = 1.
+            notes.append(f"{label}: test hypotheses identical to the baseline's for seed {seed_of_pair[(b_dir, label)]}; p = 1")
+            per_label.setdefault(label, []).append((seed_of_pair[(b_dir, label)], 1.0, 1.0))
+            del ok[label]
+        if not ok:
+            continue
+        tokenize = str(b.config["data"].get("bleu_tokenize", "13a"))
+        lowercase = bool(b.config["data"].get("lowercase", False))
+        res = paired_bootstrap(base_hyps, ok, refs, n_samples=n_samples, seed=seed, tokenize=tokenize, lowercase=lowercase)
+        signature = signature or res["baseline"]["signatures"]["bleu"]
+        for label in ok:
+            per_label.setdefault(label, []).append(
+                (seed_of_pair[(b_dir, label)], res[label]["bleu_p_value"], res[label]["chrf_p_value"])
+            )
+    for label, vals in per_label.items():
+        bleu_p = [p for _, p, _ in vals if p is not None]
+        chrf_p = [p for _, _, p in vals if p is not None]
+        out[label] = {
+            "p_value": max(bleu_p) if bleu_p else None,
+            "chrf_p_value": max(chrf_p) if chrf_p else None,
+            "p_value_seeds": " ".join(f"{s}:{p:.4f}" for s, p, _ in vals if p is not None),
+        }
+    return out, signature
