@@ -14,6 +14,8 @@ Where things are: :mod:`.schema` (the dataclasses and their ConfigStore registra
 
 from omegaconf import MISSING
 
+from transformer.config import schema, validation
+
 from transformer.config.schema import (
     Config,
     CriterionConfig,
@@ -37,24 +39,4 @@ from transformer.config.validation import (
     validate_model_config,
 )
 
-__all__ = [
-    "MISSING",
-    "Config",
-    "ConfigError",
-    "CriterionConfig",
-    "DataConfig",
-    "FFNConfig",
-    "GenerationConfig",
-    "LoggerConfig",
-    "ModelConfig",
-    "NormConfig",
-    "OptimConfig",
-    "PositionConfig",
-    "SchedulerConfig",
-    "TrainConfig",
-    "register_configs",
-    "resolve_n_kv_heads",
-    "validate_config",
-    "validate_generation_config",
-    "validate_model_config",
-]
+__all__ = ["MISSING", *schema.__all__, *validation.__all__]
