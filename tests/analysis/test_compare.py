@@ -50,6 +50,7 @@ def _config(corpus: Path, step: str, seed: int) -> dict:
         "model": {
             "arch": "encoder_decoder", "n_encoder_layers": 2, "n_decoder_layers": 2, "d_model": 32,
             "n_heads": 4, "n_kv_heads": None, "attention": "mha", "norm_position": norm_position,
+            "norm": {"name": "layernorm" if step[:5] in ("step0", "step1") else "rmsnorm"},
         },
         "data": {
             "name": "parallel_text", "corpus": "parallel_text", "root": str(corpus), "src_lang": "en",
@@ -250,3 +251,34 @@ def test_cli(sweep, tmp_path):
     bad = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "compare.py"), str(sweep), "--baseline", "zzz"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "matches no configuration" in bad.stderr
+
+
+def test_neighbouring_rows_get_their_own_paired_bootstrap(tmp_path, corpus):
+    """step0 -> step1 -> step2: each row is also tested against the row above (the switch it adds)."""
+    refs = _refs(corpus)
+    fracs = {"step0_vaswani2017": 0.9, "step1_pre_ln": 0.05, "step2_rmsnorm": 0.05}
+    for n, (step, frac) in enumerate(fracs.items()):
+        hyps = _degrade(refs, frac, 1)
+        make_run(tmp_path / "s" / str(n), corpus, step, 1, hyps, bleu=10.0 * (n + 1))
+    # step2's hypotheses equal step1's: no difference to the row above, p = 1
+    comp = compare_sweeps([tmp_path / "s"], n_bootstrap=200)
+    step0, step1, step2 = comp.rows
+    assert step0["p_value_prev"] is None and step0["delta_prev_bleu"] is None
+    assert step1["delta_prev_bleu"] == pytest.approx(10.0) and 0 < step1["p_value_prev"] < 0.05
+    assert step2["delta_prev_bleu"] == pytest.approx(10.0) and step2["p_value_prev"] == 1.0
+    assert step2["p_value"] == step1["p_value"] < 0.05  # against the baseline, as before
+    md = (write_outputs(comp, tmp_path / "out")["markdown"]).read_text()
+    assert "| Δ prev | p prev |" in md
+
+
+def test_machines_come_from_the_runs_results(tmp_path, corpus):
+    refs = _refs(corpus)
+    run = make_run(tmp_path / "s" / "0", corpus, "step0_vaswani2017", 1, refs, bleu=10.0)
+    results = json.loads((run / "results.json").read_text())
+    results.update(precision="fp32", device="cpu", hardware={
+        "cpu": "Example CPU 9000", "cpu_count": 2, "cpu_capability": "AVX2", "torch_threads": 1, "torch": "2.13.0"})
+    (run / "results.json").write_text(json.dumps(results))
+    comp = compare_sweeps([tmp_path / "s"], n_bootstrap=0)
+    assert comp.machines == ["Example CPU 9000 (2 cores, AVX2), torch 2.13.0 with 1 thread(s), fp32 precision, device cpu"]
+    md = (write_outputs(comp, tmp_path / "out")["markdown"]).read_text()
+    assert "- trained on: Example CPU 9000" in md

@@ -6,7 +6,7 @@ bootstrap against the baseline), :mod:`.compare` (:func:`compare_sweeps` -> :cla
 :mod:`.plots` and :mod:`.report` (markdown, CSV, PNG outputs). Imports go down that list only.
 """
 
-from transformer.analysis.compare import Comparison, compare_sweeps
+from transformer.analysis.compare import Comparison, compare_sweeps, describe_machine
 from transformer.analysis.grouping import IGNORED_KEYS, Configuration, group_runs
 from transformer.analysis.plots import (
     bleu_bars_figure,
@@ -24,6 +24,7 @@ __all__ = [
     "Run",
     "bleu_bars_figure",
     "compare_sweeps",
+    "describe_machine",
     "expected_jobs",
     "find_run_dirs",
     "group_runs",

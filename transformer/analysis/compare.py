@@ -15,7 +15,12 @@ share no seed, the i-th seeds in sorted order are paired). The reported ``p_valu
 p-value over the seed pairs, i.e. a configuration is significant at level α only when it is
 significant against the baseline in every seed pair; the per-pair values are kept in
 ``p_value_seeds``. (Concatenating the seeds' outputs into one corpus would count every test
-sentence several times and overstate significance.)
+sentence several times and overstate significance.) The same test is also run between each
+configuration and the one before it in display order (``delta_prev_bleu``, ``p_value_prev``): in a
+ladder, the effect of the one switch a step adds.
+
+The machine each run trained on comes from its ``results.json`` (``hardware``, ``precision``, as
+the operating system and torch report them) and is listed in :attr:`Comparison.machines`.
 
     from transformer.analysis import compare_sweeps, write_outputs
     comparison = compare_sweeps(["multirun/ladder/2026-01-01_10-00-00"])
@@ -32,11 +37,12 @@ from transformer.analysis.grouping import IGNORED_KEYS, Configuration, group_run
 from transformer.analysis.runs import Run, find_run_dirs, load_run, never_started
 from transformer.analysis.stats import first_result, kv_cache_bytes, mean, significance, std
 
-__all__ = ["CSV_COLUMNS", "Comparison", "compare_sweeps"]
+__all__ = ["CSV_COLUMNS", "Comparison", "compare_sweeps", "describe_machine"]
 
 CSV_COLUMNS = (
     "label", "is_baseline", "n_runs", "n_missing", "seeds", "test_split",
-    "bleu_mean", "bleu_std", "delta_bleu", "p_value", "p_value_seeds", "chrf_mean", "chrf_std",
+    "bleu_mean", "bleu_std", "delta_bleu", "p_value", "p_value_seeds", "delta_prev_bleu", "p_value_prev",
+    "chrf_mean", "chrf_std",
     "chrf_p_value", "params", "flops_per_token", "kv_cache_bytes_per_token",
     "train_tokens_per_s", "peak_memory_mb", "best_valid_mean", "updates_mean", "run_dirs",
 )
@@ -54,6 +60,8 @@ class Comparison:
         missing: every run without results, and every expected sweep job without a folder.
         notes: sentences about anything that could not be computed.
         signatures: sacreBLEU signatures of the BLEU / chrF scores and of the bootstrap.
+        n_bootstrap: paired-bootstrap resamples (0: no significance test).
+        machines: one line per distinct machine / torch / precision the finished runs report.
     """
 
     sweep_dirs: list[Path]
@@ -64,6 +72,19 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     signatures: dict[str, str] = field(default_factory=dict)
     n_bootstrap: int = 0
+    machines: list[str] = field(default_factory=list)
+
+
+def describe_machine(results: dict) -> str:
+    """One line naming where a run trained, from its ``results.json`` (``hardware``, ``precision``)."""
+    hw = results.get("hardware")
+    if not isinstance(hw, dict):
+        return "machine not recorded (results.json without `hardware`)"
+    where = f"{hw.get('cpu', '?')} ({hw.get('cpu_count', '?')} cores, {hw.get('cpu_capability', '?')})"
+    if hw.get("gpu"):
+        where = f"{hw['gpu']} + {where}"
+    return (f"{where}, torch {hw.get('torch', '?')} with {hw.get('torch_threads', '?')} thread(s), "
+            f"{results.get('precision', '?')} precision, device {results.get('device', '?')}")
 
 
 def _pick_baseline(configs: list[Configuration], wanted: str | None) -> Configuration:
@@ -127,13 +148,23 @@ def compare_sweeps(
         sig, boot_signature = significance(configs, base, n_bootstrap, bootstrap_seed, notes)
         if boot_signature:
             signatures["bootstrap"] = boot_signature
+    prev_sig: dict[str, dict] = {}
+    if n_bootstrap > 0:
+        for prev, cur in zip(configs, configs[1:]):  # each configuration against the one before it
+            pair_notes: list[str] = []
+            res, _ = significance([prev, cur], prev, n_bootstrap, bootstrap_seed, pair_notes)
+            prev_sig[cur.label] = res.get(cur.label, {})
+            notes.extend(f"{n} (against {prev.label})" for n in pair_notes)
     base_bleu = mean([r.results["bleu"] for r in base.runs])
+    prev_bleu: float | None = None
     rows = []
     for c in configs:
         bleus = [r.results["bleu"] for r in c.runs]
         chrfs = [r.results.get("chrf") for r in c.runs]
         bleu_mean = mean(bleus)
         s = sig.get(c.label, {})
+        delta_prev = None if prev_bleu is None or bleu_mean is None else bleu_mean - prev_bleu
+        is_first, prev_bleu = not rows, bleu_mean
         rows.append(
             {
                 "label": c.label,
@@ -147,6 +178,8 @@ def compare_sweeps(
                 "delta_bleu": None if c is base or bleu_mean is None or base_bleu is None else bleu_mean - base_bleu,
                 "p_value": s.get("p_value"),
                 "p_value_seeds": s.get("p_value_seeds", ""),
+                "delta_prev_bleu": None if is_first else delta_prev,
+                "p_value_prev": prev_sig.get(c.label, {}).get("p_value"),
                 "chrf_mean": mean(chrfs),
                 "chrf_std": std(chrfs),
                 "chrf_p_value": s.get("chrf_p_value"),
@@ -163,4 +196,5 @@ def compare_sweeps(
     splits = {r["test_split"] for r in rows}
     if len(splits) > 1:
         notes.append(f"configurations were tested on different splits: {', '.join(sorted(map(str, splits)))}")
-    return Comparison(sweep_dirs, configs, rows, base.label, missing, notes, signatures, n_bootstrap)
+    machines = sorted({describe_machine(r.results) for c in configs for r in c.runs})
+    return Comparison(sweep_dirs, configs, rows, base.label, missing, notes, signatures, n_bootstrap, machines)

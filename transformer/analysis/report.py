@@ -37,6 +37,11 @@ def _p(row: dict) -> str:
     return f"{p:.4f}" + ("*" if p < 0.05 else "")
 
 
+def _p_prev(row: dict) -> str:
+    p = row.get("p_value_prev")
+    return "" if p is None else f"{p:.4f}" + ("*" if p < 0.05 else "")
+
+
 def _missing_line(run: Run) -> str:
     what = " ".join(o for o in run.overrides if not o.startswith(("data.", "model.", "train.", "generation.", "lr_scheduler.", "hydra.")))
     where = f"`{run.run_dir}`"
@@ -53,19 +58,22 @@ def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
         lines.append(f"Test split: `{split}`; baseline: **{c.baseline}**.")
         for name, sig in c.signatures.items():
             lines.append(f"- {name} signature: `{sig}`")
+        for machine in c.machines:
+            lines.append(f"- trained on: {machine}")
     lines.append("")
     header = (
-        "| Configuration | Runs | BLEU | ΔBLEU | p (BLEU) | chrF | Params | FLOPs/token | KV-cache B/token "
-        "| Train tok/s | Peak MB |"
+        "| Configuration | Runs | BLEU | ΔBLEU | p (BLEU) | Δ prev | p prev | chrF | Params | FLOPs/token "
+        "| KV-cache B/token | Train tok/s | Peak MB |"
     )
-    lines += [header, "|" + "|".join(["---"] + ["---:"] * 10) + "|"]
+    lines += [header, "|" + "|".join(["---"] + ["---:"] * 12) + "|"]
     for r in c.rows:
         runs = f"{r['n_runs']}/{r['n_runs'] + r['n_missing']}"
         mem = "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
         delta = "" if r["delta_bleu"] is None else f"{r['delta_bleu']:+.2f}"
+        delta_prev = "" if r.get("delta_prev_bleu") is None else f"{r['delta_prev_bleu']:+.2f}"
         lines.append(
             f"| {r['label']}{' (baseline)' if r['is_baseline'] else ''} | {runs} | {_pm(r['bleu_mean'], r['bleu_std'])} "
-            f"| {delta} | {_p(r)} | {_pm(r['chrf_mean'], r['chrf_std'])} | {_si(r['params'])} "
+            f"| {delta} | {_p(r)} | {delta_prev} | {_p_prev(r)} | {_pm(r['chrf_mean'], r['chrf_std'])} | {_si(r['params'])} "
             f"| {_si(r['flops_per_token'])} | {_si(r['kv_cache_bytes_per_token'])} "
             f"| {_si(r['train_tokens_per_s'])} | {mem} |"
         )
@@ -74,6 +82,7 @@ def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
         "BLEU and chrF: mean ± sample standard deviation over seeds (Runs: finished/all). "
         f"p: sacreBLEU paired bootstrap ({c.n_bootstrap} resamples) of the test hypotheses against the "
         "baseline's, per seed-matched pair of runs; the largest p over the pairs is shown (* p < 0.05). "
+        "Δ prev / p prev: the same against the row above (the switch this row adds, in a ladder). "
         "FLOPs/token: forward matmul FLOPs per target token (16-token sentences); KV-cache: fp32 bytes "
         "per generated token over all decoder layers.",
     ]
