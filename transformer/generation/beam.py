@@ -20,6 +20,9 @@ from transformer.generation.common import (
     decoding,
     log_probs,
     max_lengths,
+    nonfinite_rows,
+    position_limits,
+    warn_nonfinite,
 )
 
 __all__ = ["beam_search"]
@@ -47,7 +50,10 @@ def beam_search(
     only decrease, so a running beam with summed log-probability ``s <= 0`` and ``t`` tokens can end
     with at best ``s / max(lp(t + 1), lp(max_len + 1))``, i.e. divided by the penalty at the longest
     allowed length when ``alpha > 0`` and at the shortest when ``alpha < 0``. It also stops when all
-    its beams are finished or dead; at ``max_len`` EOS is forced. Finished sentences leave the batch.
+    its beams are finished or dead; at ``max_len`` EOS is forced, and the search never runs past
+    the longest ``max_len``. Finished sentences leave the batch. Beams that receive non-finite model
+    output (NaN/+inf) die; a sentence left without a finished hypothesis then gets none, with a
+    :class:`~transformer.generation.common.NonFiniteOutputWarning`.
 
     Args:
         model: an encoder-decoder or decoder-only model (see module docstring).
@@ -87,11 +93,15 @@ def _beam_search(
     eos, pad = model.eos_id, model.pad_id
     ninf = float("-inf")
     state = model.start_decoding(src_tokens)
+    max_len = max_lengths(src_tokens, pad, limits.max_len_a, limits.max_len_b)  # (bsz,)
+    cap = position_limits(model, state)
+    if cap is not None:
+        max_len = torch.minimum(max_len, cap)
+    last_step = int(max_len.max()) if bsz else 0  # EOS is forced there: no sentence runs longer
     state.reorder(torch.arange(bsz, device=device).repeat_interleave(K))  # (bsz * K) rows
 
     n = bsz  # active sentences
     sent_ids = torch.arange(bsz, device=device)  # (n,) original index of each active sentence
-    max_len = max_lengths(src_tokens, pad, limits.max_len_a, limits.max_len_b)  # (n,)
     bound_pen = None  # lp(max_len + 1) per sentence, for the termination bound
     if alpha != 0:
         bound_pen = limits.penalty(max_len.double() + 1.0)  # (n,)
@@ -103,6 +113,7 @@ def _beam_search(
     finished: list[list[Hypothesis]] = [[] for _ in range(bsz)]
     row_base = torch.arange(n, device=device)[:, None] * K  # (n, 1)
 
+    nonfinite: set[int] = set()  # sentences whose live beams met NaN/inf model output
     step = 0
     while True:
         logits = model.decode_step(prev, state)  # (n * K, V)
@@ -110,6 +121,10 @@ def _beam_search(
         lprobs = constrain(
             log_probs(logits), step, max_len.repeat_interleave(K), history, limits, pad_id=pad, eos_id=eos
         )  # (n * K, V)
+        bad = nonfinite_rows(logits) & (scores.view(-1) > ninf)  # (n * K,) live beams with NaN/inf output
+        if bool(bad.any()):  # a diverged model: those beams die (NaN scores would never end the search)
+            lprobs[bad] = ninf
+            nonfinite.update(sent_ids[bad.view(n, K).any(1)].tolist())
         cand = (scores.view(-1, 1) + lprobs).view(n, K * vocab)  # (n, K * V)
         n_cand = min(2 * K, K * vocab)
         cand_scores, cand_idx = cand.topk(n_cand, dim=1)  # (n, 2K), sorted best first
@@ -159,7 +174,7 @@ def _beam_search(
             pen = torch.maximum(bound_pen, bound_pen.new_tensor(limits.penalty(float(length + 1))))
             best_running = best_running / pen
         done = best_running <= kth_finished  # (n,); -inf (all beams dead) is always done
-        if bool(done.all()):
+        if bool(done.all()) or step >= last_step:
             break
         step += 1
         rows = (row_base + new_beam).view(-1)  # (n * K,) parent row of each new beam
@@ -178,8 +193,10 @@ def _beam_search(
         prev = new_tok.view(-1, 1)
 
     out = []
-    for hyps in finished:
-        if not hyps:  # only reachable when the model returns -inf/NaN everywhere
+    for sid, hyps in enumerate(finished):
+        if not hyps and sid not in nonfinite:  # a model that gives -inf to every token, EOS included
             hyps = [Hypothesis(tokens=[eos], score=ninf, logprob=ninf)]
         out.append(hyps[:nbest])
+    if nonfinite:
+        warn_nonfinite(sum(1 for sid in nonfinite if not finished[sid]) or len(nonfinite))
     return out

@@ -11,8 +11,14 @@ Conventions shared by all strategies (and relied on by :mod:`transformer.generat
   ``src_len`` is the number of non-pad source tokens (for the encoder-decoder that includes the
   source EOS). Each sentence of a batch has its own limit, so batched and one-at-a-time decoding
   agree.
+  A model with learned positions (``model/position=learned``) caps it further, so that no token
+  is ever fed at a position past its table (:func:`position_limits`): search always stops at its
+  length bound.
 * ``min_len``: EOS is forbidden while a hypothesis has fewer than ``min_len`` tokens; the maximum
   length wins when the two conflict.
+* Non-finite model output (NaN or +inf logits, e.g. from a diverged model) ends the rows that
+  receive it: a sentence left without a hypothesis gets none (an empty list), and a
+  :class:`NonFiniteOutputWarning` says so. Search never loops on NaN scores.
 * PAD is never generated.
 * Length (for the length penalty) counts the generated tokens including EOS.
 * ``score`` is the length-penalised log-probability ``logprob / lp(len)`` (beam, greedy and sampling
@@ -28,6 +34,7 @@ References: Wu et al. 2016 (GNMT length penalty ``((5 + len) / 6) ** alpha``); f
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass, fields
 from typing import Any, Iterator
 
@@ -38,13 +45,18 @@ from transformer.config import GenerationConfig
 
 __all__ = [
     "Hypothesis",
+    "NonFiniteOutputWarning",
     "SearchLimits",
     "as_generation_config",
     "constrain",
     "decoding",
     "length_penalty",
+    "learned_positions",
     "log_probs",
     "max_lengths",
+    "nonfinite_rows",
+    "position_limits",
+    "warn_nonfinite",
 ]
 
 
@@ -154,6 +166,67 @@ def max_lengths(src_tokens: Tensor, pad_id: int, max_len_a: float, max_len_b: in
     """
     n_src = src_tokens.ne(pad_id).sum(1).double()  # (B,)
     return (max_len_a * n_src + max_len_b).floor().long().clamp(min=0)
+
+
+def learned_positions(embedding: nn.Module | None) -> int | None:
+    """Rows of an embedding's learned position table (``model/position=learned``), else None.
+
+    Args:
+        embedding: a :class:`~transformer.modules.embedding.TokenEmbedding` (or None).
+
+    Returns:
+        ``model.max_positions`` for learned positions; None for encodings without a limit.
+    """
+    from transformer.modules.positions import LearnedPositionalEmbedding
+
+    position = getattr(embedding, "position", None)
+    return position.weight.shape[0] if isinstance(position, LearnedPositionalEmbedding) else None
+
+
+def _decoder_embedding(model: nn.Module) -> nn.Module | None:
+    for name in ("tgt_embed", "embed"):  # encoder-decoder, decoder-only
+        if getattr(model, name, None) is not None:
+            return getattr(model, name)
+    return None
+
+
+def position_limits(model: nn.Module, state: Any) -> Tensor | None:
+    """Per-row maximum length (tokens before EOS) that the decoder's learned positions allow.
+
+    The token chosen at step ``t`` is predicted from the input at position ``start + t`` (``start``:
+    ``state.positions`` before the first step: 0 for the encoder-decoder, the source length for
+    the decoder-only model), so ``max_len <= rows - 1 - start``.
+
+    Args:
+        model: the model being decoded.
+        state: its decoding state right after ``start_decoding`` (``positions``: ``(batch,)``).
+
+    Returns:
+        ``(batch,)`` long tensor, or None when the positions have no limit.
+    """
+    rows = learned_positions(_decoder_embedding(model))
+    start = getattr(state, "positions", None)
+    if rows is None or start is None:
+        return None
+    return (rows - 1 - start).clamp(min=0)
+
+
+class NonFiniteOutputWarning(RuntimeWarning):
+    """The model returned NaN or +inf logits (a diverged model): those sentences got no hypothesis."""
+
+
+def nonfinite_rows(logits: Tensor) -> Tensor:
+    """``(rows,)`` bool: rows of ``(rows, vocab)`` logits holding NaN or +inf (-inf is a masked token)."""
+    return (logits.isnan() | logits.isposinf()).any(-1)
+
+
+def warn_nonfinite(n_sentences: int) -> None:
+    """Warn that ``n_sentences`` sentences met non-finite model output (their hypotheses are empty)."""
+    warnings.warn(
+        f"non-finite model output (NaN/inf logits) for {n_sentences} sentence(s): they get no hypothesis "
+        "(an empty output); a diverged model? check the run's training loss and grad_norm",
+        NonFiniteOutputWarning, stacklevel=3,
+    )
 
 
 @contextlib.contextmanager

@@ -20,6 +20,9 @@ from transformer.generation.common import (
     decoding,
     log_probs,
     max_lengths,
+    nonfinite_rows,
+    position_limits,
+    warn_nonfinite,
 )
 
 __all__ = ["greedy_search", "sample", "top_k_top_p_filter"]
@@ -140,11 +143,15 @@ def _greedy_or_sample(
     bsz = src_tokens.shape[0]
     eos, pad = model.eos_id, model.pad_id
     state = model.start_decoding(src_tokens)
+    max_len = max_lengths(src_tokens, pad, limits.max_len_a, limits.max_len_b)  # (bsz,)
+    cap = position_limits(model, state)
+    if cap is not None:
+        max_len = torch.minimum(max_len, cap)
+    max_len = max_len.repeat_interleave(n_samples)  # (rows,)
     if n_samples > 1:
         state.reorder(torch.arange(bsz, device=device).repeat_interleave(n_samples))
     rows = bsz * n_samples
     row_ids = torch.arange(rows, device=device)  # original row of each active row
-    max_len = max_lengths(src_tokens, pad, limits.max_len_a, limits.max_len_b).repeat_interleave(n_samples)
     history = torch.empty(rows, 0, dtype=torch.long, device=device)
     logprob = torch.zeros(rows, device=device)
     prev = torch.full((rows, 1), model.decoder_start_token_id, dtype=torch.long, device=device)
@@ -153,18 +160,30 @@ def _greedy_or_sample(
         gen = torch.Generator(device=device)
         gen.manual_seed(int(seed))
     results: list[Hypothesis | None] = [None] * rows
+    failed: set[int] = set()  # rows that met non-finite model output
     step = 0
     while True:
         logits = model.decode_step(prev, state).float()  # (rows, V)
+        bad = nonfinite_rows(logits)  # (rows,)
+        if bool(bad.any()):  # a diverged model: these rows end without a hypothesis
+            failed.update(row_ids[bad].tolist())
+            keep = (~bad).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            state.reorder(keep)
+            row_ids, max_len, history, logprob, logits = (t[keep] for t in (row_ids, max_len, history, logprob, logits))
+        forced = max_len <= step  # (rows,) EOS is the only choice, whatever the model says of it
         lprobs = constrain(log_probs(logits), step, max_len, history, limits, pad_id=pad, eos_id=eos)  # (rows, V)
         if temperature > 0:
             scaled = logits / temperature
             # the same constraints, on the scaled logits
             scaled = constrain(scaled, step, max_len, history, limits, pad_id=pad, eos_id=eos)
             scaled = top_k_top_p_filter(scaled, top_k, top_p)
+            scaled[forced, eos] = 0.0  # a finite EOS logit even where the model gives EOS -inf
             nxt = torch.multinomial(scaled.softmax(-1), 1, generator=gen).squeeze(1)  # (rows,)
         else:
             nxt = lprobs.argmax(-1)  # (rows,)
+        nxt = nxt.masked_fill(forced, eos)  # the length bound always ends a row
         logprob = logprob + lprobs.gather(1, nxt[:, None]).squeeze(1)
         history = torch.cat((history, nxt[:, None]), dim=1)  # (rows, step + 1)
         step += 1
@@ -179,6 +198,8 @@ def _greedy_or_sample(
             state.reorder(keep)
             row_ids, max_len, history, logprob, nxt = (t[keep] for t in (row_ids, max_len, history, logprob, nxt))
         prev = nxt[:, None]
+    if failed:
+        warn_nonfinite(len({i // n_samples for i in failed}))
     out: list[list[Hypothesis]] = []
     for b in range(bsz):
         hyps = [h for h in results[b * n_samples : (b + 1) * n_samples] if h is not None]

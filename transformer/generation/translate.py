@@ -12,7 +12,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
-from transformer.generation.common import Hypothesis, as_generation_config
+from transformer.generation.common import Hypothesis, as_generation_config, learned_positions
 from transformer.generation.search import generate
 
 __all__ = [
@@ -91,19 +91,14 @@ def max_source_length(model: nn.Module, arch: str | None = None) -> int | None:
 
     Args:
         model: an encoder-decoder or decoder-only model.
-        arch: ``encoder_decoder`` or ``decoder_only``; defaults to ``model.arch``.
+        arch: unused (both families read their source through the same embedding table).
 
     Returns:
         The maximum number of source ids, or None.
     """
-    from transformer.modules.positions import LearnedPositionalEmbedding
-
-    arch = arch or model.arch
-    embed = getattr(model, "src_embed", None) or getattr(model, "embed", None)
-    position = getattr(embed, "position", None)
-    if not isinstance(position, LearnedPositionalEmbedding):
-        return None
-    return position.weight.shape[0] - 1  # + EOS (encoder-decoder) or + <sep> (decoder-only)
+    embed = getattr(model, "src_embed", None)
+    rows = learned_positions(embed if embed is not None else getattr(model, "embed", None))
+    return None if rows is None else rows - 1  # + EOS (encoder-decoder) or + <sep> (decoder-only)
 
 
 def translate_sentences(
@@ -177,6 +172,8 @@ def translate_sentences(
         src = make_src_tokens([src_ids[i] for i in idx], arch, pad_id=model.pad_id, eos_id=model.eos_id, device=device)
         for i, hyps in zip(idx, generate(model, src, g)):
             results[i] = hyps
+            if not hyps and errors is not None:  # see NonFiniteOutputWarning
+                errors[i] = "the model's output is not finite (NaN/inf): a diverged model?"
 
     try:
         for batch in batches_by_tokens([len(src_ids[i]) + extra for i in todo], max_tokens, rows):
