@@ -66,3 +66,44 @@ def en_de_data(en_de_cfg):
     from transformer.data.dataset import load_translation_data
 
     return load_translation_data(en_de_cfg, log=None)
+
+
+def write_toy_corpus(root: Path, data_dir: Path, n_train: int = 1500) -> Path:
+    """A parallel_text corpus in ``root`` built from real Multi30k lines: ``train.{en,de}.gz``
+    (``n_train`` pairs, two of them with an empty side) and ``dev.{en,de}`` (100 pairs)."""
+    import gzip
+
+    from transformer.data.reading import read_lines
+
+    root.mkdir(parents=True, exist_ok=True)
+    for lang in ("en", "de"):
+        lines = read_lines(data_dir / "multi30k" / f"train.{lang}.gz")[:n_train]
+        lines[5] = "" if lang == "en" else lines[5]
+        lines[9] = "   " if lang == "de" else lines[9]
+        (root / f"train.{lang}.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+        val = read_lines(data_dir / "multi30k" / f"val.{lang}.gz")[:100]
+        (root / f"dev.{lang}").write_text("\n".join(val) + "\n", encoding="utf-8")
+    return root
+
+
+def toy_data_config(root: Path, cache: Path, **kw):
+    """A parallel_text DataConfig over :func:`write_toy_corpus` (vocabulary 400)."""
+    from transformer.config import DataConfig
+
+    base = dict(name="toy", corpus="parallel_text", root=str(root), src_lang="en", tgt_lang="de",
+                train_prefix="train", valid_prefix="dev", test_prefix="dev", test_splits=[], download=False,
+                vocab_size=400, cache_dir=str(cache), preprocess_workers=1)
+    base.update(kw)
+    return DataConfig(**base)
+
+
+@pytest.fixture
+def toy_corpus(tmp_path: Path, data_dir: Path) -> Path:
+    """:func:`write_toy_corpus` in a fresh temporary folder."""
+    return write_toy_corpus(tmp_path / "corpus", data_dir)
+
+
+@pytest.fixture
+def toy_cfg():
+    """The :func:`toy_data_config` factory."""
+    return toy_data_config

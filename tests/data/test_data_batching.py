@@ -120,3 +120,58 @@ def test_real_corpus_padding(en_de_data) -> None:
         real += sum(lengths[i] for i in b)
     assert cost <= 4096 * len(s)
     assert 1 - real / cost < 0.02  # bucketing keeps padding (in the cost model) tiny
+
+
+def _reference_global_batches(src, tgt, max_tokens, arch, shuffle, seed, epoch, max_sentences):
+    """The list-based sampler of commit 649f2f3 (before the numpy rewrite), as an oracle."""
+    import torch
+
+    from transformer.data.batching import _epoch_seed
+
+    lengths = [max(s, t) + 1 if arch == "encoder_decoder" else s + 1 + t for s, t in zip(src, tgt)]
+    tiebreak = [s + t for s, t in zip(src, tgt)]
+
+    def key(i):
+        return (lengths[i], tiebreak[i])
+
+    def pack(order):
+        batches, batch, longest = [], [], 0
+        cap = max_sentences or len(order) + 1
+        for i in order:
+            new_longest = max(longest, lengths[i])
+            if batch and ((len(batch) + 1) * new_longest > max_tokens or len(batch) >= cap):
+                batches.append(batch)
+                batch, new_longest = [], lengths[i]
+            batch.append(i)
+            longest = new_longest
+        if batch:
+            batches.append(batch)
+        return batches
+
+    if not shuffle:
+        return pack(sorted(range(len(src)), key=key))
+    g = torch.Generator().manual_seed(_epoch_seed(seed, epoch))
+    perm = torch.randperm(len(src), generator=g).tolist()
+    batches = pack(sorted(perm, key=key))
+    return [batches[j] for j in torch.randperm(len(batches), generator=g).tolist()]
+
+
+@FAST
+@given(corpora(), st.integers(0, 2**31), st.integers(0, 9), st.booleans())
+def test_same_batches_as_the_list_based_sampler(corpus, seed, epoch, shuffle) -> None:
+    """Same seed, same batches as before the numpy rewrite: Multi30k runs are unchanged."""
+    src, tgt, arch, max_tokens, max_sentences = corpus
+    s = TokenBatchSampler(src, tgt, max_tokens, arch=arch, seed=seed, shuffle=shuffle, max_sentences=max_sentences)
+    expected = _reference_global_batches(src, tgt, max_tokens, arch, shuffle, seed, epoch, max_sentences)
+    assert s.global_batches(epoch) == expected
+    s.set_epoch(epoch)
+    assert list(s) == expected and len(s) == len(expected)
+
+
+def test_real_corpus_same_batches_as_the_list_based_sampler(en_de_data) -> None:
+    train = en_de_data.splits["train"]
+    src, tgt = train.src_lengths.tolist(), train.tgt_lengths.tolist()
+    for arch, max_tokens in (("encoder_decoder", 4096), ("decoder_only", 8192)):
+        s = TokenBatchSampler(train.src_lengths, train.tgt_lengths, max_tokens, arch=arch, seed=1)
+        for epoch in (1, 2):
+            assert s.global_batches(epoch) == _reference_global_batches(src, tgt, max_tokens, arch, True, 1, epoch, None)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import time
 from pathlib import Path
 
@@ -15,6 +14,8 @@ from transformer.data.collate import collate
 from transformer.data.corpus import DataError, read_lines
 from transformer.data.dataset import load_translation_data
 from transformer.data.tokenizer import SPECIAL_IDS
+
+from tests.data.conftest import toy_data_config, write_toy_corpus
 
 
 def test_real_multi30k_en_de(en_de_data, data_dir: Path) -> None:
@@ -40,7 +41,7 @@ def test_second_call_is_a_cache_hit(en_de_cfg, en_de_data) -> None:
     elapsed = time.perf_counter() - t
     assert again.stats["cache"] == "hit" and again.stats["cache_dir"] == en_de_data.stats["cache_dir"]
     assert elapsed < 5.0
-    assert again.splits["train"].src == en_de_data.splits["train"].src
+    assert again.splits["train"].src.tolist() == en_de_data.splits["train"].src.tolist()
     assert again.src_tokenizer.model_path == en_de_data.src_tokenizer.model_path
 
 
@@ -72,22 +73,11 @@ def test_real_batches_both_archs(en_de_data) -> None:
 
 
 def _toy_corpus(root: Path, data_dir: Path, n_train: int = 1500) -> None:
-    """A parallel_text corpus built from real Multi30k lines, with two empty-side pairs."""
-    for lang in ("en", "de"):
-        lines = read_lines(data_dir / "multi30k" / f"train.{lang}.gz")[:n_train]
-        lines[5] = "" if lang == "en" else lines[5]
-        lines[9] = "   " if lang == "de" else lines[9]
-        (root / f"train.{lang}.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
-        val = read_lines(data_dir / "multi30k" / f"val.{lang}.gz")[:100]
-        (root / f"dev.{lang}").write_text("\n".join(val) + "\n", encoding="utf-8")
+    write_toy_corpus(root, data_dir, n_train)
 
 
 def _toy_cfg(root: Path, cache: Path, **kw) -> DataConfig:
-    base = dict(name="toy", corpus="parallel_text", root=str(root), src_lang="en", tgt_lang="de",
-                train_prefix="train", valid_prefix="dev", test_prefix="dev", test_splits=[], download=False,
-                vocab_size=400, cache_dir=str(cache))
-    base.update(kw)
-    return DataConfig(**base)
+    return toy_data_config(root, cache, **kw)
 
 
 def test_parallel_text_cache_and_rebuild_on_change(tmp_path: Path, data_dir: Path) -> None:
@@ -151,3 +141,46 @@ def test_yaml_configs_validate_against_dataclass(data_dir: Path) -> None:
         assert set(cfg.test_splits) <= set(available_splits(cfg)), name
         assert cfg.test_prefix in cfg.test_splits
         assert (cfg.bleu_tokenize == "none") == (cfg.corpus == "multi30k_tok")
+
+
+def test_empty_training_files_are_named(tmp_path: Path) -> None:
+    for lang in ("en", "de"):
+        (tmp_path / f"train.{lang}").write_text("")
+        (tmp_path / f"dev.{lang}").write_text("a\n")
+    cfg = _toy_cfg(tmp_path, tmp_path / "cache")
+    with pytest.raises(DataError, match=rf"no non-empty sentence pairs in the training files {tmp_path}/train\.en "
+                                        rf"and {tmp_path}/train\.de \(the files are empty\)"):
+        load_translation_data(cfg, log=None)
+    (tmp_path / "train.en").write_text("a\n\nc\n")
+    (tmp_path / "train.de").write_text("\nb\n \n")
+    with pytest.raises(DataError, match=r"train\.de \(all 3 lines have an empty side\)"):
+        load_translation_data(cfg, log=None)
+
+
+def test_empty_validation_split_is_rejected_before_training(toy_corpus: Path, tmp_path: Path) -> None:
+    for lang in ("en", "de"):
+        (toy_corpus / f"dev.{lang}").write_text("")
+    with pytest.raises(DataError, match=rf"the validation split is empty: {toy_corpus}/dev\.en and "
+                                        rf"{toy_corpus}/dev\.de hold no sentence pair \(0 lines read\)"):
+        load_translation_data(_toy_cfg(toy_corpus, tmp_path / "cache"), log=None)
+
+
+def test_gz_file_that_is_not_gzip_is_named(toy_corpus: Path, tmp_path: Path) -> None:
+    (toy_corpus / "train.de.gz").write_text("Ein Hund.\n" * 1500)  # plain text under a .gz name
+    with pytest.raises(DataError, match=r"train\.de\.gz: the name ends in \.gz but the file is not gzip-compressed"):
+        load_translation_data(_toy_cfg(toy_corpus, tmp_path / "cache"), log=None)
+
+
+@pytest.mark.parametrize("split", ["train", "dev"])
+def test_invalid_utf8_is_named_with_file_and_line(toy_corpus: Path, tmp_path: Path, split: str) -> None:
+    import gzip
+
+    name = f"{split}.de.gz" if split == "train" else f"{split}.de"
+    path = toy_corpus / name
+    lines = read_lines(path)
+    data = "\n".join(lines).encode().split(b"\n")
+    data[41] = b"kaputt \xff\xfe"
+    raw = b"\n".join(data) + b"\n"
+    path.write_bytes(gzip.compress(raw) if split == "train" else raw)
+    with pytest.raises(DataError, match=rf"{name}: invalid UTF-8 on line 42 \(byte 8 of the line"):
+        load_translation_data(_toy_cfg(toy_corpus, tmp_path / "cache"), log=None)

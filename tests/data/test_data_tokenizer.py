@@ -62,3 +62,20 @@ def test_bad_options(tmp_path: Path) -> None:
         Tokenizer.train(["a b"], tmp_path / "x", vocab_size=100, model_type="wordpiece")
     with pytest.raises(ValueError, match="no non-empty"):
         Tokenizer.train(["", "  "], tmp_path / "x", vocab_size=100)
+
+
+def test_no_sentences_names_the_files(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.en"
+    empty.write_text("\n  \n")
+    with pytest.raises(ValueError, match=rf"no non-empty sentences in {empty} to train"):
+        Tokenizer.train([empty], tmp_path / "x", vocab_size=100)
+
+
+def test_streamed_input_error_keeps_its_file_and_line(tmp_path: Path) -> None:
+    from transformer.data.errors import DataError
+
+    bad = tmp_path / "bad.en"
+    # past the first block of 1 MiB: raised while SentencePiece consumes the stream
+    bad.write_bytes(b"".join(b"sentence number %d here\n" % i for i in range(60_000)) + b"oops \xff\n")
+    with pytest.raises(DataError, match=r"bad\.en: invalid UTF-8 on line 60001"):
+        Tokenizer.train([bad], tmp_path / "x", vocab_size=100)

@@ -123,7 +123,10 @@ class DataConfig:
     max_target_positions: int = 256
     bleu_tokenize: str = "13a"  # sacreBLEU tokenizer; "none" for the pre-tokenized multi30k_tok_*
     lowercase: bool = False
-    cache_dir: Optional[str] = None
+    cache_dir: Optional[str] = None  # binarized data: <cache_dir>/<name>-<key>/ (default ~/.cache/transformer_zoo/cache)
+    binarized: Optional[str] = None  # a folder written by scripts/preprocess.py: read it, no raw file needed
+    spm_input_sentence_size: int = 2_000_000  # SentencePiece trains on a random sample of this many lines
+    preprocess_workers: int = 0  # encoding processes when binarizing; 0 = one per CPU
 
 
 # ----------------------------------------------------------------------------- training

@@ -1,7 +1,8 @@
 """Reading parallel text: ``{prefix}.{lang}`` files, plain or gzip, one sentence per line.
 
 This module knows where the files of each split live (:func:`resolve_split_files`) and how to
-read them safely (:func:`read_lines`, :func:`read_parallel`). It never tokenizes: the lines it
+read them (:func:`read_lines`, :func:`read_parallel`, re-exported from
+:mod:`transformer.data.reading`, which also streams large files). It never tokenizes: the lines it
 returns are the original strings, which are kept as BLEU references.
 
 Where data comes from (first match wins):
@@ -18,21 +19,16 @@ given by prefixes (paths without the ``.{lang}`` suffix), relative to the root w
 
 from __future__ import annotations
 
-import gzip
 import os
-import zlib
 from pathlib import Path
 from typing import Any
 
-ENV_DATA_DIR = "TRANSFORMER_DATA_DIR"
-"""Environment variable naming the data root (a folder that holds ``multi30k/``)."""
+from transformer.data import download as dl
+from transformer.data.download import ENV_DATA_DIR
+from transformer.data.errors import DataError
+from transformer.data.reading import read_bytes, read_lines, read_parallel
 
 CORPORA = ("multi30k", "multi30k_tok", "parallel_text")
-
-
-class DataError(ValueError):
-    """Unusable input data: the message names the file(s), and the line or the counts involved."""
-
 
 # ----------------------------------------------------------------------------- locations
 
@@ -112,8 +108,6 @@ def _check_corpus(cfg: Any) -> None:
 def _multi30k_split_names(cfg: Any) -> dict[str, str]:
     """Split name -> prefix for a Multi30k corpus: configured names plus every upstream test set
     that exists for both languages."""
-    from transformer.data import download as dl
-
     tokenized = cfg.corpus == "multi30k_tok"
     known = set(dl.multi30k_splits(cfg.src_lang, cfg.tgt_lang, tokenized=tokenized))
     out = {name: p for name, p in split_prefixes(cfg).items() if p in known}
@@ -184,8 +178,6 @@ def resolve_split_files(cfg: Any, split: str, *, download: bool | None = None) -
     """
     _check_corpus(cfg)
     if cfg.corpus in ("multi30k", "multi30k_tok"):
-        from transformer.data import download as dl
-
         names = _multi30k_split_names(cfg)
         if split not in names:
             raise DataError(
@@ -215,110 +207,6 @@ def resolve_split_files(cfg: Any, split: str, *, download: bool | None = None) -
             f"splits: {', '.join(available_splits(cfg)) or '(none)'}"
         )
     return found[0], found[1]  # type: ignore[return-value]
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def read_bytes(path: str | os.PathLike) -> bytes:
-    """The content of a file, decompressed when it is gzip (detected by its magic bytes).
-
-    Args:
-        path: a plain or gzip-compressed file.
-
-    Returns:
-        The (decompressed) bytes.
-
-    Raises:
-        DataError: the file is missing or is a damaged gzip file.
-    """
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError as e:
-        raise DataError(f"file not found: {path}") from e
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as e:
-            raise DataError(f"{path}: damaged gzip file ({e})") from e
-    return data
-
-
-def read_lines(path: str | os.PathLike) -> list[str]:
-    """Read a UTF-8 text file (plain or gzip), one sentence per line.
-
-    Only the line terminator (``\\n`` or ``\\r\\n``) is removed; leading, trailing and internal
-    whitespace is kept. A UTF-8 byte-order mark at the start is dropped. A final line without
-    a terminator counts as a line.
-
-    Args:
-        path: the file.
-
-    Returns:
-        The lines, in order.
-
-    Raises:
-        DataError: invalid UTF-8 (the message names the file and the 1-based line number), a
-            missing file, or a damaged gzip file.
-    """
-    data = read_bytes(path)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise DataError(
-            f"{path}: invalid UTF-8 on line {line} (byte {col} of the line: {e.reason})"
-        ) from e
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    if "\r" in text:
-        lines = [s[:-1] if s.endswith("\r") else s for s in lines]
-    return lines
-
-
-def read_parallel(
-    src_path: str | os.PathLike, tgt_path: str | os.PathLike, *, keep_empty: bool = False
-) -> tuple[list[str], list[str], int]:
-    """Read two line-aligned files and drop pairs with an empty side (training data).
-
-    A pair is dropped when either side is empty or whitespace only; dropping whole pairs keeps
-    the two sides aligned. Evaluation data passes ``keep_empty=True``: every line stays, so that
-    hypotheses stay line-aligned with the input files (empty source in, empty output out) and
-    BLEU covers every line.
-
-    Args:
-        src_path: source-language file (plain or gzip).
-        tgt_path: target-language file (plain or gzip).
-        keep_empty: keep pairs with an empty side (validation and test splits).
-
-    Returns:
-        ``(src_lines, tgt_lines, n_dropped)``: the kept lines, unchanged, and the number of
-        dropped pairs.
-
-    Raises:
-        DataError: the files have different numbers of lines (the message names both files and
-            both counts), or either file is unreadable (see :func:`read_lines`).
-    """
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise DataError(
-            f"parallel files have different line counts: {src_path} has {len(src)} lines, "
-            f"{tgt_path} has {len(tgt)} lines"
-        )
-    if keep_empty:
-        return src, tgt, 0
-    keep_src, keep_tgt = [], []
-    for s, t in zip(src, tgt):
-        if s.strip() and t.strip():
-            keep_src.append(s)
-            keep_tgt.append(t)
-    return keep_src, keep_tgt, len(src) - len(keep_src)
 
 
 __all__ = [

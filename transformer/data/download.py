@@ -30,7 +30,10 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Sequence
 
-from transformer.data.corpus import ENV_DATA_DIR, DataError
+from transformer.data.errors import DataError
+
+ENV_DATA_DIR = "TRANSFORMER_DATA_DIR"
+"""Environment variable naming the data root (a folder that holds ``multi30k/``)."""
 
 MULTI30K_BASE_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1"
 """Upstream folder; ``{base}/raw/{split}.{lang}.gz`` and ``{base}/tok/{split}.lc.norm.tok.{lang}``."""
@@ -319,6 +322,7 @@ def verify_multi30k(root: str | os.PathLike) -> dict[str, bool]:
 
 
 __all__ = [
+    "ENV_DATA_DIR",
     "MULTI30K_BASE_URL",
     "MULTI30K_SHA256",
     "MULTI30K_TOK_CONTENT_SHA256",

@@ -21,9 +21,11 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import sentencepiece as spm
+
+from transformer.data.reading import iter_line_blocks
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID, SEP_ID = 0, 1, 2, 3, 4
 SEP_PIECE = "<sep>"
@@ -152,8 +154,10 @@ class Tokenizer:
         of an error. The files are written to a temporary name first and then renamed.
 
         Args:
-            inputs: sentences (``str``) or files (``pathlib.Path``, plain or gzip; read with
-                :func:`~transformer.data.corpus.read_lines`), or a mix.
+            inputs: sentences (``str``) or files (``pathlib.Path``, plain or gzip; streamed with
+                :func:`~transformer.data.reading.iter_line_blocks`), or a mix; any iterable (a
+                generator is consumed once, never held in memory: SentencePiece keeps a random
+                sample of ``input_sentence_size`` sentences). Empty lines are skipped.
             model_prefix: output path without ``.model``.
             vocab_size: target number of pieces (specials included).
             model_type: ``bpe`` or ``unigram``.
@@ -170,44 +174,66 @@ class Tokenizer:
             The trained tokenizer.
 
         Raises:
-            ValueError: unknown ``model_type``, non-positive ``vocab_size`` or no sentences.
+            ValueError: unknown ``model_type``, non-positive ``vocab_size`` or no non-empty
+                sentences (the message names the input files).
+            DataError: an input file is unreadable (names the file and line).
         """
-        from transformer.data.corpus import read_lines
-
         if model_type not in ("bpe", "unigram"):
             raise ValueError(f"model_type={model_type!r} is not one of bpe, unigram")
         if vocab_size <= SEP_ID + 1:
             raise ValueError(f"vocab_size={vocab_size} must be larger than the {SEP_ID + 1} special pieces")
-        lines: list[str] = []
-        for item in inputs:
-            if isinstance(item, str):
-                lines.append(item)
-            else:
-                lines.extend(read_lines(item))
-        lines = [s for s in lines if s.strip()]
-        if not lines:
-            raise ValueError("no non-empty sentences to train the SentencePiece model on")
+        files = [str(item) for item in inputs if not isinstance(item, str)] if isinstance(inputs, (list, tuple)) else []
+
+        def sentences() -> Iterator[str]:
+            for item in inputs:
+                if isinstance(item, str):
+                    if item.strip():
+                        yield item
+                else:
+                    for block in iter_line_blocks(item):
+                        yield from (s for s in block if s.strip())
+
+        stream = sentences()
+        first = next(stream, None)  # errors of the input (a DataError naming file and line) surface here
+        if first is None:
+            where = f" in {', '.join(files)}" if files else ""
+            raise ValueError(f"no non-empty sentences{where} to train the SentencePiece model on")
+        failure: list[BaseException] = []
+
+        def guarded() -> Iterator[str]:
+            try:
+                yield first
+                yield from stream
+            except BaseException as e:  # SentencePiece would turn it into a RuntimeError
+                failure.append(e)
+                raise
+
         spm.set_random_generator_seed(seed)
         buf = io.BytesIO()
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(lines),
-            model_writer=buf,
-            vocab_size=vocab_size,
-            model_type=model_type,
-            character_coverage=character_coverage,
-            normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
-            pad_id=PAD_ID,
-            unk_id=UNK_ID,
-            bos_id=BOS_ID,
-            eos_id=EOS_ID,
-            user_defined_symbols=[SEP_PIECE],
-            hard_vocab_limit=False,
-            input_sentence_size=input_sentence_size,
-            shuffle_input_sentence=True,
-            max_sentence_length=max_sentence_length,
-            num_threads=num_threads,
-            minloglevel=2,
-        )
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=guarded(),
+                model_writer=buf,
+                vocab_size=vocab_size,
+                model_type=model_type,
+                character_coverage=character_coverage,
+                normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
+                pad_id=PAD_ID,
+                unk_id=UNK_ID,
+                bos_id=BOS_ID,
+                eos_id=EOS_ID,
+                user_defined_symbols=[SEP_PIECE],
+                hard_vocab_limit=False,
+                input_sentence_size=input_sentence_size,
+                shuffle_input_sentence=True,
+                max_sentence_length=max_sentence_length,
+                num_threads=num_threads,
+                minloglevel=2,
+            )
+        except RuntimeError:
+            if failure:
+                raise failure[0] from None
+            raise
         path = Path(f"{model_prefix}.model")
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
