@@ -51,6 +51,7 @@ from transformer.data.download import sha256_file
 from transformer.data.errors import DataError
 from transformer.data.reading import iter_parallel
 from transformer.data.tokenizer import Tokenizer
+from transformer.io import atomic_write_text
 
 CACHE_VERSION = 2
 FOLDER_FORMAT = "transformer-zoo/binarized"
@@ -227,12 +228,6 @@ def _remove_stale_temporaries(folder: Path) -> None:
             p.unlink(missing_ok=True)
 
 
-def _atomic_json(obj: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
 _VOCAB_FIELDS = ("corpus", "src_lang", "tgt_lang", "vocab_size", "spm_model_type", "joint_vocab",
                  "character_coverage", "lowercase", "spm_input_sentence_size")
 
@@ -389,7 +384,7 @@ def _build(cfg: Any, names: list[str], say: Callable[[str], None]) -> tuple[Path
             split_dirs[name], split_cache[name] = d, "hit" if hit else "miss"
         top = folder / "manifest.json"
         previous = json.loads(top.read_text()).get("splits", {}) if top.is_file() else {}
-        _atomic_json({
+        atomic_write_text(top, json.dumps({
             "format": FOLDER_FORMAT,
             "version": CACHE_VERSION,
             "data": _vocab_fields(cfg),
@@ -397,7 +392,7 @@ def _build(cfg: Any, names: list[str], say: Callable[[str], None]) -> tuple[Path
             "vocab": options,
             "tokenizers": {k: p.name for k, p in _model_files(folder, bool(cfg.joint_vocab)).items()},
             "splits": {**previous, **{n: d.name for n, d in split_dirs.items()}},
-        }, top)
+        }, indent=1) + "\n")
     return folder, split_dirs, split_cache, tok_hit
 
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
-import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Callable, Sequence
 
 from transformer.data.errors import DataError
+from transformer.io import atomic_write_bytes
 
 ENV_DATA_DIR = "TRANSFORMER_DATA_DIR"
 """Environment variable naming the data root (a folder that holds ``multi30k/``)."""
@@ -235,15 +235,7 @@ def download_multi30k_file(
             f"checksum mismatch for {url}: sha256 {got}, expected {expected}; the file was "
             f"rejected and not saved"
         )
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(dest, payload)
     return dest
 
 

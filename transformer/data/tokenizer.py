@@ -26,6 +26,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import sentencepiece as spm
 
 from transformer.data.reading import iter_line_blocks
+from transformer.io import atomic_write_bytes, atomic_write_text
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID, SEP_ID = 0, 1, 2, 3, 4
 SEP_PIECE = "<sep>"
@@ -234,14 +235,10 @@ class Tokenizer:
             if failure:
                 raise failure[0] from None
             raise
-        path = Path(f"{model_prefix}.model")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(buf.getvalue())
-        os.replace(tmp, path)
+        path = atomic_write_bytes(f"{model_prefix}.model", buf.getvalue())
         sp = spm.SentencePieceProcessor(model_proto=buf.getvalue())
         vocab = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
-        Path(f"{model_prefix}.vocab").write_text(vocab, encoding="utf-8")
+        atomic_write_text(f"{model_prefix}.vocab", vocab)
         return cls(path, num_threads=num_threads)
 
 

@@ -1,0 +1,93 @@
+"""scripts/preprocess.py on a generated corpus of WMT14's shape (data=wmt14_en_de), then training's loader.
+
+WMT14 cannot be downloaded here, so the corpus has its file layout (train, newstest2013,
+newstest2014) and WMT-like sentence lengths: real Multi30k pairs concatenated two at a time.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from tests.conftest import REPO_ROOT, SHARED_DATA
+from transformer.config import register_configs
+from transformer.data.dataset import load_translation_data
+from transformer.data.reading import read_lines, read_parallel
+
+
+def _wmt14_shaped(root: Path) -> Path:
+    if not (SHARED_DATA / "multi30k" / "train.en.gz").is_file():
+        pytest.skip(f"real Multi30k data not found under {SHARED_DATA}")
+    rng = random.Random(0)
+    sizes = {"train": ("train", 3000), "newstest2013": ("val", 200), "newstest2014": ("test_2016_flickr", 203)}
+    root.mkdir()
+    for prefix, (source, n) in sizes.items():
+        en, de = (read_lines(SHARED_DATA / "multi30k" / f"{source}.{lang}.gz") for lang in ("en", "de"))
+        pairs = [(rng.randrange(len(en)), rng.randrange(len(en))) for _ in range(n)]
+        for lang, side in (("en", en), ("de", de)):
+            lines = [f"{side[a]} {side[b]}" for a, b in pairs]
+            if prefix == "train" and lang == "de":
+                lines[17] = ""  # one pair with an empty side: dropped and counted
+            (root / f"{prefix}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def _preprocess(*overrides: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "scripts/preprocess.py", *overrides], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _data_cfg(*overrides: str):
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
+        return compose(config_name="train", overrides=["data=wmt14_en_de", *overrides]).data
+
+
+def test_preprocess_wmt14_shaped_corpus_then_train_loader(tmp_path: Path) -> None:
+    root = _wmt14_shaped(tmp_path / "wmt14")
+    args = ["data=wmt14_en_de", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=800"]
+    out = _preprocess(*args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    folder = Path(re.search(r"^binarized data: (.+)$", out.stdout, re.M).group(1))
+    assert folder.parent == tmp_path / "cache" and (folder / "spm.model").is_file()
+    rows = {line.split()[0]: line for line in out.stdout.splitlines() if "pairs" in line}
+    assert set(rows) == {"train", "valid", "test", "newstest2014"}
+    assert re.search(r"2,999 pairs .* 1 dropped \(empty side\) .* miss", rows["train"])
+    # a second run builds nothing
+    again = _preprocess(*args)
+    assert again.returncode == 0 and '"cache": "hit"' in again.stdout
+    # training reads it: through the cache (same data options) and through data.binarized, equal to the text
+    for extra in ([f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}"], [f"data.binarized={folder}"]):
+        data = load_translation_data(_data_cfg("data.vocab_size=800", *extra), log=None)
+        assert data.stats["cache"] == "hit" and data.stats["cache_dir"] == str(folder)
+        for name, prefix in (("train", "train"), ("valid", "newstest2013"), ("newstest2014", "newstest2014")):
+            src, tgt, _ = read_parallel(root / f"{prefix}.en", root / f"{prefix}.de")
+            assert data.splits[name].tgt.tolist() == data.tgt_tokenizer.encode_batch(tgt), name
+            assert len(data.splits[name]) == len(src)
+        assert data.splits["test"] is data.splits["newstest2014"] and data.splits["test"].tgt_text[0] == tgt[0]
+        assert 40 < data.splits["train"].src_lengths.mean() < 80  # WMT-like lengths (at this small vocabulary)
+
+
+def test_preprocess_bad_lines_exit_1_naming_file_and_line(tmp_path: Path) -> None:
+    root = _wmt14_shaped(tmp_path / "wmt14")
+    lines = (root / "newstest2013.de").read_bytes().split(b"\n")
+    lines[6] = b"kaputt \xc3 ("
+    (root / "newstest2013.de").write_bytes(b"\n".join(lines))
+    args = ["data=wmt14_en_de", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=800"]
+    out = _preprocess(*args)
+    assert out.returncode == 1
+    assert re.search(rf"^error: {root}/newstest2013\.de: invalid UTF-8 on line 7 ", out.stderr, re.M), out.stderr
+    (root / "newstest2013.de").write_bytes(gzip.compress(b"eins\nzwei\n"))
+    out = _preprocess(*args)
+    assert out.returncode == 1
+    assert f"{root}/newstest2013.en has 200 lines, {root}/newstest2013.de has 2 lines" in out.stderr
+    assert not [p for p in (tmp_path / "cache").rglob("*.tmp")]  # nothing half-written left behind
