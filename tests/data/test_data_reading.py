@@ -7,14 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.data.test_data_corpus import write
 from transformer.data.errors import DataError
 from transformer.data.reading import count_lines, iter_line_blocks, iter_parallel, read_lines
-
-
-def write(path: Path, text: str | bytes, gz: bool = False) -> Path:
-    data = text.encode("utf-8") if isinstance(text, str) else text
-    path.write_bytes(gzip.compress(data) if gz else data)
-    return path
 
 
 @pytest.mark.parametrize("gz", [False, True])
