@@ -1,5 +1,6 @@
 """Hydra composition of every documented switch, typed validation and early failure."""
 
+import re
 import subprocess
 import sys
 
@@ -8,8 +9,13 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO_ROOT
-from transformer.config import ConfigError, register_configs, validate_config
+from transformer.config import ConfigError, model_sizes, register_configs, validate_config, validate_model_config
 from transformer.models import build_model
+from transformer.modules.attention import ATTENTION_KINDS
+from transformer.modules.ffn import FFNS
+from transformer.modules.norms import NORMS
+from transformer.modules.positions import POSITIONS
+from transformer.modules.residual import RESIDUALS
 
 SWITCHES = {
     "model=transformer_2017_base": ("model.d_model", 512),
@@ -121,3 +127,51 @@ def test_ladder_steps_compose_and_record_their_choices(step, choices, fields):
     assert cfg.model.attention == choices["model/attention"]
     assert cfg.train.max_tokens == (8192 if step == "step6_decoder_only" else 4096)
     validate_config(cfg)
+
+
+SWITCH_TABLES = {
+    "norm": (NORMS, "model.norm.name"),
+    "ffn": (FFNS, "model.ffn.name"),
+    "position": (POSITIONS, "model.position.name"),
+    "attention": (ATTENTION_KINDS, "model.attention"),
+}
+
+
+@pytest.mark.parametrize("group", sorted(SWITCH_TABLES))
+def test_each_switch_has_one_table_and_its_options_are_the_yaml_files(group):
+    table, key = SWITCH_TABLES[group]
+    files = sorted(p.stem for p in (REPO_ROOT / "configs" / "model" / group).glob("*.yaml"))
+    assert files == sorted(table)
+    for name in files:  # each option file selects its own table entry
+        assert OmegaConf.select(_compose([f"model/{group}={name}"]), key) == name
+    with pytest.raises(ConfigError, match=f"{re.escape(key)}='bogus' is not one of {', '.join(table)}"):
+        validate_model_config(OmegaConf.merge(_compose([]).model, OmegaConf.from_dotlist([f"{key[len('model.'):]}=bogus"])))
+
+
+def test_norm_position_options_are_the_residual_table():
+    assert tuple(RESIDUALS) == ("post", "pre")
+    assert RESIDUALS["pre"].final_norm and not RESIDUALS["post"].final_norm
+    with pytest.raises(ConfigError, match="model.norm_position='middle' is not one of post, pre"):
+        validate_model_config(OmegaConf.merge(_compose([]).model, {"norm_position": "middle"}))
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (["model=transformer_tiny"], dict(head_dim=32, n_kv_heads=4, ffn_hidden=256, ffn_matrices=2)),
+        (["model=llama_style_tiny"], dict(head_dim=32, n_kv_heads=2, ffn_hidden=344, ffn_matrices=3)),
+        (["model=llama_style_tiny", "model.ffn.glu_match_params=false"], dict(ffn_hidden=512, ffn_matrices=3)),
+        (["model=transformer_tiny", "model/attention=mqa"], dict(n_kv_heads=1)),
+    ],
+)
+def test_model_sizes_are_derived_in_one_place_and_match_the_built_model(overrides, expected):
+    cfg = _compose(overrides).model
+    sizes = model_sizes(cfg)
+    assert {k: getattr(sizes, k) for k in expected} == expected
+    layer = build_model(cfg, 100).decoder.layers[0]
+    attn, ffn = layer.self_attn.sublayer, layer.ffn.sublayer
+    assert (attn.head_dim, attn.n_kv_heads) == (sizes.head_dim, sizes.n_kv_heads)
+    assert ffn.w2.in_features == sizes.ffn_hidden
+    assert sum(p.numel() for n, p in ffn.named_parameters() if n.endswith("weight")) == (
+        sizes.ffn_matrices * sizes.d_model * sizes.ffn_hidden
+    )

@@ -15,7 +15,7 @@ def test_glu_hidden_size_matches_llama_rule():
 
 def test_swiglu_formula():
     w13, w2 = nn.Linear(8, 12, bias=False), nn.Linear(6, 8, bias=False)
-    ffn = GatedFeedForward(w13, w2, F.silu)
+    ffn = GatedFeedForward(w13=w13, w2=w2, activation=F.silu)
     x = torch.randn(2, 3, 8)
     gate = x @ w13.weight[:6].T
     up = x @ w13.weight[6:].T

@@ -9,15 +9,18 @@ Modules in :mod:`transformer.modules` never see these classes; the builder
 (:mod:`transformer.models.builder`) turns a :class:`ModelConfig` into explicit sizes and parts.
 
 Where things are: :mod:`.schema` (the dataclasses and their ConfigStore registration),
-:mod:`.validation` (:class:`ConfigError` and the checks of field combinations).
+:mod:`.sizes` (head width, key/value heads, feed-forward width: the sizes a model config implies),
+:mod:`.validation` (the checks of field combinations; the options of each switch come from the
+tables beside the classes, e.g. :data:`transformer.modules.ffn.FFNS`).
 """
 
 from omegaconf import MISSING
 
-from transformer.config import schema, validation
+from transformer.config import schema, sizes, validation
 
 from transformer.config.schema import (
     Config,
+    ConfigError,
     CriterionConfig,
     DataConfig,
     FFNConfig,
@@ -31,12 +34,11 @@ from transformer.config.schema import (
     TrainConfig,
     register_configs,
 )
+from transformer.config.sizes import ModelSizes, ffn_size, head_dim, model_sizes, resolve_n_kv_heads
 from transformer.config.validation import (
-    ConfigError,
-    resolve_n_kv_heads,
     validate_config,
     validate_generation_config,
     validate_model_config,
 )
 
-__all__ = ["MISSING", *schema.__all__, *validation.__all__]
+__all__ = ["MISSING", *schema.__all__, *sizes.__all__, *validation.__all__]

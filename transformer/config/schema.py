@@ -13,6 +13,7 @@ from hydra.core.config_store import ConfigStore
 
 __all__ = [
     "Config",
+    "ConfigError",
     "CriterionConfig",
     "DataConfig",
     "FFNConfig",
@@ -28,6 +29,10 @@ __all__ = [
 ]
 
 
+class ConfigError(ValueError):
+    """An invalid combination of configuration fields (the message names the fields)."""
+
+
 # ----------------------------------------------------------------------------- model
 
 
@@ -35,7 +40,7 @@ __all__ = [
 class NormConfig:
     """``model/norm``: LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019)."""
 
-    name: str = "layernorm"  # layernorm | rmsnorm
+    name: str = "layernorm"  # a key of transformer.modules.norms.NORMS
     eps: float = 1e-5
 
 
@@ -48,7 +53,7 @@ class FFNConfig:
     multiple of ``multiple_of`` so that the parameter count matches the two-matrix block.
     """
 
-    name: str = "relu"  # relu | gelu | swiglu | geglu
+    name: str = "relu"  # a key of transformer.modules.ffn.FFNS
     glu_match_params: bool = True
     multiple_of: int = 8
 
@@ -57,7 +62,7 @@ class FFNConfig:
 class PositionConfig:
     """``model/position``: how token order enters the model."""
 
-    name: str = "sinusoidal"  # sinusoidal | learned | rope | alibi | none
+    name: str = "sinusoidal"  # a key of transformer.modules.positions.POSITIONS
     rope_theta: float = 10000.0
 
 
@@ -72,8 +77,8 @@ class ModelConfig:
     """
 
     arch: str = "encoder_decoder"  # encoder_decoder | decoder_only
-    norm_position: str = "post"  # post | pre
-    attention: str = "mha"  # mha | gqa | mqa (set by the model/attention group)
+    norm_position: str = "post"  # a key of transformer.modules.residual.RESIDUALS
+    attention: str = "mha"  # a key of transformer.modules.attention.ATTENTION_KINDS (set by model/attention)
     n_encoder_layers: int = 6
     n_decoder_layers: int = 6
     d_model: int = 512

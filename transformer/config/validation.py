@@ -8,24 +8,28 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from transformer.config.schema import Config
+from transformer.config.schema import Config, ConfigError
+from transformer.config.sizes import model_sizes
+from transformer.modules.attention import ATTENTION_KINDS
+from transformer.modules.ffn import FFNS
+from transformer.modules.norms import NORMS
+from transformer.modules.positions import POSITIONS
+from transformer.modules.residual import RESIDUALS
 
-__all__ = ["ConfigError", "resolve_n_kv_heads", "validate_config", "validate_generation_config", "validate_model_config"]
+__all__ = ["validate_config", "validate_generation_config", "validate_model_config"]
 
 
-class ConfigError(ValueError):
-    """An invalid combination of configuration fields (the message names the fields)."""
-
-
+# the options of each switch: the tables beside the classes they name, or fixed lists where the
+# option selects a branch of the builder rather than a class
 _CHOICES: dict[str, tuple[str, ...]] = {
     "model.arch": ("encoder_decoder", "decoder_only"),
-    "model.norm_position": ("post", "pre"),
-    "model.attention": ("mha", "gqa", "mqa"),
+    "model.norm_position": tuple(RESIDUALS),
+    "model.attention": tuple(ATTENTION_KINDS),
     "model.tie_embeddings": ("none", "decoder", "all"),
     "model.init": ("xavier", "normal"),
-    "model.norm.name": ("layernorm", "rmsnorm"),
-    "model.ffn.name": ("relu", "gelu", "swiglu", "geglu"),
-    "model.position.name": ("sinusoidal", "learned", "rope", "alibi", "none"),
+    "model.norm.name": tuple(NORMS),
+    "model.ffn.name": tuple(FFNS),
+    "model.position.name": tuple(POSITIONS),
 }
 
 
@@ -34,29 +38,6 @@ def _get(cfg: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
     return obj
-
-
-def resolve_n_kv_heads(model: Any) -> int:
-    """Number of key/value heads implied by ``model.attention`` and ``model.n_kv_heads``.
-
-    Raises:
-        ConfigError: when the two disagree (e.g. ``mha`` with ``n_kv_heads != n_heads``).
-    """
-    n_heads, n_kv = model.n_heads, model.n_kv_heads
-    if model.attention == "mha":
-        if n_kv not in (None, n_heads):
-            raise ConfigError(
-                f"model/attention=mha needs model.n_kv_heads == model.n_heads ({n_heads}) or null, "
-                f"got model.n_kv_heads={n_kv}; use model/attention=gqa for fewer key/value heads"
-            )
-        return n_heads
-    if model.attention == "mqa":
-        if n_kv not in (None, 1):
-            raise ConfigError(f"model/attention=mqa needs model.n_kv_heads=1 or null, got {n_kv}")
-        return 1
-    if n_kv is None:
-        raise ConfigError("model/attention=gqa needs model.n_kv_heads (an integer dividing model.n_heads)")
-    return int(n_kv)
 
 
 def validate_model_config(model: Any, joint_vocab: bool = True) -> None:
@@ -79,12 +60,12 @@ def validate_model_config(model: Any, joint_vocab: bool = True) -> None:
         raise ConfigError(
             f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}"
         )
-    n_kv = resolve_n_kv_heads(model)
+    sizes = model_sizes(model)
+    n_kv, head_dim = sizes.n_kv_heads, sizes.head_dim
     if n_kv <= 0 or model.n_heads % n_kv != 0:
         raise ConfigError(
             f"model.n_heads={model.n_heads} is not divisible by model.n_kv_heads={n_kv}"
         )
-    head_dim = model.d_model // model.n_heads
     if model.position.name == "rope" and head_dim % 2 != 0:
         raise ConfigError(
             f"model/position=rope needs an even head dimension, but model.d_model / model.n_heads "

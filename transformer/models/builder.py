@@ -1,7 +1,9 @@
 """The builder: turns a :class:`~transformer.config.ModelConfig` into modules.
 
 Component builders (``build_norm``, ``build_ffn``, ``build_attention``, ``build_position``) wire one
-part from sizes; :func:`build_model` wires a whole model. Modules never see the config.
+part from sizes, choosing its class from the switch's table beside the classes (``NORMS``,
+``FFNS``, ``POSITIONS``, ``RESIDUALS``; ``ATTENTION_KINDS`` through :func:`~transformer.config.model_sizes`);
+:func:`build_model` wires a whole model. Modules never see the config.
 """
 
 from __future__ import annotations
@@ -11,46 +13,41 @@ from typing import Any
 
 from torch import nn
 
-from transformer.config import resolve_n_kv_heads, validate_model_config
+from transformer.config import model_sizes, validate_model_config
 from transformer.models.decoder_only import DecoderOnlyModel
 from transformer.models.encoder_decoder import EncoderDecoderModel
 from transformer.modules.attention import Attention
 from transformer.modules.embedding import TokenEmbedding
-from transformer.modules.ffn import ACTIVATIONS, FeedForward, GatedFeedForward, glu_hidden_size
+from transformer.modules.ffn import FFNS
 from transformer.modules.layers import TransformerLayer, TransformerStack
-from transformer.modules.positions import (
-    ALiBi,
-    LearnedPositionalEmbedding,
-    NoPositions,
-    PositionEncoding,
-    RotaryEmbedding,
-    SinusoidalPositionalEmbedding,
-)
-from transformer.modules.norms import RMSNorm
-from transformer.modules.residual import PostNormResidual, PreNormResidual
+from transformer.modules.norms import NORMS
+from transformer.modules.positions import POSITIONS, PositionEncoding
+from transformer.modules.residual import RESIDUALS
+
+__all__ = ["build_attention", "build_ffn", "build_model", "build_norm", "build_position"]
+
+
+def _pick(table: dict[str, Any], name: str, switch: str) -> Any:
+    if name not in table:
+        raise ValueError(f"{switch}={name!r} is not one of {', '.join(table)}")
+    return table[name]
 
 
 def build_norm(name: str, d_model: int, eps: float) -> nn.Module:
-    """``layernorm`` -> :class:`torch.nn.LayerNorm`; ``rmsnorm`` -> :class:`~transformer.modules.norms.RMSNorm`
-    (a :class:`torch.nn.RMSNorm` with a faster CPU backward)."""
-    if name == "layernorm":
-        return nn.LayerNorm(d_model, eps=eps)
-    if name == "rmsnorm":
-        return RMSNorm(d_model, eps=eps)
-    raise ValueError(f"unknown norm {name!r}")
+    """The norm named by ``model/norm`` (:data:`~transformer.modules.norms.NORMS`) over ``d_model``."""
+    return _pick(NORMS, name, "model/norm")(d_model, eps=eps)
 
 
 def build_ffn(name: str, d_model: int, d_ff: int, bias: bool, dropout: float, glu_match_params: bool, multiple_of: int) -> nn.Module:
-    """A two-matrix (relu, gelu) or gated (swiglu, geglu) feed-forward block of width ``d_ff``.
+    """The feed-forward block named by ``model/ffn`` (:data:`~transformer.modules.ffn.FFNS`).
 
-    Gated blocks use ``glu_hidden_size(d_ff)`` when ``glu_match_params`` (parameter-matched) and
-    ``d_ff`` otherwise.
+    Its hidden width is the block's ``hidden_size(d_ff, glu_match_params, multiple_of)``: ``d_ff``
+    for two-matrix blocks; for gated blocks the parameter-matched ``glu_hidden_size(d_ff)`` when
+    ``glu_match_params``, else ``d_ff``.
     """
-    act = ACTIVATIONS[name]
-    if name in ("relu", "gelu"):
-        return FeedForward(nn.Linear(d_model, d_ff, bias=bias), nn.Linear(d_ff, d_model, bias=bias), act, dropout)
-    hidden = glu_hidden_size(d_ff, multiple_of) if glu_match_params else d_ff
-    return GatedFeedForward(nn.Linear(d_model, 2 * hidden, bias=bias), nn.Linear(hidden, d_model, bias=bias), act, dropout)
+    choice = _pick(FFNS, name, "model/ffn")
+    hidden = choice.block.hidden_size(d_ff, glu_match_params, multiple_of)
+    return choice.block.from_sizes(d_model=d_model, hidden=hidden, activation=choice.activation, bias=bias, dropout=dropout)
 
 
 def build_attention(d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dropout: float) -> Attention:
@@ -61,25 +58,16 @@ def build_attention(d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dro
 
 
 def build_position(name: str, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> PositionEncoding:
-    """The position encoding named by ``model/position``."""
-    if name == "sinusoidal":
-        return SinusoidalPositionalEmbedding(d_model, max_positions)
-    if name == "learned":
-        return LearnedPositionalEmbedding(max_positions, d_model)
-    if name == "rope":
-        return RotaryEmbedding(d_model // n_heads, rope_theta)
-    if name == "alibi":
-        return ALiBi(n_heads)
-    if name == "none":
-        return NoPositions()
-    raise ValueError(f"unknown position encoding {name!r}")
+    """The position encoding named by ``model/position`` (:data:`~transformer.modules.positions.POSITIONS`)."""
+    cls = _pick(POSITIONS, name, "model/position")
+    return cls.from_sizes(d_model=d_model, n_heads=n_heads, max_positions=max_positions, rope_theta=rope_theta)
 
 
 def _build_stack(cfg: Any, n_layers: int, n_kv_heads: int, cross: bool) -> TransformerStack:
-    residual = PreNormResidual if cfg.norm_position == "pre" else PostNormResidual
+    residual = _pick(RESIDUALS, cfg.norm_position, "model.norm_position")
 
     def block(sublayer: nn.Module) -> nn.Module:
-        return residual(sublayer, build_norm(cfg.norm.name, cfg.d_model, cfg.norm.eps), cfg.dropout)
+        return residual(sublayer=sublayer, norm=build_norm(cfg.norm.name, cfg.d_model, cfg.norm.eps), dropout=cfg.dropout)
 
     def attention() -> Attention:
         return build_attention(cfg.d_model, cfg.n_heads, n_kv_heads, cfg.bias, cfg.attention_dropout)
@@ -97,7 +85,7 @@ def _build_stack(cfg: Any, n_layers: int, n_kv_heads: int, cross: bool) -> Trans
         )
         for _ in range(n_layers)
     ]
-    final = build_norm(cfg.norm.name, cfg.d_model, cfg.norm.eps) if cfg.norm_position == "pre" else None
+    final = build_norm(cfg.norm.name, cfg.d_model, cfg.norm.eps) if residual.final_norm else None
     return TransformerStack(layers, final)
 
 
@@ -144,7 +132,7 @@ def build_model(
     joint = tgt_vocab_size is None or tgt_vocab_size == src_vocab_size
     validate_model_config(cfg, joint_vocab=tgt_vocab_size is None)
     tgt_vocab_size = src_vocab_size if tgt_vocab_size is None else tgt_vocab_size
-    n_kv_heads = resolve_n_kv_heads(cfg)
+    n_kv_heads = model_sizes(cfg).n_kv_heads
     d = cfg.d_model
     scale = math.sqrt(d) if cfg.scale_embeddings else 1.0
 

@@ -6,8 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from transformer.config import resolve_n_kv_heads
-from transformer.modules.ffn import glu_hidden_size
+from transformer.config import head_dim, model_sizes, resolve_n_kv_heads
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
@@ -20,14 +19,6 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
         seen.add(id(p))
         total += p.numel()
     return total
-
-
-def _ffn_hidden(cfg: Any) -> tuple[int, int]:
-    """(hidden width, number of d_model x hidden matrices) of the feed-forward block."""
-    if cfg.ffn.name in ("relu", "gelu"):
-        return cfg.d_ff, 2
-    hidden = glu_hidden_size(cfg.d_ff, cfg.ffn.multiple_of) if cfg.ffn.glu_match_params else cfg.d_ff
-    return hidden, 3
 
 
 def forward_flops(cfg: Any, vocab_size: int, src_len: int, tgt_len: int) -> dict[str, float]:
@@ -46,11 +37,9 @@ def forward_flops(cfg: Any, vocab_size: int, src_len: int, tgt_len: int) -> dict
     Returns:
         ``{"total": F, "per_target_token": F / tgt_len, "train_per_target_token": 3 F / tgt_len}``.
     """
-    d, h = cfg.d_model, cfg.n_heads
-    hd = d // h
-    kv = resolve_n_kv_heads(cfg) * hd
-    hidden, n_mats = _ffn_hidden(cfg)
-    ffn = 2 * n_mats * d * hidden
+    sizes = model_sizes(cfg)
+    d, kv = sizes.d_model, sizes.kv_width
+    ffn = 2 * sizes.ffn_matrices * d * sizes.ffn_hidden
 
     def self_layer(n: int, causal: bool) -> float:
         proj = 2 * n * (d * (d + 2 * kv) + d * d)
@@ -74,4 +63,4 @@ def kv_cache_bytes_per_token(cfg: Any, bytes_per_value: int = 4) -> int:
     Scales with ``n_kv_heads / n_heads``: ``2 * layers * n_kv_heads * head_dim * bytes``.
     """
     layers = cfg.n_decoder_layers + (cfg.n_encoder_layers if cfg.arch == "decoder_only" else 0)
-    return 2 * layers * resolve_n_kv_heads(cfg) * (cfg.d_model // cfg.n_heads) * bytes_per_value
+    return 2 * layers * resolve_n_kv_heads(cfg) * head_dim(cfg) * bytes_per_value

@@ -3,9 +3,14 @@
 One module serves self-attention and cross-attention, MHA (``n_kv_heads == n_heads``), GQA
 (Ainslie et al. 2023; ``n_kv_heads`` divides ``n_heads``) and MQA (Shazeer 2019; ``n_kv_heads == 1``).
 The kernel is :func:`torch.nn.functional.scaled_dot_product_attention`.
+
+:data:`ATTENTION_KINDS` is the ``model/attention`` switch: option name -> the rule that gives the
+number of key/value heads.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +18,36 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from transformer.modules.positions import apply_rotary
+
+
+def _kv_heads_mha(n_heads: int, n_kv_heads: int | None) -> int:
+    if n_kv_heads not in (None, n_heads):
+        raise ValueError(
+            f"needs n_kv_heads == n_heads ({n_heads}) or null, got n_kv_heads={n_kv_heads}; use gqa for "
+            "fewer key/value heads"
+        )
+    return n_heads
+
+
+def _kv_heads_gqa(n_heads: int, n_kv_heads: int | None) -> int:
+    if n_kv_heads is None:
+        raise ValueError("needs n_kv_heads (an integer dividing n_heads)")
+    return int(n_kv_heads)
+
+
+def _kv_heads_mqa(n_heads: int, n_kv_heads: int | None) -> int:
+    if n_kv_heads not in (None, 1):
+        raise ValueError(f"needs n_kv_heads=1 or null, got n_kv_heads={n_kv_heads}")
+    return 1
+
+
+# model/attention=<kind> -> (n_heads, n_kv_heads or None) -> key/value heads of every Attention;
+# the rule raises ValueError when the two do not fit the kind
+ATTENTION_KINDS: dict[str, Callable[[int, int | None], int]] = {
+    "mha": _kv_heads_mha,  # one key/value head per query head (Vaswani et al. 2017)
+    "gqa": _kv_heads_gqa,  # n_kv_heads groups (Ainslie et al. 2023)
+    "mqa": _kv_heads_mqa,  # one key/value head (Shazeer 2019)
+}
 
 
 class KVCache:

@@ -1,9 +1,15 @@
-"""Position-wise feed-forward blocks: two-matrix (ReLU, GELU) and gated (SwiGLU, GEGLU)."""
+"""Position-wise feed-forward blocks: two-matrix (ReLU, GELU) and gated (SwiGLU, GEGLU).
+
+:data:`FFNS` is the ``model/ffn`` switch: option name -> block class and activation. The config
+validation, the builder and the FLOPs count read it, so a new activation is one entry here (and
+one ``configs/model/ffn/<name>.yaml``).
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, ClassVar
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -38,10 +44,22 @@ class FeedForward(nn.Module):
         dropout: activation dropout (fairseq's ``activation_dropout``).
     """
 
-    def __init__(self, w1: nn.Linear, w2: nn.Linear, activation: Callable[[Tensor], Tensor], dropout: float = 0.0):
+    n_matrices: ClassVar[int] = 2  # d_model x hidden matrices (parameter and FLOP counts)
+
+    def __init__(self, *, w1: nn.Linear, w2: nn.Linear, activation: Callable[[Tensor], Tensor], dropout: float = 0.0):
         super().__init__()
         self.w1, self.w2, self.activation = w1, w2, activation
         self.dropout = Dropout(dropout)
+
+    @staticmethod
+    def hidden_size(d_ff: int, glu_match_params: bool, multiple_of: int) -> int:
+        """The hidden width: ``d_ff`` (the GLU sizing options do not apply)."""
+        return d_ff
+
+    @classmethod
+    def from_sizes(cls, *, d_model: int, hidden: int, activation: Callable[[Tensor], Tensor], bias: bool, dropout: float) -> FeedForward:
+        """The block with fresh Linear layers ``d_model -> hidden -> d_model``."""
+        return cls(w1=nn.Linear(d_model, hidden, bias=bias), w2=nn.Linear(hidden, d_model, bias=bias), activation=activation, dropout=dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """``(batch, seq_len, d_model) -> (batch, seq_len, d_model)``."""
@@ -59,12 +77,25 @@ class GatedFeedForward(nn.Module):
         dropout: activation dropout.
     """
 
-    def __init__(self, w13: nn.Linear, w2: nn.Linear, activation: Callable[[Tensor], Tensor], dropout: float = 0.0):
+    n_matrices: ClassVar[int] = 3  # gate, up, down
+
+    def __init__(self, *, w13: nn.Linear, w2: nn.Linear, activation: Callable[[Tensor], Tensor], dropout: float = 0.0):
         super().__init__()
         if w13.out_features != 2 * w2.in_features:
             raise ValueError(f"w13 has {w13.out_features} outputs, expected 2 * {w2.in_features}")
         self.w13, self.w2, self.activation = w13, w2, activation
         self.dropout = Dropout(dropout)
+
+    @staticmethod
+    def hidden_size(d_ff: int, glu_match_params: bool, multiple_of: int) -> int:
+        """The hidden width: :func:`glu_hidden_size` of ``d_ff`` when ``glu_match_params``
+        (parameters matched to a two-matrix block of width ``d_ff``), else ``d_ff``."""
+        return glu_hidden_size(d_ff, multiple_of) if glu_match_params else d_ff
+
+    @classmethod
+    def from_sizes(cls, *, d_model: int, hidden: int, activation: Callable[[Tensor], Tensor], bias: bool, dropout: float) -> GatedFeedForward:
+        """The block with fresh Linear layers ``d_model -> 2 * hidden`` and ``hidden -> d_model``."""
+        return cls(w13=nn.Linear(d_model, 2 * hidden, bias=bias), w2=nn.Linear(hidden, d_model, bias=bias), activation=activation, dropout=dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """``(batch, seq_len, d_model) -> (batch, seq_len, d_model)``."""
@@ -72,9 +103,25 @@ class GatedFeedForward(nn.Module):
         return self.w2(self.dropout(self.activation(gate) * up))
 
 
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "swiglu": F.silu,
-    "geglu": F.gelu,
+@dataclass(frozen=True)
+class FFNChoice:
+    """One option of ``model/ffn``: the block class and its activation."""
+
+    block: type[FeedForward] | type[GatedFeedForward]
+    activation: Callable[[Tensor], Tensor]
+
+    @property
+    def gated(self) -> bool:
+        """Whether the block is gated (three matrices, GLU family)."""
+        return self.block is GatedFeedForward
+
+
+# model/ffn=<name> -> FFNChoice (configs/model/ffn/<name>.yaml sets model.ffn.name)
+FFNS: dict[str, FFNChoice] = {
+    "relu": FFNChoice(FeedForward, F.relu),
+    "gelu": FFNChoice(FeedForward, F.gelu),
+    "swiglu": FFNChoice(GatedFeedForward, F.silu),
+    "geglu": FFNChoice(GatedFeedForward, F.gelu),
 }
+
+__all__ = ["FFNS", "FFNChoice", "FeedForward", "GatedFeedForward", "glu_hidden_size"]

@@ -72,4 +72,10 @@ class RMSNorm(nn.RMSNorm):
         return _RMSNormFunction.apply(x, self.weight, float(self.eps))
 
 
-__all__ = ["RMSNorm"]
+# model/norm=<name> -> the class, called as cls(d_model, eps=eps) (configs/model/norm/<name>.yaml sets model.norm.name)
+NORMS: dict[str, type[nn.Module]] = {
+    "layernorm": nn.LayerNorm,  # Ba et al. 2016
+    "rmsnorm": RMSNorm,  # Zhang & Sennrich 2019
+}
+
+__all__ = ["NORMS", "RMSNorm"]

@@ -7,6 +7,9 @@ layers never branch on the kind of position:
 * :meth:`PositionEncoding.rotary` — ``(cos, sin)`` tables that rotate queries and keys (RoPE);
 * :meth:`PositionEncoding.score_bias` — an additive bias on the attention scores (ALiBi).
 
+:data:`POSITIONS` is the ``model/position`` switch: option name -> class; every class is built
+from the model's sizes with :meth:`PositionEncoding.from_sizes`.
+
 Positions are explicit ``LongTensor`` s of shape ``(batch, seq_len)`` so that left-padded prompts
 (decoder-only decoding) and incremental steps use the same code as training.
 """
@@ -32,6 +35,18 @@ class PositionEncoding(nn.Module):
     than buffers so that ``model.to(torch.bfloat16)`` never rounds them; :meth:`_fp32` moves them to
     the device of the input on first use.
     """
+
+    @classmethod
+    def from_sizes(cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> PositionEncoding:
+        """Build the encoding from the model's sizes (each class takes the ones it needs).
+
+        Args:
+            d_model: model width.
+            n_heads: query heads (head width ``d_model // n_heads``).
+            max_positions: positions a table holds.
+            rope_theta: the RoPE base.
+        """
+        return cls()
 
     def _fp32(self, name: str, device: torch.device) -> Tensor:
         table = getattr(self, name)
@@ -97,6 +112,11 @@ class SinusoidalPositionalEmbedding(PositionEncoding):
         self.d_model = d_model
         self.table = sinusoidal_table(max_positions, d_model)
 
+    @classmethod
+    def from_sizes(cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> SinusoidalPositionalEmbedding:
+        """``cls(d_model, max_positions)``."""
+        return cls(d_model, max_positions)
+
     def embed(self, positions: Tensor) -> Tensor:
         """Args: positions ``(batch, seq_len)``. Returns ``(batch, seq_len, d_model)`` fp32."""
         table = self._fp32("table", positions.device)
@@ -118,6 +138,11 @@ class LearnedPositionalEmbedding(PositionEncoding):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(max_positions, d_model))
         nn.init.normal_(self.weight, std=d_model**-0.5)
+
+    @classmethod
+    def from_sizes(cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> LearnedPositionalEmbedding:
+        """``cls(max_positions, d_model)``."""
+        return cls(max_positions, d_model)
 
     def embed(self, positions: Tensor) -> Tensor:
         """Args: positions ``(batch, seq_len)``. Returns ``(batch, seq_len, d_model)``.
@@ -212,6 +237,11 @@ class RotaryEmbedding(PositionEncoding):
         inv_freq = 1.0 / (rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
         self.inv_freq = inv_freq.float()
 
+    @classmethod
+    def from_sizes(cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> RotaryEmbedding:
+        """``cls(d_model // n_heads, rope_theta)``: one rotation per head."""
+        return cls(d_model // n_heads, rope_theta)
+
     def rotary(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """Args: positions ``(batch, seq_len)``. Returns cos, sin ``(batch, 1, seq_len, head_dim)`` fp32."""
         freqs = positions.float()[..., None] * self._fp32("inv_freq", positions.device)  # (B, T, hd/2)
@@ -256,6 +286,11 @@ class ALiBi(PositionEncoding):
         super().__init__()
         self.slopes = alibi_slopes(n_heads)
 
+    @classmethod
+    def from_sizes(cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> ALiBi:
+        """``cls(n_heads)``: one slope per query head."""
+        return cls(n_heads)
+
     def score_bias(self, q_positions: Tensor, k_positions: Tensor, causal: bool) -> Tensor:
         """Args: q_positions ``(batch, q_len)``, k_positions ``(batch, k_len)``.
 
@@ -265,3 +300,13 @@ class ALiBi(PositionEncoding):
         dist = (q_positions[:, :, None] - k_positions[:, None, :]).float()  # (B, Tq, Tk)
         dist = dist.clamp(min=0) if causal else dist.abs()
         return -self._fp32("slopes", q_positions.device)[None, :, None, None] * dist[:, None]
+
+
+# model/position=<name> -> the class (configs/model/position/<name>.yaml sets model.position.name)
+POSITIONS: dict[str, type[PositionEncoding]] = {
+    "sinusoidal": SinusoidalPositionalEmbedding,
+    "learned": LearnedPositionalEmbedding,
+    "rope": RotaryEmbedding,
+    "alibi": ALiBi,
+    "none": NoPositions,
+}

@@ -1,11 +1,12 @@
 """Residual wrappers that place the normalisation: post-LN (the 2017 paper) or pre-LN.
 
-Swapping the wrapper, not a flag inside the layer, selects ``model.norm_position``.
+Swapping the wrapper, not a flag inside the layer, selects ``model.norm_position``
+(:data:`RESIDUALS`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
@@ -21,7 +22,9 @@ class PostNormResidual(nn.Module):
         dropout: residual dropout ``P_drop``.
     """
 
-    def __init__(self, sublayer: nn.Module, norm: nn.Module, dropout: float = 0.0) -> None:
+    final_norm: ClassVar[bool] = False  # the output of a post-norm stack is already normalised
+
+    def __init__(self, *, sublayer: nn.Module, norm: nn.Module, dropout: float = 0.0) -> None:
         super().__init__()
         self.sublayer, self.norm, self.dropout = sublayer, norm, float(dropout)
 
@@ -39,10 +42,21 @@ class PreNormResidual(nn.Module):
         dropout: residual dropout.
     """
 
-    def __init__(self, sublayer: nn.Module, norm: nn.Module, dropout: float = 0.0) -> None:
+    final_norm: ClassVar[bool] = True  # a pre-norm stack ends with one more norm
+
+    def __init__(self, *, sublayer: nn.Module, norm: nn.Module, dropout: float = 0.0) -> None:
         super().__init__()
         self.sublayer, self.norm, self.dropout = sublayer, norm, float(dropout)
 
     def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         """``(batch, seq_len, d_model) -> (batch, seq_len, d_model)``; extra arguments go to the sublayer."""
         return dropout_add(x, self.sublayer(self.norm(x), *args, **kwargs), self.dropout, self.training)
+
+
+# model.norm_position=<name> -> the residual wrapper of every sublayer
+RESIDUALS: dict[str, type[PostNormResidual] | type[PreNormResidual]] = {
+    "post": PostNormResidual,
+    "pre": PreNormResidual,
+}
+
+__all__ = ["RESIDUALS", "PostNormResidual", "PreNormResidual"]
