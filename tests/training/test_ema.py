@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from tests.conftest import tiny_model_config
+from tests.training.conftest import small_config
+from transformer.config import ConfigError, validate_config
+from transformer.data.dataset import load_translation_data
 from transformer.models import build_model
+from transformer.training.checkpoint import load_checkpoint
+from transformer.training.distributed import DistInfo
 from transformer.training.ema import EMA
+from transformer.training.trainer import Trainer, train
+
+
+def _metrics(run_dir, split: str = "train") -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["split"] == split]
 
 
 def _model():
@@ -75,3 +88,48 @@ def test_swapped_uses_the_averages_and_restores_exactly() -> None:
 def test_decay_must_be_inside_the_unit_interval(decay: float) -> None:
     with pytest.raises(ValueError, match=r"train.ema_decay=.* must be in \(0, 1\)"):
         EMA(_model(), decay)
+
+
+# ----------------------------------------------------------------------------- in the trainer
+
+
+def test_trainer_resumes_the_average_bit_for_bit(small_corpus, tmp_path) -> None:
+    full, split = tmp_path / "full", tmp_path / "split"
+    train(small_config(small_corpus, full, "train.max_updates=6", "train.ema_decay=0.9"))
+    train(small_config(small_corpus, split, "train.max_updates=3", "train.ema_decay=0.9"))
+    train(small_config(small_corpus, split, "train.max_updates=6", "train.ema_decay=0.9", "train.resume=true"))
+    (avg_a, state_a), (avg_b, state_b) = load_checkpoint(full, "checkpoint_last"), load_checkpoint(split, "checkpoint_last")
+    assert state_a["ema"]["decay"] == 0.9
+    for a, b in ((avg_a, avg_b), (state_a["ema"]["model"], state_b["ema"]["model"])):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
+    # the weights file holds the average, the training state the weights being trained
+    assert not torch.equal(avg_a["encoder.layers.0.ffn.sublayer.w1.weight"],
+                           state_a["ema"]["model"]["encoder.layers.0.ffn.sublayer.w1.weight"])
+    assert [r["loss"] for r in _metrics(full)] == [r["loss"] for r in _metrics(split)]
+    results = json.loads((full / "results.json").read_text())
+    assert results["ema_decay"] == 0.9 and results["final_model"] == "checkpoint_best (EMA weights)"
+
+
+def test_validation_and_test_use_the_average(small_corpus, tmp_path) -> None:
+    run = tmp_path / "run"
+    cfg = small_config(small_corpus, run, "train.max_updates=4", "train.validate_every=4", "train.ema_decay=0.8")
+    train(cfg)
+    logged = [r["loss"] for r in _metrics(run, "valid")]
+    average, state = load_checkpoint(run, "checkpoint_last")
+    trainer = Trainer(cfg, load_translation_data(cfg.data), DistInfo(0, 1, torch.device("cpu")), run)
+    trainer.model.load_state_dict(average)
+    assert trainer.valid_loss()["loss"] == pytest.approx(logged[-1], abs=1e-6)
+    trainer.model.load_state_dict(state["ema"]["model"])
+    assert trainer.valid_loss()["loss"] != pytest.approx(logged[-1], abs=1e-6)
+    # the test translated with the average: the same hypotheses as the averaged weights give now
+    trainer.model.load_state_dict(average)
+    hyps = (run / "hyps" / "test_2016_flickr.txt").read_text(encoding="utf-8").splitlines()
+    assert trainer.bleu("test_2016_flickr")["bleu"] == json.loads((run / "results.json").read_text())["bleu"]
+    assert len(hyps) == 30
+
+
+def test_config_refuses_a_decay_outside_the_unit_interval(small_corpus, tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"train.ema_decay=1.0 must be in \[0, 1\)"):
+        validate_config(small_config(small_corpus, tmp_path / "run", "train.ema_decay=1.0"))

@@ -212,6 +212,7 @@ class TrainConfig:
     save_every: int = 0
     keep_last: int = 5
     average_last: int = 0  # average the last N saved checkpoints before the final test
+    ema_decay: float = 0.0  # exponential moving average of the weights (e.g. 0.999); 0 = off
     resume: bool = False
     log_every: int = 50
     progress: bool = True

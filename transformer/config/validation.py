@@ -118,6 +118,8 @@ def validate_config(cfg: Any) -> None:
         raise ConfigError("set at least one of train.max_updates, train.max_epochs, train.max_time")
     if t.best_metric not in ("bleu", "loss"):
         raise ConfigError(f"train.best_metric={t.best_metric!r} is not one of bleu, loss")
+    if not 0.0 <= t.ema_decay < 1.0:
+        raise ConfigError(f"train.ema_decay={t.ema_decay} must be in [0, 1) (0 turns the average off)")
     longest = max(cfg.data.max_source_positions, cfg.data.max_target_positions)
     if cfg.model.arch == "decoder_only":
         longest = cfg.data.max_source_positions + cfg.data.max_target_positions + 2

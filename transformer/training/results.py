@@ -104,7 +104,8 @@ def build_results(
         cfg: the run's config (stored resolved under ``config``).
         scores: split -> :func:`~transformer.evaluation.metrics.corpus_scores` of the test splits.
         test_split: the split whose scores are the headline ``bleu`` / ``chrf`` (None: no test).
-        final_model: which weights were tested (``checkpoint_best``, ``average of ...``, ``final``).
+        final_model: which weights were tested (``checkpoint_best``, ``average of ...``, ``final``;
+            ``... (EMA weights)`` when ``train.ema_decay > 0``).
         params: the model's parameter count.
         flops_per_token: forward FLOPs per target token (see :func:`~transformer.models.forward_flops`).
         progress: the trainer's counters: ``updates``, ``epochs``, ``best_valid``, ``train_time_s``,
@@ -125,6 +126,7 @@ def build_results(
         "test_split": test_split,
         "test": scores,
         "final_model": final_model,
+        "ema_decay": cfg.train.get("ema_decay", 0.0),
         "params": params,
         "flops_per_token": flops_per_token,
         "updates": progress["updates"],
@@ -155,12 +157,21 @@ def load_final_weights(trainer: Any) -> str:
     ``train.average_last`` numbered checkpoints, else ``checkpoint_best``, else keep the weights in
     memory.
 
+    With ``train.ema_decay > 0`` the checkpoints hold the moving average, and "final" is the
+    average in memory.
+
     Args:
         trainer: the :class:`~transformer.training.trainer.Trainer` of the run.
 
     Returns:
-        Which weights: ``"average of checkpoint_..., ..."``, ``"checkpoint_best"`` or ``"final"``.
+        Which weights: ``"average of checkpoint_..., ..."``, ``"checkpoint_best"`` or ``"final"``,
+        followed by `` (EMA weights)`` when the moving average is on.
     """
+    ema = getattr(trainer, "ema", None)
+    return _load_final_weights(trainer) + (" (EMA weights)" if ema is not None else "")
+
+
+def _load_final_weights(trainer: Any) -> str:
     t = trainer.cfg.train
     numbered = trainer.checkpoints.numbered() if trainer.checkpoints is not None else []
     if t.average_last > 0 and numbered:
@@ -173,6 +184,8 @@ def load_final_weights(trainer: Any) -> str:
         model_state, _ = load_checkpoint(best.parent, best.name, map_location=trainer.device)
         trainer.model.load_state_dict(model_state, strict=True)
         return "checkpoint_best"
+    if getattr(trainer, "ema", None) is not None:
+        trainer.model.load_state_dict(trainer.ema.state_dict(), strict=True)
     return "final"
 
 

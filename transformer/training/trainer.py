@@ -30,6 +30,7 @@ from transformer.models import build_model, count_parameters
 from transformer.training.allocator import tune_cpu_allocator
 from transformer.training.checkpoint import CheckpointManager, get_rng_state, load_checkpoint, set_rng_state
 from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss, perplexity
+from transformer.training.ema import EMA
 from transformer.training.distributed import (
     DistInfo,
     all_reduce_grads,
@@ -92,11 +93,20 @@ class Trainer:
         self.train_tokens = 0
         self.train_time = 0.0
         self.checkpoints = CheckpointManager(run_dir, keep_last=t.keep_last) if dist_info.is_main else None
+        # fp32 moving average of the weights; validation, checkpoints' weights and the test use it
+        self.ema = EMA(self.model, t.ema_decay) if t.ema_decay > 0 else None
 
     # ------------------------------------------------------------------ state
 
     def train_state(self) -> dict[str, Any]:
-        """Everything but the weights needed to continue exactly (loadable with weights_only)."""
+        """Everything but the saved weights needed to continue exactly (loadable with weights_only).
+
+        With ``train.ema_decay > 0`` the checkpoint's weights file holds the moving average (the
+        weights to translate with) and ``ema`` here holds the decay and the training weights.
+        """
+        ema = None
+        if self.ema is not None:
+            ema = {"decay": self.ema.decay, "model": self.model.state_dict()}
         return {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -109,12 +119,24 @@ class Trainer:
             "bad_validations": self.bad_validations,
             "train_tokens": self.train_tokens,
             "train_time": self.train_time,
+            "ema": ema,
             "config": OmegaConf.to_container(self.cfg, resolve=True),
         }
 
     def load_state(self, model_state: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
-        """Restore weights and training state saved by :meth:`save`."""
-        self.model.load_state_dict(model_state, strict=True)
+        """Restore weights and training state saved by :meth:`save`.
+
+        A checkpoint written with a moving average restores the training weights from the state and
+        the average from ``model_state``; turning ``train.ema_decay`` on at resume starts the average
+        from the resumed weights, turning it off continues from the training weights.
+        """
+        saved_ema = state.get("ema")
+        self.model.load_state_dict(saved_ema["model"] if saved_ema else model_state, strict=True)
+        if self.ema is not None:
+            if saved_ema:
+                self.ema.load_state_dict(model_state)
+            else:
+                self.ema = EMA(self.model, self.ema.decay)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
@@ -128,7 +150,8 @@ class Trainer:
     def save(self, is_best: bool = False, numbered: bool = False) -> None:
         """Atomically write ``checkpoint_last`` (and best / numbered) on rank 0."""
         if self.checkpoints is not None:
-            self.checkpoints.save(self.update, self.model.state_dict(), self.train_state(), is_best=is_best, numbered=numbered)
+            weights = self.ema.state_dict() if self.ema is not None else self.model.state_dict()
+            self.checkpoints.save(self.update, weights, self.train_state(), is_best=is_best, numbered=numbered)
 
     # ------------------------------------------------------------------ steps
 
@@ -191,6 +214,8 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        if self.ema is not None:
+            self.ema.update(self.model)
         with warnings.catch_warnings():
             # fp16: the GradScaler skips the optimizer step of an update whose gradients overflowed;
             # the update still counts and the schedule advances (torch warns about that order)
@@ -237,14 +262,16 @@ class Trainer:
         return corpus_scores(hyps, dataset.tgt_text, tokenize=self.cfg.data.bleu_tokenize, lowercase=self.cfg.data.lowercase)
 
     def validate(self, logger: Any) -> bool:
-        """Validation loss (+ BLEU); returns True when this is the best result so far."""
+        """Validation loss (+ BLEU), with the moving average when on; returns True when this is the
+        best result so far."""
         t = self.cfg.train
         metrics: dict[str, Any] = {}
         if self.dist.is_main:
-            metrics = self.valid_loss()
-            if t.valid_bleu:
-                scores = self.bleu("valid", subset=t.valid_bleu_subset)
-                metrics.update(bleu=scores["bleu"], chrf=scores["chrf"])
+            with self.ema.swapped(self.model) if self.ema is not None else nullcontext():
+                metrics = self.valid_loss()
+                if t.valid_bleu:
+                    scores = self.bleu("valid", subset=t.valid_bleu_subset)
+                    metrics.update(bleu=scores["bleu"], chrf=scores["chrf"])
         metrics = broadcast_from_main(metrics, self.dist)  # every rank takes the same best/patience decisions
         if t.best_metric == "bleu" and "bleu" in metrics:
             value, better = metrics["bleu"], lambda a, b: a > b
