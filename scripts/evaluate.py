@@ -4,6 +4,7 @@
     python scripts/evaluate.py checkpoint=outputs/exp/RUN                 # the run's data.test_splits
     python scripts/evaluate.py checkpoint=RUN splits=[test_2016_flickr] limit=200 generation.beam_size=4
     python scripts/evaluate.py checkpoint=RUN splits=[test_2016_flickr] baseline=base/test_2016_flickr.txt
+    python scripts/evaluate.py checkpoint=[RUN_A,RUN_B,RUN_C]               # an ensemble of checkpoints
     python scripts/evaluate.py refs=test.de hyps=[base.hyp,new.hyp]       # files only: scores + bootstrap
 
 Checkpoint mode reads each split's raw source and reference lines (the run's ``data`` config, with
@@ -17,13 +18,16 @@ evaluating another checkpoint of the same run never overwrites the first one's r
 line of a split is translated and scored (an empty source line gives an empty hypothesis); a line
 that cannot be translated (e.g. longer than the model's learned positions) is reported on stderr,
 left empty, and counted in ``failed_lines``. ``progress=false`` turns off the progress bar.
+Several checkpoints with the same vocabulary (``checkpoint=[a,b,c]``) are evaluated as one ensemble
+(log-probabilities averaged at each step; the first checkpoint's run gives the data and generation
+settings; results in ``<first run>/eval/ensemble_<n>_<hash of the paths>/``).
 
 Paired bootstrap resampling (Koehn 2004; sacreBLEU's implementation, seeded) compares systems with a
 baseline: in files mode the first of ``hyps`` is the baseline; in checkpoint mode ``baseline=FILE``
 compares the checkpoint's output of the one requested split with that file.
 
 Exit status 2 with a one-line message for a missing/foreign checkpoint, a tokenizer that does not
-match it, missing data or invalid settings.
+match it, ensemble members with different vocabularies, missing data or invalid settings.
 """
 
 from __future__ import annotations
@@ -129,12 +133,14 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
     from transformer.config import ConfigError
     from transformer.data.corpus import read_parallel, resolve_split_files
     from transformer.evaluation import corpus_scores
-    from transformer.generation import detokenize, load_run, merge_generation, resolve_device, translate_sentences
+    from transformer.generation import detokenize, load_models, merge_generation, resolve_device, translate_sentences
 
     if cfg.num_threads > 0:
         torch.set_num_threads(int(cfg.num_threads))
     device = resolve_device(cfg.device)
-    loaded = load_run(cfg.checkpoint, device, src_tokenizer=cfg.src_tokenizer, tgt_tokenizer=cfg.tgt_tokenizer)
+    checkpoints = list(cfg.checkpoint) if OmegaConf.is_list(cfg.checkpoint) else cfg.checkpoint
+    loaded = load_models(checkpoints, device, src_tokenizer=cfg.src_tokenizer, tgt_tokenizer=cfg.tgt_tokenizer)
+    members = getattr(loaded.model, "checkpoints", None)  # an ensemble
     run_cfg = loaded.cfg
     for key, value in cfg.data.items():
         if value is not None:
@@ -148,17 +154,18 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
     if cfg.baseline and len(splits) != 1:
         raise ConfigError(f"baseline=FILE compares one split, but {len(splits)} are requested; pass splits=[NAME]")
     # named by checkpoint: evaluating another checkpoint of the run does not overwrite these results
-    out_dir = Path(cfg.output_dir) if cfg.output_dir else loaded.run_dir / "eval" / _checkpoint_name(loaded.checkpoint)
+    name = _ensemble_name(members) if members else _checkpoint_name(loaded.checkpoint)
+    out_dir = Path(cfg.output_dir) if cfg.output_dir else loaded.run_dir / "eval" / name
     out_dir.mkdir(parents=True, exist_ok=True)
     src_tok, tgt_tok = loaded.tokenizers
     results: dict[str, Any] = {
-        "checkpoint": str(loaded.checkpoint),
+        "checkpoint": [str(m) for m in members] if members else str(loaded.checkpoint),
         "generation": OmegaConf.to_container(gen),
         "tokenize": tokenize,
         "lowercase": lowercase,
         "splits": {},
     }
-    print(f"{loaded.checkpoint} ({run_cfg.model.arch}, {run_cfg.data.src_lang}->{run_cfg.data.tgt_lang}, "
+    print(f"{'ensemble of ' + ', '.join(map(str, members)) if members else loaded.checkpoint} ({run_cfg.model.arch}, {run_cfg.data.src_lang}->{run_cfg.data.tgt_lang}, "
           f"{_describe(gen)})")
     for split in splits:
         src_file, ref_file = resolve_split_files(run_cfg.data, split)
@@ -198,6 +205,14 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
 def _checkpoint_name(weights: Path) -> str:
     """``checkpoint_best.safetensors`` -> ``checkpoint_best``."""
     return weights.name[: -len(".safetensors")] if weights.name.endswith(".safetensors") else weights.stem
+
+
+def _ensemble_name(checkpoints: list[Path]) -> str:
+    """``ensemble_<n>_<8 hex digits of the resolved paths>``: one results folder per set of members."""
+    import hashlib
+
+    digest = hashlib.sha1("\n".join(str(Path(c).resolve()) for c in checkpoints).encode()).hexdigest()[:8]
+    return f"ensemble_{len(checkpoints)}_{digest}"
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:

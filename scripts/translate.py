@@ -3,6 +3,7 @@
     python scripts/translate.py checkpoint=outputs/exp/RUN input=test.en > test.hyp
     cat test.en | python scripts/translate.py checkpoint=RUN input=- generation.beam_size=10
     python scripts/translate.py checkpoint=RUN input=test.en generation.nbest=4     # n-best with scores
+    python scripts/translate.py checkpoint=[RUN_A,RUN_B,RUN_C] input=test.en        # an ensemble
 
 Lines are read in chunks of ``buffer_lines``, sorted and batched by tokens
 (``generation.max_tokens`` x beam), decoded, and written back in input order, detokenised. Empty
@@ -12,8 +13,11 @@ A line that cannot be translated (e.g. longer than a model with learned position
 a one-line ``error: line N: ...`` on stderr and an empty output line; every other line is still
 translated and written, and the exit status is then 1. A progress bar of translated lines goes to
 stderr (``progress=false`` turns it off).
+Several checkpoints with the same vocabulary (``checkpoint=[a,b,c]``) decode as one ensemble that
+averages their log-probabilities at each step (:mod:`transformer.generation.ensemble`); the first
+one's generation settings apply.
 Exit status 2 with a one-line message on stderr for a missing or foreign checkpoint, a tokenizer
-that does not match it, or invalid settings.
+that does not match it, checkpoints of an ensemble with different vocabularies, or invalid settings.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ if str(ROOT) not in sys.path:  # allow running from a checkout without installin
     sys.path.insert(0, str(ROOT))
 
 import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 
 def _open_input(name: str) -> IO[str]:
@@ -71,12 +75,13 @@ def run(cfg: DictConfig) -> int:
     """
     import torch
 
-    from transformer.generation import load_run, merge_generation, resolve_device, translate_sentences
+    from transformer.generation import load_models, merge_generation, resolve_device, translate_sentences
 
     if cfg.num_threads > 0:
         torch.set_num_threads(int(cfg.num_threads))
     device = resolve_device(cfg.device)
-    loaded = load_run(cfg.checkpoint, device, src_tokenizer=cfg.src_tokenizer, tgt_tokenizer=cfg.tgt_tokenizer)
+    checkpoints = list(cfg.checkpoint) if OmegaConf.is_list(cfg.checkpoint) else cfg.checkpoint
+    loaded = load_models(checkpoints, device, src_tokenizer=cfg.src_tokenizer, tgt_tokenizer=cfg.tgt_tokenizer)
     gen = merge_generation(loaded.cfg.generation, cfg.generation)
     src_tok, tgt_tok = loaded.tokenizers
     with_scores = bool(cfg.scores) or gen.nbest > 1
@@ -122,7 +127,9 @@ def run(cfg: DictConfig) -> int:
         if out is not sys.stdout:
             out.close()
     what = f"beam {gen.beam_size}" if gen.strategy == "beam" else gen.strategy
-    print(f"translated {n - failed} of {n} lines in {time.time() - start:.1f}s ({loaded.checkpoint}, {what})",
+    members = getattr(loaded.model, "checkpoints", None)
+    source = f"ensemble of {', '.join(map(str, members))}" if members else loaded.checkpoint
+    print(f"translated {n - failed} of {n} lines in {time.time() - start:.1f}s ({source}, {what})",
           file=sys.stderr)
     if failed:
         raise LinesFailed(f"{failed} of {n} lines could not be translated (reported above; their output lines are empty)")

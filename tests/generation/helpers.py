@@ -220,3 +220,24 @@ def make_run_dir(root, arch: str = "encoder_decoder", vocab_size: int = 250, joi
     save_checkpoint(run_dir, "checkpoint_best", model.state_dict(),
                     {"config": OmegaConf.to_container(cfg), "update": 1})
     return run_dir, model.eval(), src_tok, tgt_tok
+
+
+# ----------------------------------------------------------------------------- scripts
+
+
+def load_script(name: str):
+    """Import ``scripts/{name}.py`` as a module (its ``run(cfg)`` / ``main()``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_script_{name}", REPO_ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compose_script_config(name: str, overrides: list[str]):
+    """``configs/{name}.yaml`` composed with Hydra command-line ``overrides``."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
+        return compose(config_name=name, overrides=overrides)

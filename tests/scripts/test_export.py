@@ -7,34 +7,21 @@ import sys
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from tests.generation.helpers import REPO_ROOT, make_run_dir
+from tests.generation.helpers import compose_script_config as _cfg
+from tests.generation.helpers import load_script
 from tests.interop.helpers import LLAMA
 from transformer.generation import load_run
-
-
-def _cfg(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
-        return compose(config_name="export", overrides=overrides)
-
-
-def _script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_script_export", REPO_ROOT / "scripts" / "export.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_export_hf_then_import_back(tmp_path) -> None:
     pytest.importorskip("transformers")
     dec = {k: v for k, v in LLAMA.items() if k not in ("arch", "n_encoder_layers")}
     run_dir, model, _, _ = make_run_dir(tmp_path / "run", arch="decoder_only", **dec)
-    script = _script()
-    hf_dir = script.run(_cfg([f"run={run_dir}", "format=hf", f"out={tmp_path / 'hf'}"]))
-    back = script.run(_cfg([f"run={hf_dir}", "format=zoo", f"out={tmp_path / 'back'}"]))
+    script = load_script("export")
+    hf_dir = script.run(_cfg("export", [f"run={run_dir}", "format=hf", f"out={tmp_path / 'hf'}"]))
+    back = script.run(_cfg("export", [f"run={hf_dir}", "format=zoo", f"out={tmp_path / 'back'}"]))
     tokens = torch.tensor([[7, 8, 9, 4, 10, 11]])
     with torch.no_grad():
         torch.testing.assert_close(load_run(back).model(tokens), model(tokens), atol=1e-5, rtol=0)

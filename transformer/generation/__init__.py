@@ -5,6 +5,8 @@ Typical use::
     model, tokenizers, cfg = load_run("outputs/exp/2026-01-01_00-00-00")  # or a checkpoint file
     hyps = translate_sentences(model, [tokenizers.src.encode(s) for s in lines], cfg.generation, "cpu")
     text = detokenize(hyps, tokenizers.tgt)
+
+    loaded = load_models(["runs/a", "runs/b"])  # an ensemble (EnsembleModel) with the same interface
 """
 
 from transformer.generation.loading import (
@@ -16,6 +18,7 @@ from transformer.generation.loading import (
     merge_generation,
     resolve_device,
 )
+from transformer.generation.ensemble import EnsembleModel, EnsembleState, load_models
 from transformer.generation.search import (
     Hypothesis,
     SearchLimits,
@@ -37,6 +40,8 @@ from transformer.generation.translate import (
 )
 
 __all__ = [
+    "EnsembleModel",
+    "EnsembleState",
     "Hypothesis",
     "LoadError",
     "SearchLimits",
@@ -50,6 +55,7 @@ __all__ = [
     "generate",
     "greedy_search",
     "length_penalty",
+    "load_models",
     "load_run",
     "make_src_tokens",
     "merge_generation",

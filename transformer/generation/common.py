@@ -198,12 +198,16 @@ def position_limits(model: nn.Module, state: Any) -> Tensor | None:
     the decoder-only model), so ``max_len <= rows - 1 - start``.
 
     Args:
-        model: the model being decoded.
+        model: the model being decoded (an ensemble: its tightest member).
         state: its decoding state right after ``start_decoding`` (``positions``: ``(batch,)``).
 
     Returns:
         ``(batch,)`` long tensor, or None when the positions have no limit.
     """
+    members = getattr(model, "models", None)
+    if members is not None:  # an ensemble: the tightest limit of its members
+        caps = [c for c in (position_limits(m, s) for m, s in zip(members, state.states)) if c is not None]
+        return torch.stack(caps).amin(0) if caps else None
     rows = learned_positions(_decoder_embedding(model))
     start = getattr(state, "positions", None)
     if rows is None or start is None:

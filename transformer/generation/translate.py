@@ -90,12 +90,16 @@ def max_source_length(model: nn.Module, arch: str | None = None) -> int | None:
     and then ``<sep>`` at the next position.
 
     Args:
-        model: an encoder-decoder or decoder-only model.
+        model: an encoder-decoder or decoder-only model, or an ensemble of them (its members' minimum).
         arch: unused (both families read their source through the same embedding table).
 
     Returns:
         The maximum number of source ids, or None.
     """
+    members = getattr(model, "models", None)  # an ensemble: the tightest member's limit
+    if members is not None:
+        limits = [n for n in (max_source_length(m, arch) for m in members) if n is not None]
+        return min(limits) if limits else None
     embed = getattr(model, "src_embed", None)
     rows = learned_positions(embed if embed is not None else getattr(model, "embed", None))
     return None if rows is None else rows - 1  # + EOS (encoder-decoder) or + <sep> (decoder-only)
