@@ -126,3 +126,34 @@ def test_state_reorder_follows_beams():
     torch.testing.assert_close(logits[0], logits[1])
     torch.testing.assert_close(logits[2], logits[3])
     assert state.batch_size == 4 and state.memory is None
+
+
+def test_beams_share_the_cross_attention_rows_of_their_sentence():
+    """Expanding to beams and following them leaves one cross-attention row per source; logits are
+    those of a state whose cross side was copied to every row."""
+    model = _model("encoder_decoder", "sinusoidal")
+    src = torch.randint(5, V, (3, 5))
+    src[1, 3:] = 0  # padding: the memory mask follows the sources too
+    with torch.no_grad():
+        shared, copied = model.start_decoding(src), model.start_decoding(src)
+        expand = torch.arange(3).repeat_interleave(2)  # 3 sentences x 2 beams
+        shared.reorder(expand)
+        copied.reorder(expand)
+        # the reference: one cross-attention row per decoder row (group 1), as before sharing
+        copied.memory, copied.memory_mask = copied.memory[expand], copied.memory_mask[expand]
+        copied.group = 1
+        assert shared.group == 2 and shared.memory.shape[0] == 3
+        tokens = torch.full((6, 1), BOS)
+        torch.testing.assert_close(model.decode_step(tokens, shared), model.decode_step(tokens, copied))
+        assert shared.cross_caches[0].k.shape[0] == 3 and copied.cross_caches[0].k.shape[0] == 6
+        k_before = shared.cross_caches[0].k
+        for state in (shared, copied):
+            state.reorder(torch.tensor([1, 0, 3, 3, 4, 5]))  # beams swap and duplicate within sentences
+        assert shared.cross_caches[0].k is k_before  # nothing copied
+        tokens = torch.randint(5, V, (6, 1))
+        torch.testing.assert_close(model.decode_step(tokens, shared), model.decode_step(tokens, copied))
+        for state in (shared, copied):
+            state.reorder(torch.tensor([4, 5, 0, 1]))  # sentence 1 finished; the others swap places
+        assert shared.group == 2 and shared.cross_caches[0].k.shape[0] == 2
+        tokens = torch.randint(5, V, (4, 1))
+        torch.testing.assert_close(model.decode_step(tokens, shared), model.decode_step(tokens, copied))

@@ -23,8 +23,12 @@ class DecodingState:
         self_pad_mask: ``(batch, cached_len)`` bool, True at padding keys (left-padded prompts of the
             decoder-only model), or None when no row has padding.
         cross_caches: one static cross-attention cache per decoder layer (encoder-decoder only).
-        memory: encoder output ``(batch, src_len, d_model)``; dropped once the cross caches are full.
-        memory_mask: ``(batch, 1, 1, src_len)`` bool, True = attend, or None without source padding.
+        memory: encoder output ``(sources, src_len, d_model)``; dropped once the cross caches are full.
+        memory_mask: ``(sources, 1, 1, src_len)`` bool, True = attend, or None without source padding.
+        group: decoder rows per source row. The cross-attention side (``cross_caches``, ``memory``,
+            ``memory_mask``) keeps one row per source sentence, shared by ``group`` consecutive
+            decoder rows (the beams or samples of that sentence), so following the beams never
+            copies it: ``batch = sources * group``.
     """
 
     self_caches: list[KVCache]
@@ -34,6 +38,7 @@ class DecodingState:
     cross_caches: list[KVCache] | None = None
     memory: Tensor | None = None
     memory_mask: Tensor | None = None
+    group: int = 1
 
     def reorder(self, index: Tensor) -> None:
         """Select (and repeat) batch rows in place, e.g. expand to beams or follow surviving beams.
@@ -41,18 +46,38 @@ class DecodingState:
         Args:
             index: ``(new_batch,)`` long tensor of row indices.
         """
+        rows = self.positions.shape[0]
         for cache in self.self_caches:
-            cache.reorder(index)
-        for cache in self.cross_caches or ():
             cache.reorder(index)
         self.positions = self.positions.index_select(0, index)
         self.key_positions = self.key_positions.index_select(0, index)
         if self.self_pad_mask is not None:
             self.self_pad_mask = self.self_pad_mask.index_select(0, index)
+        if self.cross_caches is not None:
+            self._reorder_sources(index, rows // self.group)
+
+    def _reorder_sources(self, index: Tensor, n_sources: int) -> None:
+        """Follow ``index`` on the cross-attention side, which has one row per source.
+
+        When the new rows come in equal runs that each read one source (beams expanded, reordered
+        within their sentence, or finished sentences dropped), the sources are selected once per
+        run, and not at all when they stay the same; otherwise every new row gets its own copy
+        (``group`` 1).
+        """
+        src = torch.div(index, self.group, rounding_mode="floor")  # (new_batch,) source row of each new row
+        sources, counts = torch.unique_consecutive(src, return_counts=True)
+        group = index.numel() // max(sources.numel(), 1)
+        if sources.numel() * group != index.numel() or not bool(counts.eq(group).all()):
+            sources, group = src, 1  # irregular runs: one source row per decoder row
+        self.group = group
+        if sources.numel() == n_sources and bool(sources.eq(torch.arange(n_sources, device=src.device)).all()):
+            return  # the same sources in the same order: nothing to copy
+        for cache in self.cross_caches or ():
+            cache.reorder(sources)
         if self.memory is not None:
-            self.memory = self.memory.index_select(0, index)
+            self.memory = self.memory.index_select(0, sources)
         if self.memory_mask is not None:
-            self.memory_mask = self.memory_mask.index_select(0, index)
+            self.memory_mask = self.memory_mask.index_select(0, sources)
 
     @property
     def batch_size(self) -> int:

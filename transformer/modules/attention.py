@@ -191,8 +191,11 @@ class Attention(nn.Module):
 
         Args:
             x: queries' input ``(batch, q_len, d_model)``.
-            memory: keys'/values' input ``(batch, k_len, d_model)`` for cross-attention.
-            attn_mask: from :func:`build_attention_mask`, covering cached plus new keys.
+            memory: keys'/values' input ``(batch, k_len, d_model)`` for cross-attention, or
+                ``(batch / g, k_len, d_model)`` shared by ``g`` consecutive rows of ``x`` (beams of one
+                sentence during decoding; the same holds for a static cache's rows).
+            attn_mask: from :func:`build_attention_mask`, covering cached plus new keys (cross-attention:
+                one row per memory row).
             is_causal: causal mask (only without ``attn_mask``), bottom-right aligned: with a KV
                 cache the ``q_len`` new queries are the last positions of the cached plus new keys.
             rotary: ``(cos, sin)`` for the new positions (RoPE), applied to q and the new k.
@@ -219,6 +222,12 @@ class Attention(nn.Module):
                 k, v = self._kv_heads(*kv.chunk(2, dim=-1))
                 if cache is not None:
                     cache.k, cache.v = k, v
+        if cross and k.shape[0] != q.shape[0]:  # g consecutive query rows share one memory row
+            g, t = q.shape[0] // k.shape[0], q.shape[1]
+            q = rearrange(q, "(n g) t (h d) -> n h (g t) d", g=g, h=self.n_heads)  # (B/g, H, g*Tq, hd)
+            out = _sdpa(q, k, v, attn_mask, self.dropout if self.training else 0.0, False,
+                        self.n_kv_heads != self.n_heads)
+            return self.out_proj(rearrange(out, "n h (g t) d -> (n g) t (h d)", g=g, t=t))
         q = rearrange(q, "b t (h d) -> b h t d", h=self.n_heads)
         if rotary is not None:
             cos, sin = rotary
