@@ -114,20 +114,22 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     base_mb = _peak_mb(device)
 
     def run_hf(ids: list[list[int]]) -> list[list[int]]:
-        out: list[list[int] | None] = [None] * len(ids)
+        out: list[list[int]] = [[] for _ in ids]  # an empty source stays empty, as ours
+        todo = [i for i, s in enumerate(ids) if s]
         early = {"hf": "never", "hf_early": True}[args.system]
-        for idx in batches_by_tokens([len(s) + 1 for s in ids], args.max_tokens, beam):
+        for batch in batches_by_tokens([len(ids[i]) + 1 for i in todo], args.max_tokens, beam):
+            idx = [todo[j] for j in batch]
             src = make_src_tokens([ids[i] for i in idx], "encoder_decoder", device=device)
             for i, row in zip(idx, marian_generate(hf, src, gen, early_stopping=early)):
                 out[i] = row
-        return out  # type: ignore[return-value]
+        return out
 
     def run_ct2(ids: list[list[int]]) -> list[list[int]]:
         rows = ct2_translate(engine, ids, gen, toks.src, toks.tgt, arch, max_batch_tokens=max(1, args.max_tokens // beam))
-        return [r if r and r[-1] == eos else r + [eos] for r in rows]  # the EOS ours forces at the maximum
+        return [r if not r or r[-1] == eos else r + [eos] for r in rows]  # the EOS ours forces at the maximum
 
     def run_ours(ids: list[list[int]]) -> list[list[int]]:
-        return [h[0].tokens for h in translate_sentences(model, ids, gen, device, arch)]
+        return [h[0].tokens if h else [] for h in translate_sentences(model, ids, gen, device, arch)]
 
     decode = {"ours": run_ours, "hf": run_hf, "hf_early": run_hf, "ct2": run_ct2, "ct2_int8": run_ct2}[args.system]
     decode(src_ids[:16])  # warm-up

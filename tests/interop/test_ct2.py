@@ -109,3 +109,11 @@ def test_refuses_alibi_in_an_encoder_decoder(tmp_path) -> None:
     with pytest.raises(ExportError, match="model/position=alibi in an encoder-decoder"):
         export_run(run_dir, "ctranslate2", tmp_path / "out")
     assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["run"]
+
+
+def test_empty_sources_get_no_output(exported) -> None:
+    out, arch, model, src_tok, tgt_tok = exported
+    ids = [[], src_tok.encode("A dog runs."), []]
+    gen = GenerationConfig(strategy="greedy", max_len_a=0.0, max_len_b=6)
+    got = ct2_translate(load_ct2(out, arch, threads=1), ids, gen, src_tok, tgt_tok, arch)
+    assert got[0] == got[2] == [] and got[1] and ct2_translate(None, [[]], gen, src_tok, tgt_tok, arch) == [[]]

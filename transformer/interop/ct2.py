@@ -236,12 +236,17 @@ def ct2_translate(engine: Any, src_ids: Sequence[Sequence[int]], gen: Any, src_t
         max_batch_tokens: CTranslate2 batches by this many source tokens.
 
     Returns:
-        One id list per sentence (EOS included when the model produced it).
+        One id list per sentence (EOS included when the model produced it); an empty source gets an
+        empty list, as :func:`~transformer.generation.translate_sentences` gives it no hypothesis.
     """
+    todo = [i for i, s in enumerate(src_ids) if len(s)]
+    out: list[list[int]] = [[] for _ in src_ids]
+    if not todo:
+        return out
     beam = int(gen.beam_size) if gen.strategy == "beam" else 1
-    longest = max((len(s) for s in src_ids), default=0) + (1 if arch == "encoder_decoder" else 0)
+    longest = max(len(src_ids[i]) for i in todo) + (1 if arch == "encoder_decoder" else 0)
     max_len = int(float(gen.max_len_a) * longest + int(gen.max_len_b))
-    pieces = [[src_tok.id_to_piece(i) for i in s] for s in src_ids]
+    pieces = [[src_tok.id_to_piece(t) for t in src_ids[i]] for i in todo]
     eos_piece = tgt_tok.id_to_piece(tgt_tok.eos_id)
     opts = dict(beam_size=beam, length_penalty=float(gen.length_penalty) if beam > 1 else 1.0,
                 suppress_sequences=[[tgt_tok.id_to_piece(tgt_tok.pad_id)]], return_end_token=True,
@@ -255,10 +260,9 @@ def ct2_translate(engine: Any, src_ids: Sequence[Sequence[int]], gen: Any, src_t
         results = engine.generate_batch(prompts, max_length=max_len, min_length=int(gen.min_len),
                                         include_prompt_in_result=False, end_token=eos_piece, **opts)
     piece_id = {p: i for i, p in enumerate(vocabulary(tgt_tok))}
-    out = []
-    for r in results:
+    for i, r in zip(todo, results):
         ids = list(r.sequences_ids[0]) if arch == "decoder_only" else [piece_id[p] for p in r.hypotheses[0]]
         if tgt_tok.eos_id in ids:
             ids = ids[: ids.index(tgt_tok.eos_id) + 1]
-        out.append(ids)
+        out[i] = ids
     return out
