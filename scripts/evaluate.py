@@ -45,6 +45,10 @@ if str(ROOT) not in sys.path:  # allow running from a checkout without installin
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from transformer.config import register_configs  # noqa: E402
+
+register_configs()  # generation_overrides, the schema of the generation.* fields
+
 
 def _read(path: str) -> list[str]:
     from transformer.data.corpus import read_lines

@@ -1,15 +1,17 @@
 """Hydra composition of every documented switch, typed validation and early failure."""
 
+import dataclasses
 import re
 import subprocess
 import sys
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO_ROOT
-from transformer.config import ConfigError, model_sizes, register_configs, validate_config, validate_model_config
+from transformer.config import ConfigError, GenerationConfig, model_sizes, register_configs, validate_config, validate_model_config
 from transformer.models import build_model
 from transformer.modules.attention import ATTENTION_KINDS
 from transformer.modules.ffn import FFNS
@@ -57,8 +59,6 @@ def test_every_switch_composes_validates_and_builds(switch):
 
 
 def test_unknown_key_and_wrong_type_are_rejected_by_the_schema():
-    from hydra.errors import ConfigCompositionException
-
     with pytest.raises(ConfigCompositionException, match="d_modle"):
         _compose(["model.d_modle=3"])
     with pytest.raises(ConfigCompositionException, match="d_model"):
@@ -175,3 +175,36 @@ def test_model_sizes_are_derived_in_one_place_and_match_the_built_model(override
     assert sum(p.numel() for n, p in ffn.named_parameters() if n.endswith("weight")) == (
         sizes.ffn_matrices * sizes.d_model * sizes.ffn_hidden
     )
+
+
+@pytest.mark.parametrize(
+    "child,parent",
+    [
+        ("llama_style_tiny", "llama_style"),
+        ("transformer_tiny", "transformer_2017_base"),
+        ("transformer_small", "transformer_2017_base"),
+        ("transformer_2017_big", "transformer_2017_base"),
+    ],
+)
+def test_presets_are_their_parent_plus_their_own_lines(child, parent):
+    own = OmegaConf.load(REPO_ROOT / "configs" / "model" / f"{child}.yaml")
+    assert list(own.defaults) == [parent, "_self_"]
+    own.pop("defaults")
+    parent_cfg = _compose([f"model={parent}"])
+    child_cfg = _compose([f"model={child}"])
+    assert child_cfg.model == OmegaConf.merge(parent_cfg.model, own)
+    for group in ("norm", "ffn", "position", "attention"):  # the parent's switches, still switchable
+        assert OmegaConf.select(_compose([f"model={child}", f"model/{group}={next(iter(SWITCH_TABLES[group][0]))}"]),
+                                SWITCH_TABLES[group][1]) == next(iter(SWITCH_TABLES[group][0]))
+
+
+@pytest.mark.parametrize("script", ["translate", "evaluate"])
+def test_script_generation_fields_are_the_generation_schema_all_null(script):
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
+        cfg = compose(config_name=script, overrides=["generation.beam_size=10"])
+    names = [f.name for f in dataclasses.fields(GenerationConfig)]
+    assert list(cfg.generation) == names
+    assert {k: v for k, v in cfg.generation.items() if v is not None} == {"beam_size": 10}
+    with pytest.raises(ConfigCompositionException, match="beam_size"):
+        with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
+            compose(config_name=script, overrides=["generation.beam_size=ten"])

@@ -42,3 +42,7 @@ from transformer.config.validation import (
 )
 
 __all__ = ["MISSING", *schema.__all__, *sizes.__all__, *validation.__all__]
+
+# the structured configs the YAML files name (base_config, generation_overrides) are known to Hydra
+# as soon as the package is imported
+register_configs()

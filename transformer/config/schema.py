@@ -6,8 +6,8 @@ YAML file against them through the ConfigStore (:func:`register_configs`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any, Optional, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 
@@ -25,6 +25,7 @@ __all__ = [
     "PositionConfig",
     "SchedulerConfig",
     "TrainConfig",
+    "GenerationOverrides",
     "register_configs",
 ]
 
@@ -189,6 +190,21 @@ class GenerationConfig:
     max_tokens: int = 8000
 
 
+def _overrides_of(cls: type) -> type:
+    """A dataclass with the fields of ``cls``, each optional and null by default."""
+    hints = get_type_hints(cls)
+    return make_dataclass(f"{cls.__name__[: -len('Config')]}Overrides", [(f.name, Optional[hints[f.name]], None) for f in fields(cls)])
+
+
+GenerationOverrides = _overrides_of(GenerationConfig)
+GenerationOverrides.__module__ = __name__
+GenerationOverrides.__doc__ = """``generation`` of ``translate.yaml`` / ``evaluate.yaml``: the fields of :class:`GenerationConfig`,
+each null by default, meaning "keep the run's value" (see
+:func:`~transformer.generation.loading.merge_generation`); set on the command line, e.g.
+``generation.beam_size=10``, they override it. Derived from :class:`GenerationConfig`, so a new
+generation setting is one field there."""
+
+
 @dataclass
 class TrainConfig:
     """``train``: the loop (fairseq names where they exist)."""
@@ -253,3 +269,4 @@ def register_configs() -> None:
     """
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
+    cs.store(name="generation_overrides", node=GenerationOverrides)
