@@ -45,7 +45,7 @@ if str(ROOT) not in sys.path:  # allow running from a checkout without installin
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from transformer.config import register_configs  # noqa: E402
+from transformer.config import GenerationConfig, config_dict, register_configs  # noqa: E402
 
 register_configs()  # generation_overrides, the schema of the generation.* fields
 
@@ -72,7 +72,7 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _describe(gen: DictConfig) -> str:
+def _describe(gen: GenerationConfig) -> str:
     if gen.strategy == "beam":
         return f"beam {gen.beam_size}, length penalty {gen.length_penalty} ({gen.length_penalty_form})"
     if gen.strategy == "sample":
@@ -148,7 +148,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
     run_cfg = loaded.cfg
     for key, value in cfg.data.items():
         if value is not None:
-            run_cfg.data[key] = value
+            setattr(run_cfg.data, key, value)
     gen = merge_generation(run_cfg.generation, cfg.generation)
     tokenize = cfg.tokenize or run_cfg.data.bleu_tokenize
     lowercase = bool(cfg.lowercase) if cfg.lowercase is not None else bool(run_cfg.data.lowercase)
@@ -164,7 +164,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
     src_tok, tgt_tok = loaded.tokenizers
     results: dict[str, Any] = {
         "checkpoint": [str(m) for m in members] if members else str(loaded.checkpoint),
-        "generation": OmegaConf.to_container(gen),
+        "generation": config_dict(gen),
         "tokenize": tokenize,
         "lowercase": lowercase,
         "splits": {},

@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:  # allow running from a checkout without installin
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from transformer.config import ConfigError, register_configs, validate_config  # noqa: E402
+from transformer.config import ConfigError, register_configs, to_config, validate_config  # noqa: E402
 
 register_configs()
 
@@ -70,12 +70,13 @@ def main(cfg: DictConfig) -> float | None:
 
     try:
         validate_config(cfg)
+        config = to_config(cfg)  # the typed Config every function below takes
     except ConfigError as err:
         _fail(ConfigError(f"invalid configuration: {err}"), 2)
     from transformer.training.trainer import TrainingError, train
 
     try:
-        results = train(cfg)
+        results = train(config)
     except ConfigError as err:
         _fail(err, 2)
     except (TrainingError, CheckpointError, DataError, FileNotFoundError) as err:

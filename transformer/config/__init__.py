@@ -9,14 +9,16 @@ Modules in :mod:`transformer.modules` never see these classes; the builder
 (:mod:`transformer.models.builder`) turns a :class:`ModelConfig` into explicit sizes and parts.
 
 Where things are: :mod:`.schema` (the dataclasses and their ConfigStore registration),
-:mod:`.sizes` (head width, key/value heads, feed-forward width: the sizes a model config implies),
+:mod:`.convert` (Hydra's DictConfig -> the typed :class:`Config`, once per script, and back to
+plain data), :mod:`.sizes` (head width, key/value heads, feed-forward width: the sizes a model config implies),
 :mod:`.validation` (the checks of field combinations; the options of each switch come from the
 tables beside the classes, e.g. :data:`transformer.modules.ffn.FFNS`).
 """
 
 from omegaconf import MISSING
 
-from transformer.config import schema, sizes, validation
+from transformer.config import convert, schema, sizes, validation
+from transformer.config.convert import config_dict, to_config, to_generation_config
 
 from transformer.config.schema import (
     Config,
@@ -25,6 +27,7 @@ from transformer.config.schema import (
     DataConfig,
     FFNConfig,
     GenerationConfig,
+    GenerationOverrides,
     LoggerConfig,
     ModelConfig,
     NormConfig,
@@ -41,7 +44,7 @@ from transformer.config.validation import (
     validate_model_config,
 )
 
-__all__ = ["MISSING", *schema.__all__, *sizes.__all__, *validation.__all__]
+__all__ = ["MISSING", *convert.__all__, *schema.__all__, *sizes.__all__, *validation.__all__]
 
 # the structured configs the YAML files name (base_config, generation_overrides) are known to Hydra
 # as soon as the package is imported

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -47,7 +47,6 @@ __all__ = [
     "Hypothesis",
     "NonFiniteOutputWarning",
     "SearchLimits",
-    "as_generation_config",
     "constrain",
     "decoding",
     "length_penalty",
@@ -109,26 +108,6 @@ class SearchLimits:
     def penalty(self, length: Tensor | float) -> Tensor | float:
         """:func:`length_penalty` of ``length`` with this alpha and form."""
         return length_penalty(length, self.length_penalty_alpha, self.length_penalty_form)
-
-
-def as_generation_config(cfg: Any) -> GenerationConfig:
-    """Generation settings as a :class:`~transformer.config.GenerationConfig`.
-
-    Args:
-        cfg: a ``GenerationConfig`` (returned as is), a DictConfig / dict / object with some of
-            its fields (the others take the dataclass defaults), or None (all defaults).
-
-    Returns:
-        A ``GenerationConfig`` (not validated; see :func:`~transformer.config.validate_generation_config`).
-    """
-    if isinstance(cfg, GenerationConfig):
-        return cfg
-    defaults = GenerationConfig()
-    if cfg is None:
-        return defaults
-    if isinstance(cfg, dict):
-        return GenerationConfig(**{f.name: cfg.get(f.name, getattr(defaults, f.name)) for f in fields(GenerationConfig)})
-    return GenerationConfig(**{f.name: getattr(cfg, f.name, getattr(defaults, f.name)) for f in fields(GenerationConfig)})
 
 
 def length_penalty(length: Tensor | float, alpha: float, form: str = "gnmt") -> Tensor | float:

@@ -28,7 +28,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
+from transformer.config import Config, ConfigError, GenerationConfig, to_config, validate_generation_config
+from transformer.data.tokenizer import Tokenizer
 from transformer.io import SafetensorsReadError, read_safetensors
+from transformer.models import build_model
 
 __all__ = ["LoadError", "LoadedRun", "Tokenizers", "find_checkpoint", "load_run", "merge_generation", "resolve_device"]
 
@@ -56,7 +59,7 @@ class LoadedRun:
     Attributes:
         model: the model in eval mode on the requested device.
         tokenizers: :class:`Tokenizers` ``(src, tgt)``.
-        cfg: the run's config (DictConfig over :class:`~transformer.config.Config`).
+        cfg: the run's typed :class:`~transformer.config.Config`.
         run_dir: the run folder (of the config and tokenizers: for an averaged file written
             outside its run, the run it was averaged from).
         checkpoint: the ``.safetensors`` file that was loaded.
@@ -64,7 +67,7 @@ class LoadedRun:
 
     model: nn.Module
     tokenizers: Tokenizers
-    cfg: DictConfig
+    cfg: Config
     run_dir: Path
     checkpoint: Path
 
@@ -114,8 +117,6 @@ def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
 
 def _read_config(run_dir: Path, weights: Path) -> DictConfig:
     """The run's config: config.yaml in the run folder, else the training state's "config"."""
-    from transformer.config import Config
-
     base = OmegaConf.structured(Config)
     for name in CONFIG_NAMES:
         f = run_dir / name
@@ -206,9 +207,7 @@ def _differences(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]
     return [] if a == b else [(prefix.rstrip("."), a, b)]
 
 
-def _load_tokenizers(run_dir: Path, cfg: DictConfig, src: str | Path | None, tgt: str | Path | None) -> Tokenizers:
-    from transformer.data.tokenizer import Tokenizer
-
+def _load_tokenizers(run_dir: Path, cfg: Config, src: str | Path | None, tgt: str | Path | None) -> Tokenizers:
     def load(p: Path) -> Any:
         if not p.is_file():
             raise LoadError(f"tokenizer not found: {p}")
@@ -276,17 +275,18 @@ def load_run(
         LoadError: a missing checkpoint/config/tokenizer, a foreign file, weights that do not fit
             the config, or a tokenizer whose size differs from the weights' vocabulary.
     """
-    from transformer.config import ConfigError
-    from transformer.models import build_model
-
     run_dir, weights = find_checkpoint(path)
     state, meta = _read_weights(weights)
     _check_same_save(weights, meta)
     run_dir = _config_folder(run_dir, weights, meta)
     cfg = _read_config(run_dir, weights)
     _check_model_config(weights, meta, cfg, run_dir)
-    if overrides:
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    try:
+        if overrides:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        cfg = to_config(cfg)
+    except Exception as e:  # omegaconf's merge errors and ConfigError name the key
+        raise LoadError(f"the config of {run_dir} with the overrides {list(overrides or [])} is invalid: {e}") from e
     toks = _load_tokenizers(run_dir, cfg, src_tokenizer, tgt_tokenizer)
     joint = toks.src is toks.tgt
     arch = cfg.model.arch
@@ -330,7 +330,7 @@ def load_run(
     return LoadedRun(model=model, tokenizers=toks, cfg=cfg, run_dir=run_dir, checkpoint=weights)
 
 
-def merge_generation(base: Any, overrides: Any) -> DictConfig:
+def merge_generation(base: Any, overrides: Any) -> GenerationConfig:
     """The run's generation settings with every non-null field of ``overrides`` on top.
 
     Args:
@@ -340,14 +340,12 @@ def merge_generation(base: Any, overrides: Any) -> DictConfig:
             line), or None.
 
     Returns:
-        A DictConfig over :class:`~transformer.config.GenerationConfig`, validated.
+        The typed :class:`~transformer.config.GenerationConfig`, validated.
 
     Raises:
         ConfigError: an unknown field, a value of the wrong type, or an invalid value (strategy,
             beam_size/nbest, length_penalty_form, top_p, temperature, top_k); the message names it.
     """
-    from transformer.config import ConfigError, GenerationConfig, validate_generation_config
-
     merged = OmegaConf.structured(GenerationConfig)
     try:
         if base is not None:
@@ -358,7 +356,7 @@ def merge_generation(base: Any, overrides: Any) -> DictConfig:
     except Exception as e:
         raise ConfigError(f"invalid generation settings: {e}") from e
     validate_generation_config(merged)
-    return merged
+    return OmegaConf.to_object(merged)
 
 
 def resolve_device(name: str | None) -> torch.device:

@@ -26,11 +26,11 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from transformer.config import GenerationConfig, to_generation_config
 from transformer.generation.beam import beam_search
 from transformer.generation.common import (
     Hypothesis,
     SearchLimits,
-    as_generation_config,
     decoding,
     length_penalty,
     max_lengths,
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 
-def generate(model: nn.Module, src_tokens: Tensor, cfg: Any) -> list[list[Hypothesis]]:
+def generate(model: nn.Module, src_tokens: Tensor, cfg: GenerationConfig | Any) -> list[list[Hypothesis]]:
     """Decode a batch with the strategy named by ``cfg.strategy``.
 
     Runs under ``torch.inference_mode()`` with the model temporarily in eval mode (its training
@@ -61,9 +61,9 @@ def generate(model: nn.Module, src_tokens: Tensor, cfg: Any) -> list[list[Hypoth
         model: an encoder-decoder or decoder-only model.
         src_tokens: ``(batch, src_len)`` right-padded source in the model's format (encoder-decoder:
             ids + EOS; decoder-only: ids only).
-        cfg: a :class:`~transformer.config.GenerationConfig` or any object/dict with its fields
-            (missing fields take the dataclass defaults; see
-            :func:`~transformer.generation.common.as_generation_config`).
+        cfg: a :class:`~transformer.config.GenerationConfig`, or a DictConfig / dict with some of
+            its fields (the others take the dataclass defaults; see
+            :func:`~transformer.config.to_generation_config`).
 
     Returns:
         One list per sentence, in input order, best first: ``nbest`` hypotheses for ``beam`` and
@@ -72,7 +72,7 @@ def generate(model: nn.Module, src_tokens: Tensor, cfg: Any) -> list[list[Hypoth
     Raises:
         ValueError: unknown strategy or invalid settings.
     """
-    g = as_generation_config(cfg)
+    g = to_generation_config(cfg)
     limits = asdict(SearchLimits.from_generation(g))
     strategy = g.strategy
     if strategy == "greedy":

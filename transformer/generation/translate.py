@@ -12,7 +12,8 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
-from transformer.generation.common import Hypothesis, as_generation_config, learned_positions
+from transformer.config import GenerationConfig, to_generation_config
+from transformer.generation.common import Hypothesis, learned_positions
 from transformer.generation.search import generate
 
 __all__ = [
@@ -108,7 +109,7 @@ def max_source_length(model: nn.Module, arch: str | None = None) -> int | None:
 def translate_sentences(
     model: nn.Module,
     src_ids: Sequence[Sequence[int]],
-    cfg: Any,
+    cfg: GenerationConfig | Any,
     device: torch.device | str,
     arch: str | None = None,
     *,
@@ -124,7 +125,8 @@ def translate_sentences(
     Args:
         model: an encoder-decoder or decoder-only model (already on ``device``).
         src_ids: source ids per sentence, without specials.
-        cfg: a :class:`~transformer.config.GenerationConfig` (or an object/dict with its fields);
+        cfg: a :class:`~transformer.config.GenerationConfig` (or a DictConfig / dict with some of its
+            fields, see :func:`~transformer.config.to_generation_config`);
             ``max_tokens`` bounds ``sentences * longest source * rows per sentence`` per batch, with
             ``beam_size`` rows per sentence for beam search and ``nbest`` for sampling.
         device: device of the model.
@@ -146,7 +148,7 @@ def translate_sentences(
         Whatever decoding raises, when ``errors`` is None.
     """
     arch = arch or model.arch
-    g = as_generation_config(cfg)
+    g = to_generation_config(cfg)
     rows = {"beam": int(g.beam_size), "sample": int(g.nbest)}.get(g.strategy, 1)
     max_tokens = int(g.max_tokens)
     extra = 1 if arch == "encoder_decoder" else 0
@@ -225,7 +227,7 @@ def translate_dataset(
     model: nn.Module,
     dataset: Any,
     tokenizer: Any,
-    cfg: Any,
+    cfg: GenerationConfig | Any,
     device: torch.device | str,
     *,
     errors: dict[int, str] | None = None,

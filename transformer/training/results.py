@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
 
+from transformer.config import Config, config_dict
 from transformer.data.dataset import TranslationData
 from transformer.io import atomic_write_text
 from transformer.models import forward_flops
@@ -41,10 +41,10 @@ __all__ = [
 RUN_NAME_GROUPS = ("model", "model/norm", "model/ffn", "model/position", "model/attention", "data", "experiment")
 
 
-def run_dir_for(cfg: DictConfig) -> Path:
+def run_dir_for(cfg: Config) -> Path:
     """The run folder: ``cfg.run_dir`` when set, else Hydra's output dir, else a dated folder under
     ``outputs/{experiment_name}`` (outside Hydra: tests, notebooks)."""
-    if cfg.get("run_dir"):
+    if cfg.run_dir:
         return Path(cfg.run_dir)
     try:
         return Path(HydraConfig.get().runtime.output_dir)
@@ -62,7 +62,7 @@ def hydra_choices() -> dict[str, str]:
         return {}
 
 
-def run_name(cfg: DictConfig, choices: dict[str, str]) -> str:
+def run_name(cfg: Config, choices: dict[str, str]) -> str:
     """A display name from the chosen groups and the seed (``model=transformer_tiny,ffn=relu,seed=1``)."""
     parts = [f"{k.split('/')[-1]}={choices[k]}" for k in RUN_NAME_GROUPS if k in choices]
     return ",".join(parts + [f"seed={cfg.seed}"]) or f"{cfg.experiment_name}-seed{cfg.seed}"
@@ -86,7 +86,7 @@ def copy_tokenizers(data: TranslationData, run_dir: Path) -> None:
 
 
 def build_results(
-    cfg: DictConfig,
+    cfg: Config,
     *,
     scores: dict[str, dict[str, Any]],
     test_split: str | None,
@@ -126,7 +126,7 @@ def build_results(
         "test_split": test_split,
         "test": scores,
         "final_model": final_model,
-        "ema_decay": cfg.train.get("ema_decay", 0.0),
+        "ema_decay": cfg.train.ema_decay,
         "params": params,
         "flops_per_token": flops_per_token,
         "updates": progress["updates"],
@@ -143,7 +143,7 @@ def build_results(
         "hardware": describe_hardware(device),
         "world_size": progress["world_size"],
         "choices": choices,
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        "config": config_dict(cfg),
     }
 
 

@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from transformer.config import Config, config_dict, to_config
 from transformer.data.batching import TokenBatchSampler
 from transformer.data.collate import Batch, collate
 from transformer.data.dataset import TranslationData, load_translation_data
@@ -61,7 +62,7 @@ class Trainer:
         run_dir: the run folder (checkpoints, metrics.jsonl, results.json).
     """
 
-    def __init__(self, cfg: DictConfig, data: TranslationData, dist_info: DistInfo, run_dir: Path) -> None:
+    def __init__(self, cfg: Config, data: TranslationData, dist_info: DistInfo, run_dir: Path) -> None:
         self.cfg, self.data, self.dist, self.run_dir = cfg, data, dist_info, run_dir
         t = cfg.train
         self.device = dist_info.device
@@ -120,7 +121,7 @@ class Trainer:
             "train_tokens": self.train_tokens,
             "train_time": self.train_time,
             "ema": ema,
-            "config": OmegaConf.to_container(self.cfg, resolve=True),
+            "config": config_dict(self.cfg),
         }
 
     def load_state(self, model_state: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
@@ -367,11 +368,12 @@ class Trainer:
         }
 
 
-def train(cfg: DictConfig) -> dict[str, Any]:
+def train(cfg: Config | DictConfig) -> dict[str, Any]:
     """Train ``cfg`` to the end, test it, and write ``results.json`` into the run folder.
 
     Args:
-        cfg: a validated config (see :func:`transformer.config.validate_config`).
+        cfg: a validated config (see :func:`transformer.config.validate_config`); a DictConfig
+            is made a typed :class:`~transformer.config.Config` first (:func:`~transformer.config.to_config`).
 
     Returns:
         The results dict (also in ``results.json``): ``bleu``, ``chrf``, ``sacrebleu_signature``,
@@ -382,6 +384,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         TrainingError: on a non-finite loss (the last good checkpoint stays).
     """
     start = time.time()
+    cfg = to_config(cfg)
     t = cfg.train
     if t.num_threads > 0:
         torch.set_num_threads(t.num_threads)
@@ -395,7 +398,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     trainer = Trainer(cfg, data, dist_info, run_dir)
     choices = hydra_choices()
     if dist_info.is_main:
-        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        OmegaConf.save(config_dict(cfg), run_dir / "config.yaml")
         copy_tokenizers(data, run_dir)
     if t.resume:
         latest = CheckpointManager.LAST
@@ -408,7 +411,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     params = count_parameters(trainer.model)
     log(f"model: {cfg.model.arch}, {params:,} parameters, precision {trainer.precision} "
         f"(train.precision={t.precision}); run folder {run_dir}")
-    loggers = build_loggers(cfg.logger, run_dir, run_name(cfg, choices), OmegaConf.to_container(cfg, resolve=True), dist_info.is_main)
+    loggers = build_loggers(cfg.logger, run_dir, run_name(cfg, choices), config_dict(cfg), dist_info.is_main)
     stop = trainer.fit(loggers)
     log(f"stopped: {stop}")
 
