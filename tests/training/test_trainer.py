@@ -116,19 +116,52 @@ def test_sigkill_then_resume_continues_from_last_checkpoint(small_corpus, tmp_pa
     assert json.loads((run / "results.json").read_text())["updates"] == saved + 2
 
 
-def test_two_process_gloo_matches_one_process_same_global_batch(small_corpus, tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
-    common = ["model.dropout=0.0", "train.max_updates=3", "train.validate_every=0", "train.valid_bleu=false"]
-    out1 = _run_train(small_cli_args(small_corpus, one, *common, "train.update_freq=2", f"hydra.run.dir={one}"))
-    assert out1.returncode == 0, out1.stderr[-2000:]
+def _torchrun(args: list[str], port: int) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out2 = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
-         "scripts/train.py", *small_cli_args(small_corpus, two, *common, f"hydra.run.dir={two}")],
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", "scripts/train.py", *args],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
+
+
+@pytest.mark.parametrize(("distributed", "update_freq", "port"), [("ddp", 1, 29517), ("ddp", 2, 29518), ("fsdp", 2, 29519)])
+def test_two_process_gloo_matches_one_process_same_global_batch(small_corpus, tmp_path, distributed, update_freq, port):
+    """2 ranks x update_freq k = 1 rank x update_freq 2k, for DistributedDataParallel and FSDP2.
+
+    With k > 1 the gradients are summed in another order (rank-local sums, then across ranks). The
+    key bias has a gradient that is mathematically zero (softmax ignores a shift shared by all
+    keys); Adam with eps 1e-9 would turn its rounding noise into full-size steps, so the test uses
+    eps 1e-6, which leaves every other parameter's update unchanged.
+    """
+    one, two = tmp_path / "one", tmp_path / "two"
+    common = ["model.dropout=0.0", "train.max_updates=3", "train.validate_every=0", "train.valid_bleu=false", "optim.eps=1e-6"]
+    out1 = _run_train(small_cli_args(small_corpus, one, *common, f"train.update_freq={2 * update_freq}", f"hydra.run.dir={one}"))
+    assert out1.returncode == 0, out1.stderr[-2000:]
+    out2 = _torchrun(small_cli_args(small_corpus, two, *common, f"train.update_freq={update_freq}",
+                                    f"train.distributed={distributed}", f"hydra.run.dir={two}"), port)
     assert out2.returncode == 0, out2.stderr[-3000:]
-    assert json.loads((two / "results.json").read_text())["world_size"] == 2
+    results = json.loads((two / "results.json").read_text())
+    assert results["world_size"] == 2 and results["updates"] == 3 and results["bleu"] is not None
+    a, b = _weights(one), _weights(two)  # FSDP: full weights gathered on rank 0, same file format
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
+
+
+def test_fsdp_resume_continues_from_full_weights(small_corpus, tmp_path):
+    """An FSDP2 run saved at update 2 and resumed to 3 equals 1 process with update_freq 2."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    common = ["model.dropout=0.0", "train.validate_every=0", "train.valid_bleu=false", "train.save_every=1", "optim.eps=1e-6"]
+    out1 = _run_train(small_cli_args(small_corpus, one, *common, "train.max_updates=3", "train.update_freq=2", f"hydra.run.dir={one}"))
+    assert out1.returncode == 0, out1.stderr[-2000:]
+    fsdp = [*common, "train.distributed=fsdp", f"hydra.run.dir={two}"]
+    out2 = _torchrun(small_cli_args(small_corpus, two, *fsdp, "train.max_updates=2"), 29521)
+    assert out2.returncode == 0, out2.stderr[-3000:]
+    _, state = load_checkpoint(two, "checkpoint_last")
+    assert state["update"] == 2 and state["optimizer"]["state"]  # the full optimizer state, by parameter name
+    out3 = _torchrun(small_cli_args(small_corpus, two, *fsdp, "train.max_updates=3", "train.resume=true"), 29522)
+    assert out3.returncode == 0, out3.stderr[-3000:]
+    assert "at update 2 " in out3.stderr
     a, b = _weights(one), _weights(two)
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)

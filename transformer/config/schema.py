@@ -232,6 +232,8 @@ class TrainConfig:
     resume: bool = False
     log_every: int = 50
     progress: bool = True
+    distributed: str = "ddp"  # under torchrun: ddp (DistributedDataParallel) | fsdp (FSDP2, sharded)
+    activation_checkpointing: bool = False  # recompute each layer's activations in the backward pass
 
 
 @dataclass

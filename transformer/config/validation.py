@@ -110,6 +110,12 @@ def validate_config(cfg: Any) -> None:
     t = cfg.train
     if t.precision not in ("auto", "fp32", "bf16", "fp16"):
         raise ConfigError(f"train.precision={t.precision!r} is not one of auto, fp32, bf16, fp16")
+    if t.distributed not in ("ddp", "fsdp"):
+        raise ConfigError(f"train.distributed={t.distributed!r} is not one of ddp, fsdp")
+    if t.distributed == "fsdp" and t.precision == "fp16":
+        raise ConfigError("train.distributed=fsdp does not support train.precision=fp16 (no sharded GradScaler here); use bf16 or fp32")
+    if t.distributed == "fsdp" and t.ema_decay > 0:
+        raise ConfigError("train.ema_decay > 0 with train.distributed=fsdp: the moving average is not sharded; use train.distributed=ddp")
     if t.max_tokens <= 0:
         raise ConfigError(f"train.max_tokens={t.max_tokens} must be positive")
     if t.update_freq < 1:

@@ -1,24 +1,22 @@
-"""Data parallelism under torchrun: this process's rank and device, and the gradient all-reduce.
+"""Data parallelism under torchrun: this process's rank and device, and the process group.
 
 A run launched by ``torchrun --nproc_per_node=N scripts/train.py`` has ``WORLD_SIZE``, ``RANK`` and
 ``LOCAL_RANK`` in its environment; :func:`setup_distributed` joins the process group (NCCL on CUDA,
-gloo on CPU). Gradients are summed across ranks with one all-reduce of one flat buffer per update
-(:func:`all_reduce_grads`) and divided by the global number of target tokens, so N ranks compute
-the same update as one rank with ``update_freq=N`` (fairseq's normalisation).
+gloo on CPU). How gradients are shared (DistributedDataParallel or FSDP2, summed and divided by
+the global number of target tokens, so N ranks compute the same update as one rank with
+``update_freq=N``) is :mod:`transformer.training.parallel`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
 
-__all__ = ["DistInfo", "all_reduce_grads", "broadcast_from_main", "setup_distributed", "shutdown_distributed"]
+__all__ = ["DistInfo", "broadcast_from_main", "setup_distributed", "shutdown_distributed"]
 
 
 @dataclass
@@ -67,35 +65,6 @@ def shutdown_distributed() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-
-
-def all_reduce_grads(parameters: Iterable[Tensor], ntokens: int, loss_sum: float, dist_info: DistInfo) -> tuple[int, float]:
-    """Sum gradients, token counts and losses over ranks; scale gradients to a per-token mean.
-
-    Args:
-        parameters: the model's parameters (those without a gradient are skipped).
-        ntokens: target tokens of this rank's micro-batches.
-        loss_sum: this rank's summed loss.
-        dist_info: this process's rank / world size / device.
-
-    Returns:
-        The global ``(ntokens, loss_sum)``; every gradient is divided in place by the global
-        ``ntokens`` (when > 0).
-    """
-    grads = [p.grad for p in parameters if p.grad is not None]
-    if dist_info.world_size > 1:
-        extra = torch.tensor([float(ntokens), loss_sum], dtype=grads[0].dtype, device=dist_info.device)
-        flat = torch.cat([g.reshape(-1) for g in grads] + [extra])
-        dist.all_reduce(flat)
-        ntokens, loss_sum = int(round(flat[-2].item())), float(flat[-1].item())
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
-    if ntokens > 0:
-        for g in grads:
-            g.div_(ntokens)
-    return ntokens, loss_sum
 
 
 def broadcast_from_main(obj: Any, dist_info: DistInfo) -> Any:

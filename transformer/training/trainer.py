@@ -2,8 +2,10 @@
 
 Gradients are normalised per target token over the whole update (all accumulation steps and all
 ranks), as in fairseq: each micro-batch contributes its *summed* loss, gradients are summed across
-ranks with one all-reduce, then divided by the global number of target tokens. A 2-process run is
-therefore the same computation as a 1-process run with ``update_freq=2`` (up to summation order).
+ranks by DistributedDataParallel or FSDP2 (``train.distributed``, see
+:mod:`transformer.training.parallel`), then divided by the global number of target tokens. A
+2-process run is therefore the same computation as a 1-process run with ``update_freq=2`` (up to
+summation order).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, Iterator
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 from tqdm import tqdm
 
 from transformer.config import Config, config_dict, to_config
@@ -31,16 +34,11 @@ from transformer.models import build_model, count_parameters
 from transformer.training.allocator import tune_cpu_allocator
 from transformer.training.checkpoint import CheckpointManager, get_rng_state, load_checkpoint, set_rng_state
 from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss, perplexity
+from transformer.training.distributed import DistInfo, broadcast_from_main, setup_distributed, shutdown_distributed
 from transformer.training.ema import EMA
-from transformer.training.distributed import (
-    DistInfo,
-    all_reduce_grads,
-    broadcast_from_main,
-    setup_distributed,
-    shutdown_distributed,
-)
 from transformer.training.loggers import build_loggers
 from transformer.training.optim import build_optimizer
+from transformer.training.parallel import DataParallel, TrainingLoss, checkpoint_layers
 from transformer.training.precision import resolve_precision
 from transformer.training.results import copy_tokenizers, final_test, hydra_choices, run_dir_for, run_name
 from transformer.training.schedules import build_scheduler
@@ -67,19 +65,23 @@ class Trainer:
         t = cfg.train
         self.device = dist_info.device
         self.arch = cfg.model.arch
-        joint = data.joint_vocab
         torch.manual_seed(cfg.seed)
-        self.model = build_model(
-            cfg.model, len(data.src_tokenizer), None if joint else len(data.tgt_tokenizer),
-            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, sep_id=SEP_ID,
-        ).to(self.device)
+        self.model = self._build_model()
+        if t.activation_checkpointing:
+            checkpoint_layers(self.model)
         # torch.compile covers the embeddings and layers; the output layer stays fused with the loss
         self.features = torch.compile(self.model.features) if t.compile else None
         self.criterion = LabelSmoothedCrossEntropy(cfg.criterion.label_smoothing, ignore_index=PAD_ID)
-        self.optimizer = build_optimizer(self.model, cfg.optim, self.device.type)
-        self.scheduler = build_scheduler(self.optimizer, cfg.lr_scheduler, cfg.optim.lr, cfg.model.d_model, t.max_updates)
         self.precision = resolve_precision(t.precision, self.device)
         self.autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
+        # DDP or FSDP2 under torchrun; before the optimizer, since FSDP2 replaces parameters by shards
+        self.parallel = DataParallel(
+            TrainingLoss(self.model, self.criterion, self.features), t.distributed, dist_info,
+            param_dtype=self.autocast_dtype if self.precision == "bf16" else None,
+        )
+        self._replica: nn.Module | None = None  # FSDP: an unsharded copy on rank 0 for evaluation
+        self.optimizer = build_optimizer(self.model, cfg.optim, self.device.type)
+        self.scheduler = build_scheduler(self.optimizer, cfg.lr_scheduler, cfg.optim.lr, cfg.model.d_model, t.max_updates)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         train = data.splits["train"]
         self.train_set = train
@@ -97,6 +99,13 @@ class Trainer:
         # fp32 moving average of the weights; validation, checkpoints' weights and the test use it
         self.ema = EMA(self.model, t.ema_decay) if t.ema_decay > 0 else None
 
+    def _build_model(self) -> nn.Module:
+        joint = self.data.joint_vocab
+        return build_model(
+            self.cfg.model, len(self.data.src_tokenizer), None if joint else len(self.data.tgt_tokenizer),
+            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, sep_id=SEP_ID,
+        ).to(self.device)
+
     # ------------------------------------------------------------------ state
 
     def train_state(self) -> dict[str, Any]:
@@ -109,7 +118,7 @@ class Trainer:
         if self.ema is not None:
             ema = {"decay": self.ema.decay, "model": self.model.state_dict()}
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.parallel.optimizer_state_dict(self.optimizer),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "rng": get_rng_state(),
@@ -125,20 +134,20 @@ class Trainer:
         }
 
     def load_state(self, model_state: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
-        """Restore weights and training state saved by :meth:`save`.
+        """Restore weights and training state saved by :meth:`save` (every rank loads the same files).
 
         A checkpoint written with a moving average restores the training weights from the state and
         the average from ``model_state``; turning ``train.ema_decay`` on at resume starts the average
         from the resumed weights, turning it off continues from the training weights.
         """
         saved_ema = state.get("ema")
-        self.model.load_state_dict(saved_ema["model"] if saved_ema else model_state, strict=True)
+        self.parallel.load_full_state_dict(saved_ema["model"] if saved_ema else model_state)
         if self.ema is not None:
             if saved_ema:
                 self.ema.load_state_dict(model_state)
             else:
                 self.ema = EMA(self.model, self.ema.decay)
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.parallel.load_optimizer_state_dict(self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.sampler.load_state_dict(state["sampler"])
@@ -149,10 +158,28 @@ class Trainer:
         self.train_tokens, self.train_time = int(state["train_tokens"]), float(state["train_time"])
 
     def save(self, is_best: bool = False, numbered: bool = False) -> None:
-        """Atomically write ``checkpoint_last`` (and best / numbered) on rank 0."""
+        """Atomically write ``checkpoint_last`` (and best / numbered) on rank 0: full weights in
+        safetensors, even under FSDP (where every rank takes part in gathering them)."""
+        if self.checkpoints is None and self.parallel.mode != "fsdp":
+            return
+        weights, state = self.parallel.full_state_dict(), self.train_state()
         if self.checkpoints is not None:
-            weights = self.ema.state_dict() if self.ema is not None else self.model.state_dict()
-            self.checkpoints.save(self.update, weights, self.train_state(), is_best=is_best, numbered=numbered)
+            if self.ema is not None:
+                weights = self.ema.state_dict()
+            self.checkpoints.save(self.update, weights, state, is_best=is_best, numbered=numbered)
+
+    def eval_model(self) -> nn.Module | None:
+        """A model rank 0 can evaluate alone: the model itself, or under FSDP an unsharded copy
+        loaded with the gathered weights (a collective: every rank calls it; others get None)."""
+        if self.parallel.mode != "fsdp":
+            return self.model
+        weights = self.parallel.full_state_dict()
+        if not self.dist.is_main:
+            return None
+        if self._replica is None:
+            self._replica = self._build_model()
+        self._replica.load_state_dict(weights, strict=True)
+        return self._replica
 
     # ------------------------------------------------------------------ steps
 
@@ -162,9 +189,9 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def _loss(self, batch: Batch) -> dict[str, torch.Tensor]:
-        # output layer fused with the loss at the target positions (layers compiled or eager)
+        # through DDP / FSDP2 (or the bare model); the output layer is fused with the loss
         with self._autocast():
-            return model_loss(self.model, self.criterion, batch.net_input, batch.target, features=self.features)
+            return self.parallel(batch.net_input, batch.target)
 
     def _batches(self) -> Iterator[Batch]:
         """This rank's training batches, epoch after epoch, from the sampler's saved position."""
@@ -194,24 +221,28 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = nll_sum = 0.0
         ntokens = 0
-        for batch in batches:
-            out = self._loss(batch)
-            self.scaler.scale(out["loss"]).backward()
+        for i, batch in enumerate(batches):
+            with self.parallel.accumulate(last=i == len(batches) - 1):  # gradients summed over ranks
+                out = self._loss(batch)
+                self.scaler.scale(out["loss"]).backward()
             loss_sum += out["loss"].detach().float().item()
             nll_sum += out["nll_loss"].detach().float().item()
             ntokens += int(out["ntokens"])
         local_tokens = ntokens
         self.scaler.unscale_(self.optimizer)
-        ntokens, global_loss = all_reduce_grads(self.model.parameters(), ntokens, loss_sum, self.dist)
+        ntokens, global_loss = self.parallel.global_sums(ntokens, loss_sum)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        self.parallel.normalise(params, ntokens)  # per target token of the whole update
         if not math.isfinite(global_loss):
             raise TrainingError(
                 f"non-finite loss ({global_loss}) at update {self.update + 1}; the last good checkpoint "
                 f"in {self.run_dir} is kept (lower optim.lr, raise lr_scheduler.warmup_updates, or set "
                 "train.clip_norm)"
             )
-        params = [p for p in self.model.parameters() if p.grad is not None]
         clip = self.cfg.train.clip_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor of partial norms
+            grad_norm = grad_norm.full_tensor()
         lr = self.optimizer.param_groups[0]["lr"]
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -235,28 +266,34 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
 
     @torch.no_grad()
-    def valid_loss(self) -> dict[str, float]:
-        """Teacher-forced loss / nll / perplexity per target token on the validation split."""
-        was_training = self.model.training
-        self.model.eval()
+    def valid_loss(self, model: nn.Module | None = None) -> dict[str, float]:
+        """Teacher-forced loss / nll / perplexity per target token on the validation split, of
+        ``model`` (default: the trained model; see :meth:`eval_model`)."""
+        model = self.model if model is None else model
+        was_training = model.training
+        model.eval()
         valid = self.data.splits["valid"]
         sampler = TokenBatchSampler(valid.src_lengths, valid.tgt_lengths, self.cfg.train.max_tokens, arch=self.arch, shuffle=False)
+        features = self.features if model is self.model else None
         loss = nll = 0.0
         n = 0
         for indices in sampler:
-            out = self._loss(collate(valid, indices, self.arch).to(self.device))
+            batch = collate(valid, indices, self.arch).to(self.device)
+            with self._autocast():
+                out = model_loss(model, self.criterion, batch.net_input, batch.target, features=features)
             loss += out["loss"].item()
             nll += out["nll_loss"].item()
             n += int(out["ntokens"])
-        self.model.train(was_training)
+        model.train(was_training)
         return {"loss": loss / n, "nll_loss": nll / n, "ppl": perplexity(nll / n)}
 
-    def bleu(self, split: str, subset: int = 0, hyp_file: Path | None = None) -> dict[str, Any]:
-        """Translate ``split`` with ``cfg.generation`` and score it against the raw references."""
+    def bleu(self, split: str, subset: int = 0, hyp_file: Path | None = None, model: nn.Module | None = None) -> dict[str, Any]:
+        """Translate ``split`` with ``cfg.generation`` (with ``model``, default the trained model)
+        and score it against the raw references."""
         dataset = self.data.splits[split]
         if subset and subset < len(dataset):
             dataset = dataset.subset(range(subset))
-        hyps = translate_dataset(self.model, dataset, self.data.tgt_tokenizer, self.cfg.generation, self.device)
+        hyps = translate_dataset(self.model if model is None else model, dataset, self.data.tgt_tokenizer, self.cfg.generation, self.device)
         if hyp_file is not None:
             hyp_file.parent.mkdir(parents=True, exist_ok=True)
             hyp_file.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
@@ -267,11 +304,12 @@ class Trainer:
         best result so far."""
         t = self.cfg.train
         metrics: dict[str, Any] = {}
+        model = self.eval_model()  # FSDP: gathers the weights (every rank)
         if self.dist.is_main:
-            with self.ema.swapped(self.model) if self.ema is not None else nullcontext():
-                metrics = self.valid_loss()
+            with self.ema.swapped(model) if self.ema is not None else nullcontext():
+                metrics = self.valid_loss(model)
                 if t.valid_bleu:
-                    scores = self.bleu("valid", subset=t.valid_bleu_subset)
+                    scores = self.bleu("valid", subset=t.valid_bleu_subset, model=model)
                     metrics.update(bleu=scores["bleu"], chrf=scores["chrf"])
         metrics = broadcast_from_main(metrics, self.dist)  # every rank takes the same best/patience decisions
         if t.best_metric == "bleu" and "bleu" in metrics:
@@ -414,6 +452,8 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
     loggers = build_loggers(cfg.logger, run_dir, run_name(cfg, choices), config_dict(cfg), dist_info.is_main)
     stop = trainer.fit(loggers)
     log(f"stopped: {stop}")
+    if trainer.parallel.mode == "fsdp":  # the final test runs on rank 0 alone, with full weights
+        trainer.model = trainer.eval_model()
 
     results: dict[str, Any] = {}
     if dist_info.is_main:
