@@ -101,8 +101,11 @@ def test_distributed_switch_is_validated():
         ok = compose(config_name="train", overrides=["train.distributed=fsdp", "train.activation_checkpointing=true"])
         bad = compose(config_name="train", overrides=["train.distributed=zero3"])
         fp16 = compose(config_name="train", overrides=["train.distributed=fsdp", "train.precision=fp16"])
+        ema = compose(config_name="train", overrides=["train.distributed=fsdp", "train.ema_decay=0.999"])
     validate_config(ok)
     with pytest.raises(ConfigError, match="train.distributed='zero3' is not one of ddp, fsdp"):
         validate_config(bad)
     with pytest.raises(ConfigError, match="train.distributed=fsdp does not support train.precision=fp16"):
         validate_config(fp16)
+    with pytest.raises(ConfigError, match="train.ema_decay > 0 with train.distributed=fsdp"):
+        validate_config(ema)
