@@ -2,7 +2,8 @@
 
 A run launched by ``torchrun --nproc_per_node=N scripts/train.py`` has ``WORLD_SIZE``, ``RANK`` and
 ``LOCAL_RANK`` in its environment; :func:`setup_distributed` joins the process group (NCCL on CUDA,
-gloo on CPU). How gradients are shared (DistributedDataParallel or FSDP2, summed and divided by
+gloo on CPU). A SLURM job started by ``hydra/launcher=submitit_slurm`` (one task per GPU, no torchrun)
+takes the same variables from submitit's job environment (:func:`export_submitit_environment`). How gradients are shared (DistributedDataParallel or FSDP2, summed and divided by
 the global number of target tokens, so N ranks compute the same update as one rank with
 ``update_freq=N``) is :mod:`transformer.training.parallel`.
 """
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "broadcast_from_main", "setup_distributed", "shutdown_distributed"]
+__all__ = ["DistInfo", "broadcast_from_main", "export_submitit_environment", "setup_distributed", "shutdown_distributed"]
 
 
 @dataclass
@@ -33,10 +34,32 @@ class DistInfo:
         return self.rank == 0
 
 
-def setup_distributed(device_name: str) -> DistInfo:
-    """Initialise ``torch.distributed`` when launched by torchrun (``WORLD_SIZE > 1``).
+def export_submitit_environment() -> bool:
+    """In a task started by submitit (``SUBMITIT_EXECUTOR`` set, e.g. by ``hydra/launcher=submitit_slurm``
+    or ``submitit_local``) and not by torchrun (no ``WORLD_SIZE``): export torchrun's variables
+    (``MASTER_ADDR`` = the job's first host, ``MASTER_PORT`` from the job id unless set, ``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) from submitit's job environment
+    (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_JOB_NODELIST``, ...), via
+    ``submitit.helpers.TorchDistributedEnvironment``. ``CUDA_VISIBLE_DEVICES`` is left alone: each
+    task takes the GPU ``LOCAL_RANK``.
 
-    Uses NCCL on CUDA and gloo on CPU; ``device_name`` ``auto`` picks CUDA when present.
+    Returns:
+        Whether the variables were exported.
+    """
+    if "SUBMITIT_EXECUTOR" not in os.environ or "WORLD_SIZE" in os.environ:
+        return False
+    from submitit.helpers import TorchDistributedEnvironment  # the optional [slurm] extra
+
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    return True
+
+
+def setup_distributed(device_name: str) -> DistInfo:
+    """Initialise ``torch.distributed`` when launched by torchrun or submitit (``WORLD_SIZE > 1``).
+
+    Uses NCCL on CUDA and gloo on CPU; ``device_name`` ``auto`` picks CUDA when present. Under
+    submitit, torchrun's variables are first exported from the job environment
+    (:func:`export_submitit_environment`).
 
     Args:
         device_name: ``auto``, ``cpu``, ``cuda`` or any ``torch.device`` string; under ``cuda`` each
@@ -47,6 +70,7 @@ def setup_distributed(device_name: str) -> DistInfo:
     """
     if device_name == "auto":
         device_name = "cuda" if torch.cuda.is_available() else "cpu"
+    export_submitit_environment()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if device_name == "cuda":
