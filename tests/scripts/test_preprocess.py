@@ -7,9 +7,11 @@ newstest2014) and WMT-like sentence lengths: real Multi30k pairs concatenated tw
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import random
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +20,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from tests.conftest import REPO_ROOT, SHARED_DATA
-from transformer.config import register_configs
+from transformer.config import register_configs, validate_config
 from transformer.data.dataset import load_translation_data
 from transformer.data.reading import read_lines, read_parallel
 
@@ -91,3 +93,63 @@ def test_preprocess_bad_lines_exit_1_naming_file_and_line(tmp_path: Path) -> Non
     assert out.returncode == 1
     assert f"{root}/newstest2013.en has 200 lines, {root}/newstest2013.de has 2 lines" in out.stderr
     assert not [p for p in (tmp_path / "cache").rglob("*.tmp")]  # nothing half-written left behind
+
+
+def _experiment(*overrides: str):
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
+        return compose(config_name="train", overrides=["experiment=wmt14_en_de_base", *overrides])
+
+
+def test_wmt14_base_experiment_is_the_paper_recipe() -> None:
+    cfg = _experiment()
+    validate_config(cfg)
+    m, t, g = cfg.model, cfg.train, cfg.generation
+    assert cfg.data.name == "wmt14_en_de" and cfg.data.vocab_size == 37000 and cfg.data.joint_vocab
+    assert (m.arch, m.d_model, m.n_heads, m.d_ff, m.n_encoder_layers, m.n_decoder_layers, m.dropout) == (
+        "encoder_decoder", 512, 8, 2048, 6, 6, 0.1)
+    assert (cfg.optim.name, list(cfg.optim.betas), cfg.optim.eps) == ("adam", [0.9, 0.98], 1e-9)
+    assert (cfg.lr_scheduler.form, cfg.lr_scheduler.warmup_updates, cfg.criterion.label_smoothing) == ("noam", 4000, 0.1)
+    assert t.max_tokens * t.update_freq * 8 == 25_000  # target tokens per update on 8 GPUs
+    assert (t.max_updates, t.average_last, t.keep_last) == (100_000, 5, 5) and 0 < t.save_every < t.max_updates
+    assert (g.strategy, g.beam_size, g.length_penalty, g.max_len_a, g.max_len_b) == ("beam", 4, 0.6, 1.0, 50)
+    # the README's variants stay valid: 1 GPU with update_freq 8, the big model sharded in bf16
+    validate_config(_experiment("train.update_freq=8"))
+    big = _experiment("model=transformer_2017_big", "train.distributed=fsdp", "train.precision=bf16",
+                      "train.activation_checkpointing=true")
+    validate_config(big)
+    assert big.model.d_model == 1024 and big.train.max_tokens == 3125
+
+
+def test_wmt14_recipe_preprocess_then_sbatch_script(tmp_path: Path) -> None:
+    """The README's cluster path at a tiny size: preprocess once, then scripts/wmt14_en_de.sbatch
+    (srun and scontrol stood in for by local commands: one node, torchrun with 2 CPU ranks, c10d
+    rendezvous) trains experiment=wmt14_en_de_base from the binarized folder and averages the last
+    checkpoints for the test."""
+    root = _wmt14_shaped(tmp_path / "wmt14")
+    out = _preprocess("data=wmt14_en_de", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=800")
+    assert out.returncode == 0, out.stderr[-3000:]
+    folder = re.search(r"^binarized data: (.+)$", out.stdout, re.M).group(1)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
+    (fake / "scontrol").write_text("#!/bin/sh\necho localhost\n")
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{fake}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "localhost",
+           "SLURM_NNODES": "1", "SLURM_JOB_ID": "77", "GPUS_PER_NODE": "2", "PORT": str(port),
+           "BINARIZED": folder, "RUN_DIR": str(run), "SLURM_SUBMIT_DIR": str(REPO_ROOT)}
+    tiny = ["data.vocab_size=800", "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_model=32",
+            "model.n_heads=4", "model.d_ff=64", "train.max_updates=2", "train.save_every=1", "train.average_last=2",
+            "train.validate_every=0", "train.valid_bleu=false", "train.precision=fp32", "train.num_threads=1",
+            "train.device=cpu", "generation.beam_size=2", "generation.max_len_b=2"]
+    out = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "wmt14_en_de.sbatch"), *tiny], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads((run / "results.json").read_text())
+    assert results["world_size"] == 2 and results["updates"] == 2 and results["choices"]["experiment"] == "wmt14_en_de_base"
+    assert "average of checkpoint_1, checkpoint_2" in out.stderr and set(results["test"]) == {"newstest2014"}
