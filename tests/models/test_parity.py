@@ -8,6 +8,7 @@ from torch import nn
 from tests.conftest import REPO_ROOT, tiny_model_config
 from transformer.models import build_model
 from transformer.models.builder import _build_stack
+from transformer.modules.attention import AttentionInputs
 
 D, H, FF = 32, 4, 64
 
@@ -37,7 +38,7 @@ def test_encoder_layer_matches_torch(norm_position):
     pad = torch.zeros(3, 7, dtype=torch.bool)
     pad[1, 5:] = True
     expected = ref(x, src_key_padding_mask=pad)
-    got = ours(x, self_mask=~pad[:, None, None, :])
+    got = ours(x, AttentionInputs(mask=~pad[:, None, None, :]))
     real = ~pad
     assert (got - expected)[real].abs().max().item() <= 1e-5
 
@@ -59,7 +60,7 @@ def test_decoder_layer_matches_torch(norm_position):
     mem_pad[2, 4:] = True
     causal = nn.Transformer.generate_square_subsequent_mask(6)
     expected = ref(x, memory, tgt_mask=causal, tgt_is_causal=True, memory_key_padding_mask=mem_pad)
-    got = ours(x, is_causal=True, memory=memory, memory_mask=~mem_pad[:, None, None, :])
+    got = ours(x, AttentionInputs(is_causal=True), memory=memory, memory_mask=~mem_pad[:, None, None, :])
     assert (got - expected).abs().max().item() <= 1e-5
 
 

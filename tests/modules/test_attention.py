@@ -5,7 +5,8 @@ import torch
 from torch import nn
 
 from transformer.models.builder import build_attention
-from transformer.modules.attention import Attention, KVCache, build_attention_mask
+from transformer.modules.attention import Attention, AttentionInputs, KVCache, build_attention_mask
+from transformer.modules.positions import ALiBi, NoPositions, RotaryEmbedding
 
 
 def _mha_from_gqa(gqa: Attention) -> Attention:
@@ -95,9 +96,9 @@ def test_sizes_are_checked():
     import pytest
 
     with pytest.raises(ValueError, match="divisible"):
-        Attention(4, 3, 8, nn.Linear(32, 80), nn.Linear(32, 32))
+        Attention(n_heads=4, n_kv_heads=3, head_dim=8, in_proj=nn.Linear(32, 80), out_proj=nn.Linear(32, 32))
     with pytest.raises(ValueError, match="in_proj"):
-        Attention(4, 2, 8, nn.Linear(32, 32), nn.Linear(32, 32))
+        Attention(n_heads=4, n_kv_heads=2, head_dim=8, in_proj=nn.Linear(32, 32), out_proj=nn.Linear(32, 32))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -165,10 +166,8 @@ def test_mask_builder_bottom_right_without_padding_or_bias():
 
 def test_chunked_prefill_with_alibi_and_padding_matches_the_full_forward():
     """A pre-norm ALiBi decoder stack, left-padded rows: two chunks with caches = one pass."""
-    from transformer.modules.positions import ALiBi
-
     attn = build_attention(32, 4, 4, True, 0.0)
-    alibi = ALiBi(4)
+    alibi = ALiBi(n_heads=4)
     x = torch.randn(2, 5, 32)
     pad = torch.tensor([[True, False, False, False, False], [False] * 5])
     pos = (torch.arange(5)[None] - pad.sum(1, keepdim=True)).clamp(min=0)  # (2, 5)
@@ -181,3 +180,22 @@ def test_chunked_prefill_with_alibi_and_padding_matches_the_full_forward():
         m, _ = build_attention_mask(pad[:, :hi], True, hi - lo, hi, b)
         outs.append(attn(x[:, lo:hi], attn_mask=m, cache=cache))
     torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_inputs_prepare_the_bias_mask_and_rotary_tables_once(causal):
+    """AttentionInputs.prepare = score bias -> build_attention_mask -> rotary tables, as written out."""
+    pos = torch.tensor([[0, 0, 1, 2], [0, 1, 2, 3]])
+    pad = torch.tensor([[True, False, False, False], [False] * 4])
+    alibi = ALiBi(n_heads=2)
+    got = AttentionInputs.prepare(alibi, pos, causal=causal, key_padding_mask=pad, dtype=torch.float64)
+    want, want_causal = build_attention_mask(pad, causal, 4, 4, alibi.score_bias(pos, pos, causal=causal), torch.float64)
+    assert torch.equal(got.mask, want) and got.mask.dtype == torch.float64
+    assert got.is_causal == want_causal and got.rotary is None
+    rope = RotaryEmbedding(head_dim=8)
+    step = AttentionInputs.prepare(rope, pos[:, -1:], pos, causal=True)  # one new query over 4 keys
+    assert step.mask is None and not step.is_causal
+    for a, b in zip(step.rotary, rope.rotary(pos[:, -1:])):
+        assert torch.equal(a, b)
+    plain = AttentionInputs.prepare(NoPositions(), pos[:1], causal=True)
+    assert plain.mask is None and plain.is_causal and plain.rotary is None

@@ -54,7 +54,8 @@ def build_attention(d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dro
     """An :class:`Attention` with packed q/k/v projections of ``d_model // n_heads`` wide heads."""
     head_dim = d_model // n_heads
     in_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
-    return Attention(n_heads, n_kv_heads, head_dim, in_proj, nn.Linear(n_heads * head_dim, d_model, bias=bias), dropout)
+    out_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias)
+    return Attention(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, in_proj=in_proj, out_proj=out_proj, dropout=dropout)
 
 
 def build_position(name: str, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> PositionEncoding:
@@ -86,7 +87,7 @@ def _build_stack(cfg: Any, n_layers: int, n_kv_heads: int, cross: bool) -> Trans
         for _ in range(n_layers)
     ]
     final = build_norm(cfg.norm.name, cfg.d_model, cfg.norm.eps) if residual.final_norm else None
-    return TransformerStack(layers, final)
+    return TransformerStack(layers=layers, final_norm=final)
 
 
 def _init_weights(model: nn.Module, cfg: Any, embeddings: list[nn.Embedding], pad_id: int) -> None:
@@ -144,8 +145,8 @@ def build_model(
         out = nn.Linear(d, src_vocab_size, bias=False)
         stack = _build_stack(cfg, cfg.n_encoder_layers + cfg.n_decoder_layers, n_kv_heads, cross=False)
         model = DecoderOnlyModel(
-            TokenEmbedding(emb, position(), scale, cfg.dropout), stack, out, cfg.n_heads,
-            pad_id=pad_id, sep_id=sep_id, eos_id=eos_id,
+            embed=TokenEmbedding(embedding=emb, position=position(), scale=scale, dropout=cfg.dropout),
+            decoder=stack, output_proj=out, n_heads=cfg.n_heads, pad_id=pad_id, sep_id=sep_id, eos_id=eos_id,
         )
         embeddings = [emb]
         if cfg.tie_embeddings != "none":
@@ -157,11 +158,11 @@ def build_model(
         tgt_emb = src_emb if cfg.tie_embeddings == "all" and joint else nn.Embedding(tgt_vocab_size, d, padding_idx=pad_id)
         out = nn.Linear(d, tgt_vocab_size, bias=False)
         model = EncoderDecoderModel(
-            TokenEmbedding(src_emb, position(), scale, cfg.dropout),
-            TokenEmbedding(tgt_emb, position(), scale, cfg.dropout),
-            _build_stack(cfg, cfg.n_encoder_layers, n_kv_heads, cross=False),
-            _build_stack(cfg, cfg.n_decoder_layers, n_kv_heads, cross=True),
-            out, cfg.n_heads, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id,
+            src_embed=TokenEmbedding(embedding=src_emb, position=position(), scale=scale, dropout=cfg.dropout),
+            tgt_embed=TokenEmbedding(embedding=tgt_emb, position=position(), scale=scale, dropout=cfg.dropout),
+            encoder=_build_stack(cfg, cfg.n_encoder_layers, n_kv_heads, cross=False),
+            decoder=_build_stack(cfg, cfg.n_decoder_layers, n_kv_heads, cross=True),
+            output_proj=out, n_heads=cfg.n_heads, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id,
         )
         embeddings = [src_emb] if tgt_emb is src_emb else [src_emb, tgt_emb]
         if cfg.tie_embeddings in ("decoder", "all"):

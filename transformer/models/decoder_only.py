@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.models.state import DecodingState, incremental_step
-from transformer.modules.attention import KVCache, build_attention_mask
+from transformer.modules.attention import AttentionInputs, KVCache
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.layers import TransformerStack
 
@@ -30,6 +30,7 @@ class DecoderOnlyModel(nn.Module):
 
     def __init__(
         self,
+        *,
         embed: TokenEmbedding,
         decoder: TransformerStack,
         output_proj: nn.Linear,
@@ -64,10 +65,7 @@ class DecoderOnlyModel(nn.Module):
         b, t = tokens.shape
         positions = torch.arange(t, device=tokens.device)[None]  # (1, T)
         x = self.embed(tokens, positions.expand(b, t))
-        position = self.embed.position
-        bias = position.score_bias(positions, positions, causal=True)
-        mask, is_causal = build_attention_mask(None, True, t, t, bias, x.dtype)
-        return self.decoder(x, self_mask=mask, is_causal=is_causal, rotary=position.rotary(positions))
+        return self.decoder(x, AttentionInputs.prepare(self.embed.position, positions, causal=True, dtype=x.dtype))
 
     def start_decoding(self, src_tokens: Tensor) -> DecodingState:
         """Left-pad the sources and run them once through the stack, filling the KV caches.
@@ -89,11 +87,11 @@ class DecoderOnlyModel(nn.Module):
         if s > 0:
             left = src_tokens.gather(1, positions).masked_fill(pad_mask, self.pad_id)
             x = self.embed(left, positions)
-            position = self.embed.position
-            bias = position.score_bias(positions, positions, causal=True)
             has_pad = bool(pad_mask.any())
-            mask, is_causal = build_attention_mask(pad_mask if has_pad else None, True, s, s, bias, x.dtype)
-            self.decoder(x, self_mask=mask, is_causal=is_causal, rotary=position.rotary(positions), self_caches=caches)
+            attn = AttentionInputs.prepare(
+                self.embed.position, positions, causal=True, key_padding_mask=pad_mask if has_pad else None, dtype=x.dtype
+            )
+            self.decoder(x, attn, self_caches=caches)
         else:
             has_pad = False
         return DecodingState(
@@ -105,4 +103,4 @@ class DecoderOnlyModel(nn.Module):
 
     def decode_step(self, tokens: Tensor, state: DecodingState) -> Tensor:
         """One incremental step. Args: tokens ``(batch, 1)``. Returns logits ``(batch, vocab)``."""
-        return incremental_step(self.embed, self.decoder, self.output_proj, self.n_heads, tokens, state)
+        return incremental_step(self.embed, self.decoder, self.output_proj, tokens, state)

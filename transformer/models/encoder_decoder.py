@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.models.state import DecodingState, incremental_step
-from transformer.modules.attention import KVCache, build_attention_mask
+from transformer.modules.attention import AttentionInputs, KVCache
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.layers import TransformerStack
 
@@ -28,6 +28,7 @@ class EncoderDecoderModel(nn.Module):
 
     def __init__(
         self,
+        *,
         src_embed: TokenEmbedding,
         tgt_embed: TokenEmbedding,
         encoder: TransformerStack,
@@ -61,10 +62,10 @@ class EncoderDecoderModel(nn.Module):
         has_pad = True if torch.compiler.is_compiling() else bool(pad.any())
         positions = torch.arange(s, device=src_tokens.device)[None].expand(b, s)
         x = self.src_embed(src_tokens, positions)
-        position = self.src_embed.position
-        bias = position.score_bias(positions, positions, causal=False)
-        mask, _ = build_attention_mask(pad if has_pad else None, False, s, s, bias, x.dtype)
-        memory = self.encoder(x, self_mask=mask, rotary=position.rotary(positions))
+        attn = AttentionInputs.prepare(
+            self.src_embed.position, positions, causal=False, key_padding_mask=pad if has_pad else None, dtype=x.dtype
+        )
+        memory = self.encoder(x, attn)
         return memory, (~pad[:, None, None, :] if has_pad else None)
 
     def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
@@ -92,18 +93,8 @@ class EncoderDecoderModel(nn.Module):
         b, t = prev_output_tokens.shape
         positions = torch.arange(t, device=prev_output_tokens.device)[None].expand(b, t)
         x = self.tgt_embed(prev_output_tokens, positions)
-        position = self.tgt_embed.position
-        bias = position.score_bias(positions[:1], positions[:1], causal=True)
-        mask, is_causal = build_attention_mask(None, True, t, t, bias, x.dtype)
-        h = self.decoder(
-            x,
-            self_mask=mask,
-            is_causal=is_causal,
-            rotary=position.rotary(positions[:1]),
-            memory=memory,
-            memory_mask=memory_mask,
-        )
-        return h
+        attn = AttentionInputs.prepare(self.tgt_embed.position, positions[:1], causal=True, dtype=x.dtype)
+        return self.decoder(x, attn, memory=memory, memory_mask=memory_mask)
 
     def start_decoding(self, src_tokens: Tensor) -> DecodingState:
         """Encode the source once and return an empty decoder state.
@@ -136,4 +127,4 @@ class EncoderDecoderModel(nn.Module):
         Returns:
             Logits ``(batch, tgt_vocab)``.
         """
-        return incremental_step(self.tgt_embed, self.decoder, self.output_proj, self.n_heads, tokens, state)
+        return incremental_step(self.tgt_embed, self.decoder, self.output_proj, tokens, state)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from transformer.modules.attention import KVCache, build_attention_mask
+from transformer.modules.attention import AttentionInputs, KVCache
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.layers import TransformerStack
 
@@ -89,7 +89,6 @@ def incremental_step(
     embed: TokenEmbedding,
     stack: TransformerStack,
     output_proj: nn.Linear,
-    n_heads: int,
     tokens: Tensor,
     state: DecodingState,
 ) -> Tensor:
@@ -99,7 +98,6 @@ def incremental_step(
         embed: target embedding (with its position encoding).
         stack: the decoder stack.
         output_proj: Linear ``d_model -> vocab``.
-        n_heads: query heads (for the ALiBi bias shape).
         tokens: ``(batch, 1)`` the previous output token of each row.
         state: the caches; ``positions`` says where ``tokens`` sit.
 
@@ -112,13 +110,10 @@ def incremental_step(
     if pad_mask is not None:
         pad_mask = torch.cat((pad_mask, pad_mask.new_zeros(pad_mask.shape[0], 1)), dim=1)
     x = embed(tokens, pos)
-    position = embed.position
-    bias = position.score_bias(pos, k_positions, causal=True)
-    self_mask, _ = build_attention_mask(pad_mask, True, 1, k_positions.shape[1], bias, x.dtype)
+    attn = AttentionInputs.prepare(embed.position, pos, k_positions, causal=True, key_padding_mask=pad_mask, dtype=x.dtype)
     h = stack(
         x,
-        self_mask=self_mask,
-        rotary=position.rotary(pos),
+        attn,
         memory=state.memory,
         memory_mask=state.memory_mask,
         self_caches=state.self_caches,

@@ -2,9 +2,15 @@
 
 Each switch has one table beside the classes it names: ``NORMS`` (norms.py), ``FFNS`` (ffn.py),
 ``POSITIONS`` (positions.py), ``RESIDUALS`` (residual.py) and ``ATTENTION_KINDS`` (attention.py).
+Constructors take keyword arguments only (``Attention(n_heads=8, n_kv_heads=8, head_dim=64, ...)``),
+except the norms, called ``cls(d_model, eps=eps)`` as :class:`torch.nn.LayerNorm`, and
+:class:`~transformer.modules.dropout.Dropout` (``Dropout(p)``, as :class:`torch.nn.Dropout`).
+A stack's self-attention mask, causal flag and RoPE tables are prepared once per forward pass
+(:meth:`AttentionInputs.prepare`) and read by every layer. The hand-written autograd kernels these
+modules call live in :mod:`transformer.kernels`.
 """
 
-from transformer.modules.attention import ATTENTION_KINDS, Attention, KVCache, build_attention_mask
+from transformer.modules.attention import ATTENTION_KINDS, Attention, AttentionInputs, KVCache, build_attention_mask
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.ffn import FFNS, FeedForward, GatedFeedForward, glu_hidden_size
 from transformer.modules.norms import NORMS, RMSNorm
@@ -18,7 +24,6 @@ from transformer.modules.positions import (
     RotaryEmbedding,
     SinusoidalPositionalEmbedding,
     alibi_slopes,
-    apply_rotary,
     sinusoidal_table,
 )
 from transformer.modules.residual import RESIDUALS, PostNormResidual, PreNormResidual
@@ -31,6 +36,7 @@ __all__ = [
     "RESIDUALS",
     "ALiBi",
     "Attention",
+    "AttentionInputs",
     "FeedForward",
     "GatedFeedForward",
     "KVCache",
@@ -46,7 +52,6 @@ __all__ = [
     "TransformerLayer",
     "TransformerStack",
     "alibi_slopes",
-    "apply_rotary",
     "build_attention_mask",
     "glu_hidden_size",
     "sinusoidal_table",

@@ -10,6 +10,7 @@ number of key/value heads.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -17,7 +18,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from transformer.modules.positions import apply_rotary
+from transformer.kernels.rotary import apply_rotary
+from transformer.modules.positions import PositionEncoding
 
 
 def _kv_heads_mha(n_heads: int, n_kv_heads: int | None) -> int:
@@ -62,7 +64,7 @@ class KVCache:
 
     __slots__ = ("k", "v", "static")
 
-    def __init__(self, static: bool = False) -> None:
+    def __init__(self, *, static: bool = False) -> None:
         self.k: Tensor | None = None
         self.v: Tensor | None = None
         self.static = static
@@ -133,6 +135,54 @@ def build_attention_mask(
     return bias, False
 
 
+@dataclass(frozen=True)
+class AttentionInputs:
+    """The self-attention arguments every layer of a stack shares, prepared once per forward pass
+    (:meth:`prepare`) and passed down the stack as one object.
+
+    Attributes:
+        mask: the SDPA mask from :func:`build_attention_mask` (bool ``(batch, 1, q_len, k_len)``,
+            True = attend, or a float mask ``(batch | 1, n_heads, q_len, k_len)`` carrying a score
+            bias), or None.
+        is_causal: SDPA's causal flag (set only without ``mask``).
+        rotary: RoPE ``(cos, sin)``, each ``(batch | 1, 1, q_len, head_dim)`` fp32, or None.
+    """
+
+    mask: Tensor | None = None
+    is_causal: bool = False
+    rotary: tuple[Tensor, Tensor] | None = None
+
+    @classmethod
+    def prepare(
+        cls,
+        position: PositionEncoding,
+        q_positions: Tensor,
+        k_positions: Tensor | None = None,
+        *,
+        causal: bool,
+        key_padding_mask: Tensor | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> AttentionInputs:
+        """Positions -> score bias -> mask -> rotary tables, the one sequence every stack runs.
+
+        Args:
+            position: the stack's position encoding (its :meth:`~PositionEncoding.score_bias` and
+                :meth:`~PositionEncoding.rotary`; absolute encodings contribute nothing here).
+            q_positions: ``(batch | 1, q_len)`` positions of the queries.
+            k_positions: ``(batch | 1, k_len)`` positions of the keys (cached plus new); default
+                ``q_positions``.
+            causal: forbid attending to later positions (decoders).
+            key_padding_mask: ``(batch, k_len)`` bool, True at padding keys, or None.
+            dtype: dtype of a float mask (the activations' dtype).
+        """
+        k_positions = q_positions if k_positions is None else k_positions
+        bias = position.score_bias(q_positions, k_positions, causal=causal)
+        mask, is_causal = build_attention_mask(
+            key_padding_mask, causal, q_positions.shape[1], k_positions.shape[1], bias, dtype
+        )
+        return cls(mask=mask, is_causal=is_causal, rotary=position.rotary(q_positions))
+
+
 class Attention(nn.Module):
     """Scaled dot-product attention over ``n_heads`` query and ``n_kv_heads`` key/value heads.
 
@@ -154,6 +204,7 @@ class Attention(nn.Module):
 
     def __init__(
         self,
+        *,
         n_heads: int,
         n_kv_heads: int,
         head_dim: int,

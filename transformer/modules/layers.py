@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from transformer.modules.attention import KVCache
+from transformer.modules.attention import AttentionInputs, KVCache
+
+_NO_INPUTS = AttentionInputs()  # no mask, not causal, no rotation
 
 
 class TransformerLayer(nn.Module):
@@ -19,16 +21,14 @@ class TransformerLayer(nn.Module):
         cross_attn: residual block around cross-attention, or None.
     """
 
-    def __init__(self, self_attn: nn.Module, ffn: nn.Module, cross_attn: nn.Module | None = None) -> None:
+    def __init__(self, *, self_attn: nn.Module, ffn: nn.Module, cross_attn: nn.Module | None = None) -> None:
         super().__init__()
         self.self_attn, self.cross_attn, self.ffn = self_attn, cross_attn, ffn
 
     def forward(
         self,
         x: Tensor,
-        self_mask: Tensor | None = None,
-        is_causal: bool = False,
-        rotary: tuple[Tensor, Tensor] | None = None,
+        attn_inputs: AttentionInputs = _NO_INPUTS,
         memory: Tensor | None = None,
         memory_mask: Tensor | None = None,
         self_cache: KVCache | None = None,
@@ -36,8 +36,8 @@ class TransformerLayer(nn.Module):
     ) -> Tensor:
         """Args:
             x: ``(batch, seq_len, d_model)``.
-            self_mask / is_causal: SDPA mask arguments of self-attention.
-            rotary: RoPE ``(cos, sin)`` for the positions of ``x``.
+            attn_inputs: the self-attention mask, causal flag and RoPE tables for the positions of
+                ``x`` (:meth:`AttentionInputs.prepare`).
             memory: encoder output ``(batch, src_len, d_model)`` (decoder layers).
             memory_mask: ``(batch, 1, 1, src_len)`` bool, True = attend, or None.
             self_cache / cross_cache: KV caches for incremental decoding.
@@ -45,7 +45,9 @@ class TransformerLayer(nn.Module):
         Returns:
             ``(batch, seq_len, d_model)``.
         """
-        x = self.self_attn(x, attn_mask=self_mask, is_causal=is_causal, rotary=rotary, cache=self_cache)
+        x = self.self_attn(
+            x, attn_mask=attn_inputs.mask, is_causal=attn_inputs.is_causal, rotary=attn_inputs.rotary, cache=self_cache
+        )
         if self.cross_attn is not None:
             x = self.cross_attn(x, memory=memory, attn_mask=memory_mask, cache=cross_cache)
         return self.ffn(x)
@@ -59,7 +61,7 @@ class TransformerStack(nn.Module):
         final_norm: applied to the last layer's output.
     """
 
-    def __init__(self, layers: list[TransformerLayer], final_norm: nn.Module | None = None) -> None:
+    def __init__(self, *, layers: list[TransformerLayer], final_norm: nn.Module | None = None) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm if final_norm is not None else nn.Identity()
@@ -67,15 +69,14 @@ class TransformerStack(nn.Module):
     def forward(
         self,
         x: Tensor,
-        self_mask: Tensor | None = None,
-        is_causal: bool = False,
-        rotary: tuple[Tensor, Tensor] | None = None,
+        attn_inputs: AttentionInputs = _NO_INPUTS,
         memory: Tensor | None = None,
         memory_mask: Tensor | None = None,
         self_caches: list[KVCache] | None = None,
         cross_caches: list[KVCache] | None = None,
     ) -> Tensor:
-        """Same arguments as :meth:`TransformerLayer.forward`, with one cache per layer.
+        """Same arguments as :meth:`TransformerLayer.forward`, with one cache per layer;
+        ``attn_inputs`` is prepared once and read by every layer.
 
         Returns:
             ``(batch, seq_len, d_model)``.
@@ -83,9 +84,7 @@ class TransformerStack(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(
                 x,
-                self_mask=self_mask,
-                is_causal=is_causal,
-                rotary=rotary,
+                attn_inputs,
                 memory=memory,
                 memory_mask=memory_mask,
                 self_cache=None if self_caches is None else self_caches[i],

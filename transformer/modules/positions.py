@@ -4,7 +4,8 @@ Every encoding answers the same three questions, so the model asks each once per
 layers never branch on the kind of position:
 
 * :meth:`PositionEncoding.embed` — a vector added to the token embeddings (absolute encodings);
-* :meth:`PositionEncoding.rotary` — ``(cos, sin)`` tables that rotate queries and keys (RoPE);
+* :meth:`PositionEncoding.rotary` — ``(cos, sin)`` tables that rotate queries and keys (RoPE; the
+  rotation is :func:`transformer.kernels.rotary.apply_rotary`);
 * :meth:`PositionEncoding.score_bias` — an additive bias on the attention scores (ALiBi).
 
 :data:`POSITIONS` is the ``model/position`` switch: option name -> class; every class is built
@@ -107,15 +108,15 @@ class SinusoidalPositionalEmbedding(PositionEncoding):
         max_positions: rows precomputed; longer inputs extend the table on the fly.
     """
 
-    def __init__(self, d_model: int, max_positions: int = 1024) -> None:
+    def __init__(self, *, d_model: int, max_positions: int = 1024) -> None:
         super().__init__()
         self.d_model = d_model
         self.table = sinusoidal_table(max_positions, d_model)
 
     @classmethod
     def from_sizes(cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> SinusoidalPositionalEmbedding:
-        """``cls(d_model, max_positions)``."""
-        return cls(d_model, max_positions)
+        """``cls(d_model=d_model, max_positions=max_positions)``."""
+        return cls(d_model=d_model, max_positions=max_positions)
 
     def embed(self, positions: Tensor) -> Tensor:
         """Args: positions ``(batch, seq_len)``. Returns ``(batch, seq_len, d_model)`` fp32."""
@@ -134,15 +135,15 @@ class LearnedPositionalEmbedding(PositionEncoding):
         d_model: embedding width.
     """
 
-    def __init__(self, max_positions: int, d_model: int) -> None:
+    def __init__(self, *, max_positions: int, d_model: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(max_positions, d_model))
         nn.init.normal_(self.weight, std=d_model**-0.5)
 
     @classmethod
     def from_sizes(cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> LearnedPositionalEmbedding:
-        """``cls(max_positions, d_model)``."""
-        return cls(max_positions, d_model)
+        """``cls(max_positions=max_positions, d_model=d_model)``."""
+        return cls(max_positions=max_positions, d_model=d_model)
 
     def embed(self, positions: Tensor) -> Tensor:
         """Args: positions ``(batch, seq_len)``. Returns ``(batch, seq_len, d_model)``.
@@ -156,62 +157,6 @@ class LearnedPositionalEmbedding(PositionEncoding):
                 "(model.max_positions)"
             )
         return nn.functional.embedding(positions, self.weight)
-
-
-def _rotate_half_split(x: Tensor, c: Tensor, s: Tensor, sign: float) -> Tensor:
-    """``[x1 c - sign x2 s, x2 c + sign x1 s]`` for the halves ``x1, x2`` of the last dimension."""
-    h = x.shape[-1] // 2
-    x1, x2 = x[..., :h], x[..., h:]
-    out = torch.empty(torch.broadcast_shapes(x.shape, c.shape[:-1] + (2 * h,)), dtype=x.dtype, device=x.device)
-    o1, o2 = out[..., :h], out[..., h:]
-    torch.mul(x1, c, out=o1)
-    o1.addcmul_(x2, s, value=-sign)
-    torch.mul(x2, c, out=o2)
-    o2.addcmul_(x1, s, value=sign)
-    return out
-
-
-class _Rotary(torch.autograd.Function):
-    """RoPE as one rotation forward and the inverse rotation backward (4 passes each way).
-
-    The autograd graph of the textbook formula (``x * cos + rotate_half(x) * sin``) stores the
-    rotated copy and runs negation, concatenation, two products and a sum in both directions;
-    this is ~2x faster on CPU. The transpose of a rotation by ``theta`` is the rotation by
-    ``-theta``, so the backward pass is the same kernel with the sine negated.
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor, cos_half: Tensor, sin_half: Tensor) -> Tensor:
-        ctx.save_for_backward(cos_half, sin_half)
-        return _rotate_half_split(x, cos_half, sin_half, 1.0)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
-        cos_half, sin_half = ctx.saved_tensors
-        return _rotate_half_split(grad, cos_half, sin_half, -1.0), None, None
-
-
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate ``x`` by the RoPE angles (Su et al. 2021), half-split layout as in GPT-NeoX / HF Llama.
-
-    ``out = x * cos + rotate_half(x) * sin`` with ``rotate_half([x1, x2]) = [-x2, x1]``; computed
-    as one rotation (:class:`_Rotary`) in eager mode and as the formula under ``torch.compile``.
-
-    Args:
-        x: ``(batch, n_heads, seq_len, head_dim)``.
-        cos, sin: ``(batch, 1, seq_len, head_dim)`` fp32 tables from :meth:`RotaryEmbedding.rotary`
-            (half-split layout: both halves of the last dimension hold the same angles).
-
-    Returns:
-        Tensor like ``x`` (same dtype); the rotation is computed in fp32.
-    """
-    xf = x.float()
-    if torch.compiler.is_compiling():
-        x1, x2 = xf.chunk(2, dim=-1)
-        rotated = torch.cat((-x2, x1), dim=-1)
-        return (xf * cos + rotated * sin).to(x.dtype)
-    h = cos.shape[-1] // 2
-    return _Rotary.apply(xf, cos[..., :h], sin[..., :h]).to(x.dtype)
 
 
 class RotaryEmbedding(PositionEncoding):
@@ -228,7 +173,7 @@ class RotaryEmbedding(PositionEncoding):
         ValueError: if ``head_dim`` is odd.
     """
 
-    def __init__(self, head_dim: int, rope_theta: float = 10000.0) -> None:
+    def __init__(self, *, head_dim: int, rope_theta: float = 10000.0) -> None:
         super().__init__()
         if head_dim % 2 != 0:
             raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
@@ -239,8 +184,8 @@ class RotaryEmbedding(PositionEncoding):
 
     @classmethod
     def from_sizes(cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> RotaryEmbedding:
-        """``cls(d_model // n_heads, rope_theta)``: one rotation per head."""
-        return cls(d_model // n_heads, rope_theta)
+        """``cls(head_dim=d_model // n_heads, rope_theta=rope_theta)``: one rotation per head."""
+        return cls(head_dim=d_model // n_heads, rope_theta=rope_theta)
 
     def rotary(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """Args: positions ``(batch, seq_len)``. Returns cos, sin ``(batch, 1, seq_len, head_dim)`` fp32."""
@@ -282,14 +227,14 @@ class ALiBi(PositionEncoding):
         n_heads: number of query heads.
     """
 
-    def __init__(self, n_heads: int) -> None:
+    def __init__(self, *, n_heads: int) -> None:
         super().__init__()
         self.slopes = alibi_slopes(n_heads)
 
     @classmethod
     def from_sizes(cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> ALiBi:
-        """``cls(n_heads)``: one slope per query head."""
-        return cls(n_heads)
+        """``cls(n_heads=n_heads)``: one slope per query head."""
+        return cls(n_heads=n_heads)
 
     def score_bias(self, q_positions: Tensor, k_positions: Tensor, causal: bool) -> Tensor:
         """Args: q_positions ``(batch, q_len)``, k_positions ``(batch, k_len)``.

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from transformer.modules.dropout import dropout_add
+from transformer.kernels.dropout import dropout_add
 
 
 class PostNormResidual(nn.Module):

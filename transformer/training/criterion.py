@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer.kernels.fused_loss import linear_label_smoothed_loss
+
 # exp(100) ~ 2.7e43: far above any real perplexity, far below float overflow (exp(709)).
 _MAX_PPL_EXPONENT = 100.0
 
@@ -86,76 +88,6 @@ def label_smoothed_nll_loss(
     return loss_sum, nll_sum, int(keep.sum().item())
 
 
-def _chunk_rows(vocab: int) -> int:
-    """Rows per chunk of the fused output layer: ~4M logits (16 MiB in fp32) at a time."""
-    return max(16, (1 << 22) // max(vocab, 1))
-
-
-class _LinearLabelSmoothedLoss(torch.autograd.Function):
-    """``sum_i loss_i(hidden_i @ weight.T)`` without materialising the ``(N, V)`` logits.
-
-    The forward pass walks over row chunks: logits of a chunk (in cache), its log-sum-exp, the
-    smoothed loss and NLL, then the gradient ``softmax - target_distribution`` of the chunk, which
-    is multiplied straight away into the gradients of ``hidden`` and ``weight`` (Liger-Kernel's
-    fused linear cross entropy, Hsu et al. 2024). The backward pass only scales them by the
-    incoming gradient. The same three matmuls as ``F.linear`` + loss, but no ``(N, V)`` tensor
-    (and its log-softmax, gather and mean backward passes) ever goes through memory.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
-        n, vocab = hidden.shape[0], weight.shape[0]
-        device = hidden.device.type
-        # under autocast the matmuls run in the autocast dtype, the softmax always in fp32
-        cdt = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        grad_h = torch.empty_like(hidden) if need_grad else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_grad else None
-        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        nll_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        step = _chunk_rows(vocab)
-        with torch.autocast(device, enabled=False):
-            hidden_c, weight_c = hidden.to(cdt), weight.to(cdt)
-            for lo in range(0, n, step):
-                h = hidden_c[lo : lo + step]  # (C, d)
-                y = target[lo : lo + step, None]  # (C, 1)
-                lprobs = torch.log_softmax(torch.mm(h, weight_c.t()).float(), 1)  # (C, V) fp32
-                nll = -lprobs.gather(1, y).sum()
-                nll_sum += nll
-                loss += (1.0 - epsilon) * nll - epsilon * lprobs.mean(1).sum()
-                if not need_grad:
-                    continue
-                # d loss_i / d z = softmax - (1 - eps) * onehot(y) - eps / V: the softmax part goes
-                # through the matmuls, the two constant parts are added on (C, d) / (V, d) below
-                g = lprobs.exp_().to(cdt)  # (C, V)
-                rows = grad_h[lo : lo + step]
-                if grad_h.dtype == cdt:
-                    torch.mm(g, weight_c, out=rows)
-                else:
-                    rows.copy_(torch.mm(g, weight_c))
-                rows.sub_(weight[y[:, 0]].to(rows.dtype), alpha=1.0 - epsilon)  # onehot part
-                if cdt == torch.float32:
-                    grad_w.addmm_(g.t(), h)
-                else:
-                    grad_w += torch.mm(g.t(), h).float()
-            if need_grad:
-                grad_w.index_add_(0, target, hidden.float(), alpha=-(1.0 - epsilon))  # onehot part
-                if epsilon > 0.0:  # uniform part: -eps / V for every class
-                    grad_h.sub_(weight.float().sum(0).to(grad_h.dtype), alpha=epsilon / vocab)
-                    grad_w.sub_(hidden.float().sum(0), alpha=epsilon / vocab)
-        ctx.mark_non_differentiable(nll_sum)
-        ctx.save_for_backward(grad_h, grad_w)
-        ctx.weight_dtype = weight.dtype
-        return loss, nll_sum
-
-    @staticmethod
-    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor | None, ...]:
-        grad_h, grad_w = ctx.saved_tensors
-        gh = grad_h * grad_loss.to(grad_h.dtype) if ctx.needs_input_grad[0] else None
-        gw = (grad_w * grad_loss).to(ctx.weight_dtype) if ctx.needs_input_grad[1] else None
-        return gh, gw, None, None
-
-
 def linear_label_smoothed_nll_loss(
     hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int
 ) -> tuple[Tensor, Tensor, int]:
@@ -163,8 +95,8 @@ def linear_label_smoothed_nll_loss(
 
     Only the non-ignored positions go through the output layer (no logits for padding or, in a
     decoder-only prefix LM, for the source), and the ``(N, V)`` logits are never stored: see
-    :class:`_LinearLabelSmoothedLoss`. The values equal ``label_smoothed_nll_loss(hidden @
-    weight.T, ...)`` up to float rounding; the gradient reaches ``hidden`` and ``weight`` through
+    :func:`transformer.kernels.fused_loss.linear_label_smoothed_loss`. The values equal
+    ``label_smoothed_nll_loss(hidden @ weight.T, ...)`` up to float rounding; the gradient reaches ``hidden`` and ``weight`` through
     the smoothed loss only (the returned NLL is for reporting and is not differentiable).
 
     Args:
@@ -184,7 +116,7 @@ def linear_label_smoothed_nll_loss(
     target = target.reshape(-1)
     keep = (target != ignore_index).nonzero().squeeze(1)  # (n,)
     h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, keep)  # (n, d)
-    loss, nll = _LinearLabelSmoothedLoss.apply(h.contiguous(), weight, target.index_select(0, keep), float(epsilon))
+    loss, nll = linear_label_smoothed_loss(h.contiguous(), weight, target.index_select(0, keep), epsilon)
     return loss, nll, int(keep.numel())
 
 

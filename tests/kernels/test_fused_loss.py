@@ -1,0 +1,90 @@
+"""The output layer fused with the label-smoothed loss against the formula
+``(1 - eps) * (-log p[y]) + eps * mean_c(-log p[c])`` of ``log p = log_softmax(hidden @ weight.T)``,
+and against logits + :func:`label_smoothed_nll_loss`, values and gradients."""
+
+import pytest
+import torch
+
+import transformer.kernels.fused_loss as fused_loss
+from transformer.kernels.fused_loss import linear_label_smoothed_loss
+from transformer.training.criterion import label_smoothed_nll_loss, linear_label_smoothed_nll_loss
+
+PAD = 0
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("chunk", [3, 1000])
+def test_fused_loss_equals_the_textbook_formula_values_and_gradients(eps, chunk, monkeypatch):
+    monkeypatch.setattr(fused_loss, "_chunk_rows", lambda vocab: chunk)
+    torch.manual_seed(3)
+    hidden = torch.randn(10, 8, requires_grad=True)
+    weight = torch.randn(25, 8, requires_grad=True)
+    target = torch.randint(0, 25, (10,))
+    loss, nll = linear_label_smoothed_loss(hidden, weight, target, eps)
+    logits = hidden @ weight.t()
+    log_p = logits - logits.exp().sum(-1, keepdim=True).log()  # log softmax, written out
+    want_nll = -log_p[torch.arange(10), target].sum()
+    want = (1 - eps) * want_nll + eps * (-log_p).mean(-1).sum()
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(nll, want_nll)
+    assert not nll.requires_grad
+    g = torch.autograd.grad(0.7 * loss, (hidden, weight))
+    torch.testing.assert_close(g, torch.autograd.grad(0.7 * want, (hidden, weight)))
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+@pytest.mark.parametrize("chunk", [4, 1000])
+def test_fused_equals_logits_then_loss(eps, chunk, monkeypatch):
+    monkeypatch.setattr(fused_loss, "_chunk_rows", lambda vocab: chunk)
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 9, 16, requires_grad=True)
+    weight = torch.randn(40, 16, requires_grad=True)
+    target = torch.randint(1, 40, (3, 9))
+    target[1, 4:] = PAD
+    target[2, :3] = PAD
+    loss, nll, n = label_smoothed_nll_loss(hidden @ weight.t(), target, eps, PAD)
+    ref = torch.autograd.grad(0.5 * loss, (hidden, weight))
+    loss2, nll2, n2 = linear_label_smoothed_nll_loss(hidden, weight, target, eps, PAD)
+    got = torch.autograd.grad(0.5 * loss2, (hidden, weight))
+    assert n == n2 == int((target != PAD).sum())
+    torch.testing.assert_close(loss2, loss)
+    torch.testing.assert_close(nll2, nll)
+    torch.testing.assert_close(got, ref)
+    assert got[0][target == PAD].abs().max() == 0  # no gradient at ignored positions
+
+
+def test_fused_without_grad_and_under_bf16_autocast():
+    torch.manual_seed(1)
+    hidden, weight = torch.randn(2, 5, 8), torch.randn(30, 8)
+    target = torch.randint(1, 30, (2, 5))
+    with torch.no_grad():
+        loss, nll, _ = linear_label_smoothed_nll_loss(hidden, weight, target, 0.1, PAD)
+    ref, ref_nll, _ = label_smoothed_nll_loss(hidden @ weight.t(), target, 0.1, PAD)
+    torch.testing.assert_close(loss, ref)
+    h = hidden.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low, _, _ = linear_label_smoothed_nll_loss(h, weight, target, 0.1, PAD)
+    low.backward()
+    assert low.dtype == torch.float32 and h.grad.dtype == torch.float32
+    torch.testing.assert_close(low, ref, rtol=2e-2, atol=0.5)
+
+
+def test_fused_bf16_autocast_gradients_within_bf16_tolerance_of_fp32():
+    """bf16 matmuls, fp32 softmax/loss and fp32 weight gradient: close to the fp32 reference."""
+    torch.manual_seed(2)
+    hidden, weight = torch.randn(40, 16), torch.randn(300, 16) * 0.3
+    target = torch.randint(1, 300, (40,))
+    target[-5:] = PAD
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low, low_nll, n = linear_label_smoothed_nll_loss(h, w, target, 0.1, PAD)
+    low.backward()
+    h_ref, w_ref = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    ref, ref_nll, n_ref = label_smoothed_nll_loss(h_ref @ w_ref.t(), target, 0.1, PAD)
+    ref.backward()
+    assert n == n_ref == 35 and low.dtype == low_nll.dtype == torch.float32
+    assert h.grad.dtype == w.grad.dtype == torch.float32
+    torch.testing.assert_close(low, ref, rtol=1e-2, atol=0.0)
+    torch.testing.assert_close(low_nll, ref_nll, rtol=1e-2, atol=0.0)
+    torch.testing.assert_close(h.grad, h_ref.grad, rtol=0.0, atol=2e-2)
+    torch.testing.assert_close(w.grad, w_ref.grad, rtol=0.0, atol=2e-2)
