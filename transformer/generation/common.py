@@ -42,6 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.config import GenerationConfig
+from transformer.modules.positions import LearnedPositionalEmbedding
 
 __all__ = [
     "Hypothesis",
@@ -156,8 +157,6 @@ def learned_positions(embedding: nn.Module | None) -> int | None:
     Returns:
         ``model.max_positions`` for learned positions; None for encodings without a limit.
     """
-    from transformer.modules.positions import LearnedPositionalEmbedding
-
     position = getattr(embedding, "position", None)
     return position.weight.shape[0] if isinstance(position, LearnedPositionalEmbedding) else None
 

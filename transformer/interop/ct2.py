@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from transformer.config import resolve_n_kv_heads
 from transformer.interop.common import ExportError, refuse, state_dict_fp32, vocabulary
+from transformer.modules.positions import sinusoidal_table
 
 __all__ = ["ct2_spec", "ct2_translate", "ct2_unsupported", "load_ct2", "save_ct2"]
 
@@ -65,8 +66,6 @@ def _activation(cfg: Any) -> Any:
 
 def _position_table(cfg: Any, state: dict[str, Tensor], prefix: str) -> Tensor:
     """``(max_positions, d_model)`` absolute position vectors (zeros for ``model/position=none``)."""
-    from transformer.modules.positions import sinusoidal_table
-
     name = cfg.position.name
     if name == "sinusoidal":
         return sinusoidal_table(cfg.max_positions, cfg.d_model)

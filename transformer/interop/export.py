@@ -13,7 +13,11 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from transformer.data.tokenizer import Tokenizer
+from transformer.generation import load_run
+from transformer.interop import ct2, hf_llama, hf_marian
 from transformer.interop.common import ExportError, refuse, staging_dir
+from transformer.training.checkpoint import save_checkpoint
 
 __all__ = ["FORMATS", "export_run", "import_hf_llama", "unsupported"]
 
@@ -37,8 +41,6 @@ def unsupported(cfg: Any, fmt: str) -> tuple[str, list[str]]:
     Raises:
         ExportError: unknown ``fmt``.
     """
-    from transformer.interop import ct2, hf_llama, hf_marian
-
     if fmt == "hf":
         if cfg.arch == "decoder_only":
             return hf_llama.TARGET, hf_llama.llama_unsupported(cfg)
@@ -72,8 +74,6 @@ def export_run(checkpoint: str | Path, fmt: str, out: str | Path, *, force: bool
             existing ``out`` without ``force``, or an invalid ``quantization``; nothing is written.
         LoadError: the checkpoint cannot be loaded.
     """
-    from transformer.generation import load_run
-
     if fmt not in FORMATS:
         raise ExportError(f"format={fmt!r} is not one of {', '.join(FORMATS)}")
     if quantization is not None and fmt != "ctranslate2":
@@ -94,17 +94,11 @@ def export_run(checkpoint: str | Path, fmt: str, out: str | Path, *, force: bool
     model.float()
     with staging_dir(out, force) as tmp:
         if fmt == "ctranslate2":
-            from transformer.interop.ct2 import save_ct2
-
-            save_ct2(model, cfg.model, toks, tmp, quantization)
+            ct2.save_ct2(model, cfg.model, toks, tmp, quantization)
         elif cfg.model.arch == "decoder_only":
-            from transformer.interop.hf_llama import save_hf_llama
-
-            save_hf_llama(model, cfg.model, toks.src, tmp, cfg)
+            hf_llama.save_hf_llama(model, cfg.model, toks.src, tmp, cfg)
         else:
-            from transformer.interop.hf_marian import save_marian
-
-            save_marian(model, cfg.model, toks, tmp, cfg)
+            hf_marian.save_marian(model, cfg.model, toks, tmp, cfg)
     return out
 
 
@@ -127,10 +121,6 @@ def import_hf_llama(folder: str | Path, out: str | Path, *, force: bool = False)
         ExportError: a Llama feature our model lacks (named), a missing or foreign tokenizer, a
             vocabulary size that differs from the tokenizer's, or an existing ``out``.
     """
-    from transformer.data.tokenizer import Tokenizer
-    from transformer.interop.hf_llama import from_hf_llama
-    from transformer.training.checkpoint import save_checkpoint
-
     _require("transformers", "interop")
     folder, out = Path(folder), Path(out)
     if out.exists() and not force:
@@ -142,7 +132,7 @@ def import_hf_llama(folder: str | Path, out: str | Path, *, force: bool = False)
         tok = Tokenizer(spm_file)
     except ValueError as e:
         raise ExportError(f"{spm_file} is not a tokenizer of this project: {e}") from e
-    model, run_cfg = from_hf_llama(folder)
+    model, run_cfg = hf_llama.from_hf_llama(folder)
     rows = model.embed.embedding.weight.shape[0]
     if rows != len(tok):
         raise ExportError(f"{folder}: vocab_size={rows} differs from the {len(tok)} pieces of {spm_file.name}")

@@ -25,8 +25,9 @@ import torch
 from omegaconf import OmegaConf
 from torch import Tensor, nn
 
-from transformer.config import resolve_n_kv_heads
+from transformer.config import Config, resolve_n_kv_heads
 from transformer.interop.common import ExportError, refuse, state_dict_fp32
+from transformer.models import build_model
 
 __all__ = [
     "from_hf_llama",
@@ -235,9 +236,6 @@ def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
     """
     from safetensors.torch import load_file
     from transformers import AutoConfig
-
-    from transformer.config import Config
-    from transformer.models import build_model
 
     folder = Path(folder)
     if not (folder / "config.json").is_file():

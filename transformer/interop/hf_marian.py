@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from transformer.config import resolve_n_kv_heads
 from transformer.interop.common import ExportError, refuse, state_dict_fp32, vocabulary
+from transformer.interop.hf_llama import ZOO_CONFIG
 
 __all__ = ["marian_generate", "marian_permutation", "marian_state", "marian_unsupported", "save_marian", "to_marian"]
 
@@ -278,6 +279,4 @@ def save_marian(model: nn.Module, cfg: Any, tokenizers: Sequence[Any], folder: P
         {"tokenizer_class": "MarianTokenizer", "separate_vocabs": separate, "unk_token": "<unk>",
          "eos_token": "</s>", "pad_token": "<pad>", "model_max_length": int(cfg.max_positions)}, indent=2) + "\n")
     if run_cfg is not None:
-        from transformer.interop.hf_llama import ZOO_CONFIG
-
         OmegaConf.save(run_cfg, folder / ZOO_CONFIG)

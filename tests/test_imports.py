@@ -1,0 +1,124 @@
+"""The package's import structure: every module imports on its own, no module imports another
+inside a function, and the graph of internal imports has no cycle (issue #16)."""
+
+import ast
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import transformer
+from tests.conftest import REPO_ROOT
+
+PACKAGE = Path(transformer.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package: dotted name -> file (packages by their ``__init__.py``)."""
+    found = {"transformer": PACKAGE / "__init__.py"}
+    for info in pkgutil.walk_packages([str(PACKAGE)], prefix="transformer."):
+        rel = Path(*info.name.split(".")[1:])
+        found[info.name] = PACKAGE / rel / "__init__.py" if info.ispkg else PACKAGE / rel.with_suffix(".py")
+    return found
+
+
+def _imported(node: ast.Import | ast.ImportFrom, name: str, is_package: bool, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that one import statement of module ``name`` loads: the module it
+    names (``from a import b`` names ``a.b`` when that is a module, else ``a``) and the packages
+    above it that Python initialises first, except those ``name`` itself lies in (already
+    initialised when ``name`` runs)."""
+    if isinstance(node, ast.Import):
+        targets = [a.name for a in node.names]
+    else:
+        base = node.module or ""
+        if node.level:  # relative import
+            parts = name.split(".")[: len(name.split(".")) - node.level + (1 if is_package else 0)]
+            base = ".".join(parts + ([base] if base else []))
+        targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+    own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)} | ({name} if is_package else set())
+    loaded = set()
+    for t in targets:
+        parts = t.split(".")
+        loaded |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    return {t for t in loaded if t in modules and t not in own}
+
+
+def _graph() -> tuple[dict[str, set[str]], list[str]]:
+    """Module -> the package's modules it imports (anywhere in the file, ``if TYPE_CHECKING:``
+    blocks excluded), and the imports found inside functions (``file:line``)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    inside: list[str] = []
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = {
+            id(n)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+            for stmt in block.body
+            for n in ast.walk(stmt)
+        }
+        in_functions = {
+            id(n)
+            for fn in ast.walk(tree)
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(fn)
+        }
+        edges: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skip:
+                found = _imported(node, name, path.name == "__init__.py", modules)
+                edges |= found
+                if found and id(node) in in_functions:
+                    inside.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}")
+        graph[name] = edges - {name}
+    return graph, inside
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path ``[a, b, ..., a]``, or None."""
+    state: dict[str, int] = {}  # 1 on the current path, 2 done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_the_graph_finder_sees_every_module_and_a_known_edge():
+    graph, _ = _graph()
+    assert {"transformer.models.builder", "transformer.kernels.rotary", "transformer.training.trainer"} <= set(graph)
+    assert "transformer.kernels.rotary" in graph["transformer.modules.attention"]
+    assert "transformer.config" in graph["transformer.models.builder"]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_package_has_no_import_cycles():
+    cycle = _cycle(_graph()[0])
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_module_imports_the_package_inside_a_function():
+    _, inside = _graph()
+    assert inside == [], "internal imports inside functions (move them to the top of the file): " + ", ".join(inside)
+
+
+def test_every_module_imports_in_a_fresh_interpreter():
+    names = sorted(_modules(), reverse=True)  # submodules before their packages: none relies on import order
+    code = "import importlib, sys\nfor n in sys.argv[1:]:\n    importlib.import_module(n)\n"
+    proc = subprocess.run([sys.executable, "-c", code, *names], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
