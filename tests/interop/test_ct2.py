@@ -13,7 +13,9 @@ from tests.interop.helpers import LLAMA
 from transformer.config import GenerationConfig
 from transformer.generation import translate_sentences
 from transformer.interop import ExportError, export_run
+import transformer.interop.ct2 as ct2_module
 from transformer.interop.ct2 import ct2_translate, ct2_unsupported, load_ct2
+from transformer.modules.ffn import FFNS, FFNChoice, GatedFeedForward
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -109,6 +111,18 @@ def test_refuses_alibi_in_an_encoder_decoder(tmp_path) -> None:
     with pytest.raises(ExportError, match="model/position=alibi in an encoder-decoder"):
         export_run(run_dir, "ctranslate2", tmp_path / "out")
     assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["run"]
+
+
+def test_an_ffn_option_without_a_ct2_activation_is_refused_by_name(monkeypatch) -> None:
+    """A new model/ffn option is one FFNS entry: CTranslate2 refuses it with a sentence (no KeyError)
+    until interop/ct2.py maps its activation; then it is exported, as a GLU when gated."""
+    monkeypatch.setitem(FFNS, "reglu", FFNChoice(GatedFeedForward, torch.relu))
+    cfg = tiny_model_config(**{"ffn.name": "reglu"})
+    assert ct2_unsupported(cfg) == ["model/ffn=reglu: CTranslate2 has no such activation "
+                                    "(model/ffn offers relu, gelu, swiglu, geglu)"]
+    monkeypatch.setitem(ct2_module._ACTIVATIONS, torch.relu, "RELU")
+    assert ct2_unsupported(cfg) == []
+    assert ct2_module._activation(cfg) == ctranslate2.specs.common_spec.Activation.RELU
 
 
 def test_empty_sources_get_no_output(exported) -> None:

@@ -30,15 +30,20 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.config import resolve_n_kv_heads
 from transformer.interop.common import ExportError, refuse, state_dict_fp32, vocabulary
+from transformer.modules.ffn import FFNS
 from transformer.modules.positions import sinusoidal_table
 
 __all__ = ["ct2_spec", "ct2_translate", "ct2_unsupported", "load_ct2", "save_ct2"]
 
 TARGET = "CTranslate2"
+# the activation of a model/ffn option (FFNS[name].activation) -> its member of CTranslate2's
+# common_spec.Activation; an FFN option whose activation is missing here is refused
+_ACTIVATIONS = {F.relu: "RELU", F.gelu: "GELU", F.silu: "SWISH"}
 
 
 def ct2_unsupported(cfg: Any) -> list[str]:
@@ -51,6 +56,10 @@ def ct2_unsupported(cfg: Any) -> list[str]:
         One sentence per switch CTranslate2 cannot represent.
     """
     why = []
+    ffn = FFNS.get(cfg.ffn.name)
+    if ffn is None or ffn.activation not in _ACTIVATIONS:
+        why.append(f"model/ffn={cfg.ffn.name}: CTranslate2 has no such activation "
+                   f"(model/ffn offers {', '.join(n for n, c in FFNS.items() if c.activation in _ACTIVATIONS)})")
     if cfg.position.name == "alibi" and cfg.arch == "encoder_decoder":
         why.append("model/position=alibi in an encoder-decoder: CTranslate2 has ALiBi only in decoders "
                    "(its encoder has no ALiBi bias)")
@@ -60,8 +69,7 @@ def ct2_unsupported(cfg: Any) -> list[str]:
 def _activation(cfg: Any) -> Any:
     from ctranslate2.specs import common_spec
 
-    act = common_spec.Activation
-    return {"relu": act.RELU, "gelu": act.GELU, "swiglu": act.SWISH, "geglu": act.GELU}[cfg.ffn.name]
+    return getattr(common_spec.Activation, _ACTIVATIONS[FFNS[cfg.ffn.name].activation])
 
 
 def _position_table(cfg: Any, state: dict[str, Tensor], prefix: str) -> Tensor:
@@ -142,7 +150,7 @@ def ct2_spec(model: nn.Module, cfg: Any, tokenizers: Sequence[Any]) -> Any:
     state = state_dict_fp32(model)
     n_kv = resolve_n_kv_heads(cfg)
     common = dict(pre_norm=cfg.norm_position == "pre", activation=_activation(cfg),
-                  ffn_glu=cfg.ffn.name in ("swiglu", "geglu"), rms_norm=cfg.norm.name == "rmsnorm",
+                  ffn_glu=FFNS[cfg.ffn.name].gated, rms_norm=cfg.norm.name == "rmsnorm",
                   num_heads_kv=None if n_kv == cfg.n_heads else n_kv)
     if cfg.position.name == "rope":  # full head width, half-split layout (GPT-NeoX / HF Llama)
         common.update(rotary_dim=0, rotary_interleave=False, rotary_base=float(cfg.position.rope_theta))
