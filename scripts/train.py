@@ -18,6 +18,7 @@ line and the other jobs still run (Hydra reports the failure at the end).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -47,8 +48,24 @@ def _multirun() -> bool:
         return False
 
 
+def _forget_resume_record() -> None:
+    """Remove the record Hydra wrote for a refused resume (``.hydra/resume-<time>/``): the run folder
+    is left exactly as it was."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+        sub = str(hc.output_subdir or "")
+        if sub.startswith(".hydra/resume-"):
+            shutil.rmtree(Path(hc.runtime.output_dir) / sub, ignore_errors=True)
+    except Exception:  # not under Hydra
+        pass
+
+
 def _fail(err: BaseException, status: int) -> None:
     """Report a user error on one line (the traceback only with ``HYDRA_FULL_ERROR=1``) and stop."""
+    if getattr(err, "run_folder_untouched", False):
+        _forget_resume_record()
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise err
     message = " ".join(str(err).split())
@@ -72,8 +89,11 @@ def main(cfg: DictConfig) -> float | None:
         validate_config(cfg)
         config = to_config(cfg)  # the typed Config every function below takes
     except ConfigError as err:
-        _fail(ConfigError(f"invalid configuration: {err}"), 2)
-    from transformer.training.trainer import TrainingError, train
+        refused = ConfigError(f"invalid configuration: {err}")
+        refused.run_folder_untouched = True  # nothing was written (a resume's Hydra record is dropped)
+        _fail(refused, 2)
+    from transformer.training.run import train
+    from transformer.training.trainer import TrainingError
 
     try:
         results = train(config)

@@ -14,8 +14,6 @@ from tests.faults.conftest import small_config
 from transformer.training.checkpoint import load_checkpoint
 from transformer.training.trainer import Trainer, TrainingError, train
 
-pytestmark = pytest.mark.xfail(strict=True, reason="issue #13 item 2: training/trainer.py, after the H16 split")
-
 
 def _all_saved_weights_finite(run: Path) -> list[str]:
     names = sorted(p.name[: -len(".safetensors")] for p in run.glob("checkpoint_*.safetensors"))

@@ -26,8 +26,6 @@ def test_weights_file_from_another_save_is_refused(two_runs, tmp_path):
         load_run(run)
 
 
-@pytest.mark.xfail(strict=True, reason="issue #13 item 7: checkpoints record their model config "
-                   "(training/checkpoint.py, after the H16 split)")
 def test_whole_checkpoint_from_another_architecture_is_refused(two_runs, tmp_path):
     sinusoidal, rope = two_runs
     run = tmp_path / "run"

@@ -13,8 +13,6 @@ import pytest
 from tests.faults.conftest import small_config
 from transformer.training.trainer import train
 
-pytestmark = pytest.mark.xfail(strict=True, reason="issue #13 items 16-18: training/trainer.py, after the H16 split")
-
 
 def _train_metrics(run):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -19,8 +19,6 @@ from omegaconf import OmegaConf
 from tests.faults.conftest import run_script, small_cli_args, small_config
 from transformer.training.trainer import train
 
-_after_split = pytest.mark.xfail(strict=True, reason="issue #13 items 3, 4, 6: training/trainer.py, "
-                                 "training/checkpoint.py, config.py, after the H16 split")
 
 
 def _snapshot(run: Path) -> dict[str, bytes]:
@@ -38,7 +36,6 @@ def rope_run(gappy_corpus, tmp_path_factory) -> Path:
     return run
 
 
-@_after_split
 def test_readme_resume_line_continues_with_the_runs_own_config(rope_run, gappy_corpus, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(rope_run, run)
@@ -54,7 +51,6 @@ def test_readme_resume_line_continues_with_the_runs_own_config(rope_run, gappy_c
     assert {k: after[k] for k in hydra_before} == hydra_before  # the run's .hydra/ is untouched
 
 
-@_after_split
 def test_a_different_model_on_resume_is_an_error_before_anything_is_written(rope_run, gappy_corpus, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(rope_run, run)
@@ -77,7 +73,6 @@ def test_resume_with_the_same_overrides_in_process(trained_run, gappy_corpus, tm
     assert results["updates"] == 8
 
 
-@_after_split
 def test_truncated_checkpoint_last_names_numbered_checkpoints_and_resume_from(trained_run, gappy_corpus, tmp_path):
     from transformer.training.checkpoint import CheckpointError
 
@@ -98,7 +93,6 @@ def test_truncated_checkpoint_last_names_numbered_checkpoints_and_resume_from(tr
     assert updates[-4:] == [5, 6, 7, 8]
 
 
-@_after_split
 def test_stale_temporaries_are_removed_on_start_and_on_resume(trained_run, gappy_corpus, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained_run, run)

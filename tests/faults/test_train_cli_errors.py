@@ -41,8 +41,6 @@ def test_unreadable_checkpoint_at_resume_is_one_line(poisoned_run, gappy_corpus,
     assert full.returncode == 1 and "Traceback" in full.stderr and "CheckpointError" in full.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="issue #13 item 5: CheckpointError drops torch's advice "
-                   "(training/checkpoint.py, after the H16 split)")
 def test_no_message_suggests_weights_only_false(poisoned_run, gappy_corpus, tmp_path):
     res = _resume(gappy_corpus, poisoned_run, tmp_path)
     assert res.returncode == 1 and "checkpoint_last.pt" in res.stderr

@@ -13,7 +13,6 @@ from transformer.training.trainer import train
 MAX_POSITIONS = 24
 
 
-@pytest.mark.xfail(strict=True, reason="issue #13 item 8: training/trainer.py + results.py, after the H16 split")
 def test_lines_longer_than_learned_positions_do_not_lose_the_training(gappy_corpus, tmp_path):
     """Training pairs over the limit are filtered; validation and test lines over it cannot be
     translated: they are reported, left empty, and results.json is written."""
@@ -31,7 +30,6 @@ def test_lines_longer_than_learned_positions_do_not_lose_the_training(gappy_corp
     assert len(hyps) == SIZES["test_2016_flickr"] and all(hyps[i - 1] == "" for i in failed)
 
 
-@pytest.mark.xfail(strict=True, reason="issue #13 item 13: transformer/config.py, after the H16 split")
 def test_negative_learning_rate_fails_before_the_data_is_read(tmp_path):
     from transformer.config import ConfigError, validate_config
 

@@ -12,14 +12,15 @@ Where things are: :mod:`.schema` (the dataclasses and their ConfigStore registra
 :mod:`.convert` (Hydra's DictConfig -> the typed :class:`Config`, once per script, and back to
 plain data), :mod:`.sizes` (head width, key/value heads, feed-forward width: the sizes a model config implies),
 :mod:`.validation` (the checks of field combinations; the options of each switch come from the
-tables beside the classes, e.g. :data:`transformer.modules.ffn.FFNS`).
+tables beside the classes, e.g. :data:`transformer.modules.ffn.FFNS`), :mod:`.diff`
+(:func:`config_differences`: the fields where two configs differ).
 """
 
 from omegaconf import MISSING
 
-from transformer.config import convert, schema, sizes, validation
+from transformer.config import convert, diff, schema, sizes, validation
 from transformer.config.convert import config_dict, to_config, to_generation_config
-
+from transformer.config.diff import config_differences
 from transformer.config.schema import (
     Config,
     ConfigError,
@@ -42,9 +43,10 @@ from transformer.config.validation import (
     validate_config,
     validate_generation_config,
     validate_model_config,
+    validate_optim_config,
 )
 
-__all__ = ["MISSING", *convert.__all__, *schema.__all__, *sizes.__all__, *validation.__all__]
+__all__ = ["MISSING", *convert.__all__, *diff.__all__, *schema.__all__, *sizes.__all__, *validation.__all__]
 
 # the structured configs the YAML files name (base_config, generation_overrides) are known to Hydra
 # as soon as the package is imported

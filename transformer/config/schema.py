@@ -6,10 +6,12 @@ YAML file against them through the ConfigStore (:func:`register_configs`).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Optional, get_type_hints
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 __all__ = [
     "Config",
@@ -229,7 +231,9 @@ class TrainConfig:
     keep_last: int = 5
     average_last: int = 0  # average the last N saved checkpoints before the final test
     ema_decay: float = 0.0  # exponential moving average of the weights (e.g. 0.999); 0 = off
-    resume: bool = False
+    resume: bool = False  # continue the run in the run folder from its checkpoint_last
+    # continue from this checkpoint (a checkpoint_* file or stem, any folder) instead; implies resume
+    resume_from: Optional[str] = None
     log_every: int = 50
     progress: bool = True
     distributed: str = "ddp"  # under torchrun: ddp (DistributedDataParallel) | fsdp (FSDP2, sharded)
@@ -261,6 +265,22 @@ class Config:
     run_dir: Optional[str] = None
     experiment_name: str = "default"
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def hydra_subdir(resume: Any = False, resume_from: Any = None) -> str:
+    """Where Hydra records a training job in its run folder (``hydra.output_subdir`` of
+    ``configs/train.yaml``, as the resolver ``${zoo.hydra_subdir:${train.resume},${train.resume_from}}``).
+
+    Returns:
+        ``.hydra`` for a new run; ``.hydra/resume-<date>_<time>`` for a resumed one, so that the
+        run's own record (its config, choices and overrides) is never overwritten.
+    """
+    resuming = str(resume).lower() == "true" or str(resume_from or "").lower() not in ("", "none", "null")
+    return ".hydra/resume-" + time.strftime("%Y-%m-%d_%H-%M-%S") if resuming else ".hydra"
+
+
+if not OmegaConf.has_resolver("zoo.hydra_subdir"):  # at import: jobs unpickled on a cluster node have it too
+    OmegaConf.register_new_resolver("zoo.hydra_subdir", hydra_subdir, use_cache=True)
 
 
 def register_configs() -> None:

@@ -16,7 +16,7 @@ from transformer.modules.norms import NORMS
 from transformer.modules.positions import POSITIONS
 from transformer.modules.residual import RESIDUALS
 
-__all__ = ["validate_config", "validate_generation_config", "validate_model_config"]
+__all__ = ["validate_config", "validate_generation_config", "validate_model_config", "validate_optim_config"]
 
 
 # the options of each switch: the tables beside the classes they name, or fixed lists where the
@@ -126,6 +126,12 @@ def validate_config(cfg: Any) -> None:
         raise ConfigError(f"train.best_metric={t.best_metric!r} is not one of bleu, loss")
     if not 0.0 <= t.ema_decay < 1.0:
         raise ConfigError(f"train.ema_decay={t.ema_decay} must be in [0, 1) (0 turns the average off)")
+    if t.log_every < 1:
+        raise ConfigError(f"train.log_every={t.log_every} must be >= 1")
+    for name in ("validate_every", "save_every", "keep_last", "average_last", "patience", "clip_norm"):
+        if getattr(t, name) < 0:
+            raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")
+    validate_optim_config(cfg.optim)
     longest = max(cfg.data.max_source_positions, cfg.data.max_target_positions)
     if cfg.model.arch == "decoder_only":
         longest = cfg.data.max_source_positions + cfg.data.max_target_positions + 2
@@ -151,6 +157,24 @@ def validate_config(cfg: Any) -> None:
     if s.name == "cosine" and t.max_updates <= 0:
         raise ConfigError("lr_scheduler=cosine needs train.max_updates > 0 (the length of the cosine)")
     validate_generation_config(cfg.generation)
+
+
+def validate_optim_config(o: Any) -> None:
+    """Reject invalid ``optim.*`` settings (before any data is read).
+
+    Raises:
+        ConfigError: naming the offending fields.
+    """
+    if o.name not in ("adam", "adamw"):
+        raise ConfigError(f"optim.name={o.name!r} is not one of adam, adamw")
+    if not o.lr > 0:
+        raise ConfigError(f"optim.lr={o.lr} must be > 0")
+    if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
+        raise ConfigError(f"optim.betas={list(o.betas)} must be two numbers in [0, 1)")
+    if not o.eps > 0:
+        raise ConfigError(f"optim.eps={o.eps} must be > 0")
+    if o.weight_decay < 0:
+        raise ConfigError(f"optim.weight_decay={o.weight_decay} must be >= 0")
 
 
 def validate_generation_config(g: Any) -> None:

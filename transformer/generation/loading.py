@@ -28,7 +28,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
-from transformer.config import Config, ConfigError, GenerationConfig, to_config, validate_generation_config
+from transformer.config import (
+    Config,
+    ConfigError,
+    GenerationConfig,
+    config_differences,
+    to_config,
+    validate_generation_config,
+)
 from transformer.data.tokenizer import Tokenizer
 from transformer.io import SafetensorsReadError, read_safetensors
 from transformer.models import build_model
@@ -189,22 +196,13 @@ def _check_model_config(weights: Path, meta: dict[str, str], cfg: DictConfig, co
     except ValueError:
         return
     current = OmegaConf.to_container(cfg.model, resolve=True)
-    diffs = [f"model.{k}: {v} in the weights vs {u} in the config" for k, v, u in _differences(recorded, current)]
+    diffs = [f"model.{k}: {v} in the weights vs {u} in the config"
+             for k, v, u in config_differences(recorded, current, common_only=True)]
     if diffs:
         raise LoadError(
             f"{weights} was trained with another model config than {config_dir / 'config.yaml'} "
             f"({'; '.join(diffs[:5])}): use it with the config of the run that wrote it"
         )
-
-
-def _differences(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """``(dotted key, a's value, b's value)`` for every key of ``a`` whose value differs in ``b``."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k, v in a.items():
-            out += _differences(v, b.get(k), f"{prefix}{k}.") if k in b else []
-        return out
-    return [] if a == b else [(prefix.rstrip("."), a, b)]
 
 
 def _load_tokenizers(run_dir: Path, cfg: Config, src: str | Path | None, tgt: str | Path | None) -> Tokenizers:

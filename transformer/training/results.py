@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
 
 from transformer.config import Config, config_dict
 from transformer.data.dataset import TranslationData
@@ -32,8 +33,10 @@ __all__ = [
     "hydra_choices",
     "load_final_weights",
     "peak_memory_mb",
+    "RunLog",
     "run_dir_for",
     "run_name",
+    "saved_choices",
     "write_results",
 ]
 
@@ -60,6 +63,53 @@ def hydra_choices() -> dict[str, str]:
         return {k: str(v) for k, v in choices.items() if not k.startswith("hydra") and v is not None}
     except Exception:
         return {}
+
+
+def saved_choices(run_dir: Path) -> dict[str, str] | None:
+    """The config-group choices recorded when the run in ``run_dir`` started (``.hydra/hydra.yaml``),
+    for a resumed run whose command line does not repeat them; None when there is no record."""
+    try:
+        choices = OmegaConf.load(run_dir / ".hydra" / "hydra.yaml").hydra.runtime.choices
+        return {str(k): str(v) for k, v in choices.items() if not str(k).startswith("hydra") and v is not None}
+    except Exception:  # no record, or not Hydra's
+        return None
+
+
+class RunLog:
+    """The run's log: each line goes to stderr and is appended to ``run_dir / "train.log"``.
+
+    Lines logged before :meth:`open` are kept and written then, so that nothing lands in the run
+    folder before a resume has been checked. Only rank 0 logs.
+
+    Args:
+        run_dir: the run folder.
+        enabled: False on the other ranks (then nothing is shown or written).
+    """
+
+    def __init__(self, run_dir: Path, enabled: bool = True) -> None:
+        self.path = Path(run_dir) / "train.log"
+        self.enabled = enabled
+        self._pending: list[str] | None = []
+
+    def __call__(self, message: str) -> None:
+        """Show ``message`` on stderr and append it to ``train.log`` (once opened)."""
+        if not self.enabled:
+            return
+        print(message, file=sys.stderr, flush=True)
+        if self._pending is not None:
+            self._pending.append(message)
+        else:
+            self._append([message])
+
+    def open(self) -> None:
+        """Start writing ``train.log`` (appending: a resumed run continues it), pending lines first."""
+        pending, self._pending = self._pending or [], None
+        if self.enabled:
+            self._append([time.strftime("# %Y-%m-%d %H:%M:%S run started"), *pending])
+
+    def _append(self, lines: list[str]) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines))
 
 
 def run_name(cfg: Config, choices: dict[str, str]) -> str:
@@ -203,14 +253,25 @@ def final_test(trainer: Any, choices: dict[str, str], params: int, start: float)
         The results record.
     """
     cfg = trainer.cfg
-    final_model = load_final_weights(trainer)
+    log = getattr(trainer, "log", lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        final_model = load_final_weights(trainer)
+    except Exception as err:  # the training is done: test what is in memory rather than lose it
+        final_model = "final"
+        log(f"[test] cannot load the weights chosen for the test ({' '.join(str(err).split())}); "
+            "testing the final weights instead")
     test_splits = [s for s in cfg.data.test_splits if s in trainer.data.splits] or [
         s for s in trainer.data.splits if s not in ("train", "valid")
     ][:1]
     scores = {}
     for split in test_splits:
-        scores[split] = trainer.bleu(split, hyp_file=trainer.run_dir / "hyps" / f"{split}.txt")
-        print(f"[test] {split}: BLEU {scores[split]['bleu']:.2f} chrF {scores[split]['chrf']:.2f} ({final_model})", file=sys.stderr, flush=True)
+        try:
+            scores[split] = trainer.bleu(split, hyp_file=trainer.run_dir / "hyps" / f"{split}.txt")
+        except Exception as err:  # one split's failure never throws away the training or the other splits
+            scores[split] = {"error": f"{type(err).__name__}: {' '.join(str(err).split())}"}
+            log(f"[test] {split}: failed ({scores[split]['error']}); results.json records the error")
+            continue
+        log(f"[test] {split}: BLEU {scores[split]['bleu']:.2f} chrF {scores[split]['chrf']:.2f} ({final_model})")
     primary = cfg.data.test_prefix if cfg.data.test_prefix in scores else (test_splits[0] if test_splits else None)
     sample_len = 16
     flops = forward_flops(cfg.model, len(trainer.data.tgt_tokenizer), sample_len, sample_len)

@@ -19,28 +19,26 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 from tqdm import tqdm
 
-from transformer.config import Config, config_dict, to_config
+from transformer.config import Config, config_dict
 from transformer.data.batching import TokenBatchSampler
 from transformer.data.collate import Batch, collate
-from transformer.data.dataset import TranslationData, load_translation_data
+from transformer.data.dataset import TranslationData
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SEP_ID
 from transformer.evaluation.metrics import corpus_scores
 from transformer.generation.translate import translate_dataset
-from transformer.models import build_model, count_parameters
-from transformer.training.allocator import tune_cpu_allocator
-from transformer.training.checkpoint import CheckpointManager, get_rng_state, load_checkpoint, set_rng_state
+from transformer.models import build_model
+from transformer.training.checkpoint import CheckpointManager, get_rng_state, set_rng_state
 from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss, perplexity
-from transformer.training.distributed import DistInfo, broadcast_from_main, setup_distributed, shutdown_distributed
+from transformer.training.divergence import divergence_message, nonfinite_tensors
+from transformer.training.distributed import DistInfo, broadcast_from_main
 from transformer.training.ema import EMA
-from transformer.training.loggers import build_loggers
 from transformer.training.optim import build_optimizer
 from transformer.training.parallel import DataParallel, TrainingLoss, checkpoint_layers
 from transformer.training.precision import resolve_precision
-from transformer.training.results import copy_tokenizers, final_test, hydra_choices, run_dir_for, run_name
 from transformer.training.schedules import build_scheduler
 
 __all__ = ["Trainer", "TrainingError", "train"]
@@ -98,6 +96,9 @@ class Trainer:
         self.checkpoints = CheckpointManager(run_dir, keep_last=t.keep_last) if dist_info.is_main else None
         # fp32 moving average of the weights; validation, checkpoints' weights and the test use it
         self.ema = EMA(self.model, t.ema_decay) if t.ema_decay > 0 else None
+        self.last_saved: tuple[Path, int] | None = None  # newest finite checkpoint (stem, update)
+        self._told_valid_length = False
+        self.log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if dist_info.is_main else (lambda msg: None)
 
     def _build_model(self) -> nn.Module:
         joint = self.data.joint_vocab
@@ -159,14 +160,33 @@ class Trainer:
 
     def save(self, is_best: bool = False, numbered: bool = False) -> None:
         """Atomically write ``checkpoint_last`` (and best / numbered) on rank 0: full weights in
-        safetensors, even under FSDP (where every rank takes part in gathering them)."""
+        safetensors, even under FSDP (where every rank takes part in gathering them).
+
+        Raises:
+            TrainingError: when a weight is not finite (nothing is written; every rank raises).
+        """
+        bad = self._nonfinite_weights()
+        if bad:
+            raise TrainingError(divergence_message(f"non-finite weights ({', '.join(bad[:3])})", self.update, self.last_saved))
         if self.checkpoints is None and self.parallel.mode != "fsdp":
             return
         weights, state = self.parallel.full_state_dict(), self.train_state()
         if self.checkpoints is not None:
             if self.ema is not None:
                 weights = self.ema.state_dict()
-            self.checkpoints.save(self.update, weights, state, is_best=is_best, numbered=numbered)
+            last = self.checkpoints.save(self.update, weights, state, is_best=is_best, numbered=numbered)
+            self.last_saved = (last, self.update)
+
+    def _nonfinite_weights(self) -> list[str]:
+        """Names of the weights (and moving-average weights) holding NaN or inf, found on every rank:
+        each checks its own tensors (its shards under FSDP) and the ranks add up what they found, so
+        that all of them stop together."""
+        local = [(name, t.to_local() if hasattr(t, "to_local") else t) for name, t in self.model.state_dict().items()]
+        bad = nonfinite_tensors(local)
+        if self.ema is not None:
+            bad += [f"{name} (EMA)" for name in nonfinite_tensors(self.ema.state_dict().items())]
+        n_bad, _ = self.parallel.global_sums(len(bad), 0.0)
+        return bad or ([f"{n_bad} tensors on other ranks"] if n_bad else [])
 
     def eval_model(self) -> nn.Module | None:
         """A model rank 0 can evaluate alone: the model itself, or under FSDP an unsharded copy
@@ -215,7 +235,8 @@ class Trainer:
             (all ranks), ``lr``, ``grad_norm``.
 
         Raises:
-            TrainingError: when the loss is not finite (names the update).
+            TrainingError: when the loss or the gradient norm is not finite (names the update and
+                the last finite checkpoint); fp16 leaves overflowing gradients to the GradScaler.
         """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -234,15 +255,13 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.grad is not None]
         self.parallel.normalise(params, ntokens)  # per target token of the whole update
         if not math.isfinite(global_loss):
-            raise TrainingError(
-                f"non-finite loss ({global_loss}) at update {self.update + 1}; the last good checkpoint "
-                f"in {self.run_dir} is kept (lower optim.lr, raise lr_scheduler.warmup_updates, or set "
-                "train.clip_norm)"
-            )
+            raise TrainingError(divergence_message(f"non-finite loss ({global_loss})", self.update + 1, self.last_saved))
         clip = self.cfg.train.clip_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
         if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor of partial norms
             grad_norm = grad_norm.full_tensor()
+        if self.precision != "fp16" and not math.isfinite(float(grad_norm)):  # a finite loss, NaN gradients
+            raise TrainingError(divergence_message(f"non-finite gradient norm ({float(grad_norm)})", self.update + 1, self.last_saved))
         lr = self.optimizer.param_groups[0]["lr"]
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -273,6 +292,16 @@ class Trainer:
         was_training = model.training
         model.eval()
         valid = self.data.splits["valid"]
+        m = self.cfg.model
+        if m.position.name == "learned":  # pairs longer than the learned positions cannot be scored
+            fits = [s + t + 2 <= m.max_positions if self.arch == "decoder_only" else max(s, t) + 1 <= m.max_positions
+                    for s, t in zip(valid.src_lengths, valid.tgt_lengths)]
+            if not all(fits):
+                valid = valid.subset([i for i, ok in enumerate(fits) if ok])
+                if not self._told_valid_length:
+                    self.log(f"[valid] loss over the {len(valid)} of {len(fits)} pairs that fit model.max_positions="
+                             f"{m.max_positions} (learned positions)")
+                    self._told_valid_length = True
         sampler = TokenBatchSampler(valid.src_lengths, valid.tgt_lengths, self.cfg.train.max_tokens, arch=self.arch, shuffle=False)
         features = self.features if model is self.model else None
         loss = nll = 0.0
@@ -289,15 +318,28 @@ class Trainer:
 
     def bleu(self, split: str, subset: int = 0, hyp_file: Path | None = None, model: nn.Module | None = None) -> dict[str, Any]:
         """Translate ``split`` with ``cfg.generation`` (with ``model``, default the trained model)
-        and score it against the raw references."""
+        and score it against the raw references.
+
+        A sentence that cannot be translated (e.g. longer than learned positions) is reported,
+        left empty and listed (1-based) in ``failed_lines``; a progress bar of sentences goes to
+        stderr with ``train.progress``.
+        """
         dataset = self.data.splits[split]
         if subset and subset < len(dataset):
             dataset = dataset.subset(range(subset))
-        hyps = translate_dataset(self.model if model is None else model, dataset, self.data.tgt_tokenizer, self.cfg.generation, self.device)
+        errors: dict[int, str] = {}
+        hyps = translate_dataset(self.model if model is None else model, dataset, self.data.tgt_tokenizer,
+                                 self.cfg.generation, self.device, errors=errors,
+                                 progress=bool(self.cfg.train.progress), desc=split)
+        if errors:
+            first = min(errors)
+            self.log(f"[{split}] {len(errors)} of {len(hyps)} sentences could not be translated (left empty), "
+                     f"e.g. line {first + 1}: {errors[first]}")
         if hyp_file is not None:
             hyp_file.parent.mkdir(parents=True, exist_ok=True)
             hyp_file.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-        return corpus_scores(hyps, dataset.tgt_text, tokenize=self.cfg.data.bleu_tokenize, lowercase=self.cfg.data.lowercase)
+        scores = corpus_scores(hyps, dataset.tgt_text, tokenize=self.cfg.data.bleu_tokenize, lowercase=self.cfg.data.lowercase)
+        return {**scores, "failed_lines": [i + 1 for i in sorted(errors)]}
 
     def validate(self, logger: Any) -> bool:
         """Validation loss (+ BLEU), with the moving average when on; returns True when this is the
@@ -325,7 +367,7 @@ class Trainer:
         logger.log(metrics, step=self.update, split="valid")
         if self.dist.is_main:
             shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float))
-            print(f"[valid] update {self.update}: {shown}", file=sys.stderr, flush=True)
+            self.log(f"[valid] update {self.update}: {shown}")
         return is_best
 
     # ------------------------------------------------------------------ the loop
@@ -363,7 +405,7 @@ class Trainer:
             progress = tqdm(total=t.max_updates or None, initial=self.update, desc=f"train {self.precision}", unit="upd", dynamic_ncols=True, mininterval=2.0, file=sys.stderr)
         batches = self._batches()
         stop = self.stop_reason()
-        window_tokens, window_start = 0, time.time()
+        window_tokens, window_start, shown_rate = 0, time.time(), "-"
         try:
             while stop is None:
                 step_start = time.time()
@@ -371,16 +413,16 @@ class Trainer:
                 stats = self.train_step(micro)
                 self.train_time += time.time() - step_start
                 window_tokens += stats["ntokens"]
-                if self.update % t.log_every == 0 or self.update == 1:
+                stop = self.stop_reason()
+                if self.update % t.log_every == 0 or self.update == 1 or stop is not None:  # and the last update
                     elapsed = max(time.time() - window_start, 1e-9)
                     stats.update(tokens_per_s=window_tokens / elapsed, epoch=self.epoch, ppl=perplexity(stats["nll_loss"]))
                     logger.log(stats, step=self.update, split="train")
                     window_tokens, window_start = 0, time.time()
-                    if progress is not None:
-                        progress.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{stats['tokens_per_s']:.0f}", refresh=False)
-                if progress is not None:
+                    shown_rate = f"{stats['tokens_per_s']:.0f}"
+                if progress is not None:  # the current update's values (tokens/s of the last logged window)
+                    progress.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=shown_rate, refresh=False)
                     progress.update(1)
-                stop = self.stop_reason()
                 validate_now = t.validate_every > 0 and self.update % t.validate_every == 0
                 if validate_now or stop is not None:
                     is_best = self.validate(logger)
@@ -407,58 +449,9 @@ class Trainer:
 
 
 def train(cfg: Config | DictConfig) -> dict[str, Any]:
-    """Train ``cfg`` to the end, test it, and write ``results.json`` into the run folder.
+    """Train ``cfg`` to the end, test it, and write ``results.json``: see
+    :func:`transformer.training.run.train` (the run folder, resume, data and results around a
+    :class:`Trainer`)."""
+    from transformer.training.run import train as train_run
 
-    Args:
-        cfg: a validated config (see :func:`transformer.config.validate_config`); a DictConfig
-            is made a typed :class:`~transformer.config.Config` first (:func:`~transformer.config.to_config`).
-
-    Returns:
-        The results dict (also in ``results.json``): ``bleu``, ``chrf``, ``sacrebleu_signature``,
-        ``params``, ``updates``, ``wall_time_s``, ``train_tokens_per_s``, ``peak_memory_mb``,
-        ``choices``, ``config`` and per-split ``test`` scores.
-
-    Raises:
-        TrainingError: on a non-finite loss (the last good checkpoint stays).
-    """
-    start = time.time()
-    cfg = to_config(cfg)
-    t = cfg.train
-    if t.num_threads > 0:
-        torch.set_num_threads(t.num_threads)
-    dist_info = setup_distributed(t.device)
-    if t.tune_malloc and dist_info.device.type == "cpu":
-        tune_cpu_allocator()
-    run_dir = run_dir_for(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if dist_info.is_main else (lambda *a: None)
-    data = load_translation_data(cfg.data, log=log)
-    trainer = Trainer(cfg, data, dist_info, run_dir)
-    choices = hydra_choices()
-    if dist_info.is_main:
-        OmegaConf.save(config_dict(cfg), run_dir / "config.yaml")
-        copy_tokenizers(data, run_dir)
-    if t.resume:
-        latest = CheckpointManager.LAST
-        if (run_dir / f"{latest}.safetensors").is_file():
-            model_state, state = load_checkpoint(run_dir, latest, map_location=dist_info.device)
-            trainer.load_state(model_state, state)
-            log(f"resumed from {run_dir / latest} at update {trainer.update} (epoch {trainer.epoch})")
-        else:
-            log(f"train.resume=true but {run_dir} holds no {latest}; starting from scratch")
-    params = count_parameters(trainer.model)
-    log(f"model: {cfg.model.arch}, {params:,} parameters, precision {trainer.precision} "
-        f"(train.precision={t.precision}); run folder {run_dir}")
-    loggers = build_loggers(cfg.logger, run_dir, run_name(cfg, choices), config_dict(cfg), dist_info.is_main)
-    stop = trainer.fit(loggers)
-    log(f"stopped: {stop}")
-    if trainer.parallel.mode == "fsdp":  # the final test runs on rank 0 alone, with full weights
-        trainer.model = trainer.eval_model()
-
-    results: dict[str, Any] = {}
-    if dist_info.is_main:
-        results = final_test(trainer, choices, params, start)
-    loggers.log({k: v for k, v in results.items() if isinstance(v, (int, float))}, step=trainer.update, split="test")
-    loggers.close()
-    shutdown_distributed()
-    return results
+    return train_run(cfg)

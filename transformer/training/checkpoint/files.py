@@ -5,6 +5,8 @@ all three files of a save are staged before any is moved into place (:func:`tran
 from __future__ import annotations
 
 import json
+import pickle
+import re
 import time
 import uuid
 from collections.abc import Iterable
@@ -93,11 +95,16 @@ def save_checkpoint(
         "num_tensors": len(tensors),
         "num_elements": sum(t.numel() for t in tensors.values()),
     }
+    config = train_state.get("config")
+    weights_meta = dict(meta)
+    if isinstance(config, dict) and isinstance(config.get("model"), dict):
+        # the weights name the model they belong to: loaders refuse them with another model config
+        weights_meta["model_config"] = json.dumps(config["model"], sort_keys=True)
     stem = path_dir / name
     atomic_write_all(
         [
             (checkpoint_file(stem, STATE_SUFFIX), lambda tmp: torch.save(payload, tmp)),
-            (checkpoint_file(stem, WEIGHTS_SUFFIX), safetensors_writer(tensors, meta)),
+            (checkpoint_file(stem, WEIGHTS_SUFFIX), safetensors_writer(tensors, weights_meta)),
             (checkpoint_file(stem, META_SUFFIX), lambda tmp: tmp.write_text(json.dumps(info, indent=1) + "\n")),
         ]
     )
@@ -120,7 +127,8 @@ def load_checkpoint(
 
     Raises:
         FileNotFoundError: when a file is missing.
-        CheckpointError: when a file cannot be parsed or the two files come from different saves.
+        CheckpointError: when a file cannot be parsed (the message says why, and never suggests
+            unpickling a foreign file) or the two files come from different saves.
     """
     stem = Path(path_dir) / name
     weights_path, state_path = checkpoint_file(stem, WEIGHTS_SUFFIX), checkpoint_file(stem, STATE_SUFFIX)
@@ -130,7 +138,7 @@ def load_checkpoint(
     try:
         payload = torch.load(state_path, map_location=map_location, weights_only=True)
     except Exception as e:
-        raise CheckpointError(f"cannot read {state_path}: {e}") from e
+        raise CheckpointError(f"cannot read {state_path}: {_load_failure(e)}") from e
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{state_path} is not a {FORMAT} training state")
     if payload["checkpoint_id"] != meta.get("checkpoint_id"):
@@ -140,6 +148,19 @@ def load_checkpoint(
             "between its renames, use another checkpoint"
         )
     return model_state, payload["train_state"]
+
+
+def _load_failure(err: Exception) -> str:
+    """Why ``torch.load`` refused a training state, without torch's advice to unpickle it anyway
+    (a training state of this project holds only plain data, so any other object means the file
+    is foreign or damaged, and it is never unpickled)."""
+    text = str(err)
+    if isinstance(err, pickle.UnpicklingError) or "Weights only load failed" in text:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+        what = f" ({found.group(1)})" if found else ""
+        return (f"it holds Python objects{what} besides tensors, numbers and strings, so it is not a "
+                "training state written by this project (such files are never unpickled)")
+    return " ".join(text.split("\n")[0].split()) or type(err).__name__
 
 
 def average_checkpoints(paths: Iterable[Path | str]) -> dict[str, Tensor]:

@@ -22,9 +22,14 @@ from transformer.training.checkpoint.format import (
     checkpoint_file,
 )
 
-__all__ = ["CheckpointManager", "numbered_checkpoints"]
+__all__ = ["CheckpointManager", "numbered_checkpoints", "remove_stale_temporaries"]
 
 _NUMBERED = re.compile(r"^checkpoint_(\d+)" + re.escape(WEIGHTS_SUFFIX) + "$")
+# a temporary file of transformer.io.atomic_write: "." + destination name + "." + random + ".tmp"
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]+\.tmp$")
+_RUN_FILES = re.compile(
+    r"^(checkpoint_\w+\.(safetensors|pt|json)|results\.json|config\.yaml|spm(\.src|\.tgt)?\.model|metrics\.jsonl)$"
+)
 
 
 def _link_or_copy_all(src: Path, dst: Path) -> None:
@@ -140,3 +145,30 @@ def numbered_checkpoints(folder: Path | str) -> list[Path]:
         return []
     found = [(int(m.group(1)), m.group(1)) for m in map(_NUMBERED.match, os.listdir(folder)) if m]
     return [folder / f"checkpoint_{digits}" for _, digits in sorted(found)]
+
+
+def remove_stale_temporaries(run_dir: Path | str) -> list[Path]:
+    """Delete the temporary files that an interrupted save left in a run folder.
+
+    Only files named like the temporaries of :func:`transformer.io.atomic_write` for the files a
+    run writes (``.checkpoint_last.pt.k3j9x2ab.tmp``, ``.results.json.q1w2e3r4.tmp``, ...) and the
+    ``results.json.tmp`` of older versions are removed; nothing else in the folder is touched. Call
+    it only when no other process writes into ``run_dir``.
+
+    Args:
+        run_dir: the run folder (a missing folder has none).
+
+    Returns:
+        The removed files.
+    """
+    folder = Path(run_dir)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for entry in folder.iterdir():
+        m = _TEMPORARY.match(entry.name)
+        stale = (m is not None and _RUN_FILES.match(m.group("name")) is not None) or entry.name == "results.json.tmp"
+        if stale and entry.is_file():
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
