@@ -9,6 +9,7 @@ one tiny run trained on it (in-process, seconds) with numbered checkpoints.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import shutil
 import signal
 import subprocess
@@ -65,6 +66,22 @@ def trained_run(gappy_corpus, tmp_path_factory) -> Path:
     return run
 
 
+def load_script(name: str):
+    """``scripts/<name>.py`` as a module (its ``run`` / ``main`` called in-process: no interpreter start)."""
+    spec = importlib.util.spec_from_file_location(f"_faults_script_{name}", REPO_ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def script_config(name: str, *overrides: str):
+    """``configs/<name>.yaml`` composed with command-line ``overrides`` (as the script receives it)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
+        return compose(config_name=name, overrides=list(overrides))
+
+
 def run_script(name: str, *args: str, cwd: Path, env: dict | None = None, timeout: int = 300,
                stdin: str | None = None) -> subprocess.CompletedProcess:
     """``python scripts/<name>.py ARGS`` in a fresh process (as a user runs it)."""
@@ -72,4 +89,7 @@ def run_script(name: str, *args: str, cwd: Path, env: dict | None = None, timeou
                           input=stdin, capture_output=True, text=True, timeout=timeout)
 
 
-__all__ = ["EMPTY_TEST_LINE", "EMPTY_VALID_LINE", "SIZES", "deadline", "run_script", "small_cli_args", "small_config"]
+__all__ = [
+    "EMPTY_TEST_LINE", "EMPTY_VALID_LINE", "SIZES", "deadline", "load_script", "run_script", "script_config",
+    "small_cli_args", "small_config",
+]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.faults.conftest import EMPTY_TEST_LINE, EMPTY_VALID_LINE, SIZES, run_script, small_config
+from tests.faults.conftest import EMPTY_TEST_LINE, EMPTY_VALID_LINE, SIZES, load_script, script_config, small_config
 
 
 def test_evaluation_splits_keep_empty_lines_training_drops_them(gappy_corpus, tmp_path):
@@ -31,10 +31,9 @@ def test_training_test_hypotheses_have_one_line_per_source_line(trained_run, gap
     assert results["bleu"] == corpus_scores(hyps, refs)["bleu"]  # BLEU over every line
 
 
-def test_evaluate_checkpoint_scores_every_line(trained_run, gappy_corpus, tmp_path):
-    res = run_script("evaluate", f"checkpoint={trained_run}", "splits=[test_2016_flickr]",
-                     f"data.root={gappy_corpus}", "progress=false", cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
+def test_evaluate_checkpoint_scores_every_line(trained_run, gappy_corpus):
+    load_script("evaluate").run(script_config("evaluate", f"checkpoint={trained_run}", "splits=[test_2016_flickr]",
+                                              f"data.root={gappy_corpus}", "progress=false"))
     out = trained_run / "eval" / "checkpoint_best"
     hyps = (out / "test_2016_flickr.txt").read_text(encoding="utf-8").split("\n")[:-1]
     assert len(hyps) == SIZES["test_2016_flickr"] and hyps[EMPTY_TEST_LINE] == ""

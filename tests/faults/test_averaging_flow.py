@@ -9,27 +9,26 @@ import shutil
 import torch
 from safetensors.torch import load_file
 
-from tests.faults.conftest import SIZES, run_script
+from tests.faults.conftest import SIZES, load_script, run_script, script_config
 from transformer.training.checkpoint import load_checkpoint
 
 
-def test_average_outside_the_run_folder_translates(trained_run, gappy_corpus, tmp_path):
+def test_average_outside_the_run_folder_translates(trained_run, gappy_corpus, tmp_path, capsys):
     avg = tmp_path / "elsewhere" / "avg.safetensors"
-    res = run_script("average_checkpoints", "--inputs", str(trained_run), "--num-last", "5", "--output", str(avg),
-                     cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    assert "warning: --num-last=5" in res.stderr and "averaged 3 checkpoints" in res.stdout
+    load_script("average_checkpoints").main(["--inputs", str(trained_run), "--num-last", "5", "--output", str(avg)])
+    out = capsys.readouterr()
+    assert "warning: --num-last=5" in out.err and "averaged 3 checkpoints" in out.out
     states = [load_checkpoint(trained_run, f"checkpoint_{u}")[0] for u in (2, 4, 6)]
     name = "output_proj.weight"
     torch.testing.assert_close(load_file(avg)[name], sum(s[name] for s in states) / 3)
     src = gappy_corpus / "test_2016_flickr.en"
-    out = run_script("translate", f"checkpoint={avg}", f"input={src}", "generation.strategy=greedy",
-                     "progress=false", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert len(out.stdout.split("\n")[:-1]) == SIZES["test_2016_flickr"]
-    ev = run_script("evaluate", f"checkpoint={avg}", "splits=[test_2016_flickr]", "limit=5",
-                    f"data.root={gappy_corpus}", "generation.strategy=greedy", "progress=false", cwd=tmp_path)
-    assert ev.returncode == 0, ev.stderr
+    hyps = tmp_path / "avg.de"
+    load_script("translate").run(script_config("translate", f"checkpoint={avg}", f"input={src}", f"output={hyps}",
+                                               "generation.strategy=greedy", "progress=false"))
+    assert len(hyps.read_text(encoding="utf-8").split("\n")[:-1]) == SIZES["test_2016_flickr"]
+    load_script("evaluate").run(script_config("evaluate", f"checkpoint={avg}", "splits=[test_2016_flickr]", "limit=5",
+                                              f"data.root={gappy_corpus}", "generation.strategy=greedy",
+                                              "progress=false"))
     assert (trained_run / "eval" / "avg" / "results.json").is_file()  # results go to the run it came from
 
 

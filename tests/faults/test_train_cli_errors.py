@@ -36,12 +36,7 @@ def test_unreadable_checkpoint_at_resume_is_one_line(poisoned_run, gappy_corpus,
     assert "Traceback" not in res.stderr
     errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "checkpoint_last.pt" in errors[0]
+    assert "weights_only" not in res.stderr.replace("weights_only=True", "")  # never torch's advice to unpickle
     env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
     full = _resume(gappy_corpus, poisoned_run, tmp_path, env=env)
     assert full.returncode == 1 and "Traceback" in full.stderr and "CheckpointError" in full.stderr
-
-
-def test_no_message_suggests_weights_only_false(poisoned_run, gappy_corpus, tmp_path):
-    res = _resume(gappy_corpus, poisoned_run, tmp_path)
-    assert res.returncode == 1 and "checkpoint_last.pt" in res.stderr
-    assert "weights_only" not in res.stderr.replace("weights_only=True", "")
