@@ -97,7 +97,7 @@ class Trainer:
         # fp32 moving average of the weights; validation, checkpoints' weights and the test use it
         self.ema = EMA(self.model, t.ema_decay) if t.ema_decay > 0 else None
         self.last_saved: tuple[Path, int] | None = None  # newest finite checkpoint (stem, update)
-        self._told_valid_length = False
+        self.valid_set = self._scorable_valid()  # (pairs the model can score, a note to log once)
         self.log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if dist_info.is_main else (lambda msg: None)
 
     def _build_model(self) -> nn.Module:
@@ -284,6 +284,30 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
 
+    def _scorable_valid(self) -> tuple[Any, str | None]:
+        """The validation pairs whose loss the model can compute: with learned positions, the pairs
+        that fit ``model.max_positions`` (the others are still translated for BLEU, and reported).
+
+        Raises:
+            TrainingError: no validation pair fits (before any training, naming the fields).
+        """
+        valid, m = self.data.splits["valid"], self.cfg.model
+        if m.position.name != "learned":
+            return valid, None
+        fits = [s + t + 2 <= m.max_positions if self.arch == "decoder_only" else max(s, t) + 1 <= m.max_positions
+                for s, t in zip(valid.src_lengths, valid.tgt_lengths)]
+        if all(fits):
+            return valid, None
+        keep = [i for i, ok in enumerate(fits) if ok]
+        if not keep:
+            raise TrainingError(
+                f"none of the {len(fits)} validation pairs fits model.max_positions={m.max_positions} (learned "
+                "positions), so the validation loss cannot be computed: raise model.max_positions or point "
+                "data.valid_prefix at shorter pairs"
+            )
+        return valid.subset(keep), (f"[valid] loss over the {len(keep)} of {len(fits)} pairs that fit "
+                                    f"model.max_positions={m.max_positions} (learned positions)")
+
     @torch.no_grad()
     def valid_loss(self, model: nn.Module | None = None) -> dict[str, float]:
         """Teacher-forced loss / nll / perplexity per target token on the validation split, of
@@ -291,17 +315,10 @@ class Trainer:
         model = self.model if model is None else model
         was_training = model.training
         model.eval()
-        valid = self.data.splits["valid"]
-        m = self.cfg.model
-        if m.position.name == "learned":  # pairs longer than the learned positions cannot be scored
-            fits = [s + t + 2 <= m.max_positions if self.arch == "decoder_only" else max(s, t) + 1 <= m.max_positions
-                    for s, t in zip(valid.src_lengths, valid.tgt_lengths)]
-            if not all(fits):
-                valid = valid.subset([i for i, ok in enumerate(fits) if ok])
-                if not self._told_valid_length:
-                    self.log(f"[valid] loss over the {len(valid)} of {len(fits)} pairs that fit model.max_positions="
-                             f"{m.max_positions} (learned positions)")
-                    self._told_valid_length = True
+        valid, note = self.valid_set
+        if note:
+            self.log(note)
+            self.valid_set = (valid, None)
         sampler = TokenBatchSampler(valid.src_lengths, valid.tgt_lengths, self.cfg.train.max_tokens, arch=self.arch, shuffle=False)
         features = self.features if model is self.model else None
         loss = nll = 0.0
