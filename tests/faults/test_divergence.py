@@ -4,13 +4,17 @@ weights are never saved; the stop message names the checkpoint that is truly the
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.faults.conftest import small_config
+from tests.conftest import REPO_ROOT
+from tests.faults.conftest import small_cli_args, small_config
 from transformer.training.checkpoint import load_checkpoint
 from transformer.training.trainer import Trainer, TrainingError, train
 
@@ -78,3 +82,25 @@ def test_non_finite_weights_are_not_saved(small_corpus, tmp_path, monkeypatch):
         train(cfg)
     assert _named_checkpoint(str(err.value), run) == ("checkpoint_last", 2)
     _all_saved_weights_finite(run)
+
+
+@pytest.mark.parametrize(("distributed", "port"), [("ddp", 29531), ("fsdp", 29532)])
+def test_two_ranks_stop_together_and_save_nothing_non_finite(small_corpus, tmp_path, distributed, port):
+    """Under torchrun every rank finds the divergence at the same update and stops with the same
+    message (none is left waiting in a collective); no saved weights are non-finite (FSDP: each rank
+    checks its shards, the ranks add up what they found)."""
+    run = tmp_path / "run"
+    args = small_cli_args(small_corpus, run, "optim.lr=1e6", "lr_scheduler=constant", "train.save_every=1",
+                          "train.validate_every=0", "train.max_updates=8", "train.keep_last=0",
+                          f"train.distributed={distributed}", f"hydra.run.dir={run}")
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+         "scripts/train.py", *args],
+        cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode != 0
+    errors = re.findall(r"error: training diverged: .*? \(lower optim\.lr", res.stderr)
+    assert len(errors) == 2 and errors[0] == errors[1], res.stderr[-3000:]  # both ranks, the same update
+    name, update = _named_checkpoint(errors[0], run)
+    assert name in _all_saved_weights_finite(run)
+    assert json.loads((run / f"{name}.json").read_text())["update"] == update

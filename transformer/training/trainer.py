@@ -168,14 +168,13 @@ class Trainer:
         bad = self._nonfinite_weights()
         if bad:
             raise TrainingError(divergence_message(f"non-finite weights ({', '.join(bad[:3])})", self.update, self.last_saved))
-        if self.checkpoints is None and self.parallel.mode != "fsdp":
-            return
-        weights, state = self.parallel.full_state_dict(), self.train_state()
-        if self.checkpoints is not None:
-            if self.ema is not None:
-                weights = self.ema.state_dict()
-            last = self.checkpoints.save(self.update, weights, state, is_best=is_best, numbered=numbered)
-            self.last_saved = (last, self.update)
+        if self.checkpoints is not None or self.parallel.mode == "fsdp":
+            weights, state = self.parallel.full_state_dict(), self.train_state()
+            if self.checkpoints is not None:
+                if self.ema is not None:
+                    weights = self.ema.state_dict()
+                self.checkpoints.save(self.update, weights, state, is_best=is_best, numbered=numbered)
+        self.last_saved = (self.run_dir / CheckpointManager.LAST, self.update)  # on every rank: the same stop message
 
     def _nonfinite_weights(self) -> list[str]:
         """Names of the weights (and moving-average weights) holding NaN or inf, found on every rank:
