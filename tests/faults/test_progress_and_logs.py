@@ -11,7 +11,7 @@ import re
 import pytest
 
 from tests.faults.conftest import small_config
-from transformer.training.trainer import train
+from transformer.training.run import train
 
 
 def _train_metrics(run):

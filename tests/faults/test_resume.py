@@ -17,7 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.faults.conftest import run_script, small_cli_args, small_config
-from transformer.training.trainer import train
+from transformer.training.run import train
 
 
 

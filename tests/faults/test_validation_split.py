@@ -10,7 +10,8 @@ import shutil
 import pytest
 
 from tests.faults.conftest import small_config
-from transformer.training.trainer import TrainingError, train
+from transformer.training.run import train
+from transformer.training.trainer import TrainingError
 
 MAX_POSITIONS = 24
 

@@ -15,7 +15,8 @@ from transformer.models import build_model
 from transformer.training.checkpoint import load_checkpoint
 from transformer.training.distributed import DistInfo
 from transformer.training.ema import EMA
-from transformer.training.trainer import Trainer, train
+from transformer.training.run import train
+from transformer.training.trainer import Trainer
 
 
 def _metrics(run_dir, split: str = "train") -> list[dict]:

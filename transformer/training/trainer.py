@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 from tqdm import tqdm
 
@@ -41,7 +40,7 @@ from transformer.training.parallel import DataParallel, TrainingLoss, checkpoint
 from transformer.training.precision import resolve_precision
 from transformer.training.schedules import build_scheduler
 
-__all__ = ["Trainer", "TrainingError", "train"]
+__all__ = ["Trainer", "TrainingError"]
 
 
 class TrainingError(RuntimeError):
@@ -462,12 +461,3 @@ class Trainer:
             "precision": self.precision,
             "world_size": self.dist.world_size,
         }
-
-
-def train(cfg: Config | DictConfig) -> dict[str, Any]:
-    """Train ``cfg`` to the end, test it, and write ``results.json``: see
-    :func:`transformer.training.run.train` (the run folder, resume, data and results around a
-    :class:`Trainer`)."""
-    from transformer.training.run import train as train_run
-
-    return train_run(cfg)
