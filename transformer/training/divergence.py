@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from torch import Tensor
+from typing import Any
 
-__all__ = ["divergence_message", "nonfinite_tensors"]
+from torch import Tensor, nn
+
+__all__ = ["divergence_message", "nonfinite_tensors", "nonfinite_weights"]
 
 
 def nonfinite_tensors(named: Iterable[tuple[str, Tensor]]) -> list[str]:
@@ -25,6 +27,28 @@ def nonfinite_tensors(named: Iterable[tuple[str, Tensor]]) -> list[str]:
         The names, in order (empty when every tensor is finite).
     """
     return [name for name, t in named if t.is_floating_point() and not bool(t.isfinite().all())]
+
+
+def nonfinite_weights(model: nn.Module, ema: Any, parallel: Any) -> list[str]:
+    """Names of the weights (and moving-average weights) holding NaN or inf, found on every rank:
+    each checks its own tensors (its shards under FSDP) and the ranks add up what they found, so
+    that all of them stop together.
+
+    Args:
+        model: the trained model (DTensor shards under FSDP).
+        ema: the :class:`~transformer.training.ema.EMA` of its weights, or None.
+        parallel: the run's :class:`~transformer.training.parallel.DataParallel` (``global_sums``).
+
+    Returns:
+        The names found on this rank, or one entry counting those found on other ranks; empty when
+        every weight is finite everywhere.
+    """
+    local = [(name, t.to_local() if hasattr(t, "to_local") else t) for name, t in model.state_dict().items()]
+    bad = nonfinite_tensors(local)
+    if ema is not None:
+        bad += [f"{name} (EMA)" for name in nonfinite_tensors(ema.state_dict().items())]
+    n_bad, _ = parallel.global_sums(len(bad), 0.0)
+    return bad or ([f"{n_bad} tensors on other ranks"] if n_bad else [])
 
 
 def divergence_message(problem: str, update: int, last_saved: tuple[Path, int] | None) -> str:

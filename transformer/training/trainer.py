@@ -27,24 +27,20 @@ from transformer.data.batching import TokenBatchSampler
 from transformer.data.collate import Batch, collate
 from transformer.data.dataset import TranslationData
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SEP_ID
-from transformer.evaluation.metrics import corpus_scores
-from transformer.generation.translate import translate_dataset
 from transformer.models import build_model
 from transformer.training.checkpoint import CheckpointManager, get_rng_state, set_rng_state
-from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss, perplexity
-from transformer.training.divergence import divergence_message, nonfinite_tensors
+from transformer.training.criterion import LabelSmoothedCrossEntropy, perplexity
+from transformer.training.divergence import divergence_message, nonfinite_weights
 from transformer.training.distributed import DistInfo, broadcast_from_main
+from transformer.training.errors import TrainingError
 from transformer.training.ema import EMA
 from transformer.training.optim import build_optimizer
 from transformer.training.parallel import DataParallel, TrainingLoss, checkpoint_layers
 from transformer.training.precision import resolve_precision
 from transformer.training.schedules import build_scheduler
+from transformer.training.validation import scorable_pairs, teacher_forced_loss, translate_and_score
 
 __all__ = ["Trainer", "TrainingError"]
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (a non-finite loss, a resume that does not fit)."""
 
 
 class Trainer:
@@ -96,7 +92,7 @@ class Trainer:
         # fp32 moving average of the weights; validation, checkpoints' weights and the test use it
         self.ema = EMA(self.model, t.ema_decay) if t.ema_decay > 0 else None
         self.last_saved: tuple[Path, int] | None = None  # newest finite checkpoint (stem, update)
-        self.valid_set = self._scorable_valid()  # (pairs the model can score, a note to log once)
+        self.valid_set = scorable_pairs(data.splits["valid"], cfg.model)  # (pairs the model can score, a note to log once)
         self.log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if dist_info.is_main else (lambda msg: None)
 
     def _build_model(self) -> nn.Module:
@@ -164,7 +160,7 @@ class Trainer:
         Raises:
             TrainingError: when a weight is not finite (nothing is written; every rank raises).
         """
-        bad = self._nonfinite_weights()
+        bad = nonfinite_weights(self.model, self.ema, self.parallel)
         if bad:
             raise TrainingError(divergence_message(f"non-finite weights ({', '.join(bad[:3])})", self.update, self.last_saved))
         if self.checkpoints is not None or self.parallel.mode == "fsdp":
@@ -174,17 +170,6 @@ class Trainer:
                     weights = self.ema.state_dict()
                 self.checkpoints.save(self.update, weights, state, is_best=is_best, numbered=numbered)
         self.last_saved = (self.run_dir / CheckpointManager.LAST, self.update)  # on every rank: the same stop message
-
-    def _nonfinite_weights(self) -> list[str]:
-        """Names of the weights (and moving-average weights) holding NaN or inf, found on every rank:
-        each checks its own tensors (its shards under FSDP) and the ranks add up what they found, so
-        that all of them stop together."""
-        local = [(name, t.to_local() if hasattr(t, "to_local") else t) for name, t in self.model.state_dict().items()]
-        bad = nonfinite_tensors(local)
-        if self.ema is not None:
-            bad += [f"{name} (EMA)" for name in nonfinite_tensors(self.ema.state_dict().items())]
-        n_bad, _ = self.parallel.global_sums(len(bad), 0.0)
-        return bad or ([f"{n_bad} tensors on other ranks"] if n_bad else [])
 
     def eval_model(self) -> nn.Module | None:
         """A model rank 0 can evaluate alone: the model itself, or under FSDP an unsharded copy
@@ -282,79 +267,31 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
 
-    def _scorable_valid(self) -> tuple[Any, str | None]:
-        """The validation pairs whose loss the model can compute: with learned positions, the pairs
-        that fit ``model.max_positions`` (the others are still translated for BLEU, and reported).
-
-        Raises:
-            TrainingError: no validation pair fits (before any training, naming the fields).
-        """
-        valid, m = self.data.splits["valid"], self.cfg.model
-        if m.position.name != "learned":
-            return valid, None
-        fits = [s + t + 2 <= m.max_positions if self.arch == "decoder_only" else max(s, t) + 1 <= m.max_positions
-                for s, t in zip(valid.src_lengths, valid.tgt_lengths)]
-        if all(fits):
-            return valid, None
-        keep = [i for i, ok in enumerate(fits) if ok]
-        if not keep:
-            raise TrainingError(
-                f"none of the {len(fits)} validation pairs fits model.max_positions={m.max_positions} (learned "
-                "positions), so the validation loss cannot be computed: raise model.max_positions or point "
-                "data.valid_prefix at shorter pairs"
-            )
-        return valid.subset(keep), (f"[valid] loss over the {len(keep)} of {len(fits)} pairs that fit "
-                                    f"model.max_positions={m.max_positions} (learned positions)")
-
-    @torch.no_grad()
     def valid_loss(self, model: nn.Module | None = None) -> dict[str, float]:
-        """Teacher-forced loss / nll / perplexity per target token on the validation split, of
-        ``model`` (default: the trained model; see :meth:`eval_model`)."""
+        """Teacher-forced loss / nll / perplexity per target token on the validation pairs the model
+        can score (:func:`~transformer.training.validation.scorable_pairs`), of ``model`` (default:
+        the trained model; see :meth:`eval_model`)."""
         model = self.model if model is None else model
-        was_training = model.training
-        model.eval()
         valid, note = self.valid_set
         if note:
             self.log(note)
             self.valid_set = (valid, None)
-        sampler = TokenBatchSampler(valid.src_lengths, valid.tgt_lengths, self.cfg.train.max_tokens, arch=self.arch, shuffle=False)
-        features = self.features if model is self.model else None
-        loss = nll = 0.0
-        n = 0
-        for indices in sampler:
-            batch = collate(valid, indices, self.arch).to(self.device)
-            with self._autocast():
-                out = model_loss(model, self.criterion, batch.net_input, batch.target, features=features)
-            loss += out["loss"].item()
-            nll += out["nll_loss"].item()
-            n += int(out["ntokens"])
-        model.train(was_training)
-        return {"loss": loss / n, "nll_loss": nll / n, "ppl": perplexity(nll / n)}
+        return teacher_forced_loss(model, valid, self.criterion, arch=self.arch, max_tokens=self.cfg.train.max_tokens,
+                                   device=self.device, autocast=self._autocast,
+                                   features=self.features if model is self.model else None)
 
     def bleu(self, split: str, subset: int = 0, hyp_file: Path | None = None, model: nn.Module | None = None) -> dict[str, Any]:
-        """Translate ``split`` with ``cfg.generation`` (with ``model``, default the trained model)
-        and score it against the raw references.
-
-        A sentence that cannot be translated (e.g. longer than learned positions) is reported,
-        left empty and listed (1-based) in ``failed_lines``; a progress bar of sentences goes to
-        stderr with ``train.progress``.
-        """
+        """Translate ``split`` (its first ``subset`` pairs when set) with ``cfg.generation`` and
+        ``model`` (default: the trained model) and score it against the raw references; see
+        :func:`~transformer.training.validation.translate_and_score`."""
         dataset = self.data.splits[split]
         if subset and subset < len(dataset):
             dataset = dataset.subset(range(subset))
-        errors: dict[int, str] = {}
-        hyps = translate_dataset(self.model if model is None else model, dataset, self.data.tgt_tokenizer,
-                                 self.cfg.generation, self.device, errors=errors,
-                                 progress=bool(self.cfg.train.progress), desc=split)
-        if errors:
-            first = min(errors)
-            self.log(f"[{split}] {len(errors)} of {len(hyps)} sentences could not be translated (left empty), "
-                     f"e.g. line {first + 1}: {errors[first]}")
-        if hyp_file is not None:
-            hyp_file.parent.mkdir(parents=True, exist_ok=True)
-            hyp_file.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-        scores = corpus_scores(hyps, dataset.tgt_text, tokenize=self.cfg.data.bleu_tokenize, lowercase=self.cfg.data.lowercase)
-        return {**scores, "failed_lines": [i + 1 for i in sorted(errors)]}
+        return translate_and_score(
+            self.model if model is None else model, dataset, self.data.tgt_tokenizer, self.cfg.generation, self.device,
+            split=split, tokenize=self.cfg.data.bleu_tokenize, lowercase=self.cfg.data.lowercase,
+            progress=bool(self.cfg.train.progress), log=self.log, hyp_file=hyp_file,
+        )
 
     def validate(self, logger: Any) -> bool:
         """Validation loss (+ BLEU), with the moving average when on; returns True when this is the

@@ -1,0 +1,152 @@
+"""Scoring a model during training: which validation pairs its loss can cover, the teacher-forced
+loss per target token over them, and BLEU/chrF of a translated split against its raw references.
+
+The :class:`~transformer.training.trainer.Trainer` calls these with its own parts
+(:meth:`~transformer.training.trainer.Trainer.valid_loss`, :meth:`~transformer.training.trainer.Trainer.bleu`);
+they take the model, the data and the settings explicitly.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from transformer.config import GenerationConfig, ModelConfig
+from transformer.data.batching import TokenBatchSampler
+from transformer.data.collate import collate
+from transformer.data.tokenizer import Tokenizer
+from transformer.evaluation.metrics import corpus_scores
+from transformer.generation.translate import translate_dataset
+from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss, perplexity
+from transformer.training.errors import TrainingError
+
+__all__ = ["scorable_pairs", "teacher_forced_loss", "translate_and_score"]
+
+
+def scorable_pairs(valid: Any, model: ModelConfig) -> tuple[Any, str | None]:
+    """The validation pairs whose loss the model can compute: with learned positions, the pairs
+    that fit ``model.max_positions`` (the others are still translated for BLEU, and reported).
+
+    Args:
+        valid: the validation split (``src_lengths``, ``tgt_lengths``, ``subset``).
+        model: the model config (``arch``, ``position.name``, ``max_positions``).
+
+    Returns:
+        ``(pairs, note)``: the split or the subset that fits, and a line to log once (None when
+        every pair fits).
+
+    Raises:
+        TrainingError: no validation pair fits (before any training, naming the fields).
+    """
+    m = model
+    if m.position.name != "learned":
+        return valid, None
+    fits = [s + t + 2 <= m.max_positions if m.arch == "decoder_only" else max(s, t) + 1 <= m.max_positions
+            for s, t in zip(valid.src_lengths, valid.tgt_lengths)]
+    if all(fits):
+        return valid, None
+    keep = [i for i, ok in enumerate(fits) if ok]
+    if not keep:
+        raise TrainingError(
+            f"none of the {len(fits)} validation pairs fits model.max_positions={m.max_positions} (learned "
+            "positions), so the validation loss cannot be computed: raise model.max_positions or point "
+            "data.valid_prefix at shorter pairs"
+        )
+    return valid.subset(keep), (f"[valid] loss over the {len(keep)} of {len(fits)} pairs that fit "
+                                f"model.max_positions={m.max_positions} (learned positions)")
+
+
+@torch.no_grad()
+def teacher_forced_loss(
+    model: nn.Module,
+    dataset: Any,
+    criterion: LabelSmoothedCrossEntropy,
+    *,
+    arch: str,
+    max_tokens: int,
+    device: torch.device,
+    autocast: Callable[[], AbstractContextManager[Any]],
+    features: Callable[..., torch.Tensor] | None = None,
+) -> dict[str, float]:
+    """Teacher-forced loss / nll / perplexity per target token of ``model`` over ``dataset``, in
+    eval mode (the model's mode is restored).
+
+    Args:
+        model: an encoder-decoder or decoder-only model.
+        dataset: the pairs (``src_lengths``, ``tgt_lengths``, indexable by :func:`collate`).
+        criterion: the training loss.
+        arch: ``model.arch`` (the batch format).
+        max_tokens: tokens per batch.
+        device: where the batches go.
+        autocast: a context (the run's precision) around each forward.
+        features: the model's (compiled) hidden-state function, or None for ``model.features``.
+
+    Returns:
+        ``{"loss", "nll_loss", "ppl"}`` per target token (base e).
+    """
+    was_training = model.training
+    model.eval()
+    sampler = TokenBatchSampler(dataset.src_lengths, dataset.tgt_lengths, max_tokens, arch=arch, shuffle=False)
+    loss = nll = 0.0
+    n = 0
+    for indices in sampler:
+        batch = collate(dataset, indices, arch).to(device)
+        with autocast():
+            out = model_loss(model, criterion, batch.net_input, batch.target, features=features)
+        loss += out["loss"].item()
+        nll += out["nll_loss"].item()
+        n += int(out["ntokens"])
+    model.train(was_training)
+    return {"loss": loss / n, "nll_loss": nll / n, "ppl": perplexity(nll / n)}
+
+
+def translate_and_score(
+    model: nn.Module,
+    dataset: Any,
+    tgt_tokenizer: Tokenizer,
+    generation: GenerationConfig,
+    device: torch.device,
+    *,
+    split: str,
+    tokenize: str,
+    lowercase: bool,
+    progress: bool,
+    log: Callable[[str], None],
+    hyp_file: Path | None = None,
+) -> dict[str, Any]:
+    """Translate ``dataset`` with ``generation`` and score it against its raw references.
+
+    A sentence that cannot be translated (e.g. longer than learned positions) is reported through
+    ``log``, left empty and listed (1-based) in ``failed_lines``; ``progress`` shows a bar of
+    sentences on stderr.
+
+    Args:
+        model: the model to translate with.
+        dataset: the split (``tgt_text`` holds the raw references).
+        tgt_tokenizer: decodes the hypotheses.
+        generation: the search settings.
+        device: where the model runs.
+        split: the split's name (progress bar, log lines).
+        tokenize, lowercase: sacreBLEU's settings (``data.bleu_tokenize``, ``data.lowercase``).
+        progress: show a progress bar.
+        log: where a line about untranslatable sentences goes.
+        hyp_file: where the hypotheses are written (one per line), or None.
+
+    Returns:
+        :func:`~transformer.evaluation.metrics.corpus_scores` plus ``failed_lines``.
+    """
+    errors: dict[int, str] = {}
+    hyps = translate_dataset(model, dataset, tgt_tokenizer, generation, device, errors=errors, progress=progress, desc=split)
+    if errors:
+        first = min(errors)
+        log(f"[{split}] {len(errors)} of {len(hyps)} sentences could not be translated (left empty), "
+            f"e.g. line {first + 1}: {errors[first]}")
+    if hyp_file is not None:
+        hyp_file.parent.mkdir(parents=True, exist_ok=True)
+        hyp_file.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    scores = corpus_scores(hyps, dataset.tgt_text, tokenize=tokenize, lowercase=lowercase)
+    return {**scores, "failed_lines": [i + 1 for i in sorted(errors)]}
