@@ -11,6 +11,7 @@ import json
 import os
 import random
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -147,8 +148,16 @@ def test_wmt14_recipe_preprocess_then_sbatch_script(tmp_path: Path) -> None:
             "model.n_heads=4", "model.d_ff=64", "train.max_updates=2", "train.save_every=1", "train.average_last=2",
             "train.validate_every=0", "train.valid_bleu=false", "train.precision=fp32", "train.num_threads=1",
             "train.device=cpu", "generation.beam_size=2", "generation.max_len_b=2"]
-    out = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "wmt14_en_de.sbatch"), *tiny], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)
+    # Own process group: a timeout kills the sbatch script's torchrun and ranks too, not only bash.
+    proc = subprocess.Popen(["bash", str(REPO_ROOT / "scripts" / "wmt14_en_de.sbatch"), *tiny], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads((run / "results.json").read_text())
     assert results["world_size"] == 2 and results["updates"] == 2 and results["choices"]["experiment"] == "wmt14_en_de_base"
