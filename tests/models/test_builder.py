@@ -3,7 +3,6 @@
 import re
 
 import pytest
-from omegaconf import OmegaConf
 
 from tests.conftest import REPO_ROOT, tiny_model_config
 from transformer.config import ConfigError, validate_model_config

@@ -24,8 +24,6 @@ included), biases on or off, tied or untied embeddings and the ``sqrt(d_model)``
 
 from __future__ import annotations
 
-import math
-import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -34,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.config import resolve_n_kv_heads
-from transformer.interop.common import ExportError, refuse, state_dict_fp32, vocabulary
+from transformer.interop.common import refuse, state_dict_fp32, vocabulary
 from transformer.modules.ffn import FFNS
 from transformer.modules.positions import sinusoidal_table
 
