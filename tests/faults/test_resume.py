@@ -110,3 +110,21 @@ def test_stale_temporaries_are_removed_on_start_and_on_resume(trained_run, gappy
     (fresh / ".checkpoint_best.json.q1w2.tmp").write_text("{")
     train(small_config(gappy_corpus, fresh, "train.max_updates=1", "train.validate_every=0"))
     assert not list(fresh.glob(".*.tmp"))
+
+
+def test_resume_may_change_how_the_run_computes_but_not_what(trained_run, gappy_corpus):
+    """The documented fields (here the machine's: distribution, activation checkpointing, encoding
+    workers) may change on resume; a field of the optimisation is an error naming it."""
+    from transformer.config import ConfigError
+    from transformer.training.checkpoint import load_checkpoint
+    from transformer.training.resume import resume_config
+
+    saved = load_checkpoint(trained_run, "checkpoint_last")[1]["config"]
+    common = ("train.save_every=2", "train.keep_last=0", "train.resume=true", "train.max_updates=8")
+    cfg = small_config(gappy_corpus, trained_run, *common, "train.distributed=fsdp",
+                       "train.activation_checkpointing=true", "data.preprocess_workers=2")
+    run_cfg = resume_config(cfg, saved, None)  # outside Hydra every field counts as named
+    assert (run_cfg.train.distributed, run_cfg.train.activation_checkpointing, run_cfg.train.max_updates) == (
+        "fsdp", True, 8)
+    with pytest.raises(ConfigError, match=r"train\.update_freq \(1 in the run, 2 on the command line\)"):
+        resume_config(small_config(gappy_corpus, trained_run, *common, "train.update_freq=2"), saved, None)

@@ -41,7 +41,8 @@ RESUME_OVERRIDES: tuple[str, ...] = (
     "train.ema_decay",  # the weight average can start (or stop) at a resume (Trainer.load_state)
     "train.log_every", "train.progress", "logger",  # what to show and where to log it
     "train.num_threads", "train.tune_malloc", "train.device",  # the machine
-    "data.root", "data.cache_dir", "data.download",  # where the data is
+    "train.distributed", "train.activation_checkpointing", "train.compile",  # how it computes, not what
+    "data.root", "data.cache_dir", "data.binarized", "data.download", "data.preprocess_workers",  # where the data is
     "train.resume", "train.resume_from", "run_dir",  # what to resume, and where
 )
 """Fields a resumed run may take from the command line (a name covers the fields under it)."""
