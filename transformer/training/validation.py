@@ -21,6 +21,7 @@ from transformer.data.collate import collate
 from transformer.data.tokenizer import Tokenizer
 from transformer.evaluation.metrics import corpus_scores
 from transformer.generation.translate import translate_dataset
+from transformer.io import atomic_write_text
 from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss, perplexity
 from transformer.training.errors import TrainingError
 
@@ -147,6 +148,6 @@ def translate_and_score(
             f"e.g. line {first + 1}: {errors[first]}")
     if hyp_file is not None:
         hyp_file.parent.mkdir(parents=True, exist_ok=True)
-        hyp_file.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        atomic_write_text(hyp_file, "".join(h + "\n" for h in hyps))
     scores = corpus_scores(hyps, dataset.tgt_text, tokenize=tokenize, lowercase=lowercase)
     return {**scores, "failed_lines": [i + 1 for i in sorted(errors)]}
