@@ -9,7 +9,6 @@ one tiny run trained on it (in-process, seconds) with numbered checkpoints.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import shutil
 import signal
 import subprocess
@@ -20,6 +19,7 @@ from typing import Iterator
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.generation.helpers import compose_script_config, load_script
 from tests.training.conftest import SIZES, small_cli_args, small_config, small_corpus  # noqa: F401 (fixture)
 
 EMPTY_TEST_LINE = 4  # 0-based index of the emptied source line in the test split
@@ -66,20 +66,9 @@ def trained_run(gappy_corpus, tmp_path_factory) -> Path:
     return run
 
 
-def load_script(name: str):
-    """``scripts/<name>.py`` as a module (its ``run`` / ``main`` called in-process: no interpreter start)."""
-    spec = importlib.util.spec_from_file_location(f"_faults_script_{name}", REPO_ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def script_config(name: str, *overrides: str):
     """``configs/<name>.yaml`` composed with command-line ``overrides`` (as the script receives it)."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
-        return compose(config_name=name, overrides=list(overrides))
+    return compose_script_config(name, list(overrides))
 
 
 def run_script(name: str, *args: str, cwd: Path, env: dict | None = None, timeout: int = 300,

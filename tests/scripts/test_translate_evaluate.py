@@ -7,33 +7,21 @@ the data is absent; the evaluate tests then skip).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from tests.generation.helpers import REPO_ROOT, make_run_dir, shared_data_dir
+from tests.generation.helpers import compose_script_config as _cfg
+from tests.generation.helpers import load_script as _load_script
 from transformer.config import GenerationConfig
 from transformer.evaluation import corpus_scores
 from transformer.generation import translate_sentences
 
 SENTENCES = ["A man is riding a bike.", "", "Two dogs play in the snow.", "A girl in a red dress smiles."]
-
-
-def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"_script_{name}", REPO_ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _cfg(name: str, overrides: list[str]):
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
-        return compose(config_name=name, overrides=overrides)
 
 
 @pytest.fixture(scope="module")
