@@ -29,6 +29,7 @@ if str(ROOT) not in sys.path:  # allow running from a checkout without installin
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+from transformer.cli import MissingPlugin, check_hydra_plugins  # noqa: E402
 from transformer.config import ConfigError, register_configs, to_config, validate_config  # noqa: E402
 
 register_configs()
@@ -105,4 +106,9 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    try:
+        check_hydra_plugins(sys.argv[1:])  # a missing launcher/sweeper plugin: one line naming its pip install
+    except MissingPlugin as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     main()

@@ -16,6 +16,26 @@ SHARED_DATA = Path(os.environ.get("TRANSFORMER_DATA_DIR", REPO_ROOT.parent / "sh
 
 torch.set_num_threads(1)  # tiny models gain nothing from more; avoids oversubscription
 
+CALLER_VARIABLES = ("HYDRA_FULL_ERROR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                    "MASTER_ADDR", "MASTER_PORT")
+"""Variables of the caller's shell that change what the code under test does (the traceback instead of
+the one-line error, a torchrun rank); removed for the whole session, with every ``WANDB_*``,
+``SLURM_*``, ``SUBMITIT_*`` and ``TORCHELASTIC_*`` variable. A test that needs one sets it itself."""
+_CALLER_PREFIXES = ("WANDB_", "SLURM_", "SUBMITIT_", "TORCHELASTIC_")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _independent_of_the_callers_environment():
+    """The suite passes whatever the caller exported (e.g. ``HYDRA_FULL_ERROR=1``, which Hydra's own
+    messages tell users to set): the variables above are removed from ``os.environ`` for the session,
+    so in-process code and every subprocess a test starts with ``{**os.environ, ...}`` see none."""
+    patch = pytest.MonkeyPatch()
+    for key in list(os.environ):
+        if key in CALLER_VARIABLES or key.startswith(_CALLER_PREFIXES):
+            patch.delenv(key)
+    yield
+    patch.undo()
+
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
