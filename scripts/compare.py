@@ -1,15 +1,19 @@
 """Compare the runs of one or more sweeps: markdown table, CSV, significance and PNG plots.
 
-    python scripts/train.py -m experiment=ladder seed=1,2,3
-    python scripts/compare.py multirun/ladder/<date>                       # -> <date>/comparison/
-    python scripts/compare.py multirun/ladder/<d1> multirun/ladder/<d2> --out docs/results/ladder \
+    python scripts/train.py -m experiment=ladder hydra/launcher=joblib hydra.launcher.n_jobs=2
+    python scripts/compare.py runs/ladder                                  # -> runs/ladder/comparison/
+    python scripts/compare.py docs/results/ladder/runs --out docs/results/ladder \
         --baseline step0_vaswani2017 --bootstrap 1000
 
 One row per configuration (runs whose resolved config differs only in seed, paths and logging):
 BLEU and chrF mean ± std over seeds, parameters, FLOPs per token, KV-cache bytes per token,
-train tokens/s, peak memory and the paired-bootstrap p-value against the baseline row. Runs
-without results.json (crashed, unfinished) are listed, never dropped. Writes comparison.md,
-comparison.csv, runs.csv, valid_curves.png and bleu_bars.png; prints the markdown.
+train tokens/s, peak memory, the paired-bootstrap p-values against the baseline row and the row
+above, Holm-Bonferroni adjusted over the table, and the baseline's seed spread as the noise floor.
+The runs must differ only in the study's switches and the seed: runs trained with another
+precision, budget, data or torch version stop the comparison with a sentence naming them, unless
+--allow-mixed (then the table shows the differences). Runs without results.json (crashed,
+unfinished) are listed, never dropped. Writes comparison.md, comparison.csv, runs.csv,
+valid_curves.png and bleu_bars.png; prints the markdown.
 """
 
 from __future__ import annotations
@@ -33,10 +37,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="baseline configuration label or unique substring (default: the first, in ladder order)")
     parser.add_argument("--bootstrap", type=int, default=1000, help="paired-bootstrap resamples; 0 to skip (default 1000)")
     parser.add_argument("--bootstrap-seed", type=int, default=12345, help="resampling seed (default 12345)")
+    parser.add_argument("--allow-mixed", action="store_true",
+                        help="compare runs that differ in more than the switches and the seed (precision, budget, "
+                             "data, torch version); the differences are shown in the table")
     args = parser.parse_args(argv)
     try:
         comparison = compare_sweeps(args.sweep_dirs, baseline=args.baseline, n_bootstrap=args.bootstrap,
-                                    bootstrap_seed=args.bootstrap_seed)
+                                    bootstrap_seed=args.bootstrap_seed, allow_mixed=args.allow_mixed)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

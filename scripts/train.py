@@ -102,6 +102,8 @@ def main(cfg: DictConfig) -> float | None:
         _fail(err, 2)
     except (TrainingError, CheckpointError, DataError, FileNotFoundError) as err:
         _fail(err, 1)
+    if results.get("skipped_complete"):
+        _forget_resume_record()  # train.resume=auto on a complete run: the folder stays as it was
     return results.get("bleu")
 
 

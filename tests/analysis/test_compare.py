@@ -267,8 +267,13 @@ def test_neighbouring_rows_get_their_own_paired_bootstrap(tmp_path, corpus):
     assert step1["delta_prev_bleu"] == pytest.approx(10.0) and 0 < step1["p_value_prev"] < 0.05
     assert step2["delta_prev_bleu"] == pytest.approx(10.0) and step2["p_value_prev"] == 1.0
     assert step2["p_value"] == step1["p_value"] < 0.05  # against the baseline, as before
+    # Holm over the family {step1 vs step0, step2 vs step0, step2 vs step1} (step1 vs the row above
+    # is step1 vs step0, counted once): sorted p1 <= p1 <= 1 -> 3 p1, 3 p1, 1
+    p1 = step1["p_value"]
+    assert step1["p_value_holm"] == step1["p_value_prev_holm"] == pytest.approx(min(1.0, 3 * p1))
+    assert step2["p_value_holm"] == pytest.approx(min(1.0, 3 * p1)) and step2["p_value_prev_holm"] == 1.0
     md = (write_outputs(comp, tmp_path / "out")["markdown"]).read_text()
-    assert "| Δ prev | p prev |" in md
+    assert "| Δ prev | p prev Holm |" in md
 
 
 def test_machines_come_from_the_runs_results(tmp_path, corpus):
@@ -282,3 +287,98 @@ def test_machines_come_from_the_runs_results(tmp_path, corpus):
     assert comp.machines == ["Example CPU 9000 (2 cores, AVX2), torch 2.13.0 with 1 thread(s), fp32 precision, device cpu"]
     md = (write_outputs(comp, tmp_path / "out")["markdown"]).read_text()
     assert "- trained on: Example CPU 9000" in md
+
+
+def test_holm_bonferroni_by_value():
+    """Holm 1979 on p = (.01, .04, .03, .005): sorted .005 .01 .03 .04 -> 4x, 3x, 2x, 1x, made monotone."""
+    from transformer.analysis.stats import holm_bonferroni
+
+    adjusted = holm_bonferroni({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005, "e": None})
+    assert adjusted["e"] is None
+    assert {k: round(v, 10) for k, v in adjusted.items() if v is not None} == {"a": 0.03, "b": 0.06, "c": 0.06, "d": 0.02}
+    assert holm_bonferroni({"x": 0.6, "y": 0.7}) == {"x": 1.0, "y": 1.0}  # capped at 1
+
+
+def test_noise_floor_is_the_baselines_seed_spread(sweep, tmp_path):
+    comp = compare_sweeps([sweep], n_bootstrap=0)
+    assert comp.noise_floor == {"label": "step0_vaswani2017", "n_seeds": 3, "std": pytest.approx(2.0), "range": 4.0}
+    step0, step1 = comp.rows
+    assert step1["delta_bleu"] == pytest.approx(10.0) and step1["within_noise"] is False
+    md = write_outputs(comp, tmp_path / "out")["markdown"].read_text()
+    assert "Noise floor: step0_vaswani2017's test BLEU over 3 seeds varies by 4.00 (max − min; std 2.00)" in md
+
+
+def _set(run_dir: Path, **changes) -> None:
+    """Change results.json: ``precision``/``torch`` at the top, dotted config keys inside ``config``."""
+    res = json.loads((run_dir / "results.json").read_text())
+    for key, value in changes.items():
+        if key == "precision":
+            res["precision"] = value
+        elif key == "torch":
+            res.setdefault("hardware", {})["torch"] = value
+        else:
+            node = res["config"]
+            *parents, leaf = key.split("__")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
+    (run_dir / "results.json").write_text(json.dumps(res))
+
+
+def _two_steps(tmp_path, corpus) -> tuple[Path, Path, Path]:
+    refs = _refs(corpus)
+    a = make_run(tmp_path / "s" / "a", corpus, "step0_vaswani2017", 1, refs, bleu=1.0)
+    b = make_run(tmp_path / "s" / "b", corpus, "step0_vaswani2017", 2, refs, bleu=2.0)
+    c = make_run(tmp_path / "s" / "c", corpus, "step1_pre_ln", 1, refs, bleu=3.0)
+    for run in (a, b, c):
+        _set(run, precision="fp32", torch="2.13.0+cpu", train__precision="fp32")
+    return a, b, c
+
+
+def test_runs_that_differ_beyond_the_switches_are_refused_naming_runs_and_fields(tmp_path, corpus):
+    from transformer.analysis import MixedRunsError
+
+    a, b, c = _two_steps(tmp_path, corpus)
+    _set(c, precision="bf16", train__precision="auto", train__max_updates=20)
+    _set(b, torch="2.14.0+cpu")
+    with pytest.raises(MixedRunsError) as err:
+        compare_sweeps([tmp_path / "s"], n_bootstrap=0)
+    msg = str(err.value)
+    assert "train.precision: fp32 (a, b); bf16 (c)" in msg
+    assert "train.max_updates: 10 (a, b); 20 (c)" in msg
+    assert "torch: 2.13.0+cpu (a, c); 2.14.0+cpu (b)" in msg
+    assert "--allow-mixed" in msg
+    comp = compare_sweeps([tmp_path / "s"], n_bootstrap=0, allow_mixed=True)
+    assert [m.key for m in comp.mixed] == ["torch", "train.max_updates", "train.precision"]
+    rows = {r["label"]: r for r in comp.rows}
+    assert rows["step1_pre_ln"]["mixed"] == "torch=2.13.0+cpu train.max_updates=20 train.precision=bf16"
+    assert rows["step0_vaswani2017"]["mixed"] == "torch=2.13.0+cpu/2.14.0+cpu train.max_updates=10 train.precision=fp32"
+    md = write_outputs(comp, tmp_path / "out")["markdown"].read_text()
+    assert "| Differs in |" in md and "runs trained differently are compared (--allow-mixed)" in md
+    cli = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "compare.py"), str(tmp_path / "s"), "--out",
+                          str(tmp_path / "cli"), "--bootstrap", "0"], capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 2 and cli.stderr.startswith("error: the runs of this table differ") and "Traceback" not in cli.stderr
+
+
+def test_auto_precision_is_compared_as_resolved_and_new_fields_take_their_defaults(tmp_path, corpus):
+    a, b, c = _two_steps(tmp_path, corpus)
+    _set(a, train__precision="auto")  # resolved fp32 on its machine: the same recipe as b's explicit fp32
+    res = json.loads((b / "results.json").read_text())
+    res["config"]["train"]["ema_decay"] = 0.0  # a field a's config (older) does not have, at its default
+    (b / "results.json").write_text(json.dumps(res))
+    comp = compare_sweeps([tmp_path / "s"], n_bootstrap=0)
+    assert [r["n_runs"] for r in comp.rows] == [2, 1] and comp.mixed == []
+    _set(b, train__ema_decay=0.5)  # not the default: a different recipe
+    with pytest.raises(ValueError, match=r"train.ema_decay: 0.0 \(a, c\); 0.5 \(b\)"):
+        compare_sweeps([tmp_path / "s"], n_bootstrap=0)
+
+
+def test_max_tokens_may_follow_the_architecture_only(tmp_path, corpus):
+    a, b, c = _two_steps(tmp_path, corpus)
+    _set(c, model__arch="decoder_only", train__max_tokens=8192)
+    for run in (a, b):
+        _set(run, train__max_tokens=4096)
+    assert compare_sweeps([tmp_path / "s"], n_bootstrap=0).mixed == []  # the decoder-only step doubles it
+    _set(b, train__max_tokens=2048)  # same architecture as a, other batch: refused
+    with pytest.raises(ValueError, match=r"train.max_tokens: 4096 \(a\); 2048 \(b\); 8192 \(c\)"):
+        compare_sweeps([tmp_path / "s"], n_bootstrap=0)

@@ -1,11 +1,13 @@
 """Analysis of sweeps: comparison tables, CSVs, significance tests and plots (scripts/compare.py).
 
 Where things are: :mod:`.runs` (run folders of a sweep, read into :class:`Run`), :mod:`.grouping`
-(runs -> :class:`Configuration` by config, labels), :mod:`.stats` (means over seeds, paired
+(runs -> :class:`Configuration` by config, labels), :mod:`.comparability` (runs that may share a
+table: the same recipe but for the switches and the seed), :mod:`.stats` (means over seeds, paired
 bootstrap against the baseline), :mod:`.compare` (:func:`compare_sweeps` -> :class:`Comparison`),
 :mod:`.plots` and :mod:`.report` (markdown, CSV, PNG outputs). Imports go down that list only.
 """
 
+from transformer.analysis.comparability import MixedField, MixedRunsError, mixed_fields
 from transformer.analysis.compare import Comparison, compare_sweeps, describe_machine
 from transformer.analysis.grouping import IGNORED_KEYS, Configuration, group_runs
 from transformer.analysis.plots import (
@@ -21,6 +23,8 @@ __all__ = [
     "IGNORED_KEYS",
     "Comparison",
     "Configuration",
+    "MixedField",
+    "MixedRunsError",
     "Run",
     "bleu_bars_figure",
     "compare_sweeps",
@@ -29,6 +33,7 @@ __all__ = [
     "find_run_dirs",
     "group_runs",
     "load_run",
+    "mixed_fields",
     "plot_bleu_bars",
     "plot_validation_curves",
     "to_markdown",

@@ -33,18 +33,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from transformer.analysis.comparability import MixedField, MixedRunsError, mixed_fields, mixed_runs_message, recipe_of
 from transformer.analysis.grouping import IGNORED_KEYS, Configuration, group_runs
 from transformer.analysis.runs import Run, find_run_dirs, load_run, never_started
-from transformer.analysis.stats import first_result, kv_cache_bytes, mean, significance, std
+from transformer.analysis.stats import (
+    first_result,
+    holm_bonferroni,
+    kv_cache_bytes,
+    mean,
+    seed_range,
+    significance,
+    std,
+)
 
-__all__ = ["CSV_COLUMNS", "Comparison", "compare_sweeps", "describe_machine"]
+__all__ = ["CSV_COLUMNS", "Comparison", "MixedRunsError", "compare_sweeps", "describe_machine"]
 
 CSV_COLUMNS = (
     "label", "is_baseline", "n_runs", "n_missing", "seeds", "test_split",
-    "bleu_mean", "bleu_std", "delta_bleu", "p_value", "p_value_seeds", "delta_prev_bleu", "p_value_prev",
+    "bleu_mean", "bleu_std", "bleu_range", "delta_bleu", "p_value", "p_value_holm", "p_value_seeds",
+    "within_noise", "delta_prev_bleu", "p_value_prev", "p_value_prev_holm", "within_noise_prev",
     "chrf_mean", "chrf_std",
     "chrf_p_value", "params", "flops_per_token", "kv_cache_bytes_per_token",
-    "train_tokens_per_s", "peak_memory_mb", "best_valid_mean", "updates_mean", "run_dirs",
+    "train_tokens_per_s", "peak_memory_mb", "best_valid_mean", "updates_mean", "mixed", "run_dirs",
 )
 
 
@@ -62,6 +72,10 @@ class Comparison:
         signatures: sacreBLEU signatures of the BLEU / chrF scores and of the bootstrap.
         n_bootstrap: paired-bootstrap resamples (0: no significance test).
         machines: one line per distinct machine / torch / precision the finished runs report.
+        noise_floor: the baseline's seed-to-seed spread of test BLEU: ``{"label", "n_seeds", "std",
+            "range"}`` (``range`` = max - min over its seeds; None with fewer than two seeds).
+        mixed: the recipe keys the runs differ in beyond the switches and the seed (only with
+            ``allow_mixed=True``; otherwise :func:`compare_sweeps` refuses such runs).
     """
 
     sweep_dirs: list[Path]
@@ -73,6 +87,8 @@ class Comparison:
     signatures: dict[str, str] = field(default_factory=dict)
     n_bootstrap: int = 0
     machines: list[str] = field(default_factory=list)
+    noise_floor: dict = field(default_factory=dict)
+    mixed: list[MixedField] = field(default_factory=list)
 
 
 def describe_machine(results: dict) -> str:
@@ -107,6 +123,7 @@ def compare_sweeps(
     n_bootstrap: int = 1000,
     bootstrap_seed: int = 12345,
     ignore: Sequence[str] = IGNORED_KEYS,
+    allow_mixed: bool = False,
 ) -> Comparison:
     """Load every run of ``sweep_dirs``, group them into configurations and compute the table.
 
@@ -117,12 +134,20 @@ def compare_sweeps(
         n_bootstrap: paired-bootstrap resamples; 0 skips significance testing.
         bootstrap_seed: seed of the resampling.
         ignore: config keys that do not define a configuration (default :data:`IGNORED_KEYS`).
+        allow_mixed: accept runs whose recipes differ beyond the switches and the seed
+            (:mod:`transformer.analysis.comparability`); the differences are then listed in the
+            ``mixed`` column and the notes.
 
     Returns:
-        A :class:`Comparison`.
+        A :class:`Comparison`. Its p-values are also Holm-Bonferroni adjusted over the family of
+        the table's comparisons (each row against the baseline and against the row above, a
+        comparison counted once), and each difference is marked ``within_noise`` when it is no
+        larger than the baseline's seed-to-seed range.
 
     Raises:
         FileNotFoundError: a sweep folder does not exist.
+        MixedRunsError: the runs differ in more than the switches and the seed (precision, budget,
+            data, torch version ...), naming the runs and fields; see ``allow_mixed``.
         ValueError: ``baseline`` names no (or several) configurations.
     """
     sweep_dirs = [Path(d) for d in sweep_dirs]
@@ -138,6 +163,9 @@ def compare_sweeps(
     signatures: dict[str, str] = {}
     if not configs:
         return Comparison(sweep_dirs, [], [], None, missing, ["no finished run found"], signatures, n_bootstrap)
+    mixed = mixed_fields(configs, ignore)
+    if mixed and not allow_mixed:
+        raise MixedRunsError(mixed_runs_message(mixed))
     base = _pick_baseline(configs, baseline)
     first = base.runs[0].results
     for key, name in (("sacrebleu_signature", "bleu"), ("chrf_signature", "chrf")):
@@ -156,6 +184,20 @@ def compare_sweeps(
             prev_sig[cur.label] = res.get(cur.label, {})
             notes.extend(f"{n} (against {prev.label})" for n in pair_notes)
     base_bleu = mean([r.results["bleu"] for r in base.runs])
+    base_bleus = [r.results["bleu"] for r in base.runs]
+    noise = {"label": base.label, "n_seeds": len(base.runs), "std": std(base_bleus), "range": seed_range(base_bleus)}
+    family: dict[tuple[str, str], float | None] = {}  # the table's comparisons, each once
+    for i, c in enumerate(configs):
+        if c is not base:
+            family[("base", c.label)] = sig.get(c.label, {}).get("p_value")
+        if i > 0 and configs[i - 1] is not base:  # against the baseline already counted above
+            family[("prev", c.label)] = prev_sig.get(c.label, {}).get("p_value")
+    holm = holm_bonferroni(family)
+
+    def within(delta: float | None) -> bool | None:
+        return None if delta is None or noise["range"] is None else abs(delta) <= noise["range"]
+
+    mixed_keys = [m.key for m in mixed]
     prev_bleu: float | None = None
     rows = []
     for c in configs:
@@ -165,6 +207,8 @@ def compare_sweeps(
         s = sig.get(c.label, {})
         delta_prev = None if prev_bleu is None or bleu_mean is None else bleu_mean - prev_bleu
         is_first, prev_bleu = not rows, bleu_mean
+        delta = None if c is base or bleu_mean is None or base_bleu is None else bleu_mean - base_bleu
+        prev_is_base = not is_first and configs[len(rows) - 1] is base
         rows.append(
             {
                 "label": c.label,
@@ -175,11 +219,16 @@ def compare_sweeps(
                 "test_split": c.runs[0].test_split,
                 "bleu_mean": bleu_mean,
                 "bleu_std": std(bleus),
-                "delta_bleu": None if c is base or bleu_mean is None or base_bleu is None else bleu_mean - base_bleu,
+                "bleu_range": seed_range(bleus),
+                "delta_bleu": delta,
                 "p_value": s.get("p_value"),
+                "p_value_holm": holm.get(("base", c.label)),
                 "p_value_seeds": s.get("p_value_seeds", ""),
+                "within_noise": within(delta),
                 "delta_prev_bleu": None if is_first else delta_prev,
                 "p_value_prev": prev_sig.get(c.label, {}).get("p_value"),
+                "p_value_prev_holm": holm.get(("base", c.label)) if prev_is_base else holm.get(("prev", c.label)),
+                "within_noise_prev": None if is_first else within(delta_prev),
                 "chrf_mean": mean(chrfs),
                 "chrf_std": std(chrfs),
                 "chrf_p_value": s.get("chrf_p_value"),
@@ -190,6 +239,7 @@ def compare_sweeps(
                 "peak_memory_mb": mean([r.results.get("peak_memory_mb") for r in c.runs]),
                 "best_valid_mean": mean([r.results.get("best_valid") for r in c.runs]),
                 "updates_mean": mean([r.results.get("updates") for r in c.runs]),
+                "mixed": _mixed_values(c, mixed_keys),
                 "run_dirs": " ".join(str(r.run_dir) for r in c.runs),
             }
         )
@@ -197,4 +247,17 @@ def compare_sweeps(
     if len(splits) > 1:
         notes.append(f"configurations were tested on different splits: {', '.join(sorted(map(str, splits)))}")
     machines = sorted({describe_machine(r.results) for c in configs for r in c.runs})
-    return Comparison(sweep_dirs, configs, rows, base.label, missing, notes, signatures, n_bootstrap, machines)
+    if mixed:
+        notes.append("runs trained differently are compared (--allow-mixed): " + "; ".join(m.sentence() for m in mixed))
+    return Comparison(sweep_dirs, configs, rows, base.label, missing, notes, signatures, n_bootstrap, machines,
+                      noise, mixed)
+
+
+def _mixed_values(config: Configuration, keys: Sequence[str]) -> str:
+    """``key=value`` of each mixed recipe key for the runs of ``config`` (several values joined by ``/``)."""
+    from_runs = [recipe_of(r) for r in config.runs]
+    parts = []
+    for key in keys:
+        values = sorted({str(rec.get(key, "missing")) for rec in from_runs})
+        parts.append(f"{key}={'/'.join(values)}")
+    return " ".join(parts)

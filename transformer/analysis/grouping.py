@@ -4,13 +4,15 @@ configurations apart (a ``ladder`` step's name when it alone does)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from transformer.analysis.runs import Run, natural_key
+from transformer.config import Config, config_dict
 
-__all__ = ["IGNORED_KEYS", "Configuration", "group_runs"]
+__all__ = ["IGNORED_KEYS", "Configuration", "flatten_config", "group_runs", "is_ignored", "with_defaults"]
 
 # Resolved-config keys (dotted; a key also covers everything below it) that do not define a
 # configuration: the seed, where files live, and how a run reports progress.
@@ -43,21 +45,34 @@ class Configuration:
     missing: list[Run] = field(default_factory=list)
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+def flatten_config(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as ``{dotted key: leaf value}`` (an empty dict is a leaf)."""
     if isinstance(tree, dict):
         out: dict[str, Any] = {}
         for k, v in tree.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten_config(v, f"{prefix}{k}."))
         return out if out or not prefix else {prefix[:-1]: {}}
     return {prefix[:-1]: tree}
 
 
-def _ignored(key: str, ignore: Sequence[str]) -> bool:
+def is_ignored(key: str, ignore: Sequence[str]) -> bool:
+    """Whether dotted ``key`` is one of ``ignore`` or below one of them."""
     return any(key == k or key.startswith(k + ".") for k in ignore)
 
 
+@functools.lru_cache(maxsize=1)
+def _schema_defaults() -> tuple[tuple[str, Any], ...]:
+    return tuple(flatten_config(config_dict(Config())).items())
+
+
+def with_defaults(config: dict) -> dict[str, Any]:
+    """``config`` flattened, every key it lacks at this version's default (:class:`~transformer.config.Config`):
+    a field added to the schema after a run trained defaults, by the project's rule, to what the run did."""
+    return {**dict(_schema_defaults()), **flatten_config(config)}
+
+
 def _config_key(config: dict, ignore: Sequence[str]) -> str:
-    flat = {k: v for k, v in _flatten(config).items() if not _ignored(k, ignore)}
+    flat = {k: v for k, v in with_defaults(config).items() if not is_ignored(k, ignore)}
     return json.dumps(flat, sort_keys=True, default=str)
 
 
@@ -123,7 +138,7 @@ def group_runs(runs: Iterable[Run], ignore: Sequence[str] = IGNORED_KEYS) -> tup
         if run.config is None:
             unmatched.append(run)
             continue
-        key = _config_key(run.config, ignore)
+        key = _config_key(run.trained_config, ignore)  # train.precision as resolved (auto -> fp32 | bf16)
         if key not in groups:
             groups[key] = Configuration(key=key, label="", config=run.config, choices=dict(run.choices))
         c = groups[key]

@@ -31,15 +31,32 @@ def _pm(mean: float | None, std: float | None) -> str:
 def _p(row: dict) -> str:
     if row["is_baseline"]:
         return "baseline"
-    p = row["p_value"]
+    p = row.get("p_value_holm")
     if p is None:
         return "n/a"
     return f"{p:.4f}" + ("*" if p < 0.05 else "")
 
 
 def _p_prev(row: dict) -> str:
-    p = row.get("p_value_prev")
+    p = row.get("p_value_prev_holm")
     return "" if p is None else f"{p:.4f}" + ("*" if p < 0.05 else "")
+
+
+def _delta(value: float | None, within_noise: bool | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:+.2f}" + (" ≈" if within_noise else "")
+
+
+def _noise_line(c: Comparison) -> str:
+    n = c.noise_floor or {}
+    if not n:
+        return ""
+    if n.get("range") is None:
+        return (f"Noise floor: not measured ({n.get('label')} has {n.get('n_seeds', 0)} seed(s); "
+                "a second seed of the baseline gives its seed-to-seed spread).")
+    return (f"Noise floor: {n['label']}'s test BLEU over {n['n_seeds']} seeds varies by {n['range']:.2f} "
+            f"(max − min; std {n['std']:.2f}); a Δ marked ≈ is no larger than that.")
 
 
 def _missing_line(run: Run) -> str:
@@ -60,31 +77,35 @@ def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
             lines.append(f"- {name} signature: `{sig}`")
         for machine in c.machines:
             lines.append(f"- trained on: {machine}")
+    noise = _noise_line(c)
+    if noise:
+        lines.append(noise)
     lines.append("")
     header = (
-        "| Configuration | Runs | BLEU | ΔBLEU | p (BLEU) | Δ prev | p prev | chrF | Params | FLOPs/token "
-        "| KV-cache B/token | Train tok/s | Peak MB |"
+        "| Configuration | Runs | BLEU | ΔBLEU | p Holm | Δ prev | p prev Holm | chrF | Params | FLOPs/token "
+        "| KV-cache B/token | Train tok/s | Peak MB |" + (" Differs in |" if c.mixed else "")
     )
-    lines += [header, "|" + "|".join(["---"] + ["---:"] * 12) + "|"]
+    lines += [header, "|" + "|".join(["---"] + ["---:"] * 12 + (["---"] if c.mixed else [])) + "|"]
     for r in c.rows:
         runs = f"{r['n_runs']}/{r['n_runs'] + r['n_missing']}"
         mem = "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
-        delta = "" if r["delta_bleu"] is None else f"{r['delta_bleu']:+.2f}"
-        delta_prev = "" if r.get("delta_prev_bleu") is None else f"{r['delta_prev_bleu']:+.2f}"
         lines.append(
             f"| {r['label']}{' (baseline)' if r['is_baseline'] else ''} | {runs} | {_pm(r['bleu_mean'], r['bleu_std'])} "
-            f"| {delta} | {_p(r)} | {delta_prev} | {_p_prev(r)} | {_pm(r['chrf_mean'], r['chrf_std'])} | {_si(r['params'])} "
+            f"| {_delta(r['delta_bleu'], r.get('within_noise'))} | {_p(r)} "
+            f"| {_delta(r.get('delta_prev_bleu'), r.get('within_noise_prev'))} | {_p_prev(r)} "
+            f"| {_pm(r['chrf_mean'], r['chrf_std'])} | {_si(r['params'])} "
             f"| {_si(r['flops_per_token'])} | {_si(r['kv_cache_bytes_per_token'])} "
-            f"| {_si(r['train_tokens_per_s'])} | {mem} |"
+            f"| {_si(r['train_tokens_per_s'])} | {mem} |" + (f" {r.get('mixed') or ''} |" if c.mixed else "")
         )
     lines += [
         "",
         "BLEU and chrF: mean ± sample standard deviation over seeds (Runs: finished/all). "
-        f"p: sacreBLEU paired bootstrap ({c.n_bootstrap} resamples) of the test hypotheses against the "
-        "baseline's, per seed-matched pair of runs; the largest p over the pairs is shown (* p < 0.05). "
-        "Δ prev / p prev: the same against the row above (the switch this row adds, in a ladder). "
-        "FLOPs/token: forward matmul FLOPs per target token (16-token sentences); KV-cache: fp32 bytes "
-        "per generated token over all decoder layers.",
+        f"p Holm: sacreBLEU paired bootstrap ({c.n_bootstrap} resamples) of the test hypotheses against the "
+        "baseline's, per seed-matched pair of runs, the largest p over the pairs, then Holm-Bonferroni "
+        "adjusted over all the comparisons of this table (* adjusted p < 0.05; the unadjusted p-values are "
+        "in comparison.csv). Δ prev / p prev Holm: the same against the row above (the switch this row "
+        "adds, in a ladder). FLOPs/token: forward matmul FLOPs per target token (16-token sentences); "
+        "KV-cache: fp32 bytes per generated token over all decoder layers.",
     ]
     if c.notes:
         lines += ["", "Notes:"] + [f"- {n}" for n in c.notes]

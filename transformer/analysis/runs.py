@@ -64,6 +64,17 @@ class Run:
         return None
 
     @property
+    def trained_config(self) -> dict | None:
+        """:attr:`config` with ``train.precision`` as the run resolved it (``results["precision"]``):
+        ``auto`` means fp32 on one machine and bf16 on another, so runs are compared by what they ran."""
+        if self.config is None:
+            return None
+        resolved = (self.results or {}).get("precision")
+        if not resolved or not isinstance(self.config.get("train"), dict):
+            return self.config
+        return {**self.config, "train": {**self.config["train"], "precision": resolved}}
+
+    @property
     def test_split(self) -> str | None:
         return None if self.results is None else self.results.get("test_split")
 

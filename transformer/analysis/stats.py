@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence, TypeVar
 
 from omegaconf import OmegaConf
 
@@ -16,7 +16,10 @@ from transformer.data.corpus import read_parallel, resolve_split_files
 from transformer.evaluation.metrics import paired_bootstrap
 from transformer.models.flops import kv_cache_bytes_per_token
 
-__all__ = ["first_result", "kv_cache_bytes", "mean", "significance", "std"]
+__all__ = ["first_result", "holm_bonferroni", "kv_cache_bytes", "mean", "seed_range", "significance", "std"]
+
+
+K = TypeVar("K")
 
 
 def mean(values: Sequence[float]) -> float | None:
@@ -29,6 +32,35 @@ def std(values: Sequence[float]) -> float | None:
     """Sample standard deviation (n - 1); None for fewer than two values."""
     values = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     return statistics.stdev(values) if len(values) >= 2 else None
+
+
+def seed_range(values: Sequence[float]) -> float | None:
+    """``max - min`` of the numbers among ``values``; None for fewer than two (the seed-to-seed spread)."""
+    values = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return max(values) - min(values) if len(values) >= 2 else None
+
+
+def holm_bonferroni(p_values: Mapping[K, float | None]) -> dict[K, float | None]:
+    """Holm-Bonferroni adjusted p-values of a family of tests (Holm 1979).
+
+    With the m p-values sorted ascending, p_(1) <= ... <= p_(m), the adjusted value of the i-th is
+    ``max_{j <= i} min(1, (m - j + 1) * p_(j))``; rejecting where the adjusted p < alpha controls the
+    family-wise error rate at alpha. Missing p-values (None) are not tests and keep None.
+
+    Args:
+        p_values: ``{test: p}``.
+
+    Returns:
+        ``{test: adjusted p}`` for the same keys.
+    """
+    tests = sorted(((p, k) for k, p in p_values.items() if p is not None), key=lambda t: t[0])
+    m = len(tests)
+    adjusted: dict[K, float | None] = {k: None for k in p_values}
+    running = 0.0
+    for i, (p, key) in enumerate(tests):
+        running = max(running, min(1.0, (m - i) * p))
+        adjusted[key] = running
+    return adjusted
 
 
 def first_result(runs: Sequence[Run], key: str) -> Any:

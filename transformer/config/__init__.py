@@ -33,10 +33,12 @@ from transformer.config.schema import (
     ModelConfig,
     NormConfig,
     OptimConfig,
+    RESUME_MODES,
     PositionConfig,
     SchedulerConfig,
     TrainConfig,
     register_configs,
+    resume_mode,
 )
 from transformer.config.sizes import ModelSizes, ffn_size, head_dim, model_sizes, resolve_n_kv_heads
 from transformer.config.validation import (

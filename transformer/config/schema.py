@@ -7,6 +7,7 @@ YAML file against them through the ConfigStore (:func:`register_configs`).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Optional, get_type_hints
 
@@ -28,7 +29,9 @@ __all__ = [
     "SchedulerConfig",
     "TrainConfig",
     "GenerationOverrides",
+    "RESUME_MODES",
     "register_configs",
+    "resume_mode",
 ]
 
 
@@ -231,7 +234,9 @@ class TrainConfig:
     keep_last: int = 5
     average_last: int = 0  # average the last N saved checkpoints before the final test
     ema_decay: float = 0.0  # exponential moving average of the weights (e.g. 0.999); 0 = off
-    resume: bool = False  # continue the run in the run folder from its checkpoint_last
+    # false: a new run | true: continue from the run folder's checkpoint_last (start when it has none)
+    # | auto: as true, and a run that is already complete is left as it is (nothing trained or written)
+    resume: Any = False
     # continue from this checkpoint (a checkpoint_* file or stem, any folder) instead; implies resume
     resume_from: Optional[str] = None
     log_every: int = 50
@@ -267,15 +272,49 @@ class Config:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def hydra_subdir(resume: Any = False, resume_from: Any = None) -> str:
+RESUME_MODES = (False, True, "auto")
+"""The values of ``train.resume``."""
+
+
+def resume_mode(value: Any) -> bool | str:
+    """``train.resume`` as one of :data:`RESUME_MODES` (Hydra gives ``true``/``false`` as bools, and
+    a str-typed override as ``"true"``/``"false"``).
+
+    Raises:
+        ValueError: any other value (the message names the field and the allowed values).
+    """
+    text = str(value).strip().lower()
+    if text in ("true", "false", "auto"):
+        return {"true": True, "false": False}.get(text, "auto")
+    raise ValueError(f"train.resume={value!r} is not one of false, true, auto")
+
+
+def hydra_subdir(resume: Any = False, resume_from: Any = None, output_dir: Any = None) -> str:
     """Where Hydra records a training job in its run folder (``hydra.output_subdir`` of
-    ``configs/train.yaml``, as the resolver ``${zoo.hydra_subdir:${train.resume},${train.resume_from}}``).
+    ``configs/train.yaml``, as the resolver
+    ``${zoo.hydra_subdir:${train.resume},${train.resume_from},${hydra:runtime.output_dir}}``).
+
+    Args:
+        resume: ``train.resume``.
+        resume_from: ``train.resume_from``.
+        output_dir: the job's run folder, when known: with ``train.resume=true|auto`` the job is a
+            resume only when the folder holds a ``checkpoint_last`` (else it is the run's first start).
 
     Returns:
         ``.hydra`` for a new run; ``.hydra/resume-<date>_<time>`` for a resumed one, so that the
         run's own record (its config, choices and overrides) is never overwritten.
     """
-    resuming = str(resume).lower() == "true" or str(resume_from or "").lower() not in ("", "none", "null")
+    if str(resume_from or "").lower() not in ("", "none", "null"):
+        resuming = True
+    else:
+        try:
+            mode = resume_mode(resume)
+        except ValueError:
+            mode = False  # validate_config reports it, with the other fields
+        resuming = bool(mode)
+        if resuming and str(output_dir or "").lower() not in ("", "none", "null"):
+            # the name CheckpointManager.LAST gives it (training/checkpoint; config/ cannot import it)
+            resuming = (Path(str(output_dir)) / "checkpoint_last.safetensors").is_file()
     return ".hydra/resume-" + time.strftime("%Y-%m-%d_%H-%M-%S") if resuming else ".hydra"
 
 

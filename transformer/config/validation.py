@@ -8,7 +8,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from transformer.config.schema import Config, ConfigError
+from transformer.config.schema import Config, ConfigError, resume_mode
 from transformer.config.sizes import model_sizes
 from transformer.modules.attention import ATTENTION_KINDS
 from transformer.modules.ffn import FFNS
@@ -128,6 +128,10 @@ def validate_config(cfg: Any) -> None:
         raise ConfigError(f"train.ema_decay={t.ema_decay} must be in [0, 1) (0 turns the average off)")
     if t.log_every < 1:
         raise ConfigError(f"train.log_every={t.log_every} must be >= 1")
+    try:
+        resume_mode(t.resume)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     for name in ("validate_every", "save_every", "keep_last", "average_last", "patience", "clip_norm"):
         if getattr(t, name) < 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")

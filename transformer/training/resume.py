@@ -1,6 +1,9 @@
 """Resuming a run without ever damaging it.
 
-``train.resume=true`` continues the run in the run folder from its ``checkpoint_last``;
+``train.resume=true`` continues the run in the run folder from its ``checkpoint_last`` (and starts
+it when the folder holds no checkpoint); ``train.resume=auto`` does the same and leaves a run that
+is already complete as it is (:func:`completed_results`), so one command re-run after any
+interruption continues every unfinished run of a sweep and skips the finished ones;
 ``train.resume_from=PATH`` continues from any checkpoint (e.g. a numbered one when
 ``checkpoint_last`` is damaged). Either way:
 
@@ -22,6 +25,7 @@ Outside Hydra (tests, notebooks) every field of the given config counts as named
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,11 +34,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from transformer.config import Config, ConfigError, config_differences, validate_config
+from transformer.config import Config, ConfigError, config_differences, resume_mode, validate_config
 from transformer.training.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, numbered_checkpoints
 from transformer.training.results import saved_choices
 
-__all__ = ["RESUME_OVERRIDES", "ResumePoint", "command_line_fields", "prepare_resume", "resume_config"]
+__all__ = ["BUDGET_FIELDS", "RESUME_OVERRIDES", "ResumePoint", "command_line_fields", "completed_results", "prepare_resume",
+           "resume_config"]
 
 RESUME_OVERRIDES: tuple[str, ...] = (
     "train.max_updates", "train.max_epochs", "train.max_time", "train.patience",  # when to stop
@@ -116,14 +121,47 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
             raise CheckpointError(f"train.resume_from={t.resume_from}: there is no {stem}.safetensors; "
                                   f"{_hint(stem.parent)}")
         return stem
-    if not t.resume:
+    mode = resume_mode(t.resume)
+    if not mode:
         return None
     last = run_dir / CheckpointManager.LAST
     if (run_dir / f"{last.name}.safetensors").is_file():
         return last
     if _checkpoints(run_dir):
-        raise CheckpointError(f"train.resume=true but {run_dir} has no {last.name}; {_hint(run_dir)}")
+        raise CheckpointError(f"train.resume={str(mode).lower()} but {run_dir} has no {last.name}; {_hint(run_dir)}")
     return None
+
+
+BUDGET_FIELDS: tuple[str, ...] = ("max_updates", "max_epochs", "max_time", "patience")
+"""The ``train`` fields that say when a run is done: a complete run resumed with a larger budget trains on."""
+
+
+def completed_results(run_dir: Path, resume: ResumePoint) -> dict[str, Any] | None:
+    """The run's ``results.json`` when the run is complete (what ``train.resume=auto`` leaves alone).
+
+    A run is complete when its folder holds a readable ``results.json`` written after training
+    the updates of its ``checkpoint_last`` (``results["updates"]`` equals the checkpoint's update)
+    under the budget the resumed config has (:data:`BUDGET_FIELDS` of ``train`` unchanged: a resume
+    with ``train.max_updates`` raised is not complete, it trains on).
+
+    Args:
+        run_dir: the run folder.
+        resume: the checked checkpoint the run would continue from.
+
+    Returns:
+        The results record, or None when the run must go on (or test again).
+    """
+    try:
+        results = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(results, dict) or results.get("updates") != resume.update:
+        return None
+    ran = (results.get("config") or {}).get("train") or {}
+    now = resume.cfg.train
+    if any(name not in ran or ran[name] != now[name] for name in BUDGET_FIELDS):
+        return None
+    return results
 
 
 def command_line_fields(cfg: DictConfig, run_choices: dict[str, str] | None = None) -> tuple[set[str], set[str]] | None:

@@ -8,13 +8,14 @@ before anything is written into the run folder; then temporaries of interrupted 
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from transformer.config import Config, ConfigError, config_dict, to_config
+from transformer.config import Config, ConfigError, config_dict, resume_mode, to_config
 from transformer.data.dataset import load_translation_data
 from transformer.io import atomic_write_text
 from transformer.models import count_parameters
@@ -31,7 +32,7 @@ from transformer.training.results import (
     run_name,
     saved_choices,
 )
-from transformer.training.resume import ResumePoint, prepare_resume
+from transformer.training.resume import ResumePoint, completed_results, prepare_resume
 from transformer.training.trainer import Trainer
 
 __all__ = ["restore", "train"]
@@ -42,7 +43,9 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
 
     With ``train.resume=true`` (or ``train.resume_from=PATH``) the run continues from its checkpoint
     with its own saved config (see :mod:`transformer.training.resume`); everything is checked before
-    anything in the run folder is written. Temporary files of interrupted saves are removed first.
+    anything in the run folder is written. With ``train.resume=auto`` a run that is already complete
+    (:func:`~transformer.training.resume.completed_results`) is left untouched and its saved results
+    are returned (with ``skipped_complete: True``). Temporary files of interrupted saves are removed first.
 
     Args:
         cfg: a validated config (see :func:`transformer.config.validate_config`), typed or as
@@ -67,6 +70,13 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
     except (ConfigError, CheckpointError) as err:
         err.run_folder_untouched = True  # type: ignore[attr-defined]  (scripts/train.py then drops Hydra's record)
         raise
+    if resume is not None and resume_mode(command_line.train.resume) == "auto":
+        done = completed_results(run_dir, resume)
+        if done is not None:  # train.resume=auto on a complete run: nothing is trained or written
+            print(f"{run_dir} is complete (update {resume.update}, results.json written); train.resume=auto "
+                  "leaves it as it is", file=sys.stderr, flush=True)
+            done["skipped_complete"] = True
+            return done
     cfg = to_config(resume.cfg) if resume is not None else to_config(cfg)
     t = cfg.train
     if t.num_threads > 0:
@@ -96,8 +106,8 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
         copy_tokenizers(data, run_dir)
     if resume is not None:
         log(f"resumed from {resume.stem} at update {trainer.update} (epoch {trainer.epoch})")
-    elif t.resume:
-        log(f"train.resume=true but {run_dir} holds no checkpoint; starting from scratch")
+    elif resume_mode(t.resume):
+        log(f"train.resume={str(resume_mode(t.resume)).lower()} but {run_dir} holds no checkpoint; starting from scratch")
     params = count_parameters(trainer.model)
     log(f"model: {cfg.model.arch}, {params:,} parameters, precision {trainer.precision} "
         f"(train.precision={t.precision}); run folder {run_dir}")

@@ -1,0 +1,113 @@
+"""Whether the runs of one table are comparable: they may differ in the study's switches and the
+seed only.
+
+A run's *recipe* is its resolved config without the keys that never change what it computes
+(:data:`~transformer.analysis.grouping.IGNORED_KEYS`: seed, paths, logging, threads) and without the
+switches (``model.*``), plus what the machine decided: ``train.precision`` as resolved
+(``results["precision"]``: ``auto`` is fp32 on one CPU and bf16 on another) and the torch version
+(``results["hardware"]["torch"]``). Every run of a table must have the same recipe: the same
+budget, data, optimiser, schedule, criterion, decoding, precision and torch. One exception is
+coupled to a switch (:data:`COUPLED`): the decoder-only ladder step doubles ``train.max_tokens``
+because its rows hold source and target, so ``train.max_tokens`` may differ between runs whose
+``model.arch`` differs (and must agree among runs of the same ``model.arch``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from transformer.analysis.grouping import IGNORED_KEYS, Configuration, flatten_config, is_ignored, with_defaults
+from transformer.analysis.runs import Run
+
+__all__ = ["COUPLED", "SWITCH_PREFIXES", "MixedField", "MixedRunsError", "mixed_fields", "mixed_runs_message", "recipe_of"]
+
+SWITCH_PREFIXES: tuple[str, ...] = ("model",)
+"""Config keys the configurations of a study are meant to differ in (a key covers those below it)."""
+
+COUPLED: dict[str, str] = {"train.max_tokens": "model.arch"}
+"""Recipe keys that may differ between runs that differ in the switch they are coupled to."""
+
+
+class MixedRunsError(ValueError):
+    """The runs of one table differ in more than the switches and the seed (the message names them)."""
+
+
+@dataclass
+class MixedField:
+    """A recipe key whose value is not the same for every run.
+
+    Attributes:
+        key: the dotted key (``train.precision``, ``torch``, ``train.max_updates``, ...).
+        values: ``{value as text: [run folders]}``, in first-seen order.
+    """
+
+    key: str
+    values: dict[str, list[str]]
+
+    def sentence(self, limit: int = 3) -> str:
+        """``key: v1 (run_a, run_b), v2 (run_c)``, naming at most ``limit`` runs per value."""
+        parts = []
+        for value, runs in self.values.items():
+            names = ", ".join(runs[:limit]) + (f" and {len(runs) - limit} more" if len(runs) > limit else "")
+            parts.append(f"{value} ({names})")
+        return f"{self.key}: {'; '.join(parts)}"
+
+
+def recipe_of(run: Run, ignore: Sequence[str] = IGNORED_KEYS) -> dict[str, Any]:
+    """The flat recipe of a finished run (see the module docstring). A key the run's config lacks
+    (a field added to the schema after the run trained) takes its default, which by the project's
+    rule is the behaviour the run had."""
+    flat = with_defaults(run.trained_config or {})
+    recipe = {k: v for k, v in flat.items()
+              if not is_ignored(k, ignore) and not is_ignored(k, SWITCH_PREFIXES)}
+    hardware = (run.results or {}).get("hardware")
+    recipe["torch"] = hardware.get("torch") if isinstance(hardware, dict) else None
+    return recipe
+
+
+def _name(run: Run) -> str:
+    return run.run_dir.name if run.run_dir.name not in ("", ".") else str(run.run_dir)
+
+
+def mixed_fields(configs: Sequence[Configuration], ignore: Sequence[str] = IGNORED_KEYS) -> list[MixedField]:
+    """The recipe keys in which the finished runs of ``configs`` differ (beyond :data:`COUPLED` ones).
+
+    Args:
+        configs: the table's configurations (their finished runs are compared).
+        ignore: config keys that never count.
+
+    Returns:
+        One :class:`MixedField` per key that differs, in key order; empty when the runs are comparable.
+    """
+    runs = [r for c in configs for r in c.runs]
+    recipes = [(r, recipe_of(r, ignore)) for r in runs]
+    flats = {id(r): flatten_config(r.config or {}) for r in runs}
+    keys = sorted({k for _, rec in recipes for k in rec})
+    mixed = []
+    for key in keys:
+        def text(rec: dict) -> str:
+            return "missing" if key not in rec else str(rec[key])
+
+        groups: dict[str, list[str]] = {}
+        for run, rec in recipes:
+            groups.setdefault(text(rec), []).append(_name(run))
+        if len(groups) < 2:
+            continue
+        coupled = COUPLED.get(key)
+        if coupled is not None:  # allowed when the value is a function of the coupled switch
+            by_switch: dict[str, set[str]] = {}
+            for run, rec in recipes:
+                by_switch.setdefault(str(flats[id(run)].get(coupled)), set()).add(text(rec))
+            if all(len(v) == 1 for v in by_switch.values()):
+                continue
+        mixed.append(MixedField(key, groups))
+    return mixed
+
+
+def mixed_runs_message(mixed: Sequence[MixedField]) -> str:
+    """The sentence :class:`MixedRunsError` carries."""
+    return ("the runs of this table differ in more than the study's switches (model.*) and the seed: "
+            + "; ".join(m.sentence() for m in mixed)
+            + ". Compare runs trained alike (same precision, budget, data and torch), or pass --allow-mixed "
+              "to show the differences in the table")
