@@ -10,9 +10,13 @@ The run folder (Hydra's output dir) receives metrics.jsonl, checkpoints, test hy
 results.json.
 
 User errors (an invalid config, unusable data, a checkpoint that cannot be resumed, a diverged
-run) end with one line ``error: ...`` on stderr and exit status 2 (configuration) or 1 (others);
-``HYDRA_FULL_ERROR=1`` shows the traceback instead. In a sweep (``-m``) a failed job prints its
-line and the other jobs still run (Hydra reports the failure at the end).
+run, a run folder another process is writing) end with one line ``error: ...`` on stderr and exit
+status 2 (configuration) or 1 (others); ``HYDRA_FULL_ERROR=1`` shows the traceback instead. In a
+sweep (``-m``) a failed job prints its line and the other jobs still run (Hydra reports the failure
+at the end). A signal of ``train.stop_signals`` (SIGTERM, SIGINT, SIGUSR1, SIGUSR2) stops training
+after the update in progress, saves ``checkpoint_last`` and exits with status 75; the same command
+with ``train.resume=auto`` continues it. The return value, for a sweeper such as Optuna
+(``hydra/sweeper=optuna``), is the best validation ``train.best_metric``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,14 @@ if str(ROOT) not in sys.path:  # allow running from a checkout without installin
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from transformer.cli import MissingPlugin, check_hydra_plugins  # noqa: E402
+from transformer.cli import (  # noqa: E402
+    MissingPlugin,
+    check_hydra_plugins,
+    check_sweep_objective,
+    sweep_objective,
+    sweeper_direction,
+)
+from transformer.io import FolderLocked  # noqa: E402
 from transformer.config import ConfigError, register_configs, to_config, validate_config  # noqa: E402
 
 register_configs()
@@ -81,7 +92,9 @@ def main(cfg: DictConfig) -> float | None:
     """Validate the config, then train, validate, test and write results.json.
 
     Returns:
-        The test BLEU (what a Hydra sweeper would optimise).
+        The run's best validation ``train.best_metric`` (what a Hydra sweeper optimises; never a test
+        score). A run stopped by a signal of ``train.stop_signals`` exits with status 75 after
+        saving ``checkpoint_last``.
     """
     from transformer.data.corpus import DataError
     from transformer.training.checkpoint import CheckpointError
@@ -89,22 +102,31 @@ def main(cfg: DictConfig) -> float | None:
     try:
         validate_config(cfg)
         config = to_config(cfg)  # the typed Config every function below takes
+        try:
+            check_sweep_objective(config.train, sweeper_direction())
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     except ConfigError as err:
         refused = ConfigError(f"invalid configuration: {err}")
         refused.run_folder_untouched = True  # nothing was written (a resume's Hydra record is dropped)
         _fail(refused, 2)
     from transformer.training.run import train
+    from transformer.training.stopping import StopRequested
     from transformer.training.trainer import TrainingError
 
     try:
         results = train(config)
     except ConfigError as err:
         _fail(err, 2)
-    except (TrainingError, CheckpointError, DataError, FileNotFoundError) as err:
+    except StopRequested as err:  # a polite stop: checkpoint_last saved, the line saying how to continue logged
+        if _multirun():
+            raise RunFailed(str(err)) from None
+        sys.exit(err.exit_status)
+    except (TrainingError, CheckpointError, DataError, FileNotFoundError, FolderLocked) as err:
         _fail(err, 1)
     if results.get("skipped_complete"):
         _forget_resume_record()  # train.resume=auto on a complete run: the folder stays as it was
-    return results.get("bleu")
+    return sweep_objective(results)  # the best validation metric: a sweeper never tunes on the test set
 
 
 if __name__ == "__main__":

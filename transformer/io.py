@@ -7,15 +7,20 @@ file in the destination's folder, flushed and ``fsync``-ed, then moved into plac
 half-written file under the destination's name. :func:`atomic_write_all` does the same for several
 files that belong together: all are staged completely before the first is moved into place.
 
-Safetensors files are read with :func:`read_safetensors` (tensors and header metadata, one error
+A run folder has one writer at a time: :class:`FolderLock` (an OS file lock released when its
+process dies). Safetensors files are read with :func:`read_safetensors` (tensors and header metadata, one error
 type naming the file) and written with :func:`write_safetensors` (atomic; tied or non-contiguous
 tensors made acceptable by :func:`weights_for_safetensors`).
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import socket
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -25,11 +30,16 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 __all__ = [
+    "LOCK_NAME",
+    "FolderLock",
+    "FolderLocked",
     "SafetensorsReadError",
     "atomic_write",
     "atomic_write_all",
     "atomic_write_bytes",
     "atomic_write_text",
+    "check_unlocked",
+    "folder_locked_by_other",
     "read_safetensors",
     "safetensors_writer",
     "weights_for_safetensors",
@@ -210,3 +220,106 @@ def read_safetensors(path: Path | str, device: str | torch.device = "cpu") -> tu
             return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
     except Exception as e:  # safetensors raises its own error types without the file name
         raise SafetensorsReadError(f"cannot read {path}: {type(e).__name__}: {e}") from e
+
+
+# ----------------------------------------------------------------------------- one writer per folder
+
+LOCK_NAME = ".lock"
+"""The lock file of a run folder (see :class:`FolderLock`)."""
+
+
+class FolderLocked(RuntimeError):
+    """Another live process holds the folder's lock (the message names the folder and the holder)."""
+
+    run_folder_untouched = True  # nothing was written by the process that got this error
+
+
+def _holder(path: Path) -> str:
+    try:
+        info = json.loads(path.read_text(encoding="utf-8") or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not info:
+        return "another process (it has not written its name yet)"
+    return f"pid {info.get('pid', '?')} on {info.get('host', '?')}, running since {info.get('started', '?')}"
+
+
+class FolderLock:
+    """An exclusive lock on a folder: one writer per run folder.
+
+    ``fcntl.flock`` on ``<folder>/.lock``: the operating system releases it when the holding process
+    ends in any way (kill -9 included), so no stale lock is ever left to clean by hand. The holder
+    writes its host, pid and start time into the file; a second process that finds the folder
+    locked raises :class:`FolderLocked` naming them, having written nothing (it opens an existing
+    lock file without changing it).
+
+    Args:
+        folder: the run folder (created when absent).
+    """
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> "FolderLock":
+        """Take the lock, or raise :class:`FolderLocked` at once (never waits)."""
+        existed = self.path.exists()
+        if not existed:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise FolderLocked(_locked_message(self.folder)) from None
+        info = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Let the lock go (the lock file stays; it means nothing without a holder)."""
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "FolderLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def check_unlocked(folder: str | os.PathLike) -> None:
+    """Raise :class:`FolderLocked` (naming the holder) when another live process holds ``folder``'s
+    lock; writes nothing."""
+    if folder_locked_by_other(folder):
+        raise FolderLocked(_locked_message(Path(folder)))
+
+
+def _locked_message(folder: Path) -> str:
+    return (f"{folder} is in use by {_holder(folder / LOCK_NAME)}: one process writes a run folder at a time. "
+            "Wait for it to finish (or stop it), or give this run another folder (hydra.run.dir=...)")
+
+
+def folder_locked_by_other(folder: str | os.PathLike) -> bool:
+    """Whether another live process holds ``folder``'s lock (probes without writing anything)."""
+    path = Path(folder) / LOCK_NAME
+    if not path.is_file():
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -122,43 +123,74 @@ def test_wmt14_base_experiment_is_the_paper_recipe() -> None:
     assert big.model.d_model == 1024 and big.train.max_tokens == 3125
 
 
-def test_wmt14_recipe_preprocess_then_sbatch_script(tmp_path: Path) -> None:
-    """The README's cluster path at a tiny size: preprocess once, then scripts/wmt14_en_de.sbatch
-    (srun and scontrol stood in for by local commands: one node, torchrun with 2 CPU ranks, c10d
-    rendezvous) trains experiment=wmt14_en_de_base from the binarized folder and averages the last
-    checkpoints for the test."""
+def _sbatch(tmp_path: Path, tiny: list[str], usr1_after_update: int | None = None) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """Preprocess a WMT14-shaped corpus, then run scripts/wmt14_en_de.sbatch with srun and scontrol
+    stood in for by local commands (scontrol records its arguments); optionally send the batch shell
+    USR1 (SLURM's --signal=B:USR1@300) once training has logged ``usr1_after_update``."""
     root = _wmt14_shaped(tmp_path / "wmt14")
     out = _preprocess("data=wmt14_en_de", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=800")
     assert out.returncode == 0, out.stderr[-3000:]
     folder = re.search(r"^binarized data: (.+)$", out.stdout, re.M).group(1)
     fake = tmp_path / "bin"
     fake.mkdir()
+    calls = tmp_path / "scontrol.calls"
     (fake / "srun").write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
-    (fake / "scontrol").write_text("#!/bin/sh\necho localhost\n")
+    (fake / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho localhost\n')
     for f in fake.iterdir():
         f.chmod(0o755)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     run = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{fake}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "localhost",
-           "SLURM_NNODES": "1", "SLURM_JOB_ID": "77", "GPUS_PER_NODE": "2", "PORT": str(port),
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "SLURM_JOB_NODELIST": "localhost", "SLURM_NNODES": "1", "SLURM_JOB_ID": "77", "GPUS_PER_NODE": "2", "PORT": str(port),
            "BINARIZED": folder, "RUN_DIR": str(run), "SLURM_SUBMIT_DIR": str(REPO_ROOT)}
-    tiny = ["data.vocab_size=800", "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_model=32",
-            "model.n_heads=4", "model.d_ff=64", "train.max_updates=2", "train.save_every=1", "train.average_last=2",
-            "train.validate_every=0", "train.valid_bleu=false", "train.precision=fp32", "train.num_threads=1",
-            "train.device=cpu", "generation.beam_size=2", "generation.max_len_b=2"]
     # Own process group: a timeout kills the sbatch script's torchrun and ranks too, not only bash.
     proc = subprocess.Popen(["bash", str(REPO_ROOT / "scripts" / "wmt14_en_de.sbatch"), *tiny], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
+        if usr1_after_update is not None:
+            deadline = time.time() + 300
+            while time.time() < deadline and proc.poll() is None:
+                metrics = run / "metrics.jsonl"
+                if metrics.is_file() and f'"update": {usr1_after_update},' in metrics.read_text():
+                    break
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGUSR1)  # to the batch shell only, as B: does
         stdout, stderr = proc.communicate(timeout=600)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         raise
-    out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), run, calls
+
+
+TINY = ["data.vocab_size=800", "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_model=32",
+        "model.n_heads=4", "model.d_ff=64", "train.validate_every=0", "train.valid_bleu=false", "train.precision=fp32",
+        "train.num_threads=1", "train.device=cpu", "generation.beam_size=2", "generation.max_len_b=2"]
+
+
+def test_wmt14_recipe_preprocess_then_sbatch_script(tmp_path: Path) -> None:
+    """The README's cluster path at a tiny size: preprocess once, then scripts/wmt14_en_de.sbatch
+    (one node, torchrun with 2 CPU ranks, c10d rendezvous) trains experiment=wmt14_en_de_base from
+    the binarized folder and averages the last checkpoints for the test."""
+    out, run, calls = _sbatch(tmp_path, [*TINY, "train.max_updates=2", "train.save_every=1", "train.average_last=2"])
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads((run / "results.json").read_text())
     assert results["world_size"] == 2 and results["updates"] == 2 and results["choices"]["experiment"] == "wmt14_en_de_base"
     assert "average of checkpoint_1, checkpoint_2" in out.stderr and set(results["test"]) == {"newstest2014"}
+    assert "requeue" not in calls.read_text()
+
+
+@pytest.mark.slow
+def test_sbatch_time_limit_signal_stops_politely_then_requeues(tmp_path: Path) -> None:
+    """SLURM's USR1 ahead of the time limit: both ranks stop after one update with checkpoint_last
+    saved, then the script requeues the job; the requeued job (the same script) continues."""
+    tiny = [*TINY, "train.max_updates=3000", "train.save_every=0"]
+    out, run, calls = _sbatch(tmp_path, tiny, usr1_after_update=3)
+    assert "time limit near: stopping the training politely, then requeueing job 77" in out.stdout, out.stderr[-3000:]
+    stopped = re.findall(r"stopped by (?:SIGTERM|a signal on another rank) after update (\d+): checkpoint_last saved", out.stderr)
+    assert stopped and len(set(stopped)) == 1, out.stderr[-3000:]
+    assert json.loads((run / "checkpoint_last.json").read_text())["update"] == int(stopped[0])
+    assert calls.read_text().splitlines()[-1] == "requeue 77"
+    assert not (run / "results.json").exists()

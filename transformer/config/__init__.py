@@ -42,6 +42,7 @@ from transformer.config.schema import (
 )
 from transformer.config.sizes import ModelSizes, ffn_size, head_dim, model_sizes, resolve_n_kv_heads
 from transformer.config.validation import (
+    signal_number,
     validate_config,
     validate_generation_config,
     validate_model_config,

@@ -7,12 +7,14 @@ YAML file against them through the ConfigStore (:func:`register_configs`).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from dataclasses import dataclass, field, fields, make_dataclass
+from pathlib import Path
 from typing import Any, Optional, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
+
+from transformer.io import folder_locked_by_other
 
 __all__ = [
     "Config",
@@ -241,6 +243,9 @@ class TrainConfig:
     resume_from: Optional[str] = None
     log_every: int = 50
     progress: bool = True
+    # signals that stop training politely: finish the update, save checkpoint_last, exit with status 75
+    # (transformer/training/stopping.py); SLURM/scancel send SIGTERM, submitit's preemption signal is USR2
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"])
     distributed: str = "ddp"  # under torchrun: ddp (DistributedDataParallel) | fsdp (FSDP2, sharded)
     activation_checkpointing: bool = False  # recompute each layer's activations in the backward pass
 
@@ -289,7 +294,7 @@ def resume_mode(value: Any) -> bool | str:
     raise ValueError(f"train.resume={value!r} is not one of false, true, auto")
 
 
-def hydra_subdir(resume: Any = False, resume_from: Any = None, output_dir: Any = None) -> str:
+def hydra_subdir(resume: Any = False, resume_from: Any = None, output_dir: Any = None) -> str | None:
     """Where Hydra records a training job in its run folder (``hydra.output_subdir`` of
     ``configs/train.yaml``, as the resolver
     ``${zoo.hydra_subdir:${train.resume},${train.resume_from},${hydra:runtime.output_dir}}``).
@@ -302,7 +307,8 @@ def hydra_subdir(resume: Any = False, resume_from: Any = None, output_dir: Any =
 
     Returns:
         ``.hydra`` for a new run; ``.hydra/resume-<date>_<time>`` for a resumed one, so that the
-        run's own record (its config, choices and overrides) is never overwritten.
+        run's own record (its config, choices and overrides) is never overwritten; None (no record)
+        when another live process holds the folder's lock (:class:`~transformer.io.FolderLock`).
     """
     if str(resume_from or "").lower() not in ("", "none", "null"):
         resuming = True
@@ -315,6 +321,8 @@ def hydra_subdir(resume: Any = False, resume_from: Any = None, output_dir: Any =
         if resuming and str(output_dir or "").lower() not in ("", "none", "null"):
             # the name CheckpointManager.LAST gives it (training/checkpoint; config/ cannot import it)
             resuming = (Path(str(output_dir)) / "checkpoint_last.safetensors").is_file()
+    if str(output_dir or "").lower() not in ("", "none", "null") and folder_locked_by_other(str(output_dir)):
+        return None  # another process writes this run folder: Hydra writes no record; the job stops naming it
     return ".hydra/resume-" + time.strftime("%Y-%m-%d_%H-%M-%S") if resuming else ".hydra"
 
 

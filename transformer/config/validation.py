@@ -3,6 +3,7 @@ before anything is built, with a sentence that names the fields (:class:`ConfigE
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -16,7 +17,7 @@ from transformer.modules.norms import NORMS
 from transformer.modules.positions import POSITIONS
 from transformer.modules.residual import RESIDUALS
 
-__all__ = ["validate_config", "validate_generation_config", "validate_model_config", "validate_optim_config"]
+__all__ = ["signal_number", "validate_config", "validate_generation_config", "validate_model_config", "validate_optim_config"]
 
 
 # the options of each switch: the tables beside the classes they name, or fixed lists where the
@@ -31,6 +32,26 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model.ffn.name": tuple(FFNS),
     "model.position.name": tuple(POSITIONS),
 }
+
+
+_UNCATCHABLE = ("SIGKILL", "SIGSTOP")
+
+
+def signal_number(name: str) -> signal.Signals:
+    """The signal named ``name`` in ``train.stop_signals`` (``SIGTERM``, ``TERM``, ``term`` or ``15``).
+
+    Raises:
+        ConfigError: not a signal of this platform, or one that cannot be caught (SIGKILL, SIGSTOP);
+            the message names the field.
+    """
+    text = str(name).strip().upper()
+    try:
+        sig = signal.Signals(int(text)) if text.isdigit() else signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
+    except (KeyError, ValueError):
+        raise ConfigError(f"train.stop_signals: {name!r} is not a signal name (e.g. SIGTERM, SIGUSR1)") from None
+    if sig.name in _UNCATCHABLE:
+        raise ConfigError(f"train.stop_signals: {sig.name} cannot be caught by a process; use SIGTERM or SIGUSR1")
+    return sig
 
 
 def _get(cfg: Any, dotted: str) -> Any:
@@ -132,6 +153,8 @@ def validate_config(cfg: Any) -> None:
         resume_mode(t.resume)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    for name in t.stop_signals:
+        signal_number(name)
     for name in ("validate_every", "save_every", "keep_last", "average_last", "patience", "clip_norm"):
         if getattr(t, name) < 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")

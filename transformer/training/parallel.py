@@ -190,6 +190,15 @@ class DataParallel:
         dist.all_reduce(t)
         return int(round(t[0].item())), float(t[1].item())
 
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (a collective under torchrun: every rank calls it;
+        e.g. a stop signal received by one rank only)."""
+        if self.mode == "none":
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], device=self.dist.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item() > 0)
+
     # ------------------------------------------------------------------ full weights on rank 0
 
     def full_state_dict(self) -> dict[str, Tensor]:

@@ -8,19 +8,21 @@ before anything is written into the run folder; then temporaries of interrupted 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from transformer.config import Config, ConfigError, config_dict, resume_mode, to_config
 from transformer.data.dataset import load_translation_data
-from transformer.io import atomic_write_text
+from transformer.io import FolderLock, atomic_write_text, check_unlocked
 from transformer.models import count_parameters
 from transformer.training.allocator import tune_cpu_allocator
-from transformer.training.checkpoint import CheckpointError, remove_stale_temporaries
+from transformer.training.checkpoint import CheckpointError, CheckpointManager, remove_stale_temporaries
 from transformer.training.distributed import setup_distributed, shutdown_distributed
 from transformer.training.loggers import build_loggers
 from transformer.training.results import (
@@ -33,6 +35,7 @@ from transformer.training.results import (
     saved_choices,
 )
 from transformer.training.resume import ResumePoint, completed_results, prepare_resume
+from transformer.training.stopping import GracefulStop, StopRequested
 from transformer.training.trainer import Trainer
 
 __all__ = ["restore", "train"]
@@ -56,7 +59,14 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
         ``params``, ``updates``, ``wall_time_s``, ``train_tokens_per_s``, ``peak_memory_mb``,
         ``choices``, ``config`` and per-split ``test`` scores.
 
+    One process writes a run folder at a time: rank 0 holds the folder's
+    :class:`~transformer.io.FolderLock` until the run ends; a signal of ``train.stop_signals`` stops
+    it politely (:mod:`transformer.training.stopping`). A job that submitit requeued continues from
+    its checkpoint.
+
     Raises (an error of a resume that is refused carries ``run_folder_untouched = True``):
+        FolderLocked: another live process holds the run folder (the message names it; nothing written).
+        StopRequested: a stop signal arrived; ``checkpoint_last`` was saved (exit status 75).
         TrainingError: when training diverges (the message names the last finite checkpoint).
         CheckpointError: a checkpoint to resume from that cannot be read or does not fit (the
             message lists the folder's other checkpoints and ``train.resume_from``).
@@ -65,6 +75,8 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
     start = time.time()
     command_line = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(config_dict(cfg))
     run_dir = run_dir_for(command_line)
+    check_unlocked(run_dir)  # another process writes this folder: stop before reading or writing anything
+    command_line = _requeued_job_resumes(command_line, run_dir)
     try:
         resume = prepare_resume(command_line, run_dir, torch.device("cpu"))  # reads and checks; writes nothing
     except (ConfigError, CheckpointError) as err:
@@ -82,6 +94,31 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
     if t.num_threads > 0:
         torch.set_num_threads(t.num_threads)
     dist_info = setup_distributed(t.device)
+    lock = FolderLock(run_dir).acquire() if dist_info.is_main else None  # one writer per run folder (rank 0)
+    try:
+        return _train(cfg, resume, dist_info, run_dir, start)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _requeued_job_resumes(command_line: DictConfig, run_dir: Path) -> DictConfig:
+    """A job that submitit requeued (``SUBMITIT_EXECUTOR`` set, its folder holding a
+    ``checkpoint_last``, ``train.resume=false``) continues from its checkpoint (``train.resume=auto``)."""
+    t = command_line.train
+    if (os.environ.get("SUBMITIT_EXECUTOR") and not resume_mode(t.resume) and not t.get("resume_from")
+            and (run_dir / f"{CheckpointManager.LAST}.safetensors").is_file()):
+        print(f"{run_dir} holds a checkpoint_last and this is a submitit job: a requeued job continues "
+              "(train.resume=auto)", file=sys.stderr, flush=True)
+        command_line = command_line.copy()
+        with open_dict(command_line):
+            command_line.train.resume = "auto"
+    return command_line
+
+
+def _train(cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Path, start: float) -> dict[str, Any]:
+    """The part of :func:`train` that writes the run folder (under its lock on rank 0)."""
+    t = cfg.train
     if t.tune_malloc and dist_info.device.type == "cpu":
         tune_cpu_allocator()
     log = RunLog(run_dir, dist_info.is_main)
@@ -112,7 +149,17 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
     log(f"model: {cfg.model.arch}, {params:,} parameters, precision {trainer.precision} "
         f"(train.precision={t.precision}); run folder {run_dir}")
     loggers = build_loggers(cfg.logger, run_dir, run_name(cfg, choices), config_dict(cfg), dist_info.is_main)
-    stop = trainer.fit(loggers)
+    with GracefulStop(t.stop_signals, announce=dist_info.is_main) as stopping:
+        trainer.stopping = stopping
+        try:
+            stop = trainer.fit(loggers)
+        except StopRequested as stopped:
+            log(f"{stopped}; to continue, run the same command with train.resume=auto (a sweep's own command does), "
+                f"or: python scripts/train.py hydra.run.dir={run_dir} train.resume=true")
+            loggers.close()
+            shutdown_distributed()
+            stopping.hand_over()  # e.g. submitit's preemption handler: it requeues the job and exits
+            raise
     log(f"stopped: {stop}")
     if trainer.parallel.mode == "fsdp":  # the final test runs on rank 0 alone, with full weights
         trainer.model = trainer.eval_model()

@@ -20,7 +20,6 @@ from typing import Any, Iterator
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from transformer.config import Config, config_dict
 from transformer.data.batching import TokenBatchSampler
@@ -37,7 +36,9 @@ from transformer.training.ema import EMA
 from transformer.training.optim import build_optimizer
 from transformer.training.parallel import DataParallel, TrainingLoss, checkpoint_layers
 from transformer.training.precision import resolve_precision
+from transformer.training.progress import TrainingBar
 from transformer.training.schedules import build_scheduler
+from transformer.training.stopping import GracefulStop, StopRequested
 from transformer.training.validation import scorable_pairs, teacher_forced_loss, translate_and_score
 
 __all__ = ["Trainer", "TrainingError"]
@@ -94,6 +95,7 @@ class Trainer:
         self.last_saved: tuple[Path, int] | None = None  # newest finite checkpoint (stem, update)
         self.valid_set = scorable_pairs(data.splits["valid"], cfg.model)  # (pairs the model can score, a note to log once)
         self.log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if dist_info.is_main else (lambda msg: None)
+        self.stopping: GracefulStop | None = None  # set by training.run: the polite stop on train.stop_signals
 
     def _build_model(self) -> nn.Module:
         joint = self.data.joint_vocab
@@ -352,9 +354,8 @@ class Trainer:
             TrainingError: on a non-finite loss (the last good checkpoint stays).
         """
         t = self.cfg.train
-        progress = None
-        if self.dist.is_main and t.progress:
-            progress = tqdm(total=t.max_updates or None, initial=self.update, desc=f"train {self.precision}", unit="upd", dynamic_ncols=True, mininterval=2.0, file=sys.stderr)
+        progress = TrainingBar(max_updates=t.max_updates, max_time=t.max_time, update=self.update, train_time=self.train_time,
+                               desc=f"train {self.precision}", enabled=self.dist.is_main and bool(t.progress))
         batches = self._batches()
         stop = self.stop_reason()
         window_tokens, window_start, shown_rate = 0, time.time(), "-"
@@ -372,9 +373,9 @@ class Trainer:
                     logger.log(stats, step=self.update, split="train")
                     window_tokens, window_start = 0, time.time()
                     shown_rate = f"{stats['tokens_per_s']:.0f}"
-                if progress is not None:  # the current update's values (tokens/s of the last logged window)
-                    progress.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=shown_rate, refresh=False)
-                    progress.update(1)
+                # the current update's values (tokens/s of the last logged window)
+                progress.step(time.time() - step_start, self.update, loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}",
+                              tok_s=shown_rate)
                 validate_now = t.validate_every > 0 and self.update % t.validate_every == 0
                 if validate_now or stop is not None:
                     is_best = self.validate(logger)
@@ -382,10 +383,24 @@ class Trainer:
                     self.save(is_best=is_best, numbered=t.save_every > 0 and self.update % t.save_every == 0)
                 elif t.save_every > 0 and self.update % t.save_every == 0:
                     self.save(numbered=True)
+                if stop is None:
+                    self._stop_if_signalled()
         finally:
-            if progress is not None:
-                progress.close()
+            progress.close()
         return stop
+
+    def _stop_if_signalled(self) -> None:
+        """After an update (and its validation): when any rank received a stop signal
+        (:mod:`transformer.training.stopping`), save ``checkpoint_last`` unless this update is
+        saved already, then raise :class:`~transformer.training.stopping.StopRequested`."""
+        requested = self.parallel.any_rank(self.stopping is not None and self.stopping.requested)
+        if not requested:
+            return
+        if self.last_saved is None or self.last_saved[1] != self.update:
+            self.save()
+        name = self.stopping.received.name if self.stopping is not None and self.stopping.received else "a signal on another rank"
+        raise StopRequested(name, self.update, f"stopped by {name} after update {self.update}: checkpoint_last saved "
+                                               f"in {self.run_dir}")
 
     def progress(self) -> dict[str, Any]:
         """The run's counters as recorded in ``results.json``."""
