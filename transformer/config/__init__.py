@@ -34,11 +34,22 @@ from transformer.config.schema import (
     NormConfig,
     OptimConfig,
     PositionConfig,
+    RopeScalingConfig,
     SchedulerConfig,
     TrainConfig,
     register_configs,
 )
-from transformer.config.sizes import ModelSizes, ffn_size, head_dim, model_sizes, resolve_n_kv_heads
+from transformer.config.sizes import (
+    LatentSizes,
+    ModelSizes,
+    ffn_size,
+    head_dim,
+    latent_sizes,
+    layer_windows,
+    model_sizes,
+    resolve_n_kv_heads,
+    rope_scaling,
+)
 from transformer.config.validation import (
     validate_config,
     validate_generation_config,
