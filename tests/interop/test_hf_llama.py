@@ -127,7 +127,7 @@ def test_import_refuses_rope_scaling_it_lacks(tmp_path) -> None:
     model, cfg = _llama("gqa_swiglu_untied")
     hf = to_hf_llama(model, cfg)
     hf.config.rope_parameters = {"rope_type": "longrope", "factor": 2.0, "rope_theta": 500.0,
-                                 "long_factor": [1.0] * 4, "short_factor": [1.0] * 4}
+                                 "long_factor": [1.0] * 4, "short_factor": [1.0] * 4, "original_max_position_embeddings": 64}
     hf.save_pretrained(tmp_path / "hf")
     with pytest.raises(ExportError, match="rope_type='longrope'"):
         from_hf_llama(tmp_path / "hf")
