@@ -44,6 +44,7 @@ from transformer.config.sizes import (
     ModelSizes,
     ffn_size,
     head_dim,
+    kv_cache_values,
     latent_sizes,
     layer_windows,
     model_sizes,

@@ -18,6 +18,7 @@ __all__ = [
     "ModelSizes",
     "ffn_size",
     "head_dim",
+    "kv_cache_values",
     "latent_sizes",
     "layer_windows",
     "model_sizes",
@@ -109,6 +110,16 @@ def layer_windows(model: Any, n_layers: int) -> list[int | None]:
     if window is None:
         return [None] * n_layers
     return [None if every and (i + 1) % every == 0 else int(window) for i in range(n_layers)]
+
+
+def kv_cache_values(model: Any) -> int:
+    """Values one self-attention layer caches per token (:attr:`ModelSizes.kv_cache_values`), read
+    from the attention fields only, so that a partial record (``results.json`` of an older run)
+    still gives it."""
+    latent = latent_sizes(model)
+    if latent is not None:
+        return latent.kv_lora_rank + latent.qk_rope_head_dim
+    return 2 * resolve_n_kv_heads(model) * head_dim(model)
 
 
 def rope_scaling(model: Any) -> RopeScaling | None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from transformer.config import layer_windows, model_sizes
+from transformer.config import kv_cache_values, layer_windows, model_sizes
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
@@ -88,13 +88,13 @@ def kv_cache_bytes_per_token(cfg: Any, bytes_per_value: int = 4) -> int:
     A sliding-window layer adds these bytes only until its rolling buffer holds ``W`` tokens
     (:func:`kv_cache_bytes`).
     """
-    return _self_attention_layers(cfg) * model_sizes(cfg).kv_cache_values * bytes_per_value
+    return _self_attention_layers(cfg) * kv_cache_values(cfg) * bytes_per_value
 
 
 def kv_cache_bytes(cfg: Any, n_tokens: int, bytes_per_value: int = 4) -> int:
     """Self-attention KV-cache bytes of one sequence of ``n_tokens`` (all decoder layers): a
     sliding-window layer of window ``W`` holds ``min(n_tokens, W)`` tokens (its rolling buffer),
     a global layer all of them."""
-    values = model_sizes(cfg).kv_cache_values
+    values = kv_cache_values(cfg)
     windows = layer_windows(cfg, _self_attention_layers(cfg))
     return sum(min(n_tokens, w) if w is not None else n_tokens for w in windows) * values * bytes_per_value
