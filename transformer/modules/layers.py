@@ -80,9 +80,16 @@ class TransformerLayer(nn.Module):
 class TransformerStack(nn.Module):
     """Layers applied in order, then an optional final norm (pre-LN stacks; Identity for post-LN).
 
+    ``window`` is the sliding window of the stack's local layers (None when all are global): the
+    models prepare :class:`AttentionInputs` with it, and :meth:`new_self_caches` gives each layer
+    its decoding cache.
+
     Args:
         layers: the :class:`TransformerLayer` s.
         final_norm: applied to the last layer's output.
+
+    Raises:
+        ValueError: local layers with different windows.
     """
 
     def __init__(self, *, layers: list[TransformerLayer], final_norm: nn.Module | None = None) -> None:
