@@ -97,3 +97,30 @@ def test_sliding_window_decoder_against_hf_mistral() -> None:
         unwindowed.load_state_dict(model.state_dict())
         assert (unwindowed(tokens) - expected)[:, W:].abs().max() > 1e-3  # the window matters past W
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("option", ["mha", "mla", "mla_q_lora_v6", "mla_sinusoidal"])
+def test_flops_of_latent_attention_match_a_flop_counter(option: str) -> None:
+    """forward_flops counts the causal half of the attention square; torch's FlopCounterMode (math
+    SDPA kernel: plain matmuls) counts all of it, so the two differ by ``layers * n^2 * (qk + v)``
+    widths and by nothing else (every projection of MLA counted right)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from transformer.config import model_sizes
+    from transformer.models import forward_flops
+
+    kw = {"mha": {}, "mla": OPTIONS["mla"], "mla_q_lora_v6": {**OPTIONS["mla"], "v_head_dim": 6},
+          "mla_sinusoidal": OPTIONS["mla_sinusoidal"]}[option]
+    cfg = tiny_model_config(arch="decoder_only", n_encoder_layers=0, **kw)
+    model = build_model(cfg, 50).eval()
+    src_len, tgt_len = 4, 4
+    n = src_len + 1 + tgt_len
+    with FlopCounterMode(display=False) as counter, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        model(torch.randint(5, 50, (1, n)))
+    sizes = model_sizes(cfg)
+    lat = sizes.latent
+    qk = sizes.n_heads * (lat.qk_head_dim if lat else sizes.head_dim)
+    v = sizes.n_heads * (lat.v_head_dim if lat else sizes.head_dim)
+    expected = forward_flops(cfg, 50, src_len, tgt_len)["total"] + cfg.n_decoder_layers * n * n * (qk + v)
+    assert counter.get_total_flops() == expected
