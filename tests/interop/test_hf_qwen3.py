@@ -160,3 +160,14 @@ def test_defaults_add_no_refusal() -> None:
                             if k not in ("qk_norm", "attention_window", "attention_window_pattern")})
     del old.position["rope_scaling"]
     assert llama_unsupported(old) == [] and ct2_unsupported(old) == []
+
+
+def test_qwen3_folder_imports_back(tmp_path) -> None:
+    cfg = _preset("qwen3_style_tiny")
+    model = perturbed(build_model(cfg, 80))
+    to_hf_llama(model, cfg).save_pretrained(tmp_path / "hf")
+    back, run_cfg = from_hf_llama(tmp_path / "hf")
+    assert run_cfg.model.qk_norm == "rmsnorm" and run_cfg.model.position.rope_theta == 1e6
+    tokens = torch.randint(5, 80, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(back(tokens), model(tokens), atol=1e-5, rtol=0)

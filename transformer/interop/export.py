@@ -107,7 +107,7 @@ def export_run(checkpoint: str | Path, fmt: str, out: str | Path, *, force: bool
 
 
 def import_hf_llama(folder: str | Path, out: str | Path, *, force: bool = False) -> Path:
-    """Turn a HF ``LlamaForCausalLM`` folder into a run folder (``config.yaml``, ``spm.model``,
+    """Turn a HF ``LlamaForCausalLM`` (or ``Qwen3ForCausalLM``) folder into a run folder (``config.yaml``, ``spm.model``,
     ``checkpoint_best``) that ``scripts/translate.py`` / ``evaluate.py`` / ``train.py`` load.
 
     The folder's ``tokenizer.model`` must be a SentencePiece model with this project's special ids

@@ -202,6 +202,9 @@ def zoo_state_from_llama(hf: dict[str, Tensor], n_layers: int, bias: bool) -> di
             new[f"{dst}.ffn.sublayer.w2.{kind}"] = hf[f"{src}.mlp.down_proj.{kind}"]
         new[f"{dst}.self_attn.norm.weight"] = hf[f"{src}.input_layernorm.weight"]
         new[f"{dst}.ffn.norm.weight"] = hf[f"{src}.post_attention_layernorm.weight"]
+        for name in ("q_norm", "k_norm"):  # Qwen3's QK-norm
+            if f"{src}.self_attn.{name}.weight" in hf:
+                new[f"{dst}.self_attn.sublayer.{name}.weight"] = hf[f"{src}.self_attn.{name}.weight"]
     return new
 
 
@@ -293,7 +296,8 @@ def _scaling_from_hf(rope: dict[str, Any], max_position_embeddings: int) -> tupl
 
 
 def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
-    """Import a ``LlamaForCausalLM`` folder (config.json + safetensors) into our decoder-only model.
+    """Import a ``LlamaForCausalLM`` (or ``Qwen3ForCausalLM``) folder (config.json + safetensors) into
+    our decoder-only model (Qwen3: with ``model.qk_norm=rmsnorm``).
 
     Args:
         folder: a Hugging Face model folder of ``model_type: llama``.
@@ -316,8 +320,10 @@ def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
         raise ExportError(f"{folder} is not a Hugging Face model folder (no config.json)")
     hc = AutoConfig.from_pretrained(folder)
     why = []
-    if hc.model_type != "llama":
-        why.append(f"model_type={hc.model_type!r} is not llama")
+    if hc.model_type not in ("llama", "qwen3"):
+        why.append(f"model_type={hc.model_type!r} is not llama or qwen3")
+    if hc.model_type == "qwen3" and getattr(hc, "sliding_window", None) is not None:
+        why.append(f"sliding_window={hc.sliding_window}: Qwen3's sliding layers are not imported are not imported (folders without use_sliding_window are)")
     rope = dict(getattr(hc, "rope_parameters", None) or {})
     scaling, rope_why = _scaling_from_hf(rope, hc.max_position_embeddings)
     why += rope_why
@@ -343,7 +349,7 @@ def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
         "bias": bool(hc.attention_bias), "scale_embeddings": False,
         "tie_embeddings": "all" if hc.tie_word_embeddings else "none",
         "max_positions": hc.max_position_embeddings, "init": "normal", "init_std": hc.initializer_range,
-        "norm": {"name": "rmsnorm", "eps": hc.rms_norm_eps},
+        "norm": {"name": "rmsnorm", "eps": hc.rms_norm_eps}, "qk_norm": "rmsnorm" if hc.model_type == "qwen3" else "none",
         "ffn": {"name": act, "glu_match_params": False},
         "position": {"name": "rope", "rope_theta": float(rope.get("rope_theta", getattr(hc, "rope_theta", 10000.0))),
                      "rope_scaling": scaling},
