@@ -282,3 +282,17 @@ def test_machines_come_from_the_runs_results(tmp_path, corpus):
     assert comp.machines == ["Example CPU 9000 (2 cores, AVX2), torch 2.13.0 with 1 thread(s), fp32 precision, device cpu"]
     md = (write_outputs(comp, tmp_path / "out")["markdown"]).read_text()
     assert "- trained on: Example CPU 9000" in md
+
+
+def test_a_config_recorded_before_a_field_existed_groups_with_its_default(tmp_path):
+    """A run recorded without the issue #22 fields (qk_norm, attention_window, rope_scaling, ...)
+    is the same configuration as one that records their defaults."""
+    from transformer.analysis.grouping import IGNORED_KEYS, _config_key
+
+    new = _config(tmp_path, "step0_vaswani2017", 1)
+    new["model"].update(qk_norm="none", attention_window=None, attention_window_pattern=0, kv_lora_rank=None)
+    new["model"]["position"] = {"rope_scaling": {"rope_type": "default", "factor": 1.0}}
+    old = _config(tmp_path, "step0_vaswani2017", 2)
+    assert _config_key(new, IGNORED_KEYS) == _config_key(old, IGNORED_KEYS)
+    new["model"]["qk_norm"] = "rmsnorm"
+    assert _config_key(new, IGNORED_KEYS) != _config_key(old, IGNORED_KEYS)

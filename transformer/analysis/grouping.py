@@ -1,14 +1,20 @@
 """Grouping runs into configurations: runs whose resolved configs are equal once the keys in
 :data:`IGNORED_KEYS` are removed are one configuration (its seeds), labelled by what tells the
-configurations apart (a ``ladder`` step's name when it alone does)."""
+configurations apart (a ``ladder`` step's name when it alone does). A key a run's config lacks
+(recorded before the field existed) counts as the field's default in :class:`~transformer.config.Config`,
+so seeds of one design trained before and after a new switch was added stay one configuration."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Iterable, Sequence
 
+from omegaconf import OmegaConf
+
 from transformer.analysis.runs import Run, natural_key
+from transformer.config import Config
 
 __all__ = ["IGNORED_KEYS", "Configuration", "group_runs"]
 
@@ -56,8 +62,15 @@ def _ignored(key: str, ignore: Sequence[str]) -> bool:
     return any(key == k or key.startswith(k + ".") for k in ignore)
 
 
+@lru_cache(maxsize=1)
+def _defaults() -> tuple[tuple[str, Any], ...]:
+    """Every leaf of the default :class:`Config`, flattened (what a missing key means)."""
+    return tuple(_flatten(OmegaConf.to_container(OmegaConf.structured(Config))).items())
+
+
 def _config_key(config: dict, ignore: Sequence[str]) -> str:
-    flat = {k: v for k, v in _flatten(config).items() if not _ignored(k, ignore)}
+    flat = {**dict(_defaults()), **_flatten(config)}
+    flat = {k: v for k, v in flat.items() if not _ignored(k, ignore)}
     return json.dumps(flat, sort_keys=True, default=str)
 
 
