@@ -87,6 +87,7 @@ def table(preset: str) -> list[dict[str, Any]]:
 
 
 def markdown(preset: str, rows: list[dict[str, Any]]) -> str:
+    """The table of :func:`table` as the markdown of ``docs/benchmarks/kv_cache.md``."""
     cfg = compose_model(preset, [])
     lines = [
         f"# KV-cache memory per token: MHA, GQA, MQA, MLA and sliding windows at `{preset}` size",
@@ -116,6 +117,7 @@ def markdown(preset: str, rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
+    """Compute, check, print and write the table (``--quick``: at ``llama_style_tiny`` size)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="llama_style_tiny instead of llama_style")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "kv_cache.md")
