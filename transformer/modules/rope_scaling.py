@@ -143,7 +143,10 @@ def dynamic_inv_freq(head_dim: int, theta: float, scaling: RopeScaling, position
     Returns:
         fp32 ``(head_dim // 2,)`` on the device of ``positions``.
     """
-    length = positions.max().double() + 1 if positions.numel() else torch.tensor(1.0, dtype=torch.float64)
+    if positions.numel():
+        length = positions.max().double() + 1
+    else:
+        length = torch.ones((), dtype=torch.float64, device=positions.device)
     f, L0 = scaling.factor, scaling.original_max_position_embeddings
     stretch = (f * length / L0 - (f - 1)).clamp(min=1.0)
     base = theta * stretch ** (head_dim / (head_dim - 2))
