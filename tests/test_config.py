@@ -39,6 +39,14 @@ SWITCHES = {
     "model/attention=mqa": ("model.n_kv_heads", 1),
     "model.tie_embeddings=all": ("model.tie_embeddings", "all"),
     "model.tie_embeddings=none": ("model.tie_embeddings", "none"),
+    "model=qwen3_style_tiny": ("model.qk_norm", "rmsnorm"),
+    "model/attention=mla": ("model.attention", "mla"),
+    "model=llama_style_tiny model/attention=mla model.kv_lora_rank=64 model.q_lora_rank=48": ("model.kv_lora_rank", 64),
+    "model.qk_norm=rmsnorm": ("model.qk_norm", "rmsnorm"),
+    "model.attention_window=16": ("model.attention_window", 16),
+    "model=llama_style_tiny model.attention_window=16 model.attention_window_pattern=2": ("model.attention_window_pattern", 2),
+    "model=llama_style_tiny model.position.rope_scaling.rope_type=llama3 model.position.rope_scaling.factor=8 "
+    "model.position.rope_scaling.original_max_position_embeddings=256": ("model.position.rope_scaling.rope_type", "llama3"),
 }
 
 
@@ -162,6 +170,7 @@ def test_norm_position_options_are_the_residual_table():
         (["model=llama_style_tiny"], dict(head_dim=32, n_kv_heads=2, ffn_hidden=344, ffn_matrices=3)),
         (["model=llama_style_tiny", "model.ffn.glu_match_params=false"], dict(ffn_hidden=512, ffn_matrices=3)),
         (["model=transformer_tiny", "model/attention=mqa"], dict(n_kv_heads=1)),
+        (["model=llama_style_tiny", "model/attention=mla"], dict(head_dim=32, n_kv_heads=4, ffn_hidden=344)),
     ],
 )
 def test_model_sizes_are_derived_in_one_place_and_match_the_built_model(overrides, expected):
@@ -170,7 +179,11 @@ def test_model_sizes_are_derived_in_one_place_and_match_the_built_model(override
     assert {k: getattr(sizes, k) for k in expected} == expected
     layer = build_model(cfg, 100).decoder.layers[0]
     attn, ffn = layer.self_attn.sublayer, layer.ffn.sublayer
-    assert (attn.head_dim, attn.n_kv_heads) == (sizes.head_dim, sizes.n_kv_heads)
+    if sizes.latent is not None:  # MLA: the latent sizes, derived from head_dim in DeepSeek-V2's proportions
+        assert (attn.kv_lora_rank, attn.qk_nope_head_dim, attn.qk_rope_head_dim, attn.v_head_dim) == (
+            4 * sizes.head_dim, sizes.head_dim, sizes.head_dim // 2, sizes.head_dim)
+    else:
+        assert (attn.head_dim, attn.n_kv_heads) == (sizes.head_dim, sizes.n_kv_heads)
     assert ffn.w2.in_features == sizes.ffn_hidden
     assert sum(p.numel() for n, p in ffn.named_parameters() if n.endswith("weight")) == (
         sizes.ffn_matrices * sizes.d_model * sizes.ffn_hidden
@@ -181,6 +194,7 @@ def test_model_sizes_are_derived_in_one_place_and_match_the_built_model(override
     "child,parent",
     [
         ("llama_style_tiny", "llama_style"),
+        ("qwen3_style_tiny", "llama_style_tiny"),
         ("transformer_tiny", "transformer_2017_base"),
         ("transformer_small", "transformer_2017_base"),
         ("transformer_2017_big", "transformer_2017_base"),

@@ -382,3 +382,17 @@ def test_max_tokens_may_follow_the_architecture_only(tmp_path, corpus):
     _set(b, train__max_tokens=2048)  # same architecture as a, other batch: refused
     with pytest.raises(ValueError, match=r"train.max_tokens: 4096 \(a\); 2048 \(b\); 8192 \(c\)"):
         compare_sweeps([tmp_path / "s"], n_bootstrap=0)
+
+
+def test_a_config_recorded_before_a_field_existed_groups_with_its_default(tmp_path):
+    """A run recorded without the issue #22 fields (qk_norm, attention_window, rope_scaling, ...)
+    is the same configuration as one that records their defaults."""
+    from transformer.analysis.grouping import IGNORED_KEYS, _config_key
+
+    new = _config(tmp_path, "step0_vaswani2017", 1)
+    new["model"].update(qk_norm="none", attention_window=None, attention_window_pattern=0, kv_lora_rank=None)
+    new["model"]["position"] = {"rope_scaling": {"rope_type": "default", "factor": 1.0}}
+    old = _config(tmp_path, "step0_vaswani2017", 2)
+    assert _config_key(new, IGNORED_KEYS) == _config_key(old, IGNORED_KEYS)
+    new["model"]["qk_norm"] = "rmsnorm"
+    assert _config_key(new, IGNORED_KEYS) != _config_key(old, IGNORED_KEYS)

@@ -122,10 +122,12 @@ def test_refuses_what_llama_cannot_represent(override: dict, switch: str) -> Non
         to_hf_llama(build_model(cfg, 40), cfg)
 
 
-def test_import_refuses_scaled_rope(tmp_path) -> None:
+def test_import_refuses_rope_scaling_it_lacks(tmp_path) -> None:
+    """linear/dynamic/yarn/llama3 import (tests/interop/test_hf_qwen3.py); longrope does not."""
     model, cfg = _llama("gqa_swiglu_untied")
     hf = to_hf_llama(model, cfg)
-    hf.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}
+    hf.config.rope_parameters = {"rope_type": "longrope", "factor": 2.0, "rope_theta": 500.0,
+                                 "long_factor": [1.0] * 4, "short_factor": [1.0] * 4, "original_max_position_embeddings": 64}
     hf.save_pretrained(tmp_path / "hf")
-    with pytest.raises(ExportError, match="rope_type='linear'"):
+    with pytest.raises(ExportError, match="rope_type='longrope'"):
         from_hf_llama(tmp_path / "hf")

@@ -1,6 +1,8 @@
 """Grouping runs into configurations: runs whose resolved configs are equal once the keys in
 :data:`IGNORED_KEYS` are removed are one configuration (its seeds), labelled by what tells the
-configurations apart (a ``ladder`` step's name when it alone does)."""
+configurations apart (a ``ladder`` step's name when it alone does). A key a run's config lacks
+(recorded before the field existed) counts as the field's default in :class:`~transformer.config.Config`,
+so seeds of one design trained before and after a new switch was added stay one configuration."""
 
 from __future__ import annotations
 

@@ -35,12 +35,24 @@ from transformer.config.schema import (
     OptimConfig,
     RESUME_MODES,
     PositionConfig,
+    RopeScalingConfig,
     SchedulerConfig,
     TrainConfig,
     register_configs,
     resume_mode,
 )
-from transformer.config.sizes import ModelSizes, ffn_size, head_dim, model_sizes, resolve_n_kv_heads
+from transformer.config.sizes import (
+    LatentSizes,
+    ModelSizes,
+    ffn_size,
+    head_dim,
+    kv_cache_values,
+    latent_sizes,
+    layer_windows,
+    model_sizes,
+    resolve_n_kv_heads,
+    rope_scaling,
+)
 from transformer.config.validation import (
     signal_number,
     validate_config,

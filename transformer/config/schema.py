@@ -28,6 +28,7 @@ __all__ = [
     "NormConfig",
     "OptimConfig",
     "PositionConfig",
+    "RopeScalingConfig",
     "SchedulerConfig",
     "TrainConfig",
     "GenerationOverrides",
@@ -67,11 +68,28 @@ class FFNConfig:
 
 
 @dataclass
+class RopeScalingConfig:
+    """``model.position.rope_scaling``: stretching RoPE past the trained length (HF ``rope_parameters``
+    names). ``rope_type`` is a key of ``transformer.modules.rope_scaling.ROPE_SCALINGS``; ``default``
+    (the default) is unscaled RoPE and reads none of the other fields."""
+
+    rope_type: str = "default"  # default | linear | ntk | dynamic | yarn | llama3
+    factor: float = 1.0  # context extension factor s (>= 1; 8 in Llama 3.1)
+    original_max_position_embeddings: Optional[int] = None  # the trained length L0 (dynamic: null = model.max_positions)
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attention_factor: Optional[float] = None  # yarn: factor on cos/sin; null = 0.1 ln(factor) + 1
+
+
+@dataclass
 class PositionConfig:
     """``model/position``: how token order enters the model."""
 
     name: str = "sinusoidal"  # a key of transformer.modules.positions.POSITIONS
     rope_theta: float = 10000.0
+    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)  # RoPE only
 
 
 @dataclass
@@ -81,7 +99,11 @@ class ModelConfig:
     ``arch=decoder_only`` stacks ``n_encoder_layers + n_decoder_layers`` causal layers so that
     flipping the switch keeps the depth; decoder-only presets set ``n_encoder_layers: 0``.
     ``n_kv_heads`` is set by the ``model/attention`` option (``mha``: null = n_heads, ``gqa``: 2,
-    ``mqa``: 1) and can be overridden.
+    ``mqa``: 1) and can be overridden. The ``kv_lora_rank`` ... ``v_head_dim`` sizes are read by
+    ``model/attention=mla`` only (null: derived from ``head_dim = d_model / n_heads``, see
+    ``transformer.config.sizes.latent_sizes``). ``qk_norm``, ``attention_window`` and
+    ``attention_window_pattern`` default to what every earlier model does (no QK-norm, global
+    attention), so older checkpoints load unchanged.
     """
 
     arch: str = "encoder_decoder"  # encoder_decoder | decoder_only
@@ -102,6 +124,18 @@ class ModelConfig:
     max_positions: int = 1024
     init: str = "xavier"  # xavier (fairseq / the 2017 recipe) | normal (Llama style, std init_std)
     init_std: float = 0.02
+    # QK-norm (Qwen3, OLMo 2): none | a key of transformer.modules.norms.NORMS, over each head (eps model.norm.eps)
+    qk_norm: str = "none"
+    # sliding-window self-attention (Mistral): each query sees the last attention_window positions; null = global
+    attention_window: Optional[int] = None
+    # with a window: every N-th layer stays global (Gemma 2: 2, Gemma 3: 6); 0 = every layer local
+    attention_window_pattern: int = 0
+    # multi-head latent attention (DeepSeek-V2 §2.1), model/attention=mla only; null = derived
+    kv_lora_rank: Optional[int] = None  # latent width (null: 4 * head_dim, V2's 512 = 4 x 128)
+    q_lora_rank: Optional[int] = None  # low-rank queries (null: a full query projection, as V2-Lite)
+    qk_nope_head_dim: Optional[int] = None  # per-head query/key width without RoPE (null: head_dim)
+    qk_rope_head_dim: Optional[int] = None  # decoupled RoPE width (null: head_dim / 2 rounded to even with RoPE, else 0)
+    v_head_dim: Optional[int] = None  # per-head value width (null: head_dim)
     norm: NormConfig = field(default_factory=NormConfig)
     ffn: FFNConfig = field(default_factory=FFNConfig)
     position: PositionConfig = field(default_factory=PositionConfig)

@@ -16,6 +16,7 @@ from transformer.modules.ffn import FFNS
 from transformer.modules.norms import NORMS
 from transformer.modules.positions import POSITIONS
 from transformer.modules.residual import RESIDUALS
+from transformer.modules.rope_scaling import ROPE_SCALINGS
 
 __all__ = ["signal_number", "validate_config", "validate_generation_config", "validate_model_config", "validate_optim_config"]
 
@@ -31,7 +32,11 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model.norm.name": tuple(NORMS),
     "model.ffn.name": tuple(FFNS),
     "model.position.name": tuple(POSITIONS),
+    "model.qk_norm": ("none", *NORMS),
+    "model.position.rope_scaling.rope_type": tuple(ROPE_SCALINGS),
 }
+
+_MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 _UNCATCHABLE = ("SIGKILL", "SIGSTOP")
@@ -87,7 +92,8 @@ def validate_model_config(model: Any, joint_vocab: bool = True) -> None:
         raise ConfigError(
             f"model.n_heads={model.n_heads} is not divisible by model.n_kv_heads={n_kv}"
         )
-    if model.position.name == "rope" and head_dim % 2 != 0:
+    _validate_attention_options(model, sizes)
+    if model.position.name == "rope" and sizes.latent is None and head_dim % 2 != 0:
         raise ConfigError(
             f"model/position=rope needs an even head dimension, but model.d_model / model.n_heads "
             f"= {model.d_model} / {model.n_heads} = {head_dim} is odd"
@@ -114,6 +120,64 @@ def validate_model_config(model: Any, joint_vocab: bool = True) -> None:
         p = getattr(model, name)
         if not 0.0 <= p < 1.0:
             raise ConfigError(f"model.{name}={p} must be in [0, 1)")
+
+
+def _validate_attention_options(model: Any, sizes: Any) -> None:
+    """MLA sizes, QK-norm, the sliding window and RoPE scaling (issue #22)."""
+    latent = sizes.latent
+    if latent is None:
+        given = [f"model.{n}={getattr(model, n)}" for n in _MLA_FIELDS if getattr(model, n, None) is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} set with model.attention={model.attention}: these sizes belong to "
+                              "multi-head latent attention (model/attention=mla)")
+    else:
+        fields = (f"model.kv_lora_rank={latent.kv_lora_rank}, model.qk_nope_head_dim={latent.qk_nope_head_dim}, "
+                  f"model.qk_rope_head_dim={latent.qk_rope_head_dim}, model.v_head_dim={latent.v_head_dim}")
+        if latent.kv_lora_rank <= 0 or latent.v_head_dim <= 0 or latent.qk_nope_head_dim < 0:
+            raise ConfigError(f"model.attention=mla needs model.kv_lora_rank > 0, model.v_head_dim > 0 and "
+                              f"model.qk_nope_head_dim >= 0, got {fields}")
+        if latent.q_lora_rank is not None and latent.q_lora_rank <= 0:
+            raise ConfigError(f"model.q_lora_rank={latent.q_lora_rank} must be > 0 (or null: no query compression)")
+        if model.position.name == "rope" and (latent.qk_rope_head_dim <= 0 or latent.qk_rope_head_dim % 2):
+            raise ConfigError(f"model.attention=mla with model/position=rope needs model.qk_rope_head_dim even and > 0 "
+                              f"(the decoupled RoPE key, DeepSeek-V2 §2.1.3), got {fields}")
+        if model.position.name != "rope" and latent.qk_rope_head_dim != 0:
+            raise ConfigError(f"model.qk_rope_head_dim={latent.qk_rope_head_dim} is a rotated width but "
+                              f"model/position={model.position.name}: set model.qk_rope_head_dim=0 or use model/position=rope")
+        if latent.qk_head_dim <= 0:
+            raise ConfigError(f"model.attention=mla needs model.qk_nope_head_dim + model.qk_rope_head_dim > 0, got {fields}")
+        if model.qk_norm != "none":
+            raise ConfigError(f"model.qk_norm={model.qk_norm} with model.attention=mla: MLA normalises its latent "
+                              "(kv_a_layernorm) instead; use model.qk_norm=none")
+    window, every = model.attention_window, model.attention_window_pattern
+    if window is not None and window < 1:
+        raise ConfigError(f"model.attention_window={window} must be >= 1 (or null for global attention)")
+    if every < 0 or every == 1:
+        raise ConfigError(f"model.attention_window_pattern={every} must be 0 (every layer local) or >= 2 "
+                          "(every N-th layer global); 1 would make every layer global")
+    if every and window is None:
+        raise ConfigError(f"model.attention_window_pattern={every} needs model.attention_window (the local layers' window)")
+    rs = model.position.rope_scaling
+    if rs.rope_type != "default":
+        where = f"model.position.rope_scaling.rope_type={rs.rope_type}"
+        if model.position.name != "rope":
+            raise ConfigError(f"{where} scales RoPE but model/position={model.position.name}; use model/position=rope")
+        if not rs.factor >= 1.0:
+            raise ConfigError(f"{where} needs model.position.rope_scaling.factor >= 1, got {rs.factor}")
+        if rs.rope_type in ("yarn", "llama3") and not (rs.original_max_position_embeddings or 0) > 0:
+            raise ConfigError(f"{where} needs model.position.rope_scaling.original_max_position_embeddings "
+                              "(the trained length, > 0)")
+        if rs.original_max_position_embeddings is not None and rs.original_max_position_embeddings <= 0:
+            raise ConfigError("model.position.rope_scaling.original_max_position_embeddings must be > 0")
+        if rs.rope_type == "llama3" and not 0 < rs.low_freq_factor < rs.high_freq_factor:
+            raise ConfigError(f"{where} needs 0 < model.position.rope_scaling.low_freq_factor < high_freq_factor, "
+                              f"got {rs.low_freq_factor} and {rs.high_freq_factor}")
+        if rs.rope_type == "yarn" and not 0 < rs.beta_slow < rs.beta_fast:
+            raise ConfigError(f"{where} needs 0 < model.position.rope_scaling.beta_slow < beta_fast, got "
+                              f"{rs.beta_slow} and {rs.beta_fast}")
+        if rs.rope_type in ("ntk", "dynamic") and sizes.rotary_dim <= 2:
+            raise ConfigError(f"{where} needs a rotated head width > 2 (its base exponent is d / (d - 2)), "
+                              f"got {sizes.rotary_dim}")
 
 
 def validate_config(cfg: Any) -> None:

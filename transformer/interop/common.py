@@ -11,7 +11,7 @@ from typing import Any, Iterator, Sequence
 
 from torch import Tensor
 
-__all__ = ["ExportError", "refuse", "staging_dir", "vocabulary", "state_dict_fp32"]
+__all__ = ["ExportError", "attention_unsupported", "refuse", "staging_dir", "vocabulary", "state_dict_fp32"]
 
 
 class ExportError(ValueError):
@@ -33,6 +33,35 @@ def refuse(target: str, reasons: Sequence[str]) -> None:
     """
     if reasons:
         raise ExportError(f"cannot export to {target}: " + "; ".join(reasons))
+
+
+def attention_unsupported(cfg: Any, target: str, *, qk_norm: tuple[str, ...] = (),
+                          rope_types: tuple[str, ...] = ()) -> list[str]:
+    """The issue #22 attention switches a target lacks, one sentence each (empty when it has them all).
+
+    Args:
+        cfg: a model config (fields missing from configs written before them count as off).
+        target: the target's name, for the sentences.
+        qk_norm: the ``model.qk_norm`` norms the target has (none by default).
+        rope_types: the ``model.position.rope_scaling.rope_type`` values besides ``default`` it has.
+    """
+    why = []
+    if cfg.attention == "mla":
+        why.append(f"model/attention=mla: {target} has no multi-head latent attention")
+    norm = getattr(cfg, "qk_norm", "none")
+    if norm != "none" and norm not in qk_norm:
+        why.append(f"model.qk_norm={norm}: {target} has no {norm} QK-norm"
+                   + (f" (it has {', '.join(qk_norm)})" if qk_norm else ""))
+    window = getattr(cfg, "attention_window", None)
+    if window is not None:
+        why.append(f"model.attention_window={window}: {target} is exported with global attention only "
+                   "(sliding windows are not exported)")
+    scaling = getattr(cfg.position, "rope_scaling", None)
+    rope_type = "default" if scaling is None else scaling.rope_type
+    if rope_type != "default" and rope_type not in rope_types:
+        why.append(f"model.position.rope_scaling.rope_type={rope_type}: {target} has no such RoPE scaling"
+                   + (f" (it has {', '.join(rope_types)})" if rope_types else ""))
+    return why
 
 
 @contextmanager

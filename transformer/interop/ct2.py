@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.config import resolve_n_kv_heads
-from transformer.interop.common import refuse, state_dict_fp32, vocabulary
+from transformer.interop.common import attention_unsupported, refuse, state_dict_fp32, vocabulary
 from transformer.modules.ffn import FFNS
 from transformer.modules.positions import sinusoidal_table
 
@@ -61,7 +61,7 @@ def ct2_unsupported(cfg: Any) -> list[str]:
     if cfg.position.name == "alibi" and cfg.arch == "encoder_decoder":
         why.append("model/position=alibi in an encoder-decoder: CTranslate2 has ALiBi only in decoders "
                    "(its encoder has no ALiBi bias)")
-    return why
+    return why + attention_unsupported(cfg, TARGET)
 
 
 def _activation(cfg: Any) -> Any:

@@ -36,12 +36,15 @@ def unsupported(cfg: Any, fmt: str) -> tuple[str, list[str]]:
 
     Args:
         cfg: a model config.
-        fmt: ``hf`` (Llama for decoder-only, Marian for encoder-decoders) or ``ctranslate2``.
+        fmt: ``hf`` (Llama for decoder-only, Qwen3 for decoder-only with ``model.qk_norm=rmsnorm``,
+            Marian for encoder-decoders) or ``ctranslate2``.
 
     Raises:
         ExportError: unknown ``fmt``.
     """
     if fmt == "hf":
+        if cfg.arch == "decoder_only" and getattr(cfg, "qk_norm", "none") != "none":
+            return hf_llama.QWEN3_TARGET, hf_llama.qwen3_unsupported(cfg)
         if cfg.arch == "decoder_only":
             return hf_llama.TARGET, hf_llama.llama_unsupported(cfg)
         return hf_marian.TARGET, hf_marian.marian_unsupported(cfg)
@@ -54,7 +57,8 @@ def export_run(checkpoint: str | Path, fmt: str, out: str | Path, *, force: bool
                quantization: str | None = None) -> Path:
     """Export a trained run to a Hugging Face or CTranslate2 model folder.
 
-    ``hf``: decoder-only Llama-style models become ``LlamaForCausalLM`` folders, 2017-style
+    ``hf``: decoder-only Llama-style models become ``LlamaForCausalLM`` folders (``Qwen3ForCausalLM``
+    with QK-norm, e.g. ``model=qwen3_style_tiny``), 2017-style
     encoder-decoders ``MarianMTModel`` folders (with their tokenizer files). ``ctranslate2``: a
     CTranslate2 model folder with the vocabulary and SentencePiece model(s).
 
@@ -103,7 +107,7 @@ def export_run(checkpoint: str | Path, fmt: str, out: str | Path, *, force: bool
 
 
 def import_hf_llama(folder: str | Path, out: str | Path, *, force: bool = False) -> Path:
-    """Turn a HF ``LlamaForCausalLM`` folder into a run folder (``config.yaml``, ``spm.model``,
+    """Turn a HF ``LlamaForCausalLM`` (or ``Qwen3ForCausalLM``) folder into a run folder (``config.yaml``, ``spm.model``,
     ``checkpoint_best``) that ``scripts/translate.py`` / ``evaluate.py`` / ``train.py`` load.
 
     The folder's ``tokenizer.model`` must be a SentencePiece model with this project's special ids

@@ -1,4 +1,4 @@
-"""Decoder-only Llama-style models <-> Hugging Face ``LlamaForCausalLM``.
+"""Decoder-only Llama-style models <-> Hugging Face ``LlamaForCausalLM`` (and ``Qwen3ForCausalLM``).
 
 Our decoder-only model with pre-norm RMSNorm, a gated feed-forward block (SwiGLU or GEGLU), RoPE
 and MHA/GQA/MQA is the architecture of Llama (Touvron et al. 2023; ``transformers``'
@@ -7,6 +7,12 @@ packing differs: our ``in_proj`` stacks the q, k and v rows (HF ``q_proj``/``k_p
 and our ``w13`` the gate and up rows (HF ``gate_proj``/``up_proj``). Biases map to
 ``attention_bias``/``mlp_bias``; ``tie_embeddings`` to ``tie_word_embeddings``; an embedding scale
 ``sqrt(d_model)`` is folded into an untied embedding matrix.
+
+With ``model.qk_norm=rmsnorm`` the model is Qwen3's architecture (Qwen Team 2025; ``modeling_qwen3``:
+Llama plus an RMSNorm over each query and key head before RoPE, ``q_norm``/``k_norm``) and
+exports as ``Qwen3ForCausalLM``. RoPE scaling maps to ``rope_parameters`` (``linear``, ``dynamic``,
+``yarn``, ``llama3``), so Llama-3.1-style folders import and export; static ``ntk`` has no HF
+counterpart and is refused.
 
 The model reads ``source <sep> target`` (ids of the SentencePiece model shipped as
 ``tokenizer.model``; ``<sep>`` = 4, EOS = 3, PAD = 0): translate with HF by feeding
@@ -25,35 +31,40 @@ import torch
 from omegaconf import OmegaConf
 from torch import Tensor, nn
 
-from transformer.config import Config, resolve_n_kv_heads
-from transformer.interop.common import ExportError, refuse, state_dict_fp32
+from transformer.config import Config, resolve_n_kv_heads, rope_scaling
+from transformer.interop.common import ExportError, attention_unsupported, refuse, state_dict_fp32
 from transformer.models import build_model
 
 __all__ = [
+    "QWEN3_TARGET",
     "from_hf_llama",
     "hf_llama_state",
     "llama_config",
     "llama_unsupported",
+    "qwen3_unsupported",
     "save_hf_llama",
     "to_hf_llama",
     "zoo_state_from_llama",
 ]
 
 TARGET = "Hugging Face LlamaForCausalLM"
+QWEN3_TARGET = "Hugging Face Qwen3ForCausalLM"
+_HF_ROPE_TYPES = ("linear", "dynamic", "yarn", "llama3")  # rope_parameters types both sides compute alike
 ZOO_CONFIG = "transformer_zoo.yaml"  # our full run config, kept beside config.json for the way back
 _ACT = {"swiglu": "silu", "geglu": "gelu"}
 
 
-def llama_unsupported(cfg: Any) -> list[str]:
+def llama_unsupported(cfg: Any, target: str = TARGET) -> list[str]:
     """Why ``LlamaForCausalLM`` cannot hold a model of this config (empty when it can).
 
     Args:
         cfg: a model config (``cfg.model`` of a run).
+        target: the name used in the sentences (the Qwen3 check shares these).
 
     Returns:
         One sentence per switch Llama cannot represent.
     """
-    why = []
+    why = [] if target != TARGET else attention_unsupported(cfg, "LlamaForCausalLM", rope_types=_HF_ROPE_TYPES)
     if cfg.arch != "decoder_only":
         why.append(f"model.arch={cfg.arch}: LlamaForCausalLM is decoder-only (format=hf exports "
                    "encoder-decoders as MarianMTModel)")
@@ -71,6 +82,34 @@ def llama_unsupported(cfg: Any) -> list[str]:
     return why
 
 
+def qwen3_unsupported(cfg: Any) -> list[str]:
+    """Why ``Qwen3ForCausalLM`` cannot hold a model of this config: Llama's reasons plus QK-norm
+    other than RMSNorm (empty when it can)."""
+    why = llama_unsupported(cfg, QWEN3_TARGET) + attention_unsupported(
+        cfg, "Qwen3ForCausalLM", qk_norm=("rmsnorm",), rope_types=_HF_ROPE_TYPES)
+    if cfg.bias:
+        why.append("model.bias=true: Qwen3's MLP has no biases (attention_bias only)")
+    return why
+
+
+def _rope_parameters(cfg: Any) -> dict[str, Any]:
+    """HF ``rope_parameters`` of our ``model.position`` (rope_theta and the scaling's fields)."""
+    params: dict[str, Any] = {"rope_type": "default", "rope_theta": float(cfg.position.rope_theta)}
+    s = rope_scaling(cfg)
+    if s is None:
+        return params
+    params.update(rope_type=s.rope_type, factor=s.factor)
+    if s.rope_type in ("yarn", "llama3"):
+        params["original_max_position_embeddings"] = s.original_max_position_embeddings
+    if s.rope_type == "yarn":
+        params.update(beta_fast=s.beta_fast, beta_slow=s.beta_slow)
+        if s.attention_factor is not None:
+            params["attention_factor"] = s.attention_factor
+    if s.rope_type == "llama3":
+        params.update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor)
+    return params
+
+
 def llama_config(cfg: Any, vocab_size: int, ffn_hidden: int, *, pad_id: int = 0, eos_id: int = 3) -> Any:
     """The ``transformers.LlamaConfig`` of a model config.
 
@@ -81,20 +120,25 @@ def llama_config(cfg: Any, vocab_size: int, ffn_hidden: int, *, pad_id: int = 0,
         pad_id, eos_id: special ids (no BOS: our prefix LM starts with the first source piece).
 
     Returns:
-        A ``LlamaConfig`` (SDPA attention).
+        A ``LlamaConfig`` (SDPA attention), or a ``Qwen3Config`` with ``model.qk_norm=rmsnorm``.
     """
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig, Qwen3Config
 
-    return LlamaConfig(
+    rope = _rope_parameters(cfg)
+    # HF's dynamic NTK reads its original length from max_position_embeddings
+    max_positions = rope_scaling(cfg).original_max_position_embeddings if rope["rope_type"] == "dynamic" else cfg.max_positions
+    kwargs = dict(
         vocab_size=vocab_size, hidden_size=cfg.d_model, intermediate_size=ffn_hidden,
         num_hidden_layers=cfg.n_encoder_layers + cfg.n_decoder_layers, num_attention_heads=cfg.n_heads,
         num_key_value_heads=resolve_n_kv_heads(cfg), head_dim=cfg.d_model // cfg.n_heads,
-        hidden_act=_ACT[cfg.ffn.name], max_position_embeddings=cfg.max_positions, rms_norm_eps=cfg.norm.eps,
-        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.position.rope_theta)},
-        attention_bias=bool(cfg.bias), mlp_bias=bool(cfg.bias), tie_word_embeddings=cfg.tie_embeddings != "none",
+        hidden_act=_ACT[cfg.ffn.name], max_position_embeddings=max_positions, rms_norm_eps=cfg.norm.eps,
+        rope_parameters=rope, attention_bias=bool(cfg.bias), tie_word_embeddings=cfg.tie_embeddings != "none",
         pad_token_id=pad_id, bos_token_id=None, eos_token_id=eos_id, attention_dropout=0.0,
-        initializer_range=cfg.init_std, architectures=["LlamaForCausalLM"],
+        initializer_range=cfg.init_std,
     )
+    if getattr(cfg, "qk_norm", "none") != "none":  # Qwen3: biases on q/k/v/o only, so model.bias=false there
+        return Qwen3Config(**kwargs, use_sliding_window=False, architectures=["Qwen3ForCausalLM"])
+    return LlamaConfig(**kwargs, mlp_bias=bool(cfg.bias), architectures=["LlamaForCausalLM"])
 
 
 def hf_llama_state(model: nn.Module, cfg: Any) -> dict[str, Tensor]:
@@ -127,6 +171,9 @@ def hf_llama_state(model: nn.Module, cfg: Any) -> dict[str, Tensor]:
             new[f"{dst}.mlp.down_proj.{kind}"] = ours[f"{src}.ffn.sublayer.w2.{kind}"]
         new[f"{dst}.input_layernorm.weight"] = ours[f"{src}.self_attn.norm.weight"]
         new[f"{dst}.post_attention_layernorm.weight"] = ours[f"{src}.ffn.norm.weight"]
+        for name in ("q_norm", "k_norm"):  # QK-norm (Qwen3)
+            if f"{src}.self_attn.sublayer.{name}.weight" in ours:
+                new[f"{dst}.self_attn.{name}.weight"] = ours[f"{src}.self_attn.sublayer.{name}.weight"]
     return new
 
 
@@ -155,11 +202,15 @@ def zoo_state_from_llama(hf: dict[str, Tensor], n_layers: int, bias: bool) -> di
             new[f"{dst}.ffn.sublayer.w2.{kind}"] = hf[f"{src}.mlp.down_proj.{kind}"]
         new[f"{dst}.self_attn.norm.weight"] = hf[f"{src}.input_layernorm.weight"]
         new[f"{dst}.ffn.norm.weight"] = hf[f"{src}.post_attention_layernorm.weight"]
+        for name in ("q_norm", "k_norm"):  # Qwen3's QK-norm
+            if f"{src}.self_attn.{name}.weight" in hf:
+                new[f"{dst}.self_attn.sublayer.{name}.weight"] = hf[f"{src}.self_attn.{name}.weight"]
     return new
 
 
 def to_hf_llama(model: nn.Module, cfg: Any) -> Any:
-    """A ``LlamaForCausalLM`` (fp32, eval mode) holding our decoder-only model's weights.
+    """A ``LlamaForCausalLM`` (fp32, eval mode) holding our decoder-only model's weights; a
+    ``Qwen3ForCausalLM`` for ``model.qk_norm=rmsnorm``.
 
     Args:
         model: a :class:`~transformer.models.DecoderOnlyModel`.
@@ -169,17 +220,18 @@ def to_hf_llama(model: nn.Module, cfg: Any) -> Any:
         The HF model; its logits on ``tokens`` equal ``model(tokens)``.
 
     Raises:
-        ExportError: the config has a switch Llama cannot represent (the message names it).
+        ExportError: the config has a switch Llama (or Qwen3) cannot represent (the message names it).
     """
-    from transformers import LlamaForCausalLM
+    from transformers import LlamaForCausalLM, Qwen3ForCausalLM
 
-    refuse(TARGET, llama_unsupported(cfg))
+    qwen3 = getattr(cfg, "qk_norm", "none") != "none"
+    refuse(QWEN3_TARGET if qwen3 else TARGET, qwen3_unsupported(cfg) if qwen3 else llama_unsupported(cfg))
     state = hf_llama_state(model, cfg)
     hidden = state["model.layers.0.mlp.down_proj.weight"].shape[1]
     hf_cfg = llama_config(cfg, state["model.embed_tokens.weight"].shape[0], hidden,
                           pad_id=model.pad_id, eos_id=model.eos_id)
     hf_cfg._attn_implementation = "sdpa"
-    hf = LlamaForCausalLM(hf_cfg).eval()
+    hf = (Qwen3ForCausalLM if qwen3 else LlamaForCausalLM)(hf_cfg).eval()
     if hf_cfg.tie_word_embeddings:
         state.pop("lm_head.weight")
     missing, unexpected = hf.load_state_dict(state, strict=False)
@@ -218,8 +270,34 @@ def save_hf_llama(model: nn.Module, cfg: Any, tokenizer: Any, folder: Path, run_
         OmegaConf.save(run_cfg, folder / ZOO_CONFIG)
 
 
+def _scaling_from_hf(rope: dict[str, Any], max_position_embeddings: int) -> tuple[dict[str, Any], list[str]]:
+    """``model.position.rope_scaling`` of HF ``rope_parameters``, and why it cannot be mapped."""
+    rope_type = rope.get("rope_type", "default")
+    if rope_type == "default":
+        return {"rope_type": "default"}, []
+    if rope_type not in _HF_ROPE_TYPES:
+        return {}, [f"rope_parameters.rope_type={rope_type!r}: model.position.rope_scaling has "
+                    f"{', '.join(('default',) + _HF_ROPE_TYPES)}"]
+    extra = [k for k in ("mscale", "mscale_all_dim", "long_factor", "short_factor", "partial_rotary_factor")
+             if rope.get(k) not in (None, 0, 1.0)]
+    if rope_type == "yarn" and rope.get("truncate", True) is False:
+        extra.append("truncate")
+    if extra:
+        return {}, [f"rope_parameters {', '.join(extra)}: model.position.rope_scaling has no such field"]
+    scaling: dict[str, Any] = {"rope_type": rope_type, "factor": float(rope["factor"])}
+    if rope_type == "dynamic":  # HF's dynamic NTK scales past max_position_embeddings
+        scaling["original_max_position_embeddings"] = int(max_position_embeddings)
+    if rope.get("original_max_position_embeddings") is not None and rope_type != "dynamic":
+        scaling["original_max_position_embeddings"] = int(rope["original_max_position_embeddings"])
+    for key in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor"):
+        if rope.get(key) is not None:
+            scaling[key] = float(rope[key])
+    return scaling, []
+
+
 def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
-    """Import a ``LlamaForCausalLM`` folder (config.json + safetensors) into our decoder-only model.
+    """Import a ``LlamaForCausalLM`` (or ``Qwen3ForCausalLM``) folder (config.json + safetensors) into
+    our decoder-only model (Qwen3: with ``model.qk_norm=rmsnorm``).
 
     Args:
         folder: a Hugging Face model folder of ``model_type: llama``.
@@ -231,7 +309,7 @@ def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
 
     Raises:
         ExportError: not a Llama folder, or a Llama feature our model lacks (the message names it:
-            RoPE scaling, a head width other than ``hidden_size / num_attention_heads``, biases on
+            a RoPE scaling other than linear/dynamic/yarn/llama3 (or with fields we lack), a head width other than ``hidden_size / num_attention_heads``, biases on
             only some projections, an activation other than SiLU/GELU).
     """
     from safetensors.torch import load_file
@@ -242,11 +320,13 @@ def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
         raise ExportError(f"{folder} is not a Hugging Face model folder (no config.json)")
     hc = AutoConfig.from_pretrained(folder)
     why = []
-    if hc.model_type != "llama":
-        why.append(f"model_type={hc.model_type!r} is not llama")
+    if hc.model_type not in ("llama", "qwen3"):
+        why.append(f"model_type={hc.model_type!r} is not llama or qwen3")
+    if hc.model_type == "qwen3" and getattr(hc, "sliding_window", None) is not None:
+        why.append(f"sliding_window={hc.sliding_window}: Qwen3's sliding layers are not imported are not imported (folders without use_sliding_window are)")
     rope = dict(getattr(hc, "rope_parameters", None) or {})
-    if rope.get("rope_type", "default") != "default":
-        why.append(f"rope_parameters.rope_type={rope.get('rope_type')!r}: only unscaled RoPE maps to model/position=rope")
+    scaling, rope_why = _scaling_from_hf(rope, hc.max_position_embeddings)
+    why += rope_why
     head_dim = getattr(hc, "head_dim", None) or hc.hidden_size // hc.num_attention_heads
     if head_dim * hc.num_attention_heads != hc.hidden_size:
         why.append(f"head_dim={head_dim} x num_attention_heads={hc.num_attention_heads} != hidden_size={hc.hidden_size}")
@@ -269,9 +349,10 @@ def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
         "bias": bool(hc.attention_bias), "scale_embeddings": False,
         "tie_embeddings": "all" if hc.tie_word_embeddings else "none",
         "max_positions": hc.max_position_embeddings, "init": "normal", "init_std": hc.initializer_range,
-        "norm": {"name": "rmsnorm", "eps": hc.rms_norm_eps},
+        "norm": {"name": "rmsnorm", "eps": hc.rms_norm_eps}, "qk_norm": "rmsnorm" if hc.model_type == "qwen3" else "none",
         "ffn": {"name": act, "glu_match_params": False},
-        "position": {"name": "rope", "rope_theta": float(rope.get("rope_theta", getattr(hc, "rope_theta", 10000.0)))},
+        "position": {"name": "rope", "rope_theta": float(rope.get("rope_theta", getattr(hc, "rope_theta", 10000.0))),
+                     "rope_scaling": scaling},
     })
     state: dict[str, Tensor] = {}
     files = sorted(folder.glob("*.safetensors"))

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from transformer.config import resolve_n_kv_heads
-from transformer.interop.common import ExportError, refuse, state_dict_fp32, vocabulary
+from transformer.interop.common import ExportError, attention_unsupported, refuse, state_dict_fp32, vocabulary
 from transformer.interop.hf_llama import ZOO_CONFIG
 
 __all__ = ["marian_generate", "marian_permutation", "marian_state", "marian_unsupported", "save_marian", "to_marian"]
@@ -64,7 +64,7 @@ def marian_unsupported(cfg: Any) -> list[str]:
     if resolve_n_kv_heads(cfg) != cfg.n_heads:
         why.append(f"model/attention={cfg.attention} (n_kv_heads={resolve_n_kv_heads(cfg)}): Marian has one "
                    "key/value head per query head (model/attention=mha)")
-    return why
+    return why + attention_unsupported(cfg, "MarianMTModel")
 
 
 def marian_permutation(d_model: int) -> Tensor:

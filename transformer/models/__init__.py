@@ -3,7 +3,7 @@
 from transformer.models.builder import build_model
 from transformer.models.decoder_only import DecoderOnlyModel
 from transformer.models.encoder_decoder import EncoderDecoderModel
-from transformer.models.flops import count_parameters, forward_flops, kv_cache_bytes_per_token
+from transformer.models.flops import count_parameters, forward_flops, kv_cache_bytes, kv_cache_bytes_per_token
 from transformer.models.state import DecodingState
 
 __all__ = [
@@ -13,5 +13,6 @@ __all__ = [
     "build_model",
     "count_parameters",
     "forward_flops",
+    "kv_cache_bytes",
     "kv_cache_bytes_per_token",
 ]

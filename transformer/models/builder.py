@@ -1,9 +1,10 @@
 """The builder: turns a :class:`~transformer.config.ModelConfig` into modules.
 
-Component builders (``build_norm``, ``build_ffn``, ``build_attention``, ``build_position``) wire one
-part from sizes, choosing its class from the switch's table beside the classes (``NORMS``,
-``FFNS``, ``POSITIONS``, ``RESIDUALS``; ``ATTENTION_KINDS`` through :func:`~transformer.config.model_sizes`);
-:func:`build_model` wires a whole model. Modules never see the config.
+Component builders (``build_norm``, ``build_ffn``, ``build_attention``, ``build_mla``,
+``build_position``) wire one part from sizes, choosing its class from the switch's table beside the
+classes (``NORMS``, ``FFNS``, ``POSITIONS``, ``RESIDUALS``, ``ATTENTION_KINDS``; the sizes through
+:func:`~transformer.config.model_sizes`); :func:`build_model` wires a whole model. Modules never see
+the config.
 """
 
 from __future__ import annotations
@@ -13,18 +14,19 @@ from typing import Any
 
 from torch import nn
 
-from transformer.config import model_sizes, validate_model_config
+from transformer.config import LatentSizes, layer_windows, model_sizes, rope_scaling, validate_model_config
 from transformer.models.decoder_only import DecoderOnlyModel
 from transformer.models.encoder_decoder import EncoderDecoderModel
-from transformer.modules.attention import Attention
+from transformer.modules.attention import ATTENTION_KINDS, Attention, MultiHeadLatentAttention
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.ffn import FFNS
 from transformer.modules.layers import TransformerLayer, TransformerStack
 from transformer.modules.norms import NORMS
 from transformer.modules.positions import POSITIONS, PositionEncoding
 from transformer.modules.residual import RESIDUALS
+from transformer.modules.rope_scaling import RopeScaling
 
-__all__ = ["build_attention", "build_ffn", "build_model", "build_norm", "build_position"]
+__all__ = ["build_attention", "build_ffn", "build_mla", "build_model", "build_norm", "build_position"]
 
 
 def _pick(table: dict[str, Any], name: str, switch: str) -> Any:
@@ -50,18 +52,54 @@ def build_ffn(name: str, d_model: int, d_ff: int, bias: bool, dropout: float, gl
     return choice.block.from_sizes(d_model=d_model, hidden=hidden, activation=choice.activation, bias=bias, dropout=dropout)
 
 
-def build_attention(d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dropout: float) -> Attention:
-    """An :class:`Attention` with packed q/k/v projections of ``d_model // n_heads`` wide heads."""
+def build_attention(d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dropout: float,
+                    qk_norm: str = "none", eps: float = 1e-5) -> Attention:
+    """An :class:`Attention` with packed q/k/v projections of ``d_model // n_heads`` wide heads.
+
+    ``qk_norm`` (``none`` or a key of :data:`~transformer.modules.norms.NORMS`) adds a norm over
+    ``head_dim`` (epsilon ``eps``) on every query and key head (QK-norm).
+    """
     head_dim = d_model // n_heads
     in_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
     out_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias)
-    return Attention(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, in_proj=in_proj, out_proj=out_proj, dropout=dropout)
+    norms = {} if qk_norm == "none" else {"q_norm": build_norm(qk_norm, head_dim, eps), "k_norm": build_norm(qk_norm, head_dim, eps)}
+    return Attention(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, in_proj=in_proj, out_proj=out_proj,
+                     dropout=dropout, **norms)
 
 
-def build_position(name: str, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> PositionEncoding:
-    """The position encoding named by ``model/position`` (:data:`~transformer.modules.positions.POSITIONS`)."""
+def build_mla(d_model: int, n_heads: int, latent: LatentSizes, bias: bool, dropout: float, eps: float) -> MultiHeadLatentAttention:
+    """A :class:`MultiHeadLatentAttention` of the given sizes, laid out as HF ``DeepseekV3Attention``.
+
+    ``bias`` goes to the projections that take ``d_model`` inputs or give ``d_model`` outputs
+    (``q_a_proj``, ``kv_a_proj_with_mqa``, ``o_proj``: HF's ``attention_bias``); the up-projections
+    from a latent never have one. The latents are normalised by RMSNorm (epsilon ``eps``).
+    """
+    qk = n_heads * latent.qk_head_dim
+    if latent.q_lora_rank is None:
+        q_proj: nn.Module = nn.Linear(d_model, qk, bias=False)
+    else:
+        q_proj = nn.Sequential(nn.Linear(d_model, latent.q_lora_rank, bias=bias),
+                               build_norm("rmsnorm", latent.q_lora_rank, eps), nn.Linear(latent.q_lora_rank, qk, bias=False))
+    return MultiHeadLatentAttention(
+        n_heads=n_heads, kv_lora_rank=latent.kv_lora_rank, qk_nope_head_dim=latent.qk_nope_head_dim,
+        qk_rope_head_dim=latent.qk_rope_head_dim, v_head_dim=latent.v_head_dim, q_proj=q_proj,
+        kv_down=nn.Linear(d_model, latent.kv_lora_rank + latent.qk_rope_head_dim, bias=bias),
+        kv_norm=build_norm("rmsnorm", latent.kv_lora_rank, eps),
+        kv_up=nn.Linear(latent.kv_lora_rank, n_heads * (latent.qk_nope_head_dim + latent.v_head_dim), bias=False),
+        out_proj=nn.Linear(n_heads * latent.v_head_dim, d_model, bias=bias), dropout=dropout,
+    )
+
+
+def build_position(name: str, d_model: int, n_heads: int, max_positions: int, rope_theta: float,
+                   rotary_dim: int | None = None, scaling: RopeScaling | None = None) -> PositionEncoding:
+    """The position encoding named by ``model/position`` (:data:`~transformer.modules.positions.POSITIONS`).
+
+    ``rotary_dim`` is the width RoPE rotates per head (default ``d_model // n_heads``; MLA's
+    ``qk_rope_head_dim``), ``scaling`` its RoPE scaling (or None).
+    """
     cls = _pick(POSITIONS, name, "model/position")
-    return cls.from_sizes(d_model=d_model, n_heads=n_heads, max_positions=max_positions, rope_theta=rope_theta)
+    return cls.from_sizes(d_model=d_model, n_heads=n_heads, max_positions=max_positions, rope_theta=rope_theta,
+                          rotary_dim=rotary_dim, rope_scaling=scaling)
 
 
 def _build_stack(cfg: Any, n_layers: int, n_kv_heads: int, cross: bool) -> TransformerStack:
@@ -71,11 +109,17 @@ def _build_stack(cfg: Any, n_layers: int, n_kv_heads: int, cross: bool) -> Trans
         return residual(sublayer=sublayer, norm=build_norm(cfg.norm.name, cfg.d_model, cfg.norm.eps), dropout=cfg.dropout)
 
     def attention() -> Attention:
-        return build_attention(cfg.d_model, cfg.n_heads, n_kv_heads, cfg.bias, cfg.attention_dropout)
+        return build_attention(cfg.d_model, cfg.n_heads, n_kv_heads, cfg.bias, cfg.attention_dropout,
+                               cfg.qk_norm, cfg.norm.eps)
+
+    def self_attention() -> nn.Module:
+        if ATTENTION_KINDS[cfg.attention].latent:  # MLA: self-attention only; cross-attention stays MHA
+            return build_mla(cfg.d_model, cfg.n_heads, model_sizes(cfg).latent, cfg.bias, cfg.attention_dropout, cfg.norm.eps)
+        return attention()
 
     layers = [
         TransformerLayer(
-            self_attn=block(attention()),
+            self_attn=block(self_attention()),
             ffn=block(
                 build_ffn(
                     cfg.ffn.name, cfg.d_model, cfg.d_ff, cfg.bias, cfg.activation_dropout,
@@ -83,8 +127,9 @@ def _build_stack(cfg: Any, n_layers: int, n_kv_heads: int, cross: bool) -> Trans
                 )
             ),
             cross_attn=block(attention()) if cross else None,
+            window=window,
         )
-        for _ in range(n_layers)
+        for window in layer_windows(cfg, n_layers)
     ]
     final = build_norm(cfg.norm.name, cfg.d_model, cfg.norm.eps) if residual.final_norm else None
     return TransformerStack(layers=layers, final_norm=final)
@@ -133,12 +178,14 @@ def build_model(
     joint = tgt_vocab_size is None or tgt_vocab_size == src_vocab_size
     validate_model_config(cfg, joint_vocab=tgt_vocab_size is None)
     tgt_vocab_size = src_vocab_size if tgt_vocab_size is None else tgt_vocab_size
-    n_kv_heads = model_sizes(cfg).n_kv_heads
+    sizes = model_sizes(cfg)
+    n_kv_heads = sizes.n_kv_heads
     d = cfg.d_model
     scale = math.sqrt(d) if cfg.scale_embeddings else 1.0
 
     def position() -> PositionEncoding:
-        return build_position(cfg.position.name, d, cfg.n_heads, cfg.max_positions, cfg.position.rope_theta)
+        return build_position(cfg.position.name, d, cfg.n_heads, cfg.max_positions, cfg.position.rope_theta,
+                              sizes.rotary_dim, rope_scaling(cfg))
 
     if cfg.arch == "decoder_only":
         emb = nn.Embedding(src_vocab_size, d, padding_idx=pad_id)

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.models.state import DecodingState, incremental_step
-from transformer.modules.attention import AttentionInputs, KVCache
+from transformer.modules.attention import AttentionInputs
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.layers import TransformerStack
 
@@ -65,7 +65,8 @@ class DecoderOnlyModel(nn.Module):
         b, t = tokens.shape
         positions = torch.arange(t, device=tokens.device)[None]  # (1, T)
         x = self.embed(tokens, positions.expand(b, t))
-        return self.decoder(x, AttentionInputs.prepare(self.embed.position, positions, causal=True, dtype=x.dtype))
+        attn = AttentionInputs.prepare(self.embed.position, positions, causal=True, dtype=x.dtype, window=self.decoder.window)
+        return self.decoder(x, attn)
 
     def start_decoding(self, src_tokens: Tensor) -> DecodingState:
         """Left-pad the sources and run them once through the stack, filling the KV caches.
@@ -79,8 +80,7 @@ class DecoderOnlyModel(nn.Module):
         b, s = src_tokens.shape
         device = src_tokens.device
         lengths = src_tokens.ne(self.pad_id).sum(1)  # (B,)
-        n = len(self.decoder.layers)
-        caches = [KVCache() for _ in range(n)]
+        caches = self.decoder.new_self_caches()
         idx = torch.arange(s, device=device)[None] - (s - lengths)[:, None]  # (B, S)
         pad_mask = idx < 0
         positions = idx.clamp(min=0)
@@ -89,7 +89,8 @@ class DecoderOnlyModel(nn.Module):
             x = self.embed(left, positions)
             has_pad = bool(pad_mask.any())
             attn = AttentionInputs.prepare(
-                self.embed.position, positions, causal=True, key_padding_mask=pad_mask if has_pad else None, dtype=x.dtype
+                self.embed.position, positions, causal=True, key_padding_mask=pad_mask if has_pad else None, dtype=x.dtype,
+                window=self.decoder.window,
             )
             self.decoder(x, attn, self_caches=caches)
         else:

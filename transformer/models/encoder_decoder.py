@@ -63,7 +63,8 @@ class EncoderDecoderModel(nn.Module):
         positions = torch.arange(s, device=src_tokens.device)[None].expand(b, s)
         x = self.src_embed(src_tokens, positions)
         attn = AttentionInputs.prepare(
-            self.src_embed.position, positions, causal=False, key_padding_mask=pad if has_pad else None, dtype=x.dtype
+            self.src_embed.position, positions, causal=False, key_padding_mask=pad if has_pad else None, dtype=x.dtype,
+            window=self.encoder.window,
         )
         memory = self.encoder(x, attn)
         return memory, (~pad[:, None, None, :] if has_pad else None)
@@ -93,7 +94,8 @@ class EncoderDecoderModel(nn.Module):
         b, t = prev_output_tokens.shape
         positions = torch.arange(t, device=prev_output_tokens.device)[None].expand(b, t)
         x = self.tgt_embed(prev_output_tokens, positions)
-        attn = AttentionInputs.prepare(self.tgt_embed.position, positions[:1], causal=True, dtype=x.dtype)
+        attn = AttentionInputs.prepare(self.tgt_embed.position, positions[:1], causal=True, dtype=x.dtype,
+                                       window=self.decoder.window)
         return self.decoder(x, attn, memory=memory, memory_mask=memory_mask)
 
     def start_decoding(self, src_tokens: Tensor) -> DecodingState:
@@ -109,7 +111,7 @@ class EncoderDecoderModel(nn.Module):
         b = src_tokens.shape[0]
         n = len(self.decoder.layers)
         return DecodingState(
-            self_caches=[KVCache() for _ in range(n)],
+            self_caches=self.decoder.new_self_caches(),
             cross_caches=[KVCache(static=True) for _ in range(n)],
             positions=torch.zeros(b, dtype=torch.long, device=src_tokens.device),
             key_positions=torch.zeros(b, 0, dtype=torch.long, device=src_tokens.device),

@@ -17,7 +17,9 @@ class DecodingState:
     """Everything a model needs to extend its hypotheses by one token.
 
     Attributes:
-        self_caches: one self-attention :class:`KVCache` per decoder layer.
+        self_caches: one self-attention :class:`KVCache` per decoder layer (a rolling buffer for a
+            sliding-window layer: ``key_positions`` and ``self_pad_mask`` cover the whole history,
+            and such a layer reads their last columns).
         positions: ``(batch,)`` position of the next token of each row.
         key_positions: ``(batch, cached_len)`` positions of the cached self-attention keys.
         self_pad_mask: ``(batch, cached_len)`` bool, True at padding keys (left-padded prompts of the
@@ -110,7 +112,8 @@ def incremental_step(
     if pad_mask is not None:
         pad_mask = torch.cat((pad_mask, pad_mask.new_zeros(pad_mask.shape[0], 1)), dim=1)
     x = embed(tokens, pos)
-    attn = AttentionInputs.prepare(embed.position, pos, k_positions, causal=True, key_padding_mask=pad_mask, dtype=x.dtype)
+    attn = AttentionInputs.prepare(embed.position, pos, k_positions, causal=True, key_padding_mask=pad_mask, dtype=x.dtype,
+                                   window=stack.window)
     h = stack(
         x,
         attn,

@@ -1,7 +1,10 @@
 """Building blocks. Each module takes already-built parts and explicit sizes; none knows about Hydra.
 
 Each switch has one table beside the classes it names: ``NORMS`` (norms.py), ``FFNS`` (ffn.py),
-``POSITIONS`` (positions.py), ``RESIDUALS`` (residual.py) and ``ATTENTION_KINDS`` (attention.py).
+``POSITIONS`` (positions.py), ``ROPE_SCALINGS`` (rope_scaling.py), ``RESIDUALS`` (residual.py) and
+``ATTENTION_KINDS`` (attention.py; multi-head latent attention in mla.py). The KV cache (a rolling
+buffer for sliding-window layers), the mask builder and :class:`AttentionInputs` live in
+attention_core.py.
 Constructors take keyword arguments only (``Attention(n_heads=8, n_kv_heads=8, head_dim=64, ...)``),
 except the norms, called ``cls(d_model, eps=eps)`` as :class:`torch.nn.LayerNorm`, and
 :class:`~transformer.modules.dropout.Dropout` (``Dropout(p)``, as :class:`torch.nn.Dropout`).
@@ -10,7 +13,16 @@ A stack's self-attention mask, causal flag and RoPE tables are prepared once per
 modules call live in :mod:`transformer.kernels`.
 """
 
-from transformer.modules.attention import ATTENTION_KINDS, Attention, AttentionInputs, KVCache, build_attention_mask
+from transformer.modules.attention import (
+    ATTENTION_KINDS,
+    Attention,
+    AttentionInputs,
+    AttentionKind,
+    KVCache,
+    MultiHeadLatentAttention,
+    build_attention_mask,
+    window_keep,
+)
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.ffn import FFNS, FeedForward, GatedFeedForward, glu_hidden_size
 from transformer.modules.norms import NORMS, RMSNorm
@@ -27,6 +39,7 @@ from transformer.modules.positions import (
     sinusoidal_table,
 )
 from transformer.modules.residual import RESIDUALS, PostNormResidual, PreNormResidual
+from transformer.modules.rope_scaling import ROPE_SCALINGS, RopeScaling
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -34,18 +47,22 @@ __all__ = [
     "NORMS",
     "POSITIONS",
     "RESIDUALS",
+    "ROPE_SCALINGS",
     "ALiBi",
     "Attention",
     "AttentionInputs",
+    "AttentionKind",
     "FeedForward",
     "GatedFeedForward",
     "KVCache",
     "LearnedPositionalEmbedding",
+    "MultiHeadLatentAttention",
     "NoPositions",
     "PositionEncoding",
     "PostNormResidual",
     "PreNormResidual",
     "RMSNorm",
+    "RopeScaling",
     "RotaryEmbedding",
     "SinusoidalPositionalEmbedding",
     "TokenEmbedding",
@@ -55,4 +72,5 @@ __all__ = [
     "build_attention_mask",
     "glu_hidden_size",
     "sinusoidal_table",
+    "window_keep",
 ]

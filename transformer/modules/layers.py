@@ -1,4 +1,9 @@
-"""A Transformer layer (self-attention, optional cross-attention, feed-forward) and a stack of them."""
+"""A Transformer layer (self-attention, optional cross-attention, feed-forward) and a stack of them.
+
+A layer may be local: its self-attention sees a sliding window of positions (Mistral; Gemma 2/3
+alternate local and global layers), reads the stack's windowed mask and decodes with a rolling
+KV cache of that many entries.
+"""
 
 from __future__ import annotations
 
@@ -19,11 +24,24 @@ class TransformerLayer(nn.Module):
         self_attn: residual block around self-attention.
         ffn: residual block around the feed-forward module.
         cross_attn: residual block around cross-attention, or None.
+        window: a sliding window (positions) for self-attention, or None (global).
+
+    Raises:
+        ValueError: a window < 1.
     """
 
-    def __init__(self, *, self_attn: nn.Module, ffn: nn.Module, cross_attn: nn.Module | None = None) -> None:
+    def __init__(self, *, self_attn: nn.Module, ffn: nn.Module, cross_attn: nn.Module | None = None,
+                 window: int | None = None) -> None:
         super().__init__()
+        if window is not None and window < 1:
+            raise ValueError(f"window={window} must be >= 1 (or None for global attention)")
         self.self_attn, self.cross_attn, self.ffn = self_attn, cross_attn, ffn
+        self.window = window
+
+    def new_self_cache(self) -> KVCache:
+        """An empty self-attention cache for decoding: a rolling buffer of ``window`` entries for a
+        local layer, unbounded for a global one."""
+        return KVCache(max_len=self.window)
 
     def forward(
         self,
@@ -37,17 +55,23 @@ class TransformerLayer(nn.Module):
         """Args:
             x: ``(batch, seq_len, d_model)``.
             attn_inputs: the self-attention mask, causal flag and RoPE tables for the positions of
-                ``x`` (:meth:`AttentionInputs.prepare`).
+                ``x`` (:meth:`AttentionInputs.prepare`; a local layer reads its ``local_mask``).
             memory: encoder output ``(batch, src_len, d_model)`` (decoder layers).
             memory_mask: ``(batch, 1, 1, src_len)`` bool, True = attend, or None.
             self_cache / cross_cache: KV caches for incremental decoding.
 
         Returns:
             ``(batch, seq_len, d_model)``.
+
+        Raises:
+            ValueError: a local layer given inputs prepared without a window.
         """
-        x = self.self_attn(
-            x, attn_mask=attn_inputs.mask, is_causal=attn_inputs.is_causal, rotary=attn_inputs.rotary, cache=self_cache
-        )
+        mask, is_causal = attn_inputs.mask, attn_inputs.is_causal
+        if self.window is not None:
+            if attn_inputs.local_mask is None:
+                raise ValueError("a sliding-window layer needs AttentionInputs.prepare(..., window=...)")
+            mask, is_causal = attn_inputs.local_mask, False
+        x = self.self_attn(x, attn_mask=mask, is_causal=is_causal, rotary=attn_inputs.rotary, cache=self_cache)
         if self.cross_attn is not None:
             x = self.cross_attn(x, memory=memory, attn_mask=memory_mask, cache=cross_cache)
         return self.ffn(x)
@@ -56,15 +80,30 @@ class TransformerLayer(nn.Module):
 class TransformerStack(nn.Module):
     """Layers applied in order, then an optional final norm (pre-LN stacks; Identity for post-LN).
 
+    ``window`` is the sliding window of the stack's local layers (None when all are global): the
+    models prepare :class:`AttentionInputs` with it, and :meth:`new_self_caches` gives each layer
+    its decoding cache.
+
     Args:
         layers: the :class:`TransformerLayer` s.
         final_norm: applied to the last layer's output.
+
+    Raises:
+        ValueError: local layers with different windows.
     """
 
     def __init__(self, *, layers: list[TransformerLayer], final_norm: nn.Module | None = None) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm if final_norm is not None else nn.Identity()
+        windows = {layer.window for layer in layers} - {None}
+        if len(windows) > 1:
+            raise ValueError(f"the local layers of a stack share one window, got {sorted(windows)}")
+        self.window: int | None = windows.pop() if windows else None  # the local layers' window
+
+    def new_self_caches(self) -> list[KVCache]:
+        """One empty self-attention cache per layer (:meth:`TransformerLayer.new_self_cache`)."""
+        return [layer.new_self_cache() for layer in self.layers]
 
     def forward(
         self,

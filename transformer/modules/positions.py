@@ -22,6 +22,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from transformer.modules.rope_scaling import RopeScaling, dynamic_inv_freq, rope_inv_freq
+
 
 def _host_readable(positions: Tensor) -> bool:
     """Whether reading ``positions``' values is free: non-empty, not on CUDA (a host sync) and not
@@ -38,7 +40,10 @@ class PositionEncoding(nn.Module):
     """
 
     @classmethod
-    def from_sizes(cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> PositionEncoding:
+    def from_sizes(
+        cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float,
+        rotary_dim: int | None = None, rope_scaling: RopeScaling | None = None,
+    ) -> PositionEncoding:
         """Build the encoding from the model's sizes (each class takes the ones it needs).
 
         Args:
@@ -46,6 +51,9 @@ class PositionEncoding(nn.Module):
             n_heads: query heads (head width ``d_model // n_heads``).
             max_positions: positions a table holds.
             rope_theta: the RoPE base.
+            rotary_dim: the width RoPE rotates per head (default ``d_model // n_heads``; multi-head
+                latent attention rotates only its ``qk_rope_head_dim`` part).
+            rope_scaling: RoPE scaling (:mod:`transformer.modules.rope_scaling`), or None.
         """
         return cls()
 
@@ -114,7 +122,10 @@ class SinusoidalPositionalEmbedding(PositionEncoding):
         self.table = sinusoidal_table(max_positions, d_model)
 
     @classmethod
-    def from_sizes(cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> SinusoidalPositionalEmbedding:
+    def from_sizes(
+        cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float,
+        rotary_dim: int | None = None, rope_scaling: RopeScaling | None = None,
+    ) -> SinusoidalPositionalEmbedding:
         """``cls(d_model=d_model, max_positions=max_positions)``."""
         return cls(d_model=d_model, max_positions=max_positions)
 
@@ -141,7 +152,10 @@ class LearnedPositionalEmbedding(PositionEncoding):
         nn.init.normal_(self.weight, std=d_model**-0.5)
 
     @classmethod
-    def from_sizes(cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> LearnedPositionalEmbedding:
+    def from_sizes(
+        cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float,
+        rotary_dim: int | None = None, rope_scaling: RopeScaling | None = None,
+    ) -> LearnedPositionalEmbedding:
         """``cls(max_positions=max_positions, d_model=d_model)``."""
         return cls(max_positions=max_positions, d_model=d_model)
 
@@ -163,34 +177,46 @@ class RotaryEmbedding(PositionEncoding):
     """Rotary position embedding on queries and keys (Su et al. 2021, "RoFormer").
 
     The q·k score of two rotated vectors depends only on their offset. Frequencies
-    ``theta^(-2i/head_dim)`` and the cos/sin tables are always fp32, whatever the model dtype.
+    ``theta^(-2i/head_dim)`` (or their scaled form, :mod:`transformer.modules.rope_scaling`) and the
+    cos/sin tables are always fp32, whatever the model dtype. A scaling with an attention factor
+    (YaRN) multiplies cos and sin by it, as Hugging Face's rotary embeddings do.
 
     Args:
-        head_dim: per-head width (even).
+        head_dim: per-head width rotated (even).
         rope_theta: the base (10000 in Llama 2, 500000 in Llama 3).
+        scaling: RoPE scaling (``linear``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``), or None.
 
     Raises:
-        ValueError: if ``head_dim`` is odd.
+        ValueError: if ``head_dim`` is odd or the scaling unknown.
     """
 
-    def __init__(self, *, head_dim: int, rope_theta: float = 10000.0) -> None:
+    def __init__(self, *, head_dim: int, rope_theta: float = 10000.0, scaling: RopeScaling | None = None) -> None:
         super().__init__()
         if head_dim % 2 != 0:
             raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
         self.head_dim = head_dim
         self.rope_theta = rope_theta
-        inv_freq = 1.0 / (rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        self.inv_freq = inv_freq.float()
+        self.scaling = scaling if scaling is not None and scaling.rope_type != "default" else None
+        self.inv_freq, self.attention_factor = rope_inv_freq(head_dim, rope_theta, self.scaling)
 
     @classmethod
-    def from_sizes(cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> RotaryEmbedding:
-        """``cls(head_dim=d_model // n_heads, rope_theta=rope_theta)``: one rotation per head."""
-        return cls(head_dim=d_model // n_heads, rope_theta=rope_theta)
+    def from_sizes(
+        cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float,
+        rotary_dim: int | None = None, rope_scaling: RopeScaling | None = None,
+    ) -> RotaryEmbedding:
+        """``cls(head_dim=rotary_dim or d_model // n_heads, rope_theta=rope_theta, scaling=rope_scaling)``."""
+        return cls(head_dim=rotary_dim or d_model // n_heads, rope_theta=rope_theta, scaling=rope_scaling)
 
     def rotary(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """Args: positions ``(batch, seq_len)``. Returns cos, sin ``(batch, 1, seq_len, head_dim)`` fp32."""
-        freqs = positions.float()[..., None] * self._fp32("inv_freq", positions.device)  # (B, T, hd/2)
+        if self.scaling is not None and self.scaling.rope_type == "dynamic":
+            inv_freq = dynamic_inv_freq(self.head_dim, self.rope_theta, self.scaling, positions)
+        else:
+            inv_freq = self._fp32("inv_freq", positions.device)
+        freqs = positions.float()[..., None] * inv_freq  # (B, T, hd/2)
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, hd)
+        if self.attention_factor != 1.0:
+            return emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
         return emb.cos(), emb.sin()
 
 
@@ -232,7 +258,10 @@ class ALiBi(PositionEncoding):
         self.slopes = alibi_slopes(n_heads)
 
     @classmethod
-    def from_sizes(cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float) -> ALiBi:
+    def from_sizes(
+        cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float,
+        rotary_dim: int | None = None, rope_scaling: RopeScaling | None = None,
+    ) -> ALiBi:
         """``cls(n_heads=n_heads)``: one slope per query head."""
         return cls(n_heads=n_heads)
 

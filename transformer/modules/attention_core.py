@@ -1,0 +1,256 @@
+"""What every attention module shares: the KV cache (a rolling buffer for sliding-window layers),
+the mask builder, the per-stack :class:`AttentionInputs` and the SDPA call.
+
+:class:`~transformer.modules.attention.Attention` (MHA/GQA/MQA) and
+:class:`~transformer.modules.mla.MultiHeadLatentAttention` both read them; everything here is
+re-exported by :mod:`transformer.modules.attention`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from transformer.modules.positions import PositionEncoding
+
+__all__ = ["AttentionInputs", "KVCache", "align_mask", "build_attention_mask", "sdpa", "window_keep"]
+
+
+class KVCache:
+    """Keys and values of one attention module during incremental decoding.
+
+    Self-attention caches grow by one step per call; cross-attention caches are filled once per
+    source and reused. ``k`` and ``v`` are ``(batch, n_kv_heads, cached_len, head_dim)``; multi-head
+    latent attention keeps its latent ``(batch, 1, cached_len, kv_lora_rank)`` in ``k`` and its
+    rotated shared key ``(batch, 1, cached_len, qk_rope_head_dim)`` in ``v``.
+
+    Args:
+        static: True for cross-attention (filled once from the encoder output, then only read).
+        max_len: keep at most this many of the newest entries (a rolling buffer: a sliding-window
+            layer of window ``W`` keeps ``W``, as Mistral's, Jiang et al. 2023 §2); None keeps all.
+    """
+
+    __slots__ = ("k", "v", "static", "max_len")
+
+    def __init__(self, *, static: bool = False, max_len: int | None = None) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+        self.static = static
+        self.max_len = max_len
+
+    def extend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append new entries along the time axis (dim 2) and return cached + new for this step.
+
+        The cache then keeps the newest ``max_len`` of them (all without ``max_len``).
+
+        Args:
+            k, v: ``(batch, heads, new_len, dim)``.
+
+        Returns:
+            ``(k, v)`` ``(batch, heads, cached_len + new_len, dim)`` (cached_len <= max_len).
+        """
+        if self.k is not None:
+            k = torch.cat((self.k, k), dim=2)
+            v = torch.cat((self.v, v), dim=2)
+        if self.max_len is not None and k.shape[2] > self.max_len:
+            self.k, self.v = k[:, :, -self.max_len:].contiguous(), v[:, :, -self.max_len:].contiguous()
+        else:
+            self.k, self.v = k, v
+        return k, v
+
+    def reorder(self, index: Tensor) -> None:
+        """Select (and repeat) batch rows, e.g. to follow the surviving beams.
+
+        Args:
+            index: ``(new_batch,)`` long tensor of rows to keep.
+        """
+        if self.k is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+
+def window_keep(q_positions: Tensor, k_positions: Tensor, window: int, causal: bool) -> Tensor:
+    """The keys a sliding window of ``window`` positions lets each query see.
+
+    Causal: the query at position ``i`` sees keys ``i - window < j <= i`` (``window`` keys, itself
+    included), Mistral's ``sliding_window`` (Jiang et al. 2023; HF ``sliding_window_overlay``).
+    Bidirectional (encoders): ``|i - j| < window``, the same reach on both sides.
+
+    Args:
+        q_positions: ``(batch | 1, q_len)``; k_positions: ``(batch | 1, k_len)``.
+        window: positions seen (>= 1).
+        causal: whether later keys are masked anyway (only the distance back is checked then).
+
+    Returns:
+        bool ``(batch | 1, 1, q_len, k_len)``, True = inside the window.
+    """
+    dist = q_positions[:, :, None] - k_positions[:, None, :]  # (B, Tq, Tk)
+    keep = dist < window if causal else dist.abs() < window
+    return keep[:, None]
+
+
+def build_attention_mask(
+    key_padding_mask: Tensor | None,
+    causal: bool,
+    q_len: int,
+    k_len: int,
+    score_bias: Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+    keep: Tensor | None = None,
+) -> tuple[Tensor | None, bool]:
+    """Combine padding, causality, a window and an additive score bias into SDPA arguments.
+
+    Queries are the last ``q_len`` of ``k_len`` positions (so a causal mask is bottom-right aligned,
+    which is what a KV cache needs: one or several new queries over cached keys, as in chunked
+    prefill or speculative decoding).
+
+    Args:
+        key_padding_mask: ``(batch, k_len)`` bool, True at padding keys, or None.
+        causal: forbid attending to later positions.
+        q_len, k_len: query and key lengths.
+        score_bias: ``(batch | 1, n_heads, q_len, k_len)`` additive bias (ALiBi), or None.
+        dtype: dtype of a float mask (the attention dtype).
+        device: where a mask built from causality alone goes (default: the device of
+            ``key_padding_mask`` or ``score_bias``, else the CPU).
+        keep: ``(batch | 1, 1, q_len, k_len)`` bool, True = may attend (a sliding window,
+            :func:`window_keep`), or None.
+
+    Returns:
+        ``(attn_mask, is_causal)`` for SDPA: None + True for the plain causal case, a bool mask
+        ``(batch, 1, q_len, k_len)`` (True = attend) without a bias, a float mask with a bias.
+    """
+    if key_padding_mask is None and score_bias is None and keep is None:
+        if not causal or q_len == 1:
+            return None, False
+        if q_len == k_len:
+            return None, True
+    allowed: Tensor | None = keep
+    if causal and q_len > 1:
+        if key_padding_mask is not None:
+            device = key_padding_mask.device
+        elif score_bias is not None:
+            device = score_bias.device
+        elif keep is not None:
+            device = keep.device
+        q_idx = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+        later = (torch.arange(k_len, device=device)[None, :] <= q_idx)[None, None]  # (1,1,Tq,Tk)
+        allowed = later if allowed is None else allowed & later
+    if key_padding_mask is not None:
+        not_pad = ~key_padding_mask[:, None, None, :]  # (B,1,1,Tk)
+        allowed = not_pad if allowed is None else allowed & not_pad
+    if score_bias is None:
+        return allowed, False
+    bias = score_bias.to(dtype)
+    if allowed is not None:
+        bias = bias.masked_fill(~allowed, float("-inf"))
+    return bias, False
+
+
+def align_mask(attn_mask: Tensor | None, is_causal: bool, q_len: int, k_len: int,
+               device: torch.device) -> tuple[Tensor | None, bool]:
+    """Fit a stack's mask to one attention module's keys (cached plus new).
+
+    A rolling cache (sliding-window layer) holds only the newest keys: its mask is the last
+    ``k_len`` columns of the stack's, which covers the whole key history. A causal flag over a
+    cache becomes a bottom-right aligned mask (SDPA aligns ``is_causal`` top-left).
+
+    Returns:
+        ``(attn_mask, is_causal)`` for SDPA.
+    """
+    if attn_mask is not None and attn_mask.shape[-1] > k_len:
+        attn_mask = attn_mask[..., -k_len:]
+    causal = is_causal and attn_mask is None
+    if causal and k_len != q_len:
+        return build_attention_mask(None, True, q_len, k_len, device=device)
+    return attn_mask, causal
+
+
+@dataclass(frozen=True)
+class AttentionInputs:
+    """The self-attention arguments every layer of a stack shares, prepared once per forward pass
+    (:meth:`prepare`) and passed down the stack as one object.
+
+    Attributes:
+        mask: the SDPA mask from :func:`build_attention_mask` (bool ``(batch, 1, q_len, k_len)``,
+            True = attend, or a float mask ``(batch | 1, n_heads, q_len, k_len)`` carrying a score
+            bias), or None.
+        is_causal: SDPA's causal flag (set only without ``mask``).
+        rotary: RoPE ``(cos, sin)``, each ``(batch | 1, 1, q_len, rotary_dim)`` fp32, or None.
+        local_mask: the same mask restricted to a sliding window (read by the stack's local
+            layers), or None when the stack has none.
+    """
+
+    mask: Tensor | None = None
+    is_causal: bool = False
+    rotary: tuple[Tensor, Tensor] | None = None
+    local_mask: Tensor | None = None
+
+    @classmethod
+    def prepare(
+        cls,
+        position: PositionEncoding,
+        q_positions: Tensor,
+        k_positions: Tensor | None = None,
+        *,
+        causal: bool,
+        key_padding_mask: Tensor | None = None,
+        dtype: torch.dtype = torch.float32,
+        window: int | None = None,
+    ) -> AttentionInputs:
+        """Positions -> score bias -> mask(s) -> rotary tables, the one sequence every stack runs.
+
+        Args:
+            position: the stack's position encoding (its :meth:`~PositionEncoding.score_bias` and
+                :meth:`~PositionEncoding.rotary`; absolute encodings contribute nothing here).
+            q_positions: ``(batch | 1, q_len)`` positions of the queries.
+            k_positions: ``(batch | 1, k_len)`` positions of the keys (cached plus new); default
+                ``q_positions``.
+            causal: forbid attending to later positions (decoders).
+            key_padding_mask: ``(batch, k_len)`` bool, True at padding keys, or None.
+            dtype: dtype of a float mask (the activations' dtype).
+            window: the sliding window of the stack's local layers (positions), or None.
+        """
+        k_positions = q_positions if k_positions is None else k_positions
+        bias = position.score_bias(q_positions, k_positions, causal=causal)
+        q_len, k_len = q_positions.shape[1], k_positions.shape[1]
+        mask, is_causal = build_attention_mask(key_padding_mask, causal, q_len, k_len, bias, dtype)
+        local = None
+        if window is not None:
+            keep = window_keep(q_positions, k_positions, window, causal)
+            local, _ = build_attention_mask(key_padding_mask, causal, q_len, k_len, bias, dtype, keep=keep)
+        return cls(mask=mask, is_causal=is_causal, rotary=position.rotary(q_positions), local_mask=local)
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool, enable_gqa: bool) -> Tensor:
+    """:func:`F.scaled_dot_product_attention`, in fp32 on the CPU under bf16/fp16 autocast.
+
+    On the CPU, SDPA's low-precision flash kernel is slow where Transformers for translation live
+    (sentences of tens of tokens): in a bf16-autocast profile of the base model on an AMX Xeon its
+    backward took 26.7 ms a call, 32% of the training step (issue #11). Attention is a small share
+    of the FLOPs at these lengths, so it runs in fp32 there (the projections around it stay in
+    bf16) and returns the autocast dtype. On CUDA, low-precision flash/efficient kernels are used.
+
+    Shapes: q ``(batch, n_heads, q_len, head_dim)``, k ``(batch, n_kv_heads, k_len, head_dim)``,
+    v ``(batch, n_kv_heads, k_len, v_dim)`` -> ``(batch, n_heads, q_len, v_dim)``.
+    """
+    device = q.device.type
+    if device == "cpu" and torch.is_autocast_enabled(device) and q.dtype in (torch.bfloat16, torch.float16):
+        low = q.dtype
+        with torch.autocast(device, enabled=False):
+            out = F.scaled_dot_product_attention(
+                q.float(), k.float(), v.float(),
+                attn_mask=attn_mask.float() if attn_mask is not None and attn_mask.is_floating_point() else attn_mask,
+                dropout_p=dropout_p, is_causal=is_causal,
+                enable_gqa=enable_gqa,
+            )
+        return out.to(low)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa
+    )
