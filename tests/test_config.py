@@ -196,7 +196,7 @@ def test_model_sizes_are_derived_in_one_place_and_match_the_built_model(override
         ("llama_style_tiny", "llama_style"),
         ("qwen3_style_tiny", "llama_style_tiny"),
         ("transformer_tiny", "transformer_2017_base"),
-        ("transformer_small", "transformer_2017_base"),
+        ("transformer_2017_base", "transformer_small"),  # transformer_small is ModelConfig's defaults
         ("transformer_2017_big", "transformer_2017_base"),
     ],
 )

@@ -33,13 +33,16 @@ from transformer.config.schema import (
     ModelConfig,
     NormConfig,
     OptimConfig,
+    DEFAULT_TIME_BUDGET_S,
     RESUME_MODES,
     PositionConfig,
     RopeScalingConfig,
     SchedulerConfig,
     TrainConfig,
+    budget_sentence,
     register_configs,
     resume_mode,
+    time_budget,
 )
 from transformer.config.sizes import (
     LatentSizes,

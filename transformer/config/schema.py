@@ -32,9 +32,12 @@ __all__ = [
     "SchedulerConfig",
     "TrainConfig",
     "GenerationOverrides",
+    "DEFAULT_TIME_BUDGET_S",
     "RESUME_MODES",
     "register_configs",
+    "budget_sentence",
     "resume_mode",
+    "time_budget",
 ]
 
 
@@ -96,6 +99,11 @@ class PositionConfig:
 class ModelConfig:
     """``model``: one architecture. Presets live in ``configs/model/*.yaml``.
 
+    The defaults are the project's CPU default model, ``model=transformer_small``: the 2017
+    Transformer (post-LN LayerNorm, ReLU, sinusoidal positions, MHA, shared embeddings) at 3+3
+    layers, d_model 256, 4 heads, d_ff 512, dropout 0.1. Each preset file lists only what it
+    changes (``transformer_2017_base``: 6+6, d_model 512, 8 heads, d_ff 2048).
+
     ``arch=decoder_only`` stacks ``n_encoder_layers + n_decoder_layers`` causal layers so that
     flipping the switch keeps the depth; decoder-only presets set ``n_encoder_layers: 0``.
     ``n_kv_heads`` is set by the ``model/attention`` option (``mha``: null = n_heads, ``gqa``: 2,
@@ -109,12 +117,12 @@ class ModelConfig:
     arch: str = "encoder_decoder"  # encoder_decoder | decoder_only
     norm_position: str = "post"  # a key of transformer.modules.residual.RESIDUALS
     attention: str = "mha"  # a key of transformer.modules.attention.ATTENTION_KINDS (set by model/attention)
-    n_encoder_layers: int = 6
-    n_decoder_layers: int = 6
-    d_model: int = 512
-    n_heads: int = 8
+    n_encoder_layers: int = 3
+    n_decoder_layers: int = 3
+    d_model: int = 256
+    n_heads: int = 4
     n_kv_heads: Optional[int] = None
-    d_ff: int = 2048
+    d_ff: int = 512
     dropout: float = 0.1
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
@@ -148,6 +156,9 @@ class ModelConfig:
 class DataConfig:
     """``data``: a parallel corpus, its SentencePiece vocabulary and length filters.
 
+    The defaults are ``data=multi30k_en_de`` (Multi30k en->de, 8,000 joint BPE pieces, tested on its
+    four test sets); each ``configs/data/*.yaml`` lists only what it changes.
+
     ``root`` (or the environment variable ``TRANSFORMER_DATA_DIR``, or a user cache folder) holds
     ``{prefix}.{lang}`` files, plain or ``.gz``.
     """
@@ -160,7 +171,8 @@ class DataConfig:
     train_prefix: str = "train"
     valid_prefix: str = "val"
     test_prefix: Optional[str] = "test_2016_flickr"
-    test_splits: list[str] = field(default_factory=lambda: ["test_2016_flickr"])
+    test_splits: list[str] = field(default_factory=lambda: ["test_2016_flickr", "test_2017_flickr", "test_2017_mscoco",
+                                                            "test_2018_flickr"])
     download: bool = True
     vocab_size: int = 8000
     spm_model_type: str = "bpe"  # bpe | unigram
@@ -184,7 +196,7 @@ class OptimConfig:
     """``optim``: Adam/AdamW (Kingma & Ba 2015; betas and eps of Vaswani et al. 2017 §5.3)."""
 
     name: str = "adam"  # adam | adamw
-    lr: float = 5e-4
+    lr: float = 2e-3  # the default run's peak (transformer_small on Multi30k); experiments set their own
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-9
     weight_decay: float = 0.0
@@ -197,7 +209,7 @@ class SchedulerConfig:
     ``form=noam``), ``cosine`` with warmup, or ``constant`` with warmup."""
 
     name: str = "inverse_sqrt"  # inverse_sqrt | cosine | constant
-    warmup_updates: int = 4000
+    warmup_updates: int = 400
     form: str = "fairseq"  # fairseq (peak = optim.lr) | noam (d_model^-0.5 * scale)
     noam_scale: float = 1.0
     warmup_init_lr: float = 0.0
@@ -219,8 +231,8 @@ class GenerationConfig:
     beam_size: int = 5
     length_penalty: float = 0.6
     length_penalty_form: str = "gnmt"  # gnmt ((5+len)/6)^alpha | fairseq len^alpha
-    max_len_a: float = 1.0
-    max_len_b: int = 50
+    max_len_a: float = 1.2  # a hypothesis has at most max_len_a * source length + max_len_b tokens
+    max_len_b: int = 10
     min_len: int = 1
     no_repeat_ngram_size: int = 0
     nbest: int = 1
@@ -246,25 +258,60 @@ each null by default, meaning "keep the run's value" (see
 generation setting is one field there."""
 
 
+DEFAULT_TIME_BUDGET_S = 1380.0
+"""The default run's budget: 23 minutes of training (``train.max_time`` null and no other budget)."""
+
+
+def time_budget(train: Any) -> float:
+    """The training-time limit in seconds that ``train`` (a :class:`TrainConfig` or its DictConfig)
+    stops at: ``train.max_time`` when set (0 = none); when null, :data:`DEFAULT_TIME_BUDGET_S` if
+    neither ``train.max_updates`` nor ``train.max_epochs`` is set, else 0 (an explicit update or
+    epoch budget is not cut by the default time limit, on a first start as on a resume)."""
+    if train.max_time is not None:
+        return float(train.max_time)
+    return DEFAULT_TIME_BUDGET_S if train.max_updates <= 0 and train.max_epochs <= 0 else 0.0
+
+
+def budget_sentence(train: Any) -> str:
+    """What stops a run, in words (logged at the start): ``"train.max_updates=4000"``,
+    ``"1380 s of training (the default time budget; train.max_updates=N replaces it)"``, ..."""
+    parts = []
+    if train.max_updates > 0:
+        parts.append(f"train.max_updates={train.max_updates}")
+    if train.max_epochs > 0:
+        parts.append(f"train.max_epochs={train.max_epochs}")
+    seconds = time_budget(train)
+    if seconds > 0:
+        parts.append(f"train.max_time={seconds:g}s" if train.max_time is not None else
+                     f"{seconds:g} s of training (the default time budget; train.max_updates=N replaces it)")
+    if train.patience > 0:
+        parts.append(f"train.patience={train.patience} validations without improvement")
+    return ", or ".join(parts) + (" (whichever comes first)" if len(parts) > 1 else "")
+
+
 @dataclass
 class TrainConfig:
-    """``train``: the loop (fairseq names where they exist)."""
+    """``train``: the loop (fairseq names where they exist). The defaults are the default run's
+    (``python scripts/train.py``): 4096 tokens per update, 23 minutes of training
+    (:func:`time_budget`), validation every 500 updates (loss, and BLEU on 200 pairs)."""
 
     max_tokens: int = 4096
     update_freq: int = 1
     clip_norm: float = 0.0
     max_updates: int = 0
     max_epochs: int = 0
-    max_time: float = 0.0  # seconds; 0 = no limit
+    # seconds of training; null (the default) = DEFAULT_TIME_BUDGET_S when neither max_updates nor
+    # max_epochs is set, else no limit (an explicit update budget replaces the default time budget); 0 = no limit
+    max_time: Optional[float] = None
     precision: str = "auto"  # auto (bf16 where the device has fast bf16, else fp32) | fp32 | bf16 | fp16
     compile: bool = False
     device: str = "auto"
     num_threads: int = 0  # 0 = torch default
     tune_malloc: bool = True  # CPU: keep freed tensor memory in the process (glibc mallopt)
-    validate_every: int = 1000
+    validate_every: int = 500
     valid_bleu: bool = True
-    valid_bleu_subset: int = 0  # 0 = whole validation set
-    best_metric: str = "bleu"  # bleu | loss
+    valid_bleu_subset: int = 200  # the first N validation pairs are translated for BLEU; 0 = the whole set
+    best_metric: str = "loss"  # bleu | loss
     patience: int = 0
     save_every: int = 0
     keep_last: int = 5

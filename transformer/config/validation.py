@@ -9,7 +9,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from transformer.config.schema import Config, ConfigError, resume_mode
+from transformer.config.schema import Config, ConfigError, resume_mode, time_budget
 from transformer.config.sizes import model_sizes
 from transformer.modules.attention import ATTENTION_KINDS
 from transformer.modules.ffn import FFNS
@@ -205,7 +205,9 @@ def validate_config(cfg: Any) -> None:
         raise ConfigError(f"train.max_tokens={t.max_tokens} must be positive")
     if t.update_freq < 1:
         raise ConfigError(f"train.update_freq={t.update_freq} must be >= 1")
-    if t.max_updates <= 0 and t.max_epochs <= 0 and t.max_time <= 0:
+    if t.max_time is not None and t.max_time < 0:
+        raise ConfigError(f"train.max_time={t.max_time} must be >= 0 (seconds; 0 = no limit, null = the default budget)")
+    if t.max_updates <= 0 and t.max_epochs <= 0 and time_budget(t) <= 0:
         raise ConfigError("set at least one of train.max_updates, train.max_epochs, train.max_time")
     if t.best_metric not in ("bleu", "loss"):
         raise ConfigError(f"train.best_metric={t.best_metric!r} is not one of bleu, loss")
@@ -246,7 +248,8 @@ def validate_config(cfg: Any) -> None:
             "or cosine for no warmup"
         )
     if s.name == "cosine" and t.max_updates <= 0:
-        raise ConfigError("lr_scheduler=cosine needs train.max_updates > 0 (the length of the cosine)")
+        raise ConfigError("lr_scheduler=cosine needs train.max_updates > 0 (the length of the cosine), e.g. "
+                          "lr_scheduler=cosine train.max_updates=4000; the default time budget gives it no length")
     validate_generation_config(cfg.generation)
 
 

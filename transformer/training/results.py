@@ -159,10 +159,11 @@ def build_results(
         params: the model's parameter count.
         flops_per_token: forward FLOPs per target token (see :func:`~transformer.models.forward_flops`).
         progress: the trainer's counters: ``updates``, ``epochs``, ``best_valid``, ``train_time_s``,
-            ``train_tokens``, ``precision``, ``world_size``.
+            ``train_tokens``, ``precision``, ``world_size``, ``peak_memory_mb_by_phase``.
         device: the training device.
         choices: Hydra's config-group choices (see :func:`hydra_choices`).
-        wall_time_s: seconds since the run started.
+        wall_time_s: wall-clock seconds of the whole run (its earlier processes, until their last
+            save, and this one).
 
     Returns:
         The record (JSON-serialisable).
@@ -183,11 +184,12 @@ def build_results(
         "epochs": progress["epochs"],
         "best_valid": progress["best_valid"],
         "best_metric": cfg.train.best_metric,
-        "wall_time_s": wall_time_s,
+        "wall_time_s": wall_time_s,  # the whole run, every resumed process included
         "train_time_s": progress["train_time_s"],
         "train_tokens": progress["train_tokens"],
         "train_tokens_per_s": progress["train_tokens"] / max(progress["train_time_s"], 1e-9),
         "peak_memory_mb": peak_memory_mb(device),
+        "peak_memory_mb_by_phase": progress.get("peak_memory_mb_by_phase", {}),
         "device": str(device),
         "precision": progress["precision"],
         "hardware": describe_hardware(device),
@@ -254,6 +256,9 @@ def final_test(trainer: Any, choices: dict[str, str], params: int, start: float)
     """
     cfg = trainer.cfg
     log = getattr(trainer, "log", lambda msg: print(msg, file=sys.stderr, flush=True))
+    memory = getattr(trainer, "memory", None)
+    if memory is not None:
+        memory.enter("test")
     try:
         final_model = load_final_weights(trainer)
     except Exception as err:  # the training is done: test what is in memory rather than lose it
@@ -278,7 +283,7 @@ def final_test(trainer: Any, choices: dict[str, str], params: int, start: float)
     results = build_results(
         cfg, scores=scores, test_split=primary, final_model=final_model, params=params,
         flops_per_token=flops["per_target_token"], progress=trainer.progress(), device=trainer.device,
-        choices=choices, wall_time_s=time.time() - start,
+        choices=choices, wall_time_s=trainer.wall_time() if hasattr(trainer, "wall_time") else time.time() - start,
     )
     write_results(trainer.run_dir, results)
     return results

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from transformer.config import Config, ConfigError, config_dict, resume_mode, to_config
+from transformer.config import Config, ConfigError, budget_sentence, config_dict, resume_mode, to_config
 from transformer.data.dataset import load_translation_data
 from transformer.io import FolderLock, atomic_write_text, check_unlocked
 from transformer.models import count_parameters
@@ -148,6 +148,7 @@ def _train(cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Pat
     params = count_parameters(trainer.model)
     log(f"model: {cfg.model.arch}, {params:,} parameters, precision {trainer.precision} "
         f"(train.precision={t.precision}); run folder {run_dir}")
+    log(f"budget: training stops at {budget_sentence(t)}")
     loggers = build_loggers(cfg.logger, run_dir, run_name(cfg, choices), config_dict(cfg), dist_info.is_main)
     with GracefulStop(t.stop_signals, announce=dist_info.is_main) as stopping:
         trainer.stopping = stopping

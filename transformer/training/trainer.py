@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from transformer.config import Config, config_dict
+from transformer.config import Config, config_dict, time_budget
 from transformer.data.batching import TokenBatchSampler
 from transformer.data.collate import Batch, collate
 from transformer.data.dataset import TranslationData
@@ -32,6 +32,7 @@ from transformer.training.criterion import LabelSmoothedCrossEntropy, perplexity
 from transformer.training.divergence import divergence_message, nonfinite_weights
 from transformer.training.distributed import DistInfo, broadcast_from_main
 from transformer.training.errors import TrainingError
+from transformer.training.memory import PhaseMemory
 from transformer.training.ema import EMA
 from transformer.training.optim import build_optimizer
 from transformer.training.parallel import DataParallel, TrainingLoss, checkpoint_layers
@@ -89,6 +90,9 @@ class Trainer:
         self.bad_validations = 0
         self.train_tokens = 0
         self.train_time = 0.0
+        self.wall_time_before = 0.0  # wall seconds of the earlier processes of this run (resumes)
+        self.started = time.time()
+        self.memory = PhaseMemory(self.device)  # peak memory per phase (training, validation, test)
         self.checkpoints = CheckpointManager(run_dir, keep_last=t.keep_last) if dist_info.is_main else None
         # fp32 moving average of the weights; validation, checkpoints' weights and the test use it
         self.ema = EMA(self.model, t.ema_decay) if t.ema_decay > 0 else None
@@ -127,6 +131,7 @@ class Trainer:
             "bad_validations": self.bad_validations,
             "train_tokens": self.train_tokens,
             "train_time": self.train_time,
+            "wall_time": self.wall_time(),
             "ema": ema,
             "config": config_dict(self.cfg),
         }
@@ -154,6 +159,11 @@ class Trainer:
         self.best_metric = state["best_metric"]
         self.bad_validations = int(state["bad_validations"])
         self.train_tokens, self.train_time = int(state["train_tokens"]), float(state["train_time"])
+        self.wall_time_before = float(state.get("wall_time", 0.0))  # checkpoints before it was recorded: 0
+
+    def wall_time(self) -> float:
+        """Wall-clock seconds of the whole run: its earlier processes (until their last save) and this one."""
+        return self.wall_time_before + (time.time() - self.started)
 
     def save(self, is_best: bool = False, numbered: bool = False) -> None:
         """Atomically write ``checkpoint_last`` (and best / numbered) on rank 0: full weights in
@@ -298,6 +308,13 @@ class Trainer:
     def validate(self, logger: Any) -> bool:
         """Validation loss (+ BLEU), with the moving average when on; returns True when this is the
         best result so far."""
+        self.memory.enter("validation")
+        try:
+            return self._validate(logger)
+        finally:
+            self.memory.enter("training")
+
+    def _validate(self, logger: Any) -> bool:
         t = self.cfg.train
         metrics: dict[str, Any] = {}
         model = self.eval_model()  # FSDP: gathers the weights (every rank)
@@ -333,8 +350,9 @@ class Trainer:
             return f"reached train.max_updates={t.max_updates}"
         if t.max_epochs > 0 and self.epochs_done >= t.max_epochs:
             return f"reached train.max_epochs={t.max_epochs}"
-        if t.max_time > 0 and self.train_time >= t.max_time:
-            return f"reached train.max_time={t.max_time}s"
+        seconds = time_budget(t)
+        if seconds > 0 and self.train_time >= seconds:
+            return f"reached train.max_time={seconds:g}s" + ("" if t.max_time is not None else " (the default time budget)")
         if t.patience > 0 and self.bad_validations >= t.patience:
             return f"no improvement in {t.patience} validations (train.patience)"
         return None
@@ -354,9 +372,10 @@ class Trainer:
             TrainingError: on a non-finite loss (the last good checkpoint stays).
         """
         t = self.cfg.train
-        progress = TrainingBar(max_updates=t.max_updates, max_time=t.max_time, update=self.update, train_time=self.train_time,
+        progress = TrainingBar(max_updates=t.max_updates, max_time=time_budget(t), update=self.update, train_time=self.train_time,
                                desc=f"train {self.precision}", enabled=self.dist.is_main and bool(t.progress))
         batches = self._batches()
+        self.memory.enter("training")
         stop = self.stop_reason()
         window_tokens, window_start, shown_rate = 0, time.time(), "-"
         try:
@@ -412,4 +431,5 @@ class Trainer:
             "train_tokens": self.train_tokens,
             "precision": self.precision,
             "world_size": self.dist.world_size,
+            "peak_memory_mb_by_phase": self.memory.as_dict(),
         }
