@@ -50,7 +50,7 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
 
     Returns:
         The results dict (also in ``results.json``): ``bleu``, ``chrf``, ``sacrebleu_signature``,
-        ``params``, ``updates``, ``wall_time_s``, ``train_tokens_per_s``, ``peak_memory_mb``,
+        ``params`` (``active_params``: per token, fewer for a mixture of experts), ``updates``, ``wall_time_s``, ``train_tokens_per_s``, ``peak_memory_mb``,
         ``choices``, ``config`` and per-split ``test`` scores.
 
     Raises (an error of a resume that is refused carries ``run_folder_untouched = True``):
@@ -98,8 +98,9 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
         log(f"resumed from {resume.stem} at update {trainer.update} (epoch {trainer.epoch})")
     elif t.resume:
         log(f"train.resume=true but {run_dir} holds no checkpoint; starting from scratch")
-    params = count_parameters(trainer.model)
-    log(f"model: {cfg.model.arch}, {params:,} parameters, precision {trainer.precision} "
+    params, active = count_parameters(trainer.model), count_parameters(trainer.model, active_only=True)
+    shown = f"{params:,} parameters" + (f" ({active:,} active per token)" if active != params else "")
+    log(f"model: {cfg.model.arch}, {shown}, precision {trainer.precision} "
         f"(train.precision={t.precision}); run folder {run_dir}")
     loggers = build_loggers(cfg.logger, run_dir, run_name(cfg, choices), config_dict(cfg), dist_info.is_main)
     stop = trainer.fit(loggers)
@@ -109,7 +110,7 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
 
     results: dict[str, Any] = {}
     if dist_info.is_main:
-        results = final_test(trainer, choices, params, start)
+        results = final_test(trainer, choices, params, start, active_params=active)
     loggers.log({k: v for k, v in results.items() if isinstance(v, (int, float))}, step=trainer.update, split="test")
     loggers.close()
     shutdown_distributed()
