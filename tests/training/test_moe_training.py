@@ -198,7 +198,7 @@ def test_ddp_with_an_expert_that_gets_no_token_needs_no_unused_parameter_search(
             assert torch.equal(ranks[0]["state"][key][0], start[key][0]) and not torch.equal(ranks[0]["state"][key], start[key])
 
 
-@pytest.mark.parametrize(("distributed", "port"), [("ddp", 29531), ("fsdp", 29532)])
+@pytest.mark.parametrize(("distributed", "port"), [("ddp", 29541), ("fsdp", 29542)])
 def test_two_ranks_equal_one_rank_with_twice_the_micro_batches(small_corpus, tmp_path, distributed, port):
     """2 gloo ranks x update_freq 1 = 1 rank x update_freq 2 through scripts/train.py: the router losses
     are scaled like the loss, and the expert loads behind the bias update are summed over the ranks."""

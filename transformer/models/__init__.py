@@ -1,7 +1,7 @@
 """The two model families built from :mod:`transformer.modules`, and the builder that wires them.
 
 The router losses and expert loads of a model's mixture-of-experts blocks (:func:`router_losses`,
-:func:`update_expert_biases`, from :mod:`transformer.modules.moe`) are re-exported here: the
+:func:`update_expert_biases`, from :mod:`transformer.modules.moe_losses`) are re-exported here: the
 training loop reads them through the model package.
 """
 
@@ -10,7 +10,7 @@ from transformer.models.decoder_only import DecoderOnlyModel
 from transformer.models.encoder_decoder import EncoderDecoderModel
 from transformer.models.flops import count_parameters, ffn_flops_per_token, forward_flops, kv_cache_bytes_per_token
 from transformer.models.state import DecodingState
-from transformer.modules.moe import RouterLosses, moe_blocks, router_losses, update_expert_biases
+from transformer.modules.moe_losses import RouterLosses, moe_blocks, router_losses, update_expert_biases
 
 __all__ = [
     "DecoderOnlyModel",

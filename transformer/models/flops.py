@@ -8,7 +8,7 @@ from typing import Any
 from torch import nn
 
 from transformer.config import ModelSizes, head_dim, model_sizes, resolve_n_kv_heads
-from transformer.modules.moe import moe_blocks
+from transformer.modules.moe_losses import moe_blocks
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False, active_only: bool = False) -> int:

@@ -2,8 +2,8 @@
 
 Each switch has one table beside the classes it names: ``NORMS`` (norms.py), ``FFNS`` (ffn.py; its
 ``moe`` entry is :class:`~transformer.modules.moe.MixtureOfExperts`, whose router scores are
-``ROUTER_SCORES`` in moe.py), ``POSITIONS`` (positions.py), ``RESIDUALS`` (residual.py) and
-``ATTENTION_KINDS`` (attention.py).
+``ROUTER_SCORES`` in moe.py, its losses in moe_losses.py), ``POSITIONS`` (positions.py),
+``RESIDUALS`` (residual.py) and ``ATTENTION_KINDS`` (attention.py).
 Constructors take keyword arguments only (``Attention(n_heads=8, n_kv_heads=8, head_dim=64, ...)``),
 except the norms, called ``cls(d_model, eps=eps)`` as :class:`torch.nn.LayerNorm`, and
 :class:`~transformer.modules.dropout.Dropout` (``Dropout(p)``, as :class:`torch.nn.Dropout`).
@@ -15,7 +15,8 @@ modules call live in :mod:`transformer.kernels`.
 from transformer.modules.attention import ATTENTION_KINDS, Attention, AttentionInputs, KVCache, build_attention_mask
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.ffn import FFNS, FeedForward, GatedFeedForward, glu_hidden_size
-from transformer.modules.moe import ROUTER_SCORES, GroupedExperts, MixtureOfExperts, TopKRouter, router_losses
+from transformer.modules.moe import ROUTER_SCORES, GroupedExperts, MixtureOfExperts, TopKRouter
+from transformer.modules.moe_losses import router_losses
 from transformer.modules.norms import NORMS, RMSNorm
 from transformer.modules.layers import TransformerLayer, TransformerStack
 from transformer.modules.positions import (

@@ -13,11 +13,11 @@ process only the tokens sent to them, optional shared experts, and the router's 
   or a loop over the experts, never over tokens. The experts' weights are stacked, one parameter
   per matrix kind, so an expert that receives no token in a step still gets a (zero) gradient:
   DistributedDataParallel finds no unused parameter.
-* Losses (:func:`router_losses`): the load-balancing loss of Switch Transformer eq. 4 as Hugging
-  Face's ``load_balancing_loss_func`` computes it (``n_experts * sum_i f_i * P_i`` over all layers
-  of a stack at once) and the ST-MoE router z-loss (Zoph et al. 2022, eq. 5). Each block keeps the
-  statistics of its last forward pass; the training loss collects them through the model (the
-  block knows nothing of the trainer).
+* Losses: each block keeps the statistics of its last forward pass (:class:`RouterStats`);
+  :func:`~transformer.modules.moe_losses.router_losses` turns a model's into the load-balancing
+  loss (Switch Transformer eq. 4, as Hugging Face's ``load_balancing_loss_func``) and the ST-MoE
+  router z-loss, which the training loss collects through the model (the block knows nothing of
+  the trainer).
 
 Shapes: ``N`` is the number of tokens (``batch * seq_len`` flattened), ``E`` = ``n_experts``,
 ``k`` = ``top_k``.
@@ -26,28 +26,15 @@ Shapes: ``N`` is the number of tokens (``batch * seq_len`` flattened), ``E`` = `
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.modules.dropout import Dropout
-from transformer.modules.layers import TransformerStack
 
-__all__ = [
-    "ROUTER_SCORES",
-    "GroupedExperts",
-    "MixtureOfExperts",
-    "RouterLosses",
-    "RouterScoring",
-    "RouterStats",
-    "Routing",
-    "TopKRouter",
-    "moe_blocks",
-    "router_losses",
-    "update_expert_biases",
-]
+__all__ = ["ROUTER_SCORES", "GroupedExperts", "MixtureOfExperts", "RouterScoring", "RouterStats", "Routing", "TopKRouter"]
 
 
 @dataclass(frozen=True)
@@ -278,7 +265,8 @@ class GroupedExperts(nn.Module):
 
 @dataclass
 class RouterStats:
-    """What one MoE block saw in its last forward pass (read by :func:`router_losses`).
+    """What one MoE block saw in its last forward pass (read by
+    :func:`~transformer.modules.moe_losses.router_losses`).
 
     Attributes:
         tokens: tokens routed, ``N``.
@@ -348,83 +336,3 @@ class MixtureOfExperts(nn.Module):
             z_sum = torch.logsumexp(route.logits, dim=-1).square().sum()
         self.stats = RouterStats(tokens=n, load=counts.detach(), dropped=n * k - processed, prob_sum=prob_sum, z_sum=z_sum)
         return out.view(shape)
-
-
-def moe_blocks(module: nn.Module) -> list[MixtureOfExperts]:
-    """The :class:`MixtureOfExperts` blocks inside ``module``, in ``module.modules()`` order."""
-    return [m for m in module.modules() if isinstance(m, MixtureOfExperts)]
-
-
-@dataclass
-class RouterLosses:
-    """The router losses of a model's last training forward pass (:func:`router_losses`).
-
-    Attributes:
-        aux_loss: ``()`` the load-balancing loss, summed over the stacks (unweighted).
-        z_loss: ``()`` the router z-loss, summed over the stacks (unweighted).
-        weighted: ``()`` ``aux_loss_coef * aux_loss + z_loss_coef * z_loss``, what the training
-            loss adds per target token.
-        load: ``(n_moe_layers, E)`` int64 assignments per expert of each block (detached), in
-            :func:`moe_blocks` order.
-        dropped: assignments no expert processed, all blocks (0).
-    """
-
-    aux_loss: Tensor
-    z_loss: Tensor
-    weighted: Tensor
-    load: Tensor
-    dropped: int
-
-
-def _stack_losses(blocks: list[MixtureOfExperts]) -> tuple[Tensor, Tensor, Tensor]:
-    """``(aux, z, weighted)`` of the blocks of one stack, their tokens taken together."""
-    first = blocks[0]
-    if any((b.experts.n_experts, b.aux_loss_coef, b.z_loss_coef) != (first.experts.n_experts, first.aux_loss_coef,
-                                                                      first.z_loss_coef) for b in blocks):
-        raise ValueError("the MoE blocks of one stack must share n_experts and the loss coefficients")
-    stats = [b.stats for b in blocks]
-    rows = sum(s.tokens for s in stats)
-    f = torch.stack([s.load for s in stats]).sum(0).float() / rows  # (E,) fraction of tokens per expert (x top_k)
-    p = torch.stack([s.prob_sum for s in stats]).sum(0) / rows  # (E,) mean router probability
-    aux = first.experts.n_experts * (f * p).sum()
-    z = torch.stack([s.z_sum for s in stats]).sum() / rows
-    return aux, z, first.aux_loss_coef * aux + first.z_loss_coef * z
-
-
-def router_losses(model: nn.Module) -> RouterLosses | None:
-    """Collect the router losses of the last *training* forward pass of ``model``'s MoE blocks.
-
-    Per stack (the encoder, the decoder), over all its MoE layers' tokens together, as
-    Hugging Face's ``load_balancing_loss_func`` does for the tuple of a model's router logits:
-    ``aux = E * sum_i f_i * P_i`` (Switch Transformer eq. 4 with ``alpha`` left out; ``f_i`` the
-    fraction of token assignments to expert ``i``, ``P_i`` its mean router probability; with top-k
-    routing the ``f_i`` sum to ``k``) and ``z = mean_tokens logsumexp(logits)^2`` (ST-MoE eq. 5).
-    An encoder-decoder adds its two stacks' losses (HF ``SwitchTransformersForConditionalGeneration``).
-    For ``sigmoid`` routing ``P_i`` averages the affinities normalised per token (DeepSeek-V3 eq. 19).
-    A bare block outside any stack counts as one stack.
-
-    Args:
-        model: a model (or a block) whose forward pass ran in training mode.
-
-    Returns:
-        The :class:`RouterLosses`, or None when ``model`` has no MoE block or its last forward pass
-        was not in training mode.
-
-    Raises:
-        ValueError: blocks of one stack with different sizes or coefficients.
-    """
-    blocks = moe_blocks(model)
-    if not blocks or any(b.stats is None or b.stats.prob_sum is None for b in blocks):
-        return None
-    stacks = [s for s in model.modules() if isinstance(s, TransformerStack)]
-    groups = [g for g in (moe_blocks(s) for s in stacks) if g] or [blocks]
-    aux, z, weighted = (torch.stack(t).sum() for t in zip(*(_stack_losses(g) for g in groups)))
-    load = torch.stack([b.stats.load for b in blocks])
-    return RouterLosses(aux_loss=aux, z_loss=z, weighted=weighted, load=load, dropped=sum(b.stats.dropped for b in blocks))
-
-
-def update_expert_biases(model: nn.Module, load: Tensor | Iterable[Tensor]) -> None:
-    """:meth:`TopKRouter.update_bias` of every MoE block of ``model`` with its row of ``load``
-    (``(n_moe_layers, E)``, in :func:`moe_blocks` order, as :attr:`RouterLosses.load`)."""
-    for block, row in zip(moe_blocks(model), load):
-        block.router.update_bias(row)
