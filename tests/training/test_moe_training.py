@@ -6,7 +6,9 @@ checkpointing, and DistributedDataParallel with an expert that receives no token
 from __future__ import annotations
 
 import copy
+import datetime
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -147,7 +149,8 @@ def test_moe_resume_equals_uninterrupted_bit_for_bit(small_corpus, tmp_path):
 def _ddp_worker(rank: int, init_file: str, out_dir: str) -> None:
     """One of two gloo ranks: 3 SGD updates of a decoder-only MoE whose expert 0 never gets a token."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=120))  # a stuck collective fails instead of hanging
     model = _blocked_model()
     par = DataParallel(TrainingLoss(model, LabelSmoothedCrossEntropy(0.1, ignore_index=0)), "ddp",
                        DistInfo(rank, 2, torch.device("cpu")))
@@ -162,6 +165,7 @@ def _ddp_worker(rank: int, init_file: str, out_dir: str) -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
     torch.save({"state": model.state_dict(), "missing": missing}, f"{out_dir}/rank{rank}.pt")
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -176,7 +180,21 @@ def _blocked_model():
 def test_ddp_with_an_expert_that_gets_no_token_needs_no_unused_parameter_search(tmp_path):
     """Stacked expert weights: an expert without tokens gets a zero gradient, not none, so DDP
     (find_unused_parameters=False) reduces every parameter; 2 ranks = the summed gradients of 1."""
-    mp.spawn(_ddp_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    ctx = mp.start_processes(_ddp_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=False,
+                             start_method="spawn")
+    outputs = [tmp_path / f"rank{r}.pt" for r in (0, 1)]
+    deadline, done_at = time.time() + 240, None
+    while not ctx.join(timeout=2):  # raises if a rank fails
+        if done_at is None and all(p.exists() for p in outputs):
+            done_at = time.time()
+        if time.time() > deadline or (done_at is not None and time.time() > done_at + 30):
+            # both ranks finished their updates and wrote their weights; destroy_process_group was
+            # seen to hang once here (pytorch/pytorch#75097): stop the ranks rather than the suite
+            for proc in ctx.processes:
+                proc.kill()
+                proc.join(5)
+            break
+    assert all(p.exists() for p in outputs), "a rank did not finish its 3 updates"
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     assert ranks[0]["missing"] == ranks[1]["missing"] == []
     model = _blocked_model()
