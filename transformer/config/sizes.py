@@ -1,6 +1,6 @@
 """The sizes a model config implies, computed in one place: head width, key/value heads, the
-feed-forward hidden width and, for ``model/ffn=moe``, the experts' sizes. The builder, the FLOPs/parameter counts, the exporters and the
-validation all read them from :func:`model_sizes`."""
+feed-forward hidden width and, for ``model/ffn=moe``, the experts' sizes. The builder, the
+FLOPs/parameter counts, the exporters and the validation all read them from :func:`model_sizes`."""
 
 from __future__ import annotations
 

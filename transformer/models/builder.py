@@ -1,8 +1,9 @@
 """The builder: turns a :class:`~transformer.config.ModelConfig` into modules.
 
 Component builders (``build_norm``, ``build_ffn``, ``build_moe``, ``build_attention``,
-``build_position``) wire one part from sizes, choosing its class from the switch's table beside the classes (``NORMS``,
-``FFNS``, ``POSITIONS``, ``RESIDUALS``; ``ATTENTION_KINDS`` through :func:`~transformer.config.model_sizes`);
+``build_position``) wire one part from sizes, choosing its class from the switch's table beside
+the classes (``NORMS``, ``FFNS``, ``POSITIONS``, ``RESIDUALS``, ``ROUTER_SCORES``;
+``ATTENTION_KINDS`` through :func:`~transformer.config.model_sizes`);
 :func:`build_model` wires a whole model. Modules never see the config.
 """
 
