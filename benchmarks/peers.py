@@ -7,7 +7,8 @@ loss code) so that the benchmark times forward + backward + optimizer step the s
 
 Peers: ``torch.nn.Transformer`` (with our own embeddings/positions/output layer around it),
 Hugging Face ``MarianMTModel`` and ``BartForConditionalGeneration``, ``LlamaForCausalLM`` and
-x-transformers (encoder-decoder and decoder-only). Transformers and x-transformers come from the
+x-transformers (encoder-decoder and decoder-only); ``MixtralForCausalLM`` for the mixture of
+experts (``benchmarks/moe_throughput.py``). Transformers and x-transformers come from the
 ``bench`` extra (``pip install -e '.[bench]'``); a peer whose package is missing is skipped.
 
 Every peer also carries ``dropout_desc``: the dropout it actually applies, read back from its own
@@ -124,6 +125,36 @@ class HFLlamaPeer(nn.Module):
         return self.core(input_ids=batch["tokens"], labels=labels).loss
 
 
+class HFMixtralPeer(nn.Module):
+    """``MixtralForCausalLM`` at the dims of our ``model/ffn=moe`` decoder-only model: ``d["experts"]``
+    SwiGLU experts of width ``d["ffn_hidden"]``, ``d["top_k"]`` per token, HF's own loss with its
+    load-balancing term (``output_router_logits=True``, ``router_aux_loss_coef=d["aux_coef"]``);
+    labels ``-100`` over the source. ``experts_implementation`` is HF's dispatch (``grouped_mm``,
+    ``eager``: a loop over the experts hit, ``batched_mm``)."""
+
+    def __init__(self, d: dict[str, Any], vocab: int, experts_implementation: str = "grouped_mm") -> None:
+        super().__init__()
+        import transformers
+
+        cfg = transformers.MixtralConfig(
+            vocab_size=vocab, hidden_size=d["d_model"], intermediate_size=d["ffn_hidden"],
+            num_hidden_layers=d["dec_layers"], num_attention_heads=d["n_heads"], num_key_value_heads=d["n_kv_heads"],
+            num_local_experts=d["experts"], num_experts_per_tok=d["top_k"], router_aux_loss_coef=d["aux_coef"],
+            output_router_logits=True, router_jitter_noise=0.0, max_position_embeddings=1024, rms_norm_eps=d["norm_eps"],
+            rope_parameters={"rope_type": "default", "rope_theta": d["rope_theta"]},
+            tie_word_embeddings=False, pad_token_id=PAD, attn_implementation="sdpa",
+            experts_implementation=experts_implementation,
+        )
+        self.core = transformers.MixtralForCausalLM(cfg)
+        self.experts_implementation = self.core.config._experts_implementation
+        self.dropout_desc = _p(self.core.config.attention_dropout)  # Mixtral has no other dropout
+
+    def step_loss(self, batch: dict[str, Tensor]) -> Tensor:
+        labels = torch.cat((batch["tokens"][:, :1], batch["target"][:, :-1]), 1)  # HF shifts labels itself
+        labels = labels.masked_fill(labels.eq(PAD), -100)
+        return self.core(input_ids=batch["tokens"], labels=labels).loss
+
+
 class XTransformersEncDecPeer(nn.Module):
     """x-transformers encoder + cross-attending decoder (post-LN, ReLU, sinusoids, tied embeddings)."""
 
@@ -200,6 +231,7 @@ _TRANSFORMERS_CLASSES = {
     "HF Marian": ("MarianConfig", "MarianMTModel"),
     "HF BART": ("BartConfig", "BartForConditionalGeneration"),
     "HF Llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "HF Mixtral": ("MixtralConfig", "MixtralForCausalLM"),
 }
 
 

@@ -31,6 +31,8 @@ SWITCHES = {
     "model/ffn=swiglu": ("model.ffn.name", "swiglu"),
     "model/ffn=geglu": ("model.ffn.name", "geglu"),
     "model/ffn=gelu": ("model.ffn.name", "gelu"),
+    "model/ffn=moe": ("model.ffn.name", "moe"),
+    "model=llama_style_tiny model/ffn=moe model.ffn.n_experts=4 model.ffn.router=sigmoid": ("model.ffn.router", "sigmoid"),
     "model/position=rope": ("model.position.name", "rope"),
     "model/position=alibi": ("model.position.name", "alibi"),
     "model/position=learned": ("model.position.name", "learned"),
@@ -71,6 +73,37 @@ def test_unknown_key_and_wrong_type_are_rejected_by_the_schema():
         _compose(["model.d_modle=3"])
     with pytest.raises(ConfigCompositionException, match="d_model"):
         _compose(["model.d_model=wide"])
+
+
+MOE_ERRORS = [
+    (["model.ffn.top_k=5", "model.ffn.n_experts=4"], r"model\.ffn\.top_k=5 is more than model\.ffn\.n_experts=4"),
+    (["model.ffn.top_k=1"], r"model\.ffn\.top_k=1 with model\.ffn\.norm_topk_prob=true"),
+    (["model.ffn.n_experts=0"], r"model\.ffn\.n_experts=0 and model\.ffn\.top_k=2 must be >= 1"),
+    (["model.ffn.expert=moe"], r"model\.ffn\.expert='moe' is not one of relu, gelu, swiglu, geglu"),
+    (["model.ffn.router=hash"], r"model\.ffn\.router='hash' is not one of softmax, sigmoid"),
+    (["model.ffn.expert_d_ff=0"], r"model\.ffn\.expert_d_ff=0 positive"),
+    (["model.ffn.routed_scaling_factor=0"], r"model\.ffn\.routed_scaling_factor=0\.0 must be > 0"),
+    (["model.ffn.router_aux_loss_coef=-1"], r"model\.ffn\.router_aux_loss_coef=-1\.0 must be >= 0"),
+    (["model.ffn.bias_update_speed=-0.1"], r"model\.ffn\.bias_update_speed=-0\.1 must be >= 0"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", MOE_ERRORS, ids=[o[0] for o, _ in MOE_ERRORS])
+def test_bad_moe_combinations_fail_before_anything_is_built_naming_the_fields(overrides, message):
+    cfg = _compose(["model=llama_style_tiny", "model/ffn=moe", *overrides])
+    with pytest.raises(ConfigError, match=message):
+        validate_config(cfg)
+    with pytest.raises(ConfigError, match=message):  # the builder validates before building
+        build_model(cfg.model, 100)
+
+
+def test_moe_switch_composes_with_its_defaults_and_only_sets_its_name():
+    cfg = _compose(["model/ffn=moe"])
+    assert (cfg.model.ffn.n_experts, cfg.model.ffn.top_k, cfg.model.ffn.expert, cfg.model.ffn.router) == (8, 2, "swiglu", "softmax")
+    option = OmegaConf.load(REPO_ROOT / "configs" / "model" / "ffn" / "moe.yaml")
+    assert set(option) == {"name"}  # every other field defaults in FFNConfig
+    # the expert fields do nothing for a dense block
+    validate_config(_compose(["model.ffn.top_k=99"]))
 
 
 def test_invalid_schedule_is_rejected():

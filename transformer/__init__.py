@@ -14,6 +14,7 @@ form in brackets, e.g. ``(B, T, d_model)``.
   one head.
 * ``vocab`` (V): vocabulary size.
 * ``N``: rows of a flattened ``(batch, seq_len)`` (losses); ``C``: a chunk of them.
+* ``n_experts`` (E), ``top_k`` (k): experts of a mixture-of-experts block, and how many each token uses.
 * ``a | b``: either size, e.g. ``(batch | 1, ...)`` broadcasts over the batch.
 
 Package layout and the direction of imports: see "How the code is laid out" in the README.

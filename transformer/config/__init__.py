@@ -61,6 +61,7 @@ from transformer.config.validation import (
     validate_config,
     validate_generation_config,
     validate_model_config,
+    validate_moe_config,
     validate_optim_config,
 )
 

@@ -63,11 +63,28 @@ class FFNConfig:
     ``relu``/``gelu`` use two matrices (Vaswani et al. 2017 §3.3); ``swiglu``/``geglu`` three
     (Shazeer 2020). With ``glu_match_params`` the GLU hidden size is ``2/3 * d_ff`` rounded up to a
     multiple of ``multiple_of`` so that the parameter count matches the two-matrix block.
+
+    ``moe`` is a mixture of experts (Fedus et al. 2021; Jiang et al. 2024; DeepSeek-AI 2024): the
+    fields after ``multiple_of`` size and route it and are read by that option only.
     """
 
     name: str = "relu"  # a key of transformer.modules.ffn.FFNS
     glu_match_params: bool = True
     multiple_of: int = 8
+    # name=moe (transformer/modules/moe.py; HF names in brackets): n_experts routed experts, each
+    # a model.ffn.expert block of width expert_d_ff (null: model.d_ff; GLU-sized as above), top_k
+    # of them per token, plus n_shared_experts always-on experts (one block n_shared x as wide)
+    expert: str = "swiglu"  # a key of FFNS other than moe
+    n_experts: int = 8  # [num_local_experts]
+    top_k: int = 2  # [num_experts_per_tok]
+    n_shared_experts: int = 0  # [n_shared_experts] (DeepSeek)
+    expert_d_ff: Optional[int] = None  # [moe_intermediate_size before GLU sizing]
+    router: str = "softmax"  # a key of transformer.modules.moe.ROUTER_SCORES: softmax (Mixtral) | sigmoid (DeepSeek-V3)
+    norm_topk_prob: bool = True  # renormalise the top-k weights to sum to 1 (Mixtral, DeepSeek-V3; Switch: false)
+    routed_scaling_factor: float = 1.0  # multiplies the routed experts' weights (DeepSeek-V3: 2.5)
+    router_aux_loss_coef: float = 0.01  # load-balancing loss weight (Switch eq. 4 alpha); 0 = off
+    router_z_loss_coef: float = 0.0  # router z-loss weight (ST-MoE: 1e-3); 0 = off
+    bias_update_speed: float = 0.0  # DeepSeek-V3 aux-loss-free balance gamma (0.001 there); 0 = off
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The sizes a model config implies, computed in one place: head width, key/value heads, the
-latent sizes of multi-head latent attention, the KV-cache width, the sliding window of each layer
-and the feed-forward hidden width. The builder, the FLOPs/parameter counts, the exporters and the
-validation all read them from :func:`model_sizes`."""
+latent sizes of multi-head latent attention, the KV-cache width, the sliding window of each layer,
+the feed-forward hidden width and, for ``model/ffn=moe``, the experts' sizes. The builder, the
+FLOPs/parameter counts, the exporters and the validation all read them from :func:`model_sizes`."""
 
 from __future__ import annotations
 
@@ -151,9 +151,13 @@ class ModelSizes:
         head_dim: width of one head, ``d_model // n_heads``.
         n_kv_heads: key/value heads (see :func:`resolve_n_kv_heads`).
         ffn_hidden: hidden width of the feed-forward block (``d_ff``, or the parameter-matched GLU
-            width for gated blocks with ``glu_match_params``).
-        ffn_matrices: ``d_model x ffn_hidden`` matrices of the feed-forward block (2, or 3 gated).
+            width for gated blocks with ``glu_match_params``); of one expert for ``model/ffn=moe``.
+        ffn_matrices: ``d_model x ffn_hidden`` matrices of the feed-forward block (2, or 3 gated);
+            of one expert for ``model/ffn=moe``.
         latent: the MLA sizes (``model/attention=mla``), or None.
+        n_experts: routed experts per feed-forward block (0: a dense block).
+        top_k: experts per token (0: a dense block).
+        shared_hidden: hidden width of the shared-expert block, ``n_shared_experts * ffn_hidden`` (0: none).
     """
 
     d_model: int
@@ -163,6 +167,9 @@ class ModelSizes:
     ffn_hidden: int
     ffn_matrices: int
     latent: LatentSizes | None = None
+    n_experts: int = 0
+    top_k: int = 0
+    shared_hidden: int = 0
 
     @property
     def kv_width(self) -> int:
@@ -185,15 +192,23 @@ class ModelSizes:
 
 def ffn_size(model: Any) -> tuple[int, int]:
     """``(hidden width, number of d_model x hidden matrices)`` of the feed-forward block named by
-    ``model.ffn.name`` (:data:`~transformer.modules.ffn.FFNS`).
+    ``model.ffn.name`` (:data:`~transformer.modules.ffn.FFNS`); for ``moe``, of one expert: the
+    ``model.ffn.expert`` block at width ``model.ffn.expert_d_ff`` (null: ``model.d_ff``).
 
     Raises:
-        ConfigError: when ``model.ffn.name`` is unknown.
+        ConfigError: when ``model.ffn.name`` (or, for ``moe``, ``model.ffn.expert``) is unknown.
     """
     choice = FFNS.get(model.ffn.name)
     if choice is None:
         raise ConfigError(f"model.ffn.name={model.ffn.name!r} is not one of {', '.join(FFNS)}")
-    return choice.block.hidden_size(model.d_ff, model.ffn.glu_match_params, model.ffn.multiple_of), choice.block.n_matrices
+    d_ff = model.d_ff
+    if choice.routed:
+        choice = FFNS.get(model.ffn.expert)
+        if choice is None or choice.routed:
+            dense = [name for name, c in FFNS.items() if not c.routed]
+            raise ConfigError(f"model.ffn.expert={model.ffn.expert!r} is not one of {', '.join(dense)}")
+        d_ff = model.d_ff if model.ffn.expert_d_ff is None else model.ffn.expert_d_ff
+    return choice.block.hidden_size(d_ff, model.ffn.glu_match_params, model.ffn.multiple_of), choice.block.n_matrices
 
 
 def model_sizes(model: Any) -> ModelSizes:
@@ -201,9 +216,10 @@ def model_sizes(model: Any) -> ModelSizes:
 
     Raises:
         ConfigError: when ``model.attention`` and ``model.n_kv_heads`` disagree or ``model.ffn.name``
-            is unknown.
+            (``model.ffn.expert``) is unknown.
     """
     hidden, matrices = ffn_size(model)
+    routed = FFNS[model.ffn.name].routed
     return ModelSizes(
         d_model=model.d_model,
         n_heads=model.n_heads,
@@ -212,4 +228,7 @@ def model_sizes(model: Any) -> ModelSizes:
         ffn_hidden=hidden,
         ffn_matrices=matrices,
         latent=latent_sizes(model),
+        n_experts=model.ffn.n_experts if routed else 0,
+        top_k=model.ffn.top_k if routed else 0,
+        shared_hidden=model.ffn.n_shared_experts * hidden if routed else 0,
     )

@@ -13,12 +13,14 @@ from transformer.config.schema import Config, ConfigError, resume_mode, time_bud
 from transformer.config.sizes import model_sizes
 from transformer.modules.attention import ATTENTION_KINDS
 from transformer.modules.ffn import FFNS
+from transformer.modules.moe import ROUTER_SCORES
 from transformer.modules.norms import NORMS
 from transformer.modules.positions import POSITIONS
 from transformer.modules.residual import RESIDUALS
 from transformer.modules.rope_scaling import ROPE_SCALINGS
 
-__all__ = ["signal_number", "validate_config", "validate_generation_config", "validate_model_config", "validate_optim_config"]
+__all__ = ["signal_number", "validate_config", "validate_generation_config", "validate_model_config", "validate_moe_config",
+           "validate_optim_config"]
 
 
 # the options of each switch: the tables beside the classes they name, or fixed lists where the
@@ -120,6 +122,42 @@ def validate_model_config(model: Any, joint_vocab: bool = True) -> None:
         p = getattr(model, name)
         if not 0.0 <= p < 1.0:
             raise ConfigError(f"model.{name}={p} must be in [0, 1)")
+    if FFNS[model.ffn.name].routed:
+        validate_moe_config(model.ffn)
+
+
+def validate_moe_config(ffn: Any) -> None:
+    """Reject invalid ``model/ffn=moe`` settings (``model.ffn.expert`` is checked by
+    :func:`~transformer.config.sizes.model_sizes`).
+
+    Raises:
+        ConfigError: naming the offending ``model.ffn.*`` fields.
+    """
+    if ffn.router not in ROUTER_SCORES:
+        raise ConfigError(f"model.ffn.router={ffn.router!r} is not one of {', '.join(ROUTER_SCORES)}")
+    if ffn.n_experts < 1 or ffn.top_k < 1:
+        raise ConfigError(f"model.ffn.n_experts={ffn.n_experts} and model.ffn.top_k={ffn.top_k} must be >= 1")
+    if ffn.top_k > ffn.n_experts:
+        raise ConfigError(
+            f"model.ffn.top_k={ffn.top_k} is more than model.ffn.n_experts={ffn.n_experts}: each token "
+            "goes to top_k different experts"
+        )
+    if ffn.top_k == 1 and ffn.norm_topk_prob:
+        raise ConfigError(
+            "model.ffn.top_k=1 with model.ffn.norm_topk_prob=true gives every token the weight 1, so the "
+            "router would learn from its auxiliary losses only; set model.ffn.norm_topk_prob=false "
+            "(Switch Transformer: the chosen expert's probability is its weight)"
+        )
+    if ffn.n_shared_experts < 0 or (ffn.expert_d_ff is not None and ffn.expert_d_ff <= 0):
+        raise ConfigError(
+            f"model.ffn.n_shared_experts={ffn.n_shared_experts} must be >= 0 and model.ffn.expert_d_ff="
+            f"{ffn.expert_d_ff} positive (or null for model.d_ff)"
+        )
+    if not ffn.routed_scaling_factor > 0:
+        raise ConfigError(f"model.ffn.routed_scaling_factor={ffn.routed_scaling_factor} must be > 0")
+    for name in ("router_aux_loss_coef", "router_z_loss_coef", "bias_update_speed"):
+        if getattr(ffn, name) < 0:
+            raise ConfigError(f"model.ffn.{name}={getattr(ffn, name)} must be >= 0 (0 turns it off)")
 
 
 def _validate_attention_options(model: Any, sizes: Any) -> None:

@@ -55,7 +55,9 @@ def ct2_unsupported(cfg: Any) -> list[str]:
     """
     why = []
     ffn = FFNS.get(cfg.ffn.name)
-    if ffn is None or ffn.activation not in _ACTIVATIONS:
+    if ffn is not None and ffn.routed:
+        why.append(f"model/ffn={cfg.ffn.name}: CTranslate2's Transformer specs have no mixture-of-experts layer")
+    elif ffn is None or ffn.activation not in _ACTIVATIONS:
         why.append(f"model/ffn={cfg.ffn.name}: CTranslate2 has no such activation "
                    f"(model/ffn offers {', '.join(n for n, c in FFNS.items() if c.activation in _ACTIVATIONS)})")
     if cfg.position.name == "alibi" and cfg.arch == "encoder_decoder":

@@ -1,10 +1,10 @@
 """The builder: turns a :class:`~transformer.config.ModelConfig` into modules.
 
-Component builders (``build_norm``, ``build_ffn``, ``build_attention``, ``build_mla``,
+Component builders (``build_norm``, ``build_ffn``, ``build_moe``, ``build_attention``, ``build_mla``,
 ``build_position``) wire one part from sizes, choosing its class from the switch's table beside the
-classes (``NORMS``, ``FFNS``, ``POSITIONS``, ``RESIDUALS``, ``ATTENTION_KINDS``; the sizes through
-:func:`~transformer.config.model_sizes`); :func:`build_model` wires a whole model. Modules never see
-the config.
+classes (``NORMS``, ``FFNS``, ``POSITIONS``, ``RESIDUALS``, ``ROUTER_SCORES``, ``ATTENTION_KINDS``; the
+sizes through :func:`~transformer.config.model_sizes`); :func:`build_model` wires a whole model.
+Modules never see the config.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
 from torch import nn
 
 from transformer.config import LatentSizes, layer_windows, model_sizes, rope_scaling, validate_model_config
@@ -21,12 +22,13 @@ from transformer.modules.attention import ATTENTION_KINDS, Attention, MultiHeadL
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.ffn import FFNS
 from transformer.modules.layers import TransformerLayer, TransformerStack
+from transformer.modules.moe import ROUTER_SCORES, GroupedExperts, MixtureOfExperts, TopKRouter
 from transformer.modules.norms import NORMS
 from transformer.modules.positions import POSITIONS, PositionEncoding
 from transformer.modules.residual import RESIDUALS
 from transformer.modules.rope_scaling import RopeScaling
 
-__all__ = ["build_attention", "build_ffn", "build_mla", "build_model", "build_norm", "build_position"]
+__all__ = ["build_attention", "build_ffn", "build_mla", "build_model", "build_moe", "build_norm", "build_position"]
 
 
 def _pick(table: dict[str, Any], name: str, switch: str) -> Any:
@@ -50,6 +52,31 @@ def build_ffn(name: str, d_model: int, d_ff: int, bias: bool, dropout: float, gl
     choice = _pick(FFNS, name, "model/ffn")
     hidden = choice.block.hidden_size(d_ff, glu_match_params, multiple_of)
     return choice.block.from_sizes(d_model=d_model, hidden=hidden, activation=choice.activation, bias=bias, dropout=dropout)
+
+
+def build_moe(cfg: Any) -> MixtureOfExperts:
+    """The mixture of experts of ``model/ffn=moe`` for a model config ``cfg`` (sizes from
+    :func:`~transformer.config.model_sizes`): a :class:`TopKRouter` over ``model.ffn.n_experts``
+    experts, each a ``model.ffn.expert`` block (:data:`~transformer.modules.ffn.FFNS`) with the
+    model's bias and activation dropout, plus one block of ``n_shared_experts`` times the expert
+    width when ``model.ffn.n_shared_experts > 0``."""
+    f, sizes = cfg.ffn, model_sizes(cfg)
+    expert = _pick(FFNS, f.expert, "model.ffn.expert")
+    router = TopKRouter(
+        gate=nn.Linear(cfg.d_model, sizes.n_experts, bias=False), scoring=_pick(ROUTER_SCORES, f.router, "model.ffn.router"),
+        top_k=sizes.top_k, norm_topk_prob=f.norm_topk_prob, routed_scaling_factor=f.routed_scaling_factor,
+        bias_update_speed=f.bias_update_speed,
+    )
+    experts = GroupedExperts(
+        n_experts=sizes.n_experts, d_model=cfg.d_model, hidden=sizes.ffn_hidden, activation=expert.activation,
+        gated=expert.gated, bias=cfg.bias, dropout=cfg.activation_dropout,
+    )
+    shared = None
+    if sizes.shared_hidden:
+        shared = expert.block.from_sizes(d_model=cfg.d_model, hidden=sizes.shared_hidden, activation=expert.activation,
+                                         bias=cfg.bias, dropout=cfg.activation_dropout)
+    return MixtureOfExperts(router=router, experts=experts, shared_experts=shared,
+                            aux_loss_coef=f.router_aux_loss_coef, z_loss_coef=f.router_z_loss_coef)
 
 
 def build_attention(d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dropout: float,
@@ -117,15 +144,16 @@ def _build_stack(cfg: Any, n_layers: int, n_kv_heads: int, cross: bool) -> Trans
             return build_mla(cfg.d_model, cfg.n_heads, model_sizes(cfg).latent, cfg.bias, cfg.attention_dropout, cfg.norm.eps)
         return attention()
 
+    def ffn() -> nn.Module:
+        if _pick(FFNS, cfg.ffn.name, "model/ffn").routed:
+            return build_moe(cfg)
+        return build_ffn(cfg.ffn.name, cfg.d_model, cfg.d_ff, cfg.bias, cfg.activation_dropout,
+                         cfg.ffn.glu_match_params, cfg.ffn.multiple_of)
+
     layers = [
         TransformerLayer(
             self_attn=block(self_attention()),
-            ffn=block(
-                build_ffn(
-                    cfg.ffn.name, cfg.d_model, cfg.d_ff, cfg.bias, cfg.activation_dropout,
-                    cfg.ffn.glu_match_params, cfg.ffn.multiple_of,
-                )
-            ),
+            ffn=block(ffn()),
             cross_attn=block(attention()) if cross else None,
             window=window,
         )
@@ -137,15 +165,22 @@ def _build_stack(cfg: Any, n_layers: int, n_kv_heads: int, cross: bool) -> Trans
 
 def _init_weights(model: nn.Module, cfg: Any, embeddings: list[nn.Embedding], pad_id: int) -> None:
     """``xavier``: fairseq's transformer init (Xavier-uniform linears, zero biases, N(0, d^-1/2)
-    embeddings); ``normal``: Llama/GPT style N(0, init_std) for every matrix."""
+    embeddings); ``normal``: Llama/GPT style N(0, init_std) for every matrix. The stacked matrices of
+    :class:`GroupedExperts` get the same init, one expert's matrix at a time."""
+
+    def init_matrix(weight: torch.Tensor) -> None:
+        if cfg.init == "xavier":
+            nn.init.xavier_uniform_(weight)
+        else:
+            nn.init.normal_(weight, std=cfg.init_std)
+
     for module in model.modules():
         if isinstance(module, nn.Linear):
-            if cfg.init == "xavier":
-                nn.init.xavier_uniform_(module.weight)
-            else:
-                nn.init.normal_(module.weight, std=cfg.init_std)
+            init_matrix(module.weight)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
+        elif isinstance(module, GroupedExperts):
+            module.reset_parameters(init_matrix)
     for emb in embeddings:  # after the linears: a tied output projection takes the embedding init
         nn.init.normal_(emb.weight, std=cfg.d_model**-0.5 if cfg.init == "xavier" else cfg.init_std)
         emb.weight.data[pad_id].zero_()

@@ -1,4 +1,5 @@
-"""Closed-form parameter counts, forward FLOPs and KV-cache sizes."""
+"""Parameter counts (total, and active per token for mixtures of experts), closed-form forward
+FLOPs and KV-cache sizes."""
 
 from __future__ import annotations
 
@@ -6,11 +7,23 @@ from typing import Any
 
 from torch import nn
 
-from transformer.config import kv_cache_values, layer_windows, model_sizes
+from transformer.config import ModelSizes, head_dim, kv_cache_values, layer_windows, model_sizes, resolve_n_kv_heads
+from transformer.modules.moe_losses import moe_blocks
 
 
-def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
-    """Number of distinct parameters (tied matrices count once)."""
+def count_parameters(model: nn.Module, trainable_only: bool = False, active_only: bool = False) -> int:
+    """Number of distinct parameters (tied matrices count once).
+
+    Args:
+        model: any module.
+        trainable_only: count only parameters with ``requires_grad``.
+        active_only: count the parameters one token uses: in each mixture-of-experts block only
+            ``top_k`` of the ``n_experts`` routed experts (the router and shared experts fully).
+            Equal to the total for a dense model.
+
+    Returns:
+        The count.
+    """
     seen: set[int] = set()
     total = 0
     for p in model.parameters():
@@ -18,14 +31,29 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
             continue
         seen.add(id(p))
         total += p.numel()
+    if active_only:
+        for block in moe_blocks(model):
+            total -= (block.experts.n_experts - block.router.top_k) * block.experts.parameters_per_expert
     return total
+
+
+def ffn_flops_per_token(sizes: ModelSizes) -> int:
+    """Forward matmul FLOPs of one token through one feed-forward block: ``2 * matrices * d_model *
+    hidden``; for a mixture of experts the ``top_k`` experts it is routed to, the shared experts and
+    the router (``2 * d_model * n_experts``), i.e. the *active* computation."""
+    d = sizes.d_model
+    if sizes.n_experts == 0:
+        return 2 * sizes.ffn_matrices * d * sizes.ffn_hidden
+    routed = 2 * sizes.ffn_matrices * d * (sizes.top_k * sizes.ffn_hidden + sizes.shared_hidden)
+    return routed + 2 * d * sizes.n_experts
 
 
 def forward_flops(cfg: Any, vocab_size: int, src_len: int, tgt_len: int) -> dict[str, float]:
     """Forward-pass FLOPs (2 per multiply-add) of one sentence pair, matmuls only.
 
     Counts the projections, the attention scores and weighted sums (causal: half the square; a
-    sliding window of ``W`` caps each query's keys at ``W``), the feed-forward block and the output
+    sliding window of ``W`` caps each query's keys at ``W``), the feed-forward block (for a mixture
+    of experts the active experts and the router, see :func:`ffn_flops_per_token`) and the output
     projection; embeddings, norms and softmax are ignored (they are < 1% at these sizes). A training
     step costs about 3x the forward pass (Kaplan et al. 2020). The decoder-only model reads
     ``src_len + 1 + tgt_len`` tokens. Multi-head latent attention counts its down- and
@@ -41,7 +69,7 @@ def forward_flops(cfg: Any, vocab_size: int, src_len: int, tgt_len: int) -> dict
     """
     sizes = model_sizes(cfg)
     d, kv, lat = sizes.d_model, sizes.kv_width, sizes.latent
-    ffn = 2 * sizes.ffn_matrices * d * sizes.ffn_hidden
+    ffn = ffn_flops_per_token(sizes)
     if lat is None:
         proj_params, qk_width, v_width = d * (d + 2 * kv) + d * d, d, d
     else:

@@ -1,10 +1,11 @@
 """Building blocks. Each module takes already-built parts and explicit sizes; none knows about Hydra.
 
-Each switch has one table beside the classes it names: ``NORMS`` (norms.py), ``FFNS`` (ffn.py),
-``POSITIONS`` (positions.py), ``ROPE_SCALINGS`` (rope_scaling.py), ``RESIDUALS`` (residual.py) and
-``ATTENTION_KINDS`` (attention.py; multi-head latent attention in mla.py). The KV cache (a rolling
-buffer for sliding-window layers), the mask builder and :class:`AttentionInputs` live in
-attention_core.py.
+Each switch has one table beside the classes it names: ``NORMS`` (norms.py), ``FFNS`` (ffn.py; its
+``moe`` entry is :class:`~transformer.modules.moe.MixtureOfExperts`, whose router scores are
+``ROUTER_SCORES`` in moe.py, its losses in moe_losses.py), ``POSITIONS`` (positions.py),
+``ROPE_SCALINGS`` (rope_scaling.py), ``RESIDUALS`` (residual.py) and ``ATTENTION_KINDS``
+(attention.py; multi-head latent attention in mla.py). The KV cache (a rolling buffer for
+sliding-window layers), the mask builder and :class:`AttentionInputs` live in attention_core.py.
 Constructors take keyword arguments only (``Attention(n_heads=8, n_kv_heads=8, head_dim=64, ...)``),
 except the norms, called ``cls(d_model, eps=eps)`` as :class:`torch.nn.LayerNorm`, and
 :class:`~transformer.modules.dropout.Dropout` (``Dropout(p)``, as :class:`torch.nn.Dropout`).
@@ -25,6 +26,8 @@ from transformer.modules.attention import (
 )
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.ffn import FFNS, FeedForward, GatedFeedForward, glu_hidden_size
+from transformer.modules.moe import ROUTER_SCORES, GroupedExperts, MixtureOfExperts, TopKRouter
+from transformer.modules.moe_losses import router_losses
 from transformer.modules.norms import NORMS, RMSNorm
 from transformer.modules.layers import TransformerLayer, TransformerStack
 from transformer.modules.positions import (
@@ -48,15 +51,18 @@ __all__ = [
     "POSITIONS",
     "RESIDUALS",
     "ROPE_SCALINGS",
+    "ROUTER_SCORES",
     "ALiBi",
     "Attention",
     "AttentionInputs",
     "AttentionKind",
     "FeedForward",
     "GatedFeedForward",
+    "GroupedExperts",
     "KVCache",
     "LearnedPositionalEmbedding",
     "MultiHeadLatentAttention",
+    "MixtureOfExperts",
     "NoPositions",
     "PositionEncoding",
     "PostNormResidual",
@@ -66,11 +72,13 @@ __all__ = [
     "RotaryEmbedding",
     "SinusoidalPositionalEmbedding",
     "TokenEmbedding",
+    "TopKRouter",
     "TransformerLayer",
     "TransformerStack",
     "alibi_slopes",
     "build_attention_mask",
     "glu_hidden_size",
+    "router_losses",
     "sinusoidal_table",
     "window_keep",
 ]

@@ -1,8 +1,10 @@
-"""Position-wise feed-forward blocks: two-matrix (ReLU, GELU) and gated (SwiGLU, GEGLU).
+"""Position-wise feed-forward blocks: two-matrix (ReLU, GELU) and gated (SwiGLU, GEGLU); the
+mixture of experts (``moe``) lives in :mod:`transformer.modules.moe`.
 
 :data:`FFNS` is the ``model/ffn`` switch: option name -> block class and activation. The config
 validation, the builder and the FLOPs count read it, so a new activation is one entry here (and
-one ``configs/model/ffn/<name>.yaml``).
+one ``configs/model/ffn/<name>.yaml``). The ``moe`` entry has no activation of its own: its
+experts are the blocks of another entry, named by ``model.ffn.expert``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.modules.dropout import Dropout
+from transformer.modules.moe import MixtureOfExperts
 
 
 def glu_hidden_size(d_ff: int, multiple_of: int = 8) -> int:
@@ -105,15 +108,21 @@ class GatedFeedForward(nn.Module):
 
 @dataclass(frozen=True)
 class FFNChoice:
-    """One option of ``model/ffn``: the block class and its activation."""
+    """One option of ``model/ffn``: the block class and its activation (None for ``moe``, whose
+    experts take the activation of the ``model.ffn.expert`` entry)."""
 
-    block: type[FeedForward] | type[GatedFeedForward]
-    activation: Callable[[Tensor], Tensor]
+    block: type[FeedForward] | type[GatedFeedForward] | type[MixtureOfExperts]
+    activation: Callable[[Tensor], Tensor] | None
 
     @property
     def gated(self) -> bool:
         """Whether the block is gated (three matrices, GLU family)."""
         return self.block is GatedFeedForward
+
+    @property
+    def routed(self) -> bool:
+        """Whether the block is a mixture of experts (sized by the ``model.ffn`` MoE fields)."""
+        return self.block is MixtureOfExperts
 
 
 # model/ffn=<name> -> FFNChoice (configs/model/ffn/<name>.yaml sets model.ffn.name)
@@ -122,6 +131,7 @@ FFNS: dict[str, FFNChoice] = {
     "gelu": FFNChoice(FeedForward, F.gelu),
     "swiglu": FFNChoice(GatedFeedForward, F.silu),
     "geglu": FFNChoice(GatedFeedForward, F.gelu),
+    "moe": FFNChoice(MixtureOfExperts, None),  # experts: FFNS[model.ffn.expert]
 }
 
 __all__ = ["FFNS", "FFNChoice", "FeedForward", "GatedFeedForward", "glu_hidden_size"]

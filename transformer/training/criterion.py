@@ -16,6 +16,11 @@ vocabulary of thousands of types the two differ by ``O(eps / V)``, and ours equa
 Everything is a **sum** over the non-ignored target positions; normalising (per target token, as
 fairseq does for its reported loss and gradient, or per sentence) is the caller's job: divide by
 ``ntokens`` (summed over gradient-accumulation steps and workers).
+
+A model with mixture-of-experts blocks adds its router losses in :func:`model_loss` (training mode
+only), scaled by the batch's target tokens like the summed loss, so that after the division by
+``ntokens`` they enter the update as ``coef * loss`` per micro-batch (Hugging Face's
+``loss + router_aux_loss_coef * aux_loss``).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.kernels.fused_loss import linear_label_smoothed_loss
+from transformer.models import router_losses
 
 # exp(100) ~ 2.7e43: far above any real perplexity, far below float overflow (exp(709)).
 _MAX_PPL_EXPONENT = 100.0
@@ -198,6 +204,15 @@ def model_loss(
     with the loss, at the target positions only. Otherwise ``forward(**net_input)`` returns the
     logits for :meth:`LabelSmoothedCrossEntropy.__call__` (the unfused reference path).
 
+    A model in training mode with mixture-of-experts blocks also returns its router losses
+    (:func:`~transformer.models.router_losses` of this forward pass, once per call): ``router_loss``
+    = ``(router_aux_loss_coef * aux + router_z_loss_coef * z) * ntokens``, differentiable, to add
+    to ``loss`` before the backward pass (the trainer does), so that divided by the update's target
+    tokens like ``loss`` it weighs each micro-batch by its tokens; ``moe_aux_loss`` and
+    ``moe_z_loss`` (unweighted, detached), ``moe_load`` (``(n_moe_layers, n_experts)`` assignments
+    per expert) and ``moe_dropped`` (0) for the logs. ``loss`` itself stays the label-smoothed
+    cross entropy, so validation (eval mode) reports it without the router terms.
+
     Args:
         model: an encoder-decoder or decoder-only model (``features`` and ``output_proj``).
         criterion: the loss.
@@ -207,12 +222,19 @@ def model_loss(
         features: optional hidden-state function used instead of ``model.features``.
 
     Returns:
-        ``{"loss", "nll_loss", "ntokens"}`` sums as :meth:`LabelSmoothedCrossEntropy.__call__`.
+        ``{"loss", "nll_loss", "ntokens"}`` sums as :meth:`LabelSmoothedCrossEntropy.__call__`,
+        plus the router entries above for a mixture of experts in training mode.
     """
     proj = getattr(model, "output_proj", None)
     if forward is None and hasattr(model, "features") and proj is not None and proj.bias is None:
-        return criterion.from_hidden((features or model.features)(**net_input), proj, target)
-    return criterion((forward or model)(**net_input), target)
+        out = criterion.from_hidden((features or model.features)(**net_input), proj, target)
+    else:
+        out = criterion((forward or model)(**net_input), target)
+    routed = router_losses(model) if model.training else None
+    if routed is not None:
+        out.update(router_loss=routed.weighted * out["ntokens"], moe_aux_loss=routed.aux_loss.detach(),
+                   moe_z_loss=routed.z_loss.detach(), moe_load=routed.load, moe_dropped=routed.dropped)
+    return out
 
 
 def perplexity(nll_per_token: float) -> float:

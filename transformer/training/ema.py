@@ -24,7 +24,8 @@ class EMA:
 
     Tied parameters are averaged once (under the first name :meth:`nn.Module.named_parameters`
     gives); :meth:`state_dict` returns every name of the model's ``state_dict`` (tied names share
-    a tensor), so it loads into the model like its own weights.
+    a tensor), so it loads into the model like its own weights. Persistent buffers (a mixture of
+    experts' selection biases) are not averaged: :meth:`state_dict` gives their current values.
 
     Args:
         model: the model being trained (its current weights start the average).
@@ -43,6 +44,8 @@ class EMA:
         self.names = list(params)
         self.shadow = [p.detach().float().clone() for p in params.values()]
         self._aliases = _aliases(model)  # state_dict name -> parameter name
+        saved = model.state_dict(keep_vars=True)
+        self._live_buffers = {n: b for n, b in model.named_buffers() if n in saved}  # live tensors, not averaged
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
@@ -52,9 +55,11 @@ class EMA:
         self._update(self.shadow, current, 1)  # the count only matters to AveragedModel's first copy
 
     def state_dict(self) -> dict[str, Tensor]:
-        """The averaged weights under the model's ``state_dict`` names (fp32)."""
+        """The averaged weights under the model's ``state_dict`` names (fp32), with the model's
+        current persistent buffers."""
         by_name = dict(zip(self.names, self.shadow))
-        return {k: by_name[p] for k, p in self._aliases.items()}
+        buffers = {k: b.detach().clone() for k, b in self._live_buffers.items()}
+        return {**{k: by_name[p] for k, p in self._aliases.items()}, **buffers}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         """Restore averages saved by :meth:`state_dict` (copied, kept in fp32).

@@ -147,6 +147,7 @@ def build_results(
     device: torch.device,
     choices: dict[str, str],
     wall_time_s: float,
+    active_params: int | None = None,
 ) -> dict[str, Any]:
     """The ``results.json`` record of a finished run.
 
@@ -157,13 +158,16 @@ def build_results(
         final_model: which weights were tested (``checkpoint_best``, ``average of ...``, ``final``;
             ``... (EMA weights)`` when ``train.ema_decay > 0``).
         params: the model's parameter count.
-        flops_per_token: forward FLOPs per target token (see :func:`~transformer.models.forward_flops`).
+        flops_per_token: forward FLOPs per target token (see :func:`~transformer.models.forward_flops`;
+            for a mixture of experts, of the active experts).
         progress: the trainer's counters: ``updates``, ``epochs``, ``best_valid``, ``train_time_s``,
             ``train_tokens``, ``precision``, ``world_size``, ``peak_memory_mb_by_phase``.
         device: the training device.
         choices: Hydra's config-group choices (see :func:`hydra_choices`).
         wall_time_s: wall-clock seconds of the whole run (its earlier processes, until their last
             save, and this one).
+        active_params: the parameters one token uses (``count_parameters(model, active_only=True)``:
+            fewer than ``params`` for a mixture of experts); None means ``params``.
 
     Returns:
         The record (JSON-serialisable).
@@ -179,6 +183,7 @@ def build_results(
         "final_model": final_model,
         "ema_decay": cfg.train.ema_decay,
         "params": params,
+        "active_params": params if active_params is None else active_params,
         "flops_per_token": flops_per_token,
         "updates": progress["updates"],
         "epochs": progress["epochs"],
@@ -241,7 +246,9 @@ def _load_final_weights(trainer: Any) -> str:
     return "final"
 
 
-def final_test(trainer: Any, choices: dict[str, str], params: int, start: float) -> dict[str, Any]:
+def final_test(
+    trainer: Any, choices: dict[str, str], params: int, start: float, active_params: int | None = None
+) -> dict[str, Any]:
     """Load the final weights (:func:`load_final_weights`), translate and score the test splits
     (hypotheses in ``hyps/{split}.txt``), and write ``results.json`` (:func:`build_results`).
 
@@ -250,6 +257,7 @@ def final_test(trainer: Any, choices: dict[str, str], params: int, start: float)
         choices: Hydra's config-group choices, recorded in the results.
         params: the model's parameter count.
         start: ``time.time()`` when the run started.
+        active_params: the parameters one token uses (mixture of experts; None: ``params``).
 
     Returns:
         The results record.
@@ -284,6 +292,7 @@ def final_test(trainer: Any, choices: dict[str, str], params: int, start: float)
         cfg, scores=scores, test_split=primary, final_model=final_model, params=params,
         flops_per_token=flops["per_target_token"], progress=trainer.progress(), device=trainer.device,
         choices=choices, wall_time_s=trainer.wall_time() if hasattr(trainer, "wall_time") else time.time() - start,
+        active_params=active_params,
     )
     write_results(trainer.run_dir, results)
     return results

@@ -56,7 +56,7 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
 
     Returns:
         The results dict (also in ``results.json``): ``bleu``, ``chrf``, ``sacrebleu_signature``,
-        ``params``, ``updates``, ``wall_time_s``, ``train_tokens_per_s``, ``peak_memory_mb``,
+        ``params`` (``active_params``: per token, fewer for a mixture of experts), ``updates``, ``wall_time_s``, ``train_tokens_per_s``, ``peak_memory_mb``,
         ``choices``, ``config`` and per-split ``test`` scores.
 
     One process writes a run folder at a time: rank 0 holds the folder's
@@ -145,8 +145,9 @@ def _train(cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Pat
         log(f"resumed from {resume.stem} at update {trainer.update} (epoch {trainer.epoch})")
     elif resume_mode(t.resume):
         log(f"train.resume={str(resume_mode(t.resume)).lower()} but {run_dir} holds no checkpoint; starting from scratch")
-    params = count_parameters(trainer.model)
-    log(f"model: {cfg.model.arch}, {params:,} parameters, precision {trainer.precision} "
+    params, active = count_parameters(trainer.model), count_parameters(trainer.model, active_only=True)
+    shown = f"{params:,} parameters" + (f" ({active:,} active per token)" if active != params else "")
+    log(f"model: {cfg.model.arch}, {shown}, precision {trainer.precision} "
         f"(train.precision={t.precision}); run folder {run_dir}")
     log(f"budget: training stops at {budget_sentence(t)}")
     loggers = build_loggers(cfg.logger, run_dir, run_name(cfg, choices), config_dict(cfg), dist_info.is_main)
@@ -167,7 +168,7 @@ def _train(cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Pat
 
     results: dict[str, Any] = {}
     if dist_info.is_main:
-        results = final_test(trainer, choices, params, start)
+        results = final_test(trainer, choices, params, start, active_params=active)
     loggers.log({k: v for k, v in results.items() if isinstance(v, (int, float))}, step=trainer.update, split="test")
     loggers.close()
     shutdown_distributed()

@@ -38,6 +38,7 @@ from transformer.training.optim import build_optimizer
 from transformer.training.parallel import DataParallel, TrainingLoss, checkpoint_layers
 from transformer.training.precision import resolve_precision
 from transformer.training.progress import TrainingBar
+from transformer.training.routing import RoutingMonitor
 from transformer.training.schedules import build_scheduler
 from transformer.training.stopping import GracefulStop, StopRequested
 from transformer.training.validation import scorable_pairs, teacher_forced_loss, translate_and_score
@@ -75,6 +76,7 @@ class Trainer:
             param_dtype=self.autocast_dtype if self.precision == "bf16" else None,
         )
         self._replica: nn.Module | None = None  # FSDP: an unsharded copy on rank 0 for evaluation
+        self.routing = RoutingMonitor(self.model, self.parallel.mode != "none")  # MoE: router stats, bias update
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device.type)
         self.scheduler = build_scheduler(self.optimizer, cfg.lr_scheduler, cfg.optim.lr, cfg.model.d_model, t.max_updates)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
@@ -227,7 +229,9 @@ class Trainer:
 
         Returns:
             ``loss`` and ``nll_loss`` per target token (base e, this rank's batches), ``ntokens``
-            (all ranks), ``lr``, ``grad_norm``.
+            (all ranks), ``lr``, ``grad_norm``; a mixture of experts backpropagates ``router_loss``
+            too (:func:`~transformer.training.criterion.model_loss`) and adds the routing metrics of
+            :meth:`RoutingMonitor.finish` (the selection biases then have moved).
 
         Raises:
             TrainingError: when the loss or the gradient norm is not finite (names the update and
@@ -240,7 +244,9 @@ class Trainer:
         for i, batch in enumerate(batches):
             with self.parallel.accumulate(last=i == len(batches) - 1):  # gradients summed over ranks
                 out = self._loss(batch)
-                self.scaler.scale(out["loss"]).backward()
+                objective = out["loss"] + out["router_loss"] if "router_loss" in out else out["loss"]
+                self.scaler.scale(objective).backward()
+            self.routing.add(out)
             loss_sum += out["loss"].detach().float().item()
             nll_sum += out["nll_loss"].detach().float().item()
             ntokens += int(out["ntokens"])
@@ -260,6 +266,7 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        routing = self.routing.finish()  # MoE: loads over all ranks, DeepSeek-V3 bias update
         if self.ema is not None:
             self.ema.update(self.model)
         with warnings.catch_warnings():
@@ -275,6 +282,7 @@ class Trainer:
             "ntokens": ntokens,
             "lr": lr,
             "grad_norm": float(grad_norm),
+            **routing,
         }
 
     # ------------------------------------------------------------------ evaluation

@@ -74,7 +74,8 @@ def teacher_forced_loss(
     features: Callable[..., torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """Teacher-forced loss / nll / perplexity per target token of ``model`` over ``dataset``, in
-    eval mode (the model's mode is restored).
+    eval mode (the model's mode is restored). The cross entropy only: a mixture of experts' router
+    losses are training terms and are left out (:func:`~transformer.training.criterion.model_loss`).
 
     Args:
         model: an encoder-decoder or decoder-only model.

@@ -1,0 +1,162 @@
+"""Training throughput of our mixture-of-experts decoder-only model against HF ``MixtralForCausalLM``
+at the same dims, in one process, on the same batch.
+
+One command (from the repository root; transformers comes with the ``bench`` extra)::
+
+    python benchmarks/moe_throughput.py                 # llama_style_tiny + model/ffn=moe, 8 experts, top-2
+    python benchmarks/moe_throughput.py --quick         # a smoke run: 2 layers, 8 rows, 1 round of 2 steps
+
+prints a Markdown table (target tokens/s of a training step: zero_grad, forward, loss with the
+load-balancing term, backward, Adam step; median of ``--steps`` steps after ``--warmup``, then
+the median over ``--rounds`` interleaved rounds) with ratios against our default dispatch, and
+writes the rows as JSON with ``--out``. Unlike ``train_throughput.py`` every model lives in this
+process (same batch tensors, same thread count); peak memory is therefore not reported.
+
+Rows:
+
+* ``ours`` (``F.grouped_mm`` dispatch on CPU) and ``ours, loop dispatch`` (a loop over the experts);
+  our loss is the trainer's: the fused output layer + label-smoothed cross entropy + the weighted
+  router losses (``model_loss`` + ``router_loss``).
+* ``HF Mixtral (<experts_implementation>)`` for HF's dispatches (``grouped_mm``, ``eager``: a loop
+  over the experts that received tokens, ``batched_mm``), HF's own loss (cross entropy +
+  ``router_aux_loss_coef * load_balancing_loss_func``).
+
+Same dims: d_model, layers, heads, key/value heads, vocabulary (8000), experts, top-k, expert
+width (our GLU-sized ``ffn_hidden`` is Mixtral's ``intermediate_size``), no biases, untied output,
+no dropout (Mixtral has none: ours runs with ``model.dropout=0``), the same Adam (our builder's).
+Do not run it for timing beside other heavy processes: a shared machine's speed drifts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import torch  # noqa: E402
+
+from train_throughput import LABEL_SMOOTHING, VOCAB, make_batch, make_optimizer, preset, time_steps  # noqa: E402
+from transformer.config import model_sizes  # noqa: E402
+from transformer.models import build_model, count_parameters, moe_blocks  # noqa: E402
+from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss  # noqa: E402
+
+
+class OursMoE(torch.nn.Module):
+    """Our model + the trainer's loss: ``(loss + router_loss) / ntokens``."""
+
+    def __init__(self, cfg: Any, dispatch: str) -> None:
+        super().__init__()
+        self.model = build_model(cfg, VOCAB)
+        for block in moe_blocks(self.model):
+            block.experts.dispatch = dispatch
+        self.criterion = LabelSmoothedCrossEntropy(LABEL_SMOOTHING, ignore_index=0)
+
+    def step_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = model_loss(self.model, self.criterion, {"tokens": batch["tokens"]}, batch["target"])
+        return (out["loss"] + out["router_loss"]) / out["ntokens"]
+
+
+def moe_dims(cfg: Any) -> dict[str, Any]:
+    """The sizes :class:`peers.HFMixtralPeer` needs to match our config."""
+    sizes = model_sizes(cfg)
+    return {
+        "d_model": cfg.d_model, "n_heads": cfg.n_heads, "n_kv_heads": sizes.n_kv_heads, "ffn_hidden": sizes.ffn_hidden,
+        "dec_layers": cfg.n_encoder_layers + cfg.n_decoder_layers, "experts": sizes.n_experts, "top_k": sizes.top_k,
+        "aux_coef": cfg.ffn.router_aux_loss_coef, "norm_eps": cfg.norm.eps, "rope_theta": cfg.position.rope_theta,
+    }
+
+
+def build_rows(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """``(name, constructor)`` of every model measured."""
+    overrides = ["model/ffn=moe", "model.dropout=0.0", f"model.ffn.n_experts={args.experts}", f"model.ffn.top_k={args.top_k}"]
+    if args.layers:
+        overrides.append(f"model.n_decoder_layers={args.layers}")
+    cfg, optim_cfg = preset(args.preset, overrides + list(args.override))
+    if cfg.arch != "decoder_only":
+        raise SystemExit(f"--preset {args.preset} is not decoder-only (MixtralForCausalLM is)")
+    rows = [("ours", lambda: OursMoE(cfg, "auto")), ("ours, loop dispatch", lambda: OursMoE(cfg, "loop"))]
+    if not args.no_peers:
+        import peers
+
+        try:
+            peers.preload("HF Mixtral")
+        except ImportError as err:
+            print(f"HF Mixtral skipped: {err}", flush=True)
+        else:
+            for impl in args.hf_experts:
+                rows.append((f"HF Mixtral ({impl})", lambda impl=impl: peers.HFMixtralPeer(moe_dims(cfg), VOCAB, impl)))
+    return [(name, ctor, optim_cfg, cfg) for name, ctor in rows]
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    torch.set_num_threads(args.threads)
+    specs = build_rows(args)
+    cfg = specs[0][3]
+    batch = make_batch("decoder_only", args.rows, args.src_len, args.tgt_len)
+    tokens = args.rows * args.tgt_len  # target tokens per step (the loss positions), the same for every model
+    models = []
+    for name, ctor, optim_cfg, _ in specs:
+        torch.manual_seed(0)
+        model = ctor()
+        models.append((name, model, make_optimizer(model, optim_cfg)))
+    per_round: dict[str, list[float]] = {name: [] for name, _, _ in models}
+    for rnd in range(args.rounds):
+        for j in range(len(models)):  # interleaved: round r starts with model r
+            name, model, opt = models[(rnd + j) % len(models)]
+            per_round[name].append(time_steps(model, batch, opt, args.warmup, args.steps)["step_s"])
+        print(f"  round {rnd + 1}/{args.rounds}: " + ", ".join(f"{n} {per_round[n][-1] * 1e3:.0f} ms" for n in per_round), flush=True)
+    out = []
+    for name, model, _ in models:
+        step_s = statistics.median(per_round[name])
+        inner = getattr(model, "model", getattr(model, "core", model))
+        out.append({"name": name, "tok_s": tokens / step_s, "step_s": step_s, "round_step_s": per_round[name],
+                    "params": count_parameters(inner), "active_params": count_parameters(inner, active_only=True)
+                    if name.startswith("ours") else None})
+    base = out[0]["tok_s"]
+    for r in out:
+        r["ratio"] = r["tok_s"] / base
+    print(f"\n{args.preset} + model/ffn=moe: {cfg.n_encoder_layers + cfg.n_decoder_layers} layers, d_model {cfg.d_model}, "
+          f"{args.experts} experts (top-{args.top_k}, width {model_sizes(cfg).ffn_hidden}), batch {args.rows} x "
+          f"({args.src_len} + {args.tgt_len}) tokens, {args.threads} threads, fp32\n")
+    print("| model | target tok/s | step ms | vs ours | params (active) |\n|---|---:|---:|---:|---:|")
+    for r in out:
+        params = f"{r['params']:,}" + (f" ({r['active_params']:,})" if r["active_params"] else "")
+        print(f"| {r['name']} | {r['tok_s']:,.0f} | {r['step_s'] * 1e3:.1f} | {r['ratio']:.2f}x | {params} |")
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="llama_style_tiny", help="a decoder-only model preset (configs/model/)")
+    p.add_argument("--experts", type=int, default=8)
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--layers", type=int, default=0, help="decoder layers (0: the preset's)")
+    p.add_argument("--override", nargs="*", default=[], help="more Hydra overrides of the model, e.g. model.ffn.n_shared_experts=1")
+    p.add_argument("--rows", type=int, default=96)
+    p.add_argument("--src-len", type=int, default=24)
+    p.add_argument("--tgt-len", type=int, default=24)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--hf-experts", nargs="+", default=["grouped_mm", "eager"], help="HF experts_implementation rows")
+    p.add_argument("--no-peers", action="store_true")
+    p.add_argument("--quick", action="store_true", help="smoke run: 2 layers, 8 rows, 1 warmup, 2 steps, 1 round")
+    p.add_argument("--out", type=Path, default=None, metavar="JSON")
+    args = p.parse_args()
+    if args.quick:
+        args.layers, args.rows, args.warmup, args.steps, args.rounds = 2, 8, 1, 2, 1
+    rows = run(args)
+    if args.out is not None:
+        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

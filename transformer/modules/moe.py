@@ -1,0 +1,338 @@
+"""Mixture of experts (``model/ffn=moe``): a token-choice top-k router, routed experts that each
+process only the tokens sent to them, optional shared experts, and the router's auxiliary losses.
+
+* Routing (:class:`TopKRouter`): each token picks its ``top_k`` experts by score; ``softmax``
+  scores with renormalised top-k weights are Mixtral's (Jiang et al. 2024; Switch Transformer,
+  Fedus et al. 2021, is top-1 without renormalising), ``sigmoid`` scores with a per-expert
+  selection bias are DeepSeek-V3's (DeepSeek-AI 2024, §2.1.2, eqs. 12-16): the bias only changes
+  which experts are picked, and :meth:`TopKRouter.update_bias` nudges it after each update
+  (auxiliary-loss-free balance). :data:`ROUTER_SCORES` is the ``model.ffn.router`` switch.
+* Dispatch (:class:`GroupedExperts`): dropless. The ``N * top_k`` assignments are sorted by
+  expert, every expert processes all of its tokens (no capacity, nothing dropped) and the outputs
+  are put back in token order; one grouped matmul per weight matrix (``torch.nn.functional.grouped_mm``)
+  or a loop over the experts, never over tokens. The experts' weights are stacked, one parameter
+  per matrix kind, so an expert that receives no token in a step still gets a (zero) gradient:
+  DistributedDataParallel finds no unused parameter.
+* Losses: each block keeps the statistics of its last forward pass (:class:`RouterStats`);
+  :func:`~transformer.modules.moe_losses.router_losses` turns a model's into the load-balancing
+  loss (Switch Transformer eq. 4, as Hugging Face's ``load_balancing_loss_func``) and the ST-MoE
+  router z-loss, which the training loss collects through the model (the block knows nothing of
+  the trainer).
+
+Shapes: ``N`` is the number of tokens (``batch * seq_len`` flattened), ``E`` = ``n_experts``,
+``k`` = ``top_k``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer.modules.dropout import Dropout
+
+__all__ = ["ROUTER_SCORES", "GroupedExperts", "MixtureOfExperts", "RouterScoring", "RouterStats", "Routing", "TopKRouter"]
+
+
+@dataclass(frozen=True)
+class RouterScoring:
+    """One option of ``model.ffn.router``: how router logits become expert scores.
+
+    Attributes:
+        scores: ``(N, E)`` fp32 logits -> ``(N, E)`` scores (the top-k weights are taken from them).
+        sums_to_one: whether the scores of a token already sum to 1; otherwise the balance loss
+            normalises them per token (DeepSeek-V3 eq. 19).
+    """
+
+    scores: Callable[[Tensor], Tensor]
+    sums_to_one: bool
+
+
+def _softmax(logits: Tensor) -> Tensor:
+    return logits.softmax(dim=-1)
+
+
+# model.ffn.router=<name> -> RouterScoring
+ROUTER_SCORES: dict[str, RouterScoring] = {
+    "softmax": RouterScoring(_softmax, sums_to_one=True),  # Switch, Mixtral
+    "sigmoid": RouterScoring(torch.sigmoid, sums_to_one=False),  # DeepSeek-V3
+}
+
+
+@dataclass
+class Routing:
+    """What the router decided for ``N`` tokens.
+
+    Attributes:
+        logits: ``(N, E)`` fp32 router logits.
+        scores: ``(N, E)`` fp32 scores (softmax probabilities or sigmoid affinities).
+        experts: ``(N, k)`` int64 chosen experts, distinct per token.
+        weights: ``(N, k)`` fp32 weights of the chosen experts' outputs.
+    """
+
+    logits: Tensor
+    scores: Tensor
+    experts: Tensor
+    weights: Tensor
+
+
+class TopKRouter(nn.Module):
+    """Token-choice top-k routing: ``experts = topk(scores + expert_bias)``, ``weights = scores[experts]``,
+    renormalised to sum to 1 when ``norm_topk_prob``, times ``routed_scaling_factor``.
+
+    The logits are computed in fp32 (also under autocast). ``expert_bias`` (a buffer, not a
+    parameter; saved with the weights) enters only the selection, never the weights (DeepSeek-V3
+    eq. 16); it stays 0 unless :meth:`update_bias` moves it.
+
+    Args:
+        gate: Linear ``d_model -> n_experts`` without bias (HF ``gate.weight``).
+        scoring: a :data:`ROUTER_SCORES` entry.
+        top_k: experts per token (HF ``num_experts_per_tok``), ``1 <= top_k <= n_experts``.
+        norm_topk_prob: renormalise the chosen scores (Mixtral, DeepSeek-V3); Switch: False.
+        routed_scaling_factor: multiplies the weights (DeepSeek-V3: 2.5).
+        bias_update_speed: ``gamma`` of :meth:`update_bias` (DeepSeek-V3: 0.001); 0 = no balancing bias.
+
+    Raises:
+        ValueError: a gate with a bias, or ``top_k`` outside ``[1, n_experts]``.
+    """
+
+    def __init__(
+        self,
+        *,
+        gate: nn.Linear,
+        scoring: RouterScoring,
+        top_k: int,
+        norm_topk_prob: bool = True,
+        routed_scaling_factor: float = 1.0,
+        bias_update_speed: float = 0.0,
+    ) -> None:
+        super().__init__()
+        n_experts = gate.out_features
+        if gate.bias is not None:
+            raise ValueError("the router's gate must not have a bias")
+        if not 1 <= top_k <= n_experts:
+            raise ValueError(f"top_k={top_k} must be between 1 and the number of experts ({n_experts})")
+        self.gate, self.scoring, self.top_k = gate, scoring, int(top_k)
+        self.n_experts = n_experts
+        self.norm_topk_prob, self.routed_scaling_factor = bool(norm_topk_prob), float(routed_scaling_factor)
+        self.bias_update_speed = float(bias_update_speed)
+        self.register_buffer("expert_bias", torch.zeros(n_experts, dtype=torch.float32))
+
+    def forward(self, x: Tensor) -> Routing:
+        """Route ``x`` ``(N, d_model)``; see :class:`Routing`."""
+        with torch.autocast(x.device.type, enabled=False):
+            logits = F.linear(x.float(), self.gate.weight.float())  # (N, E)
+        scores = self.scoring.scores(logits)
+        experts = (scores.detach() + self.expert_bias).topk(self.top_k, dim=-1).indices  # (N, k)
+        weights = scores.gather(1, experts)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        if self.routed_scaling_factor != 1.0:
+            weights = weights * self.routed_scaling_factor
+        return Routing(logits=logits, scores=scores, experts=experts, weights=weights)
+
+    @torch.no_grad()
+    def update_bias(self, load: Tensor) -> None:
+        """DeepSeek-V3's auxiliary-loss-free balance, after an update: ``expert_bias_i +=
+        bias_update_speed * sign(mean(load) - load_i)`` (overloaded experts get picked less often).
+        Nothing happens when ``bias_update_speed`` is 0.
+
+        Args:
+            load: ``(E,)`` tokens assigned to each expert during the update (all micro-batches
+                and ranks, so that every rank moves the bias the same way).
+        """
+        if self.bias_update_speed > 0:
+            load = load.to(self.expert_bias.device, torch.float32)
+            self.expert_bias.add_(torch.sign(load.mean() - load), alpha=self.bias_update_speed)
+
+
+# grouped_mm's kernels by device: CPU (fp32, bf16), CUDA (bf16, SM >= 80); elsewhere the loop.
+# Under torch.compile its meta function accepts bf16 only.
+_GROUPED_MM_DTYPES = {"cpu": (torch.float32, torch.bfloat16), "cuda": (torch.bfloat16,)}
+
+
+class GroupedExperts(nn.Module):
+    """``n_experts`` feed-forward blocks with stacked weights, applied to rows grouped by expert.
+
+    Gated (``w2(act(x W_gate) * (x W_up))``, SwiGLU/GEGLU) or two-matrix (``w2(act(x W_1))``),
+    like :class:`~transformer.modules.ffn.GatedFeedForward` / :class:`~transformer.modules.ffn.FeedForward`
+    per expert. Parameters: ``w13`` ``(E, 2 * hidden, d_model)`` (gate rows first; HF
+    ``gate_up_proj``) or ``w1`` ``(E, hidden, d_model)``, and ``w2`` ``(E, d_model, hidden)`` (HF
+    ``down_proj``); with ``bias``, ``b13``/``b1`` and ``b2``. They start uninitialised: the builder
+    calls :meth:`reset_parameters`.
+
+    Args:
+        n_experts: number of experts ``E``.
+        d_model: model width.
+        hidden: each expert's hidden width.
+        activation: elementwise function (``F.silu`` for SwiGLU).
+        gated: three matrices per expert (GLU) instead of two.
+        bias: biases in the experts' linear maps.
+        dropout: activation dropout on the hidden units.
+        dispatch: ``"grouped_mm"`` (one ``F.grouped_mm`` per matrix), ``"loop"`` (a loop over the
+            experts) or ``"auto"`` (grouped_mm where torch has a kernel for the device and dtype:
+            CPU fp32/bf16, CUDA bf16, bf16 only under ``torch.compile``; else the loop).
+
+    Raises:
+        ValueError: non-positive sizes or an unknown ``dispatch``.
+    """
+
+    def __init__(
+        self, *, n_experts: int, d_model: int, hidden: int, activation: Callable[[Tensor], Tensor], gated: bool,
+        bias: bool = False, dropout: float = 0.0, dispatch: str = "auto",
+    ) -> None:
+        super().__init__()
+        if min(n_experts, d_model, hidden) <= 0:
+            raise ValueError(f"n_experts={n_experts}, d_model={d_model} and hidden={hidden} must be positive")
+        if dispatch not in ("auto", "grouped_mm", "loop"):
+            raise ValueError(f"dispatch={dispatch!r} is not one of auto, grouped_mm, loop")
+        self.n_experts, self.d_model, self.hidden, self.gated = n_experts, d_model, hidden, bool(gated)
+        self.n_matrices = 3 if gated else 2  # d_model x hidden matrices per expert
+        self.activation, self.dispatch = activation, dispatch
+        self.dropout = Dropout(dropout)
+        width = (2 if gated else 1) * hidden
+        self.in_name = "w13" if gated else "w1"
+        self.register_parameter(self.in_name, nn.Parameter(torch.empty(n_experts, width, d_model)))
+        self.w2 = nn.Parameter(torch.empty(n_experts, d_model, hidden))
+        self.b_in_name = "b13" if gated else "b1"
+        self.register_parameter(self.b_in_name, nn.Parameter(torch.zeros(n_experts, width)) if bias else None)
+        self.b2 = nn.Parameter(torch.zeros(n_experts, d_model)) if bias else None
+
+    @property
+    def parameters_per_expert(self) -> int:
+        """Parameters of one expert (weights and biases)."""
+        return sum(p.numel() for p in self.parameters()) // self.n_experts
+
+    @torch.no_grad()
+    def reset_parameters(self, init_matrix: Callable[[Tensor], object]) -> None:
+        """Initialise each expert's matrices as the builder initialises a Linear weight: ``init_matrix``
+        on every ``(out, in)`` slice (so Xavier sees one expert's fans), biases to zero."""
+        for w in (getattr(self, self.in_name), self.w2):
+            for e in range(self.n_experts):
+                init_matrix(w[e])
+        for b in (getattr(self, self.b_in_name), self.b2):
+            if b is not None:
+                b.zero_()
+
+    def _use_grouped_mm(self, x: Tensor, dtype: torch.dtype) -> bool:
+        if self.dispatch != "auto":
+            return self.dispatch == "grouped_mm"
+        if torch.compiler.is_compiling() and dtype != torch.bfloat16:
+            return False
+        return hasattr(F, "grouped_mm") and dtype in _GROUPED_MM_DTYPES.get(x.device.type, ())
+
+    def _hidden(self, h: Tensor) -> Tensor:
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            h = self.activation(gate) * up
+        else:
+            h = self.activation(h)
+        return self.dropout(h)
+
+    def forward(self, x: Tensor, counts: Tensor) -> Tensor:
+        """Apply expert ``e`` to its rows.
+
+        Args:
+            x: ``(M, d_model)`` rows sorted by expert: ``counts[0]`` rows for expert 0, then expert 1, ...
+            counts: ``(E,)`` int64 rows per expert (``counts.sum() == M``).
+
+        Returns:
+            ``(M, d_model)``, row ``i`` the output of the expert of row ``i``.
+        """
+        w_in, b_in = getattr(self, self.in_name), getattr(self, self.b_in_name)
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        if self._use_grouped_mm(x, dtype):
+            offs = counts.cumsum(0).to(torch.int32)  # end row of each expert
+            x = x.to(dtype)
+            h = F.grouped_mm(x, w_in.to(dtype).transpose(1, 2), offs=offs)  # (M, width)
+            if b_in is not None:
+                h = h + b_in.to(dtype).repeat_interleave(counts, dim=0, output_size=x.shape[0])
+            y = F.grouped_mm(self._hidden(h), self.w2.to(dtype).transpose(1, 2), offs=offs)  # (M, d_model)
+            if self.b2 is not None:
+                y = y + self.b2.to(dtype).repeat_interleave(counts, dim=0, output_size=x.shape[0])
+            return y
+        outputs = []
+        for e, rows in enumerate(x.split(counts.tolist())):
+            if rows.shape[0]:
+                h = self._hidden(F.linear(rows, w_in[e], None if b_in is None else b_in[e]))
+                outputs.append(F.linear(h, self.w2[e], None if self.b2 is None else self.b2[e]))
+        return torch.cat(outputs) if outputs else x.new_zeros(0, self.d_model)
+
+
+@dataclass
+class RouterStats:
+    """What one MoE block saw in its last forward pass (read by
+    :func:`~transformer.modules.moe_losses.router_losses`).
+
+    Attributes:
+        tokens: tokens routed, ``N``.
+        load: ``(E,)`` int64 assignments per expert (each token counts once per chosen expert).
+        dropped: assignments no expert processed (0: the dispatch is dropless).
+        prob_sum: ``(E,)`` the balance loss's router probabilities summed over the tokens
+            (differentiable); None outside training.
+        z_sum: ``()`` ``sum_tokens logsumexp(logits)^2`` (differentiable); None outside training.
+    """
+
+    tokens: int
+    load: Tensor
+    dropped: int
+    prob_sum: Tensor | None
+    z_sum: Tensor | None
+
+
+class MixtureOfExperts(nn.Module):
+    """A sparse feed-forward block: ``y = shared(x) + sum_{e in topk(x)} weight_e(x) * expert_e(x)``.
+
+    The drop-in replacement of a feed-forward block in any layer of either model family. Tokens
+    are routed independently (padding positions too, as HF's ``load_balancing_loss_func`` without
+    an attention mask). After each forward pass ``self.stats`` holds the :class:`RouterStats`.
+
+    Args:
+        router: the :class:`TopKRouter`.
+        experts: the routed :class:`GroupedExperts` (as many as the router has outputs).
+        shared_experts: an always-applied feed-forward block (DeepSeek's ``n_shared_experts``
+            experts as one block of their summed width), or None.
+        aux_loss_coef: weight of the load-balancing loss in the training loss (``router_aux_loss_coef``).
+        z_loss_coef: weight of the router z-loss (``router_z_loss_coef``).
+
+    Raises:
+        ValueError: when the router and the experts disagree on the number of experts.
+    """
+
+    def __init__(
+        self, *, router: TopKRouter, experts: GroupedExperts, shared_experts: nn.Module | None = None,
+        aux_loss_coef: float = 0.0, z_loss_coef: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if router.n_experts != experts.n_experts:
+            raise ValueError(f"the router scores {router.n_experts} experts but there are {experts.n_experts}")
+        self.router, self.experts, self.shared_experts = router, experts, shared_experts
+        self.aux_loss_coef, self.z_loss_coef = float(aux_loss_coef), float(z_loss_coef)
+        self.stats: RouterStats | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(batch, seq_len, d_model) -> (batch, seq_len, d_model)`` (any leading shape)."""
+        shape = x.shape
+        h = x.reshape(-1, shape[-1])  # (N, d)
+        n, k = h.shape[0], self.router.top_k
+        route = self.router(h)
+        flat = route.experts.reshape(-1)  # (N * k,): token t's j-th choice at t * k + j
+        order = flat.argsort(stable=True)  # assignments grouped by expert
+        counts = torch.bincount(flat, minlength=self.experts.n_experts)  # (E,)
+        y = self.experts(h.index_select(0, order // k), counts)  # (N * k, d), in expert order
+        processed = y.shape[0]
+        y = torch.empty_like(y).index_copy_(0, order, y).view(n, k, -1)  # back in token order
+        out = (y * route.weights.unsqueeze(-1)).sum(dim=1).to(x.dtype)  # (N, d)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(h)
+        prob_sum = z_sum = None
+        if self.training:
+            probs = route.scores if self.router.scoring.sums_to_one else route.scores / route.scores.sum(-1, keepdim=True)
+            prob_sum = probs.sum(dim=0)
+            z_sum = torch.logsumexp(route.logits, dim=-1).square().sum()
+        self.stats = RouterStats(tokens=n, load=counts.detach(), dropped=n * k - processed, prob_sum=prob_sum, z_sum=z_sum)
+        return out.view(shape)
