@@ -69,7 +69,8 @@ def test_the_extra_the_message_names_provides_matplotlib():
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert PLOTS_EXTRA == 'pip install -e ".[plots]"'
-    assert any(r.startswith("matplotlib") for r in extras["plots"]) and any(r.startswith("matplotlib") for r in extras["dev"])
+    for extra in ("plots", "dev"):
+        assert any(r.startswith("matplotlib") for r in extras[extra]), extra
 
 
 def test_the_script_without_matplotlib_exits_0_with_one_warning_line(sweep, tmp_path):

@@ -70,8 +70,8 @@ def test_files_mode_errors(files, tmp_path):
 
 def test_the_metrics_package_does_not_load_models():
     """``transformer.evaluation`` stays metrics only (the README's import order); ``.run`` is imported by name."""
-    code = ("import sys, transformer.evaluation; "
-            "print(sorted(m for m in sys.modules if m.startswith(('transformer.generation', 'transformer.evaluation.run', 'torch'))))")
+    code = ("import sys, transformer.evaluation; print(sorted(m for m in sys.modules "
+            "if m.startswith(('transformer.generation', 'transformer.evaluation.run', 'torch'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -104,7 +104,8 @@ def test_a_checkpoint_is_scored_on_what_it_translates(run, data_root, capsys):
     assert (out_dir / "test_2016_flickr.txt").read_text(encoding="utf-8").split("\n")[:-1] == hyps
     s = res["splits"]["test_2016_flickr"]
     assert s["bleu"] == corpus_scores(hyps, refs)["bleu"] and s["sentences"] == 8 and s["failed_lines"] == []
-    assert res["checkpoint"] == str(run_dir / "checkpoint_best.safetensors") and res["generation"]["strategy"] == "greedy"
+    assert res["checkpoint"] == str(run_dir / "checkpoint_best.safetensors")
+    assert res["generation"]["strategy"] == "greedy"
     assert json.loads((out_dir / "results.json").read_text())["splits"]["test_2016_flickr"]["bleu"] == s["bleu"]
     out = capsys.readouterr()
     assert out.out.splitlines()[0] == f"{run_dir / 'checkpoint_best.safetensors'} (encoder_decoder, en->de, greedy)"
