@@ -13,7 +13,12 @@ The runs must differ only in the study's switches and the seed: runs trained wit
 precision, budget, data or torch version stop the comparison with a sentence naming them, unless
 --allow-mixed (then the table shows the differences). Runs without results.json (crashed,
 unfinished) are listed, never dropped. Writes comparison.md, comparison.csv, runs.csv,
-valid_curves.png and bleu_bars.png; prints the markdown.
+valid_curves.png and bleu_bars.png; prints the markdown. Without matplotlib (``pip install -e
+".[plots]"``) the tables are written without the plots, with one warning line.
+
+The work is :func:`transformer.analysis.compare_and_write`; this file parses the arguments and
+reports errors (:func:`transformer.cli.user_errors`): exit status 2 for missing folders, an unknown
+baseline or runs trained differently, 1 when no run has results.
 """
 
 from __future__ import annotations
@@ -26,10 +31,27 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # allow running from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from transformer.analysis import compare_sweeps, write_outputs  # noqa: E402
+from transformer.analysis import NoFinishedRun, compare_and_write  # noqa: E402
+from transformer.cli import user_errors  # noqa: E402
+
+ERRORS = {NoFinishedRun: 1, (FileNotFoundError, ValueError): 2}
+"""The user errors this script reports on one line, and their exit statuses."""
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point.
+
+    Args:
+        argv: arguments without the program name (``sys.argv[1:]`` when None).
+
+    Returns:
+        0 (the outputs were written).
+
+    Raises:
+        SystemExit: with one line ``error: ...`` on stderr, status 2 for missing folders, an
+            unknown baseline or runs trained differently, 1 when no run has results (the outputs
+            listing the runs without results are still written).
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dirs", nargs="+", type=Path, help="multirun folders (or run folders)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: <first sweep>/comparison)")
@@ -41,22 +63,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="compare runs that differ in more than the switches and the seed (precision, budget, "
                              "data, torch version); the differences are shown in the table")
     args = parser.parse_args(argv)
-    try:
-        comparison = compare_sweeps(args.sweep_dirs, baseline=args.baseline, n_bootstrap=args.bootstrap,
-                                    bootstrap_seed=args.bootstrap_seed, allow_mixed=args.allow_mixed)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    out = args.out or args.sweep_dirs[0] / "comparison"
-    paths = write_outputs(comparison, out)
-    print(paths["markdown"].read_text(encoding="utf-8"))
-    for name, path in paths.items():
-        print(f"wrote {name}: {path}", file=sys.stderr)
-    if comparison.missing:
-        print(f"warning: {len(comparison.missing)} run(s) without results (listed above)", file=sys.stderr)
-    if not comparison.rows:
-        print("error: no finished run found", file=sys.stderr)
-        return 1
+    with user_errors(ERRORS):
+        compare_and_write(args.sweep_dirs, args.out, baseline=args.baseline, n_bootstrap=args.bootstrap,
+                          bootstrap_seed=args.bootstrap_seed, allow_mixed=args.allow_mixed)
     return 0
 
 

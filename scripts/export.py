@@ -12,6 +12,9 @@ family; ``format=zoo`` reads a ``LlamaForCausalLM`` folder back into a run folde
 target cannot represent is refused with a sentence naming the switch, before anything is written;
 output is written into a temporary folder and renamed when complete. Exit status 2 with a
 one-line message on stderr for refused exports, missing packages or unloadable checkpoints.
+
+The work is :func:`transformer.interop.run_export` (``run`` here); this file parses the config and
+reports errors (:func:`transformer.cli.user_errors`).
 """
 
 from __future__ import annotations
@@ -26,34 +29,20 @@ if str(ROOT) not in sys.path:  # allow running from a checkout without installin
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+from transformer.cli import user_errors  # noqa: E402
+from transformer.generation import LoadError  # noqa: E402
+from transformer.interop import ExportError, run_export  # noqa: E402
 
-def run(cfg: DictConfig) -> Path:
-    """Export (or import) as ``cfg`` says. Returns the folder written."""
-    from transformer.interop import export_run, import_hf_llama
-
-    if cfg.format == "zoo":
-        if cfg.quantization is not None:
-            from transformer.interop import ExportError
-
-            raise ExportError("quantization applies to format=ctranslate2 only")
-        out = import_hf_llama(cfg.run, cfg.out, force=bool(cfg.force))
-    else:
-        out = export_run(cfg.run, str(cfg.format), cfg.out, force=bool(cfg.force), quantization=cfg.quantization)
-    print(f"wrote {out} (format={cfg.format})", file=sys.stderr)
-    return out
+run = run_export  # the script's work (what main calls; tests call it in-process)
+ERRORS = {(ExportError, LoadError, FileNotFoundError): 2}
+"""The user errors this script reports on one line, and their exit status."""
 
 
 @hydra.main(version_base="1.3", config_path=str(ROOT / "configs"), config_name="export")
 def main(cfg: DictConfig) -> None:
-    """Entry point: clear one-line errors (exit status 2) instead of tracebacks for user mistakes."""
-    from transformer.generation import LoadError
-    from transformer.interop import ExportError
-
-    try:
-        run(cfg)
-    except (ExportError, LoadError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    """Entry point: export (or import) as ``cfg`` says; a user error is one line on stderr and exit status 2."""
+    with user_errors(ERRORS):
+        run_export(cfg)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ import hydra  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+from transformer.cli import user_errors  # noqa: E402
 from transformer.config import DataConfig  # noqa: E402
+from transformer.data.errors import DataError  # noqa: E402
 
 
 @dataclass
@@ -69,16 +71,9 @@ def run(cfg: DictConfig) -> dict:
 @hydra.main(version_base="1.3", config_path=str(ROOT / "configs"), config_name="preprocess")
 def main(cfg: DictConfig) -> None:
     """Entry point: one-line errors, exit status 1 for bad data and 2 for a bad config."""
-    from transformer.data.errors import DataError
-
-    try:
-        run(cfg)
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
-    except ValueError as err:
-        print(f"error: invalid configuration: {err}", file=sys.stderr)
-        sys.exit(2)
+    with user_errors({ValueError: 2}, prefix="error: invalid configuration: "):  # DataError is a ValueError:
+        with user_errors({DataError: 1}):  # it is reported (status 1) before the outer block sees it
+            run(cfg)
 
 
 if __name__ == "__main__":

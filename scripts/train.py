@@ -21,7 +21,6 @@ with ``train.resume=auto`` continues it. The return value, for a sweeper such as
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -35,29 +34,26 @@ from omegaconf import DictConfig  # noqa: E402
 
 from transformer.cli import (  # noqa: E402
     MissingPlugin,
+    RunFailed,
     check_hydra_plugins,
     check_sweep_objective,
+    in_multirun,
     sweep_objective,
     sweeper_direction,
+    user_errors,
 )
-from transformer.io import FolderLocked  # noqa: E402
 from transformer.config import ConfigError, register_configs, to_config, validate_config  # noqa: E402
+from transformer.data.corpus import DataError  # noqa: E402
+from transformer.io import FolderLocked  # noqa: E402
+from transformer.training.checkpoint import CheckpointError  # noqa: E402
+from transformer.training.run import train  # noqa: E402
+from transformer.training.stopping import StopRequested  # noqa: E402
+from transformer.training.trainer import TrainingError  # noqa: E402
 
 register_configs()
 
-
-class RunFailed(RuntimeError):
-    """One job of a sweep failed with a user error (already reported on stderr)."""
-
-
-def _multirun() -> bool:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        return HydraConfig.get().mode == RunMode.MULTIRUN
-    except Exception:  # not under Hydra
-        return False
+RUN_ERRORS = {ConfigError: 2, (TrainingError, CheckpointError, DataError, FileNotFoundError, FolderLocked): 1}
+"""The user errors of a run and their exit statuses (one line on stderr each, see :func:`user_errors`)."""
 
 
 def _forget_resume_record() -> None:
@@ -74,17 +70,11 @@ def _forget_resume_record() -> None:
         pass
 
 
-def _fail(err: BaseException, status: int) -> None:
-    """Report a user error on one line (the traceback only with ``HYDRA_FULL_ERROR=1``) and stop."""
+def _forget_if_untouched(err: BaseException) -> None:
+    """Before a user error is reported: a refusal that wrote nothing (``run_folder_untouched``) also
+    drops Hydra's record of the resume."""
     if getattr(err, "run_folder_untouched", False):
         _forget_resume_record()
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        raise err
-    message = " ".join(str(err).split())
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    if _multirun():  # let Hydra run the sweep's other jobs
-        raise RunFailed(message) from None
-    sys.exit(status)
 
 
 @hydra.main(version_base="1.3", config_path=str(ROOT / "configs"), config_name="train")
@@ -96,34 +86,25 @@ def main(cfg: DictConfig) -> float | None:
         score). A run stopped by a signal of ``train.stop_signals`` exits with status 75 after
         saving ``checkpoint_last``.
     """
-    from transformer.data.corpus import DataError
-    from transformer.training.checkpoint import CheckpointError
-
-    try:
-        validate_config(cfg)
-        config = to_config(cfg)  # the typed Config every function below takes
+    with user_errors({ConfigError: 2}, on_error=_forget_if_untouched):
         try:
-            check_sweep_objective(config.train, sweeper_direction())
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-    except ConfigError as err:
-        refused = ConfigError(f"invalid configuration: {err}")
-        refused.run_folder_untouched = True  # nothing was written (a resume's Hydra record is dropped)
-        _fail(refused, 2)
-    from transformer.training.run import train
-    from transformer.training.stopping import StopRequested
-    from transformer.training.trainer import TrainingError
-
-    try:
-        results = train(config)
-    except ConfigError as err:
-        _fail(err, 2)
-    except StopRequested as err:  # a polite stop: checkpoint_last saved, the line saying how to continue logged
-        if _multirun():
-            raise RunFailed(str(err)) from None
-        sys.exit(err.exit_status)
-    except (TrainingError, CheckpointError, DataError, FileNotFoundError, FolderLocked) as err:
-        _fail(err, 1)
+            validate_config(cfg)
+            config = to_config(cfg)  # the typed Config every function below takes
+            try:
+                check_sweep_objective(config.train, sweeper_direction())
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+        except ConfigError as err:
+            refused = ConfigError(f"invalid configuration: {err}")
+            refused.run_folder_untouched = True  # nothing was written (a resume's Hydra record is dropped)
+            raise refused
+    with user_errors(RUN_ERRORS, on_error=_forget_if_untouched):
+        try:
+            results = train(config)
+        except StopRequested as err:  # a polite stop: checkpoint_last saved, the line saying how to continue logged
+            if in_multirun():
+                raise RunFailed(str(err)) from None
+            sys.exit(err.exit_status)
     if results.get("skipped_complete"):
         _forget_resume_record()  # train.resume=auto on a complete run: the folder stays as it was
     return sweep_objective(results)  # the best validation metric: a sweeper never tunes on the test set

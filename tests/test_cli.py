@@ -40,3 +40,101 @@ def test_train_script_refuses_a_missing_plugin_with_one_line(tmp_path):
     assert out.stderr.strip().splitlines() == [
         'error: hydra/launcher=joblib needs the hydra-joblib-launcher package, which is not installed: '
         'pip install -e ".[sweep]" (or pip install hydra-joblib-launcher)']
+
+
+# ----------------------------------------------------------------------------- user_errors
+
+
+class _Config(ValueError):
+    pass
+
+
+class _Data(ValueError):
+    pass
+
+
+def _exit_status(block, capsys, **kwargs) -> tuple[int, list[str]]:
+    """Run ``block`` inside ``cli.user_errors({_Config: 2, (_Data, FileNotFoundError): 1})``:
+    ``(exit status, stderr lines)``."""
+    with pytest.raises(SystemExit) as exc:
+        with cli.user_errors({_Config: 2, (_Data, FileNotFoundError): 1}, **kwargs):
+            block()
+    return exc.value.code, capsys.readouterr().err.splitlines()
+
+
+def _raise(err: BaseException):
+    def block():
+        raise err
+    return block
+
+
+def test_a_user_error_is_one_line_and_its_status(capsys):
+    assert _exit_status(_raise(_Config("bad\n  value:   3")), capsys) == (2, ["error: bad value: 3"])
+    assert _exit_status(_raise(_Data("no such split")), capsys) == (1, ["error: no such split"])
+    assert _exit_status(_raise(FileNotFoundError("file not found: x")), capsys) == (1, ["error: file not found: x"])
+    status, err = _exit_status(_raise(_Data("x")), capsys, prefix="tool.py: error: ")
+    assert (status, err) == (1, ["tool.py: error: x"])
+
+
+def test_the_first_matching_entry_wins(capsys):
+    with pytest.raises(SystemExit) as exc:
+        with cli.user_errors({_Data: 1, ValueError: 2}):
+            raise _Data("specific first")
+    assert exc.value.code == 1
+    with pytest.raises(SystemExit) as exc:
+        with cli.user_errors({_Data: 1, ValueError: 2}):
+            raise ValueError("the general one")
+    assert exc.value.code == 2 and capsys.readouterr().err == "error: specific first\nerror: the general one\n"
+
+
+def test_other_exceptions_and_exits_pass_through(capsys):
+    with pytest.raises(KeyError):
+        with cli.user_errors({_Config: 2}):
+            raise KeyError("a bug: its traceback is shown")
+    with pytest.raises(SystemExit) as exc:
+        with cli.user_errors({_Config: 2}):
+            sys.exit(75)  # e.g. train.py's polite stop
+    assert exc.value.code == 75
+    with cli.user_errors({_Config: 2}):
+        pass  # nothing raised: nothing happens
+    assert capsys.readouterr().err == ""
+
+
+def test_hydra_full_error_reraises_the_error_itself(monkeypatch, capsys):
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    seen = []
+    err = _Config("bad value")
+    with pytest.raises(_Config) as exc:
+        with cli.user_errors({_Config: 2}, on_error=seen.append):
+            raise err
+    assert exc.value is err and seen == [err] and capsys.readouterr().err == ""
+
+
+def test_in_a_multirun_the_job_raises_after_its_line(monkeypatch, capsys):
+    """A failed job of a sweep must not exit the process: Hydra runs the other jobs."""
+    assert cli.in_multirun() is False  # not under Hydra
+    monkeypatch.setattr(cli, "in_multirun", lambda: True)
+    seen = []
+    with pytest.raises(cli.RunFailed, match="^no such split$") as exc:
+        with cli.user_errors({_Data: 1}, on_error=seen.append):
+            raise _Data("no such split")
+    assert exc.value.__cause__ is None and exc.value.__suppress_context__
+    assert capsys.readouterr().err == "error: no such split\n" and [str(e) for e in seen] == ["no such split"]
+
+
+def test_on_error_runs_before_the_line(capsys):
+    order = []
+    with pytest.raises(SystemExit):
+        with cli.user_errors({_Config: 2}, on_error=lambda e: order.append(("hook", capsys.readouterr().err))):
+            raise _Config("x")
+    assert order == [("hook", "")] and capsys.readouterr().err == "error: x\n"
+
+
+def test_a_closed_stdout_exits_quietly_only_when_asked(capsys):
+    with pytest.raises(SystemExit) as exc:
+        with cli.user_errors({_Config: 2}, broken_pipe=0):
+            raise BrokenPipeError(32, "Broken pipe")
+    assert exc.value.code == 0 and capsys.readouterr().err == ""
+    with pytest.raises(BrokenPipeError):
+        with cli.user_errors({_Config: 2}):
+            raise BrokenPipeError(32, "Broken pipe")

@@ -8,16 +8,28 @@ list of the options it has. :func:`check_hydra_plugins` reads the command line f
 A Hydra sweeper (``hydra/sweeper=optuna``) optimises what the task function returns:
 ``scripts/train.py`` returns :func:`sweep_objective`, the best validation metric, and checks the
 sweeper's direction against ``train.best_metric`` before training (:func:`check_sweep_objective`).
+
+Every script reports a user error the same way, through :func:`user_errors`: one line
+``error: ...`` on stderr and the script's exit status for that kind of error (the traceback only
+with ``HYDRA_FULL_ERROR=1``); inside a Hydra multirun (``-m``) the failed job raises
+:class:`RunFailed` instead of exiting, so that the sweep's other jobs still run. Each script names
+its own errors and statuses (e.g. ``scripts/train.py``: ``ConfigError`` 2, ``DataError`` 1).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 import re
-from typing import Sequence
+import sys
+from typing import Callable, Iterator, Mapping, NoReturn, Sequence
 
-__all__ = ["HYDRA_PLUGINS", "MissingPlugin", "check_hydra_plugins", "check_sweep_objective", "sweep_objective",
-           "sweeper_direction"]
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
+__all__ = ["HYDRA_PLUGINS", "MissingPlugin", "RunFailed", "check_hydra_plugins", "check_sweep_objective", "in_multirun",
+           "one_line", "sweep_objective", "sweeper_direction", "user_errors"]
 
 HYDRA_PLUGINS: dict[tuple[str, str], tuple[str, str, str]] = {
     # (group, option): (module that registers it, distribution, this project's extra)
@@ -66,8 +78,6 @@ def check_hydra_plugins(argv: Sequence[str]) -> None:
 def sweeper_direction() -> str | list | None:
     """``hydra.sweeper.direction`` of the running Hydra job when its sweeper has one (Optuna's), else None."""
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         sweeper = HydraConfig.get().sweeper
     except Exception:  # not under Hydra
         return None
@@ -102,3 +112,108 @@ def sweep_objective(results: dict) -> float | None:
     none (a sweeper then records the trial as failed)."""
     value = results.get("best_valid")
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+# ----------------------------------------------------------------------------- user errors
+
+
+class RunFailed(RuntimeError):
+    """One job of a Hydra multirun failed with a user error (already reported on stderr): raised
+    instead of exiting, so that Hydra runs the sweep's other jobs and reports the failure at the end."""
+
+
+def in_multirun() -> bool:
+    """Whether the running Hydra job is one job of a multirun (``-m``).
+
+    Returns:
+        True in a multirun's job; False in a single run and outside Hydra.
+    """
+    try:
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except Exception:  # not under Hydra
+        return False
+
+
+def one_line(err: BaseException) -> str:
+    """The exception's message on one line.
+
+    Args:
+        err: any exception.
+
+    Returns:
+        ``str(err)`` with every run of whitespace (newlines included) as one space, stripped.
+    """
+    return " ".join(str(err).split())
+
+
+def _status(err: BaseException, statuses: Mapping[type | tuple[type, ...], int]) -> int | None:
+    """The status of the first key of ``statuses`` that ``err`` is an instance of, else None."""
+    for kinds, status in statuses.items():
+        if isinstance(err, kinds):
+            return status
+    return None
+
+
+def _report(err: BaseException, status: int, prefix: str) -> NoReturn:
+    """Print ``prefix + message`` as one line on stderr, then exit with ``status`` (raise
+    :class:`RunFailed` in a multirun); with ``HYDRA_FULL_ERROR=1`` re-raise ``err`` instead."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise err
+    message = one_line(err)
+    print(f"{prefix}{message}", file=sys.stderr, flush=True)
+    if in_multirun():  # let Hydra run the sweep's other jobs
+        raise RunFailed(message) from None
+    sys.exit(status)
+
+
+@contextlib.contextmanager
+def user_errors(
+    statuses: Mapping[type[BaseException] | tuple[type[BaseException], ...], int],
+    *,
+    prefix: str = "error: ",
+    on_error: Callable[[BaseException], None] | None = None,
+    broken_pipe: int | None = None,
+) -> Iterator[None]:
+    """Turn the user errors raised in the block into one line on stderr and an exit status.
+
+    An exception that is an instance of a key of ``statuses`` (checked in order; a key may be a
+    tuple of types) is reported as ``prefix + message`` on one line of stderr (the message's
+    whitespace, newlines included, collapsed to single spaces) and the process exits with that
+    key's status. Inside a Hydra multirun the job raises :class:`RunFailed` instead (after the
+    line), so that the other jobs go on. With ``HYDRA_FULL_ERROR=1`` in the environment the
+    exception is re-raised unchanged (its traceback is shown; nothing is printed). Any other
+    exception, ``SystemExit`` and ``KeyboardInterrupt`` included, passes through untouched::
+
+        with user_errors({(LoadError, ConfigError, FileNotFoundError): 2, LinesFailed: 1}):
+            translate_file(cfg)
+
+    Args:
+        statuses: exception type, or tuple of types, -> exit status.
+        prefix: what the line starts with (``"error: "``; ``scripts/average_checkpoints.py`` names
+            itself, ``"average_checkpoints.py: error: "``).
+        on_error: called with a matching exception before anything else (also under
+            ``HYDRA_FULL_ERROR=1`` and in a multirun), e.g. to remove what a refused run wrote.
+        broken_pipe: the exit status for a ``BrokenPipeError`` (stdout closed early, e.g. piped
+            into ``head``), without a message; None lets it pass through.
+
+    Yields:
+        Nothing; the block runs inside.
+
+    Raises:
+        SystemExit: with the matching status (not in a multirun, not under ``HYDRA_FULL_ERROR=1``).
+        RunFailed: in a Hydra multirun, after the line was printed.
+        BaseException: the matching exception itself under ``HYDRA_FULL_ERROR=1``; any other one as raised.
+    """
+    try:
+        yield
+    except BrokenPipeError:
+        if broken_pipe is None:
+            raise
+        sys.exit(broken_pipe)
+    except BaseException as err:
+        status = _status(err, statuses)
+        if status is None:
+            raise
+        if on_error is not None:
+            on_error(err)
+        _report(err, status, prefix)

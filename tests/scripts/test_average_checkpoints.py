@@ -12,6 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from transformer.training.checkpoint import CheckpointManager
+from transformer.training.checkpoint.averaging import resolve_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "average_checkpoints.py"
@@ -69,9 +70,8 @@ def test_num_last_above_what_exists_averages_all_with_a_warning(run_dir, tmp_pat
 
 
 def test_errors(run_dir, tmp_path):
-    script = _script()
     with pytest.raises(ValueError, match=r"no checkpoints to average.*train\.save_every"):
-        script.resolve_inputs([tmp_path], None)  # a folder without checkpoint_{update} files
+        resolve_inputs([tmp_path], None)  # a folder without checkpoint_{update} files
     with pytest.raises(ValueError, match="not both"):
-        script.resolve_inputs([run_dir, run_dir / "checkpoint_10"], None)
+        resolve_inputs([run_dir, run_dir / "checkpoint_10"], None)
     assert not (tmp_path / "x.safetensors").exists()

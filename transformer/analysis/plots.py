@@ -4,6 +4,11 @@ Figures are built with :class:`matplotlib.figure.Figure` (Agg canvas) rather tha
 display or global backend is needed, and a notebook's own backend is left alone. Each function
 saves the PNG and returns its path; :func:`validation_curves_figure` / :func:`bleu_bars_figure`
 return the figure itself.
+
+matplotlib is optional (``pip install -e ".[plots]"``; ``[dev]`` has it too) and imported only when a
+plot is made; without it every plot function raises :class:`PlotsUnavailable`, whose message names
+the extra, and :func:`matplotlib_missing` says so beforehand (``scripts/compare.py`` then writes
+the tables without plots).
 """
 
 from __future__ import annotations
@@ -13,13 +18,40 @@ from typing import TYPE_CHECKING
 
 from transformer.analysis.compare import Comparison
 
-if TYPE_CHECKING:  # matplotlib is optional (the dev extra); it is imported when a plot is made
+if TYPE_CHECKING:  # matplotlib is optional (the plots extra); it is imported when a plot is made
     from matplotlib.figure import Figure
 
-__all__ = ["bleu_bars_figure", "plot_bleu_bars", "plot_validation_curves", "validation_curves_figure"]
+__all__ = [
+    "PlotsUnavailable", "bleu_bars_figure", "matplotlib_missing", "plot_bleu_bars", "plot_validation_curves",
+    "validation_curves_figure",
+]
+
+PLOTS_EXTRA = 'pip install -e ".[plots]"'
+"""The install command that provides matplotlib (the ``plots`` extra of ``pyproject.toml``)."""
+
+
+class PlotsUnavailable(ImportError):
+    """matplotlib is not installed: the message names the ``pip install`` that provides it."""
+
+
+def matplotlib_missing() -> str | None:
+    """Why no plot can be made, or None when matplotlib imports.
+
+    Returns:
+        ``matplotlib is not installed (pip install -e ".[plots]")`` when ``import matplotlib``
+        fails, else None.
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return f"matplotlib is not installed ({PLOTS_EXTRA})"
+    return None
 
 
 def _new_figure(width: float, height: float, ncols: int = 1):
+    missing = matplotlib_missing()
+    if missing is not None:
+        raise PlotsUnavailable(missing)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -38,14 +70,24 @@ def _colors(n: int) -> list:
 
 def validation_curves_figure(comparison: Comparison) -> "Figure":
     """Validation NLL (and validation BLEU when logged) against updates, one colour per
-    configuration: thin lines per seed, a thick line for the mean over the seeds at each update."""
+    configuration: thin lines per seed, a thick line for the mean over the seeds at each update.
+
+    Args:
+        comparison: the result of :func:`~transformer.analysis.compare.compare_sweeps`.
+
+    Returns:
+        The matplotlib figure (Agg canvas).
+
+    Raises:
+        PlotsUnavailable: matplotlib is not installed.
+    """
     configs = comparison.configurations
     metrics = ["nll_loss"] if any(r.valid_curve("nll_loss") for c in configs for r in c.runs) else ["loss"]
     if any(r.valid_curve("bleu") for c in configs for r in c.runs):
         metrics.append("bleu")
+    fig, axes = _new_figure(6.0 * len(metrics), 4.2, len(metrics))  # PlotsUnavailable without matplotlib
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = _new_figure(6.0 * len(metrics), 4.2, len(metrics))
     for ax, metric in zip(axes, metrics):
         for color, c in zip(_colors(len(configs)), configs):
             by_update: dict[int, list[float]] = {}
@@ -70,7 +112,18 @@ def validation_curves_figure(comparison: Comparison) -> "Figure":
 
 
 def plot_validation_curves(comparison: Comparison, path: str | Path) -> Path:
-    """Save :func:`validation_curves_figure` as a PNG at ``path``."""
+    """Save :func:`validation_curves_figure` as a PNG at ``path``.
+
+    Args:
+        comparison: the result of :func:`~transformer.analysis.compare.compare_sweeps`.
+        path: the PNG file to write.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        PlotsUnavailable: matplotlib is not installed.
+    """
     path = Path(path)
     validation_curves_figure(comparison).savefig(path, dpi=120)
     return path
@@ -78,7 +131,17 @@ def plot_validation_curves(comparison: Comparison, path: str | Path) -> Path:
 
 def bleu_bars_figure(comparison: Comparison) -> "Figure":
     """Test BLEU per configuration: bar = mean over seeds, error bar = sample std, dots = seeds;
-    the baseline bar is hatched and significant differences (p < 0.05) are starred."""
+    the baseline bar is hatched and significant differences (p < 0.05) are starred.
+
+    Args:
+        comparison: the result of :func:`~transformer.analysis.compare.compare_sweeps`.
+
+    Returns:
+        The matplotlib figure (Agg canvas).
+
+    Raises:
+        PlotsUnavailable: matplotlib is not installed.
+    """
     rows = comparison.rows
     fig, (ax,) = _new_figure(max(5.5, 1.1 * len(rows) + 1.5), 4.2)
     xs = list(range(len(rows)))
@@ -108,7 +171,18 @@ def bleu_bars_figure(comparison: Comparison) -> "Figure":
 
 
 def plot_bleu_bars(comparison: Comparison, path: str | Path) -> Path:
-    """Save :func:`bleu_bars_figure` as a PNG at ``path``."""
+    """Save :func:`bleu_bars_figure` as a PNG at ``path``.
+
+    Args:
+        comparison: the result of :func:`~transformer.analysis.compare.compare_sweeps`.
+        path: the PNG file to write.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        PlotsUnavailable: matplotlib is not installed.
+    """
     path = Path(path)
     bleu_bars_figure(comparison).savefig(path, dpi=120)
     return path

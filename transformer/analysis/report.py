@@ -1,16 +1,22 @@
-"""The outputs of a comparison: markdown table, CSVs, and the plots (:mod:`transformer.analysis.plots`)."""
+"""The outputs of a comparison: markdown table, CSVs, and the plots (:mod:`transformer.analysis.plots`);
+:func:`compare_and_write` is the work of ``scripts/compare.py``."""
 
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
 from typing import Sequence
 
-from transformer.analysis.compare import CSV_COLUMNS, Comparison
-from transformer.analysis.plots import plot_bleu_bars, plot_validation_curves
+from transformer.analysis.compare import CSV_COLUMNS, Comparison, compare_sweeps
+from transformer.analysis.plots import matplotlib_missing, plot_bleu_bars, plot_validation_curves
 from transformer.analysis.runs import Run
 
-__all__ = ["to_markdown", "write_csv", "write_outputs"]
+__all__ = ["NoFinishedRun", "compare_and_write", "to_markdown", "write_csv", "write_outputs"]
+
+
+class NoFinishedRun(RuntimeError):
+    """No run of the sweeps has results (the outputs list the runs without results)."""
 
 
 def _si(value: float | None, unit: str = "") -> str:
@@ -138,18 +144,30 @@ def write_csv(comparison: Comparison, path: str | Path) -> Path:
     return path
 
 
-def write_outputs(comparison: Comparison, out_dir: str | Path) -> dict[str, Path]:
+def write_outputs(comparison: Comparison, out_dir: str | Path, *, plots: bool | None = None) -> dict[str, Path]:
     """Write ``comparison.md``, ``comparison.csv``, ``runs.csv``, ``valid_curves.png`` and
     ``bleu_bars.png`` into ``out_dir`` (created).
 
+    Args:
+        comparison: the result of :func:`~transformer.analysis.compare.compare_sweeps`.
+        out_dir: the folder to write into.
+        plots: draw the PNGs (True), leave them out (False), or draw them when matplotlib is
+            installed (None, :func:`~transformer.analysis.plots.matplotlib_missing`); without
+            plots the markdown has no Plots section.
+
     Returns:
         ``{"markdown", "csv", "runs_csv", "valid_curves", "bleu_bars"}`` -> path (plots only when
-        some configuration finished).
+        drawn, and only when some configuration finished).
+
+    Raises:
+        PlotsUnavailable: ``plots=True`` without matplotlib (nothing is written).
     """
+    if plots is None:
+        plots = matplotlib_missing() is None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
-    if comparison.rows:
+    if comparison.rows and plots:
         paths["valid_curves"] = plot_validation_curves(comparison, out / "valid_curves.png")
         paths["bleu_bars"] = plot_bleu_bars(comparison, out / "bleu_bars.png")
     paths["csv"] = write_csv(comparison, out / "comparison.csv")
@@ -157,4 +175,54 @@ def write_outputs(comparison: Comparison, out_dir: str | Path) -> dict[str, Path
     md = out / "comparison.md"
     md.write_text(to_markdown(comparison, [str(paths[k]) for k in ("valid_curves", "bleu_bars") if k in paths]), encoding="utf-8")
     paths["markdown"] = md
+    return paths
+
+
+def compare_and_write(
+    sweep_dirs: Sequence[str | Path],
+    out: str | Path | None = None,
+    *,
+    baseline: str | None = None,
+    n_bootstrap: int = 1000,
+    bootstrap_seed: int = 12345,
+    allow_mixed: bool = False,
+) -> dict[str, Path]:
+    """What ``scripts/compare.py`` does: compare the runs of the sweeps, write the outputs, print
+    the markdown on stdout and, on stderr, one ``wrote <name>: <path>`` line per file.
+
+    Without matplotlib the tables are still written and printed, without plots (and without the
+    markdown's Plots section), and one line ``warning: plots skipped: matplotlib is not installed
+    (pip install -e ".[plots]")`` goes to stderr. Runs without results are listed in the outputs
+    and counted in a ``warning: N run(s) without results`` line.
+
+    Args:
+        sweep_dirs: multirun folders (or run folders).
+        out: the output folder; None: ``<first sweep>/comparison``.
+        baseline, n_bootstrap, bootstrap_seed, allow_mixed: see
+            :func:`~transformer.analysis.compare.compare_sweeps`.
+
+    Returns:
+        The paths written (see :func:`write_outputs`).
+
+    Raises:
+        FileNotFoundError: a sweep folder that does not exist.
+        ValueError: a baseline that matches no configuration, runs trained differently
+            (:class:`~transformer.analysis.comparability.MixedRunsError`) without ``allow_mixed``.
+        NoFinishedRun: after the outputs were written, when no run has results.
+    """
+    sweep_dirs = [Path(d) for d in sweep_dirs]
+    comparison = compare_sweeps(sweep_dirs, baseline=baseline, n_bootstrap=n_bootstrap,
+                                bootstrap_seed=bootstrap_seed, allow_mixed=allow_mixed)
+    skipped = matplotlib_missing() if comparison.rows else None
+    paths = write_outputs(comparison, Path(out) if out is not None else sweep_dirs[0] / "comparison",
+                          plots=skipped is None)
+    print(paths["markdown"].read_text(encoding="utf-8"))
+    for name, path in paths.items():
+        print(f"wrote {name}: {path}", file=sys.stderr)
+    if skipped:
+        print(f"warning: plots skipped: {skipped}", file=sys.stderr)
+    if comparison.missing:
+        print(f"warning: {len(comparison.missing)} run(s) without results (listed above)", file=sys.stderr)
+    if not comparison.rows:
+        raise NoFinishedRun("no finished run found")
     return paths

@@ -7,6 +7,9 @@ Typical use::
     text = detokenize(hyps, tokenizers.tgt)
 
     loaded = load_models(["runs/a", "runs/b"])  # an ensemble (EnsembleModel) with the same interface
+
+:func:`translate_file` (:mod:`.translate_file`) is the work of ``scripts/translate.py``: a text file
+or stdin, line by line, into a file or stdout.
 """
 
 from transformer.generation.loading import (
@@ -38,11 +41,13 @@ from transformer.generation.translate import (
     translate_dataset,
     translate_sentences,
 )
+from transformer.generation.translate_file import LinesFailed, open_input, read_chunks, translate_file
 
 __all__ = [
     "EnsembleModel",
     "EnsembleState",
     "Hypothesis",
+    "LinesFailed",
     "LoadError",
     "SearchLimits",
     "LoadedRun",
@@ -61,8 +66,11 @@ __all__ = [
     "merge_generation",
     "resolve_device",
     "max_lengths",
+    "open_input",
+    "read_chunks",
     "sample",
     "top_k_top_p_filter",
     "translate_dataset",
+    "translate_file",
     "translate_sentences",
 ]

@@ -7,10 +7,11 @@ CTranslate2 model folders, and import ``LlamaForCausalLM`` folders back.
 
 Each target lists the switches it cannot represent (``*_unsupported(cfg)``); an export is refused
 with those sentences before anything is written, and output goes to a temporary folder renamed
-at the end. The optional packages come with ``pip install -e '.[interop]'``.
+at the end. The optional packages come with ``pip install -e '.[interop]'``. ``run_export(cfg)`` is
+the work of ``scripts/export.py``.
 """
 
 from transformer.interop.common import ExportError
-from transformer.interop.export import FORMATS, export_run, import_hf_llama, unsupported
+from transformer.interop.export import FORMATS, export_run, import_hf_llama, run_export, unsupported
 
-__all__ = ["FORMATS", "ExportError", "export_run", "import_hf_llama", "unsupported"]
+__all__ = ["FORMATS", "ExportError", "export_run", "import_hf_llama", "run_export", "unsupported"]

@@ -1,5 +1,6 @@
 """One entry point per direction: :func:`export_run` (a run -> HF / CTranslate2 folder) and
-:func:`import_hf_llama` (a HF ``LlamaForCausalLM`` folder -> a run folder our scripts load).
+:func:`import_hf_llama` (a HF ``LlamaForCausalLM`` folder -> a run folder our scripts load);
+:func:`run_export` is the work of ``scripts/export.py`` (config: ``configs/export.yaml``).
 
 Both check everything first (the model's switches against the target, the optional packages, the
 output folder) and write into a temporary folder that is renamed to ``out`` only when complete.
@@ -8,6 +9,7 @@ output folder) and write into a temporary folder that is renamed to ``out`` only
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from transformer.interop import ct2, hf_llama, hf_marian
 from transformer.interop.common import ExportError, refuse, staging_dir
 from transformer.training.checkpoint import save_checkpoint
 
-__all__ = ["FORMATS", "export_run", "import_hf_llama", "unsupported"]
+__all__ = ["FORMATS", "export_run", "import_hf_llama", "run_export", "unsupported"]
 
 FORMATS = ("hf", "ctranslate2")
 
@@ -147,4 +149,32 @@ def import_hf_llama(folder: str | Path, out: str | Path, *, force: bool = False)
         OmegaConf.save(run_cfg, tmp / "config.yaml")
         save_checkpoint(tmp, "checkpoint_best", model.state_dict(),
                         {"config": OmegaConf.to_container(run_cfg), "update": 0, "imported_from": str(folder)})
+    return out
+
+
+def run_export(cfg: Any) -> Path:
+    """What ``scripts/export.py`` does: export ``cfg.run`` (:func:`export_run`), or with
+    ``format=zoo`` import a HF folder (:func:`import_hf_llama`); then ``wrote <out> (format=...)``
+    on stderr.
+
+    Args:
+        cfg: ``configs/export.yaml`` as composed (a DictConfig, or anything with its fields):
+            ``run``, ``format`` (``hf``, ``ctranslate2`` or ``zoo``), ``out``, ``force``,
+            ``quantization``.
+
+    Returns:
+        The folder written.
+
+    Raises:
+        ExportError: see :func:`export_run` and :func:`import_hf_llama`; also ``quantization``
+            with ``format=zoo``. Nothing is written.
+        LoadError: the checkpoint cannot be loaded.
+    """
+    if cfg.format == "zoo":
+        if cfg.quantization is not None:
+            raise ExportError("quantization applies to format=ctranslate2 only")
+        out = import_hf_llama(cfg.run, cfg.out, force=bool(cfg.force))
+    else:
+        out = export_run(cfg.run, str(cfg.format), cfg.out, force=bool(cfg.force), quantization=cfg.quantization)
+    print(f"wrote {out} (format={cfg.format})", file=sys.stderr)
     return out

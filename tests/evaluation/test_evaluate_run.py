@@ -1,0 +1,127 @@
+"""transformer.evaluation.run (the work of scripts/evaluate.py), called in-process: files mode on
+small files, checkpoint mode on a tiny run folder (tests/generation/helpers.make_run_dir) with the
+Multi30k test split from ../shared/data (skipped without it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.generation.helpers import compose_script_config, make_run_dir, shared_data_dir
+from transformer.config import ConfigError, GenerationConfig
+from transformer.data.corpus import read_lines
+from transformer.evaluation import corpus_scores
+from transformer.evaluation.run import evaluate, evaluate_checkpoint, score_files
+from transformer.generation import detokenize, translate_sentences
+
+REFS = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Ein Mädchen lächelt."]
+
+
+def _cfg(*overrides: str):
+    return compose_script_config("evaluate", ["progress=false", *overrides])
+
+
+@pytest.fixture
+def files(tmp_path) -> tuple[Path, Path, Path]:
+    """``(refs, a worse system, the references themselves)``."""
+    refs, worse, same = tmp_path / "ref.de", tmp_path / "worse.de", tmp_path / "same.de"
+    refs.write_text("\n".join(REFS) + "\n", encoding="utf-8")
+    same.write_text("\n".join(REFS) + "\n", encoding="utf-8")
+    worse.write_text("Ein Mann.\nZwei Hunde.\nEin Kind lacht.\n", encoding="utf-8")
+    return refs, worse, same
+
+
+def test_one_file_is_scored_without_a_bootstrap(files, capsys):
+    refs, worse, _ = files
+    res = score_files(_cfg(f"refs={refs}", f"hyps={worse}"))
+    assert list(res) == ["scores"]
+    assert res["scores"][str(worse)] == corpus_scores(read_lines(worse), REFS)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{worse}: BLEU ") and out[1].startswith("BLEU|") and out[2].startswith("chrF2|")
+
+
+def test_several_files_are_bootstrapped_against_the_first_and_saved(files, tmp_path, capsys):
+    refs, worse, same = files
+    res = evaluate(_cfg(f"refs={refs}", f"hyps=[{worse},{same}]", "bootstrap_samples=50",
+                        f"output_dir={tmp_path / 'out'}"))  # no checkpoint: files mode
+    assert list(res["bootstrap"]) == ["baseline", str(same)]  # the first file is the baseline
+    assert res["bootstrap"]["baseline"]["bleu"] == pytest.approx(res["scores"][str(worse)]["bleu"])
+    assert res["bootstrap"][str(same)]["bleu"] == pytest.approx(100.0)
+    assert json.loads((tmp_path / "out" / "results.json").read_text()) == json.loads(json.dumps(res))
+    assert "paired bootstrap resampling (sacreBLEU), baseline first:" in capsys.readouterr().out
+
+
+def test_files_mode_errors(files, tmp_path):
+    refs, worse, _ = files
+    with pytest.raises(ConfigError, match="give checkpoint=PATH, or refs=FILE"):
+        score_files(_cfg(f"hyps={worse}"))
+    short = tmp_path / "short.de"
+    short.write_text("Ein Mann.\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"has 1 lines but .*ref\.de has 3: the lines must pair up"):
+        score_files(_cfg(f"refs={refs}", f"hyps=[{worse},{short}]"))
+    with pytest.raises(FileNotFoundError, match=r"file not found: .*missing\.de"):
+        score_files(_cfg(f"refs={refs}", f"hyps={tmp_path / 'missing.de'}"))
+
+
+def test_the_metrics_package_does_not_load_models():
+    """``transformer.evaluation`` stays metrics only (the README's import order); ``.run`` is imported by name."""
+    code = ("import sys, transformer.evaluation; print(sorted(m for m in sys.modules "
+            "if m.startswith(('transformer.generation', 'transformer.evaluation.run', 'torch'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.fixture(scope="module")
+def data_root() -> Path:
+    d = shared_data_dir()
+    if not (d / "multi30k" / "test_2016_flickr.en.gz").is_file():
+        pytest.skip(f"Multi30k not found under {d}; set TRANSFORMER_DATA_DIR")
+    return d
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return make_run_dir(tmp_path_factory.mktemp("evaluate_run") / "run")
+
+
+def test_a_checkpoint_is_scored_on_what_it_translates(run, data_root, capsys):
+    """The hypotheses are the model's greedy translations of the split, and BLEU is theirs against
+    the raw references; results go to <run>/eval/checkpoint_best/."""
+    run_dir, model, src_tok, tgt_tok = run
+    res = evaluate_checkpoint(_cfg(f"checkpoint={run_dir}", "splits=[test_2016_flickr]", "limit=8",
+                                   f"data.root={data_root}", "generation.strategy=greedy"))
+    src = read_lines(data_root / "multi30k" / "test_2016_flickr.en.gz")[:8]
+    refs = read_lines(data_root / "multi30k" / "test_2016_flickr.de.gz")[:8]
+    gen = GenerationConfig(strategy="greedy", max_len_a=1.0, max_len_b=5)
+    hyps = detokenize(translate_sentences(model, [src_tok.encode(s) for s in src], gen, "cpu"), tgt_tok)
+    out_dir = run_dir / "eval" / "checkpoint_best"
+    assert (out_dir / "test_2016_flickr.txt").read_text(encoding="utf-8").split("\n")[:-1] == hyps
+    s = res["splits"]["test_2016_flickr"]
+    assert s["bleu"] == corpus_scores(hyps, refs)["bleu"] and s["sentences"] == 8 and s["failed_lines"] == []
+    assert res["checkpoint"] == str(run_dir / "checkpoint_best.safetensors")
+    assert res["generation"]["strategy"] == "greedy"
+    assert json.loads((out_dir / "results.json").read_text())["splits"]["test_2016_flickr"]["bleu"] == s["bleu"]
+    out = capsys.readouterr()
+    assert out.out.splitlines()[0] == f"{run_dir / 'checkpoint_best.safetensors'} (encoder_decoder, en->de, greedy)"
+    assert out.out.splitlines()[1].startswith("test_2016_flickr: BLEU ")
+    assert out.err.strip().endswith(f"wrote {out_dir / 'results.json'}")
+
+
+def test_checkpoint_mode_refuses_what_it_cannot_do(run, data_root, tmp_path):
+    run_dir = run[0]
+    with pytest.raises(ConfigError, match="baseline=FILE compares one split, but 2 are requested"):
+        evaluate_checkpoint(_cfg(f"checkpoint={run_dir}", "splits=[test_2016_flickr,test_2017_flickr]",
+                                 f"baseline={tmp_path / 'base.txt'}", f"data.root={data_root}",
+                                 f"output_dir={tmp_path / 'e'}"))
+    short = tmp_path / "base.txt"
+    short.write_text("eins\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"baseline .*base\.txt has 1 lines but test_2016_flickr has 4"):
+        evaluate_checkpoint(_cfg(f"checkpoint={run_dir}", "splits=[test_2016_flickr]", "limit=4",
+                                 f"baseline={short}", f"data.root={data_root}", "generation.strategy=greedy",
+                                 f"output_dir={tmp_path / 'e'}"))

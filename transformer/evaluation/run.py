@@ -1,0 +1,251 @@
+"""The work of ``scripts/evaluate.py``: BLEU and chrF of a trained run on its test splits, and
+paired bootstrap between systems (config: ``configs/evaluate.yaml``).
+
+:func:`evaluate` dispatches on the config: ``checkpoint=...`` (:func:`evaluate_checkpoint`) reads
+each split's raw source and reference lines (the run's ``data`` config, ``data.*`` of the config on
+top), encodes the sources with the run's tokenizer, translates with the run's ``generation``
+settings (``generation.*`` on top), and scores the detokenised output against the raw references
+with sacreBLEU: BLEU with ``data.bleu_tokenize`` (``none`` for ``multi30k_tok_*``) and chrF, each
+with its signature. Hypotheses go to ``<output_dir>/<split>.txt`` and everything to
+``<output_dir>/results.json``; the default ``output_dir`` is ``<run folder>/eval/<checkpoint
+name>/`` (``eval/ensemble_<n>_<hash>/`` for an ensemble). ``refs=FILE hyps=[...]``
+(:func:`score_files`) scores hypothesis files, with paired bootstrap against the first one.
+
+Scores and tables go to stdout, progress and per-line errors to stderr. Unlike the rest of this
+package (:mod:`.metrics` imports nothing), this module loads models: it imports
+:mod:`transformer.generation`, :mod:`transformer.data` and :mod:`transformer.config`, and
+``transformer.evaluation`` does not import it (``from transformer.evaluation.run import evaluate``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer.config import ConfigError, GenerationConfig, config_dict
+from transformer.data.corpus import read_lines, read_parallel, resolve_split_files
+from transformer.evaluation.metrics import corpus_scores, paired_bootstrap
+from transformer.generation import detokenize, load_models, merge_generation, resolve_device, translate_sentences
+
+__all__ = ["evaluate", "evaluate_checkpoint", "score_files"]
+
+
+def _read(path: str) -> list[str]:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"file not found: {p}")
+    return read_lines(p)
+
+
+def _paths(value: Any) -> list[str]:
+    """``hyps=FILE`` (one path) or ``hyps=[FILE,...]`` as a list of paths."""
+    if value is None:
+        return []
+    if isinstance(value, (str, Path)):
+        return [str(value)] if str(value) else []
+    return [str(v) for v in value]
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _describe(gen: GenerationConfig) -> str:
+    if gen.strategy == "beam":
+        return f"beam {gen.beam_size}, length penalty {gen.length_penalty} ({gen.length_penalty_form})"
+    if gen.strategy == "sample":
+        return f"sampling T={gen.temperature} top_k={gen.top_k} top_p={gen.top_p} seed={gen.seed}"
+    return "greedy"
+
+
+def _bootstrap(baseline: list[str], systems: dict[str, list[str]], refs: list[str], cfg: Any,
+               tokenize: str, lowercase: bool) -> dict[str, Any]:
+    """Paired bootstrap of ``systems`` against ``baseline``, printed as a table; returns sacreBLEU's results."""
+    res = paired_bootstrap(baseline, systems, refs, n_samples=int(cfg.bootstrap_samples),
+                           seed=cfg.bootstrap_seed, tokenize=tokenize, lowercase=lowercase)
+    print("paired bootstrap resampling (sacreBLEU), baseline first:")
+    print(f"  {'system':<40} {'BLEU':>7} {'p':>7} {'chrF':>7} {'p':>7}")
+    for name, r in res.items():
+        p_b = "" if r["bleu_p_value"] is None else f"{r['bleu_p_value']:.4f}"
+        p_c = "" if r["chrf_p_value"] is None else f"{r['chrf_p_value']:.4f}"
+        print(f"  {name:<40} {r['bleu']:7.2f} {p_b:>7} {r['chrf']:7.2f} {p_c:>7}")
+    sig = next(iter(res.values()))["signatures"]
+    print(f"  BLEU|{sig['bleu']}\n  chrF2|{sig['chrf']}")
+    return res
+
+
+def score_files(cfg: Any) -> dict[str, Any]:
+    """Files mode: score every file of ``cfg.hyps`` against ``cfg.refs``; paired bootstrap when > 1.
+
+    Prints each file's BLEU and chrF, the signatures and (several files) the bootstrap table on
+    stdout; writes ``results.json`` into ``cfg.output_dir`` when it is set.
+
+    Args:
+        cfg: ``configs/evaluate.yaml`` as composed (a DictConfig): ``refs``, ``hyps`` (one path or a
+            list; the first is the baseline), ``tokenize`` (null: ``13a``), ``lowercase``,
+            ``bootstrap_samples``, ``bootstrap_seed``, ``output_dir``.
+
+    Returns:
+        ``{"scores": {file: corpus_scores(...)}}``, plus ``"bootstrap"`` (system -> sacreBLEU's
+        paired bootstrap results, baseline first) with several files.
+
+    Raises:
+        ConfigError: no ``refs`` or no ``hyps``, or a file whose line count differs from the references'.
+        FileNotFoundError: a missing file (the message names it).
+    """
+    hyp_files = _paths(cfg.hyps)
+    if not cfg.refs or not hyp_files:
+        raise ConfigError("give checkpoint=PATH, or refs=FILE with hyps=FILE or hyps=[FILE,...] to score files")
+    tokenize = cfg.tokenize or "13a"
+    lowercase = bool(cfg.lowercase) if cfg.lowercase is not None else False
+    refs = _read(cfg.refs)
+    systems = {h: _read(h) for h in hyp_files}
+    for name, hyps in systems.items():
+        if len(hyps) != len(refs):
+            raise ConfigError(f"{name} has {len(hyps)} lines but {cfg.refs} has {len(refs)}: the lines must pair up")
+    results: dict[str, Any] = {"scores": {}}
+    for name, hyps in systems.items():
+        s = corpus_scores(hyps, refs, tokenize=tokenize, lowercase=lowercase)
+        results["scores"][name] = s
+        print(f"{name}: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f}")
+    first = next(iter(systems.values()))
+    print(f"BLEU|{results['scores'][hyp_files[0]]['bleu_signature']}")
+    print(f"chrF2|{results['scores'][hyp_files[0]]['chrf_signature']}")
+    if len(systems) > 1:
+        names = list(systems)
+        results["bootstrap"] = _bootstrap(first, {n: systems[n] for n in names[1:]}, refs, cfg, tokenize, lowercase)
+    if cfg.output_dir:
+        out = Path(cfg.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
+    """Checkpoint mode: translate the test splits with a run (or an ensemble), score them, and
+    optionally bootstrap the one split against a baseline file.
+
+    Prints a header line (checkpoint, architecture, languages, search), then per split its BLEU,
+    chrF, sentence count, speed and signatures on stdout; a line that cannot be translated is
+    reported on stderr as ``error: <split> line N (<file>): ...``, its hypothesis left empty and its
+    number listed in ``failed_lines``. Writes ``<output_dir>/<split>.txt`` and ``results.json``.
+
+    Args:
+        cfg: ``configs/evaluate.yaml`` as composed (a DictConfig): ``checkpoint`` (a run folder or
+            checkpoint, or a list of them: an ensemble), ``splits`` (null: the run's
+            ``data.test_splits``), ``limit``, ``output_dir``, ``progress``, ``device``,
+            ``num_threads``, ``src_tokenizer``/``tgt_tokenizer``, ``data.*`` and ``generation.*``
+            overrides (null keeps the run's), ``tokenize``/``lowercase`` (null: the run's),
+            ``baseline``, ``bootstrap_samples``, ``bootstrap_seed``.
+
+    Returns:
+        ``{"checkpoint", "generation", "tokenize", "lowercase", "splits": {split: scores}}`` (as
+        written to ``results.json``), plus ``"bootstrap"`` with a ``baseline``.
+
+    Raises:
+        LoadError: a missing or foreign checkpoint, a tokenizer that does not match it, ensemble
+            members with different vocabularies.
+        ConfigError: no split to evaluate, a baseline with several splits or another line count,
+            invalid generation settings.
+        DataError: a split whose files are missing.
+        FileNotFoundError: a missing baseline file.
+    """
+    if cfg.num_threads > 0:
+        torch.set_num_threads(int(cfg.num_threads))
+    device = resolve_device(cfg.device)
+    loaded = load_models(cfg.checkpoint, device, src_tokenizer=cfg.src_tokenizer,
+                         tgt_tokenizer=cfg.tgt_tokenizer)
+    members = getattr(loaded.model, "checkpoints", None)  # an ensemble
+    run_cfg = loaded.cfg
+    for key, value in cfg.data.items():
+        if value is not None:
+            setattr(run_cfg.data, key, value)
+    gen = merge_generation(run_cfg.generation, cfg.generation)
+    tokenize = cfg.tokenize or run_cfg.data.bleu_tokenize
+    lowercase = bool(cfg.lowercase) if cfg.lowercase is not None else bool(run_cfg.data.lowercase)
+    splits = list(cfg.splits) if cfg.splits else list(run_cfg.data.test_splits or [])
+    if not splits:
+        raise ConfigError("no splits to evaluate: the run has no data.test_splits; pass splits=[...]")
+    if cfg.baseline and len(splits) != 1:
+        raise ConfigError(f"baseline=FILE compares one split, but {len(splits)} are requested; pass splits=[NAME]")
+    # named by checkpoint: evaluating another checkpoint of the run does not overwrite these results
+    name = _ensemble_name(members) if members else _checkpoint_name(loaded.checkpoint)
+    out_dir = Path(cfg.output_dir) if cfg.output_dir else loaded.run_dir / "eval" / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    src_tok, tgt_tok = loaded.tokenizers
+    results: dict[str, Any] = {
+        "checkpoint": [str(m) for m in members] if members else str(loaded.checkpoint),
+        "generation": config_dict(gen),
+        "tokenize": tokenize,
+        "lowercase": lowercase,
+        "splits": {},
+    }
+    source = f"ensemble of {', '.join(map(str, members))}" if members else loaded.checkpoint
+    print(f"{source} ({run_cfg.model.arch}, {run_cfg.data.src_lang}->{run_cfg.data.tgt_lang}, {_describe(gen)})")
+    for split in splits:
+        src_file, ref_file = resolve_split_files(run_cfg.data, split)
+        src_lines, refs, _ = read_parallel(src_file, ref_file, keep_empty=True)  # every line is scored
+        if cfg.limit and cfg.limit > 0:
+            src_lines, refs = src_lines[: cfg.limit], refs[: cfg.limit]
+        start = time.time()
+        errors: dict[int, str] = {}
+        hyps_tok = translate_sentences(loaded.model, src_tok.encode_batch(src_lines), gen, device, loaded.model.arch,
+                                       errors=errors, progress=bool(cfg.progress), desc=split)
+        seconds = time.time() - start
+        for i, msg in sorted(errors.items()):
+            _log(f"error: {split} line {i + 1} ({src_file}): {msg}; its hypothesis is left empty")
+        hyps = detokenize(hyps_tok, tgt_tok)
+        (out_dir / f"{split}.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        s = corpus_scores(hyps, refs, tokenize=tokenize, lowercase=lowercase)
+        s.update(sentences=len(refs), empty_sources=sum(not line.strip() for line in src_lines),
+                 failed_lines=[i + 1 for i in sorted(errors)], seconds=seconds,
+                 sentences_per_s=len(refs) / max(seconds, 1e-9), hyp_file=str(out_dir / f"{split}.txt"))
+        results["splits"][split] = s
+        failed = f", {len(errors)} could not be translated" if errors else ""
+        print(f"{split}: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f} ({len(refs)} sentences{failed}, "
+              f"{s['sentences_per_s']:.1f} sent/s)")
+        print(f"  BLEU|{s['bleu_signature']}\n  chrF2|{s['chrf_signature']}")
+        if cfg.baseline:
+            base = _read(cfg.baseline)
+            if cfg.limit and cfg.limit > 0:
+                base = base[: cfg.limit]
+            if len(base) != len(refs):
+                raise ConfigError(f"baseline {cfg.baseline} has {len(base)} lines but {split} has {len(refs)}")
+            results["bootstrap"] = _bootstrap(base, {"checkpoint": hyps}, refs, cfg, tokenize, lowercase)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    _log(f"wrote {out_dir / 'results.json'}")
+    return results
+
+
+def _checkpoint_name(weights: Path) -> str:
+    """``checkpoint_best.safetensors`` -> ``checkpoint_best``."""
+    return weights.name[: -len(".safetensors")] if weights.name.endswith(".safetensors") else weights.stem
+
+
+def _ensemble_name(checkpoints: list[Path]) -> str:
+    """``ensemble_<n>_<8 hex digits of the resolved paths>``: one results folder per set of members."""
+    digest = hashlib.sha1("\n".join(str(Path(c).resolve()) for c in checkpoints).encode()).hexdigest()[:8]
+    return f"ensemble_{len(checkpoints)}_{digest}"
+
+
+def evaluate(cfg: Any) -> dict[str, Any]:
+    """What ``scripts/evaluate.py`` does: :func:`evaluate_checkpoint` when ``cfg.checkpoint`` is set,
+    else :func:`score_files` (``cfg.refs`` with ``cfg.hyps``).
+
+    Args:
+        cfg: ``configs/evaluate.yaml`` as composed (a DictConfig).
+
+    Returns:
+        The results of the mode that ran (see the two functions).
+
+    Raises:
+        LoadError, ConfigError, DataError, FileNotFoundError: see :func:`evaluate_checkpoint` and
+            :func:`score_files`.
+    """
+    return evaluate_checkpoint(cfg) if cfg.checkpoint else score_files(cfg)

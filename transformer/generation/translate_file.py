@@ -1,0 +1,158 @@
+"""The work of ``scripts/translate.py``: translate a text file (or stdin) line by line with a run or
+an ensemble, into a file or stdout (config: ``configs/translate.yaml``).
+
+Lines are read in chunks of ``buffer_lines``, sorted and batched by tokens
+(``generation.max_tokens`` x beam, :func:`~transformer.generation.translate.translate_sentences`),
+decoded, and written back in input order, detokenised, so the output stays line-aligned with the
+input: an empty input line gives an empty output line, and a line that cannot be translated is
+reported on stderr and left empty while every other line is written (:class:`LinesFailed` at the
+end). With ``generation.nbest > 1`` or ``scores=true`` every hypothesis is written as
+``index ||| text ||| score ||| logprob`` (index from 0, best first).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+import torch
+from tqdm import tqdm
+
+from transformer.generation.ensemble import load_models
+from transformer.generation.loading import merge_generation, resolve_device
+from transformer.generation.translate import translate_sentences
+
+__all__ = ["LinesFailed", "open_input", "read_chunks", "translate_file"]
+
+
+class LinesFailed(RuntimeError):
+    """Some lines could not be translated (each was reported; every other line was written)."""
+
+
+def open_input(name: str) -> IO[str]:
+    """Open the text to translate.
+
+    Args:
+        name: ``-`` for stdin (UTF-8, undecodable bytes replaced), or a file, plain or ``.gz``.
+
+    Returns:
+        A text stream (close it, or use it in ``with``).
+
+    Raises:
+        FileNotFoundError: ``input file not found: <path>``.
+    """
+    if name == "-":
+        return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
+    path = Path(name)
+    if not path.is_file():
+        raise FileNotFoundError(f"input file not found: {path}")
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def read_chunks(stream: IO[str], size: int) -> Iterator[list[str]]:
+    """The lines of ``stream`` without their line endings, ``size`` at a time (the last chunk may be shorter).
+
+    Args:
+        stream: a text stream.
+        size: lines per chunk (>= 1).
+
+    Yields:
+        Lists of lines.
+    """
+    chunk: list[str] = []
+    for line in stream:
+        chunk.append(line.rstrip("\r\n"))
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def translate_file(cfg: Any) -> int:
+    """Translate ``cfg.input`` into ``cfg.output`` (stdout when null), line by line.
+
+    A progress bar of lines goes to stderr (``progress=false`` turns it off), and at the end one
+    line ``translated N of M lines in Ss (<checkpoint or ensemble>, <search>)``. A line that cannot
+    be translated (e.g. longer than a model with learned positions can read) is reported at once on
+    stderr as ``error: line N: ...; its output line is left empty``.
+
+    Args:
+        cfg: ``configs/translate.yaml`` as composed (a DictConfig): ``checkpoint`` (a run folder or
+            checkpoint, or a list of them: an ensemble averaging log-probabilities; the first
+            one's generation settings apply), ``input`` (a file, ``.gz``, or ``-``), ``output``,
+            ``device``, ``num_threads``, ``buffer_lines``, ``scores``, ``progress``,
+            ``src_tokenizer``/``tgt_tokenizer`` and ``generation.*`` overrides (null keeps the run's).
+
+    Returns:
+        The number of input lines.
+
+    Raises:
+        LinesFailed: after everything was written, when some lines could not be translated (their
+            output lines are empty; each one was reported on stderr).
+        LoadError: a missing or foreign checkpoint, a tokenizer that does not match it, ensemble
+            members with different vocabularies.
+        ConfigError: invalid generation settings.
+        FileNotFoundError: a missing input file.
+    """
+    if cfg.num_threads > 0:
+        torch.set_num_threads(int(cfg.num_threads))
+    device = resolve_device(cfg.device)
+    loaded = load_models(cfg.checkpoint, device, src_tokenizer=cfg.src_tokenizer,
+                         tgt_tokenizer=cfg.tgt_tokenizer)
+    gen = merge_generation(loaded.cfg.generation, cfg.generation)
+    src_tok, tgt_tok = loaded.tokenizers
+    with_scores = bool(cfg.scores) or gen.nbest > 1
+    out: IO[str] = open(cfg.output, "w", encoding="utf-8") if cfg.output else sys.stdout
+    n = 0
+    failed = 0
+    start = time.time()
+    bar = None
+    if cfg.progress:
+        bar = tqdm(desc="translate", unit="line", file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
+    try:
+        with open_input(str(cfg.input)) as stream:
+            for lines in read_chunks(stream, max(1, int(cfg.buffer_lines))):
+                todo = [i for i, line in enumerate(lines) if line.strip()]
+                errors: dict[int, str] = {}
+                hyps = translate_sentences(
+                    loaded.model, src_tok.encode_batch([lines[i] for i in todo]), gen, device, loaded.model.arch,
+                    errors=errors, progress=False if bar is None else bar,
+                )
+                for j, msg in sorted(errors.items()):
+                    line_no = n + todo[j] + 1
+                    print(f"error: line {line_no}: {msg}; its output line is left empty", file=sys.stderr, flush=True)
+                failed += len(errors)
+                if bar is not None:
+                    bar.update(len(lines) - len(todo))
+                by_line = {todo[j]: h for j, h in enumerate(hyps) if h}
+                for i in range(len(lines)):
+                    found = by_line.get(i, [])
+                    if not with_scores:
+                        out.write((tgt_tok.decode(found[0].tokens) if found else "") + "\n")
+                        continue
+                    for h in found or []:
+                        out.write(f"{n + i} ||| {tgt_tok.decode(h.tokens)} ||| {h.score:.6f} ||| {h.logprob:.6f}\n")
+                    if not found:
+                        out.write(f"{n + i} |||  ||| 0.000000 ||| 0.000000\n")
+                out.flush()
+                n += len(lines)
+    finally:
+        if bar is not None:
+            bar.close()
+        if out is not sys.stdout:
+            out.close()
+    what = f"beam {gen.beam_size}" if gen.strategy == "beam" else gen.strategy
+    members = getattr(loaded.model, "checkpoints", None)
+    source = f"ensemble of {', '.join(map(str, members))}" if members else loaded.checkpoint
+    print(f"translated {n - failed} of {n} lines in {time.time() - start:.1f}s ({source}, {what})",
+          file=sys.stderr)
+    if failed:
+        raise LinesFailed(f"{failed} of {n} lines could not be translated (reported above; their output lines are empty)")
+    return n

@@ -1,0 +1,114 @@
+"""The work of ``scripts/average_checkpoints.py``: pick the checkpoints to average (the last N
+numbered ones of a run, or files), average them (:func:`~.files.average_checkpoints`) and write one
+safetensors file whose metadata names the run they come from.
+
+The metadata's ``source_run`` lets ``scripts/translate.py`` and ``scripts/evaluate.py`` find the
+run's config and tokenizer even when the average is written outside the run folder
+(:func:`transformer.generation.load_run`); ``averaged_from`` lists the checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from transformer.io import write_safetensors
+from transformer.training.checkpoint.files import average_checkpoints
+from transformer.training.checkpoint.manager import numbered_checkpoints
+
+__all__ = ["resolve_inputs", "source_run", "write_average"]
+
+
+def resolve_inputs(inputs: Sequence[Path | str], num_last: int | None, *, warn_prefix: str = "warning: ") -> list[Path]:
+    """The checkpoints to average.
+
+    Args:
+        inputs: one folder of numbered checkpoints, or checkpoint files/stems.
+        num_last: keep only the last ``num_last`` (by update for a folder, by position for files);
+            None keeps all.
+        warn_prefix: what the warning line on stderr starts with.
+
+    Returns:
+        Checkpoint paths, oldest first.
+
+    Raises:
+        ValueError: when a folder is mixed with files, ``num_last < 1``, or there is nothing to
+            average (the message names the folder, what it holds, and ``train.save_every``).
+
+    Warns:
+        On stderr, when fewer than ``num_last`` checkpoints exist (all of them are averaged).
+    """
+    inputs = [Path(p) for p in inputs]
+    if num_last is not None and num_last < 1:
+        raise ValueError(f"--num-last={num_last} must be >= 1")
+    if any(p.is_dir() for p in inputs):
+        if len(inputs) != 1:
+            raise ValueError("give either one folder or checkpoint files to --inputs, not both")
+        paths = numbered_checkpoints(inputs[0])
+        where = f"{inputs[0]} has numbered checkpoints {[p.name for p in paths]}"
+        if not paths:
+            others = sorted(p.name[: -len(".safetensors")] for p in inputs[0].glob("checkpoint_*.safetensors"))
+            holds = f" (it holds {', '.join(others)})" if others else ""
+            raise ValueError(
+                f"no checkpoints to average: {inputs[0]} has no numbered checkpoint_<update> files{holds}. "
+                "Training writes them only with train.save_every=N (e.g. train.save_every=500 "
+                "train.keep_last=5); or pass checkpoint files to --inputs"
+            )
+    else:
+        paths, where = list(inputs), f"--inputs lists {len(inputs)} checkpoints"
+    if not paths:
+        raise ValueError(f"no checkpoints to average: {where}")
+    if num_last is not None:
+        if len(paths) < num_last:
+            print(f"{warn_prefix}--num-last={num_last} but {where}; averaging those {len(paths)}", file=sys.stderr)
+        paths = paths[-num_last:]
+    return paths
+
+
+def source_run(paths: Sequence[Path | str]) -> Path | None:
+    """The run folder the checkpoints come from.
+
+    Args:
+        paths: the checkpoints (files or stems), at least one.
+
+    Returns:
+        The first checkpoint's folder (resolved) when it holds the run's config (``config.yaml`` or
+        ``.hydra/config.yaml``), else None.
+    """
+    folder = Path(paths[0]).resolve().parent
+    found = any((folder / name).is_file() for name in ("config.yaml", ".hydra/config.yaml"))
+    return folder if found else None
+
+
+def write_average(inputs: Sequence[Path | str], output: Path | str, num_last: int | None = None, *,
+                  warn_prefix: str = "warning: ") -> Path:
+    """Average the checkpoints :func:`resolve_inputs` picks into one safetensors file, written
+    atomically, and print ``averaged N checkpoints (names) into OUTPUT`` on stdout.
+
+    Averaging is done in float64 and cast back to each tensor's dtype (integer buffers come from
+    the last checkpoint); the file loads with ``model.load_state_dict(safetensors.torch.load_file(path))``.
+
+    Args:
+        inputs: one folder of numbered ``checkpoint_{update}`` files, or checkpoint files/stems.
+        output: the ``.safetensors`` file to write.
+        num_last: average only the last ``num_last``; None averages all.
+        warn_prefix: what the warning line on stderr starts with (see :func:`resolve_inputs`).
+
+    Returns:
+        The written path.
+
+    Raises:
+        ValueError: see :func:`resolve_inputs`; checkpoints whose tensors differ.
+        FileNotFoundError, CheckpointError: a missing or unreadable checkpoint.
+    """
+    paths = resolve_inputs(inputs, num_last, warn_prefix=warn_prefix)
+    averaged = average_checkpoints(paths)
+    metadata = {"averaged_from": json.dumps([str(p) for p in paths])}
+    run = source_run(paths)
+    if run is not None:  # lets translate/evaluate find the run's config and tokenizer from anywhere
+        metadata["source_run"] = str(run)
+    out = write_safetensors(output, averaged, metadata=metadata)
+    print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {out}")
+    return out
