@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,14 @@ def _independent_of_the_callers_environment():
             patch.delenv(key)
     yield
     patch.undo()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for torchrun's rendezvous): fixed ports collide when two
+    test runs, or a test and a lingering socket, use the same one."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(autouse=True)

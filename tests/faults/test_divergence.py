@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, free_port
 from tests.faults.conftest import small_cli_args, small_config
 from transformer.training.checkpoint import load_checkpoint
 from transformer.training.run import train
@@ -85,8 +85,8 @@ def test_non_finite_weights_are_not_saved(small_corpus, tmp_path, monkeypatch):
     _all_saved_weights_finite(run)
 
 
-@pytest.mark.parametrize(("distributed", "port"), [("ddp", 29531), ("fsdp", 29532)])
-def test_two_ranks_stop_together_and_save_nothing_non_finite(small_corpus, tmp_path, distributed, port):
+@pytest.mark.parametrize("distributed", ["ddp", "fsdp"])
+def test_two_ranks_stop_together_and_save_nothing_non_finite(small_corpus, tmp_path, distributed):
     """Under torchrun every rank finds the divergence at the same update and stops with the same
     message (none is left waiting in a collective); no saved weights are non-finite (FSDP: each rank
     checks its shards, the ranks add up what they found)."""
@@ -95,7 +95,7 @@ def test_two_ranks_stop_together_and_save_nothing_non_finite(small_corpus, tmp_p
                           "train.validate_every=0", "train.max_updates=8", "train.keep_last=0",
                           f"train.distributed={distributed}", f"hydra.run.dir={run}")
     res = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
          "scripts/train.py", *args],
         cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
     )

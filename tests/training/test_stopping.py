@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, free_port
 from tests.training.conftest import small_cli_args, small_config
 from transformer.config import ConfigError, validate_config
 from transformer.training.run import train
@@ -171,7 +171,7 @@ def test_two_ranks_signal_to_one_rank_both_stop_at_the_same_update(small_corpus,
     run = tmp_path / "run"
     args = small_cli_args(small_corpus, run, "train.max_updates=40", "train.validate_every=0", "train.save_every=0",
                           f"hydra.run.dir={run}")
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29541",
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
                              str(REPO_ROOT / "scripts" / "train.py"), *args], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                             start_new_session=True)

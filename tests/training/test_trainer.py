@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, free_port
 from tests.training.conftest import small_cli_args, small_config
 from transformer.config import validate_config
 from transformer.training.checkpoint import load_checkpoint
@@ -117,16 +117,16 @@ def test_sigkill_then_resume_continues_from_last_checkpoint(small_corpus, tmp_pa
     assert json.loads((run / "results.json").read_text())["updates"] == saved + 2
 
 
-def _torchrun(args: list[str], port: int) -> subprocess.CompletedProcess:
+def _torchrun(args: list[str], port: int | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", "scripts/train.py", *args],
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port or free_port()}", "scripts/train.py", *args],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
 
 
-@pytest.mark.parametrize(("distributed", "update_freq", "port"), [("ddp", 1, 29517), ("ddp", 2, 29518), ("fsdp", 2, 29519)])
-def test_two_process_gloo_matches_one_process_same_global_batch(small_corpus, tmp_path, distributed, update_freq, port):
+@pytest.mark.parametrize(("distributed", "update_freq"), [("ddp", 1), ("ddp", 2), ("fsdp", 2)])
+def test_two_process_gloo_matches_one_process_same_global_batch(small_corpus, tmp_path, distributed, update_freq):
     """2 ranks x update_freq k = 1 rank x update_freq 2k, for DistributedDataParallel and FSDP2.
 
     With k > 1 the gradients are summed in another order (rank-local sums, then across ranks). The
@@ -139,7 +139,7 @@ def test_two_process_gloo_matches_one_process_same_global_batch(small_corpus, tm
     out1 = _run_train(small_cli_args(small_corpus, one, *common, f"train.update_freq={2 * update_freq}", f"hydra.run.dir={one}"))
     assert out1.returncode == 0, out1.stderr[-2000:]
     out2 = _torchrun(small_cli_args(small_corpus, two, *common, f"train.update_freq={update_freq}",
-                                    f"train.distributed={distributed}", f"hydra.run.dir={two}"), port)
+                                    f"train.distributed={distributed}", f"hydra.run.dir={two}"))
     assert out2.returncode == 0, out2.stderr[-3000:]
     results = json.loads((two / "results.json").read_text())
     assert results["world_size"] == 2 and results["updates"] == 3 and results["bleu"] is not None
@@ -156,11 +156,11 @@ def test_fsdp_resume_continues_from_full_weights(small_corpus, tmp_path):
     out1 = _run_train(small_cli_args(small_corpus, one, *common, "train.max_updates=3", "train.update_freq=2", f"hydra.run.dir={one}"))
     assert out1.returncode == 0, out1.stderr[-2000:]
     fsdp = [*common, "train.distributed=fsdp", f"hydra.run.dir={two}"]
-    out2 = _torchrun(small_cli_args(small_corpus, two, *fsdp, "train.max_updates=2"), 29521)
+    out2 = _torchrun(small_cli_args(small_corpus, two, *fsdp, "train.max_updates=2"))
     assert out2.returncode == 0, out2.stderr[-3000:]
     _, state = load_checkpoint(two, "checkpoint_last")
     assert state["update"] == 2 and state["optimizer"]["state"]  # the full optimizer state, by parameter name
-    out3 = _torchrun(small_cli_args(small_corpus, two, *fsdp, "train.max_updates=3", "train.resume=true"), 29522)
+    out3 = _torchrun(small_cli_args(small_corpus, two, *fsdp, "train.max_updates=3", "train.resume=true"))
     assert out3.returncode == 0, out3.stderr[-3000:]
     assert "at update 2 " in out3.stderr
     a, b = _weights(one), _weights(two)
