@@ -52,14 +52,19 @@ def main(argv: list[str] | None = None) -> Path:
         SystemExit: status 1 with one line ``average_checkpoints.py: error: ...`` on stderr for a
             user error (see :func:`transformer.training.checkpoint.write_average`); 2 for bad arguments.
     """
+    args = build_parser().parse_args(argv)
+    with user_errors(ERRORS, prefix=f"{PROG}: error: "):
+        return write_average(args.inputs, args.output, args.num_last, warn_prefix=f"{PROG}: warning: ")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of this script (the README's command lines are parsed with it in a test)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--inputs", nargs="+", type=Path, required=True,
                         help="a folder of checkpoint_{update} files, or checkpoint files/stems")
     parser.add_argument("--num-last", type=int, default=None, help="average only the last N checkpoints")
     parser.add_argument("--output", type=Path, required=True, help="the .safetensors file to write")
-    args = parser.parse_args(argv)
-    with user_errors(ERRORS, prefix=f"{PROG}: error: "):
-        return write_average(args.inputs, args.output, args.num_last, warn_prefix=f"{PROG}: warning: ")
+    return parser
 
 
 if __name__ == "__main__":

@@ -52,6 +52,15 @@ def main(argv: list[str] | None = None) -> int:
             unknown baseline or runs trained differently, 1 when no run has results (the outputs
             listing the runs without results are still written).
     """
+    args = build_parser().parse_args(argv)
+    with user_errors(ERRORS):
+        compare_and_write(args.sweep_dirs, args.out, baseline=args.baseline, n_bootstrap=args.bootstrap,
+                          bootstrap_seed=args.bootstrap_seed, allow_mixed=args.allow_mixed)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of this script (the README's command lines are parsed with it in a test)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dirs", nargs="+", type=Path, help="multirun folders (or run folders)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: <first sweep>/comparison)")
@@ -62,11 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-mixed", action="store_true",
                         help="compare runs that differ in more than the switches and the seed (precision, budget, "
                              "data, torch version); the differences are shown in the table")
-    args = parser.parse_args(argv)
-    with user_errors(ERRORS):
-        compare_and_write(args.sweep_dirs, args.out, baseline=args.baseline, n_bootstrap=args.bootstrap,
-                          bootstrap_seed=args.bootstrap_seed, allow_mixed=args.allow_mixed)
-    return 0
+    return parser
 
 
 if __name__ == "__main__":

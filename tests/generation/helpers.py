@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import Callable, Sequence
 
 import torch
@@ -231,6 +232,7 @@ def load_script(name: str):
 
     spec = importlib.util.spec_from_file_location(f"_script_{name}", REPO_ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses defined in the script look their module up there
     spec.loader.exec_module(module)
     return module
 

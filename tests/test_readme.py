@@ -1,0 +1,330 @@
+"""The README is held to the code (issue #24 item 3).
+
+* every ``python scripts/<name>.py ...`` command line in README.md (``torchrun ... scripts/train.py``
+  and environment prefixes included) composes: the Hydra scripts' overrides compose into their
+  config (a sweep's first job; ``train.py``'s config is validated too), the argparse scripts'
+  arguments parse (``<date>``-style placeholders stand for what the user fills in; redirections
+  are dropped);
+* every field of the schema (``transformer.config.Config``) is named in a README table;
+* each ``key=value`` in the first column of a switch table is the default, or the row says
+  ``e.g.``;
+* every measured number the README states points at a committed file that holds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+import typing
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from tests.conftest import REPO_ROOT
+from tests.generation.helpers import load_script
+from transformer.config import Config, register_configs, validate_config
+
+README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+HYDRA_SCRIPTS = {"train": "train", "translate": "translate", "evaluate": "evaluate", "export": "export",
+                 "preprocess": "preprocess"}
+ARGPARSE_SCRIPTS = ("compare", "average_checkpoints")
+
+
+# ----------------------------------------------------------------------------- command lines
+
+
+def _code_lines() -> list[str]:
+    """Lines of the README's bash blocks, continuation lines joined."""
+    lines, block = [], None
+    for raw in README.splitlines():
+        stripped = raw.strip()
+        if stripped.startswith("```"):
+            block = None if block is not None else stripped[3:]
+            continue
+        if block not in (None, "") and block != "bash":
+            continue
+        if block is None:
+            continue
+        if lines and lines[-1].endswith("\\"):
+            lines[-1] = lines[-1][:-1] + " " + stripped
+        else:
+            lines.append(stripped)
+    return lines
+
+
+def script_commands() -> list[tuple[str, list[str], str]]:
+    """``(script name, its arguments, the README line)`` for every scripts/*.py command in the README."""
+    found, variables = [], {}
+    for line in _code_lines():
+        assignment = re.fullmatch(r"([A-Z_]+)=(\"[^\"]*\"|'[^']*'|\S*)\s*(#.*)?", line)
+        if assignment:  # NAME="..." on its own line: later lines of the README use $NAME
+            variables[assignment.group(1)] = shlex.split(assignment.group(2))[0] if assignment.group(2) else ""
+            continue
+        line = re.sub(r"\$\{?([A-Z_]+)\}?", lambda m: variables.get(m.group(1), m.group(0)), line)
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        # one command per segment of && ; |
+        segment: list[str] = []
+        skip = False
+        for word in [*words, ";"]:
+            if skip:  # the file of a redirection
+                skip = False
+                continue
+            if re.fullmatch(r"\d?>>?|<|\d?>&\d", word):
+                skip = not word.endswith(("&1", "&2"))
+                continue
+            word = re.sub(r"<[^<>\s]+>", "PLACEHOLDER", word)  # <date>, <hash>: what the user fills in
+            if word in ("&&", ";", "|", "||", "&"):
+                for i, w in enumerate(segment):
+                    m = re.fullmatch(r"(?:\./)?scripts/(\w+)\.py", w)
+                    if m and m.group(1) in (*HYDRA_SCRIPTS, *ARGPARSE_SCRIPTS):
+                        found.append((m.group(1), segment[i + 1:], line))
+                        break
+                segment = []
+            else:
+                segment.append(word)
+    return found
+
+
+def _first_job(overrides: list[str]) -> list[str]:
+    """The first job of a Hydra sweep's overrides (``seed=1,2`` -> ``seed=1``; no sweep: as is)."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    if not any(o.is_sweep_override() for o in parsed):
+        return overrides
+    sweeps = [o for o in parsed if o.is_sweep_override()]
+    if any(o.value_type is not None and "GLOB" in str(o.value_type) for o in sweeps) or any(
+            "interval" in o.input_line or "tag(" in o.input_line for o in sweeps):
+        return [o.input_line for o in parsed if not o.is_sweep_override()]
+    return list(BasicSweeper.split_arguments(parsed, None)[0][0])
+
+
+def _compose_script(name: str, args: list[str]):
+    overrides = [a for a in args if not a.startswith("-")]
+    overrides = [a for a in overrides if a not in ("job", "hydra", "all")]  # --cfg job
+    load_script(name)  # registers its structured configs (preprocess.py: base_preprocess)
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
+        return compose(config_name=HYDRA_SCRIPTS[name], overrides=_first_job(overrides), return_hydra_config=True)
+
+
+COMMANDS = script_commands()
+
+
+def test_the_readme_has_commands_for_every_script():
+    names = {name for name, _, _ in COMMANDS}
+    assert names >= set(HYDRA_SCRIPTS) | set(ARGPARSE_SCRIPTS), names
+    assert len(COMMANDS) > 40
+
+
+@pytest.mark.parametrize(("name", "args", "line"), COMMANDS, ids=[f"{n}:{i}" for i, (n, _, _) in enumerate(COMMANDS)])
+def test_every_readme_command_composes(name, args, line):
+    if name in ARGPARSE_SCRIPTS:
+        parser = load_script(name).build_parser()
+        try:
+            parser.parse_args(args)
+        except SystemExit as err:
+            raise AssertionError(f"README line does not parse: {line}") from err
+        return
+    cfg = _compose_script(name, args)
+    if name == "train":
+        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
+        validate_config(cfg)
+
+
+# ----------------------------------------------------------------------------- fields in tables
+
+
+def schema_fields(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every dotted leaf field of the schema (``model.norm.eps``, ``train.max_tokens``, ...)."""
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            out += schema_fields(kind, f"{prefix}{f.name}.")
+        else:
+            out.append(f"{prefix}{f.name}")
+    return out
+
+
+def _table_rows() -> list[str]:
+    return [line for line in README.splitlines() if line.startswith("|") and not set(line) <= set("|-: ")]
+
+
+def _documented(field: str, rows: list[str]) -> bool:
+    """The field's dotted name is in a table row; a group's ``name`` counts as the group switch
+    (``optim=adam`` for ``optim.name``, ``model/norm=`` for ``model.norm.name``); a name listed after
+    its group prefix in the same cell counts too (``model.d_model``, ``n_heads``)."""
+    parent, _, leaf = field.rpartition(".")
+    for row in rows:
+        cells = row.split("|")
+        for cell in cells:
+            names = re.findall(r"`([^`]+)`", cell)
+            text = " ".join(names)
+            if re.search(rf"(?<![\w.]){re.escape(field)}(?![\w])", text):
+                return True
+            if leaf == "name" and re.search(rf"(?<![\w.]){re.escape(parent.replace('.', '/'))}=", text):
+                return True
+            if parent and any(n.startswith(f"{parent}.") for n in names) and any(
+                    re.fullmatch(rf"{re.escape(leaf)}(=.*)?", n) for n in names):
+                return True
+    return False
+
+
+def test_every_schema_field_is_in_a_readme_table():
+    rows = _table_rows()
+    missing = [f for f in schema_fields() if not _documented(f, rows)]
+    assert missing == [], "fields no README table names: " + ", ".join(missing)
+
+
+# ----------------------------------------------------------------------------- first-column defaults
+
+
+def _switch_tables() -> list[list[str]]:
+    """Rows of the tables whose header's first cell is ``switch``."""
+    tables, current = [], None
+    for line in README.splitlines():
+        if line.startswith("| switch |"):
+            current = []
+            tables.append(current)
+        elif line.startswith("|") and current is not None:
+            if not set(line) <= set("|-: "):
+                current.append(line)
+        else:
+            current = None
+    return tables
+
+
+def _defaults() -> tuple[dict, dict]:
+    """``(flat default values, default group choices)`` of the bare ``scripts/train.py``."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
+        cfg = compose(config_name="train", return_hydra_config=True)
+    choices = {k: str(v) for k, v in cfg.hydra.runtime.choices.items() if v is not None}
+    plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+
+    def flat(tree, p=""):
+        if isinstance(tree, dict):
+            o = {}
+            for k, v in tree.items():
+                o.update(flat(v, f"{p}{k}."))
+            return o
+        return {p[:-1]: tree}
+
+    return flat(plain), choices
+
+
+def _same(value: str, default) -> bool:
+    """Whether ``value`` (as Hydra parses a command-line value) is ``default``."""
+    try:
+        parsed = OverridesParser.create().parse_override(f"k={value}").value()
+    except Exception:
+        return False
+    if isinstance(parsed, list) or isinstance(default, list):
+        return list(parsed) == list(default) if isinstance(parsed, list) and isinstance(default, list) else False
+    if isinstance(default, dict):
+        return parsed == default or (parsed == {} and default == {})
+    return parsed == default and type(parsed) is type(default) or (
+        isinstance(parsed, (int, float)) and not isinstance(parsed, bool) and isinstance(default, float) and parsed == default)
+
+
+def test_first_column_values_are_defaults_or_marked_as_examples():
+    values, choices = _defaults()
+    problems = []
+    for table in _switch_tables():
+        for row in table:
+            first = row.split("|")[1]
+            if "e.g." in first:
+                continue
+            for item in re.findall(r"`([^`]+)`", first):
+                for pair in item.split():
+                    key, eq, value = pair.partition("=")
+                    if not eq or value.startswith(("[", "<")) and value.endswith(("]", ">")) and "," not in value:
+                        continue
+                    key = key.lstrip("+~")
+                    if key in choices:
+                        ok = choices[key] == value
+                    elif key in values:
+                        ok = _same(value, values[key])
+                    else:
+                        continue  # not a field of the bare config (e.g. a preset's own group)
+                    if not ok:
+                        problems.append(f"{pair} (default {choices.get(key, values.get(key))!r}) in: {first.strip()}")
+    assert problems == [], "first-column values that are neither the default nor marked 'e.g.':\n" + "\n".join(problems)
+
+
+# ----------------------------------------------------------------------------- measured numbers
+
+
+_MEASURE = re.compile(r"\b(BLEU|chrF|tok/s|tokens/s|measured|GFLOP/s|MFU|faster|slower|peak|RSS)\b", re.I)
+_NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+\.\d+)(?:x|%)?(?![\w.])")
+_LINK = re.compile(r"\((docs/[^)\s]+)\)|`(docs/[^`\s]+)`")
+
+
+def _paragraphs() -> list[str]:
+    """Prose paragraphs and table rows outside code blocks."""
+    out, current, in_code = [], [], False
+    for line in README.splitlines():
+        if line.strip().startswith("```"):
+            in_code = not in_code
+            continue
+        if in_code:
+            continue
+        if line.startswith("|"):
+            out.append(line)
+        elif line.strip():
+            current.append(line)
+            continue
+        if current:
+            out.append(" ".join(current))
+            current = []
+    if current:
+        out.append(" ".join(current))
+    return out
+
+
+def _files_text(paths: list[str]) -> str:
+    text = []
+    for p in paths:
+        path = REPO_ROOT / p.split("#")[0]
+        files = sorted(path.rglob("*")) if path.is_dir() else [path]
+        for f in files:
+            if f.is_file() and f.suffix in (".md", ".json", ".jsonl", ".csv", ".txt", ".yaml"):
+                text.append(f.read_text(encoding="utf-8", errors="replace"))
+    return "\n".join(text)
+
+
+def measured_numbers_without_a_source() -> list[str]:
+    """One line per README paragraph that states a measured number which no committed file it
+    links (``docs/...``) holds."""
+    problems = []
+    for para in _paragraphs():
+        if not _MEASURE.search(para):
+            continue
+        numbers = [n.replace(",", "") for n in _NUMBER.findall(para)]
+        if not numbers:
+            continue
+        links = [a or b for a, b in _LINK.findall(para)]
+        if not links:
+            problems.append(f"no docs/ file for {', '.join(numbers[:5])}: {para[:120]}")
+            continue
+        for p in links:
+            if not (REPO_ROOT / p.split("#")[0]).exists():
+                problems.append(f"{p} does not exist: {para[:120]}")
+        source = _files_text(links).replace(",", "")
+        missing = [n for n in numbers if not re.search(rf"(?<![\d.]){re.escape(n)}", source)]
+        if missing:
+            problems.append(f"{', '.join(missing[:5])} not in {', '.join(links)}: {para[:120]}")
+    return problems
+
+
+def test_every_measured_number_points_at_a_committed_file():
+    problems = measured_numbers_without_a_source()
+    assert problems == [], "\n".join(problems)
