@@ -1,28 +1,26 @@
 """Decoder-only mixture-of-experts and latent-attention models <-> Hugging Face ``MixtralForCausalLM``
 and ``DeepseekV3ForCausalLM``.
 
-*Mixtral* (Jiang et al. 2024; ``transformers``' ``modeling_mixtral``) is Llama with every MLP a sparse
-mixture of experts: a softmax router over ``num_local_experts`` whose top ``num_experts_per_tok``
-weights are always renormalised, gated (SwiGLU) experts, no shared experts, no biases, and
-Mistral's sliding window (``sliding_window``) in every layer. That is our ``model/ffn=moe`` with
-``router=softmax``, ``norm_topk_prob=true``, ``routed_scaling_factor=1``, no selection bias and no
-shared experts, over GQA/MHA/MQA with ``model.attention_window`` (``attention_window_pattern=0``).
+*Mixtral* (Jiang et al. 2024; ``modeling_mixtral``) is Llama with every MLP a sparse mixture of
+experts: softmax router, top ``num_experts_per_tok`` weights always renormalised, gated experts, no
+shared experts or biases, Mistral's ``sliding_window`` in every layer. That is our ``model/ffn=moe``
+with ``router=softmax``, ``norm_topk_prob=true``, ``routed_scaling_factor=1``, no selection bias and
+no shared experts, over MHA/GQA/MQA and ``model.attention_window`` (``attention_window_pattern=0``).
 
-*DeepSeek-V3* (DeepSeek-AI 2024; ``modeling_deepseek_v3``): multi-head latent attention, which our
+*DeepSeek-V3* (DeepSeek-AI 2024; ``modeling_deepseek_v3``): multi-head latent attention, which
 ``transformer/modules/mla.py`` lays out as ``DeepseekV3Attention`` with ``rope_interleave=false``,
-and DeepSeekMoE: a sigmoid router whose selection bias ``e_score_correction_bias`` is our
-``expert_bias``, ``norm_topk_prob``, ``routed_scaling_factor`` and ``n_shared_experts`` (one MLP of
-their summed width, as ours). Every layer of ours is a MoE layer (``first_k_dense_replace=0``) or
-every layer is dense (``first_k_dense_replace=num_hidden_layers``); our router picks among all
-experts (``n_group=topk_group=1``); there are no multi-token-prediction modules
-(``num_nextn_predict_layers=0``). HF's latent RMSNorms have a fixed eps of 1e-6 where ours take
-``model.norm.eps``, so the export needs ``model.norm.eps=1e-6`` (DeepSeek-V3's ``rms_norm_eps``).
+and DeepSeekMoE: sigmoid router, ``e_score_correction_bias`` = our ``expert_bias``,
+``norm_topk_prob``, ``routed_scaling_factor``, ``n_shared_experts`` (one MLP of their summed width,
+as ours). Our layers are all MoE (``first_k_dense_replace=0``) or all dense (``= num_hidden_layers``),
+our router picks among all experts (``n_group=topk_group=1``), we have no multi-token-prediction
+modules (``num_nextn_predict_layers=0``). HF's latent RMSNorms have eps 1e-6 fixed where ours take
+``model.norm.eps``, so the export needs ``model.norm.eps=1e-6`` (V3's ``rms_norm_eps``).
 
-Weights: our stacked experts are HF's in-memory layout (``gate_up_proj``, gate rows first = our
-``w13``; ``down_proj`` = ``w2``). ``save_pretrained`` writes HF's per-expert checkpoint tensors, so
-the import reads a folder through ``from_pretrained`` (either layout). A folder with
-``rope_interleave=true`` (DeepSeek's own checkpoints) has its rotated query/key rows permuted into
-our half-split layout on import, which gives the same scores.
+Our stacked experts are HF's in-memory layout (``gate_up_proj``, gate rows first = ``w13``;
+``down_proj`` = ``w2``); ``save_pretrained`` writes per-expert checkpoint tensors, so the import
+reads folders through ``from_pretrained`` (either layout). A ``rope_interleave=true`` folder
+(DeepSeek's checkpoints) has its rotated query/key rows permuted into our half-split layout on
+import, which gives the same scores.
 """
 
 from __future__ import annotations
@@ -87,7 +85,8 @@ def _moe_refusals(cfg: Any, family: str) -> list[str]:
 
 
 def mixtral_unsupported(cfg: Any) -> list[str]:
-    """Why ``MixtralForCausalLM`` cannot hold a model of this config, one sentence per switch (empty when it can)."""
+    """Why ``MixtralForCausalLM`` cannot hold a model of config ``cfg`` (a model config), one sentence
+    per switch, each starting with the switch (empty when it can)."""
     why = decoder_unsupported(cfg, "Mixtral") + attention_unsupported(
         cfg, "MixtralForCausalLM", rope_types=HF_ROPE_TYPES, sliding_window=True) + _moe_refusals(cfg, "Mixtral")
     f = cfg.ffn
@@ -111,7 +110,8 @@ def mixtral_unsupported(cfg: Any) -> list[str]:
 
 
 def deepseek_unsupported(cfg: Any) -> list[str]:
-    """Why ``DeepseekV3ForCausalLM`` cannot hold a model of this config, one sentence per switch (empty when it can)."""
+    """Why ``DeepseekV3ForCausalLM`` cannot hold a model of config ``cfg`` (a model config), one sentence
+    per switch, each starting with the switch (empty when it can)."""
     why = decoder_unsupported(cfg, "DeepseekV3") + attention_unsupported(
         cfg, "DeepseekV3ForCausalLM", rope_types=HF_ROPE_TYPES, mla=True) + _moe_refusals(cfg, "DeepSeek-V3")
     if cfg.attention != "mla":
@@ -238,7 +238,12 @@ def _hf_config(cfg: Any, vocab_size: int, pad_id: int, eos_id: int) -> Any:
 
 def to_hf_moe(model: nn.Module, cfg: Any) -> Any:
     """A ``MixtralForCausalLM`` or ``DeepseekV3ForCausalLM`` (:func:`moe_target`; fp32, eval mode,
-    SDPA attention) holding our decoder-only model's weights; its logits equal ``model(tokens)``.
+    SDPA attention) holding our decoder-only model's weights; its logits ``(batch, seq_len, vocab)``
+    on ``input_ids`` equal ``model(tokens)``.
+
+    Args:
+        model: a :class:`~transformer.models.DecoderOnlyModel` (fp32).
+        cfg: its model config.
 
     Raises:
         ExportError: a switch the class cannot represent (named), or a Mixtral export of a model
@@ -259,19 +264,23 @@ def to_hf_moe(model: nn.Module, cfg: Any) -> Any:
     hf = (MixtralForCausalLM if target == MIXTRAL_TARGET else DeepseekV3ForCausalLM)(hf_cfg).eval()
     if hf_cfg.tie_word_embeddings:
         state.pop("lm_head.weight")
-    expected = hf.state_dict()
-    missing = [k for k in expected if k not in state and not (hf_cfg.tie_word_embeddings and k == "lm_head.weight")]
-    unexpected = [k for k in state if k not in expected]
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (hf_cfg.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
         raise ExportError(f"the {target} mapping left weights unmatched: missing {missing[:5]}, "
                           f"unexpected {unexpected[:5]}")
-    hf.load_state_dict(state, strict=False)
     return hf
 
 
 def save_hf_moe(model: nn.Module, cfg: Any, tokenizer: Any, folder: Path, run_cfg: Any = None) -> None:
     """Write a ``MixtralForCausalLM`` / ``DeepseekV3ForCausalLM`` folder (config.json, model.safetensors,
     generation_config.json, ``tokenizer.model``, ``transformer_zoo.yaml``), as the Llama export does.
+
+    Args:
+        model, cfg: as :func:`to_hf_moe`.
+        tokenizer: the run's :class:`~transformer.data.Tokenizer`.
+        folder: an existing, empty folder.
+        run_cfg: the whole run config (saved as ``transformer_zoo.yaml``), or None.
 
     Raises:
         ExportError: as :func:`to_hf_moe`.
