@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence, TypeVar
 
 from omegaconf import OmegaConf
 
-from transformer.analysis.grouping import Configuration
+from transformer.analysis.grouping import IGNORED_KEYS, Configuration, is_ignored, with_defaults
 from transformer.analysis.runs import Run
 from transformer.data.corpus import read_parallel, resolve_split_files
 from transformer.evaluation.metrics import paired_bootstrap
@@ -92,10 +92,13 @@ def _references(run: Run) -> list[str]:
 
 
 def _same_test_set(a: Run, b: Run) -> bool:
-    strip = ("root", "cache_dir", "download")
-    da = {k: v for k, v in a.config.get("data", {}).items() if k not in strip}
-    db = {k: v for k, v in b.config.get("data", {}).items() if k not in strip}
-    return a.test_split == b.test_split and da == db
+    """Same test split of the same data (fields a run recorded before they existed at their default;
+    where the files are and how they were binarized do not count)."""
+    def data(run: Run) -> dict:
+        flat = with_defaults({"data": run.config.get("data", {})})
+        return {k: v for k, v in flat.items() if k.startswith("data.") and not is_ignored(k, IGNORED_KEYS)}
+
+    return a.test_split == b.test_split and data(a) == data(b)
 
 
 def _seed_pairs(base: list[Run], other: list[Run]) -> list[tuple[Run, Run]]:
