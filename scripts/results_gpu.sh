@@ -22,9 +22,10 @@
 # Environment: OUT (default runs/gpu_<date>), DEVICE (default cuda), SEEDS (default "1 2", the
 # study's seeds), STEPS (default: the 7 ladder steps), WU (1: also the Wu et al. run; 0: not),
 # EXTRA (Hydra overrides added to every run), PREPROCESS (1: binarize Multi30k first; 0 when EXTRA
-# points the runs at another corpus), TIME_LIMIT (seconds for the whole script, 0 = none: each run
-# gets SIGTERM at the deadline, saves checkpoint_last and exits 75), PYTHON (default python, else
-# python3), TRANSFORMER_DATA_DIR (folder holding multi30k/).
+# points the runs at another corpus), TIME_LIMIT (0 = none; else the runs' deadline is the script's
+# start + TIME_LIMIT seconds: each run then gets SIGTERM, saves checkpoint_last and exits 75, and is
+# killed 20 s later if it has not), PYTHON (default python, else python3), TRANSFORMER_DATA_DIR
+# (folder holding multi30k/).
 # Logs: $OUT/logs/*.log; runs: $OUT/ladder/<step>_seed<n>/, $OUT/wu2021_tiny/seed1/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,7 +66,7 @@ launch() {  # launch <name> <log> <overrides...>
       echo "not started (TIME_LIMIT reached): $name" >&2
       return
     fi
-    limit=(timeout -s TERM -k 60 "$left")
+    limit=(timeout -s TERM -k 20 "$left")  # killed 20 s after SIGTERM if it has not stopped by then
   fi
   # shellcheck disable=SC2086  # EXTRA is a list of overrides
   OMP_NUM_THREADS=1 ${limit[@]+"${limit[@]}"} "$PYTHON" scripts/train.py "$@" "${common[@]}" $EXTRA > "$log" 2>&1 &
