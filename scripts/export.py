@@ -1,4 +1,4 @@
-"""Export a trained run to Hugging Face or CTranslate2, or import a HF Llama folder
+"""Export a trained run to Hugging Face or CTranslate2, or import a HF decoder-only folder
 (Hydra app; config: configs/export.yaml).
 
     python scripts/export.py run=outputs/exp/RUN format=hf out=exports/run_hf
@@ -6,9 +6,11 @@
     python scripts/export.py run=exports/run_hf format=zoo out=outputs/imported
 
 ``format=hf`` writes a ``LlamaForCausalLM`` folder for decoder-only Llama-style models (pre-RMSNorm,
-SwiGLU/GEGLU, RoPE, MHA/GQA/MQA) and a ``MarianMTModel`` folder for 2017-style encoder-decoders
-(post-LN, ReLU/GELU, sinusoidal, MHA); ``format=ctranslate2`` a CTranslate2 model folder for either
-family; ``format=zoo`` reads a ``LlamaForCausalLM`` folder back into a run folder. A model the
+SwiGLU/GEGLU, RoPE, MHA/GQA/MQA; ``Qwen3ForCausalLM`` with QK-norm, ``MixtralForCausalLM`` with
+``model/ffn=moe``, ``DeepseekV3ForCausalLM`` with ``model/attention=mla``) and a ``MarianMTModel``
+folder for 2017-style encoder-decoders (post-LN, ReLU/GELU, sinusoidal, MHA); ``format=ctranslate2``
+a CTranslate2 model folder for either family; ``format=zoo`` reads a Llama, Qwen3, Mixtral or
+DeepSeek-V3 folder back into a run folder. A model the
 target cannot represent is refused with a sentence naming the switch, before anything is written;
 output is written into a temporary folder and renamed when complete. Exit status 2 with a
 one-line message on stderr for refused exports, missing packages or unloadable checkpoints.

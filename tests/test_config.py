@@ -42,6 +42,8 @@ SWITCHES = {
     "model.tie_embeddings=all": ("model.tie_embeddings", "all"),
     "model.tie_embeddings=none": ("model.tie_embeddings", "none"),
     "model=qwen3_style_tiny": ("model.qk_norm", "rmsnorm"),
+    "model=mixtral_style_tiny": ("model.ffn.name", "moe"),
+    "model=deepseek_style_tiny": ("model.attention", "mla"),
     "model/attention=mla": ("model.attention", "mla"),
     "model=llama_style_tiny model/attention=mla model.kv_lora_rank=64 model.q_lora_rank=48": ("model.kv_lora_rank", 64),
     "model.qk_norm=rmsnorm": ("model.qk_norm", "rmsnorm"),
@@ -228,21 +230,53 @@ def test_model_sizes_are_derived_in_one_place_and_match_the_built_model(override
     [
         ("llama_style_tiny", "llama_style"),
         ("qwen3_style_tiny", "llama_style_tiny"),
+        ("mixtral_style_tiny", "llama_style_tiny"),
+        ("deepseek_style_tiny", "llama_style_tiny"),
         ("transformer_tiny", "transformer_2017_base"),
         ("transformer_2017_base", "transformer_small"),  # transformer_small is ModelConfig's defaults
         ("transformer_2017_big", "transformer_2017_base"),
     ],
 )
 def test_presets_are_their_parent_plus_their_own_lines(child, parent):
+    """A preset is its parent, the group options it overrides in its defaults list (``- override
+    ffn: moe``, so that Hydra records the choice) and its own lines, nothing else."""
     own = OmegaConf.load(REPO_ROOT / "configs" / "model" / f"{child}.yaml")
-    assert list(own.defaults) == [parent, "_self_"]
+    defaults = list(own.defaults)
+    assert defaults[0] == parent and defaults[-1] == "_self_"
+    overrides = [next(iter(entry.items())) for entry in defaults[1:-1]]  # ("override ffn", "moe")
+    assert all(key.split()[0] == "override" and key.split()[1] in SWITCH_TABLES for key, _ in overrides), overrides
+    choices = [f"model/{key.split()[1]}={option}" for key, option in overrides]
     own.pop("defaults")
-    parent_cfg = _compose([f"model={parent}"])
+    parent_cfg = _compose([f"model={parent}", *choices])
     child_cfg = _compose([f"model={child}"])
     assert child_cfg.model == OmegaConf.merge(parent_cfg.model, own)
     for group in ("norm", "ffn", "position", "attention"):  # the parent's switches, still switchable
         assert OmegaConf.select(_compose([f"model={child}", f"model/{group}={next(iter(SWITCH_TABLES[group][0]))}"]),
                                 SWITCH_TABLES[group][1]) == next(iter(SWITCH_TABLES[group][0]))
+
+
+@pytest.mark.parametrize("preset,choices", [
+    ("mixtral_style_tiny", {"model/ffn": "moe", "model/attention": "gqa"}),
+    ("deepseek_style_tiny", {"model/ffn": "moe", "model/attention": "mla"}),
+])
+def test_moe_presets_record_their_group_choices_and_sizes(preset, choices):
+    """Hydra records the options a preset overrides (results.json's ``choices``, the run names), and
+    the sizes are the ones its file states."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"model={preset}"], return_hydra_config=True)
+    assert {k: cfg.hydra.runtime.choices[k] for k in choices} == choices
+    sizes = model_sizes(cfg.model)
+    assert (sizes.d_model, sizes.n_heads, sizes.n_experts, sizes.top_k) == (128, 4, 8, 2)
+    if preset == "mixtral_style_tiny":
+        assert (cfg.model.ffn.router, sizes.n_kv_heads, sizes.ffn_hidden, sizes.shared_hidden) == ("softmax", 2, 344, 0)
+        assert (cfg.model.attention_window, cfg.model.attention_window_pattern) == (32, 0)
+    else:
+        f = cfg.model.ffn
+        assert (f.router, f.routed_scaling_factor, f.bias_update_speed) == ("sigmoid", 2.5, 0.001)
+        assert (sizes.ffn_hidden, sizes.shared_hidden, f.router_aux_loss_coef) == (176, 176, 0.0)
+        assert (sizes.latent.kv_lora_rank, sizes.latent.q_lora_rank, sizes.latent.qk_rope_head_dim) == (64, 96, 16)
+        assert cfg.model.attention_window is None and cfg.model.norm.eps == 1e-6
 
 
 @pytest.mark.parametrize("script", ["translate", "evaluate"])

@@ -131,3 +131,16 @@ def test_import_refuses_rope_scaling_it_lacks(tmp_path) -> None:
     hf.save_pretrained(tmp_path / "hf")
     with pytest.raises(ExportError, match="rope_type='longrope'"):
         from_hf_llama(tmp_path / "hf")
+
+
+def test_import_refuses_yarn_mscale_with_mscale_all_dim(tmp_path) -> None:
+    """With both set, HF's YaRN takes their ratio as its attention factor (1.0 here), where ours would
+    be 0.1 ln(factor) + 1: such a folder is refused, not imported with other logits."""
+    model, cfg = _llama("gqa_swiglu_untied")
+    hf = to_hf_llama(model, cfg)
+    hf.config.rope_parameters = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 500.0, "mscale": 1.0,
+                                 "mscale_all_dim": 1.0, "original_max_position_embeddings": 8}
+    assert transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS["yarn"](hf.config, "cpu")[1] == 1.0
+    hf.save_pretrained(tmp_path / "hf")
+    with pytest.raises(ExportError, match="rope_parameters mscale with mscale_all_dim"):
+        from_hf_llama(tmp_path / "hf")

@@ -1,9 +1,12 @@
-"""``model/ffn=moe`` models are refused by every export target, by name, before anything is written."""
+"""``model/ffn=moe`` models are refused by name, before anything is written, by every export target
+but Hugging Face's MoE classes (decoder-only: MixtralForCausalLM, tests/interop/test_hf_mixtral.py)."""
 
 import pytest
 
 from tests.conftest import tiny_model_config
 from transformer.interop import unsupported
+from transformer.interop.hf_llama import llama_unsupported
+from transformer.interop.hf_moe import MIXTRAL_TARGET
 
 LLAMA_LIKE = dict(norm_position="pre", norm__name="rmsnorm", position__name="rope", bias=False, tie_embeddings="none",
                   scale_embeddings=False, ffn__name="moe")
@@ -12,7 +15,6 @@ LLAMA_LIKE = dict(norm_position="pre", norm__name="rmsnorm", position__name="rop
 @pytest.mark.parametrize(
     "arch,fmt,reason",
     [
-        ("decoder_only", "hf", "model/ffn=moe: Llama's MLP is gated"),
         ("encoder_decoder", "hf", "model/ffn=moe: Marian's feed-forward block has two matrices"),
         ("encoder_decoder", "ctranslate2", "model/ffn=moe: CTranslate2's Transformer specs have no mixture-of-experts layer"),
         ("decoder_only", "ctranslate2", "model/ffn=moe: CTranslate2's Transformer specs have no mixture-of-experts layer"),
@@ -24,3 +26,9 @@ def test_moe_is_refused_with_a_sentence_naming_the_switch(arch, fmt, reason):
     dense_ffn = "relu" if (arch, fmt) == ("encoder_decoder", "hf") else "swiglu"  # Marian: two matrices
     _, dense = unsupported(tiny_model_config(arch=arch, **{**LLAMA_LIKE, "ffn__name": dense_ffn}), fmt)
     assert not any(w.startswith("model/ffn") for w in dense)
+
+
+def test_decoder_only_moe_exports_as_mixtral_and_llama_still_refuses_it():
+    cfg = tiny_model_config(arch="decoder_only", **LLAMA_LIKE)
+    assert unsupported(cfg, "hf") == (MIXTRAL_TARGET, [])
+    assert any(w.startswith("model/ffn=moe: Llama's MLP is gated") for w in llama_unsupported(cfg))

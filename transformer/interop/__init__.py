@@ -1,5 +1,7 @@
-"""Interoperability: export runs to Hugging Face (``LlamaForCausalLM``, ``MarianMTModel``) and
-CTranslate2 model folders, and import ``LlamaForCausalLM`` folders back.
+"""Interoperability: export runs to Hugging Face (``LlamaForCausalLM``, ``Qwen3ForCausalLM``,
+``MixtralForCausalLM``, ``DeepseekV3ForCausalLM``, ``MarianMTModel``) and CTranslate2 model folders,
+and import the decoder-only HF folders back (``hf_llama.py``: Llama, Qwen3; ``hf_moe.py``: Mixtral,
+DeepSeek-V3; ``hf_common.py``: what they share).
 
     from transformer.interop import export_run, import_hf_llama
     export_run("outputs/RUN", "ctranslate2", "exports/run_ct2")         # or "hf"

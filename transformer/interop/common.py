@@ -35,8 +35,8 @@ def refuse(target: str, reasons: Sequence[str]) -> None:
         raise ExportError(f"cannot export to {target}: " + "; ".join(reasons))
 
 
-def attention_unsupported(cfg: Any, target: str, *, qk_norm: tuple[str, ...] = (),
-                          rope_types: tuple[str, ...] = ()) -> list[str]:
+def attention_unsupported(cfg: Any, target: str, *, qk_norm: tuple[str, ...] = (), rope_types: tuple[str, ...] = (),
+                          mla: bool = False, sliding_window: bool = False) -> list[str]:
     """The issue #22 attention switches a target lacks, one sentence each (empty when it has them all).
 
     Args:
@@ -44,16 +44,24 @@ def attention_unsupported(cfg: Any, target: str, *, qk_norm: tuple[str, ...] = (
         target: the target's name, for the sentences.
         qk_norm: the ``model.qk_norm`` norms the target has (none by default).
         rope_types: the ``model.position.rope_scaling.rope_type`` values besides ``default`` it has.
+        mla: whether the target has multi-head latent attention (``model/attention=mla``).
+        sliding_window: whether the target has one sliding window for every layer (Mistral's
+            ``sliding_window``): then ``model.attention_window`` is kept and only a local/global
+            pattern (``model.attention_window_pattern``) is refused.
     """
     why = []
-    if cfg.attention == "mla":
+    if cfg.attention == "mla" and not mla:
         why.append(f"model/attention=mla: {target} has no multi-head latent attention")
     norm = getattr(cfg, "qk_norm", "none")
     if norm != "none" and norm not in qk_norm:
         why.append(f"model.qk_norm={norm}: {target} has no {norm} QK-norm"
                    + (f" (it has {', '.join(qk_norm)})" if qk_norm else ""))
     window = getattr(cfg, "attention_window", None)
-    if window is not None:
+    every = getattr(cfg, "attention_window_pattern", 0) or 0
+    if window is not None and sliding_window and every:
+        why.append(f"model.attention_window_pattern={every}: {target} applies its sliding window to every layer "
+                   "(model.attention_window_pattern=0)")
+    if window is not None and not sliding_window:
         why.append(f"model.attention_window={window}: {target} is exported with global attention only "
                    "(sliding windows are not exported)")
     scaling = getattr(cfg.position, "rope_scaling", None)

@@ -1,5 +1,6 @@
 """One entry point per direction: :func:`export_run` (a run -> HF / CTranslate2 folder) and
-:func:`import_hf_llama` (a HF ``LlamaForCausalLM`` folder -> a run folder our scripts load);
+:func:`import_hf_llama` (a HF ``LlamaForCausalLM``, ``Qwen3ForCausalLM``, ``MixtralForCausalLM`` or
+``DeepseekV3ForCausalLM`` folder -> a run folder our scripts load);
 :func:`run_export` is the work of ``scripts/export.py`` (config: ``configs/export.yaml``).
 
 Both check everything first (the model's switches against the target, the optional packages, the
@@ -8,6 +9,7 @@ output folder) and write into a temporary folder that is renamed to ``out`` only
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -17,7 +19,7 @@ from omegaconf import OmegaConf
 
 from transformer.data.tokenizer import Tokenizer
 from transformer.generation import load_run
-from transformer.interop import ct2, hf_llama, hf_marian
+from transformer.interop import ct2, hf_llama, hf_marian, hf_moe
 from transformer.interop.common import ExportError, refuse, staging_dir
 from transformer.training.checkpoint import save_checkpoint
 
@@ -33,18 +35,29 @@ def _require(package: str, extra: str) -> None:
         raise ExportError(f"this export needs the '{package}' package: pip install -e '.[{extra}]'")
 
 
+def _model_type(folder: Path) -> str | None:
+    """``model_type`` of a HF folder's ``config.json`` (None without one: the Llama importer names the problem)."""
+    try:
+        return json.loads((folder / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
+
+
 def unsupported(cfg: Any, fmt: str) -> tuple[str, list[str]]:
     """``(target name, reasons)``: why format ``fmt`` cannot represent a model of config ``cfg``.
 
     Args:
         cfg: a model config.
-        fmt: ``hf`` (Llama for decoder-only, Qwen3 for decoder-only with ``model.qk_norm=rmsnorm``,
-            Marian for encoder-decoders) or ``ctranslate2``.
+        fmt: ``hf`` (for decoder-only models DeepSeek-V3 with ``model/attention=mla``, Mixtral with
+            ``model/ffn=moe``, Qwen3 with ``model.qk_norm=rmsnorm``, else Llama; Marian for
+            encoder-decoders) or ``ctranslate2``.
 
     Raises:
         ExportError: unknown ``fmt``.
     """
     if fmt == "hf":
+        if cfg.arch == "decoder_only" and hf_moe.moe_target(cfg) is not None:
+            return hf_moe.moe_target(cfg), hf_moe.moe_unsupported(cfg)
         if cfg.arch == "decoder_only" and getattr(cfg, "qk_norm", "none") != "none":
             return hf_llama.QWEN3_TARGET, hf_llama.qwen3_unsupported(cfg)
         if cfg.arch == "decoder_only":
@@ -60,7 +73,9 @@ def export_run(checkpoint: str | Path, fmt: str, out: str | Path, *, force: bool
     """Export a trained run to a Hugging Face or CTranslate2 model folder.
 
     ``hf``: decoder-only Llama-style models become ``LlamaForCausalLM`` folders (``Qwen3ForCausalLM``
-    with QK-norm, e.g. ``model=qwen3_style_tiny``), 2017-style
+    with QK-norm, e.g. ``model=qwen3_style_tiny``; ``MixtralForCausalLM`` with ``model/ffn=moe``, e.g.
+    ``model=mixtral_style_tiny``; ``DeepseekV3ForCausalLM`` with ``model/attention=mla``, e.g.
+    ``model=deepseek_style_tiny``), 2017-style
     encoder-decoders ``MarianMTModel`` folders (with their tokenizer files). ``ctranslate2``: a
     CTranslate2 model folder with the vocabulary and SentencePiece model(s).
 
@@ -101,6 +116,8 @@ def export_run(checkpoint: str | Path, fmt: str, out: str | Path, *, force: bool
     with staging_dir(out, force) as tmp:
         if fmt == "ctranslate2":
             ct2.save_ct2(model, cfg.model, toks, tmp, quantization)
+        elif cfg.model.arch == "decoder_only" and hf_moe.moe_target(cfg.model) is not None:
+            hf_moe.save_hf_moe(model, cfg.model, toks.src, tmp, cfg)
         elif cfg.model.arch == "decoder_only":
             hf_llama.save_hf_llama(model, cfg.model, toks.src, tmp, cfg)
         else:
@@ -109,8 +126,10 @@ def export_run(checkpoint: str | Path, fmt: str, out: str | Path, *, force: bool
 
 
 def import_hf_llama(folder: str | Path, out: str | Path, *, force: bool = False) -> Path:
-    """Turn a HF ``LlamaForCausalLM`` (or ``Qwen3ForCausalLM``) folder into a run folder (``config.yaml``, ``spm.model``,
-    ``checkpoint_best``) that ``scripts/translate.py`` / ``evaluate.py`` / ``train.py`` load.
+    """Turn a HF ``LlamaForCausalLM`` (or ``Qwen3ForCausalLM``, ``MixtralForCausalLM``,
+    ``DeepseekV3ForCausalLM``: by ``config.json``'s ``model_type``) folder into a run folder
+    (``config.yaml``, ``spm.model``, ``checkpoint_best``) that ``scripts/translate.py`` /
+    ``evaluate.py`` / ``train.py`` load.
 
     The folder's ``tokenizer.model`` must be a SentencePiece model with this project's special ids
     (as our Llama exports ship): the imported model is our prefix LM (``source <sep> target``).
@@ -124,8 +143,8 @@ def import_hf_llama(folder: str | Path, out: str | Path, *, force: bool = False)
         ``out``.
 
     Raises:
-        ExportError: a Llama feature our model lacks (named), a missing or foreign tokenizer, a
-            vocabulary size that differs from the tokenizer's, or an existing ``out``.
+        ExportError: a feature of the HF model that ours lacks (named), a missing or foreign
+            tokenizer, a vocabulary size that differs from the tokenizer's, or an existing ``out``.
     """
     _require("transformers", "interop")
     folder, out = Path(folder), Path(out)
@@ -138,7 +157,8 @@ def import_hf_llama(folder: str | Path, out: str | Path, *, force: bool = False)
         tok = Tokenizer(spm_file)
     except ValueError as e:
         raise ExportError(f"{spm_file} is not a tokenizer of this project: {e}") from e
-    model, run_cfg = hf_llama.from_hf_llama(folder)
+    importer = hf_moe.from_hf_moe if _model_type(folder) in hf_moe.MODEL_TYPES else hf_llama.from_hf_llama
+    model, run_cfg = importer(folder)
     rows = model.embed.embedding.weight.shape[0]
     if rows != len(tok):
         raise ExportError(f"{folder}: vocab_size={rows} differs from the {len(tok)} pieces of {spm_file.name}")

@@ -21,18 +21,25 @@ The model reads ``source <sep> target`` (ids of the SentencePiece model shipped 
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 from torch import Tensor, nn
 
-from transformer.config import Config, resolve_n_kv_heads, rope_scaling
+from transformer.config import resolve_n_kv_heads
 from transformer.interop.common import ExportError, attention_unsupported, refuse, state_dict_fp32
+from transformer.interop.hf_common import (
+    HF_ACT,
+    HF_ROPE_TYPES,
+    decoder_unsupported,
+    hf_max_positions,
+    imported_run_config,
+    rope_parameters,
+    scaling_from_hf,
+    write_hf_folder,
+)
 from transformer.models import build_model
 
 __all__ = [
@@ -49,9 +56,6 @@ __all__ = [
 
 TARGET = "Hugging Face LlamaForCausalLM"
 QWEN3_TARGET = "Hugging Face Qwen3ForCausalLM"
-_HF_ROPE_TYPES = ("linear", "dynamic", "yarn", "llama3")  # rope_parameters types both sides compute alike
-ZOO_CONFIG = "transformer_zoo.yaml"  # our full run config, kept beside config.json for the way back
-_ACT = {"swiglu": "silu", "geglu": "gelu"}
 
 
 def llama_unsupported(cfg: Any, target: str = TARGET) -> list[str]:
@@ -64,21 +68,10 @@ def llama_unsupported(cfg: Any, target: str = TARGET) -> list[str]:
     Returns:
         One sentence per switch Llama cannot represent.
     """
-    why = [] if target != TARGET else attention_unsupported(cfg, "LlamaForCausalLM", rope_types=_HF_ROPE_TYPES)
-    if cfg.arch != "decoder_only":
-        why.append(f"model.arch={cfg.arch}: LlamaForCausalLM is decoder-only (format=hf exports "
-                   "encoder-decoders as MarianMTModel)")
-    if cfg.norm_position != "pre":
-        why.append(f"model.norm_position={cfg.norm_position}: Llama normalises before each sublayer (pre)")
-    if cfg.norm.name != "rmsnorm":
-        why.append(f"model/norm={cfg.norm.name}: Llama uses RMSNorm")
-    if cfg.ffn.name not in _ACT:
+    why = [] if target != TARGET else attention_unsupported(cfg, "LlamaForCausalLM", rope_types=HF_ROPE_TYPES)
+    why += decoder_unsupported(cfg, "Llama")
+    if cfg.ffn.name not in HF_ACT:
         why.append(f"model/ffn={cfg.ffn.name}: Llama's MLP is gated (model/ffn=swiglu or geglu)")
-    if cfg.position.name != "rope":
-        why.append(f"model/position={cfg.position.name}: Llama encodes positions with RoPE only")
-    if cfg.scale_embeddings and cfg.tie_embeddings != "none":
-        why.append(f"model.scale_embeddings=true with model.tie_embeddings={cfg.tie_embeddings}: Llama does "
-                   "not scale its embeddings, and a scale cannot be folded into a matrix shared with the output layer")
     return why
 
 
@@ -86,28 +79,10 @@ def qwen3_unsupported(cfg: Any) -> list[str]:
     """Why ``Qwen3ForCausalLM`` cannot hold a model of this config: Llama's reasons plus QK-norm
     other than RMSNorm (empty when it can)."""
     why = llama_unsupported(cfg, QWEN3_TARGET) + attention_unsupported(
-        cfg, "Qwen3ForCausalLM", qk_norm=("rmsnorm",), rope_types=_HF_ROPE_TYPES)
+        cfg, "Qwen3ForCausalLM", qk_norm=("rmsnorm",), rope_types=HF_ROPE_TYPES)
     if cfg.bias:
         why.append("model.bias=true: Qwen3's MLP has no biases (attention_bias only)")
     return why
-
-
-def _rope_parameters(cfg: Any) -> dict[str, Any]:
-    """HF ``rope_parameters`` of our ``model.position`` (rope_theta and the scaling's fields)."""
-    params: dict[str, Any] = {"rope_type": "default", "rope_theta": float(cfg.position.rope_theta)}
-    s = rope_scaling(cfg)
-    if s is None:
-        return params
-    params.update(rope_type=s.rope_type, factor=s.factor)
-    if s.rope_type in ("yarn", "llama3"):
-        params["original_max_position_embeddings"] = s.original_max_position_embeddings
-    if s.rope_type == "yarn":
-        params.update(beta_fast=s.beta_fast, beta_slow=s.beta_slow)
-        if s.attention_factor is not None:
-            params["attention_factor"] = s.attention_factor
-    if s.rope_type == "llama3":
-        params.update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor)
-    return params
 
 
 def llama_config(cfg: Any, vocab_size: int, ffn_hidden: int, *, pad_id: int = 0, eos_id: int = 3) -> Any:
@@ -124,15 +99,13 @@ def llama_config(cfg: Any, vocab_size: int, ffn_hidden: int, *, pad_id: int = 0,
     """
     from transformers import LlamaConfig, Qwen3Config
 
-    rope = _rope_parameters(cfg)
-    # HF's dynamic NTK reads its original length from max_position_embeddings
-    max_positions = rope_scaling(cfg).original_max_position_embeddings if rope["rope_type"] == "dynamic" else cfg.max_positions
     kwargs = dict(
         vocab_size=vocab_size, hidden_size=cfg.d_model, intermediate_size=ffn_hidden,
         num_hidden_layers=cfg.n_encoder_layers + cfg.n_decoder_layers, num_attention_heads=cfg.n_heads,
         num_key_value_heads=resolve_n_kv_heads(cfg), head_dim=cfg.d_model // cfg.n_heads,
-        hidden_act=_ACT[cfg.ffn.name], max_position_embeddings=max_positions, rms_norm_eps=cfg.norm.eps,
-        rope_parameters=rope, attention_bias=bool(cfg.bias), tie_word_embeddings=cfg.tie_embeddings != "none",
+        hidden_act=HF_ACT[cfg.ffn.name], max_position_embeddings=hf_max_positions(cfg), rms_norm_eps=cfg.norm.eps,
+        rope_parameters=rope_parameters(cfg), attention_bias=bool(cfg.bias),
+        tie_word_embeddings=cfg.tie_embeddings != "none",
         pad_token_id=pad_id, bos_token_id=None, eos_token_id=eos_id, attention_dropout=0.0,
         initializer_range=cfg.init_std,
     )
@@ -256,43 +229,7 @@ def save_hf_llama(model: nn.Module, cfg: Any, tokenizer: Any, folder: Path, run_
     Raises:
         ExportError: as :func:`to_hf_llama`.
     """
-    hf = to_hf_llama(model, cfg)
-    hf.generation_config.update(eos_token_id=model.eos_id, pad_token_id=model.pad_id, bos_token_id=None,
-                                bad_words_ids=[[model.pad_id]], forced_eos_token_id=model.eos_id)
-    hf.save_pretrained(folder, safe_serialization=True)
-    shutil.copyfile(tokenizer.model_path, folder / "tokenizer.model")
-    specials = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
-                "additional_special_tokens": ["<sep>"]}
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "LlamaTokenizer", "add_bos_token": False, "add_eos_token": False, **specials}, indent=2) + "\n")
-    (folder / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
-    if run_cfg is not None:
-        OmegaConf.save(run_cfg, folder / ZOO_CONFIG)
-
-
-def _scaling_from_hf(rope: dict[str, Any], max_position_embeddings: int) -> tuple[dict[str, Any], list[str]]:
-    """``model.position.rope_scaling`` of HF ``rope_parameters``, and why it cannot be mapped."""
-    rope_type = rope.get("rope_type", "default")
-    if rope_type == "default":
-        return {"rope_type": "default"}, []
-    if rope_type not in _HF_ROPE_TYPES:
-        return {}, [f"rope_parameters.rope_type={rope_type!r}: model.position.rope_scaling has "
-                    f"{', '.join(('default',) + _HF_ROPE_TYPES)}"]
-    extra = [k for k in ("mscale", "mscale_all_dim", "long_factor", "short_factor", "partial_rotary_factor")
-             if rope.get(k) not in (None, 0, 1.0)]
-    if rope_type == "yarn" and rope.get("truncate", True) is False:
-        extra.append("truncate")
-    if extra:
-        return {}, [f"rope_parameters {', '.join(extra)}: model.position.rope_scaling has no such field"]
-    scaling: dict[str, Any] = {"rope_type": rope_type, "factor": float(rope["factor"])}
-    if rope_type == "dynamic":  # HF's dynamic NTK scales past max_position_embeddings
-        scaling["original_max_position_embeddings"] = int(max_position_embeddings)
-    if rope.get("original_max_position_embeddings") is not None and rope_type != "dynamic":
-        scaling["original_max_position_embeddings"] = int(rope["original_max_position_embeddings"])
-    for key in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor"):
-        if rope.get(key) is not None:
-            scaling[key] = float(rope[key])
-    return scaling, []
+    write_hf_folder(to_hf_llama(model, cfg), model, tokenizer, folder, run_cfg)
 
 
 def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
@@ -323,25 +260,23 @@ def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
     if hc.model_type not in ("llama", "qwen3"):
         why.append(f"model_type={hc.model_type!r} is not llama or qwen3")
     if hc.model_type == "qwen3" and getattr(hc, "sliding_window", None) is not None:
-        why.append(f"sliding_window={hc.sliding_window}: Qwen3's sliding layers are not imported are not imported (folders without use_sliding_window are)")
+        why.append(f"sliding_window={hc.sliding_window}: Qwen3's sliding layers are not imported (folders without use_sliding_window are)")
     rope = dict(getattr(hc, "rope_parameters", None) or {})
-    scaling, rope_why = _scaling_from_hf(rope, hc.max_position_embeddings)
+    scaling, rope_why = scaling_from_hf(rope, hc.max_position_embeddings)
     why += rope_why
     head_dim = getattr(hc, "head_dim", None) or hc.hidden_size // hc.num_attention_heads
     if head_dim * hc.num_attention_heads != hc.hidden_size:
         why.append(f"head_dim={head_dim} x num_attention_heads={hc.num_attention_heads} != hidden_size={hc.hidden_size}")
     if bool(hc.attention_bias) != bool(getattr(hc, "mlp_bias", False)):
         why.append("attention_bias != mlp_bias: model.bias sets both")
-    act = {v: k for k, v in _ACT.items()}.get(hc.hidden_act)
+    act = {v: k for k, v in HF_ACT.items()}.get(hc.hidden_act)
     if act is None:
         why.append(f"hidden_act={hc.hidden_act!r}: model/ffn offers swiglu (silu) and geglu (gelu)")
     if why:
         raise ExportError(f"cannot import {folder} into the llama_style model: " + "; ".join(why))
     n_kv = hc.num_key_value_heads or hc.num_attention_heads
     attention = "mha" if n_kv == hc.num_attention_heads else ("mqa" if n_kv == 1 else "gqa")
-    zoo = folder / ZOO_CONFIG
-    run_cfg = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(zoo)) if zoo.is_file() else OmegaConf.structured(Config)
-    run_cfg.model = OmegaConf.merge(OmegaConf.structured(Config).model, {
+    run_cfg = imported_run_config(folder, {
         "arch": "decoder_only", "norm_position": "pre", "attention": attention, "n_encoder_layers": 0,
         "n_decoder_layers": hc.num_hidden_layers, "d_model": hc.hidden_size, "n_heads": hc.num_attention_heads,
         "n_kv_heads": None if attention == "mha" else n_kv, "d_ff": hc.intermediate_size, "dropout": 0.0,

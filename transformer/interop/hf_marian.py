@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from transformer.config import resolve_n_kv_heads
 from transformer.interop.common import ExportError, attention_unsupported, refuse, state_dict_fp32, vocabulary
-from transformer.interop.hf_llama import ZOO_CONFIG
+from transformer.interop.hf_common import ZOO_CONFIG
 
 __all__ = ["marian_generate", "marian_permutation", "marian_state", "marian_unsupported", "save_marian", "to_marian"]
 

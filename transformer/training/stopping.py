@@ -25,9 +25,9 @@ import signal
 import threading
 from typing import Any, Sequence
 
-from transformer.config import signal_number
+from transformer.config import signal_number, time_budget
 
-__all__ = ["STOP_EXIT_STATUS", "GracefulStop", "StopRequested"]
+__all__ = ["STOP_EXIT_STATUS", "GracefulStop", "StopRequested", "budget_reached", "stop_if_signalled"]
 
 STOP_EXIT_STATUS = 75
 """Exit status of a run stopped by a signal after saving (``EX_TEMPFAIL``: not finished, run again to continue)."""
@@ -109,3 +109,45 @@ class GracefulStop:
         previous = self._handed.get(self.received) if self.received is not None else None
         if callable(previous) and previous not in (signal.default_int_handler,):
             previous(int(self.received), None)
+
+
+def budget_reached(train: Any, *, update: int, epochs_done: int, train_time: float, bad_validations: int) -> str | None:
+    """Why training stops now (a sentence naming the ``train.*`` limit reached), or None.
+
+    Args:
+        train: the ``train`` config (``max_updates``, ``max_epochs``, ``max_time`` through
+            :func:`~transformer.config.time_budget`, ``patience``).
+        update: updates done.
+        epochs_done: complete passes over the training data.
+        train_time: training seconds so far (all processes of the run).
+        bad_validations: validations in a row without improvement.
+    """
+    if train.max_updates > 0 and update >= train.max_updates:
+        return f"reached train.max_updates={train.max_updates}"
+    if train.max_epochs > 0 and epochs_done >= train.max_epochs:
+        return f"reached train.max_epochs={train.max_epochs}"
+    seconds = time_budget(train)
+    if seconds > 0 and train_time >= seconds:
+        return f"reached train.max_time={seconds:g}s" + ("" if train.max_time is not None else " (the default time budget)")
+    if train.patience > 0 and bad_validations >= train.patience:
+        return f"no improvement in {train.patience} validations (train.patience)"
+    return None
+
+
+def stop_if_signalled(trainer: Any) -> None:
+    """After an update (and its validation), on every rank: when any rank received a stop signal
+    (``trainer.stopping``), save ``checkpoint_last`` unless this update is saved already, then raise
+    :class:`StopRequested`. A collective under torchrun (every rank calls it after every update).
+
+    Args:
+        trainer: the :class:`~transformer.training.trainer.Trainer` (``parallel``, ``stopping``,
+            ``last_saved``, ``save``, ``update``, ``run_dir``).
+    """
+    stopping = trainer.stopping
+    if not trainer.parallel.any_rank(stopping is not None and stopping.requested):
+        return
+    if trainer.last_saved is None or trainer.last_saved[1] != trainer.update:
+        trainer.save()
+    name = stopping.received.name if stopping is not None and stopping.received else "a signal on another rank"
+    raise StopRequested(name, trainer.update, f"stopped by {name} after update {trainer.update}: checkpoint_last "
+                                              f"saved in {trainer.run_dir}")

@@ -40,7 +40,7 @@ from transformer.training.precision import resolve_precision
 from transformer.training.progress import TrainingBar
 from transformer.training.routing import RoutingMonitor
 from transformer.training.schedules import build_scheduler
-from transformer.training.stopping import GracefulStop, StopRequested
+from transformer.training.stopping import GracefulStop, budget_reached, stop_if_signalled
 from transformer.training.validation import scorable_pairs, teacher_forced_loss, translate_and_score
 
 __all__ = ["Trainer", "TrainingError"]
@@ -352,18 +352,10 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def stop_reason(self) -> str | None:
-        """Why training stops now (a sentence naming the ``train.*`` limit reached), or None."""
-        t = self.cfg.train
-        if t.max_updates > 0 and self.update >= t.max_updates:
-            return f"reached train.max_updates={t.max_updates}"
-        if t.max_epochs > 0 and self.epochs_done >= t.max_epochs:
-            return f"reached train.max_epochs={t.max_epochs}"
-        seconds = time_budget(t)
-        if seconds > 0 and self.train_time >= seconds:
-            return f"reached train.max_time={seconds:g}s" + ("" if t.max_time is not None else " (the default time budget)")
-        if t.patience > 0 and self.bad_validations >= t.patience:
-            return f"no improvement in {t.patience} validations (train.patience)"
-        return None
+        """Why training stops now (a sentence naming the ``train.*`` limit reached), or None; see
+        :func:`~transformer.training.stopping.budget_reached`."""
+        return budget_reached(self.cfg.train, update=self.update, epochs_done=self.epochs_done,
+                              train_time=self.train_time, bad_validations=self.bad_validations)
 
     def fit(self, logger: Any) -> str:
         """Train until a ``train.*`` limit is reached: updates of ``update_freq`` micro-batches,
@@ -411,23 +403,10 @@ class Trainer:
                 elif t.save_every > 0 and self.update % t.save_every == 0:
                     self.save(numbered=True)
                 if stop is None:
-                    self._stop_if_signalled()
+                    stop_if_signalled(self)
         finally:
             progress.close()
         return stop
-
-    def _stop_if_signalled(self) -> None:
-        """After an update (and its validation): when any rank received a stop signal
-        (:mod:`transformer.training.stopping`), save ``checkpoint_last`` unless this update is
-        saved already, then raise :class:`~transformer.training.stopping.StopRequested`."""
-        requested = self.parallel.any_rank(self.stopping is not None and self.stopping.requested)
-        if not requested:
-            return
-        if self.last_saved is None or self.last_saved[1] != self.update:
-            self.save()
-        name = self.stopping.received.name if self.stopping is not None and self.stopping.received else "a signal on another rank"
-        raise StopRequested(name, self.update, f"stopped by {name} after update {self.update}: checkpoint_last saved "
-                                               f"in {self.run_dir}")
 
     def progress(self) -> dict[str, Any]:
         """The run's counters as recorded in ``results.json``."""

@@ -1,0 +1,160 @@
+"""What the Hugging Face decoder-only exporters share (``hf_llama`` for Llama / Qwen3, ``hf_moe`` for
+Mixtral / DeepSeek-V3): the checks every pre-norm RoPE decoder has in common, RoPE parameters in
+both directions, the exported folder's tokenizer files and the run config of an imported folder.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from torch import nn
+
+from transformer.config import Config, rope_scaling
+
+__all__ = [
+    "HF_ACT",
+    "HF_ROPE_TYPES",
+    "ZOO_CONFIG",
+    "decoder_unsupported",
+    "hf_max_positions",
+    "imported_run_config",
+    "rope_parameters",
+    "scaling_from_hf",
+    "write_hf_folder",
+]
+
+HF_ROPE_TYPES = ("linear", "dynamic", "yarn", "llama3")  # rope_parameters types both sides compute alike
+ZOO_CONFIG = "transformer_zoo.yaml"  # our full run config, kept beside config.json for the way back
+HF_ACT = {"swiglu": "silu", "geglu": "gelu"}  # gated blocks -> HF hidden_act
+
+
+def decoder_unsupported(cfg: Any, family: str) -> list[str]:
+    """The reasons a pre-norm RMSNorm RoPE decoder family (Llama, Mixtral, DeepSeek-V3) cannot hold
+    a model of this config, one sentence each (empty when none): the architecture, norm position,
+    norm, positions and an embedding scale that cannot be folded.
+
+    Args:
+        cfg: a model config.
+        family: the family's name in the sentences (``"Llama"``; the class is ``<family>ForCausalLM``).
+    """
+    why = []
+    if cfg.arch != "decoder_only":
+        why.append(f"model.arch={cfg.arch}: {family}ForCausalLM is decoder-only (format=hf exports "
+                   "encoder-decoders as MarianMTModel)")
+    if cfg.norm_position != "pre":
+        why.append(f"model.norm_position={cfg.norm_position}: {family} normalises before each sublayer (pre)")
+    if cfg.norm.name != "rmsnorm":
+        why.append(f"model/norm={cfg.norm.name}: {family} uses RMSNorm")
+    if cfg.position.name != "rope":
+        why.append(f"model/position={cfg.position.name}: {family} encodes positions with RoPE only")
+    if cfg.scale_embeddings and cfg.tie_embeddings != "none":
+        why.append(f"model.scale_embeddings=true with model.tie_embeddings={cfg.tie_embeddings}: {family} does "
+                   "not scale its embeddings, and a scale cannot be folded into a matrix shared with the output layer")
+    return why
+
+
+def rope_parameters(cfg: Any) -> dict[str, Any]:
+    """HF ``rope_parameters`` of our ``model.position`` (rope_theta and the scaling's fields)."""
+    params: dict[str, Any] = {"rope_type": "default", "rope_theta": float(cfg.position.rope_theta)}
+    s = rope_scaling(cfg)
+    if s is None:
+        return params
+    params.update(rope_type=s.rope_type, factor=s.factor)
+    if s.rope_type in ("yarn", "llama3"):
+        params["original_max_position_embeddings"] = s.original_max_position_embeddings
+    if s.rope_type == "yarn":
+        params.update(beta_fast=s.beta_fast, beta_slow=s.beta_slow)
+        if s.attention_factor is not None:
+            params["attention_factor"] = s.attention_factor
+    if s.rope_type == "llama3":
+        params.update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor)
+    return params
+
+
+def hf_max_positions(cfg: Any) -> int:
+    """HF ``max_position_embeddings`` of our model config: ``model.max_positions``, or under dynamic NTK
+    scaling its original length (HF's dynamic scaling starts past ``max_position_embeddings``)."""
+    s = rope_scaling(cfg)
+    return s.original_max_position_embeddings if s is not None and s.rope_type == "dynamic" else cfg.max_positions
+
+
+def scaling_from_hf(rope: dict[str, Any], max_position_embeddings: int) -> tuple[dict[str, Any], list[str]]:
+    """``model.position.rope_scaling`` of HF ``rope_parameters``, and why it cannot be mapped.
+
+    Args:
+        rope: HF ``rope_parameters`` (``rope_type``, ``factor``, ...).
+        max_position_embeddings: HF's value (dynamic NTK's original length).
+
+    Returns:
+        ``(fields, reasons)``: the ``rope_scaling`` fields, and one sentence per HF field we lack
+        (then the fields are empty).
+    """
+    rope_type = rope.get("rope_type", "default")
+    if rope_type == "default":
+        return {"rope_type": "default"}, []
+    if rope_type not in HF_ROPE_TYPES:
+        return {}, [f"rope_parameters.rope_type={rope_type!r}: model.position.rope_scaling has "
+                    f"{', '.join(('default',) + HF_ROPE_TYPES)}"]
+    extra = [k for k in ("mscale", "mscale_all_dim", "long_factor", "short_factor", "partial_rotary_factor")
+             if rope.get(k) not in (None, 0, 1.0)]
+    if rope.get("mscale") and rope.get("mscale_all_dim") and not extra:  # HF's YaRN then takes their ratio
+        extra.append("mscale with mscale_all_dim")
+    if rope_type == "yarn" and rope.get("truncate", True) is False:
+        extra.append("truncate")
+    if extra:
+        return {}, [f"rope_parameters {', '.join(extra)}: model.position.rope_scaling has no such field"]
+    scaling: dict[str, Any] = {"rope_type": rope_type, "factor": float(rope["factor"])}
+    if rope_type == "dynamic":  # HF's dynamic NTK scales past max_position_embeddings
+        scaling["original_max_position_embeddings"] = int(max_position_embeddings)
+    if rope.get("original_max_position_embeddings") is not None and rope_type != "dynamic":
+        scaling["original_max_position_embeddings"] = int(rope["original_max_position_embeddings"])
+    for key in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor"):
+        if rope.get(key) is not None:
+            scaling[key] = float(rope[key])
+    return scaling, []
+
+
+def write_hf_folder(hf: Any, model: nn.Module, tokenizer: Any, folder: Path, run_cfg: Any = None) -> None:
+    """Write a HF causal-LM folder: config.json, model.safetensors, generation_config.json, the
+    SentencePiece model (``tokenizer.model`` + ``tokenizer_config.json``) and our run config.
+
+    Args:
+        hf: the HF model holding ``model``'s weights.
+        model: our decoder-only model (its special ids).
+        tokenizer: its :class:`~transformer.data.Tokenizer` (``model_path`` is copied).
+        folder: an existing, empty folder.
+        run_cfg: the whole run config, saved as ``transformer_zoo.yaml`` (read back by the
+            importers, :func:`imported_run_config`), or None.
+    """
+    hf.generation_config.update(eos_token_id=model.eos_id, pad_token_id=model.pad_id, bos_token_id=None,
+                                bad_words_ids=[[model.pad_id]], forced_eos_token_id=model.eos_id)
+    hf.save_pretrained(folder, safe_serialization=True)
+    shutil.copyfile(tokenizer.model_path, folder / "tokenizer.model")
+    specials = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+                "additional_special_tokens": ["<sep>"]}
+    tokenizer_config = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": False, "add_eos_token": False, **specials}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    (folder / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
+    if run_cfg is not None:
+        OmegaConf.save(run_cfg, folder / ZOO_CONFIG)
+
+
+def imported_run_config(folder: Path, model_fields: dict[str, Any]) -> Any:
+    """The run config of an imported HF folder: ``transformer_zoo.yaml`` when the folder has one (else
+    the defaults), with its ``model`` section replaced by ``model_fields`` over
+    :class:`~transformer.config.ModelConfig`'s defaults (``config.json`` is the source of truth for
+    the architecture).
+
+    Returns:
+        A DictConfig over :class:`~transformer.config.Config`.
+    """
+    zoo = folder / ZOO_CONFIG
+    run_cfg = OmegaConf.structured(Config)
+    if zoo.is_file():
+        run_cfg = OmegaConf.merge(run_cfg, OmegaConf.load(zoo))
+    run_cfg.model = OmegaConf.merge(OmegaConf.structured(Config).model, model_fields)
+    return run_cfg

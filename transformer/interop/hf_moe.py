@@ -1,0 +1,410 @@
+"""Decoder-only mixture-of-experts and latent-attention models <-> Hugging Face ``MixtralForCausalLM``
+and ``DeepseekV3ForCausalLM``.
+
+*Mixtral* (Jiang et al. 2024; ``modeling_mixtral``) is Llama with every MLP a sparse mixture of
+experts: softmax router, top ``num_experts_per_tok`` weights always renormalised, gated experts, no
+shared experts or biases, Mistral's ``sliding_window`` in every layer. That is our ``model/ffn=moe``
+with ``router=softmax``, ``norm_topk_prob=true``, ``routed_scaling_factor=1``, no selection bias and
+no shared experts, over MHA/GQA/MQA and ``model.attention_window`` (``attention_window_pattern=0``).
+
+*DeepSeek-V3* (DeepSeek-AI 2024; ``modeling_deepseek_v3``): multi-head latent attention, which
+``transformer/modules/mla.py`` lays out as ``DeepseekV3Attention`` with ``rope_interleave=false``,
+and DeepSeekMoE: sigmoid router, ``e_score_correction_bias`` = our ``expert_bias``,
+``norm_topk_prob``, ``routed_scaling_factor``, ``n_shared_experts`` (one MLP of their summed width,
+as ours). Our layers are all MoE (``first_k_dense_replace=0``) or all dense (``= num_hidden_layers``),
+our router picks among all experts (``n_group=topk_group=1``), we have no multi-token-prediction
+modules (``num_nextn_predict_layers=0``). HF's latent RMSNorms have eps 1e-6 fixed where ours take
+``model.norm.eps``, so the export needs ``model.norm.eps=1e-6`` (V3's ``rms_norm_eps``).
+
+Our stacked experts are HF's in-memory layout (``gate_up_proj``, gate rows first = ``w13``;
+``down_proj`` = ``w2``); ``save_pretrained`` writes per-expert checkpoint tensors, so the import
+reads folders through ``from_pretrained`` (either layout). A ``rope_interleave=true`` folder
+(DeepSeek's checkpoints) has its rotated query/key rows permuted into our half-split layout on
+import, which gives the same scores.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from transformer.config import model_sizes
+from transformer.interop.common import ExportError, attention_unsupported, refuse, state_dict_fp32
+from transformer.interop.hf_common import (
+    HF_ACT,
+    HF_ROPE_TYPES,
+    decoder_unsupported,
+    hf_max_positions,
+    imported_run_config,
+    rope_parameters,
+    scaling_from_hf,
+    write_hf_folder,
+)
+from transformer.models import build_model
+
+__all__ = [
+    "DEEPSEEK_TARGET",
+    "MIXTRAL_TARGET",
+    "MODEL_TYPES",
+    "deepseek_unsupported",
+    "from_hf_moe",
+    "hf_moe_state",
+    "mixtral_unsupported",
+    "moe_target",
+    "moe_unsupported",
+    "save_hf_moe",
+    "to_hf_moe",
+]
+
+MIXTRAL_TARGET = "Hugging Face MixtralForCausalLM"
+DEEPSEEK_TARGET = "Hugging Face DeepseekV3ForCausalLM"
+MODEL_TYPES = ("mixtral", "deepseek_v3")  # config.json model_type values from_hf_moe reads
+_LATENT_EPS = 1e-6  # DeepseekV3RMSNorm's default, used by q_a_layernorm / kv_a_layernorm
+
+
+def moe_target(cfg: Any) -> str | None:
+    """The HF class a decoder-only config exports to through this module: DeepSeek-V3 for
+    ``model/attention=mla``, Mixtral for ``model/ffn=moe`` with any other attention, else None."""
+    if cfg.attention == "mla":
+        return DEEPSEEK_TARGET
+    return MIXTRAL_TARGET if cfg.ffn.name == "moe" else None
+
+
+def _moe_refusals(cfg: Any, family: str) -> list[str]:
+    """What both families refuse: biases and experts that are not gated."""
+    why = []
+    if cfg.bias:
+        why.append(f"model.bias=true: {family}'s feed-forward blocks and experts have no biases")
+    if cfg.ffn.name == "moe" and cfg.ffn.expert not in HF_ACT:
+        why.append(f"model.ffn.expert={cfg.ffn.expert}: {family}'s experts are gated (swiglu or geglu)")
+    return why
+
+
+def mixtral_unsupported(cfg: Any) -> list[str]:
+    """Why ``MixtralForCausalLM`` cannot hold a model of config ``cfg`` (a model config), one sentence
+    per switch, each starting with the switch (empty when it can)."""
+    why = decoder_unsupported(cfg, "Mixtral") + attention_unsupported(
+        cfg, "MixtralForCausalLM", rope_types=HF_ROPE_TYPES, sliding_window=True) + _moe_refusals(cfg, "Mixtral")
+    f = cfg.ffn
+    if f.name != "moe":
+        return why + [f"model/ffn={f.name}: MixtralForCausalLM's MLP is a mixture of experts (model/ffn=moe; "
+                      "dense models export as LlamaForCausalLM)"]
+    if f.router != "softmax":
+        why.append(f"model.ffn.router={f.router}: Mixtral scores experts with softmax (DeepSeek-V3's sigmoid "
+                   "router exports as DeepseekV3ForCausalLM, with model/attention=mla)")
+    if not f.norm_topk_prob:
+        why.append("model.ffn.norm_topk_prob=false: Mixtral always renormalises the top-k weights")
+    if f.routed_scaling_factor != 1.0:
+        why.append(f"model.ffn.routed_scaling_factor={f.routed_scaling_factor:g}: Mixtral does not scale "
+                   "the routed experts")
+    if f.n_shared_experts:
+        why.append(f"model.ffn.n_shared_experts={f.n_shared_experts}: Mixtral has no shared experts")
+    if f.bias_update_speed > 0:
+        why.append(f"model.ffn.bias_update_speed={f.bias_update_speed:g}: Mixtral's router has no selection bias "
+                   "(e_score_correction_bias is DeepSeek-V3's)")
+    return why
+
+
+def deepseek_unsupported(cfg: Any) -> list[str]:
+    """Why ``DeepseekV3ForCausalLM`` cannot hold a model of config ``cfg`` (a model config), one sentence
+    per switch, each starting with the switch (empty when it can)."""
+    why = decoder_unsupported(cfg, "DeepseekV3") + attention_unsupported(
+        cfg, "DeepseekV3ForCausalLM", rope_types=HF_ROPE_TYPES, mla=True) + _moe_refusals(cfg, "DeepSeek-V3")
+    if cfg.attention != "mla":
+        why.append(f"model/attention={cfg.attention}: DeepseekV3ForCausalLM's attention is multi-head latent "
+                   "attention (model/attention=mla)")
+    if cfg.attention == "mla" and cfg.norm.eps != _LATENT_EPS:
+        why.append(f"model.norm.eps={cfg.norm.eps:g} with model/attention=mla: DeepSeek-V3's latent RMSNorms have "
+                   "eps 1e-6, ours take model.norm.eps (set model.norm.eps=1e-6)")
+    f = cfg.ffn
+    if f.name != "moe" and f.name not in HF_ACT:
+        why.append(f"model/ffn={f.name}: DeepSeek-V3's MLP is gated (model/ffn=swiglu, geglu or moe)")
+    if f.name == "moe" and f.router != "sigmoid":
+        why.append(f"model.ffn.router={f.router}: DeepSeek-V3 scores experts with sigmoid (model.ffn.router=sigmoid)")
+    if f.name == "moe" and f.n_experts < 2:
+        why.append(f"model.ffn.n_experts={f.n_experts}: DeepSeek-V3's router needs at least 2 experts")
+    return why
+
+
+def moe_unsupported(cfg: Any) -> list[str]:
+    """The reasons of :func:`moe_target`'s class (:func:`mixtral_unsupported` or :func:`deepseek_unsupported`)."""
+    return deepseek_unsupported(cfg) if moe_target(cfg) == DEEPSEEK_TARGET else mixtral_unsupported(cfg)
+
+
+def _layer_pairs(cfg: Any) -> list[tuple[str, tuple[str, ...], tuple[int, ...] | None]]:
+    """``(our name, HF names, rows)`` for one layer (names after ``decoder.layers.i.`` / ``model.layers.i.``):
+    several HF tensors are our tensor cut into ``rows`` along dim 0 (in that order); None = one tensor."""
+    sizes = model_sizes(cfg)
+    attn, mlp = "self_attn.sublayer.", "ffn.sublayer."
+    pairs: list[tuple[str, tuple[str, ...], tuple[int, ...] | None]] = [
+        ("self_attn.norm.weight", ("input_layernorm.weight",), None),
+        ("ffn.norm.weight", ("post_attention_layernorm.weight",), None),
+    ]
+    if sizes.latent is None:
+        q, kv = sizes.n_heads * sizes.head_dim, sizes.kv_width
+        pairs.append((attn + "in_proj.weight", ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                                "self_attn.v_proj.weight"), (q, kv, kv)))
+    elif sizes.latent.q_lora_rank is None:
+        pairs.append((attn + "q_proj.weight", ("self_attn.q_proj.weight",), None))
+    else:
+        pairs += [(attn + f"q_proj.{i}.weight", (f"self_attn.{hf}.weight",), None)
+                  for i, hf in enumerate(("q_a_proj", "q_a_layernorm", "q_b_proj"))]
+    if sizes.latent is not None:
+        pairs += [(attn + f"{ours}.weight", (f"self_attn.{hf}.weight",), None) for ours, hf in (
+            ("kv_down", "kv_a_proj_with_mqa"), ("kv_norm", "kv_a_layernorm"), ("kv_up", "kv_b_proj"))]
+    pairs.append((attn + "out_proj.weight", ("self_attn.o_proj.weight",), None))
+    gate_up = ("gate_proj.weight", "up_proj.weight")
+    if not sizes.n_experts:  # dense (DeepSeek-V3 with first_k_dense_replace = every layer)
+        h = sizes.ffn_hidden
+        return pairs + [(mlp + "w13.weight", tuple(f"mlp.{n}" for n in gate_up), (h, h)),
+                        (mlp + "w2.weight", ("mlp.down_proj.weight",), None)]
+    pairs += [(mlp + "router.gate.weight", ("mlp.gate.weight",), None),
+              (mlp + "experts.w13", ("mlp.experts.gate_up_proj",), None),
+              (mlp + "experts.w2", ("mlp.experts.down_proj",), None)]
+    if cfg.attention == "mla":  # DeepSeek-V3: the selection bias and the shared experts
+        pairs.append((mlp + "router.expert_bias", ("mlp.gate.e_score_correction_bias",), None))
+    if sizes.shared_hidden:
+        h = sizes.shared_hidden
+        pairs += [(mlp + "shared_experts.w13.weight", tuple(f"mlp.shared_experts.{n}" for n in gate_up), (h, h)),
+                  (mlp + "shared_experts.w2.weight", ("mlp.shared_experts.down_proj.weight",), None)]
+    return pairs
+
+
+def hf_moe_state(model: nn.Module, cfg: Any) -> dict[str, Tensor]:
+    """Our decoder-only state dict in the HF class's in-memory names (fp32, CPU).
+
+    Args:
+        model: a :class:`~transformer.models.DecoderOnlyModel`.
+        cfg: its model config (must pass :func:`moe_unsupported`).
+
+    Returns:
+        HF parameter name -> tensor (``lm_head.weight`` included even when tied; DeepSeek-V3 without
+        shared experts gets its zero-width ``shared_experts`` matrices).
+    """
+    ours = state_dict_fp32(model)
+    emb = ours["embed.embedding.weight"]
+    if cfg.scale_embeddings:  # untied (refused otherwise): fold the scale in
+        emb = emb * math.sqrt(cfg.d_model)
+    new = {"model.embed_tokens.weight": emb, "model.norm.weight": ours["decoder.final_norm.weight"],
+           "lm_head.weight": ours["output_proj.weight"]}
+    sizes = model_sizes(cfg)
+    for i in range(cfg.n_encoder_layers + cfg.n_decoder_layers):
+        src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
+        for name, hf_names, rows in _layer_pairs(cfg):
+            parts = ours[src + name].split(rows) if rows else (ours[src + name],)
+            new.update({dst + hf: part for hf, part in zip(hf_names, parts)})
+        if cfg.attention == "mla" and sizes.n_experts and not sizes.shared_hidden:
+            d = cfg.d_model
+            new.update({f"{dst}mlp.shared_experts.{n}_proj.weight": emb.new_zeros(shape)
+                        for n, shape in (("gate", (0, d)), ("up", (0, d)), ("down", (d, 0)))})
+    return new
+
+
+def _hf_config(cfg: Any, vocab_size: int, pad_id: int, eos_id: int) -> Any:
+    """The ``MixtralConfig`` or ``DeepseekV3Config`` of a model config that passes :func:`moe_unsupported`."""
+    from transformers import DeepseekV3Config, MixtralConfig
+
+    sizes = model_sizes(cfg)
+    f, n_layers = cfg.ffn, cfg.n_encoder_layers + cfg.n_decoder_layers
+    act = HF_ACT[f.expert if f.name == "moe" else f.name]
+    common = dict(
+        vocab_size=vocab_size, hidden_size=cfg.d_model, num_hidden_layers=n_layers, num_attention_heads=cfg.n_heads,
+        hidden_act=act, max_position_embeddings=hf_max_positions(cfg), rms_norm_eps=cfg.norm.eps,
+        rope_parameters=rope_parameters(cfg), tie_word_embeddings=cfg.tie_embeddings != "none",
+        pad_token_id=pad_id, bos_token_id=None, eos_token_id=eos_id, attention_dropout=0.0,
+        initializer_range=cfg.init_std,
+    )
+    if moe_target(cfg) == MIXTRAL_TARGET:
+        return MixtralConfig(
+            **common, intermediate_size=sizes.ffn_hidden, num_key_value_heads=sizes.n_kv_heads, head_dim=sizes.head_dim,
+            sliding_window=cfg.attention_window, num_local_experts=sizes.n_experts, num_experts_per_tok=sizes.top_k,
+            router_aux_loss_coef=f.router_aux_loss_coef, router_jitter_noise=0.0, architectures=["MixtralForCausalLM"])
+    lat, moe = sizes.latent, bool(sizes.n_experts)
+    return DeepseekV3Config(
+        **common, intermediate_size=sizes.ffn_hidden, moe_intermediate_size=sizes.ffn_hidden,
+        num_key_value_heads=cfg.n_heads, kv_lora_rank=lat.kv_lora_rank, q_lora_rank=lat.q_lora_rank,
+        qk_rope_head_dim=lat.qk_rope_head_dim, qk_nope_head_dim=lat.qk_nope_head_dim, v_head_dim=lat.v_head_dim,
+        rope_interleave=False, attention_bias=False, first_k_dense_replace=0 if moe else n_layers,
+        n_routed_experts=sizes.n_experts if moe else 0, num_experts_per_tok=sizes.top_k if moe else 0,
+        n_shared_experts=f.n_shared_experts if moe else 0,
+        routed_scaling_factor=f.routed_scaling_factor if moe else 1.0,
+        norm_topk_prob=bool(f.norm_topk_prob), n_group=1, topk_group=1, num_mtp_layers=0,
+        architectures=["DeepseekV3ForCausalLM"])
+
+
+def to_hf_moe(model: nn.Module, cfg: Any) -> Any:
+    """A ``MixtralForCausalLM`` or ``DeepseekV3ForCausalLM`` (:func:`moe_target`; fp32, eval mode,
+    SDPA attention) holding our decoder-only model's weights; its logits ``(batch, seq_len, vocab)``
+    on ``input_ids`` equal ``model(tokens)``.
+
+    Args:
+        model: a :class:`~transformer.models.DecoderOnlyModel` (fp32).
+        cfg: its model config.
+
+    Raises:
+        ExportError: a switch the class cannot represent (named), or a Mixtral export of a model
+            whose routers hold a non-zero selection bias.
+    """
+    from transformers import DeepseekV3ForCausalLM, MixtralForCausalLM
+
+    target = moe_target(cfg)
+    if target is None:
+        raise ExportError("neither Mixtral nor DeepSeek-V3: the model has no model/ffn=moe and no model/attention=mla")
+    refuse(target, moe_unsupported(cfg))
+    state = hf_moe_state(model, cfg)
+    if target == MIXTRAL_TARGET:
+        biased = [n for n, b in model.named_buffers() if n.endswith("router.expert_bias") and b.any()]
+        refuse(target, [f"{biased[0]} is not zero: Mixtral's router has no selection bias"] if biased else [])
+    hf_cfg = _hf_config(cfg, state["model.embed_tokens.weight"].shape[0], model.pad_id, model.eos_id)
+    hf_cfg._attn_implementation = "sdpa"
+    hf = (MixtralForCausalLM if target == MIXTRAL_TARGET else DeepseekV3ForCausalLM)(hf_cfg).eval()
+    if hf_cfg.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (hf_cfg.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ExportError(f"the {target} mapping left weights unmatched: missing {missing[:5]}, "
+                          f"unexpected {unexpected[:5]}")
+    return hf
+
+
+def save_hf_moe(model: nn.Module, cfg: Any, tokenizer: Any, folder: Path, run_cfg: Any = None) -> None:
+    """Write a ``MixtralForCausalLM`` / ``DeepseekV3ForCausalLM`` folder (config.json, model.safetensors,
+    generation_config.json, ``tokenizer.model``, ``transformer_zoo.yaml``), as the Llama export does.
+
+    Args:
+        model, cfg: as :func:`to_hf_moe`.
+        tokenizer: the run's :class:`~transformer.data.Tokenizer`.
+        folder: an existing, empty folder.
+        run_cfg: the whole run config (saved as ``transformer_zoo.yaml``), or None.
+
+    Raises:
+        ExportError: as :func:`to_hf_moe`.
+    """
+    write_hf_folder(to_hf_moe(model, cfg), model, tokenizer, folder, run_cfg)
+
+
+def _model_fields(hc: Any) -> tuple[dict[str, Any], list[str]]:
+    """Our ``model`` fields of a Mixtral / DeepSeek-V3 HF config, and why it cannot be imported."""
+    rope = dict(getattr(hc, "rope_parameters", None) or {})
+    scaling, why = scaling_from_hf(rope, hc.max_position_embeddings)
+    heads, n_layers = hc.num_attention_heads, hc.num_hidden_layers
+    act = {v: k for k, v in HF_ACT.items()}.get(hc.hidden_act)
+    if act is None:
+        why.append(f"hidden_act={hc.hidden_act!r}: model/ffn offers swiglu (silu) and geglu (gelu)")
+    if hc.hidden_size % heads:
+        why.append(f"hidden_size={hc.hidden_size} is not divisible by num_attention_heads={heads}")
+    fields: dict[str, Any] = {
+        "arch": "decoder_only", "norm_position": "pre", "n_encoder_layers": 0, "n_decoder_layers": n_layers,
+        "d_model": hc.hidden_size, "n_heads": heads, "d_ff": hc.intermediate_size, "dropout": 0.0,
+        "attention_dropout": float(hc.attention_dropout or 0.0), "activation_dropout": 0.0, "bias": False,
+        "scale_embeddings": False, "tie_embeddings": "all" if hc.tie_word_embeddings else "none",
+        "max_positions": hc.max_position_embeddings, "init": "normal", "init_std": hc.initializer_range,
+        "norm": {"name": "rmsnorm", "eps": hc.rms_norm_eps},
+        "position": {"name": "rope", "rope_theta": float(rope.get("rope_theta", 10000.0)), "rope_scaling": scaling},
+    }
+    moe = {"name": "moe", "expert": act, "glu_match_params": False, "top_k": hc.num_experts_per_tok}
+    if hc.model_type == "mixtral":
+        head_dim = getattr(hc, "head_dim", None) or hc.hidden_size // heads
+        if head_dim * heads != hc.hidden_size:
+            why.append(f"head_dim={head_dim} x num_attention_heads={heads} != hidden_size={hc.hidden_size}")
+        if hc.router_jitter_noise:
+            why.append(f"router_jitter_noise={hc.router_jitter_noise}: model/ffn=moe has no router jitter")
+        n_kv = hc.num_key_value_heads or heads
+        attention = "mha" if n_kv == heads else ("mqa" if n_kv == 1 else "gqa")
+        fields.update(attention=attention, n_kv_heads=None if attention == "mha" else n_kv,
+                      attention_window=hc.sliding_window, ffn={**moe, "n_experts": hc.num_local_experts,
+                      "expert_d_ff": hc.intermediate_size, "router": "softmax", "norm_topk_prob": True,
+                      "router_aux_loss_coef": float(hc.router_aux_loss_coef)})
+        return fields, why
+    dense = hc.first_k_dense_replace or 0
+    if hc.num_key_value_heads not in (None, heads):
+        why.append(f"num_key_value_heads={hc.num_key_value_heads}: MLA expands keys and values for all "
+                   f"{heads} heads (num_key_value_heads = num_attention_heads)")
+    if 0 < dense < n_layers:
+        why.append(f"first_k_dense_replace={dense} of {n_layers} layers: our layers are all dense or all MoE")
+    if dense < n_layers and (hc.n_group or 1) != (hc.topk_group or 1):
+        why.append(f"n_group={hc.n_group}, topk_group={hc.topk_group}: model/ffn=moe routes among all experts "
+                   "(no group-limited routing)")
+    if hc.attention_bias:
+        why.append("attention_bias=true: model.bias would also give the feed-forward blocks biases")
+    if hc.rms_norm_eps != _LATENT_EPS:
+        why.append(f"rms_norm_eps={hc.rms_norm_eps:g}: our MLA's latent RMSNorms share model.norm.eps, "
+                   "DeepSeek-V3's are fixed at 1e-6")
+    if rope.get("mscale_all_dim"):
+        why.append(f"rope_parameters mscale_all_dim={rope['mscale_all_dim']}: DeepSeek-V3 scales its attention "
+                   "softmax by it, which model.position.rope_scaling cannot express")
+    fields.update(attention="mla", n_kv_heads=None, kv_lora_rank=hc.kv_lora_rank, q_lora_rank=hc.q_lora_rank,
+                  qk_nope_head_dim=hc.qk_nope_head_dim, qk_rope_head_dim=hc.qk_rope_head_dim, v_head_dim=hc.v_head_dim)
+    fields["ffn"] = {"name": act, "glu_match_params": False} if dense >= n_layers else {
+        **moe, "n_experts": hc.n_routed_experts, "n_shared_experts": hc.n_shared_experts,
+        "expert_d_ff": hc.moe_intermediate_size, "router": "sigmoid", "norm_topk_prob": bool(hc.norm_topk_prob),
+        "routed_scaling_factor": float(hc.routed_scaling_factor)}
+    return fields, why
+
+
+def _half_split(weight: Tensor, heads: int, start: int, width: int, rope: int) -> Tensor:
+    """``weight`` with the ``rope`` rotated rows at ``start`` of each of ``heads`` blocks of ``width``
+    rows moved from DeepSeek's interleaved pairs ``(x0, x1), (x2, x3), ...`` to our half-split layout."""
+    perm = torch.cat((torch.arange(0, rope, 2), torch.arange(1, rope, 2)))
+    w = weight.reshape(heads, width, -1).clone()
+    w[:, start:start + rope] = w[:, start:start + rope][:, perm]
+    return w.reshape(weight.shape)
+
+
+def from_hf_moe(folder: str | Path) -> tuple[nn.Module, Any]:
+    """Import a ``MixtralForCausalLM`` or ``DeepseekV3ForCausalLM`` folder into our decoder-only model.
+
+    Args:
+        folder: a Hugging Face model folder of ``model_type`` mixtral or deepseek_v3 (weights in
+            either HF layout: it is read with ``from_pretrained``).
+
+    Returns:
+        ``(model, cfg)``: our model in eval mode (fp32) with the folder's weights, and the whole run
+        config (the ``model`` section from ``config.json``, the rest from ``transformer_zoo.yaml`` when
+        the folder has one; dropout and the training-only router settings start at 0 / their defaults).
+
+    Raises:
+        ExportError: a feature our model lacks, named (router jitter, dense first layers of a MoE
+            model, group-limited routing, attention biases, a latent-norm eps other than 1e-6, YaRN's
+            ``mscale_all_dim``, ...).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = Path(folder)
+    hc = AutoConfig.from_pretrained(folder)
+    if hc.model_type not in MODEL_TYPES:
+        raise ExportError(f"cannot import {folder}: model_type={hc.model_type!r} is not {' or '.join(MODEL_TYPES)}")
+    fields, why = _model_fields(hc)
+    if why:
+        raise ExportError(f"cannot import {folder} ({hc.model_type}): " + "; ".join(why))
+    run_cfg = imported_run_config(folder, fields)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    state = {k: v.detach().float() for k, v in hf.state_dict().items()}
+    if getattr(hc, "rope_interleave", False):
+        nope, rope, lat = hc.qk_nope_head_dim, hc.qk_rope_head_dim, run_cfg.model.kv_lora_rank
+        q = "q_proj" if hc.q_lora_rank is None else "q_b_proj"
+        for i in range(hc.num_hidden_layers):
+            q_key, kv_key = (f"model.layers.{i}.self_attn.{n}.weight" for n in (q, "kv_a_proj_with_mqa"))
+            state[q_key] = _half_split(state[q_key], hc.num_attention_heads, nope, nope + rope, rope)
+            state[kv_key] = _half_split(state[kv_key], 1, lat, lat + rope, rope)
+    emb = state["model.embed_tokens.weight"]
+    ours = {"embed.embedding.weight": emb, "decoder.final_norm.weight": state["model.norm.weight"],
+            "output_proj.weight": state.get("lm_head.weight", emb)}
+    for i in range(hc.num_hidden_layers):
+        src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
+        for name, hf_names, _ in _layer_pairs(run_cfg.model):
+            ours[dst + name] = torch.cat([state[src + n] for n in hf_names])
+    eos = hc.eos_token_id[0] if isinstance(hc.eos_token_id, (list, tuple)) else hc.eos_token_id
+    model = build_model(run_cfg.model, hc.vocab_size, pad_id=hc.pad_token_id if hc.pad_token_id is not None else 0,
+                        eos_id=3 if eos is None else eos)
+    missing, unexpected = model.load_state_dict(ours, strict=False)
+    missing = [k for k in missing if not k.endswith("router.expert_bias")]  # Mixtral: no selection bias (zeros)
+    if missing or unexpected:
+        raise ExportError(f"{folder}: weights do not fit {hc.model_type}'s layout: missing {missing[:5]}, "
+                          f"unexpected {unexpected[:5]}")
+    return model.eval(), run_cfg
