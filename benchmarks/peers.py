@@ -63,7 +63,7 @@ class TorchTransformerPeer(nn.Module):
 
     def step_loss(self, batch: dict[str, Tensor]) -> Tensor:
         t = batch["prev"].shape[1]
-        mask = nn.Transformer.generate_square_subsequent_mask(t)
+        mask = nn.Transformer.generate_square_subsequent_mask(t, device=batch["prev"].device)
         h = self.core(
             self._embed(batch["src"]), self._embed(batch["prev"]), tgt_mask=mask, tgt_is_causal=True,
         )

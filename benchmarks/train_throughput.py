@@ -85,9 +85,28 @@ VOCAB = 8000
 SRC_LEN = TGT_LEN = 24
 LABEL_SMOOTHING = 0.1
 SIZES = {
-    # size: (enc-dec preset, decoder-only preset, batch rows)
+    # size: (enc-dec preset, decoder-only preset, batch rows on the CPU)
     "tiny": ("transformer_tiny", "llama_style_tiny", 96),
     "base": ("transformer_2017_base", "llama_style", 48),
+    # last, so that profile_step.py's lookup of a preset's rows still finds llama_style at base size
+    "small": ("transformer_small", "llama_style", 64),
+}
+PRESET_OVERRIDES: dict[tuple[str, str], list[str]] = {
+    # (size, family): overrides of the preset. The decoder-only model at the small size is
+    # llama_style at transformer_small's width and depth (3 + 3 = 6 layers, d_model 256, 4 heads),
+    # d_ff 4 x d_model as at the other sizes
+    ("small", "decoder-only"): ["model.n_decoder_layers=6", "model.d_model=256", "model.n_heads=4", "model.d_ff=1024"],
+}
+DEVICE_PEAKS: dict[str, dict[str, float]] = {
+    # dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, FLOP/s; "fp32" is the
+    # non-tensor-core FP32 rate (TF32 is off: torch.backends.cuda.matmul.allow_tf32 defaults to False).
+    # Matched in this order against torch.cuda.get_device_name() (first substring that occurs).
+    "H200": {"bf16": 989e12, "fp32": 67e12},
+    "H100 PCIe": {"bf16": 756e12, "fp32": 51e12},
+    "H100": {"bf16": 989e12, "fp32": 67e12},  # SXM
+    "A100": {"bf16": 312e12, "fp32": 19.5e12},
+    "L40S": {"bf16": 362e12, "fp32": 91.6e12},
+    "L4": {"bf16": 121e12, "fp32": 30.3e12},
 }
 
 
@@ -176,23 +195,34 @@ def _rss_mb() -> float:
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def time_steps(model: torch.nn.Module, batch: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer,
-               warmup: int, steps: int, precision: str = "fp32") -> dict[str, Any]:
+               warmup: int, steps: int, precision: str = "fp32", device: torch.device | None = None) -> dict[str, Any]:
     """Median and best step time (s) of ``steps`` steps after ``warmup``; the warmup step times.
 
-    ``precision="bf16"`` runs the forward and loss under ``torch.autocast("cpu", bfloat16)`` (as the
-    trainer does); the backward and the optimizer step follow autocast's dtypes.
+    ``precision="bf16"`` runs the forward and loss under ``torch.autocast(<device type>, bfloat16)``
+    (as the trainer does); the backward and the optimizer step follow autocast's dtypes. On CUDA
+    (``device``; model and batch already there) every step is timed between two
+    ``torch.cuda.synchronize`` calls.
     """
     model.train()
+    device = torch.device("cpu") if device is None else device
 
     def step() -> float:
+        synchronize(device)
         t = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        ctx = torch.autocast("cpu", dtype=DTYPES[precision]) if precision != "fp32" else contextlib.nullcontext()
+        ctx = torch.autocast(device.type, dtype=DTYPES[precision]) if precision != "fp32" else contextlib.nullcontext()
         with ctx:
             loss = model.step_loss(batch)
         loss.backward()
         optimizer.step()
+        synchronize(device)
         return time.perf_counter() - t
 
     warmup_s = [step() for _ in range(warmup)]
@@ -201,9 +231,9 @@ def time_steps(model: torch.nn.Module, batch: dict[str, torch.Tensor], optimizer
     return {"step_s": times[len(times) // 2], "best_s": times[0], "warmup_s": warmup_s}
 
 
-def make_optimizer(model: torch.nn.Module, optim_cfg: Any) -> torch.optim.Optimizer:
-    """Our builder's Adam for every model under test (same implementation for all)."""
-    return build_optimizer(model, optim_cfg, "cpu")
+def make_optimizer(model: torch.nn.Module, optim_cfg: Any, device_type: str = "cpu") -> torch.optim.Optimizer:
+    """Our builder's Adam for every model under test (same implementation for all; fused on CUDA)."""
+    return build_optimizer(model, optim_cfg, device_type)
 
 
 def _p(x: float) -> str:
@@ -229,15 +259,9 @@ def prime_runtime(optim_cfg: Any) -> None:
     opt.step()
 
 
-def worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """Build one model in this (fresh) process, time its steps, measure its memory.
-
-    ``spec``: ``model`` (``"ours"`` or a peer name of ``peers.py``), ``preset``, ``overrides``
-    (Hydra), ``compile``, ``fused_loss``, ``rows``, ``src_len``, ``tgt_len``, ``warmup``, ``steps``,
-    ``threads``, ``malloc``, ``precision`` (``fp32`` | ``bf16``).
-    """
-    torch.set_num_threads(spec["threads"])
-    tuned = tune_cpu_allocator() if spec["malloc"] == "tuned" else False
+def model_under_test(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, torch.Tensor], Any]:
+    """``(model config, optim config, batch on the CPU, constructor)`` of one row's ``spec``
+    (see :func:`worker`); a peer's package is imported here (``peers.preload``)."""
     cfg, optim_cfg = preset(spec["preset"], spec.get("overrides"))
     batch = make_batch(cfg.arch, spec["rows"], spec["src_len"], spec["tgt_len"])
     if spec["model"] == "ours":
@@ -252,6 +276,52 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
         def ctor() -> torch.nn.Module:
             return pctor(d, VOCAB)
+    return cfg, optim_cfg, batch, ctor
+
+
+def measure_on_cuda(spec: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """One row on a CUDA device, in this process: the step times of :func:`time_steps` and the
+    peak memory the row allocated (``torch.cuda.max_memory_allocated`` after
+    ``reset_peak_memory_stats``, minus what was allocated before the model was built: weights,
+    gradients, Adam state, activations; the caching allocator's reserve is not counted)."""
+    cfg, optim_cfg, batch, ctor = model_under_test(spec)
+    gc.collect()
+    torch.cuda.empty_cache()
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.manual_seed(0)
+    model = ctor().to(device)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    opt = make_optimizer(model, optim_cfg, device.type)
+    r = time_steps(model, batch, opt, spec["warmup"], spec["steps"], spec.get("precision", "fp32"), device)
+    synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    r.update(mem_mb=(peak - before) / 2**20, params=sum(p.numel() for p in model.parameters()),
+             dropout=our_dropout(cfg) if spec["model"] == "ours" else getattr(model, "dropout_desc", "?"),
+             device=torch.cuda.get_device_name(device))
+    if spec.get("compile"):
+        r["compile_s"] = r["warmup_s"][0]
+    del model, opt, batch
+    gc.collect()
+    torch.cuda.empty_cache()
+    return r
+
+
+def worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """Build one model in this (fresh) process, time its steps, measure its memory.
+
+    ``spec``: ``model`` (``"ours"`` or a peer name of ``peers.py``), ``preset``, ``overrides``
+    (Hydra), ``compile``, ``fused_loss``, ``rows``, ``src_len``, ``tgt_len``, ``warmup``, ``steps``,
+    ``threads``, ``malloc``, ``precision`` (``fp32`` | ``bf16``), ``device`` (``cpu``, the default,
+    or ``cuda``: see :func:`measure_on_cuda`).
+    """
+    torch.set_num_threads(spec["threads"])
+    tuned = tune_cpu_allocator() if spec["malloc"] == "tuned" else False
+    device = torch.device(spec.get("device", "cpu"))
+    if device.type == "cuda":
+        return {**measure_on_cuda(spec, device), "malloc_tuned": tuned}
+    cfg, optim_cfg, batch, ctor = model_under_test(spec)
     prime_runtime(optim_cfg)
     gc.collect()
     before = _rss_mb()
@@ -355,6 +425,34 @@ def matmul_peak(reps: int = 5, dtype: torch.dtype = torch.float32) -> float:
     return best_rate
 
 
+def cuda_matmul_peak(device: torch.device, dtype: torch.dtype = torch.bfloat16, reps: int = 5) -> float:
+    """Best ``torch.mm`` rate (FLOP/s) in ``dtype`` on a CUDA device over 4096^3 and 8192^3
+    products (each timed between ``torch.cuda.synchronize`` calls, after one warm-up)."""
+    best_rate = 0.0
+    for n in (4096, 8192):
+        a = torch.randn(n, n, dtype=dtype, device=device)
+        b = torch.randn(n, n, dtype=dtype, device=device)
+        torch.mm(a, b)
+        for _ in range(reps):
+            synchronize(device)
+            t = time.perf_counter()
+            torch.mm(a, b)
+            synchronize(device)
+            best_rate = max(best_rate, 2 * n**3 / (time.perf_counter() - t))
+        del a, b
+    torch.cuda.empty_cache()
+    return best_rate
+
+
+def device_peak(name: str, precision: str) -> float | None:
+    """The datasheet peak (FLOP/s) of a GPU named ``name`` (:data:`DEVICE_PEAKS`) at ``precision``
+    (``bf16`` | ``fp32``), or None for a GPU the table does not know."""
+    for key, peaks in DEVICE_PEAKS.items():
+        if key in name:
+            return peaks.get(precision)
+    return None
+
+
 def cpu_name() -> str:
     try:
         for line in open("/proc/cpuinfo"):
@@ -370,7 +468,7 @@ def cpu_name() -> str:
 
 def bf16_skip_reason(args: argparse.Namespace, peaks: dict[str, float]) -> str:
     """Why bf16 rows are not run on this machine ("" when they are)."""
-    if args.force_bf16 or cpu_has_fast_bf16():
+    if args.force_bf16 or getattr(args, "device", "cpu") == "cuda" or cpu_has_fast_bf16():
         return ""
     return (f"no fast bf16 on this CPU ({cpu_name()}: no AMX / AVX512-BF16, torch capability "
             f"{torch.backends.cpu.get_cpu_capability()}); bf16 matmul {peaks['bf16'] / 1e9:.1f} GFLOP/s vs fp32 "
@@ -383,12 +481,16 @@ def throughput(args: argparse.Namespace, peaks: dict[str, float]) -> list[dict[s
     rows_out = []
     several = len(args.precision) > 1
     skip_bf16 = bf16_skip_reason(args, peaks) if "bf16" in args.precision else ""
+    device = getattr(args, "device", "cpu")
     for size in args.sizes:
         ed_name, do_name, rows = SIZES[size]
+        if device == "cuda":
+            rows = args.cuda_rows
         for family, preset_name, peers in (
             ("encoder-decoder", ed_name, encdec_peers()), ("decoder-only", do_name, decoder_only_peers()),
         ):
-            cfg, _ = preset(preset_name)
+            size_over = PRESET_OVERRIDES.get((size, family), [])
+            cfg, _ = preset(preset_name, size_over)
             tokens = rows * TGT_LEN
             flops = train_flops(cfg, rows, SRC_LEN, TGT_LEN)
             print(f"[{size} {family}] {preset_name}, batch {rows}x{TGT_LEN}, {flops / rows / TGT_LEN / 1e6:.1f} "
@@ -398,9 +500,9 @@ def throughput(args: argparse.Namespace, peaks: dict[str, float]) -> list[dict[s
             for prec in args.precision:
                 tag = f" [{prec}]" if several else ""
                 base = {"preset": preset_name, "rows": rows, "src_len": SRC_LEN, "tgt_len": TGT_LEN,
-                        "warmup": w, "steps": s, "precision": prec}
+                        "warmup": w, "steps": s, "precision": prec, "device": device, "overrides": size_over}
                 # decoder-only peers have no dropout: our reference row gets none either
-                ours_over = ["model.dropout=0.0"] if family == "decoder-only" else []
+                ours_over = size_over + (["model.dropout=0.0"] if family == "decoder-only" else [])
                 ours_spec = {**base, "model": "ours", "overrides": ours_over}
                 these = [("ours" + tag, ours_spec)]
                 if family == "decoder-only":
@@ -459,7 +561,7 @@ def scaling(args: argparse.Namespace, peak: float) -> dict[str, list[dict[str, A
     for key, length, rows in points:
         label = f"len {length} x {rows} rows" if key == "seq_len" else f"{rows} rows x len 32"
         spec = {"model": "ours", "preset": name, "rows": rows, "src_len": length, "tgt_len": length, "warmup": 1,
-                "steps": args.scaling_steps}
+                "steps": args.scaling_steps, "device": getattr(args, "device", "cpu")}
         r = run_one(label, spec, rows * length, args)
         r.update(seq_len=length, rows=rows, batch_tokens=rows * length)
         if "step_s" in r:
@@ -511,7 +613,8 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         f"Command: `{res['command']}`  ",
         f"Date: {res['date']}; commit `{res['commit']}`  ",
-        f"Machine: {m['cpu']}, {m['threads']} torch threads, torch {m['torch']}; "
+        f"Machine: {m['cpu']}, {m['threads']} torch threads, torch {m['torch']}"
+        + (f"; **GPU: {m['gpu']}** (every row on the GPU; peaks: datasheet, else a matmul probe)" if m.get("gpu") else "") + "; "
         "Matmul peak measured in this run (best `torch.mm` over square and FFN shapes), at the start / at the end: "
         + "; ".join(f"{prec} **{m['peaks_gflops'][prec]:.1f}** / {m.get('peaks_gflops_end', {}).get(prec, float('nan')):.1f} GFLOP/s"
                     for prec in m["peaks_gflops"])
@@ -602,6 +705,10 @@ def main() -> None:
     p.add_argument("--force-bf16", action="store_true",
                    help="run bf16 rows even on a CPU without AMX / AVX512-BF16 (emulated, very slow)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: every row on the GPU (one fresh process each, torch.cuda.max_memory_allocated; "
+                        "MFU against the datasheet peak of DEVICE_PEAKS, or a matmul probe for an unknown GPU)")
+    p.add_argument("--cuda-rows", type=int, default=256, help="batch rows of every size on CUDA (x 24 target tokens)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5, help="measured steps at tiny size (median reported)")
     p.add_argument("--base-steps", type=int, default=3, help="measured steps at base size")
@@ -630,9 +737,18 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
     start = time.time()
-    peaks = {prec: matmul_peak(dtype=DTYPES[prec]) for prec in ("fp32", *[p for p in args.precision if p != "fp32"])}
+    precs = ("fp32", *[p for p in args.precision if p != "fp32"])
+    gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else None
+
+    def probe() -> dict[str, float]:
+        if gpu is None:
+            return {prec: matmul_peak(dtype=DTYPES[prec]) for prec in precs}
+        dev = torch.device("cuda", 0)
+        return {prec: device_peak(gpu, prec) or cuda_matmul_peak(dev, DTYPES[prec]) for prec in precs}
+
+    peaks = probe()
     for prec, value in peaks.items():
-        print(f"{prec} matmul peak: {value / 1e9:.1f} GFLOP/s ({args.threads} threads)", flush=True)
+        print(f"{prec} matmul peak: {value / 1e9:.1f} GFLOP/s ({gpu or f'{args.threads} threads'})", flush=True)
     peak = peaks["fp32"]
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
@@ -646,7 +762,7 @@ def main() -> None:
         "date": datetime.date.today().isoformat(),
         "commit": commit,
         "precision": args.precision,
-        "machine": {"cpu": cpu_name(), "threads": args.threads, "torch": torch.__version__,
+        "machine": {"cpu": cpu_name(), "gpu": gpu, "device": args.device, "threads": args.threads, "torch": torch.__version__,
                     "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_fast_bf16": cpu_has_fast_bf16(),
                     "peaks_gflops": {k: v / 1e9 for k, v in peaks.items()}, "peak_gflops": peak / 1e9,
                     "malloc": args.malloc, "process_per_model": True},
@@ -657,7 +773,7 @@ def main() -> None:
         res["scaling"] = scaling(args, peak)
     if args.decode:
         res["decode"] = decode_rows(args.decode)
-    peaks_end = {prec: matmul_peak(dtype=DTYPES[prec]) for prec in peaks}
+    peaks_end = probe()
     res["machine"]["peaks_gflops_end"] = {k: v / 1e9 for k, v in peaks_end.items()}
     res["machine"]["peak_gflops_end"] = peaks_end["fp32"] / 1e9
     # MFU against the higher probe: the machine's speed drifts and the rows report their best round

@@ -1,62 +1,113 @@
 #!/usr/bin/env bash
-# Every result run of the project at once on ONE GPU: the 2017 -> Llama-style ladder (7 steps x 3
+# Every result run of the project at once on ONE GPU: the 2017 -> Llama-style ladder (7 steps x 2
 # seeds, configs/experiment/ladder.yaml) and the Wu et al. 2021 Transformer-Tiny recipe
 # (configs/experiment/wu2021_tiny.yaml), one training process per run, all on the same device,
 # then the ladder table (scripts/compare.py). The models are tiny, so a single run leaves a large
-# GPU mostly idle (each step is a few hundred small kernels); 22 concurrent processes fill it.
-# Sized for an H200-class GPU (target: under 10 minutes); smoke-tested on the CPU with 2 updates:
+# GPU mostly idle (each step is a few hundred small kernels); 15 concurrent processes fill it.
+# Not yet run on a GPU (scripts/gpu_check.sh runs it after benchmarks/gpu_check.py); smoke-tested on
+# the CPU (tests/scripts/test_results_gpu.py):
 #
 #   bash scripts/results_gpu.sh
+#   OUT=runs/gpu_study TIME_LIMIT=300 bash scripts/results_gpu.sh    # stop politely after 300 s; the same line continues
 #   DEVICE=cpu SEEDS=1 EXTRA="train.max_updates=2 train.valid_bleu=false generation.beam_size=1" bash scripts/results_gpu.sh
 #
-# Environment: OUT (default runs/gpu_<date>), DEVICE (default cuda), SEEDS (default "1 2 3"),
-# EXTRA (Hydra overrides added to every run), TRANSFORMER_DATA_DIR (folder holding multi30k/).
+# What the runs train is what the experiments pin, unchanged on the GPU: train.precision=fp32 (not
+# bf16, so that GPU runs are comparable with the CPU runs of docs/results/: compare.py refuses a
+# table that mixes precisions), train.num_threads=1 and train.resume=auto (a run that finds its
+# checkpoint_last continues from it, a complete run is left as it is: rerunning this script with
+# the same OUT continues every unfinished run). The run folders keep the ladder's own naming
+# (<step>_seed<seed>, as runs/ladder/ by default) under $OUT, so GPU runs never mix with the CPU
+# runs of runs/ladder/.
+#
+# Environment: OUT (default runs/gpu_<date>), DEVICE (default cuda), SEEDS (default "1 2", the
+# study's seeds), STEPS (default: the 7 ladder steps), WU (1: also the Wu et al. run; 0: not),
+# EXTRA (Hydra overrides added to every run), PREPROCESS (1: binarize Multi30k first; 0 when EXTRA
+# points the runs at another corpus), TIME_LIMIT (0 = none; else the runs' deadline is the script's
+# start + TIME_LIMIT seconds: each run then gets SIGTERM, saves checkpoint_last and exits 75, and is
+# killed 20 s later if it has not), PYTHON (default python, else python3), TRANSFORMER_DATA_DIR
+# (folder holding multi30k/).
 # Logs: $OUT/logs/*.log; runs: $OUT/ladder/<step>_seed<n>/, $OUT/wu2021_tiny/seed1/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_$(date +%Y-%m-%d_%H-%M-%S)}
 DEVICE=${DEVICE:-cuda}
-SEEDS=${SEEDS:-"1 2 3"}
+SEEDS=${SEEDS:-"1 2"}
+STEPS=${STEPS:-"step0_vaswani2017 step1_pre_ln step2_rmsnorm step3_swiglu step4_rope step5_gqa step6_decoder_only"}
+WU=${WU:-1}
 EXTRA=${EXTRA:-}
-STEPS="step0_vaswani2017 step1_pre_ln step2_rmsnorm step3_swiglu step4_rope step5_gqa step6_decoder_only"
+PREPROCESS=${PREPROCESS:-1}
+TIME_LIMIT=${TIME_LIMIT:-0}
+PYTHON=${PYTHON:-$(command -v python || command -v python3)}
 mkdir -p "$OUT/logs"
 start=$(date +%s)
+deadline=$(( TIME_LIMIT > 0 ? start + TIME_LIMIT : 0 ))
+echo "results_gpu.sh: device $DEVICE, steps: $STEPS; seeds: $SEEDS; Wu run: $WU; out $OUT; time limit ${TIME_LIMIT}s" >&2
 
 # 1. Binarize each corpus once: the concurrent runs below then only map the cached arrays.
-for data in multi30k_en_de multi30k_tok_en_de; do
-  python scripts/preprocess.py "data=$data" > "$OUT/logs/preprocess_$data.log" 2>&1
-done
+if [ "$PREPROCESS" = 1 ]; then
+  for data in multi30k_en_de multi30k_tok_en_de; do
+    "$PYTHON" scripts/preprocess.py "data=$data" > "$OUT/logs/preprocess_$data.log" 2>&1
+  done
+fi
 
-# 2. One process per run, all on $DEVICE (one CPU thread each: the device does the arithmetic).
-common=("train.device=$DEVICE" train.num_threads=1 train.progress=false)
+# 2. One process per run, all on $DEVICE (one CPU thread each, as the experiments pin: the device
+# does the arithmetic). With TIME_LIMIT, `timeout` sends SIGTERM at the deadline: the run stops
+# politely (train.stop_signals) after the update in progress, with its checkpoint_last saved.
+common=("train.device=$DEVICE" train.progress=false)
 pids=()
 names=()
+launch() {  # launch <name> <log> <overrides...>
+  local name=$1 log=$2
+  shift 2
+  local limit=()
+  if [ "$deadline" -gt 0 ]; then
+    local left=$(( deadline - $(date +%s) ))
+    if [ "$left" -le 0 ]; then
+      echo "not started (TIME_LIMIT reached): $name" >&2
+      return
+    fi
+    limit=(timeout -s TERM -k 20 "$left")  # killed 20 s after SIGTERM if it has not stopped by then
+  fi
+  # shellcheck disable=SC2086  # EXTRA is a list of overrides
+  OMP_NUM_THREADS=1 ${limit[@]+"${limit[@]}"} "$PYTHON" scripts/train.py "$@" "${common[@]}" $EXTRA > "$log" 2>&1 &
+  pids+=($!)
+  names+=("$name")
+}
 for step in $STEPS; do
   for seed in $SEEDS; do
-    # shellcheck disable=SC2086  # EXTRA is a list of overrides
-    OMP_NUM_THREADS=1 python scripts/train.py experiment=ladder "ladder=$step" "seed=$seed" "${common[@]}" \
-      "hydra.run.dir=$OUT/ladder/${step}_seed$seed" $EXTRA > "$OUT/logs/ladder_${step}_seed$seed.log" 2>&1 &
-    pids+=($!)
-    names+=("ladder ${step} seed $seed")
+    launch "ladder ${step} seed $seed" "$OUT/logs/ladder_${step}_seed$seed.log" \
+      experiment=ladder "ladder=$step" "seed=$seed" "hydra.run.dir=$OUT/ladder/${step}_seed$seed"
   done
 done
-# shellcheck disable=SC2086
-OMP_NUM_THREADS=1 python scripts/train.py experiment=wu2021_tiny seed=1 "${common[@]}" \
-  "hydra.run.dir=$OUT/wu2021_tiny/seed1" $EXTRA > "$OUT/logs/wu2021_tiny_seed1.log" 2>&1 &
-pids+=($!)
-names+=("wu2021_tiny seed 1")
+if [ "$WU" = 1 ]; then
+  launch "wu2021_tiny seed 1" "$OUT/logs/wu2021_tiny_seed1.log" \
+    experiment=wu2021_tiny seed=1 "hydra.run.dir=$OUT/wu2021_tiny/seed1"
+fi
 
 failed=0
+stopped=0
 for i in "${!pids[@]}"; do
-  if ! wait "${pids[$i]}"; then
-    echo "FAILED: ${names[$i]} (see $OUT/logs)" >&2
+  status=0
+  wait "${pids[$i]}" || status=$?
+  if [ "$status" -eq 0 ]; then
+    continue
+  elif [ "$status" -eq 124 ] || [ "$status" -eq 75 ]; then  # timeout's status / the polite stop's
+    echo "stopped by TIME_LIMIT: ${names[$i]} (checkpoint_last saved; rerun with OUT=$OUT to continue)" >&2
+    stopped=$((stopped + 1))
+  else
+    echo "FAILED (exit $status): ${names[$i]} (see $OUT/logs)" >&2
     failed=$((failed + 1))
   fi
 done
-echo "${#pids[@]} runs finished in $(( $(date +%s) - start )) s, $failed failed" >&2
+echo "${#pids[@]} runs in $(( $(date +%s) - start )) s: $failed failed, $stopped stopped by TIME_LIMIT" >&2
 
 # 3. The ladder table (BLEU mean +- std over seeds, paired bootstrap), from every finished run.
-python scripts/compare.py "$OUT"/ladder/* --out "$OUT/ladder_comparison" --baseline step0 > "$OUT/logs/compare.log" 2>&1 \
-  || echo "compare.py failed (see $OUT/logs/compare.log)" >&2
-echo "results: $OUT/ladder_comparison/comparison.md, $OUT/wu2021_tiny/seed1/results.json" >&2
+if compgen -G "$OUT/ladder/*" > /dev/null; then
+  if "$PYTHON" scripts/compare.py "$OUT"/ladder/* --out "$OUT/ladder_comparison" --baseline step0 > "$OUT/logs/compare.log" 2>&1; then
+    echo "results: $OUT/ladder_comparison/comparison.md" >&2
+  else
+    echo "compare.py failed (see $OUT/logs/compare.log; no finished run yet?)" >&2
+  fi
+fi
+[ "$WU" = 1 ] && echo "results: $OUT/wu2021_tiny/seed1/results.json" >&2
 exit $(( failed > 0 ))
