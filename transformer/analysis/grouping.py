@@ -29,6 +29,7 @@ IGNORED_KEYS: tuple[str, ...] = (
     "train.stop_signals",
     "train.device",
     "train.num_threads",
+    "train.onednn_cache_capacity",
     "train.progress",
     "train.resume",
     "train.log_every",

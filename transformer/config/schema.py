@@ -325,6 +325,8 @@ class TrainConfig:
     device: str = "auto"
     num_threads: int = 0  # 0 = torch default
     tune_malloc: bool = True  # CPU: keep freed tensor memory in the process (glibc mallopt)
+    # CPU: oneDNN primitive cache entries (ONEDNN_PRIMITIVE_CACHE_CAPACITY) for bf16 matmuls; null = oneDNN's 1024
+    onednn_cache_capacity: Optional[int] = 64
     validate_every: int = 500
     valid_bleu: bool = True
     valid_bleu_subset: int = 200  # the first N validation pairs are translated for BLEU; 0 = the whole set

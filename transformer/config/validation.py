@@ -262,6 +262,8 @@ def validate_config(cfg: Any) -> None:
     for name in ("validate_every", "save_every", "keep_last", "average_last", "patience", "clip_norm"):
         if getattr(t, name) < 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")
+    if t.onednn_cache_capacity is not None and t.onednn_cache_capacity < 0:
+        raise ConfigError(f"train.onednn_cache_capacity={t.onednn_cache_capacity} must be >= 0 (0 = no cache) or null (oneDNN's default)")
     validate_optim_config(cfg.optim)
     longest = max(cfg.data.max_source_positions, cfg.data.max_target_positions)
     if cfg.model.arch == "decoder_only":

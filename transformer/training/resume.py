@@ -45,7 +45,7 @@ RESUME_OVERRIDES: tuple[str, ...] = (
     "train.max_updates", "train.max_epochs", "train.max_time", "train.patience",  # when to stop
     "train.ema_decay",  # the weight average can start (or stop) at a resume (Trainer.load_state)
     "train.log_every", "train.progress", "logger",  # what to show and where to log it
-    "train.num_threads", "train.tune_malloc", "train.device",  # the machine
+    "train.num_threads", "train.tune_malloc", "train.onednn_cache_capacity", "train.device",  # the machine
     "train.distributed", "train.activation_checkpointing", "train.compile",  # how it computes, not what
     "data.root", "data.cache_dir", "data.binarized", "data.download", "data.preprocess_workers",  # where the data is
     "train.resume", "train.resume_from", "run_dir",  # what to resume, and where

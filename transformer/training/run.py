@@ -21,7 +21,7 @@ from transformer.config import Config, ConfigError, budget_sentence, config_dict
 from transformer.data.dataset import load_translation_data
 from transformer.io import FolderLock, atomic_write_text, check_unlocked
 from transformer.models import count_parameters
-from transformer.training.allocator import tune_cpu_allocator
+from transformer.training.allocator import limit_onednn_cache, tune_cpu_allocator
 from transformer.training.checkpoint import CheckpointError, CheckpointManager, remove_stale_temporaries
 from transformer.training.distributed import setup_distributed, shutdown_distributed
 from transformer.training.loggers import build_loggers
@@ -119,8 +119,10 @@ def _requeued_job_resumes(command_line: DictConfig, run_dir: Path) -> DictConfig
 def _train(cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Path, start: float) -> dict[str, Any]:
     """The part of :func:`train` that writes the run folder (under its lock on rank 0)."""
     t = cfg.train
-    if t.tune_malloc and dist_info.device.type == "cpu":
-        tune_cpu_allocator()
+    if dist_info.device.type == "cpu":
+        if t.tune_malloc:
+            tune_cpu_allocator()
+        limit_onednn_cache(t.onednn_cache_capacity)
     log = RunLog(run_dir, dist_info.is_main)
     data = load_translation_data(cfg.data, log=log)
     run_dir.mkdir(parents=True, exist_ok=True)
