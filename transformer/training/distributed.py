@@ -10,7 +10,9 @@ the global number of target tokens, so N ranks compute the same update as one ra
 
 from __future__ import annotations
 
+import gc
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,11 +86,29 @@ def setup_distributed(device_name: str) -> DistInfo:
     return DistInfo(rank, world_size, device)
 
 
-def shutdown_distributed() -> None:
-    """Wait for every rank, then leave the process group (nothing to do without one)."""
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+def shutdown_distributed(parallel: Any = None) -> None:
+    """Wait for every rank, then leave the process group (nothing to do without one).
+
+    Args:
+        parallel: the run's :class:`~transformer.training.parallel.DataParallel`; its
+            DistributedDataParallel wrapper is released first.
+
+    The order avoids a deadlock seen under load with gloo (a rank hung at exit after its run had
+    finished): a gloo worker thread drops the barrier's work, and with it the references to
+    tensors that have Python objects, which needs the GIL; if the last reference to the process
+    group is then dropped by the DDP ``Reducer``'s destructor, that destructor joins the worker
+    threads while holding the GIL. So the ``Reducer`` goes first (the group is still held by
+    ``torch.distributed``, nothing is joined), the GIL is free for a moment after the barrier (the
+    workers finish their clean-up), and ``destroy_process_group`` destroys the group last.
+    """
+    if not dist.is_initialized():
+        return
+    if parallel is not None:
+        parallel.release()
+        gc.collect()
+    dist.barrier()
+    time.sleep(0.05)  # releases the GIL: the gloo workers drop the barrier's work before the group goes
+    dist.destroy_process_group()
 
 
 def broadcast_from_main(obj: Any, dist_info: DistInfo) -> Any:

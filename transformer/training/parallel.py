@@ -150,6 +150,12 @@ class DataParallel:
         else:
             self.engine = loss_module
 
+    def release(self) -> None:
+        """Drop the DistributedDataParallel wrapper (and its ``Reducer``) at the end of a run,
+        before the process group is destroyed (:func:`~transformer.training.distributed.shutdown_distributed`);
+        the loss module stays usable on this rank."""
+        self.engine = self.loss_module
+
     @property
     def model(self) -> nn.Module:
         """The wrapped model (its parameters are DTensor shards under FSDP)."""

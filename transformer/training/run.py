@@ -161,7 +161,7 @@ def _train(cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Pat
             log(f"{stopped}; to continue, run the same command with train.resume=auto (a sweep's own command does), "
                 f"or: python scripts/train.py hydra.run.dir={run_dir} train.resume=true")
             loggers.close()
-            shutdown_distributed()
+            shutdown_distributed(trainer.parallel)
             stopping.hand_over()  # e.g. submitit's preemption handler: it requeues the job and exits
             raise
     log(f"stopped: {stop}")
@@ -173,7 +173,7 @@ def _train(cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Pat
         results = final_test(trainer, choices, params, start, active_params=active)
     loggers.log({k: v for k, v in results.items() if isinstance(v, (int, float))}, step=trainer.update, split="test")
     loggers.close()
-    shutdown_distributed()
+    shutdown_distributed(trainer.parallel)
     return results
 
 
