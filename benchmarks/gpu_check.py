@@ -116,7 +116,7 @@ from transformer.data.dataset import load_translation_data  # noqa: E402
 from transformer.generation import translate_sentences  # noqa: E402
 from transformer.modules.attention import Attention, MultiHeadLatentAttention  # noqa: E402
 from transformer.training.distributed import DistInfo  # noqa: E402
-from transformer.training.precision import cpu_has_fast_bf16  # noqa: E402
+from transformer.training.precision import cpu_has_fast_bf16, cpu_model_name  # noqa: E402
 from transformer.training.trainer import Trainer  # noqa: E402
 
 # ----------------------------------------------------------------------------- the report
@@ -226,17 +226,6 @@ def git_commit() -> str:
         return "?"
 
 
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def version(dist: str) -> str | None:
     """The installed version of distribution ``dist``, or None."""
     try:
@@ -262,14 +251,14 @@ def device_description(device: torch.device) -> dict[str, Any]:
         return {"device": "cuda", "device_name": torch.cuda.get_device_name(device),
                 "capability": ".".join(map(str, torch.cuda.get_device_capability(device))),
                 "memory_gib": round(props.total_memory / 2**30, 1), "multiprocessors": props.multi_processor_count}
-    return {"device": "cpu", "device_name": cpu_model()}
+    return {"device": "cpu", "device_name": cpu_model_name()}
 
 
 def section_environment(sec: dict[str, Any], ctx: "Context") -> None:
     """Versions, flags and what is missing."""
     r = sec["results"]
     r.update(device_description(ctx.device))
-    r.update(torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version(), cpu=cpu_model(),
+    r.update(torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version(), cpu=cpu_model_name(),
              cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
              torch_threads=torch.get_num_threads(), cuda_available=torch.cuda.is_available(),
              transformers=version("transformers"), triton=version("triton") or version("pytorch-triton"),
@@ -1159,7 +1148,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the sections in order of cost (compile last); 0 when every section passed, else 1."""
     args = apply_defaults(build_parser().parse_args(argv))
     if args.study_summary is not None:
-        name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU {cpu_model()}"
+        name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU {cpu_model_name()}"
         study_summary(args.study_summary, args.out, name, args.study_note)
         return 0
     torch.set_num_threads(args.threads)

@@ -64,7 +64,8 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "fp32"
 
 
-def _cpu_model_name() -> str:
+def cpu_model_name() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (else :func:`platform.processor` / machine)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.lower().startswith("model name"):
@@ -83,7 +84,7 @@ def describe_hardware(device: torch.device | None = None) -> dict[str, Any]:
         ``torch`` (version) and, on CUDA, ``gpu`` (device name).
     """
     info: dict[str, Any] = {
-        "cpu": _cpu_model_name(),
+        "cpu": cpu_model_name(),
         "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_fast_bf16": cpu_has_fast_bf16(),
@@ -95,4 +96,4 @@ def describe_hardware(device: torch.device | None = None) -> dict[str, Any]:
     return info
 
 
-__all__ = ["PRECISIONS", "cpu_has_fast_bf16", "cuda_has_fast_bf16", "describe_hardware", "resolve_precision"]
+__all__ = ["PRECISIONS", "cpu_has_fast_bf16", "cpu_model_name", "cuda_has_fast_bf16", "describe_hardware", "resolve_precision"]
