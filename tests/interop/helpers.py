@@ -7,11 +7,16 @@ EOS by itself, so beam searches can be compared hypothesis for hypothesis.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tests.conftest import tiny_model_config
+from transformer.interop import ExportError, unsupported
+from transformer.interop.hf_moe import to_hf_moe
 from transformer.models import build_model
 
 LLAMA = {"arch": "decoder_only", "n_encoder_layers": 0, "norm_position": "pre", "norm.name": "rmsnorm",
@@ -66,3 +71,15 @@ def random_sources(n: int, vocab: int, seed: int = 0, lo: int = 2, hi: int = 9) 
     """``n`` id lists of lengths in ``[lo, hi)`` from ``5..vocab-1`` (no specials)."""
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(5, vocab, (int(k),), generator=g).tolist() for k in torch.randint(lo, hi, (n,), generator=g)]
+
+
+def assert_moe_export_refuses(cfg: Any, switch: str, judged: Callable[[Any], list[str]], target: str, hf_class: str) -> None:
+    """A Mixtral / DeepSeek-V3 export of ``cfg`` is refused naming ``switch``: ``judged(cfg)`` (the
+    family's ``*_unsupported``) lists it, ``format=hf`` picks ``target``, and ``to_hf_moe`` raises an
+    ``ExportError`` that names the Hugging Face class and the switch."""
+    reasons = judged(cfg)
+    assert any(why.startswith(switch) for why in reasons), reasons
+    assert unsupported(cfg, "hf")[0] == target
+    pattern = f"cannot export to Hugging Face {hf_class}: .*{switch.replace('.', '[.]')}"
+    with pytest.raises(ExportError, match=pattern):
+        to_hf_moe(build_model(cfg, 40), cfg)

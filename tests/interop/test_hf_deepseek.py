@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 
 from tests.conftest import REPO_ROOT, tiny_model_config
 from tests.generation.helpers import make_run_dir
-from tests.interop.helpers import LLAMA, perturbed, random_sources
+from tests.interop.helpers import LLAMA, assert_moe_export_refuses, perturbed, random_sources
 from transformer.config import GenerationConfig, register_configs
 from transformer.generation import load_run, translate_sentences
 from transformer.interop import ExportError, export_run, import_hf_llama, unsupported
@@ -166,12 +166,7 @@ REFUSALS = [
 
 @pytest.mark.parametrize("override,switch", REFUSALS, ids=[r[1] for r in REFUSALS])
 def test_options_deepseek_v3_lacks_are_refused_by_name(override: dict, switch: str) -> None:
-    cfg = tiny_model_config(**{**MOE, **override})
-    assert any(why.startswith(switch) for why in deepseek_unsupported(cfg)), deepseek_unsupported(cfg)
-    assert unsupported(cfg, "hf")[0] == DEEPSEEK_TARGET
-    pattern = f"cannot export to Hugging Face DeepseekV3ForCausalLM: .*{switch.replace('.', '[.]')}"
-    with pytest.raises(ExportError, match=pattern):
-        to_hf_moe(build_model(cfg, 40), cfg)
+    assert_moe_export_refuses(tiny_model_config(**{**MOE, **override}), switch, deepseek_unsupported, DEEPSEEK_TARGET, "DeepseekV3ForCausalLM")
 
 
 def test_sigmoid_moe_without_mla_is_judged_as_mixtral_and_told_so() -> None:
