@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
-from transformer.analysis import compare_sweeps, expected_jobs, find_run_dirs, load_run, write_outputs
+from transformer.analysis import compare_sweeps, describe_machine, expected_jobs, find_run_dirs, load_run, write_outputs
 
 N_SENT = 60
 
@@ -287,6 +287,8 @@ def test_machines_come_from_the_runs_results(tmp_path, corpus):
     assert comp.machines == ["Example CPU 9000 (2 cores, AVX2), torch 2.13.0 with 1 thread(s), fp32 precision, device cpu"]
     md = (write_outputs(comp, tmp_path / "out")["markdown"]).read_text()
     assert "- trained on: Example CPU 9000" in md
+    results["hardware"]["cpu_count"] = 1  # a run pinned to one core (taskset -c 0)
+    assert describe_machine(results).startswith("Example CPU 9000 (1 core, AVX2), torch 2.13.0")
 
 
 def test_holm_bonferroni_by_value():

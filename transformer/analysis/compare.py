@@ -96,7 +96,8 @@ def describe_machine(results: dict) -> str:
     hw = results.get("hardware")
     if not isinstance(hw, dict):
         return "machine not recorded (results.json without `hardware`)"
-    where = f"{hw.get('cpu', '?')} ({hw.get('cpu_count', '?')} cores, {hw.get('cpu_capability', '?')})"
+    cores = hw.get("cpu_count", "?")
+    where = f"{hw.get('cpu', '?')} ({cores} core{'' if cores == 1 else 's'}, {hw.get('cpu_capability', '?')})"
     if hw.get("gpu"):
         where = f"{hw['gpu']} + {where}"
     return (f"{where}, torch {hw.get('torch', '?')} with {hw.get('torch_threads', '?')} thread(s), "
