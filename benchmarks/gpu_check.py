@@ -116,7 +116,7 @@ from transformer.data.dataset import load_translation_data  # noqa: E402
 from transformer.generation import translate_sentences  # noqa: E402
 from transformer.modules.attention import Attention, MultiHeadLatentAttention  # noqa: E402
 from transformer.training.distributed import DistInfo  # noqa: E402
-from transformer.training.precision import cpu_has_fast_bf16, cpu_model_name  # noqa: E402
+from transformer.training.precision import cpu_has_fast_bf16, cpu_model_name, describe_hardware  # noqa: E402
 from transformer.training.trainer import Trainer  # noqa: E402
 
 # ----------------------------------------------------------------------------- the report
@@ -258,9 +258,9 @@ def section_environment(sec: dict[str, Any], ctx: "Context") -> None:
     """Versions, flags and what is missing."""
     r = sec["results"]
     r.update(device_description(ctx.device))
-    r.update(torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version(), cpu=cpu_model_name(),
-             cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-             torch_threads=torch.get_num_threads(), cuda_available=torch.cuda.is_available(),
+    hw = describe_hardware()
+    r.update(torch=hw["torch"], cuda=torch.version.cuda, python=platform.python_version(), cpu=hw["cpu"],
+             cpu_count=hw["cpu_count"], torch_threads=hw["torch_threads"], cuda_available=torch.cuda.is_available(),
              transformers=version("transformers"), triton=version("triton") or version("pytorch-triton"),
              data_dir=str(ctx.data_dir) if ctx.data_dir else None, commit=git_commit())
     missing_opt = [f"{m} ({why})" for m, why in OPTIONAL.items() if importlib.util.find_spec(m) is None
