@@ -70,6 +70,19 @@ def _forget_resume_record() -> None:
         pass
 
 
+def _forget_new_folder() -> None:
+    """Remove the run folder Hydra made for a job that was finished elsewhere (``train.finished_runs``)
+    when it holds nothing but Hydra's record: a skipped job leaves no trace in the sweep."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        folder = Path(HydraConfig.get().runtime.output_dir)
+    except Exception:  # not under Hydra
+        return
+    if folder.is_dir() and [p.name for p in folder.iterdir()] == [".hydra"]:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _forget_if_untouched(err: BaseException) -> None:
     """Before a user error is reported: a refusal that wrote nothing (``run_folder_untouched``) also
     drops Hydra's record of the resume."""
@@ -107,6 +120,8 @@ def main(cfg: DictConfig) -> float | None:
             sys.exit(err.exit_status)
     if results.get("skipped_complete"):
         _forget_resume_record()  # train.resume=auto on a complete run: the folder stays as it was
+        if results.get("finished_in"):
+            _forget_new_folder()  # finished elsewhere (train.finished_runs): no empty folder in the sweep
     return sweep_objective(results)  # the best validation metric: a sweeper never tunes on the test set
 
 

@@ -116,3 +116,28 @@ def test_a_larger_budget_continues_a_complete_run(small_corpus, reference, tmp_p
     assert res.returncode == 0, res.stderr[-3000:]
     assert "is complete" not in res.stderr
     assert json.loads((run / "results.json").read_text())["updates"] == 5
+
+
+def test_runs_finished_on_another_machine_are_not_trained_again(small_corpus, reference, tmp_path):
+    """A fresh machine (empty sweep folder) with ``train.finished_runs`` pointing at the finished runs'
+    small files (results, metrics, config; no checkpoints, as committed under docs/results): the
+    same sweep trains only the run that is not there, exactly as the uninterrupted sweep did, and
+    leaves no folder for the others."""
+    import shutil
+
+    finished = tmp_path / "committed"
+    for run in RUNS[:-1]:  # the last run is not finished anywhere
+        (finished / run).mkdir(parents=True)
+        for name in ("results.json", "metrics.jsonl", "config.yaml"):
+            shutil.copy(reference / run / name, finished / run / name)
+    sweep = tmp_path / "fresh" / "ladder"
+    res = subprocess.run(_command(small_corpus, sweep) + [f"train.finished_runs={finished}"], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    for run in RUNS[:-1]:
+        assert f"{sweep / run} is finished in {finished / run}" in res.stderr
+    assert f"training {sweep / RUNS[-1]}" in res.stderr
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == [RUNS[-1]]  # no empty folders
+    got, want = _outcome(sweep / RUNS[-1]), _outcome(reference / RUNS[-1])
+    assert got["averaged_test"] == want["averaged_test"] and got["hyps"] == want["hyps"]
+    assert all(got["weights"][k].equal(v) for k, v in want["weights"].items())

@@ -32,6 +32,7 @@ IGNORED_KEYS: tuple[str, ...] = (
     "train.onednn_cache_capacity",
     "train.progress",
     "train.resume",
+    "train.finished_runs",
     "train.log_every",
     "logger",
 )

@@ -341,6 +341,10 @@ class TrainConfig:
     resume: Any = False
     # continue from this checkpoint (a checkpoint_* file or stem, any folder) instead; implies resume
     resume_from: Optional[str] = None
+    # a folder of finished runs' small files (e.g. docs/results/ladder/runs): a job whose run folder holds
+    # no checkpoint and whose twin <finished_runs>/<run folder name>/results.json trained the same
+    # config is not trained again (transformer/training/finished_runs.py); null = not looked for
+    finished_runs: Optional[str] = None
     log_every: int = 50
     progress: bool = True
     # signals that stop training politely: finish the update, save checkpoint_last, exit with status 75

@@ -48,7 +48,7 @@ RESUME_OVERRIDES: tuple[str, ...] = (
     "train.num_threads", "train.tune_malloc", "train.onednn_cache_capacity", "train.device",  # the machine
     "train.distributed", "train.activation_checkpointing", "train.compile",  # how it computes, not what
     "data.root", "data.cache_dir", "data.binarized", "data.download", "data.preprocess_workers",  # where the data is
-    "train.resume", "train.resume_from", "run_dir",  # what to resume, and where
+    "train.resume", "train.resume_from", "train.finished_runs", "run_dir",  # what to resume, and where
 )
 """Fields a resumed run may take from the command line (a name covers the fields under it)."""
 

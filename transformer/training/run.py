@@ -24,6 +24,7 @@ from transformer.models import count_parameters
 from transformer.training.allocator import limit_onednn_cache, tune_cpu_allocator
 from transformer.training.checkpoint import CheckpointError, CheckpointManager, remove_stale_temporaries
 from transformer.training.distributed import setup_distributed, shutdown_distributed
+from transformer.training.finished_runs import skip_if_finished_elsewhere
 from transformer.training.loggers import build_loggers
 from transformer.training.results import (
     RunLog,
@@ -48,7 +49,9 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
     with its own saved config (see :mod:`transformer.training.resume`); everything is checked before
     anything in the run folder is written. With ``train.resume=auto`` a run that is already complete
     (:func:`~transformer.training.resume.completed_results`) is left untouched and its saved results
-    are returned (with ``skipped_complete: True``). Temporary files of interrupted saves are removed first.
+    are returned (with ``skipped_complete: True``); so are, with ``finished_in``, the results of a run
+    that is finished under ``train.finished_runs`` when the run folder holds no checkpoint
+    (:mod:`transformer.training.finished_runs`). Temporary files of interrupted saves are removed first.
 
     Args:
         cfg: a validated config (see :func:`transformer.config.validate_config`), typed or as
@@ -90,6 +93,10 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
             done["skipped_complete"] = True
             return done
     cfg = to_config(resume.cfg) if resume is not None else to_config(cfg)
+    if resume is None:  # nothing to continue here: finished on another machine (train.finished_runs)?
+        done = skip_if_finished_elsewhere(cfg, run_dir)
+        if done is not None:
+            return done
     t = cfg.train
     if t.num_threads > 0:
         torch.set_num_threads(t.num_threads)

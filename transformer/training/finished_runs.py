@@ -1,0 +1,105 @@
+"""A run that is already finished somewhere else is not trained again (``train.finished_runs``).
+
+A long study outlives the machine it started on: its finished runs' small files are kept (committed
+under ``docs/results/ladder/runs/<step>_seed<seed>/``, without checkpoints), but a fresh machine's
+``runs/`` is empty, so ``train.resume=auto`` alone would train them again. With
+``train.finished_runs=docs/results/ladder/runs`` a job whose run folder holds no checkpoint looks for
+its finished twin there, ``<finished_runs>/<run folder name>/results.json`` (or
+``<finished_runs>/results.json`` when the folder is itself one run's), and skips training when that
+run trained exactly this job: the same resolved config, seed and budget included, apart from the
+keys that never change what a run computes
+(:data:`~transformer.analysis.grouping.IGNORED_KEYS`: paths, logging, threads, how it resumes), with
+the same precision as it resolves on this machine and the same torch version (what
+``scripts/compare.py`` requires of the runs of one table). A field added to the schema after the
+run trained counts at its default. When the twin differs, the job trains and says in one line why.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer.analysis.grouping import IGNORED_KEYS, is_ignored, with_defaults
+from transformer.config import Config, config_dict
+from transformer.training.precision import resolve_precision
+
+__all__ = ["finished_twin", "skip_if_finished_elsewhere"]
+
+_NOT_COMPARED: tuple[str, ...] = tuple(k for k in IGNORED_KEYS if k != "seed") + ("train.precision",)
+"""Config keys a finished twin may differ in: the seed must match; ``train.precision`` is compared as
+resolved (``auto`` and ``fp32`` are the same run on a CPU without fast bf16)."""
+
+
+def _device(name: str) -> torch.device:
+    """The device a run with ``train.device=name`` trains on (``auto``: CUDA when present)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _results_file(finished_runs: Path, run_dir: Path) -> Path | None:
+    for candidate in (finished_runs / "results.json", finished_runs / run_dir.name / "results.json"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def finished_twin(cfg: Config, run_dir: Path) -> tuple[Path | None, dict[str, Any] | None, str]:
+    """Look for the finished run of ``cfg`` under ``cfg.train.finished_runs``.
+
+    Args:
+        cfg: the job's typed config (``train.finished_runs`` set).
+        run_dir: the job's run folder; its name picks the twin's folder.
+
+    Returns:
+        ``(path of the twin's results.json, its results, "")`` when it trained exactly this job;
+        ``(path or None, None, why)`` otherwise, ``why`` a sentence naming what differs (at most
+        five fields, with both values) or that no results.json was found.
+    """
+    folder = Path(str(cfg.train.finished_runs)).expanduser()
+    path = _results_file(folder, run_dir)
+    if path is None:
+        return None, None, f"neither {folder / 'results.json'} nor {folder / run_dir.name / 'results.json'} exists"
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        return path, None, f"{path} cannot be read ({err})"
+    if not isinstance(results, dict) or not isinstance(results.get("config"), dict):
+        return path, None, f"{path} records no config"
+    then, now = with_defaults(results["config"]), with_defaults(config_dict(cfg))
+    differs = [f"{k} ({then.get(k)!r} there, {now.get(k)!r} here)" for k in sorted(set(then) | set(now))
+               if not is_ignored(k, _NOT_COMPARED) and then.get(k) != now.get(k)]
+    precision = resolve_precision(cfg.train.precision, _device(cfg.train.device))
+    if results.get("precision") != precision:
+        differs.append(f"precision ({results.get('precision')!r} there, {precision!r} here)")
+    hardware = results.get("hardware") if isinstance(results.get("hardware"), dict) else {}
+    if hardware.get("torch") != torch.__version__:
+        differs.append(f"torch ({hardware.get('torch')!r} there, {torch.__version__!r} here)")
+    if differs:
+        more = f" and {len(differs) - 5} more" if len(differs) > 5 else ""
+        return path, None, f"{path} trained another run: {'; '.join(differs[:5])}{more}"
+    return path, results, ""
+
+
+def skip_if_finished_elsewhere(cfg: Config, run_dir: Path) -> dict[str, Any] | None:
+    """The twin's results when ``cfg`` is already finished under ``train.finished_runs`` (one line on
+    stderr either way), else None (the job trains). Nothing is read when ``train.finished_runs``
+    is null; nothing is ever written.
+
+    Returns:
+        The twin's results with ``skipped_complete: True`` and ``finished_in`` (the folder), or None.
+    """
+    if not cfg.train.finished_runs:
+        return None
+    path, results, why = finished_twin(cfg, run_dir)
+    if results is None:
+        print(f"train.finished_runs: {why}; training {run_dir}", file=sys.stderr, flush=True)
+        return None
+    assert path is not None
+    print(f"{run_dir} is finished in {path.parent} (update {results.get('updates')}, results.json there); "
+          "train.finished_runs leaves it as it is", file=sys.stderr, flush=True)
+    return {**results, "skipped_complete": True, "finished_in": str(path.parent)}
