@@ -38,8 +38,8 @@ from transformer.config import Config, ConfigError, config_differences, resume_m
 from transformer.training.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, numbered_checkpoints
 from transformer.training.results import saved_choices
 
-__all__ = ["BUDGET_FIELDS", "RESUME_OVERRIDES", "ResumePoint", "command_line_fields", "completed_results", "prepare_resume",
-           "resume_config"]
+__all__ = ["BUDGET_FIELDS", "RESUME_OVERRIDES", "ResumePoint", "checkpoint_names", "command_line_fields",
+           "completed_results", "prepare_resume", "resume_config"]
 
 RESUME_OVERRIDES: tuple[str, ...] = (
     "train.max_updates", "train.max_epochs", "train.max_time", "train.patience",  # when to stop
@@ -81,7 +81,7 @@ def _covered(key: str, names: tuple[str, ...] | set[str]) -> bool:
     return any(key == n or key.startswith(n + ".") for n in names)
 
 
-def _checkpoints(folder: Path) -> list[str]:
+def checkpoint_names(folder: Path) -> list[str]:
     """Names of the loadable-looking checkpoints of ``folder``: numbered (oldest first), best, last."""
     names = [p.name for p in numbered_checkpoints(folder)]
     names += [n for n in (CheckpointManager.BEST, CheckpointManager.LAST) if (folder / f"{n}.safetensors").is_file()]
@@ -89,7 +89,7 @@ def _checkpoints(folder: Path) -> list[str]:
 
 
 def _hint(folder: Path, exclude: str | None = None) -> str:
-    others = [n for n in _checkpoints(folder) if n != exclude]
+    others = [n for n in checkpoint_names(folder) if n != exclude]
     if not others:
         return f"{folder} holds no other checkpoint"
     pick = next((n for n in reversed(others) if n.split("_")[-1].isdigit()), others[-1])
@@ -127,7 +127,7 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
     last = run_dir / CheckpointManager.LAST
     if (run_dir / f"{last.name}.safetensors").is_file():
         return last
-    if _checkpoints(run_dir):
+    if checkpoint_names(run_dir):
         raise CheckpointError(f"train.resume={str(mode).lower()} but {run_dir} has no {last.name}; {_hint(run_dir)}")
     return None
 

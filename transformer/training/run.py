@@ -35,7 +35,7 @@ from transformer.training.results import (
     run_name,
     saved_choices,
 )
-from transformer.training.resume import ResumePoint, completed_results, prepare_resume
+from transformer.training.resume import ResumePoint, checkpoint_names, completed_results, prepare_resume
 from transformer.training.stopping import GracefulStop, StopRequested
 from transformer.training.trainer import Trainer
 
@@ -94,7 +94,7 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
             return done
     cfg = to_config(resume.cfg) if resume is not None else to_config(cfg)
     if resume is None:  # nothing to continue here: finished on another machine (train.finished_runs)?
-        done = skip_if_finished_elsewhere(cfg, run_dir)
+        done = skip_if_finished_elsewhere(cfg, run_dir, has_checkpoint=bool(checkpoint_names(run_dir)))
         if done is not None:
             return done
     t = cfg.train
