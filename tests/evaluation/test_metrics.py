@@ -68,3 +68,21 @@ def test_paired_bootstrap() -> None:
         paired_bootstrap(baseline, {"baseline": better}, REFS)
     with pytest.raises(ValueError, match="pair up"):
         paired_bootstrap(baseline, {"x": better[:2]}, REFS)
+
+
+def test_tokenize_none_does_not_warn_about_tokenized_text(caplog: pytest.LogCaptureFixture) -> None:
+    # 100+ lines ending in " ." make sacreBLEU warn "forgot to detokenize" unless told the text
+    # is tokenized on purpose (tokenize="none"); the score must be unchanged by that.
+    refs = ["a man , smiling ." for _ in range(120)]
+    hyps = ["a man smiling ." for _ in range(120)]
+    with caplog.at_level("WARNING", logger="sacrebleu"):
+        s = corpus_scores(hyps, refs, tokenize="none")
+        paired_bootstrap(hyps, {"same": refs}, refs, n_samples=10, tokenize="none")
+    assert not [r for r in caplog.records if "detokenize" in r.getMessage()]
+    plain = sacrebleu.metrics.BLEU(tokenize="none")
+    assert s["bleu"] == pytest.approx(plain.corpus_score(hyps, [refs]).score)
+    assert s["bleu_signature"] == str(plain.get_signature())
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sacrebleu"):
+        corpus_scores(hyps, refs)  # 13a: the text should be detokenized, so the warning stays
+    assert [r for r in caplog.records if "detokenize" in r.getMessage()]

@@ -3,7 +3,9 @@
 BLEU (Papineni et al. 2002) and chrF (Popović 2015) are computed by sacreBLEU (Post 2018) on
 detokenised text with its ``13a`` tokenizer by default; for the pre-tokenized, lowercased
 ``multi30k_tok_*`` corpora use ``tokenize="none"`` (multi-bleu style, as in published Multi30k
-numbers). Paired bootstrap resampling (Koehn 2004) is sacreBLEU's own implementation
+numbers; with ``none`` sacreBLEU's "forgot to detokenize" warning is turned off, since the text is
+tokenized on purpose: ``force=True``, which changes neither the score nor the signature). Paired
+bootstrap resampling (Koehn 2004) is sacreBLEU's own implementation
 (:class:`sacrebleu.significance.PairedTest` with ``test_type="bs"``, which replicates Moses'
 ``bootstrap-hypothesis-difference-significance.pl``).
 """
@@ -19,6 +21,11 @@ from sacrebleu.metrics import BLEU, CHRF
 __all__ = ["corpus_scores", "paired_bootstrap"]
 
 
+def _bleu(tokenize: str, lowercase: bool) -> BLEU:
+    """sacreBLEU's BLEU; ``tokenize="none"`` declares pre-tokenized text, so its warning is off."""
+    return BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none")
+
+
 def _check(hyps: Sequence[str], refs: Sequence[str], what: str = "hypotheses") -> None:
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} {what} but {len(refs)} references: the lines must pair up")
@@ -32,7 +39,8 @@ def corpus_scores(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a
     Args:
         hyps: one hypothesis per line.
         refs: one reference per line (same order).
-        tokenize: sacreBLEU tokenizer for BLEU (``13a``, ``intl``, ``none`` for pre-tokenized text...).
+        tokenize: sacreBLEU tokenizer for BLEU (``13a``, ``intl``, ``none`` for pre-tokenized text,
+            which also turns off sacreBLEU's "forgot to detokenize" warning...).
         lowercase: case-insensitive BLEU and chrF.
 
     Returns:
@@ -45,7 +53,7 @@ def corpus_scores(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a
     """
     _check(hyps, refs)
     hyps, refs_t = list(hyps), [list(refs)]
-    bleu = BLEU(tokenize=tokenize, lowercase=lowercase)
+    bleu = _bleu(tokenize, lowercase)
     chrf = CHRF(lowercase=lowercase)
     b = bleu.corpus_score(hyps, refs_t)
     c = chrf.corpus_score(hyps, refs_t)
@@ -115,7 +123,7 @@ def paired_bootstrap(
             raise ValueError(f"system name {name!r} is reserved")
         _check(hyps, refs, f"hypotheses of {name!r}")
     named = [("baseline", list(baseline_hyps))] + [(k, list(v)) for k, v in system_hyps.items()]
-    metrics = {"BLEU": BLEU(tokenize=tokenize, lowercase=lowercase), "chrF2": CHRF(lowercase=lowercase)}
+    metrics = {"BLEU": _bleu(tokenize, lowercase), "chrF2": CHRF(lowercase=lowercase)}
     with _sacrebleu_seed(seed):
         test = PairedTest(named, metrics, [list(refs)], test_type="bs", n_samples=n_samples)
         signatures, scores = test()
