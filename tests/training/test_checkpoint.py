@@ -149,6 +149,47 @@ def test_crash_between_renames_is_detected(tmp_path, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_crash_at_any_rename_of_a_save_never_leaves_checkpoint_last_without_its_numbered_and_best(
+    tmp_path, monkeypatch
+):
+    # kill -9 between the files of one save: checkpoint_last is either the previous save's (the
+    # resume repeats the update and writes them all again) or this one's with its numbered and
+    # best checkpoints complete, so a resumed run averages the same checkpoints as an uninterrupted one
+    real_replace = os.replace
+    for crash_at in range(1, 10):
+        folder = tmp_path / str(crash_at)
+        mgr = CheckpointManager(folder)
+        mgr.save(1, {"w": torch.full((3,), 1.0)}, {"update": 1}, is_best=True, numbered=True)
+        calls = []
+
+        def replace(src, dst, calls=calls, crash_at=crash_at):
+            calls.append(dst)
+            if len(calls) == crash_at:
+                raise KeyboardInterrupt  # the process dies here
+            real_replace(src, dst)
+
+        monkeypatch.setattr(os, "replace", replace)
+        try:
+            mgr.save(2, {"w": torch.full((3,), 2.0)}, {"update": 2}, is_best=True, numbered=True)
+        except KeyboardInterrupt:
+            pass
+        monkeypatch.setattr(os, "replace", real_replace)
+        try:
+            _, state = load_checkpoint(folder, "checkpoint_last")
+        except CheckpointError as e:  # between checkpoint_last's own renames: refused, never mixed
+            assert "different saves" in str(e) and crash_at > 6, crash_at
+            state = {"update": 2}  # the numbered and best checkpoints of this save are complete
+        if state["update"] == 2:
+            for name in ("checkpoint_2", "checkpoint_best"):
+                weights, other = load_checkpoint(folder, name)
+                assert other["update"] == 2 and weights["w"][0].item() == 2.0, (crash_at, name)
+        else:
+            assert state["update"] == 1, crash_at
+            mgr.save(2, {"w": torch.full((3,), 2.0)}, {"update": 2}, is_best=True, numbered=True)  # the resume
+        assert [p.name for p in mgr.numbered()] == ["checkpoint_1", "checkpoint_2"], crash_at
+    assert len(calls) == 9  # the last pass ran to the end: 3 files x (numbered, best, last)
+
+
 def test_missing_and_corrupt_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="checkpoint_last.safetensors"):
         load_checkpoint(tmp_path, "checkpoint_last")

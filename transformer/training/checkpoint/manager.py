@@ -57,9 +57,11 @@ class CheckpointManager:
     """The checkpoints of one run: ``checkpoint_last``, ``checkpoint_best`` and numbered
     ``checkpoint_{update}`` files (fairseq names), all in ``run_dir``.
 
-    Each :meth:`save` serialises once (into ``checkpoint_last``) and makes ``checkpoint_best`` /
-    ``checkpoint_{update}`` hard links of it (copies where links are not supported); every
-    replacement is atomic, so a crash leaves the previous files loadable.
+    Each :meth:`save` serialises once (into ``checkpoint_{update}``, else ``checkpoint_best``, else
+    ``checkpoint_last``) and makes the others hard links of it (copies where links are not
+    supported), ``checkpoint_last`` last; every replacement is atomic, so a crash leaves the previous
+    files loadable, and a ``checkpoint_last`` never exists without the numbered and best checkpoints
+    of its save (a resume from it then averages the same checkpoints as an uninterrupted run).
 
     Args:
         run_dir: the folder holding the checkpoints (created when missing).
@@ -103,13 +105,16 @@ class CheckpointManager:
         Raises:
             TypeError: see :func:`save_checkpoint`.
         """
-        last = save_checkpoint(self.run_dir, self.LAST, model_state, train_state)
-        if is_best:
-            _link_or_copy_all(last, self.run_dir / self.BEST)
+        # checkpoint_last goes last: a crash between the writes leaves the previous checkpoint_last,
+        # whose resume repeats this update and writes the numbered / best files again (were
+        # checkpoint_last first, a resume from it would never write the numbered one it lacks)
+        names = [f"checkpoint_{int(update)}"] * numbered + [self.BEST] * is_best + [self.LAST]
+        first = save_checkpoint(self.run_dir, names[0], model_state, train_state)
+        for name in names[1:]:
+            _link_or_copy_all(first, self.run_dir / name)
         if numbered:
-            _link_or_copy_all(last, self.run_dir / f"checkpoint_{int(update)}")
             self._prune()
-        return last
+        return self.run_dir / self.LAST
 
     def _prune(self) -> None:
         if self.keep_last > 0:
