@@ -303,11 +303,22 @@ def test_holm_bonferroni_by_value():
 
 def test_noise_floor_is_the_baselines_seed_spread(sweep, tmp_path):
     comp = compare_sweeps([sweep], n_bootstrap=0)
-    assert comp.noise_floor == {"label": "step0_vaswani2017", "n_seeds": 3, "std": pytest.approx(2.0), "range": 4.0}
+    # pooled over step0 [20, 22, 24] (variance 4) and step1 [30, 31, 35] (variance 7), 2 dof each:
+    # sqrt((2 * 4 + 2 * 7) / 4) = sqrt(5.5); step1's crashed seed-4 run adds nothing
+    assert comp.noise_floor == {"label": "step0_vaswani2017", "n_seeds": 3, "std": pytest.approx(2.0), "range": 4.0,
+                                "pooled_std": pytest.approx(5.5 ** 0.5), "pooled_configs": 2}
     step0, step1 = comp.rows
     assert step1["delta_bleu"] == pytest.approx(10.0) and step1["within_noise"] is False
     md = write_outputs(comp, tmp_path / "out")["markdown"].read_text()
     assert "Noise floor: step0_vaswani2017's test BLEU over 3 seeds varies by 4.00 (max − min; std 2.00)" in md
+    assert "Pooled over the 2 configurations with two or more seeds, the seed std of test BLEU is 2.35." in md
+
+
+def test_pooled_std_skips_single_seed_groups_and_weights_by_degrees_of_freedom():
+    from transformer.analysis.stats import pooled_std
+
+    assert pooled_std([[1.0], [2.0, 4.0], [0.0, 3.0, 6.0]]) == (pytest.approx(((1 * 2.0 + 2 * 9.0) / 3) ** 0.5), 2)
+    assert pooled_std([[1.0], []]) == (None, 0)
 
 
 def _set(run_dir: Path, **changes) -> None:

@@ -41,6 +41,7 @@ from transformer.analysis.stats import (
     holm_bonferroni,
     kv_cache_bytes,
     mean,
+    pooled_std,
     seed_range,
     significance,
     std,
@@ -73,7 +74,10 @@ class Comparison:
         n_bootstrap: paired-bootstrap resamples (0: no significance test).
         machines: one line per distinct machine / torch / precision the finished runs report.
         noise_floor: the baseline's seed-to-seed spread of test BLEU: ``{"label", "n_seeds", "std",
-            "range"}`` (``range`` = max - min over its seeds; None with fewer than two seeds).
+            "range", "pooled_std", "pooled_configs"}`` (``range`` = max - min over its seeds; None with
+            fewer than two seeds). ``pooled_std`` is the seed std pooled over every configuration with
+            two or more seeds (:func:`~transformer.analysis.stats.pooled_std`; ``pooled_configs`` of
+            them), a fuller measure of the seed noise than the baseline's alone.
         mixed: the recipe keys the runs differ in beyond the switches and the seed (only with
             ``allow_mixed=True``; otherwise :func:`compare_sweeps` refuses such runs).
     """
@@ -186,7 +190,9 @@ def compare_sweeps(
             notes.extend(f"{n} (against {prev.label})" for n in pair_notes)
     base_bleu = mean([r.results["bleu"] for r in base.runs])
     base_bleus = [r.results["bleu"] for r in base.runs]
-    noise = {"label": base.label, "n_seeds": len(base.runs), "std": std(base_bleus), "range": seed_range(base_bleus)}
+    pooled, pooled_configs = pooled_std([[r.results["bleu"] for r in c.runs] for c in configs])
+    noise = {"label": base.label, "n_seeds": len(base.runs), "std": std(base_bleus), "range": seed_range(base_bleus),
+             "pooled_std": pooled, "pooled_configs": pooled_configs}
     family: dict[tuple[str, str], float | None] = {}  # the table's comparisons, each once
     for i, c in enumerate(configs):
         if c is not base:

@@ -61,8 +61,12 @@ def _noise_line(c: Comparison) -> str:
     if n.get("range") is None:
         return (f"Noise floor: not measured ({n.get('label')} has {n.get('n_seeds', 0)} seed(s); "
                 "a second seed of the baseline gives its seed-to-seed spread).")
-    return (f"Noise floor: {n['label']}'s test BLEU over {n['n_seeds']} seeds varies by {n['range']:.2f} "
+    line = (f"Noise floor: {n['label']}'s test BLEU over {n['n_seeds']} seeds varies by {n['range']:.2f} "
             f"(max − min; std {n['std']:.2f}); a Δ marked ≈ is no larger than that.")
+    if n.get("pooled_std") is not None and n.get("pooled_configs", 0) > 1:
+        line += (f" Pooled over the {n['pooled_configs']} configurations with two or more seeds, the seed std "
+                 f"of test BLEU is {n['pooled_std']:.2f}.")
+    return line
 
 
 def _missing_line(run: Run) -> str:

@@ -16,7 +16,7 @@ from transformer.data.corpus import read_parallel, resolve_split_files
 from transformer.evaluation.metrics import paired_bootstrap
 from transformer.models.flops import kv_cache_bytes_per_token
 
-__all__ = ["first_result", "holm_bonferroni", "kv_cache_bytes", "mean", "seed_range", "significance", "std"]
+__all__ = ["first_result", "holm_bonferroni", "kv_cache_bytes", "mean", "pooled_std", "seed_range", "significance", "std"]
 
 
 K = TypeVar("K")
@@ -38,6 +38,29 @@ def seed_range(values: Sequence[float]) -> float | None:
     """``max - min`` of the numbers among ``values``; None for fewer than two (the seed-to-seed spread)."""
     values = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     return max(values) - min(values) if len(values) >= 2 else None
+
+
+def pooled_std(groups: Sequence[Sequence[float]]) -> tuple[float | None, int]:
+    """Pooled within-group standard deviation: ``sqrt(sum((n_i - 1) s_i^2) / sum(n_i - 1))``.
+
+    Over the configurations of a ladder, each group being one configuration's test BLEU over its
+    seeds, this is the seed-to-seed noise measured with every seed run, not only the baseline's
+    (the textbook pooled variance of a one-way layout; e.g. Montgomery, *Design and Analysis of
+    Experiments*, §3.3).
+
+    Returns:
+        ``(std, n_groups)``: groups with fewer than two numbers add nothing; ``std`` is None when
+        no group has two.
+    """
+    squares, dof, used = 0.0, 0, 0
+    for values in groups:
+        values = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(values) < 2:
+            continue
+        squares += (len(values) - 1) * statistics.variance(values)
+        dof += len(values) - 1
+        used += 1
+    return ((squares / dof) ** 0.5 if dof else None), used
 
 
 def holm_bonferroni(p_values: Mapping[K, float | None]) -> dict[K, float | None]:
