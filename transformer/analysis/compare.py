@@ -188,9 +188,10 @@ def compare_sweeps(
             res, _ = significance([prev, cur], prev, n_bootstrap, bootstrap_seed, pair_notes)
             prev_sig[cur.label] = res.get(cur.label, {})
             notes.extend(f"{n} (against {prev.label})" for n in pair_notes)
-    base_bleu = mean([r.results["bleu"] for r in base.runs])
-    base_bleus = [r.results["bleu"] for r in base.runs]
-    pooled, pooled_configs = pooled_std([[r.results["bleu"] for r in c.runs] for c in configs])
+    bleus_of = {c.label: [r.results["bleu"] for r in c.runs] for c in configs}  # test BLEU per seed
+    base_bleus = bleus_of[base.label]
+    base_bleu = mean(base_bleus)
+    pooled, pooled_configs = pooled_std(list(bleus_of.values()))
     noise = {"label": base.label, "n_seeds": len(base.runs), "std": std(base_bleus), "range": seed_range(base_bleus),
              "pooled_std": pooled, "pooled_configs": pooled_configs}
     family: dict[tuple[str, str], float | None] = {}  # the table's comparisons, each once
@@ -208,7 +209,7 @@ def compare_sweeps(
     prev_bleu: float | None = None
     rows = []
     for c in configs:
-        bleus = [r.results["bleu"] for r in c.runs]
+        bleus = bleus_of[c.label]
         chrfs = [r.results.get("chrf") for r in c.runs]
         bleu_mean = mean(bleus)
         s = sig.get(c.label, {})

@@ -22,21 +22,26 @@ __all__ = ["first_result", "holm_bonferroni", "kv_cache_bytes", "mean", "pooled_
 K = TypeVar("K")
 
 
+def _numbers(values: Sequence[Any]) -> list[float]:
+    """The numbers among ``values`` as floats (None, strings and booleans left out)."""
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
 def mean(values: Sequence[float]) -> float | None:
     """Mean of the numbers among ``values`` (None when there are none)."""
-    values = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    values = _numbers(values)
     return statistics.fmean(values) if values else None
 
 
 def std(values: Sequence[float]) -> float | None:
     """Sample standard deviation (n - 1); None for fewer than two values."""
-    values = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    values = _numbers(values)
     return statistics.stdev(values) if len(values) >= 2 else None
 
 
 def seed_range(values: Sequence[float]) -> float | None:
     """``max - min`` of the numbers among ``values``; None for fewer than two (the seed-to-seed spread)."""
-    values = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    values = _numbers(values)
     return max(values) - min(values) if len(values) >= 2 else None
 
 
@@ -54,7 +59,7 @@ def pooled_std(groups: Sequence[Sequence[float]]) -> tuple[float | None, int]:
     """
     squares, dof, used = 0.0, 0, 0
     for values in groups:
-        values = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        values = _numbers(values)
         if len(values) < 2:
             continue
         squares += (len(values) - 1) * statistics.variance(values)
