@@ -36,7 +36,7 @@ VARIANTS: list[tuple[str, list[str]]] = [
     ("GQA (2 KV heads, the preset)", []),
     ("MQA", ["model/attention=mqa"]),
     ("MLA (derived: kv_lora_rank 4 hd, rope hd/2)", ["model/attention=mla"]),
-    ("MLA (kv_lora_rank 2 hd, rope hd/4)", ["model/attention=mla", "model.kv_lora_rank={2hd}", "model.qk_rope_head_dim={q}"]),
+    ("MLA (kv_lora_rank 2 hd, rope hd/4)", ["model/attention=mla", "model.attention.kv_lora_rank={2hd}", "model.attention.qk_rope_head_dim={q}"]),
     ("GQA + window 1024 (Mistral: all layers)", ["model.attention_window=1024"]),
     ("GQA + window 1024, every 6th layer global (Gemma 3)", ["model.attention_window=1024", "model.attention_window_pattern=6"]),
     ("MLA + window 1024", ["model/attention=mla", "model.attention_window=1024"]),

@@ -42,7 +42,7 @@ from transformer.cli import (  # noqa: E402
     sweeper_direction,
     user_errors,
 )
-from transformer.config import ConfigError, register_configs, to_config, validate_config  # noqa: E402
+from transformer.config import ConfigError, flat_group_override, register_configs, to_config, validate_config  # noqa: E402
 from transformer.data.corpus import DataError  # noqa: E402
 from transformer.io import FolderLocked  # noqa: E402
 from transformer.training.checkpoint import CheckpointError  # noqa: E402
@@ -130,5 +130,8 @@ if __name__ == "__main__":
         check_hydra_plugins(sys.argv[1:])  # a missing launcher/sweeper plugin: one line naming its pip install
     except MissingPlugin as err:
         print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    if (flat := flat_group_override(sys.argv[1:])) is not None:  # model.attention=gqa: one line naming model/attention=gqa
+        print(f"error: invalid configuration: {flat}", file=sys.stderr)
         sys.exit(2)
     main()

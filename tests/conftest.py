@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from transformer.config import ModelConfig
+from transformer.config import ModelConfig, option_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("TRANSFORMER_DATA_DIR", REPO_ROOT.parent / "shared" / "data"))
@@ -56,6 +56,9 @@ def tiny_model_config(**overrides) -> "OmegaConf":
     cfg = OmegaConf.structured(
         ModelConfig(n_encoder_layers=2, n_decoder_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0)
     )
+    overrides = {key.replace("__", "."): value for key, value in overrides.items()}
+    if "attention.name" in overrides:  # the node of the chosen option first: its own fields then exist
+        cfg.attention = OmegaConf.structured(option_config("model/attention", overrides["attention.name"]))
     for key, value in overrides.items():
-        OmegaConf.update(cfg, key.replace("__", "."), value, merge=False)
+        OmegaConf.update(cfg, key, value, merge=False)
     return cfg

@@ -20,8 +20,8 @@ from transformer.interop.hf_moe import to_hf_moe
 from transformer.models import build_model
 
 LLAMA = {"arch": "decoder_only", "n_encoder_layers": 0, "norm_position": "pre", "norm.name": "rmsnorm",
-         "ffn.name": "swiglu", "position.name": "rope", "position.rope_theta": 500.0, "attention": "gqa",
-         "n_kv_heads": 2, "bias": False, "tie_embeddings": "none", "scale_embeddings": False, "init": "normal"}
+         "ffn.name": "swiglu", "position.name": "rope", "position.rope_theta": 500.0, "attention.name": "gqa",
+         "attention.n_kv_heads": 2, "bias": False, "tie_embeddings": "none", "scale_embeddings": False, "init": "normal"}
 
 
 def perturbed(model: nn.Module, std: float = 0.05, seed: int = 0) -> nn.Module:

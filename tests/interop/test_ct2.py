@@ -24,8 +24,8 @@ CASES = {  # name: (arch, joint vocabulary, model overrides)
     "2017": ("encoder_decoder", True, {}),
     "pre_rms_swiglu_gqa_learned_separate": ("encoder_decoder", False, {
         "norm_position": "pre", "norm.name": "rmsnorm", "norm.eps": 1e-6, "ffn.name": "swiglu",
-        "position.name": "learned", "attention": "gqa", "n_kv_heads": 2, "bias": False}),
-    "rope_mqa_encdec": ("encoder_decoder", True, {"position.name": "rope", "attention": "mqa", "n_kv_heads": 1}),
+        "position.name": "learned", "attention.name": "gqa", "attention.n_kv_heads": 2, "bias": False}),
+    "rope_mqa_encdec": ("encoder_decoder", True, {"position.name": "rope", "attention.name": "mqa", "attention.n_kv_heads": 1}),
     "llama": ("decoder_only", True, _DEC),
     "decoder_alibi_geglu_tied": ("decoder_only", True, {"norm_position": "pre", "position.name": "alibi",
                                                         "ffn.name": "geglu", "tie_embeddings": "all"}),

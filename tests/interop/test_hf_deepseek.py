@@ -29,7 +29,7 @@ from transformer.models import build_model
 
 transformers = pytest.importorskip("transformers")
 
-MLA = {**LLAMA, "attention": "mla", "n_kv_heads": None, "norm.eps": 1e-6, "kv_lora_rank": 16}
+MLA = {**LLAMA, "attention.name": "mla", "attention.n_kv_heads": None, "norm.eps": 1e-6, "attention.kv_lora_rank": 16}
 MOE = {**MLA, "ffn.name": "moe", "ffn.n_experts": 4, "ffn.top_k": 2, "ffn.router": "sigmoid", "ffn.n_shared_experts": 1}
 
 
@@ -73,14 +73,14 @@ def test_deepseek_preset_against_hf_deepseek_v3(tmp_path) -> None:
 
 
 VARIANTS = {
-    "q_lora_shared_scaled": {**MOE, "q_lora_rank": 12, "ffn.routed_scaling_factor": 2.5},
+    "q_lora_shared_scaled": {**MOE, "attention.q_lora_rank": 12, "ffn.routed_scaling_factor": 2.5},
     "no_q_lora_no_shared_tied": {**MOE, "ffn.n_shared_experts": 0, "tie_embeddings": "all",
                                  "ffn.norm_topk_prob": False, "ffn.top_k": 1},
     "geglu_two_shared_yarn_scaled": {**MOE, "ffn.expert": "geglu", "ffn.n_shared_experts": 2, "ffn.expert_d_ff": 24,
                                      "scale_embeddings": True, "position.rope_scaling.rope_type": "yarn",
                                      "position.rope_scaling.factor": 4.0,
                                      "position.rope_scaling.original_max_position_embeddings": 4},
-    "dense_mla": {**MLA, "q_lora_rank": 12},
+    "dense_mla": {**MLA, "attention.q_lora_rank": 12},
 }
 
 
@@ -102,7 +102,7 @@ def test_variants_against_hf_deepseek_v3_and_back(variant: str, tmp_path) -> Non
     assert first.keys() == again.keys()
     for k in first:
         torch.testing.assert_close(again[k], first[k], atol=0, rtol=0)
-    assert run_cfg.model.attention == "mla" and run_cfg.model.ffn.name == cfg.ffn.name
+    assert run_cfg.model.attention.name == "mla" and run_cfg.model.ffn.name == cfg.ffn.name
 
 
 @pytest.mark.parametrize("q_lora_rank", [None, 12])
@@ -128,7 +128,7 @@ def test_imports_deepseeks_interleaved_rope_layout(q_lora_rank, tmp_path) -> Non
 @pytest.fixture(scope="module")
 def deepseek_run(tmp_path_factory):
     dec = {k: v for k, v in MOE.items() if k not in ("arch", "n_encoder_layers")}
-    return make_run_dir(tmp_path_factory.mktemp("deepseek") / "run", arch="decoder_only", q_lora_rank=12, **dec)
+    return make_run_dir(tmp_path_factory.mktemp("deepseek") / "run", arch="decoder_only", **{"attention.q_lora_rank": 12}, **dec)
 
 
 def test_export_folder_generates_like_ours_and_imports_back(deepseek_run, tmp_path) -> None:
@@ -145,7 +145,7 @@ def test_export_folder_generates_like_ours_and_imports_back(deepseek_run, tmp_pa
                                   bad_words_ids=[[tok.pad_id]], forced_eos_token_id=tok.eos_id)
         assert out_ids[0, len(src) + 1 :].tolist() == ours
     back = load_run(import_hf_llama(out, tmp_path / "imported"))
-    assert back.cfg.model.attention == "mla" and back.cfg.model.ffn.router == "sigmoid"
+    assert back.cfg.model.attention.name == "mla" and back.cfg.model.ffn.router == "sigmoid"
     ids = [tok.encode(s) for s in ("A dog runs.", "Two women talk on a bench.")]
     beam = GenerationConfig(strategy="beam", beam_size=3, max_len_b=6)
     assert translate_sentences(back.model, ids, beam, "cpu") == translate_sentences(model, ids, beam, "cpu")
@@ -170,7 +170,7 @@ def test_options_deepseek_v3_lacks_are_refused_by_name(override: dict, switch: s
 
 
 def test_sigmoid_moe_without_mla_is_judged_as_mixtral_and_told_so() -> None:
-    cfg = tiny_model_config(**{**MOE, "attention": "gqa", "n_kv_heads": 2})
+    cfg = tiny_model_config(**{**{k: v for k, v in MOE.items() if not k.startswith("attention.")}, "attention.name": "gqa", "attention.n_kv_heads": 2})
     assert any(w.startswith("model/attention=gqa: DeepseekV3ForCausalLM's attention is multi-head latent")
                for w in deepseek_unsupported(cfg))
     target, why = unsupported(cfg, "hf")

@@ -20,9 +20,9 @@ transformers = pytest.importorskip("transformers")
 
 VARIANTS = {
     "gqa_swiglu_untied": {},
-    "mha_geglu_tied_bias": {"attention": "mha", "n_kv_heads": None, "ffn.name": "geglu", "bias": True,
+    "mha_geglu_tied_bias": {"attention.name": "mha", "attention.n_kv_heads": None, "ffn.name": "geglu", "bias": True,
                             "tie_embeddings": "all", "norm.eps": 1e-6},
-    "mqa_scaled_untied": {"attention": "mqa", "n_kv_heads": 1, "scale_embeddings": True, "ffn.glu_match_params": False},
+    "mqa_scaled_untied": {"attention.name": "mqa", "attention.n_kv_heads": 1, "scale_embeddings": True, "ffn.glu_match_params": False},
 }
 
 
@@ -58,7 +58,7 @@ def test_import_round_trip(variant: str, tmp_path) -> None:
     for k in first:  # an embedding scale is folded in once, then the imported model has none
         torch.testing.assert_close(again[k], first[k], atol=0, rtol=0)
     assert run_cfg.model.arch == "decoder_only" and run_cfg.model.position.name == "rope"
-    assert run_cfg.model.position.rope_theta == 500.0 and run_cfg.model.n_kv_heads == cfg.n_kv_heads
+    assert run_cfg.model.position.rope_theta == 500.0 and run_cfg.model.attention.n_kv_heads == cfg.attention.n_kv_heads
 
 
 @pytest.fixture(scope="module")

@@ -108,7 +108,7 @@ def test_export_folder_with_tokenizer(marian_run, tmp_path) -> None:
     ({"ffn.name": "swiglu"}, "model/ffn=swiglu"),
     ({"position.name": "rope"}, "model/position=rope"),
     ({"position.name": "learned"}, "model/position=learned"),
-    ({"attention": "gqa", "n_kv_heads": 2}, "model/attention=gqa"),
+    ({"attention.name": "gqa", "attention.n_kv_heads": 2}, "model/attention=gqa"),
     ({"arch": "decoder_only"}, "model.arch=decoder_only"),
 ])
 def test_refuses_what_marian_cannot_represent(override: dict, switch: str) -> None:

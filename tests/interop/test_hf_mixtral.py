@@ -52,9 +52,9 @@ def test_mixtral_preset_against_hf_mixtral(tmp_path) -> None:
 
 VARIANTS = {
     "gqa_window_untied": {"attention_window": 4},
-    "mha_geglu_tied_top3": {"attention": "mha", "n_kv_heads": None, "ffn.expert": "geglu", "ffn.top_k": 3,
+    "mha_geglu_tied_top3": {"attention.name": "mha", "attention.n_kv_heads": None, "ffn.expert": "geglu", "ffn.top_k": 3,
                             "tie_embeddings": "all", "ffn.expert_d_ff": 48, "norm.eps": 1e-6},
-    "mqa_scaled_yarn": {"attention": "mqa", "n_kv_heads": 1, "scale_embeddings": True, "ffn.glu_match_params": False,
+    "mqa_scaled_yarn": {"attention.name": "mqa", "attention.n_kv_heads": 1, "scale_embeddings": True, "ffn.glu_match_params": False,
                         "position.rope_scaling.rope_type": "yarn", "position.rope_scaling.factor": 4.0,
                         "position.rope_scaling.original_max_position_embeddings": 4},
 }
@@ -134,7 +134,7 @@ def test_options_mixtral_lacks_are_refused_by_name(override: dict, switch: str) 
 
 
 def test_mla_and_dense_models_are_not_mixtral_and_a_trained_bias_is_refused() -> None:
-    mla = tiny_model_config(**{**MOE, "attention": "mla", "n_kv_heads": None})
+    mla = tiny_model_config(**{**MOE, "attention.name": "mla", "attention.n_kv_heads": None})
     assert any(w.startswith("model/attention=mla") for w in mixtral_unsupported(mla))  # (exports as DeepSeek-V3)
     dense = tiny_model_config(**LLAMA)
     assert any(w.startswith("model/ffn=swiglu") for w in mixtral_unsupported(dense))

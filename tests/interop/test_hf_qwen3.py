@@ -32,7 +32,7 @@ def _preset(name: str):
 
 def test_qwen3_preset_against_hf_qwen3(tmp_path) -> None:
     cfg = _preset("qwen3_style_tiny")
-    assert cfg.qk_norm == "rmsnorm" and cfg.position.rope_theta == 1e6 and cfg.attention == "gqa"
+    assert cfg.qk_norm == "rmsnorm" and cfg.position.rope_theta == 1e6 and cfg.attention.name == "gqa"
     model = perturbed(build_model(cfg, 80))
     hf = to_hf_llama(model, cfg)
     assert type(hf).__name__ == "Qwen3ForCausalLM"
@@ -131,7 +131,7 @@ def test_imports_a_llama_3_1_style_folder(tmp_path) -> None:
 
 
 REFUSALS = [
-    ({"attention": "mla", "n_kv_heads": None}, "model/attention=mla", ["llama", "marian", "ct2"]),
+    ({"attention.name": "mla", "attention.n_kv_heads": None}, "model/attention=mla", ["llama", "marian", "ct2"]),
     ({"attention_window": 4}, "model.attention_window=4", ["llama", "qwen3", "marian", "ct2"]),
     ({"position.rope_scaling.rope_type": "ntk", "position.rope_scaling.factor": 2.0},
      "model.position.rope_scaling.rope_type=ntk", ["llama", "qwen3", "ct2"]),

@@ -18,12 +18,12 @@ from transformer.models import build_model, kv_cache_bytes, kv_cache_bytes_per_t
 ARCHS = ["encoder_decoder", "decoder_only"]
 W = 3
 OPTIONS = {
-    "mla": {"attention": "mla", "n_kv_heads": None, "position__name": "rope", "kv_lora_rank": 12, "q_lora_rank": 8},
-    "mla_sinusoidal": {"attention": "mla", "n_kv_heads": None, "position__name": "sinusoidal"},
-    "window": {"attention": "gqa", "n_kv_heads": 2, "position__name": "rope", "attention_window": W},
+    "mla": {"attention.name": "mla", "attention.n_kv_heads": None, "position__name": "rope", "attention.kv_lora_rank": 12, "attention.q_lora_rank": 8},
+    "mla_sinusoidal": {"attention.name": "mla", "attention.n_kv_heads": None, "position__name": "sinusoidal"},
+    "window": {"attention.name": "gqa", "attention.n_kv_heads": 2, "position__name": "rope", "attention_window": W},
     "window_pattern_alibi": {"position__name": "alibi", "attention_window": W, "attention_window_pattern": 2},
-    "mla_window": {"attention": "mla", "n_kv_heads": None, "position__name": "rope", "attention_window": W},
-    "qk_norm": {"attention": "gqa", "n_kv_heads": 2, "position__name": "rope", "qk_norm": "rmsnorm"},
+    "mla_window": {"attention.name": "mla", "attention.n_kv_heads": None, "position__name": "rope", "attention_window": W},
+    "qk_norm": {"attention.name": "gqa", "attention.n_kv_heads": 2, "position__name": "rope", "qk_norm": "rmsnorm"},
 }
 
 
@@ -110,7 +110,7 @@ def test_flops_of_latent_attention_match_a_flop_counter(option: str) -> None:
     from transformer.config import model_sizes
     from transformer.models import forward_flops
 
-    kw = {"mha": {}, "mla": OPTIONS["mla"], "mla_q_lora_v6": {**OPTIONS["mla"], "v_head_dim": 6},
+    kw = {"mha": {}, "mla": OPTIONS["mla"], "mla_q_lora_v6": {**OPTIONS["mla"], "attention.v_head_dim": 6},
           "mla_sinusoidal": OPTIONS["mla_sinusoidal"]}[option]
     cfg = tiny_model_config(arch="decoder_only", n_encoder_layers=0, **kw)
     model = build_model(cfg, 50).eval()

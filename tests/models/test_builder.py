@@ -60,9 +60,9 @@ def test_flops_and_kv_cache_scale():
     cfg = tiny_model_config()
     f = forward_flops(cfg, 100, 10, 10)
     assert f["train_per_target_token"] == pytest.approx(3 * f["per_target_token"])
-    mha = kv_cache_bytes_per_token(tiny_model_config(attention="mha"))
-    gqa = kv_cache_bytes_per_token(tiny_model_config(attention="gqa", n_kv_heads=2))
-    mqa = kv_cache_bytes_per_token(tiny_model_config(attention="mqa"))
+    mha = kv_cache_bytes_per_token(tiny_model_config(attention__name="mha"))
+    gqa = kv_cache_bytes_per_token(tiny_model_config(attention__name="gqa", attention__n_kv_heads=2))
+    mqa = kv_cache_bytes_per_token(tiny_model_config(attention__name="mqa"))
     assert (mha, gqa, mqa) == (mha, mha // 2, mha // 4)
     assert mha == 2 * 2 * 4 * 8 * 4  # K and V, 2 layers, 4 heads, head_dim 8, fp32
 
@@ -71,10 +71,10 @@ def test_flops_and_kv_cache_scale():
     "overrides,joint,message",
     [
         ({"d_model": 30, "n_heads": 4}, True, "model.d_model=30 is not divisible by model.n_heads=4"),
-        ({"attention": "gqa", "n_kv_heads": 3}, True, "model.n_heads=4 is not divisible by model.n_kv_heads=3"),
+        ({"attention.name": "gqa", "attention.n_kv_heads": 3}, True, "model.n_heads=4 is not divisible by model.attention.n_kv_heads=3"),
         ({"d_model": 20, "n_heads": 4, "position.name": "rope"}, True, "= 5 is odd"),
         ({"tie_embeddings": "all"}, False, "data.joint_vocab=false"),
-        ({"attention": "mha", "n_kv_heads": 2}, True, "model/attention=mha"),
+        ({"attention.name": "mha", "attention.n_kv_heads": 2}, True, "model/attention=mha"),
         ({"ffn.name": "swish"}, True, "model.ffn.name='swish' is not one of"),
     ],
 )

@@ -69,7 +69,7 @@ def test_llama_style_matches_hf_llama():
     cfg = OmegaConf.load(REPO_ROOT / "configs" / "model" / "llama_style.yaml")
     base = tiny_model_config(
         arch="decoder_only", norm_position="pre", n_encoder_layers=0, n_decoder_layers=2, n_heads=4,
-        attention="gqa", n_kv_heads=2, bias=False, scale_embeddings=False, tie_embeddings="none",
+        attention__name="gqa", attention__n_kv_heads=2, bias=False, scale_embeddings=False, tie_embeddings="none",
         init="normal", d_ff=96,
     )
     base.norm.name, base.norm.eps = "rmsnorm", 1e-5

@@ -82,8 +82,8 @@ def test_against_hf_deepseek_v3_attention(variant: str, bias: bool, rope: str) -
 
 
 def test_cache_holds_the_latent_and_the_rope_key_only() -> None:
-    cfg = tiny_model_config(arch="decoder_only", n_encoder_layers=0, attention="mla", n_kv_heads=None,
-                            position__name="rope", kv_lora_rank=12, qk_rope_head_dim=4)
+    cfg = tiny_model_config(arch="decoder_only", n_encoder_layers=0, attention__name="mla",
+                            position__name="rope", attention__kv_lora_rank=12, attention__qk_rope_head_dim=4)
     latent = model_sizes(cfg).latent
     model = build_model(cfg, 40).eval()
     with torch.no_grad():

@@ -13,7 +13,7 @@ from transformer.training.run import train
 TINY = ("model.d_model=32", "model.d_ff=64", "train.max_updates=2", "train.validate_every=2")
 OPTIONS = {
     "qwen3_style_tiny": ("model=qwen3_style_tiny", "model.n_decoder_layers=2"),
-    "mla_decoder_only": ("model=llama_style_tiny", "model.n_decoder_layers=2", "model/attention=mla", "model.q_lora_rank=16"),
+    "mla_decoder_only": ("model=llama_style_tiny", "model.n_decoder_layers=2", "model/attention=mla", "model.attention.q_lora_rank=16"),
     "window_pattern_decoder_only": ("model=llama_style_tiny", "model.n_decoder_layers=2", "model.attention_window=4",
                                     "model.attention_window_pattern=2", "model.position.rope_scaling.rope_type=yarn",
                                     "model.position.rope_scaling.factor=2", "model.position.rope_scaling.original_max_position_embeddings=32"),

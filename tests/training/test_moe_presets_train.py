@@ -19,7 +19,7 @@ TINY = ("model.n_encoder_layers=0", "model.n_decoder_layers=2", "model.d_model=3
         "train.max_updates=2", "train.validate_every=2")
 PRESETS = {
     "mixtral_style_tiny": ("model=mixtral_style_tiny", "model.attention_window=8"),
-    "deepseek_style_tiny": ("model=deepseek_style_tiny", "model.kv_lora_rank=16", "model.q_lora_rank=24",
+    "deepseek_style_tiny": ("model=deepseek_style_tiny", "model.attention.kv_lora_rank=16", "model.attention.q_lora_rank=24",
                             "model.ffn.expert_d_ff=32"),
 }
 SENTENCES = ["A dog runs in the snow.", "Two young men in red shirts are playing soccer on a green field near a river."]

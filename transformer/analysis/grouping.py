@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from transformer.analysis.runs import Run, natural_key
-from transformer.config import Config, config_dict
+from transformer.config import Config, config_dict, upgrade_config
 
 __all__ = ["IGNORED_KEYS", "Configuration", "flatten_config", "group_runs", "is_ignored", "with_defaults"]
 
@@ -73,9 +73,10 @@ def _schema_defaults() -> tuple[tuple[str, Any], ...]:
 
 
 def with_defaults(config: dict) -> dict[str, Any]:
-    """``config`` flattened, every key it lacks at this version's default (:class:`~transformer.config.Config`):
-    a field added to the schema after a run trained defaults, by the project's rule, to what the run did."""
-    return {**dict(_schema_defaults()), **flatten_config(config)}
+    """``config`` in this version's shape (:func:`~transformer.config.upgrade_config`) and flattened,
+    every key it lacks at this version's default (:class:`~transformer.config.Config`): a field added
+    to the schema after a run trained defaults, by the project's rule, to what the run did."""
+    return {**dict(_schema_defaults()), **flatten_config(upgrade_config(config))}
 
 
 def _config_key(config: dict, ignore: Sequence[str]) -> str:

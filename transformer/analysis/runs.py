@@ -18,6 +18,8 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+from transformer.config import upgrade_config
+
 __all__ = ["Run", "expected_jobs", "find_run_dirs", "load_run", "natural_key", "never_started"]
 
 _RUN_MARKERS = ("results.json", "metrics.jsonl", "config.yaml", ".hydra")
@@ -174,12 +176,12 @@ def load_run(run_dir: str | Path) -> Run:
         except Exception:
             pass
     if run.results is not None and isinstance(run.results.get("config"), dict):
-        run.config = run.results["config"]
+        run.config = upgrade_config(run.results["config"])
     else:
         for path in (run_dir / "config.yaml", hydra_dir / "config.yaml"):
             if path.is_file():
                 try:
-                    run.config = _load_yaml(path)
+                    run.config = upgrade_config(_load_yaml(path))
                     break
                 except Exception:
                     continue

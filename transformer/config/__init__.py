@@ -9,8 +9,9 @@ Modules in :mod:`transformer.modules` never see these classes; the builder
 (:mod:`transformer.models.builder`) turns a :class:`ModelConfig` into explicit sizes and parts.
 
 Where things are: :mod:`.schema` (the dataclasses and their ConfigStore registration),
+:mod:`.options` (the groups whose options carry fields of their own, and Hydra's ConfigStore),
 :mod:`.convert` (Hydra's DictConfig -> the typed :class:`Config`, once per script, and back to
-plain data), :mod:`.sizes` (head width, key/value heads, feed-forward width: the sizes a model config implies),
+plain data; older stored shapes upgraded), :mod:`.sizes` (head width, key/value heads, feed-forward width: the sizes a model config implies),
 :mod:`.validation` (the checks of field combinations; the options of each switch come from the
 tables beside the classes, e.g. :data:`transformer.modules.ffn.FFNS`), :mod:`.diff`
 (:func:`config_differences`: the fields where two configs differ).
@@ -18,10 +19,20 @@ tables beside the classes, e.g. :data:`transformer.modules.ffn.FFNS`), :mod:`.di
 
 from omegaconf import MISSING
 
-from transformer.config import convert, diff, schema, sizes, validation
-from transformer.config.convert import config_dict, to_config, to_generation_config
+from transformer.config import convert, diff, options, schema, sizes, validation
+from transformer.config.convert import FLAT_ATTENTION_FIELDS, config_dict, to_config, to_generation_config, typed_config, upgrade_config
 from transformer.config.diff import config_differences
+from transformer.config.options import (
+    GROUPS,
+    OptionGroup,
+    flat_group_override,
+    option_config,
+    register_configs,
+    register_option_config,
+    structured_config,
+)
 from transformer.config.schema import (
+    AttentionConfig,
     Config,
     ConfigError,
     CriterionConfig,
@@ -29,6 +40,7 @@ from transformer.config.schema import (
     FFNConfig,
     GenerationConfig,
     GenerationOverrides,
+    LatentAttentionConfig,
     LoggerConfig,
     ModelConfig,
     NormConfig,
@@ -40,7 +52,6 @@ from transformer.config.schema import (
     SchedulerConfig,
     TrainConfig,
     budget_sentence,
-    register_configs,
     resume_mode,
     time_budget,
 )
@@ -65,7 +76,7 @@ from transformer.config.validation import (
     validate_optim_config,
 )
 
-__all__ = ["MISSING", *convert.__all__, *diff.__all__, *schema.__all__, *sizes.__all__, *validation.__all__]
+__all__ = ["MISSING", *convert.__all__, *diff.__all__, *options.__all__, *schema.__all__, *sizes.__all__, *validation.__all__]
 
 # the structured configs the YAML files name (base_config, generation_overrides) are known to Hydra
 # as soon as the package is imported

@@ -1,29 +1,98 @@
 """From Hydra's DictConfig to the typed :class:`~transformer.config.Config`, once, where a script
-receives it; and back to plain data for files (``config.yaml``, ``results.json``, checkpoints)."""
+receives it; back to plain data for files (``config.yaml``, ``results.json``, checkpoints); and a
+stored config of an older shape to this version's (:func:`upgrade_config`)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from transformer.config.options import structured_config
 from transformer.config.schema import Config, ConfigError, GenerationConfig
 
-__all__ = ["config_dict", "to_config", "to_generation_config"]
+__all__ = ["FLAT_ATTENTION_FIELDS", "config_dict", "to_config", "to_generation_config", "typed_config", "upgrade_config"]
+
+FLAT_ATTENTION_FIELDS = ("n_kv_heads", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+"""The ``model.*`` fields that moved under ``model.attention`` when the attention switch became a
+group like the others (configs saved before carry ``model.attention: gqa`` and these flat)."""
+
+
+def upgrade_config(cfg: Any) -> Any:
+    """A stored config (a whole config with a ``model`` key, or a model config alone) in this
+    version's shape; the input is not changed.
+
+    Shapes read: ``model.attention: <name>`` with ``model.n_kv_heads`` and the latent sizes flat
+    beside it (runs saved before the ``model/attention`` group had its own node) becomes
+    ``model.attention: {name, n_kv_heads[, latent sizes]}``; the latent sizes are kept for ``mla``
+    only (other kinds never read them, and validation kept them null). A config already in this
+    shape, or one that is not a mapping, is returned as it is.
+
+    Args:
+        cfg: a dict or DictConfig.
+
+    Returns:
+        ``cfg`` itself when nothing moves, else a plain dict (a DictConfig converted unresolved).
+    """
+    if not isinstance(cfg, (dict, DictConfig)):
+        return cfg
+    whole = isinstance(cfg.get("model"), (dict, DictConfig))
+    model = cfg["model"] if whole else cfg
+    if not isinstance(model.get("attention"), str) and not any(k in model for k in FLAT_ATTENTION_FIELDS):
+        return cfg
+    cfg = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else copy.deepcopy(cfg)
+    model = cfg["model"] if whole else cfg
+    attention = model.pop("attention", None)
+    node = dict(attention) if isinstance(attention, dict) else {"name": "mha" if attention is None else attention}
+    flat = {k: model.pop(k) for k in FLAT_ATTENTION_FIELDS if k in model}
+    node.setdefault("n_kv_heads", flat.pop("n_kv_heads", None))
+    if node["name"] == "mla":
+        for k, v in flat.items():
+            node.setdefault(k, v)
+    model["attention"] = node
+    return cfg
+
+
+def typed_config(cfg: Any = None) -> DictConfig:
+    """A stored or composed config (dict, DictConfig or None) as a DictConfig over
+    :class:`~transformer.config.Config`: upgraded to this version's shape (:func:`upgrade_config`),
+    each group typed by its chosen option's dataclass, missing fields at their defaults;
+    interpolations are kept (unlike :func:`to_config`).
+
+    Raises:
+        ConfigError: a field the schema (or the chosen option's dataclass) lacks, or a mistyped value.
+    """
+    if isinstance(cfg, DictConfig) and "hydra" in cfg:
+        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    cfg = upgrade_config({} if cfg is None else cfg)
+    try:
+        return OmegaConf.merge(structured_config(cfg), cfg)
+    except ConfigError:
+        raise
+    except Exception as e:  # omegaconf's errors name the key
+        raise ConfigError(f"does not fit this version's Config: {e}".splitlines()[0]) from None
 
 
 def _typed(schema: type, cfg: Any) -> Any:
     if isinstance(cfg, DictConfig):  # Hydra's own settings are not part of the schema
         cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     try:
+        if schema is Config:
+            cfg = upgrade_config(cfg)
+            return OmegaConf.to_object(OmegaConf.merge(structured_config(cfg), cfg))
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
+    except ConfigError:
+        raise
     except Exception as e:  # omegaconf's errors name the key
         raise ConfigError(f"invalid {schema.__name__}: {e}".splitlines()[0]) from e
 
 
 def to_config(cfg: Config | DictConfig | dict[str, Any]) -> Config:
-    """The typed config of a composed Hydra config: interpolations resolved, every value checked
-    against :class:`Config`; missing fields take the dataclass defaults.
+    """The typed config of a composed Hydra config or a stored one: interpolations resolved, an older
+    shape upgraded (:func:`upgrade_config`), every value checked against :class:`Config` and the
+    dataclass of each chosen option (:func:`~transformer.config.options.structured_config`);
+    missing fields take the dataclass defaults.
 
     Args:
         cfg: a :class:`Config` (returned as is), a DictConfig (``hydra`` key ignored) or a dict.

@@ -1,7 +1,8 @@
 """The dataclasses of every experiment's configuration, one per config group.
 
 They mirror the YAML files under ``configs/`` one to one (torchtitan style): Hydra validates each
-YAML file against them through the ConfigStore (:func:`register_configs`).
+YAML file against them through the ConfigStore
+(:func:`transformer.config.options.register_configs`).
 """
 
 from __future__ import annotations
@@ -11,18 +12,19 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any, Optional, get_type_hints
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from transformer.io import folder_locked_by_other
 
 __all__ = [
+    "AttentionConfig",
     "Config",
     "ConfigError",
     "CriterionConfig",
     "DataConfig",
     "FFNConfig",
     "GenerationConfig",
+    "LatentAttentionConfig",
     "LoggerConfig",
     "ModelConfig",
     "NormConfig",
@@ -34,7 +36,6 @@ __all__ = [
     "GenerationOverrides",
     "DEFAULT_TIME_BUDGET_S",
     "RESUME_MODES",
-    "register_configs",
     "budget_sentence",
     "resume_mode",
     "time_budget",
@@ -113,6 +114,37 @@ class PositionConfig:
 
 
 @dataclass
+class AttentionConfig:
+    """``model/attention``: the self-attention kind and its key/value heads.
+
+    ``name`` is a key of :data:`transformer.modules.attention.ATTENTION_KINDS`; the option's rule
+    there turns ``(model.n_heads, n_kv_heads)`` into the key/value heads (``mha``: null = n_heads,
+    ``gqa``: a divisor of n_heads, ``mqa``: 1, ``mla``: null). An option with sizes of its own has a
+    subclass of this class (:class:`LatentAttentionConfig` for ``mla``), registered in
+    :data:`transformer.config.options.GROUPS`, so ``model.attention.kv_lora_rank`` exists only under
+    ``model/attention=mla``. Runs saved before the group had this shape (``model.attention: gqa``,
+    ``model.n_kv_heads: 2``) are read through :func:`transformer.config.convert.upgrade_config`.
+    """
+
+    name: str = "mha"  # a key of transformer.modules.attention.ATTENTION_KINDS
+    n_kv_heads: Optional[int] = None
+
+
+@dataclass
+class LatentAttentionConfig(AttentionConfig):
+    """``model/attention=mla``: multi-head latent attention (DeepSeek-V2 §2.1; HF ``DeepseekV3Config``
+    names). A null size is derived from ``head_dim = d_model / n_heads`` in V2's proportions
+    (:func:`transformer.config.sizes.latent_sizes`)."""
+
+    name: str = "mla"
+    kv_lora_rank: Optional[int] = None  # latent width (null: 4 * head_dim, V2's 512 = 4 x 128)
+    q_lora_rank: Optional[int] = None  # low-rank queries (null: a full query projection, as V2-Lite)
+    qk_nope_head_dim: Optional[int] = None  # per-head query/key width without RoPE (null: head_dim)
+    qk_rope_head_dim: Optional[int] = None  # decoupled RoPE width (null: head_dim / 2 rounded to even with RoPE, else 0)
+    v_head_dim: Optional[int] = None  # per-head value width (null: head_dim)
+
+
+@dataclass
 class ModelConfig:
     """``model``: one architecture. Presets live in ``configs/model/*.yaml``.
 
@@ -123,22 +155,18 @@ class ModelConfig:
 
     ``arch=decoder_only`` stacks ``n_encoder_layers + n_decoder_layers`` causal layers so that
     flipping the switch keeps the depth; decoder-only presets set ``n_encoder_layers: 0``.
-    ``n_kv_heads`` is set by the ``model/attention`` option (``mha``: null = n_heads, ``gqa``: 2,
-    ``mqa``: 1) and can be overridden. The ``kv_lora_rank`` ... ``v_head_dim`` sizes are read by
-    ``model/attention=mla`` only (null: derived from ``head_dim = d_model / n_heads``, see
-    ``transformer.config.sizes.latent_sizes``). ``qk_norm``, ``attention_window`` and
+    ``attention`` is the ``model/attention`` group (:class:`AttentionConfig`: its kind, key/value
+    heads and, for ``mla``, the latent sizes). ``qk_norm``, ``attention_window`` and
     ``attention_window_pattern`` default to what every earlier model does (no QK-norm, global
     attention), so older checkpoints load unchanged.
     """
 
     arch: str = "encoder_decoder"  # encoder_decoder | decoder_only
     norm_position: str = "post"  # a key of transformer.modules.residual.RESIDUALS
-    attention: str = "mha"  # a key of transformer.modules.attention.ATTENTION_KINDS (set by model/attention)
     n_encoder_layers: int = 3
     n_decoder_layers: int = 3
     d_model: int = 256
     n_heads: int = 4
-    n_kv_heads: Optional[int] = None
     d_ff: int = 512
     dropout: float = 0.1
     attention_dropout: float = 0.0
@@ -155,12 +183,7 @@ class ModelConfig:
     attention_window: Optional[int] = None
     # with a window: every N-th layer stays global (Gemma 2: 2, Gemma 3: 6); 0 = every layer local
     attention_window_pattern: int = 0
-    # multi-head latent attention (DeepSeek-V2 §2.1), model/attention=mla only; null = derived
-    kv_lora_rank: Optional[int] = None  # latent width (null: 4 * head_dim, V2's 512 = 4 x 128)
-    q_lora_rank: Optional[int] = None  # low-rank queries (null: a full query projection, as V2-Lite)
-    qk_nope_head_dim: Optional[int] = None  # per-head query/key width without RoPE (null: head_dim)
-    qk_rope_head_dim: Optional[int] = None  # decoupled RoPE width (null: head_dim / 2 rounded to even with RoPE, else 0)
-    v_head_dim: Optional[int] = None  # per-head value width (null: head_dim)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
     norm: NormConfig = field(default_factory=NormConfig)
     ffn: FFNConfig = field(default_factory=FFNConfig)
     position: PositionConfig = field(default_factory=PositionConfig)
@@ -432,14 +455,3 @@ def hydra_subdir(resume: Any = False, resume_from: Any = None, output_dir: Any =
 
 if not OmegaConf.has_resolver("zoo.hydra_subdir"):  # at import: jobs unpickled on a cluster node have it too
     OmegaConf.register_new_resolver("zoo.hydra_subdir", hydra_subdir, use_cache=True)
-
-
-def register_configs() -> None:
-    """Register the structured configs with Hydra's ConfigStore.
-
-    ``configs/train.yaml`` names ``base_config`` first in its defaults list, so every YAML value is
-    type-checked against :class:`Config` (an unknown key or a wrong type fails at composition).
-    """
-    cs = ConfigStore.instance()
-    cs.store(name="base_config", node=Config)
-    cs.store(name="generation_overrides", node=GenerationOverrides)

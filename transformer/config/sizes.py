@@ -33,20 +33,21 @@ def head_dim(model: Any) -> int:
 
 
 def resolve_n_kv_heads(model: Any) -> int:
-    """Number of key/value heads implied by ``model.attention`` and ``model.n_kv_heads``
+    """Number of key/value heads implied by ``model.attention.name`` and ``model.attention.n_kv_heads``
     (:data:`~transformer.modules.attention.ATTENTION_KINDS`).
 
     Raises:
         ConfigError: when the two disagree (e.g. ``mha`` with ``n_kv_heads != n_heads``) or the
             attention kind is unknown.
     """
-    rule = ATTENTION_KINDS.get(model.attention)
+    attention = model.attention
+    rule = ATTENTION_KINDS.get(attention.name)
     if rule is None:
-        raise ConfigError(f"model.attention={model.attention!r} is not one of {', '.join(ATTENTION_KINDS)}")
+        raise ConfigError(f"model/attention={attention.name!r} is not one of {', '.join(ATTENTION_KINDS)}")
     try:
-        return rule.kv_heads(model.n_heads, model.n_kv_heads)
+        return rule.kv_heads(model.n_heads, attention.n_kv_heads)
     except ValueError as e:
-        raise ConfigError(f"model/attention={model.attention} {e} (model.n_heads, model.n_kv_heads)") from None
+        raise ConfigError(f"model/attention={attention.name} {e} (model.n_heads, model.attention.n_kv_heads)") from None
 
 
 @dataclass(frozen=True)
@@ -83,16 +84,17 @@ def latent_sizes(model: Any) -> LatentSizes | None:
     otherwise: no decoupled key without RoPE). The cache then holds 4.5 head widths per token and
     layer, as GQA with 2.25 groups (§2.1.4).
     """
-    if not ATTENTION_KINDS[model.attention].latent:
+    attention = model.attention
+    if not ATTENTION_KINDS[attention.name].latent:
         return None
     hd = head_dim(model)
 
     def pick(name: str, default: int) -> int:
-        value = getattr(model, name, None)
+        value = getattr(attention, name, None)
         return default if value is None else int(value)
 
     rope = pick("qk_rope_head_dim", hd // 4 * 2 if model.position.name == "rope" else 0)
-    q_lora = getattr(model, "q_lora_rank", None)
+    q_lora = getattr(attention, "q_lora_rank", None)
     return LatentSizes(kv_lora_rank=pick("kv_lora_rank", 4 * hd), q_lora_rank=None if q_lora is None else int(q_lora),
                        qk_nope_head_dim=pick("qk_nope_head_dim", hd), qk_rope_head_dim=rope,
                        v_head_dim=pick("v_head_dim", hd))
@@ -215,7 +217,7 @@ def model_sizes(model: Any) -> ModelSizes:
     """The :class:`ModelSizes` of ``model`` (a :class:`~transformer.config.ModelConfig` or DictConfig).
 
     Raises:
-        ConfigError: when ``model.attention`` and ``model.n_kv_heads`` disagree or ``model.ffn.name``
+        ConfigError: when ``model.attention.name`` and ``model.attention.n_kv_heads`` disagree or ``model.ffn.name``
             (``model.ffn.expert``) is unknown.
     """
     hidden, matrices = ffn_size(model)

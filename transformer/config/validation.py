@@ -9,7 +9,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from transformer.config.schema import Config, ConfigError, resume_mode, time_budget
+from transformer.config.options import structured_config
+from transformer.config.schema import ConfigError, resume_mode, time_budget
 from transformer.config.sizes import model_sizes
 from transformer.modules.attention import ATTENTION_KINDS
 from transformer.modules.ffn import FFNS
@@ -28,7 +29,7 @@ __all__ = ["signal_number", "validate_config", "validate_generation_config", "va
 _CHOICES: dict[str, tuple[str, ...]] = {
     "model.arch": ("encoder_decoder", "decoder_only"),
     "model.norm_position": tuple(RESIDUALS),
-    "model.attention": tuple(ATTENTION_KINDS),
+    "model.attention.name": tuple(ATTENTION_KINDS),
     "model.tie_embeddings": ("none", "decoder", "all"),
     "model.init": ("xavier", "normal"),
     "model.norm.name": tuple(NORMS),
@@ -37,9 +38,6 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model.qk_norm": ("none", *NORMS),
     "model.position.rope_scaling.rope_type": tuple(ROPE_SCALINGS),
 }
-
-_MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-
 
 _UNCATCHABLE = ("SIGKILL", "SIGSTOP")
 
@@ -92,7 +90,7 @@ def validate_model_config(model: Any, joint_vocab: bool = True) -> None:
     n_kv, head_dim = sizes.n_kv_heads, sizes.head_dim
     if n_kv <= 0 or model.n_heads % n_kv != 0:
         raise ConfigError(
-            f"model.n_heads={model.n_heads} is not divisible by model.n_kv_heads={n_kv}"
+            f"model.n_heads={model.n_heads} is not divisible by model.attention.n_kv_heads={n_kv}"
         )
     _validate_attention_options(model, sizes)
     if model.position.name == "rope" and sizes.latent is None and head_dim % 2 != 0:
@@ -163,29 +161,25 @@ def validate_moe_config(ffn: Any) -> None:
 def _validate_attention_options(model: Any, sizes: Any) -> None:
     """MLA sizes, QK-norm, the sliding window and RoPE scaling (issue #22)."""
     latent = sizes.latent
-    if latent is None:
-        given = [f"model.{n}={getattr(model, n)}" for n in _MLA_FIELDS if getattr(model, n, None) is not None]
-        if given:
-            raise ConfigError(f"{', '.join(given)} set with model.attention={model.attention}: these sizes belong to "
-                              "multi-head latent attention (model/attention=mla)")
-    else:
-        fields = (f"model.kv_lora_rank={latent.kv_lora_rank}, model.qk_nope_head_dim={latent.qk_nope_head_dim}, "
-                  f"model.qk_rope_head_dim={latent.qk_rope_head_dim}, model.v_head_dim={latent.v_head_dim}")
+    if latent is not None:
+        a = "model.attention"
+        fields = (f"{a}.kv_lora_rank={latent.kv_lora_rank}, {a}.qk_nope_head_dim={latent.qk_nope_head_dim}, "
+                  f"{a}.qk_rope_head_dim={latent.qk_rope_head_dim}, {a}.v_head_dim={latent.v_head_dim}")
         if latent.kv_lora_rank <= 0 or latent.v_head_dim <= 0 or latent.qk_nope_head_dim < 0:
-            raise ConfigError(f"model.attention=mla needs model.kv_lora_rank > 0, model.v_head_dim > 0 and "
-                              f"model.qk_nope_head_dim >= 0, got {fields}")
+            raise ConfigError(f"model/attention=mla needs {a}.kv_lora_rank > 0, {a}.v_head_dim > 0 and "
+                              f"{a}.qk_nope_head_dim >= 0, got {fields}")
         if latent.q_lora_rank is not None and latent.q_lora_rank <= 0:
-            raise ConfigError(f"model.q_lora_rank={latent.q_lora_rank} must be > 0 (or null: no query compression)")
+            raise ConfigError(f"{a}.q_lora_rank={latent.q_lora_rank} must be > 0 (or null: no query compression)")
         if model.position.name == "rope" and (latent.qk_rope_head_dim <= 0 or latent.qk_rope_head_dim % 2):
-            raise ConfigError(f"model.attention=mla with model/position=rope needs model.qk_rope_head_dim even and > 0 "
+            raise ConfigError(f"model/attention=mla with model/position=rope needs {a}.qk_rope_head_dim even and > 0 "
                               f"(the decoupled RoPE key, DeepSeek-V2 §2.1.3), got {fields}")
         if model.position.name != "rope" and latent.qk_rope_head_dim != 0:
-            raise ConfigError(f"model.qk_rope_head_dim={latent.qk_rope_head_dim} is a rotated width but "
-                              f"model/position={model.position.name}: set model.qk_rope_head_dim=0 or use model/position=rope")
+            raise ConfigError(f"{a}.qk_rope_head_dim={latent.qk_rope_head_dim} is a rotated width but "
+                              f"model/position={model.position.name}: set {a}.qk_rope_head_dim=0 or use model/position=rope")
         if latent.qk_head_dim <= 0:
-            raise ConfigError(f"model.attention=mla needs model.qk_nope_head_dim + model.qk_rope_head_dim > 0, got {fields}")
+            raise ConfigError(f"model/attention=mla needs {a}.qk_nope_head_dim + {a}.qk_rope_head_dim > 0, got {fields}")
         if model.qk_norm != "none":
-            raise ConfigError(f"model.qk_norm={model.qk_norm} with model.attention=mla: MLA normalises its latent "
+            raise ConfigError(f"model.qk_norm={model.qk_norm} with model/attention=mla: MLA normalises its latent "
                               "(kv_a_layernorm) instead; use model.qk_norm=none")
     window, every = model.attention_window, model.attention_window_pattern
     if window is not None and window < 1:
@@ -226,7 +220,8 @@ def validate_config(cfg: Any) -> None:
     """
     if isinstance(cfg, DictConfig):  # catches keys appended with Hydra's "+" that the schema lacks
         try:
-            OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))
+            job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+            OmegaConf.merge(structured_config(job), job)
         except OmegaConfBaseException as err:
             raise ConfigError(f"unknown or mistyped field: {err}".splitlines()[0]) from None
     validate_model_config(cfg.model, joint_vocab=cfg.data.joint_vocab)

@@ -34,6 +34,8 @@ from transformer.config import (
     GenerationConfig,
     config_differences,
     to_config,
+    typed_config,
+    upgrade_config,
     validate_generation_config,
 )
 from transformer.data.tokenizer import Tokenizer
@@ -124,7 +126,6 @@ def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
 
 def _read_config(run_dir: Path, weights: Path) -> DictConfig:
     """The run's config: config.yaml in the run folder, else the training state's "config"."""
-    base = OmegaConf.structured(Config)
     for name in CONFIG_NAMES:
         f = run_dir / name
         if f.is_file():
@@ -146,12 +147,10 @@ def _read_config(run_dir: Path, weights: Path) -> DictConfig:
                 f"no config for {weights}: expected {run_dir / 'config.yaml'} (written by "
                 f"scripts/train.py) or a training state {state_file.name} with a 'config' entry"
             )
-    if "hydra" in raw:
-        raw = OmegaConf.masked_copy(raw, [k for k in raw.keys() if k != "hydra"])
     try:
-        return OmegaConf.merge(base, raw)
-    except Exception as e:
-        raise LoadError(f"the config of {run_dir} does not fit transformer.config.Config: {e}") from e
+        return typed_config(raw)
+    except ConfigError as e:
+        raise LoadError(f"the config of {run_dir} {e}") from e
 
 
 def _config_folder(run_dir: Path, weights: Path, meta: dict[str, str]) -> Path:
@@ -195,6 +194,7 @@ def _check_model_config(weights: Path, meta: dict[str, str], cfg: DictConfig, co
         recorded = json.loads(meta["model_config"])
     except ValueError:
         return
+    recorded = upgrade_config(recorded)  # weights saved before the model/attention group had its node
     current = OmegaConf.to_container(cfg.model, resolve=True)
     diffs = [f"model.{k}: {v} in the weights vs {u} in the config"
              for k, v, u in config_differences(recorded, current, common_only=True)]

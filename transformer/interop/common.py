@@ -11,7 +11,26 @@ from typing import Any, Iterator, Sequence
 
 from torch import Tensor
 
-__all__ = ["ExportError", "attention_unsupported", "refuse", "staging_dir", "vocabulary", "state_dict_fp32"]
+from transformer.modules.attention import ATTENTION_KINDS
+
+__all__ = ["ExportError", "KV_HEAD_KINDS", "attention_unsupported", "is_latent", "refuse", "staging_dir", "vocabulary",
+           "state_dict_fp32"]
+
+KV_HEAD_KINDS = ("mha", "gqa", "mqa")
+"""The ``model/attention`` options the HF/CTranslate2 attention classes hold: multi-head attention
+with ``n_kv_heads`` key/value heads (each target narrows it further where it must)."""
+
+
+_KIND_WORDS = {"mha": "multi-head attention", "gqa": "grouped-query attention", "mqa": "multi-query attention",
+               "mla": "multi-head latent attention"}
+
+
+def is_latent(cfg: Any) -> bool:
+    """Whether the model config's ``model/attention`` option caches a latent (multi-head latent
+    attention), asked of its :data:`~transformer.modules.attention.ATTENTION_KINDS` entry (an option
+    missing from the table, e.g. a plugin's that is not loaded, counts as not latent)."""
+    kind = ATTENTION_KINDS.get(cfg.attention.name)
+    return kind is not None and kind.latent
 
 
 class ExportError(ValueError):
@@ -36,7 +55,7 @@ def refuse(target: str, reasons: Sequence[str]) -> None:
 
 
 def attention_unsupported(cfg: Any, target: str, *, qk_norm: tuple[str, ...] = (), rope_types: tuple[str, ...] = (),
-                          mla: bool = False, sliding_window: bool = False) -> list[str]:
+                          kinds: tuple[str, ...] = KV_HEAD_KINDS, sliding_window: bool = False) -> list[str]:
     """The issue #22 attention switches a target lacks, one sentence each (empty when it has them all).
 
     Args:
@@ -44,14 +63,17 @@ def attention_unsupported(cfg: Any, target: str, *, qk_norm: tuple[str, ...] = (
         target: the target's name, for the sentences.
         qk_norm: the ``model.qk_norm`` norms the target has (none by default).
         rope_types: the ``model.position.rope_scaling.rope_type`` values besides ``default`` it has.
-        mla: whether the target has multi-head latent attention (``model/attention=mla``).
+        kinds: the ``model/attention`` options the target holds (default :data:`KV_HEAD_KINDS`;
+            DeepSeek-V3: ``("mla",)``); any other option, a plugin's included, is refused by name.
         sliding_window: whether the target has one sliding window for every layer (Mistral's
             ``sliding_window``): then ``model.attention_window`` is kept and only a local/global
             pattern (``model.attention_window_pattern``) is refused.
     """
     why = []
-    if cfg.attention == "mla" and not mla:
-        why.append(f"model/attention=mla: {target} has no multi-head latent attention")
+    name = cfg.attention.name
+    if name not in kinds:
+        words = ", ".join(_KIND_WORDS.get(k, k) for k in kinds)
+        why.append(f"model/attention={name}: {target}'s attention is {words} (model/attention={'|'.join(kinds)})")
     norm = getattr(cfg, "qk_norm", "none")
     if norm != "none" and norm not in qk_norm:
         why.append(f"model.qk_norm={norm}: {target} has no {norm} QK-norm"

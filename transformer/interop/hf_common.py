@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from torch import nn
 
-from transformer.config import Config, rope_scaling
+from transformer.config import Config, rope_scaling, typed_config
 
 __all__ = [
     "HF_ACT",
@@ -153,8 +153,6 @@ def imported_run_config(folder: Path, model_fields: dict[str, Any]) -> Any:
         A DictConfig over :class:`~transformer.config.Config`.
     """
     zoo = folder / ZOO_CONFIG
-    run_cfg = OmegaConf.structured(Config)
-    if zoo.is_file():
-        run_cfg = OmegaConf.merge(run_cfg, OmegaConf.load(zoo))
-    run_cfg.model = OmegaConf.merge(OmegaConf.structured(Config).model, model_fields)
-    return run_cfg
+    run_cfg = OmegaConf.to_container(typed_config(OmegaConf.load(zoo) if zoo.is_file() else None), resolve=False)
+    run_cfg["model"] = model_fields
+    return typed_config(run_cfg)

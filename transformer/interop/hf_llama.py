@@ -277,9 +277,10 @@ def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
     n_kv = hc.num_key_value_heads or hc.num_attention_heads
     attention = "mha" if n_kv == hc.num_attention_heads else ("mqa" if n_kv == 1 else "gqa")
     run_cfg = imported_run_config(folder, {
-        "arch": "decoder_only", "norm_position": "pre", "attention": attention, "n_encoder_layers": 0,
+        "arch": "decoder_only", "norm_position": "pre", "n_encoder_layers": 0,
+        "attention": {"name": attention, "n_kv_heads": None if attention == "mha" else n_kv},
         "n_decoder_layers": hc.num_hidden_layers, "d_model": hc.hidden_size, "n_heads": hc.num_attention_heads,
-        "n_kv_heads": None if attention == "mha" else n_kv, "d_ff": hc.intermediate_size, "dropout": 0.0,
+        "d_ff": hc.intermediate_size, "dropout": 0.0,
         "attention_dropout": float(hc.attention_dropout or 0.0), "activation_dropout": 0.0,
         "bias": bool(hc.attention_bias), "scale_embeddings": False,
         "tie_embeddings": "all" if hc.tie_word_embeddings else "none",

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from transformer.config import resolve_n_kv_heads
-from transformer.interop.common import ExportError, attention_unsupported, refuse, state_dict_fp32, vocabulary
+from transformer.interop.common import KV_HEAD_KINDS, ExportError, attention_unsupported, refuse, state_dict_fp32, vocabulary
 from transformer.interop.hf_common import ZOO_CONFIG
 
 __all__ = ["marian_generate", "marian_permutation", "marian_state", "marian_unsupported", "save_marian", "to_marian"]
@@ -61,8 +61,8 @@ def marian_unsupported(cfg: Any) -> list[str]:
         why.append(f"model/ffn={cfg.ffn.name}: Marian's feed-forward block has two matrices (model/ffn=relu or gelu)")
     if cfg.position.name != "sinusoidal":
         why.append(f"model/position={cfg.position.name}: Marian encodes positions with fixed sinusoids only")
-    if resolve_n_kv_heads(cfg) != cfg.n_heads:
-        why.append(f"model/attention={cfg.attention} (n_kv_heads={resolve_n_kv_heads(cfg)}): Marian has one "
+    if cfg.attention.name in KV_HEAD_KINDS and resolve_n_kv_heads(cfg) != cfg.n_heads:
+        why.append(f"model/attention={cfg.attention.name} (n_kv_heads={resolve_n_kv_heads(cfg)}): Marian has one "
                    "key/value head per query head (model/attention=mha)")
     return why + attention_unsupported(cfg, "MarianMTModel")
 

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.config import model_sizes
-from transformer.interop.common import ExportError, attention_unsupported, refuse, state_dict_fp32
+from transformer.interop.common import ExportError, attention_unsupported, is_latent, refuse, state_dict_fp32
 from transformer.interop.hf_common import (
     HF_ACT,
     HF_ROPE_TYPES,
@@ -69,7 +69,7 @@ _LATENT_EPS = 1e-6  # DeepseekV3RMSNorm's default, used by q_a_layernorm / kv_a_
 def moe_target(cfg: Any) -> str | None:
     """The HF class a decoder-only config exports to through this module: DeepSeek-V3 for
     ``model/attention=mla``, Mixtral for ``model/ffn=moe`` with any other attention, else None."""
-    if cfg.attention == "mla":
+    if is_latent(cfg):
         return DEEPSEEK_TARGET
     return MIXTRAL_TARGET if cfg.ffn.name == "moe" else None
 
@@ -113,11 +113,8 @@ def deepseek_unsupported(cfg: Any) -> list[str]:
     """Why ``DeepseekV3ForCausalLM`` cannot hold a model of config ``cfg`` (a model config), one sentence
     per switch, each starting with the switch (empty when it can)."""
     why = decoder_unsupported(cfg, "DeepseekV3") + attention_unsupported(
-        cfg, "DeepseekV3ForCausalLM", rope_types=HF_ROPE_TYPES, mla=True) + _moe_refusals(cfg, "DeepSeek-V3")
-    if cfg.attention != "mla":
-        why.append(f"model/attention={cfg.attention}: DeepseekV3ForCausalLM's attention is multi-head latent "
-                   "attention (model/attention=mla)")
-    if cfg.attention == "mla" and cfg.norm.eps != _LATENT_EPS:
+        cfg, "DeepseekV3ForCausalLM", rope_types=HF_ROPE_TYPES, kinds=("mla",)) + _moe_refusals(cfg, "DeepSeek-V3")
+    if is_latent(cfg) and cfg.norm.eps != _LATENT_EPS:
         why.append(f"model.norm.eps={cfg.norm.eps:g} with model/attention=mla: DeepSeek-V3's latent RMSNorms have "
                    "eps 1e-6, ours take model.norm.eps (set model.norm.eps=1e-6)")
     f = cfg.ffn
@@ -165,7 +162,7 @@ def _layer_pairs(cfg: Any) -> list[tuple[str, tuple[str, ...], tuple[int, ...] |
     pairs += [(mlp + "router.gate.weight", ("mlp.gate.weight",), None),
               (mlp + "experts.w13", ("mlp.experts.gate_up_proj",), None),
               (mlp + "experts.w2", ("mlp.experts.down_proj",), None)]
-    if cfg.attention == "mla":  # DeepSeek-V3: the selection bias and the shared experts
+    if is_latent(cfg):  # DeepSeek-V3: the selection bias and the shared experts
         pairs.append((mlp + "router.expert_bias", ("mlp.gate.e_score_correction_bias",), None))
     if sizes.shared_hidden:
         h = sizes.shared_hidden
@@ -197,7 +194,7 @@ def hf_moe_state(model: nn.Module, cfg: Any) -> dict[str, Tensor]:
         for name, hf_names, rows in _layer_pairs(cfg):
             parts = ours[src + name].split(rows) if rows else (ours[src + name],)
             new.update({dst + hf: part for hf, part in zip(hf_names, parts)})
-        if cfg.attention == "mla" and sizes.n_experts and not sizes.shared_hidden:
+        if is_latent(cfg) and sizes.n_experts and not sizes.shared_hidden:
             d = cfg.d_model
             new.update({f"{dst}mlp.shared_experts.{n}_proj.weight": emb.new_zeros(shape)
                         for n, shape in (("gate", (0, d)), ("up", (0, d)), ("down", (d, 0)))})
@@ -316,7 +313,7 @@ def _model_fields(hc: Any) -> tuple[dict[str, Any], list[str]]:
             why.append(f"router_jitter_noise={hc.router_jitter_noise}: model/ffn=moe has no router jitter")
         n_kv = hc.num_key_value_heads or heads
         attention = "mha" if n_kv == heads else ("mqa" if n_kv == 1 else "gqa")
-        fields.update(attention=attention, n_kv_heads=None if attention == "mha" else n_kv,
+        fields.update(attention={"name": attention, "n_kv_heads": None if attention == "mha" else n_kv},
                       attention_window=hc.sliding_window, ffn={**moe, "n_experts": hc.num_local_experts,
                       "expert_d_ff": hc.intermediate_size, "router": "softmax", "norm_topk_prob": True,
                       "router_aux_loss_coef": float(hc.router_aux_loss_coef)})
@@ -338,8 +335,9 @@ def _model_fields(hc: Any) -> tuple[dict[str, Any], list[str]]:
     if rope.get("mscale_all_dim"):
         why.append(f"rope_parameters mscale_all_dim={rope['mscale_all_dim']}: DeepSeek-V3 scales its attention "
                    "softmax by it, which model.position.rope_scaling cannot express")
-    fields.update(attention="mla", n_kv_heads=None, kv_lora_rank=hc.kv_lora_rank, q_lora_rank=hc.q_lora_rank,
-                  qk_nope_head_dim=hc.qk_nope_head_dim, qk_rope_head_dim=hc.qk_rope_head_dim, v_head_dim=hc.v_head_dim)
+    fields.update(attention={"name": "mla", "n_kv_heads": None, "kv_lora_rank": hc.kv_lora_rank,
+                             "q_lora_rank": hc.q_lora_rank, "qk_nope_head_dim": hc.qk_nope_head_dim,
+                             "qk_rope_head_dim": hc.qk_rope_head_dim, "v_head_dim": hc.v_head_dim})
     fields["ffn"] = {"name": act, "glu_match_params": False} if dense >= n_layers else {
         **moe, "n_experts": hc.n_routed_experts, "n_shared_experts": hc.n_shared_experts,
         "expert_d_ff": hc.moe_intermediate_size, "router": "sigmoid", "norm_topk_prob": bool(hc.norm_topk_prob),
@@ -386,7 +384,7 @@ def from_hf_moe(folder: str | Path) -> tuple[nn.Module, Any]:
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     state = {k: v.detach().float() for k, v in hf.state_dict().items()}
     if getattr(hc, "rope_interleave", False):
-        nope, rope, lat = hc.qk_nope_head_dim, hc.qk_rope_head_dim, run_cfg.model.kv_lora_rank
+        nope, rope, lat = hc.qk_nope_head_dim, hc.qk_rope_head_dim, run_cfg.model.attention.kv_lora_rank
         q = "q_proj" if hc.q_lora_rank is None else "q_b_proj"
         for i in range(hc.num_hidden_layers):
             q_key, kv_key = (f"model.layers.{i}.self_attn.{n}.weight" for n in (q, "kv_a_proj_with_mqa"))

@@ -140,7 +140,7 @@ def _build_stack(cfg: Any, n_layers: int, n_kv_heads: int, cross: bool) -> Trans
                                cfg.qk_norm, cfg.norm.eps)
 
     def self_attention() -> nn.Module:
-        if ATTENTION_KINDS[cfg.attention].latent:  # MLA: self-attention only; cross-attention stays MHA
+        if ATTENTION_KINDS[cfg.attention.name].latent:  # MLA: self-attention only; cross-attention stays MHA
             return build_mla(cfg.d_model, cfg.n_heads, model_sizes(cfg).latent, cfg.bias, cfg.attention_dropout, cfg.norm.eps)
         return attention()
 

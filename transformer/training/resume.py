@@ -34,7 +34,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from transformer.config import Config, ConfigError, config_differences, resume_mode, validate_config
+from transformer.config import Config, ConfigError, config_differences, resume_mode, typed_config, validate_config
 from transformer.training.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, numbered_checkpoints
 from transformer.training.results import saved_choices
 
@@ -233,9 +233,9 @@ def resume_config(cfg: DictConfig, saved: dict[str, Any], named: tuple[set[str],
             this version's :class:`~transformer.config.Config`.
     """
     try:
-        run_cfg = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(saved))
-    except OmegaConfBaseException as err:
-        raise ConfigError(f"the run's saved config does not fit this version's config: {str(err).splitlines()[0]}") from None
+        run_cfg = typed_config(saved)  # a run saved in an older shape continues in this version's
+    except ConfigError as err:
+        raise ConfigError(f"the run's saved config {err}") from None
 
     def is_named(key: str) -> bool:
         return named is None or _covered(key, named[0]) or key in named[1]

@@ -1,0 +1,194 @@
+"""The config groups whose options may carry fields of their own, and the typed node of each option.
+
+Every switch group of the model (``model/attention``, ``model/ffn``, ``model/norm``,
+``model/position``, ``model/position/rope_scaling``) and ``lr_scheduler`` is a node of the config
+with a discriminating field (``name``, or ``rope_type``) and a dataclass of the fields every option
+reads (:class:`OptionGroup`). An option that needs more fields has a subclass of that dataclass,
+registered here (:func:`register_option_config`), e.g. ``mla`` ->
+:class:`~transformer.config.schema.LatentAttentionConfig`: its fields then exist, typed, under the
+group's node (``model.attention.kv_lora_rank``) when that option is chosen, and nowhere else.
+
+Hydra learns the option classes through the ConfigStore: :func:`store_option_schemas` stores each
+under ``schema/<group>/<name>``, which the option's YAML file names first in its defaults list (as
+``configs/model/attention/mla.yaml`` does, Hydra's "config group schema" pattern); an option
+registered by a plugin without a YAML file is also stored as the option itself, so
+``model/attention=<name>`` selects it. Outside Hydra, :func:`structured_config` gives the typed
+node a stored config dict needs (``to_config`` and ``validate_config`` merge into it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from transformer.config.schema import (
+    AttentionConfig,
+    Config,
+    ConfigError,
+    FFNConfig,
+    GenerationOverrides,
+    LatentAttentionConfig,
+    NormConfig,
+    PositionConfig,
+    RopeScalingConfig,
+    SchedulerConfig,
+)
+
+__all__ = ["GROUPS", "OptionGroup", "flat_group_override", "option_config", "register_configs", "register_option_config",
+           "store_option_schemas", "structured_config"]
+
+
+@dataclass
+class OptionGroup:
+    """One config group whose options are told apart by one field.
+
+    Attributes:
+        switch: the group as Hydra names it on the command line (``model/attention``).
+        path: where its node lives in :class:`~transformer.config.Config` (``model.attention``).
+        key: the field naming the option (``name``; ``rope_type`` for RoPE scalings).
+        base: the dataclass of the fields every option reads.
+        options: option name -> its own dataclass (a subclass of ``base``), for the options that
+            carry fields of their own; every other option's node is a ``base``.
+        stored: option names stored in the ConfigStore as options (plugins without a YAML file).
+    """
+
+    switch: str
+    path: str
+    key: str
+    base: type
+    options: dict[str, type] = field(default_factory=dict)
+    stored: set[str] = field(default_factory=set)
+
+
+GROUPS: dict[str, OptionGroup] = {
+    g.switch: g
+    for g in (
+        OptionGroup("model/attention", "model.attention", "name", AttentionConfig, {"mla": LatentAttentionConfig}),
+        OptionGroup("model/ffn", "model.ffn", "name", FFNConfig),
+        OptionGroup("model/norm", "model.norm", "name", NormConfig),
+        OptionGroup("model/position", "model.position", "name", PositionConfig),
+        OptionGroup("model/position/rope_scaling", "model.position.rope_scaling", "rope_type", RopeScalingConfig),
+        OptionGroup("lr_scheduler", "lr_scheduler", "name", SchedulerConfig),
+    )
+}
+"""Switch -> :class:`OptionGroup`, parents before the groups nested in them."""
+
+
+def option_config(switch: str, name: str) -> type:
+    """The dataclass of option ``name`` of group ``switch`` (the group's base when it has none of its own).
+
+    Raises:
+        KeyError: ``switch`` is not a group of :data:`GROUPS`.
+    """
+    group = GROUPS[switch]
+    return group.options.get(name, group.base)
+
+
+def register_option_config(switch: str, name: str, config: type, *, store_option: bool = False) -> None:
+    """Give option ``name`` of group ``switch`` its own fields: ``config``, a dataclass subclassing the
+    group's base whose ``key`` field (``name``) defaults to ``name``.
+
+    Args:
+        switch: a key of :data:`GROUPS`, e.g. ``"model/attention"``.
+        name: the option.
+        config: its dataclass.
+        store_option: also store it as the option in Hydra's ConfigStore, so that ``<switch>=<name>``
+            selects it without a YAML file (plugins).
+
+    Raises:
+        ConfigError: an unknown group, a class that is not a dataclass subclass of the group's base,
+            a ``key`` default other than ``name``, or a name another class already holds.
+    """
+    if switch not in GROUPS:
+        raise ConfigError(f"no config group {switch!r}; groups with option fields: {', '.join(GROUPS)}")
+    group = GROUPS[switch]
+    if not (isinstance(config, type) and dataclasses.is_dataclass(config) and issubclass(config, group.base)):
+        raise ConfigError(f"the fields of {switch}={name} must be a dataclass subclassing {group.base.__name__}, "
+                          f"got {config!r}")
+    default = {f.name: f.default for f in dataclasses.fields(config)}.get(group.key)
+    if default != name:
+        raise ConfigError(f"{config.__name__}.{group.key} must default to {name!r} (the option it describes), "
+                          f"got {default!r}")
+    held = group.options.get(name)
+    if held is not None and held is not config:
+        raise ConfigError(f"{switch}={name} already has its fields ({held.__module__}.{held.__qualname__})")
+    group.options[name] = config
+    if store_option:
+        group.stored.add(name)
+    store_option_schemas()
+
+
+def store_option_schemas() -> None:
+    """Store every option class in Hydra's ConfigStore: ``schema/<switch>/<name>`` (named first in the
+    option's YAML defaults list) and, for options registered with ``store_option``, ``<switch>/<name>``."""
+    cs = ConfigStore.instance()
+    for group in GROUPS.values():
+        for name, config in group.options.items():
+            cs.store(group=f"schema/{group.switch}", name=name, node=config, package=group.path)
+            if name in group.stored:
+                cs.store(group=group.switch, name=name, node=config, package=group.path)
+
+
+def _select(cfg: Any, path: str) -> Any:
+    node = cfg
+    for part in path.split("."):
+        if isinstance(node, (dict, DictConfig)) and part in node:
+            node = node[part]
+        else:
+            return None
+    return node
+
+
+def structured_config(cfg: Any = None) -> DictConfig:
+    """The structured :class:`~transformer.config.Config` that ``cfg`` (a dict or DictConfig of a whole
+    config, or None) merges into: each group's node typed by the dataclass of the option ``cfg``
+    chooses, so that the option's own fields are known and checked.
+
+    Raises:
+        ConfigError: a group node of ``cfg`` that is not a mapping.
+    """
+    base = OmegaConf.structured(Config)
+    for group in GROUPS.values():
+        node = _select(cfg, group.path)
+        if node is None:
+            continue
+        if not isinstance(node, (dict, DictConfig)):
+            raise ConfigError(f"{group.path} is the {group.switch} group, got {node!r}; choose an option with "
+                              f"{group.switch}=<option> (or set {group.path}.{group.key})")
+        name = node.get(group.key)
+        config = option_config(group.switch, str(name)) if name is not None else group.base
+        if config is not group.base:
+            OmegaConf.update(base, group.path, OmegaConf.structured(config), merge=False)
+    return base
+
+
+def register_configs() -> None:
+    """Register the structured configs with Hydra's ConfigStore: ``base_config`` (:class:`Config`),
+    ``generation_overrides`` and the option classes (:func:`store_option_schemas`).
+
+    ``configs/train.yaml`` names ``base_config`` first in its defaults list, so every YAML value is
+    type-checked against :class:`Config` and the chosen options' classes (an unknown key or a wrong
+    type fails at composition).
+    """
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    cs.store(name="generation_overrides", node=GenerationOverrides)
+    store_option_schemas()
+
+
+def flat_group_override(overrides: list[str]) -> str | None:
+    """The sentence refusing a command-line override that sets a group's node to a name with dots
+    (``model.attention=gqa``) where the group is chosen with slashes (``model/attention=gqa``), or
+    None when there is none. Hydra's own error for it ("Cannot assign str to AttentionConfig") does
+    not say what to type."""
+    for override in overrides:
+        key, sep, value = override.lstrip("+~").partition("=")
+        for group in GROUPS.values():
+            if sep and "/" in group.switch and key == group.path:
+                return (f"{override}: {group.path} is the {group.switch} group; choose its option with "
+                        f"{group.switch}={value} (and set its fields as {group.path}.<field>=...)")
+    return None
