@@ -4,11 +4,14 @@
     python scripts/compare.py runs/ladder                                  # -> runs/ladder/comparison/
     python scripts/compare.py docs/results/ladder/runs --out docs/results/ladder \
         --baseline step0_vaswani2017 --bootstrap 1000
+    python scripts/compare.py runs/branches docs/results/ladder/runs/step5_gqa_seed1 \
+        docs/results/ladder/runs/step5_gqa_seed2 --baseline step5_gqa --no-prev   # a branch study
 
-One row per configuration (runs whose resolved config differs only in seed, paths and logging):
+One row per configuration (runs whose resolved config differs only in seed, study name, paths and logging):
 BLEU and chrF mean ± std over seeds, parameters, FLOPs per token, KV-cache bytes per token,
 train tokens/s, peak memory, the paired-bootstrap p-values against the baseline row and the row
-above, Holm-Bonferroni adjusted over the table, and the baseline's seed spread as the noise floor.
+above (not with --no-prev, for branches off one baseline), Holm-Bonferroni adjusted over the table,
+and the baseline's seed spread as the noise floor.
 The runs must differ only in the study's switches and the seed: runs trained with another
 precision, budget, data or torch version stop the comparison with a sentence naming them, unless
 --allow-mixed (then the table shows the differences). Runs without results.json (crashed,
@@ -55,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     with user_errors(ERRORS):
         compare_and_write(args.sweep_dirs, args.out, baseline=args.baseline, n_bootstrap=args.bootstrap,
-                          bootstrap_seed=args.bootstrap_seed, allow_mixed=args.allow_mixed)
+                          bootstrap_seed=args.bootstrap_seed, allow_mixed=args.allow_mixed,
+                          compare_prev=not args.no_prev)
     return 0
 
 
@@ -71,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--allow-mixed", action="store_true",
                         help="compare runs that differ in more than the switches and the seed (precision, budget, "
                              "data, torch version); the differences are shown in the table")
+    parser.add_argument("--no-prev", action="store_true",
+                        help="no comparison with the row above (Δ prev): each configuration is tested against the "
+                             "baseline only, for branches off one baseline")
     return parser
 
 

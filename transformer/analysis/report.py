@@ -69,6 +69,11 @@ def _noise_line(c: Comparison) -> str:
     return line
 
 
+def _md_row(cells: Sequence[str]) -> str:
+    """A markdown table row (an empty cell is ``|  |``)."""
+    return "| " + " | ".join(cells) + " |"
+
+
 def _missing_line(run: Run) -> str:
     what = " ".join(o for o in run.overrides if not o.startswith(("data.", "model.", "train.", "generation.", "lr_scheduler.", "hydra.")))
     where = f"`{run.run_dir}`"
@@ -91,30 +96,31 @@ def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
     if noise:
         lines.append(noise)
     lines.append("")
-    header = (
-        "| Configuration | Runs | BLEU | ΔBLEU | p Holm | Δ prev | p prev Holm | chrF | Params | FLOPs/token "
-        "| KV-cache B/token | Train tok/s | Peak MB |" + (" Differs in |" if c.mixed else "")
-    )
-    lines += [header, "|" + "|".join(["---"] + ["---:"] * 12 + (["---"] if c.mixed else [])) + "|"]
+    prev = ["Δ prev", "p prev Holm"] if c.compare_prev else []
+    header = (["Configuration", "Runs", "BLEU", "ΔBLEU", "p Holm", *prev, "chrF", "Params", "FLOPs/token",
+               "KV-cache B/token", "Train tok/s", "Peak MB"] + (["Differs in"] if c.mixed else []))
+    lines += [_md_row(header), "|" + "|".join(["---"] + ["---:"] * (len(header) - 1 - bool(c.mixed))
+                                              + (["---"] if c.mixed else [])) + "|"]
     for r in c.rows:
-        runs = f"{r['n_runs']}/{r['n_runs'] + r['n_missing']}"
         mem = "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
-        lines.append(
-            f"| {r['label']}{' (baseline)' if r['is_baseline'] else ''} | {runs} | {_pm(r['bleu_mean'], r['bleu_std'])} "
-            f"| {_delta(r['delta_bleu'], r.get('within_noise'))} | {_p(r)} "
-            f"| {_delta(r.get('delta_prev_bleu'), r.get('within_noise_prev'))} | {_p_prev(r)} "
-            f"| {_pm(r['chrf_mean'], r['chrf_std'])} | {_si(r['params'])} "
-            f"| {_si(r['flops_per_token'])} | {_si(r['kv_cache_bytes_per_token'])} "
-            f"| {_si(r['train_tokens_per_s'])} | {mem} |" + (f" {r.get('mixed') or ''} |" if c.mixed else "")
-        )
+        prev_cells = [_delta(r.get("delta_prev_bleu"), r.get("within_noise_prev")), _p_prev(r)] if c.compare_prev else []
+        lines.append(_md_row([
+            f"{r['label']}{' (baseline)' if r['is_baseline'] else ''}", f"{r['n_runs']}/{r['n_runs'] + r['n_missing']}",
+            _pm(r["bleu_mean"], r["bleu_std"]), _delta(r["delta_bleu"], r.get("within_noise")), _p(r), *prev_cells,
+            _pm(r["chrf_mean"], r["chrf_std"]), _si(r["params"]), _si(r["flops_per_token"]),
+            _si(r["kv_cache_bytes_per_token"]), _si(r["train_tokens_per_s"]), mem,
+        ] + ([r.get("mixed") or ""] if c.mixed else [])))
     lines += [
         "",
         "BLEU and chrF: mean ± sample standard deviation over seeds (Runs: finished/all). "
         f"p Holm: sacreBLEU paired bootstrap ({c.n_bootstrap} resamples) of the test hypotheses against the "
         "baseline's, per seed-matched pair of runs, the largest p over the pairs, then Holm-Bonferroni "
         "adjusted over all the comparisons of this table (* adjusted p < 0.05; the unadjusted p-values are "
-        "in comparison.csv). Δ prev / p prev Holm: the same against the row above (the switch this row "
-        "adds, in a ladder). FLOPs/token: forward matmul FLOPs per target token (16-token sentences); "
+        "in comparison.csv). "
+        + ("Δ prev / p prev Holm: the same against the row above (the switch this row adds, in a ladder). "
+           if c.compare_prev else "No comparison with the row above (--no-prev): the comparisons are each "
+           "configuration against the baseline. ")
+        + "FLOPs/token: forward matmul FLOPs per target token (16-token sentences); "
         "KV-cache: fp32 bytes per generated token over all decoder layers.",
     ]
     if c.notes:
@@ -190,6 +196,7 @@ def compare_and_write(
     n_bootstrap: int = 1000,
     bootstrap_seed: int = 12345,
     allow_mixed: bool = False,
+    compare_prev: bool = True,
 ) -> dict[str, Path]:
     """What ``scripts/compare.py`` does: compare the runs of the sweeps, write the outputs, print
     the markdown on stdout and, on stderr, one ``wrote <name>: <path>`` line per file.
@@ -202,7 +209,7 @@ def compare_and_write(
     Args:
         sweep_dirs: multirun folders (or run folders).
         out: the output folder; None: ``<first sweep>/comparison``.
-        baseline, n_bootstrap, bootstrap_seed, allow_mixed: see
+        baseline, n_bootstrap, bootstrap_seed, allow_mixed, compare_prev: see
             :func:`~transformer.analysis.compare.compare_sweeps`.
 
     Returns:
@@ -216,7 +223,7 @@ def compare_and_write(
     """
     sweep_dirs = [Path(d) for d in sweep_dirs]
     comparison = compare_sweeps(sweep_dirs, baseline=baseline, n_bootstrap=n_bootstrap,
-                                bootstrap_seed=bootstrap_seed, allow_mixed=allow_mixed)
+                                bootstrap_seed=bootstrap_seed, allow_mixed=allow_mixed, compare_prev=compare_prev)
     skipped = matplotlib_missing() if comparison.rows else None
     paths = write_outputs(comparison, Path(out) if out is not None else sweep_dirs[0] / "comparison",
                           plots=skipped is None)
