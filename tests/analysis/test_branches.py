@@ -3,12 +3,20 @@ table, and ``compare_prev=False`` (``--no-prev``) tests each branch against the 
 
 from __future__ import annotations
 
+import csv
+import gzip
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import sacrebleu
 
 from tests.analysis.test_compare import _degrade, _refs, corpus, make_run  # noqa: F401 (fixtures)
+from tests.conftest import REPO_ROOT, SHARED_DATA
 from transformer.analysis import compare_sweeps, write_outputs
 
 
@@ -75,3 +83,42 @@ def test_no_prev_tests_each_configuration_against_the_baseline_only(tmp_path, co
     assert "No comparison with the row above (--no-prev)" in md
     assert "| step5_mla | 1/1 | 20.00 | +10.00 |" in md
 
+
+def test_a_branch_study_on_the_committed_ladder_runs(tmp_path):
+    """The CLI on the ladder's committed step5_gqa runs and a branch study whose two runs are copies of them
+    (experiment_name ``branches``, ``ladder=step5_qk_norm``, QK-norm on) with step4_rope's test output as
+    their hypotheses: one table, no Δ prev, and each bucket's BLEU is sacreBLEU's on the real references."""
+    ladder = REPO_ROOT / "docs" / "results" / "ladder" / "runs"
+    if not (SHARED_DATA / "multi30k" / "test_2016_flickr.de.gz").is_file():
+        pytest.skip(f"Multi30k not found under {SHARED_DATA}")
+    for seed in (1, 2):
+        branch = shutil.copytree(ladder / f"step5_gqa_seed{seed}", tmp_path / "branches" / f"step5_qk_norm_seed{seed}")
+        shutil.copy(ladder / f"step4_rope_seed{seed}" / "hyps" / "test_2016_flickr.txt", branch / "hyps")
+        as_branch(branch, "step5_qk_norm", qk_norm="rmsnorm")
+    out = tmp_path / "cmp"
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "compare.py"), str(ladder / "step5_gqa_seed1"),
+         str(ladder / "step5_gqa_seed2"), str(tmp_path / "branches"), "--out", str(out), "--bootstrap", "50",
+         "--no-prev"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "TRANSFORMER_DATA_DIR": str(SHARED_DATA)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "| step5_gqa (baseline) | 2/2 |" in proc.stdout and "| step5_qk_norm | 2/2 |" in proc.stdout
+    assert "Δ prev" not in proc.stdout and "differ" not in proc.stdout
+    assert "## BLEU by reference length" in proc.stdout
+    assert "--length-buckets): 1-10, 11-15, 16-20, 21-30, 31+. Test sentences: `test_2016_flickr`" in proc.stdout
+    rows = list(csv.DictReader((out / "length_buckets.csv").open()))
+    assert [r["label"] for r in rows] == ["step5_gqa"] * 5 + ["step5_qk_norm"] * 5
+    refs = [line for line in gzip.open(SHARED_DATA / "multi30k" / "test_2016_flickr.de.gz", "rt", encoding="utf-8")
+            .read().splitlines()]
+    assert sum(int(r["n_sentences"]) for r in rows[:5]) == len(refs) == 1000
+    short = [i for i, r in enumerate(refs) if 1 <= len(r.split()) <= 10]
+    assert int(rows[5]["n_sentences"]) == len(short)
+    bleus = []
+    for seed in (1, 2):
+        hyps = (ladder / f"step4_rope_seed{seed}" / "hyps" / "test_2016_flickr.txt").read_text(encoding="utf-8")
+        hyps = hyps.splitlines()
+        bleus.append(sacrebleu.corpus_bleu([hyps[i] for i in short], [[refs[i] for i in short]]).score)
+    assert float(rows[5]["bleu_mean"]) == pytest.approx(sum(bleus) / 2)
+    assert float(rows[5]["bleu_ci_low"]) < float(rows[5]["bleu_mean"]) < float(rows[5]["bleu_ci_high"])
+    assert rows[5]["delta_bleu_ci_low"] != "" and (out / "bleu_by_length.png").stat().st_size > 5000

@@ -20,6 +20,9 @@ configuration and the one before it in display order (``delta_prev_bleu``, ``p_v
 ladder, the effect of the one switch a step adds; ``compare_prev=False`` leaves it out (a branch
 study, several alternatives off one baseline, where the row above is no reference).
 
+Test BLEU and chrF are also given per bucket of reference length (:mod:`transformer.analysis.length`,
+:attr:`Comparison.length`), with paired bootstrap intervals.
+
 The machine each run trained on comes from its ``results.json`` (``hardware``, ``precision``, as
 the operating system and torch report them) and is listed in :attr:`Comparison.machines`.
 
@@ -36,6 +39,7 @@ from typing import Sequence
 
 from transformer.analysis.comparability import MixedField, MixedRunsError, mixed_fields, mixed_runs_message, recipe_of
 from transformer.analysis.grouping import IGNORED_KEYS, Configuration, group_runs
+from transformer.analysis.length import DEFAULT_BUCKETS, Bucket, LengthTable, length_table, parse_buckets
 from transformer.analysis.runs import Run, find_run_dirs, load_run, never_started
 from transformer.analysis.stats import (
     first_result,
@@ -82,6 +86,7 @@ class Comparison:
         mixed: the recipe keys the runs differ in beyond the switches and the seed (only with
             ``allow_mixed=True``; otherwise :func:`compare_sweeps` refuses such runs).
         compare_prev: whether each row was also compared with the row above (``Δ prev``).
+        length: test BLEU / chrF per bucket of reference length (None when not asked for).
     """
 
     sweep_dirs: list[Path]
@@ -96,6 +101,7 @@ class Comparison:
     noise_floor: dict = field(default_factory=dict)
     mixed: list[MixedField] = field(default_factory=list)
     compare_prev: bool = True
+    length: LengthTable | None = None
 
 
 def describe_machine(results: dict) -> str:
@@ -133,6 +139,8 @@ def compare_sweeps(
     ignore: Sequence[str] = IGNORED_KEYS,
     allow_mixed: bool = False,
     compare_prev: bool = True,
+    length_buckets: str | Sequence[Bucket] | None = DEFAULT_BUCKETS,
+    length_splits: str | Sequence[str] | None = None,
 ) -> Comparison:
     """Load every run of ``sweep_dirs``, group them into configurations and compute the table.
 
@@ -148,6 +156,10 @@ def compare_sweeps(
             ``mixed`` column and the notes.
         compare_prev: also test each configuration against the one above it (``Δ prev``); False
             for a branch study, so that the Holm family is each configuration against the baseline.
+        length_buckets: buckets of reference length in words for :attr:`Comparison.length`
+            (:func:`~transformer.analysis.length.parse_buckets`); None: no length table.
+        length_splits: the test splits of the length table: None, the runs' own; ``"all"``; or
+            names (:func:`~transformer.analysis.length.length_table`).
 
     Returns:
         A :class:`Comparison`. Its p-values are also Holm-Bonferroni adjusted over the family of
@@ -159,8 +171,10 @@ def compare_sweeps(
         FileNotFoundError: a sweep folder does not exist.
         MixedRunsError: the runs differ in more than the switches and the seed (precision, budget,
             data, torch version ...), naming the runs and fields; see ``allow_mixed``.
-        ValueError: ``baseline`` names no (or several) configurations.
+        ValueError: ``baseline`` names no (or several) configurations; ``length_buckets`` are not
+            ascending ranges, or ``length_splits`` names a split no run has.
     """
+    buckets = None if length_buckets is None else parse_buckets(length_buckets)
     sweep_dirs = [Path(d) for d in sweep_dirs]
     runs: list[Run] = []
     never: list[Run] = []
@@ -265,8 +279,10 @@ def compare_sweeps(
     machines = sorted({describe_machine(r.results) for c in configs for r in c.runs})
     if mixed:
         notes.append("runs trained differently are compared (--allow-mixed): " + "; ".join(m.sentence() for m in mixed))
+    length = (None if buckets is None
+              else length_table(configs, base, buckets, length_splits, n_bootstrap, bootstrap_seed))
     return Comparison(sweep_dirs, configs, rows, base.label, missing, notes, signatures, n_bootstrap, machines,
-                      noise, mixed, compare_prev)
+                      noise, mixed, compare_prev, length)
 
 
 def _mixed_values(config: Configuration, keys: Sequence[str]) -> str:
