@@ -13,8 +13,8 @@ from tests.conftest import REPO_ROOT
 from transformer.analysis import NoFinishedRun, PlotsUnavailable, compare_and_write, compare_sweeps, write_outputs
 from transformer.analysis.plots import PLOTS_EXTRA, matplotlib_missing
 
-TABLES = {"comparison.md", "comparison.csv", "runs.csv"}
-PLOTS = {"valid_curves.png", "bleu_bars.png"}
+TABLES = {"comparison.md", "comparison.csv", "runs.csv", "length_buckets.csv"}
+PLOTS = {"valid_curves.png", "bleu_bars.png", "bleu_by_length.png"}
 
 
 @pytest.fixture
@@ -29,8 +29,9 @@ def test_compare_and_write_prints_the_table_and_what_it_wrote(sweep, tmp_path, c
     out = capsys.readouterr()
     assert out.out == paths["markdown"].read_text(encoding="utf-8") + "\n"
     err = out.err.splitlines()
-    assert err[:5] == [f"wrote {k}: {paths[k]}" for k in ("valid_curves", "bleu_bars", "csv", "runs_csv", "markdown")]
-    assert err[5:] == ["warning: 2 run(s) without results (listed above)"]
+    assert err[:7] == [f"wrote {k}: {paths[k]}" for k in (
+        "valid_curves", "bleu_bars", "bleu_by_length", "csv", "runs_csv", "length_csv", "markdown")]
+    assert err[7:] == ["warning: 2 run(s) without results (listed above)"]
 
 
 def test_the_default_output_folder_is_in_the_first_sweep(sweep, capsys):
@@ -42,14 +43,15 @@ def test_no_finished_run_is_raised_after_the_outputs_are_written(tmp_path, corpu
     make_run(tmp_path / "s" / "0", corpus, "step0_vaswani2017", 1, None, finished=False)
     with pytest.raises(NoFinishedRun, match="^no finished run found$"):
         compare_and_write([tmp_path / "s"], tmp_path / "out", n_bootstrap=0)
-    assert {p.name for p in (tmp_path / "out").iterdir()} == TABLES  # listing the unfinished run
+    assert {p.name for p in (tmp_path / "out").iterdir()} == TABLES - {"length_buckets.csv"}  # listing the unfinished run
     assert "## Runs without results (1)" in (tmp_path / "out" / "comparison.md").read_text()
 
 
 def test_without_matplotlib_the_tables_are_written_with_one_warning(sweep, tmp_path, capsys, no_matplotlib):
     assert matplotlib_missing() == 'matplotlib is not installed (pip install -e ".[plots]")'
     paths = compare_and_write([sweep], tmp_path / "out", n_bootstrap=0)
-    assert {p.name for p in (tmp_path / "out").iterdir()} == TABLES and set(paths) == {"csv", "runs_csv", "markdown"}
+    assert {p.name for p in (tmp_path / "out").iterdir()} == TABLES
+    assert set(paths) == {"csv", "runs_csv", "length_csv", "markdown"}
     md = paths["markdown"].read_text(encoding="utf-8")
     assert "| step0_vaswani2017 (baseline) | 3/3 |" in md and "## Plots" not in md and ".png" not in md
     out = capsys.readouterr()
@@ -62,7 +64,7 @@ def test_asking_for_plots_without_matplotlib_names_the_extra(sweep, tmp_path, no
     comparison = compare_sweeps([sweep], n_bootstrap=0)
     with pytest.raises(PlotsUnavailable, match=r'pip install -e "\.\[plots\]"'):
         write_outputs(comparison, tmp_path / "out", plots=True)
-    assert set(write_outputs(comparison, tmp_path / "out2", plots=False)) == {"csv", "runs_csv", "markdown"}
+    assert set(write_outputs(comparison, tmp_path / "out2", plots=False)) == {"csv", "runs_csv", "length_csv", "markdown"}
 
 
 def test_the_extra_the_message_names_provides_matplotlib():

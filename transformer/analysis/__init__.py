@@ -3,49 +3,69 @@
 Where things are: :mod:`.runs` (run folders of a sweep, read into :class:`Run`), :mod:`.grouping`
 (runs -> :class:`Configuration` by config, labels), :mod:`.comparability` (runs that may share a
 table: the same recipe but for the switches and the seed), :mod:`.stats` (means over seeds, paired
-bootstrap against the baseline), :mod:`.compare` (:func:`compare_sweeps` -> :class:`Comparison`),
-:mod:`.plots` and :mod:`.report` (markdown, CSV, PNG outputs; :func:`compare_and_write`, the work of
-``scripts/compare.py``). Imports go down that list only. matplotlib (the ``plots`` extra) is
-imported only when a plot is made.
+bootstrap against the baseline), :mod:`.length` (test BLEU / chrF by bucket of reference length),
+:mod:`.compare` (:func:`compare_sweeps` -> :class:`Comparison`), :mod:`.plots` and :mod:`.report`
+(markdown, CSV, PNG outputs; :func:`compare_and_write`, the work of ``scripts/compare.py``). Imports
+go down that list only. matplotlib (the ``plots`` extra) is imported only when a plot is made.
 """
 
 from transformer.analysis.comparability import MixedField, MixedRunsError, mixed_fields
 from transformer.analysis.compare import Comparison, compare_sweeps, describe_machine
 from transformer.analysis.grouping import IGNORED_KEYS, Configuration, group_runs
+from transformer.analysis.length import DEFAULT_BUCKETS, Bucket, LengthTable, length_table, parse_buckets
 from transformer.analysis.plots import (
     PlotsUnavailable,
     bleu_bars_figure,
+    bleu_by_length_figure,
     matplotlib_missing,
     plot_bleu_bars,
+    plot_bleu_by_length,
     plot_validation_curves,
     validation_curves_figure,
 )
-from transformer.analysis.report import NoFinishedRun, compare_and_write, to_markdown, write_csv, write_outputs
+from transformer.analysis.report import (
+    NoFinishedRun,
+    compare_and_write,
+    length_markdown,
+    to_markdown,
+    write_csv,
+    write_length_csv,
+    write_outputs,
+)
 from transformer.analysis.runs import Run, expected_jobs, find_run_dirs, load_run
 
 __all__ = [
+    "DEFAULT_BUCKETS",
     "IGNORED_KEYS",
+    "Bucket",
     "Comparison",
     "Configuration",
+    "LengthTable",
     "MixedField",
     "MixedRunsError",
     "NoFinishedRun",
     "PlotsUnavailable",
     "Run",
     "bleu_bars_figure",
+    "bleu_by_length_figure",
     "compare_and_write",
     "compare_sweeps",
     "describe_machine",
     "expected_jobs",
     "find_run_dirs",
     "group_runs",
+    "length_markdown",
+    "length_table",
     "load_run",
     "matplotlib_missing",
     "mixed_fields",
+    "parse_buckets",
     "plot_bleu_bars",
+    "plot_bleu_by_length",
     "plot_validation_curves",
     "to_markdown",
     "validation_curves_figure",
     "write_csv",
+    "write_length_csv",
     "write_outputs",
 ]

@@ -2,12 +2,12 @@
 seed only.
 
 A run's *recipe* is its resolved config without the keys that never change what it computes
-(:data:`~transformer.analysis.grouping.IGNORED_KEYS`: seed, paths, logging, threads) and without the
-switches (``model.*``), plus what the machine decided: ``train.precision`` as resolved
-(``results["precision"]``: ``auto`` is fp32 on one CPU and bf16 on another) and the torch version
-(``results["hardware"]["torch"]``). Every run of a table must have the same recipe: the same
-budget, data, optimiser, schedule, criterion, decoding, precision and torch. One exception is
-coupled to a switch (:data:`COUPLED`): the decoder-only ladder step doubles ``train.max_tokens``
+(:data:`~transformer.analysis.grouping.IGNORED_KEYS`: seed, the study's name, paths, logging,
+threads) and without the switches (``model.*``), plus what the machine decided: ``train.precision``
+as resolved (``results["precision"]``: ``auto`` is fp32 on one CPU and bf16 on another) and the
+torch version (``results["hardware"]["torch"]``). Every run of a table must have the same recipe:
+the same budget, data, optimiser, schedule, criterion, decoding, precision and torch. One exception
+is coupled to a switch (:data:`COUPLED`): the decoder-only ladder step doubles ``train.max_tokens``
 because its rows hold source and target, so ``train.max_tokens`` may differ between runs whose
 ``model.arch`` differs (and must agree among runs of the same ``model.arch``).
 """

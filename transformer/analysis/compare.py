@@ -17,7 +17,11 @@ significant against the baseline in every seed pair; the per-pair values are kep
 ``p_value_seeds``. (Concatenating the seeds' outputs into one corpus would count every test
 sentence several times and overstate significance.) The same test is also run between each
 configuration and the one before it in display order (``delta_prev_bleu``, ``p_value_prev``): in a
-ladder, the effect of the one switch a step adds.
+ladder, the effect of the one switch a step adds; ``compare_prev=False`` leaves it out (a branch
+study, several alternatives off one baseline, where the row above is no reference).
+
+Test BLEU and chrF are also given per bucket of reference length (:mod:`transformer.analysis.length`,
+:attr:`Comparison.length`), with paired bootstrap intervals.
 
 The machine each run trained on comes from its ``results.json`` (``hardware``, ``precision``, as
 the operating system and torch report them) and is listed in :attr:`Comparison.machines`.
@@ -35,6 +39,7 @@ from typing import Sequence
 
 from transformer.analysis.comparability import MixedField, MixedRunsError, mixed_fields, mixed_runs_message, recipe_of
 from transformer.analysis.grouping import IGNORED_KEYS, Configuration, group_runs
+from transformer.analysis.length import DEFAULT_BUCKETS, Bucket, LengthTable, length_table, parse_buckets
 from transformer.analysis.runs import Run, find_run_dirs, load_run, never_started
 from transformer.analysis.stats import (
     first_result,
@@ -80,6 +85,8 @@ class Comparison:
             them), a fuller measure of the seed noise than the baseline's alone.
         mixed: the recipe keys the runs differ in beyond the switches and the seed (only with
             ``allow_mixed=True``; otherwise :func:`compare_sweeps` refuses such runs).
+        compare_prev: whether each row was also compared with the row above (``Δ prev``).
+        length: test BLEU / chrF per bucket of reference length (None when not asked for).
     """
 
     sweep_dirs: list[Path]
@@ -93,6 +100,8 @@ class Comparison:
     machines: list[str] = field(default_factory=list)
     noise_floor: dict = field(default_factory=dict)
     mixed: list[MixedField] = field(default_factory=list)
+    compare_prev: bool = True
+    length: LengthTable | None = None
 
 
 def describe_machine(results: dict) -> str:
@@ -129,6 +138,9 @@ def compare_sweeps(
     bootstrap_seed: int = 12345,
     ignore: Sequence[str] = IGNORED_KEYS,
     allow_mixed: bool = False,
+    compare_prev: bool = True,
+    length_buckets: str | Sequence[Bucket] | None = DEFAULT_BUCKETS,
+    length_splits: str | Sequence[str] | None = None,
 ) -> Comparison:
     """Load every run of ``sweep_dirs``, group them into configurations and compute the table.
 
@@ -142,19 +154,27 @@ def compare_sweeps(
         allow_mixed: accept runs whose recipes differ beyond the switches and the seed
             (:mod:`transformer.analysis.comparability`); the differences are then listed in the
             ``mixed`` column and the notes.
+        compare_prev: also test each configuration against the one above it (``Δ prev``); False
+            for a branch study, so that the Holm family is each configuration against the baseline.
+        length_buckets: buckets of reference length in words for :attr:`Comparison.length`
+            (:func:`~transformer.analysis.length.parse_buckets`); None: no length table.
+        length_splits: the test splits of the length table: None, the runs' own; ``"all"``; or
+            names (:func:`~transformer.analysis.length.length_table`).
 
     Returns:
         A :class:`Comparison`. Its p-values are also Holm-Bonferroni adjusted over the family of
-        the table's comparisons (each row against the baseline and against the row above, a
-        comparison counted once), and each difference is marked ``within_noise`` when it is no
-        larger than the baseline's seed-to-seed range.
+        the table's comparisons (each row against the baseline and, with ``compare_prev``, against
+        the row above, a comparison counted once), and each difference is marked ``within_noise``
+        when it is no larger than the baseline's seed-to-seed range.
 
     Raises:
         FileNotFoundError: a sweep folder does not exist.
         MixedRunsError: the runs differ in more than the switches and the seed (precision, budget,
             data, torch version ...), naming the runs and fields; see ``allow_mixed``.
-        ValueError: ``baseline`` names no (or several) configurations.
+        ValueError: ``baseline`` names no (or several) configurations; ``length_buckets`` are not
+            ascending ranges, or ``length_splits`` names a split no run has.
     """
+    buckets = None if length_buckets is None else parse_buckets(length_buckets)
     sweep_dirs = [Path(d) for d in sweep_dirs]
     runs: list[Run] = []
     never: list[Run] = []
@@ -167,7 +187,8 @@ def compare_sweeps(
     notes: list[str] = []
     signatures: dict[str, str] = {}
     if not configs:
-        return Comparison(sweep_dirs, [], [], None, missing, ["no finished run found"], signatures, n_bootstrap)
+        return Comparison(sweep_dirs, [], [], None, missing, ["no finished run found"], signatures, n_bootstrap,
+                          compare_prev=compare_prev)
     mixed = mixed_fields(configs, ignore)
     if mixed and not allow_mixed:
         raise MixedRunsError(mixed_runs_message(mixed))
@@ -182,7 +203,7 @@ def compare_sweeps(
         if boot_signature:
             signatures["bootstrap"] = boot_signature
     prev_sig: dict[str, dict] = {}
-    if n_bootstrap > 0:
+    if n_bootstrap > 0 and compare_prev:
         for prev, cur in zip(configs, configs[1:]):  # each configuration against the one before it
             pair_notes: list[str] = []
             res, _ = significance([prev, cur], prev, n_bootstrap, bootstrap_seed, pair_notes)
@@ -198,7 +219,7 @@ def compare_sweeps(
     for i, c in enumerate(configs):
         if c is not base:
             family[("base", c.label)] = sig.get(c.label, {}).get("p_value")
-        if i > 0 and configs[i - 1] is not base:  # against the baseline already counted above
+        if compare_prev and i > 0 and configs[i - 1] is not base:  # against the baseline: counted above
             family[("prev", c.label)] = prev_sig.get(c.label, {}).get("p_value")
     holm = holm_bonferroni(family)
 
@@ -214,9 +235,10 @@ def compare_sweeps(
         bleu_mean = mean(bleus)
         s = sig.get(c.label, {})
         delta_prev = None if prev_bleu is None or bleu_mean is None else bleu_mean - prev_bleu
-        is_first, prev_bleu = not rows, bleu_mean
+        no_prev, prev_bleu = not rows or not compare_prev, bleu_mean  # no row above to compare with
         delta = None if c is base or bleu_mean is None or base_bleu is None else bleu_mean - base_bleu
-        prev_is_base = not is_first and configs[len(rows) - 1] is base
+        prev_is_base = not no_prev and configs[len(rows) - 1] is base
+        prev_holm = holm.get(("base", c.label)) if prev_is_base else holm.get(("prev", c.label))
         rows.append(
             {
                 "label": c.label,
@@ -233,10 +255,10 @@ def compare_sweeps(
                 "p_value_holm": holm.get(("base", c.label)),
                 "p_value_seeds": s.get("p_value_seeds", ""),
                 "within_noise": within(delta),
-                "delta_prev_bleu": None if is_first else delta_prev,
+                "delta_prev_bleu": None if no_prev else delta_prev,
                 "p_value_prev": prev_sig.get(c.label, {}).get("p_value"),
-                "p_value_prev_holm": holm.get(("base", c.label)) if prev_is_base else holm.get(("prev", c.label)),
-                "within_noise_prev": None if is_first else within(delta_prev),
+                "p_value_prev_holm": None if no_prev else prev_holm,
+                "within_noise_prev": None if no_prev else within(delta_prev),
                 "chrf_mean": mean(chrfs),
                 "chrf_std": std(chrfs),
                 "chrf_p_value": s.get("chrf_p_value"),
@@ -257,8 +279,10 @@ def compare_sweeps(
     machines = sorted({describe_machine(r.results) for c in configs for r in c.runs})
     if mixed:
         notes.append("runs trained differently are compared (--allow-mixed): " + "; ".join(m.sentence() for m in mixed))
+    length = (None if buckets is None
+              else length_table(configs, base, buckets, length_splits, n_bootstrap, bootstrap_seed))
     return Comparison(sweep_dirs, configs, rows, base.label, missing, notes, signatures, n_bootstrap, machines,
-                      noise, mixed)
+                      noise, mixed, compare_prev, length)
 
 
 def _mixed_values(config: Configuration, keys: Sequence[str]) -> str:

@@ -17,9 +17,12 @@ from transformer.config import Config, config_dict, upgrade_config
 __all__ = ["IGNORED_KEYS", "Configuration", "flatten_config", "group_runs", "is_ignored", "with_defaults"]
 
 # Resolved-config keys (dotted; a key also covers everything below it) that do not define a
-# configuration: the seed, where files live, and how a run reports progress.
+# configuration: the seed, where files live, and how a run reports progress. ``experiment_name``
+# names the study a run was launched by (and its default output folder), not what it computes: a
+# branch study's runs (``branches``) share one table with the ladder runs they branch off (``ladder``).
 IGNORED_KEYS: tuple[str, ...] = (
     "seed",
+    "experiment_name",
     "run_dir",
     "data.root",
     "data.cache_dir",

@@ -2,8 +2,8 @@
 
 Figures are built with :class:`matplotlib.figure.Figure` (Agg canvas) rather than ``pyplot``: no
 display or global backend is needed, and a notebook's own backend is left alone. Each function
-saves the PNG and returns its path; :func:`validation_curves_figure` / :func:`bleu_bars_figure`
-return the figure itself.
+saves the PNG and returns its path; :func:`validation_curves_figure` / :func:`bleu_bars_figure` /
+:func:`bleu_by_length_figure` return the figure itself.
 
 matplotlib is optional (``pip install -e ".[plots]"``; ``[dev]`` has it too) and imported only when a
 plot is made; without it every plot function raises :class:`PlotsUnavailable`, whose message names
@@ -22,8 +22,8 @@ if TYPE_CHECKING:  # matplotlib is optional (the plots extra); it is imported wh
     from matplotlib.figure import Figure
 
 __all__ = [
-    "PlotsUnavailable", "bleu_bars_figure", "matplotlib_missing", "plot_bleu_bars", "plot_validation_curves",
-    "validation_curves_figure",
+    "PlotsUnavailable", "bleu_bars_figure", "bleu_by_length_figure", "matplotlib_missing", "plot_bleu_bars",
+    "plot_bleu_by_length", "plot_validation_curves", "validation_curves_figure",
 ]
 
 PLOTS_EXTRA = 'pip install -e ".[plots]"'
@@ -185,4 +185,66 @@ def plot_bleu_bars(comparison: Comparison, path: str | Path) -> Path:
     """
     path = Path(path)
     bleu_bars_figure(comparison).savefig(path, dpi=120)
+    return path
+
+
+def bleu_by_length_figure(comparison: Comparison) -> "Figure":
+    """Test BLEU against the bucket of reference length, one line per configuration (the mean over
+    its seeds), error bars = the 95% bootstrap interval (:mod:`transformer.analysis.length`); the
+    baseline's line is dashed. Lines are shifted sideways a little so that their bars do not overlap.
+
+    Args:
+        comparison: the result of :func:`~transformer.analysis.compare.compare_sweeps`, with a
+            length table (:attr:`~transformer.analysis.compare.Comparison.length`).
+
+    Returns:
+        The matplotlib figure (Agg canvas).
+
+    Raises:
+        PlotsUnavailable: matplotlib is not installed.
+        ValueError: the comparison has no length table.
+    """
+    table = comparison.length
+    if table is None or not table.rows:
+        raise ValueError("no length table in this comparison (compare_sweeps with length_buckets)")
+    fig, (ax,) = _new_figure(max(6.0, 1.2 * len(table.buckets) + 2.0), 4.2)
+    labels = list(dict.fromkeys(r["label"] for r in table.rows))
+    position = {b.label: k for k, b in enumerate(table.buckets)}
+    for i, (color, label) in enumerate(zip(_colors(len(labels)), labels)):
+        rows = [r for r in table.rows if r["label"] == label and r["bleu_mean"] is not None]
+        shift = 0.0 if len(labels) == 1 else 0.3 * (i / (len(labels) - 1) - 0.5)  # within +-0.15 of the bucket
+        xs = [position[r["bucket"]] + shift for r in rows]
+        ys = [r["bleu_mean"] for r in rows]
+        err = [[y - (r["bleu_ci_low"] if r["bleu_ci_low"] is not None else y) for y, r in zip(ys, rows)],
+               [(r["bleu_ci_high"] if r["bleu_ci_high"] is not None else y) - y for y, r in zip(ys, rows)]]
+        base = bool(rows) and rows[0]["is_baseline"]
+        ax.errorbar(xs, ys, yerr=err, color=color, marker="o", markersize=4, capsize=3, linewidth=1.5,
+                    linestyle="--" if base else "-", label=f"{label}{' (baseline)' if base else ''}")
+    ax.set_xticks(range(len(table.buckets)),
+                  [f"{b.label}\n(n={n})" for b, n in zip(table.buckets, table.n_sentences)], fontsize="small")
+    ax.set_xlabel("reference length (words)")
+    ax.set_ylabel(f"test BLEU ({' + '.join(table.splits)})")
+    interval = f"95% bootstrap interval ({table.n_bootstrap} resamples)" if table.n_bootstrap else "no intervals"
+    ax.set_title(f"Test BLEU by reference length, mean over seeds\nbars: {interval}", fontsize="medium")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return fig
+
+
+def plot_bleu_by_length(comparison: Comparison, path: str | Path) -> Path:
+    """Save :func:`bleu_by_length_figure` as a PNG at ``path``.
+
+    Args:
+        comparison: the result of :func:`~transformer.analysis.compare.compare_sweeps`, with a length table.
+        path: the PNG file to write.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        PlotsUnavailable: matplotlib is not installed.
+        ValueError: the comparison has no length table.
+    """
+    path = Path(path)
+    bleu_by_length_figure(comparison).savefig(path, dpi=120)
     return path

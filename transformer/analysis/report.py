@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Sequence
 
 from transformer.analysis.compare import CSV_COLUMNS, Comparison, compare_sweeps
-from transformer.analysis.plots import matplotlib_missing, plot_bleu_bars, plot_validation_curves
+from transformer.analysis.length import DEFAULT_BUCKETS, LENGTH_COLUMNS, Bucket, LengthTable
+from transformer.analysis.plots import matplotlib_missing, plot_bleu_bars, plot_bleu_by_length, plot_validation_curves
 from transformer.analysis.runs import Run
 
-__all__ = ["NoFinishedRun", "compare_and_write", "to_markdown", "write_csv", "write_outputs"]
+__all__ = ["NoFinishedRun", "compare_and_write", "length_markdown", "to_markdown", "write_csv", "write_length_csv",
+           "write_outputs"]
 
 
 class NoFinishedRun(RuntimeError):
@@ -69,6 +71,11 @@ def _noise_line(c: Comparison) -> str:
     return line
 
 
+def _md_row(cells: Sequence[str]) -> str:
+    """A markdown table row (an empty cell is ``|  |``)."""
+    return "| " + " | ".join(cells) + " |"
+
+
 def _missing_line(run: Run) -> str:
     what = " ".join(o for o in run.overrides if not o.startswith(("data.", "model.", "train.", "generation.", "lr_scheduler.", "hydra.")))
     where = f"`{run.run_dir}`"
@@ -76,7 +83,8 @@ def _missing_line(run: Run) -> str:
 
 
 def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
-    """The comparison as a markdown document: table, notes, runs without results, plots."""
+    """The comparison as a markdown document: table, notes, BLEU by reference length (:func:`length_markdown`),
+    runs without results, plots."""
     c = comparison
     lines = ["# Comparison", ""]
     lines.append("Sweeps: " + ", ".join(f"`{d}`" for d in c.sweep_dirs))
@@ -91,39 +99,112 @@ def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
     if noise:
         lines.append(noise)
     lines.append("")
-    header = (
-        "| Configuration | Runs | BLEU | ΔBLEU | p Holm | Δ prev | p prev Holm | chrF | Params | FLOPs/token "
-        "| KV-cache B/token | Train tok/s | Peak MB |" + (" Differs in |" if c.mixed else "")
-    )
-    lines += [header, "|" + "|".join(["---"] + ["---:"] * 12 + (["---"] if c.mixed else [])) + "|"]
+    prev = ["Δ prev", "p prev Holm"] if c.compare_prev else []
+    header = (["Configuration", "Runs", "BLEU", "ΔBLEU", "p Holm", *prev, "chrF", "Params", "FLOPs/token",
+               "KV-cache B/token", "Train tok/s", "Peak MB"] + (["Differs in"] if c.mixed else []))
+    lines += [_md_row(header), "|" + "|".join(["---"] + ["---:"] * (len(header) - 1 - bool(c.mixed))
+                                              + (["---"] if c.mixed else [])) + "|"]
     for r in c.rows:
-        runs = f"{r['n_runs']}/{r['n_runs'] + r['n_missing']}"
         mem = "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
-        lines.append(
-            f"| {r['label']}{' (baseline)' if r['is_baseline'] else ''} | {runs} | {_pm(r['bleu_mean'], r['bleu_std'])} "
-            f"| {_delta(r['delta_bleu'], r.get('within_noise'))} | {_p(r)} "
-            f"| {_delta(r.get('delta_prev_bleu'), r.get('within_noise_prev'))} | {_p_prev(r)} "
-            f"| {_pm(r['chrf_mean'], r['chrf_std'])} | {_si(r['params'])} "
-            f"| {_si(r['flops_per_token'])} | {_si(r['kv_cache_bytes_per_token'])} "
-            f"| {_si(r['train_tokens_per_s'])} | {mem} |" + (f" {r.get('mixed') or ''} |" if c.mixed else "")
-        )
+        prev_cells = ([_delta(r.get("delta_prev_bleu"), r.get("within_noise_prev")), _p_prev(r)]
+                      if c.compare_prev else [])
+        lines.append(_md_row([
+            f"{r['label']}{' (baseline)' if r['is_baseline'] else ''}", f"{r['n_runs']}/{r['n_runs'] + r['n_missing']}",
+            _pm(r["bleu_mean"], r["bleu_std"]), _delta(r["delta_bleu"], r.get("within_noise")), _p(r), *prev_cells,
+            _pm(r["chrf_mean"], r["chrf_std"]), _si(r["params"]), _si(r["flops_per_token"]),
+            _si(r["kv_cache_bytes_per_token"]), _si(r["train_tokens_per_s"]), mem,
+        ] + ([r.get("mixed") or ""] if c.mixed else [])))
     lines += [
         "",
         "BLEU and chrF: mean ± sample standard deviation over seeds (Runs: finished/all). "
         f"p Holm: sacreBLEU paired bootstrap ({c.n_bootstrap} resamples) of the test hypotheses against the "
         "baseline's, per seed-matched pair of runs, the largest p over the pairs, then Holm-Bonferroni "
         "adjusted over all the comparisons of this table (* adjusted p < 0.05; the unadjusted p-values are "
-        "in comparison.csv). Δ prev / p prev Holm: the same against the row above (the switch this row "
-        "adds, in a ladder). FLOPs/token: forward matmul FLOPs per target token (16-token sentences); "
+        "in comparison.csv). "
+        + ("Δ prev / p prev Holm: the same against the row above (the switch this row adds, in a ladder). "
+           if c.compare_prev else "No comparison with the row above (--no-prev): the comparisons are each "
+           "configuration against the baseline. ")
+        + "FLOPs/token: forward matmul FLOPs per target token (16-token sentences); "
         "KV-cache: fp32 bytes per generated token over all decoder layers.",
     ]
     if c.notes:
         lines += ["", "Notes:"] + [f"- {n}" for n in c.notes]
+    if c.length is not None and c.rows:
+        lines += ["", *length_markdown(c.length)]
     lines += ["", f"## Runs without results ({len(c.missing)})", ""]
     lines += [_missing_line(r) for r in c.missing] or ["None: every run finished."]
     if plots:
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     return "\n".join(lines) + "\n"
+
+
+def _score_ci(row: dict, key: str, ci: str, signed: bool = False) -> str:
+    """``row[key]`` and its interval ``row[ci + "_ci_low"]``, ``..._ci_high``: ``45.12 [43.00, 47.30]``, or
+    ``+0.88 [-0.50, +2.30]`` for a difference (`` *`` when its interval excludes 0)."""
+    value, low, high = row.get(key), row.get(f"{ci}_ci_low"), row.get(f"{ci}_ci_high")
+    if value is None:
+        return "n/a"
+    fmt = "{:+.2f}" if signed else "{:.2f}"
+    if low is None:
+        return fmt.format(value)
+    mark = " *" if signed and (low > 0 or high < 0) else ""
+    return f"{fmt.format(value)} [{fmt.format(low)}, {fmt.format(high)}]{mark}"
+
+
+def length_markdown(table: LengthTable) -> list[str]:
+    """The "BLEU by reference length" section of ``comparison.md``: the buckets used, then BLEU,
+    ΔBLEU against the baseline and chrF per configuration and bucket, with their intervals."""
+    lines = ["## BLEU by reference length", ""]
+    splits = ", ".join(f"`{s}`" for s in table.splits) + (" pooled" if len(table.splits) > 1 else "")
+    outside = f", {table.n_outside} of them in no bucket" if table.n_outside else ""
+    lines.append(f"Buckets of reference length in words (whitespace-separated tokens of the detokenized reference; "
+                 f"--length-buckets): {', '.join(b.label for b in table.buckets)}. Test sentences: {splits} "
+                 f"({sum(table.n_sentences) + table.n_outside} sentences{outside}).")
+    if not table.rows:
+        return [*lines, "", "Not computed: no run's hypotheses and references could be read.",
+                *(f"- {n}" for n in table.notes)]
+    by_label: dict[str, list[dict]] = {}
+    for r in table.rows:
+        by_label.setdefault(r["label"], []).append(r)
+    header = ["Configuration"] + [f"{b.label} (n={n})" for b, n in zip(table.buckets, table.n_sentences)]
+    rule = "|" + "|".join(["---"] + ["---:"] * len(table.buckets)) + "|"
+    interval = " [95% interval]" if table.n_bootstrap else ""
+    for title, key, ci, signed in (("BLEU", "bleu_mean", "bleu", False),
+                                   ("ΔBLEU against the baseline", "delta_bleu", "delta_bleu", True),
+                                   ("chrF", "chrf_mean", "chrf", False)):
+        what = interval.replace("95%", "paired 95%") if signed else interval
+        lines += ["", f"{title}{what}:", "", _md_row(header), rule]
+        for label, rows in by_label.items():
+            if signed and rows[0]["is_baseline"]:
+                continue
+            name = f"{label}{' (baseline)' if rows[0]['is_baseline'] else ''}"
+            lines.append(_md_row([name] + [_score_ci(r, key, ci, signed) for r in rows]))
+    lines += [
+        "",
+        "Corpus BLEU and chrF (sacreBLEU, the runs' tokenizer and case) of the bucket's sentences, mean over the "
+        "configuration's seeds"
+        + (f"; [low, high]: 95% bootstrap interval over {table.n_bootstrap} resamples of the bucket's sentences, the "
+           "same resamples for every configuration and seed, so the Δ intervals are paired (* the interval excludes "
+           "0; not adjusted for the number of buckets). The intervals measure the sampling of test sentences, not "
+           "the seed-to-seed noise." if table.n_bootstrap else "; no intervals (--bootstrap 0).")
+        + " Per-seed scores in length_buckets.csv.",
+    ]
+    lines += [f"- {name} signature: `{sig}`" for name, sig in table.signatures.items()]
+    if table.notes:
+        lines += ["", "Notes on the length table:"] + [f"- {n}" for n in table.notes]
+    return lines
+
+
+def write_length_csv(table: LengthTable, path: str | Path) -> Path:
+    """``length_buckets.csv``: one row per configuration and bucket
+    (:data:`~transformer.analysis.length.LENGTH_COLUMNS`)."""
+    path = Path(path)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=LENGTH_COLUMNS)
+        w.writeheader()
+        for r in table.rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in LENGTH_COLUMNS})
+    return path
 
 
 def write_csv(comparison: Comparison, path: str | Path) -> Path:
@@ -150,7 +231,8 @@ def write_csv(comparison: Comparison, path: str | Path) -> Path:
 
 def write_outputs(comparison: Comparison, out_dir: str | Path, *, plots: bool | None = None) -> dict[str, Path]:
     """Write ``comparison.md``, ``comparison.csv``, ``runs.csv``, ``valid_curves.png`` and
-    ``bleu_bars.png`` into ``out_dir`` (created).
+    ``bleu_bars.png`` into ``out_dir`` (created), and with a length table (:attr:`Comparison.length`)
+    ``length_buckets.csv`` and ``bleu_by_length.png``.
 
     Args:
         comparison: the result of :func:`~transformer.analysis.compare.compare_sweeps`.
@@ -160,8 +242,9 @@ def write_outputs(comparison: Comparison, out_dir: str | Path, *, plots: bool | 
             plots the markdown has no Plots section.
 
     Returns:
-        ``{"markdown", "csv", "runs_csv", "valid_curves", "bleu_bars"}`` -> path (plots only when
-        drawn, and only when some configuration finished).
+        ``{"valid_curves", "bleu_bars", "bleu_by_length", "csv", "runs_csv", "length_csv", "markdown"}``
+        -> path, in that order (plots only when drawn, and only when some configuration finished;
+        the length files only with a length table that has rows).
 
     Raises:
         PlotsUnavailable: ``plots=True`` without matplotlib (nothing is written).
@@ -171,13 +254,19 @@ def write_outputs(comparison: Comparison, out_dir: str | Path, *, plots: bool | 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
+    length = comparison.length if comparison.rows and comparison.length is not None and comparison.length.rows else None
     if comparison.rows and plots:
         paths["valid_curves"] = plot_validation_curves(comparison, out / "valid_curves.png")
         paths["bleu_bars"] = plot_bleu_bars(comparison, out / "bleu_bars.png")
+        if length is not None:
+            paths["bleu_by_length"] = plot_bleu_by_length(comparison, out / "bleu_by_length.png")
     paths["csv"] = write_csv(comparison, out / "comparison.csv")
     paths["runs_csv"] = out / "runs.csv"
+    if length is not None:
+        paths["length_csv"] = write_length_csv(length, out / "length_buckets.csv")
     md = out / "comparison.md"
-    md.write_text(to_markdown(comparison, [str(paths[k]) for k in ("valid_curves", "bleu_bars") if k in paths]), encoding="utf-8")
+    drawn = [str(paths[k]) for k in ("valid_curves", "bleu_bars", "bleu_by_length") if k in paths]
+    md.write_text(to_markdown(comparison, drawn), encoding="utf-8")
     paths["markdown"] = md
     return paths
 
@@ -190,6 +279,9 @@ def compare_and_write(
     n_bootstrap: int = 1000,
     bootstrap_seed: int = 12345,
     allow_mixed: bool = False,
+    compare_prev: bool = True,
+    length_buckets: str | Sequence[Bucket] | None = DEFAULT_BUCKETS,
+    length_splits: str | Sequence[str] | None = None,
 ) -> dict[str, Path]:
     """What ``scripts/compare.py`` does: compare the runs of the sweeps, write the outputs, print
     the markdown on stdout and, on stderr, one ``wrote <name>: <path>`` line per file.
@@ -202,8 +294,8 @@ def compare_and_write(
     Args:
         sweep_dirs: multirun folders (or run folders).
         out: the output folder; None: ``<first sweep>/comparison``.
-        baseline, n_bootstrap, bootstrap_seed, allow_mixed: see
-            :func:`~transformer.analysis.compare.compare_sweeps`.
+        baseline, n_bootstrap, bootstrap_seed, allow_mixed, compare_prev, length_buckets, length_splits:
+            see :func:`~transformer.analysis.compare.compare_sweeps`.
 
     Returns:
         The paths written (see :func:`write_outputs`).
@@ -211,12 +303,14 @@ def compare_and_write(
     Raises:
         FileNotFoundError: a sweep folder that does not exist.
         ValueError: a baseline that matches no configuration, runs trained differently
-            (:class:`~transformer.analysis.comparability.MixedRunsError`) without ``allow_mixed``.
+            (:class:`~transformer.analysis.comparability.MixedRunsError`) without ``allow_mixed``,
+            length buckets that are not ascending ranges, or length splits that no run has.
         NoFinishedRun: after the outputs were written, when no run has results.
     """
     sweep_dirs = [Path(d) for d in sweep_dirs]
     comparison = compare_sweeps(sweep_dirs, baseline=baseline, n_bootstrap=n_bootstrap,
-                                bootstrap_seed=bootstrap_seed, allow_mixed=allow_mixed)
+                                bootstrap_seed=bootstrap_seed, allow_mixed=allow_mixed, compare_prev=compare_prev,
+                                length_buckets=length_buckets, length_splits=length_splits)
     skipped = matplotlib_missing() if comparison.rows else None
     paths = write_outputs(comparison, Path(out) if out is not None else sweep_dirs[0] / "comparison",
                           plots=skipped is None)

@@ -80,9 +80,9 @@ class Run:
     def test_split(self) -> str | None:
         return None if self.results is None else self.results.get("test_split")
 
-    def hyps_path(self) -> Path | None:
-        """The test hypotheses file, None when absent."""
-        split = self.test_split
+    def hyps_path(self, split: str | None = None) -> Path | None:
+        """The hypotheses file of test split ``split`` (default :attr:`test_split`), None when absent."""
+        split = split or self.test_split
         path = self.run_dir / "hyps" / f"{split}.txt"
         return path if split and path.is_file() else None
 

@@ -16,7 +16,10 @@ from transformer.data.corpus import read_parallel, resolve_split_files
 from transformer.evaluation.metrics import paired_bootstrap
 from transformer.models.flops import kv_cache_bytes_per_token
 
-__all__ = ["first_result", "holm_bonferroni", "kv_cache_bytes", "mean", "pooled_std", "seed_range", "significance", "std"]
+__all__ = [
+    "first_result", "holm_bonferroni", "kv_cache_bytes", "mean", "pooled_std", "references", "seed_range", "significance",
+    "std",
+]
 
 
 K = TypeVar("K")
@@ -109,12 +112,18 @@ def kv_cache_bytes(config: dict | None) -> int | None:
 _REF_CACHE: dict[tuple[str, str], list[str]] = {}
 
 
-def _references(run: Run) -> list[str]:
-    """The raw references of ``run``'s test split, as the trainer scored them (empty pairs dropped)."""
+def references(run: Run, split: str | None = None) -> list[str]:
+    """The raw references of ``run``'s test split ``split`` (default its own, :attr:`Run.test_split`),
+    as the trainer scored them (empty pairs dropped), read from the run's data config.
+
+    Raises:
+        DataError: the split is unknown or its files are not on this machine (never downloaded).
+    """
     data = run.config["data"]
-    cache_key = (json.dumps(data, sort_keys=True, default=str), str(run.test_split))
+    split = split or run.test_split
+    cache_key = (json.dumps(data, sort_keys=True, default=str), str(split))
     if cache_key not in _REF_CACHE:
-        src, tgt = resolve_split_files(OmegaConf.create(data), run.test_split, download=False)
+        src, tgt = resolve_split_files(OmegaConf.create(data), split, download=False)
         _REF_CACHE[cache_key] = read_parallel(src, tgt)[1]
     return _REF_CACHE[cache_key]
 
@@ -169,7 +178,7 @@ def significance(
     for b_dir, sys_hyps in systems.items():
         b = base_runs[b_dir]
         try:
-            refs = _references(b)
+            refs = references(b)
         except Exception as e:  # references not on this machine
             notes.append(f"references of {b.test_split} not found for {b.run_dir} ({e}); no p-values for seed {b.seed}")
             continue

@@ -18,12 +18,25 @@ from typing import Iterator, Mapping, Sequence
 
 from sacrebleu.metrics import BLEU, CHRF
 
-__all__ = ["corpus_scores", "paired_bootstrap"]
+__all__ = ["corpus_scores", "paired_bootstrap", "scorers"]
 
 
 def _bleu(tokenize: str, lowercase: bool) -> BLEU:
     """sacreBLEU's BLEU; ``tokenize="none"`` declares pre-tokenized text, so its warning is off."""
     return BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none")
+
+
+def scorers(tokenize: str = "13a", lowercase: bool = False) -> dict[str, BLEU | CHRF]:
+    """The sacreBLEU metrics :func:`corpus_scores` uses, for scoring subsets of a test set alike.
+
+    Args:
+        tokenize: sacreBLEU tokenizer for BLEU (``none`` for pre-tokenized text).
+        lowercase: case-insensitive scores.
+
+    Returns:
+        ``{"bleu": BLEU, "chrf": CHRF}`` (new objects; ``.corpus_score(hyps, [refs]).score`` in 0-100).
+    """
+    return {"bleu": _bleu(tokenize, lowercase), "chrf": CHRF(lowercase=lowercase)}
 
 
 def _check(hyps: Sequence[str], refs: Sequence[str], what: str = "hypotheses") -> None:
@@ -53,8 +66,7 @@ def corpus_scores(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a
     """
     _check(hyps, refs)
     hyps, refs_t = list(hyps), [list(refs)]
-    bleu = _bleu(tokenize, lowercase)
-    chrf = CHRF(lowercase=lowercase)
+    bleu, chrf = scorers(tokenize, lowercase).values()
     b = bleu.corpus_score(hyps, refs_t)
     c = chrf.corpus_score(hyps, refs_t)
     return {

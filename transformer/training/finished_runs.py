@@ -8,8 +8,8 @@ its finished twin there, ``<finished_runs>/<run folder name>/results.json`` (or
 ``<finished_runs>/results.json`` when the folder is itself one run's), and skips training when that
 run trained exactly this job: the same resolved config, seed and budget included, apart from the
 keys that never change what a run computes
-(:data:`~transformer.analysis.grouping.IGNORED_KEYS`: paths, logging, threads, how it resumes), with
-the same precision as it resolves on this machine and the same torch version (what
+(:data:`~transformer.analysis.grouping.IGNORED_KEYS`: the study's name, paths, logging, threads, how
+it resumes), with the same precision as it resolves on this machine and the same torch version (what
 ``scripts/compare.py`` requires of the runs of one table). A field added to the schema after the
 run trained counts at its default, and the twin must have trained on the same kind of device with
 as many processes (``train.max_tokens`` is per process). When the twin differs, the job trains and

@@ -1,0 +1,355 @@
+"""Test BLEU and chrF by reference length: the bucketed analysis of compare-mt (Neubig et al. 2019,
+*compare-mt: A Tool for Holistic Comparison of Language Generation Systems*, NAACL demos), which
+scores each system on the sentences whose reference length falls in a bucket.
+
+A sentence's length is the number of whitespace-separated tokens of its detokenized reference
+(``len(reference.split())``, the words as the corpus writes them, punctuation attached; not
+sacreBLEU's tokens or subwords). Buckets are closed ranges of words, ``1-10,11-15,16-20,21-30,31+``
+by default (:func:`parse_buckets`).
+
+For each configuration and bucket: corpus BLEU and chrF of the bucket's sentences by sacreBLEU
+(``BLEU.corpus_score`` / ``CHRF.corpus_score`` on the subset, with the runs' recorded
+``data.bleu_tokenize`` and ``data.lowercase``), the mean over the configuration's seeds as in the
+main table, and a 95% bootstrap interval (Koehn 2004): the bucket's sentences are resampled with
+replacement, the same resamples for every configuration and seed, so the intervals are paired and
+the interval of each configuration's difference to the baseline is the paired one. A resample's
+scores come from sacreBLEU's own sentence statistics, summed as its paired bootstrap sums them
+(:mod:`sacrebleu.significance`); the interval's ends are the 2.5% and 97.5% order statistics as in
+sacreBLEU's ``estimate_ci``. The intervals measure test-set sampling only, not the seed-to-seed
+noise, and are not adjusted for the number of buckets.
+
+The test sentences are those of the runs' own test split by default, or several test splits pooled
+by concatenating their hypotheses and references (:func:`length_table`, ``splits``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from transformer.analysis.grouping import Configuration
+from transformer.analysis.runs import Run, natural_key
+from transformer.analysis.stats import mean, references
+from transformer.evaluation.metrics import scorers
+
+__all__ = ["DEFAULT_BUCKETS", "LENGTH_COLUMNS", "Bucket", "LengthTable", "bucket_indices", "length_table",
+           "parse_buckets", "reference_length"]
+
+DEFAULT_BUCKETS = "1-10,11-15,16-20,21-30,31+"
+"""The default buckets of reference length in words (``--length-buckets``)."""
+
+LENGTH_COLUMNS = (
+    "label", "is_baseline", "bucket", "min_words", "max_words", "n_sentences", "n_runs", "seeds", "test_splits",
+    "bleu_mean", "bleu_ci_low", "bleu_ci_high", "bleu_seeds", "delta_bleu", "delta_bleu_ci_low", "delta_bleu_ci_high",
+    "chrf_mean", "chrf_ci_low", "chrf_ci_high", "delta_chrf", "delta_chrf_ci_low", "delta_chrf_ci_high", "n_bootstrap",
+)
+"""The columns of ``length_buckets.csv``, one row per configuration and bucket."""
+
+METRICS = ("bleu", "chrf")
+_PART = re.compile(r"(\d+)(?:-(\d+)|(\+))?")
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Reference lengths from ``low`` to ``high`` words, both included; ``high`` None: no upper end."""
+
+    low: int
+    high: int | None = None
+
+    @property
+    def label(self) -> str:
+        """``1-10``, ``31+``, or ``7`` for a one-length bucket."""
+        if self.high is None:
+            return f"{self.low}+"
+        return str(self.low) if self.low == self.high else f"{self.low}-{self.high}"
+
+    def holds(self, length: int) -> bool:
+        """Whether a reference of ``length`` words falls in this bucket."""
+        return length >= self.low and (self.high is None or length <= self.high)
+
+
+def parse_buckets(spec: str | Sequence[Bucket]) -> list[Bucket]:
+    """Buckets from ``LOW-HIGH``, ``LOW+`` (no upper end, last only) or ``N`` parts joined by commas.
+
+    Args:
+        spec: e.g. ``"1-10,11-15,16-20,21-30,31+"`` (:data:`DEFAULT_BUCKETS`), or buckets to check.
+
+    Returns:
+        The buckets, ascending. Gaps are allowed (their sentences are counted in no bucket).
+
+    Raises:
+        ValueError: one line naming the part at fault: not a range of words, a range that ends before
+            it starts, an open bucket that is not the last, or buckets not ascending or overlapping.
+    """
+    text = spec if isinstance(spec, str) else ",".join(b.label for b in spec)
+
+    def error(why: str) -> ValueError:
+        return ValueError(f"length buckets {text!r}: {why} (e.g. {DEFAULT_BUCKETS}: ranges of reference words, "
+                          "ascending, not overlapping, only the last open)")
+
+    if not isinstance(spec, str):
+        buckets = list(spec)
+    else:
+        parts = [p.replace(" ", "") for p in spec.split(",")]
+        if parts == [""]:
+            raise error("no bucket given")
+        buckets = []
+        for part in parts:
+            m = _PART.fullmatch(part)
+            if m is None:
+                raise error(f"{part!r} is not LOW-HIGH, LOW+ or N words")
+            low = int(m.group(1))
+            buckets.append(Bucket(low, None if m.group(3) else int(m.group(2) or low)))
+    for i, b in enumerate(buckets):
+        if b.high is not None and b.high < b.low:
+            raise error(f"{b.low}-{b.high} ends before it starts")
+        if b.high is None and i < len(buckets) - 1:
+            raise error(f"{b.label} has no upper end, so it must be the last bucket")
+        if i and b.low <= buckets[i - 1].high:
+            raise error(f"{b.label} starts at or below {buckets[i - 1].high}, where {buckets[i - 1].label} ends, "
+                        "so the buckets are not ascending or they overlap")
+    return buckets
+
+
+def reference_length(reference: str) -> int:
+    """Length of a detokenized reference in words: its whitespace-separated tokens."""
+    return len(reference.split())
+
+
+def bucket_indices(refs: Sequence[str], buckets: Sequence[Bucket]) -> tuple[list[list[int]], int]:
+    """The sentence indices of each bucket (by :func:`reference_length`), and how many fall in none."""
+    out: list[list[int]] = [[] for _ in buckets]
+    outside = 0
+    for i, ref in enumerate(refs):
+        n = reference_length(ref)
+        b = next((k for k, bucket in enumerate(buckets) if bucket.holds(n)), None)
+        if b is None:
+            outside += 1
+        else:
+            out[b].append(i)
+    return out, outside
+
+
+@dataclass
+class LengthTable:
+    """Test scores by reference-length bucket (:func:`length_table`).
+
+    Attributes:
+        buckets: the buckets, ascending.
+        splits: the test splits pooled (their sentences concatenated, in this order).
+        n_sentences: sentences per bucket (the same for every configuration).
+        n_outside: sentences in no bucket (a gap, or a reference of 0 words).
+        rows: one dict per configuration and bucket (configurations in display order, then buckets),
+            with the :data:`LENGTH_COLUMNS` keys; scores in 0-100, None where not computed.
+        n_bootstrap: resamples per bucket (0: no intervals).
+        signatures: sacreBLEU signatures of the BLEU and chrF scores.
+        notes: sentences about runs left out or splits not pooled.
+    """
+
+    buckets: list[Bucket]
+    splits: list[str]
+    n_sentences: list[int] = field(default_factory=list)
+    n_outside: int = 0
+    rows: list[dict] = field(default_factory=list)
+    n_bootstrap: int = 0
+    signatures: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _scored_splits(run: Run) -> set[str]:
+    """The test splits a run has scores and hypotheses for (``results["test"]``; else its own split)."""
+    test = (run.results or {}).get("test")
+    names = [k for k, v in test.items() if isinstance(v, dict) and "bleu" in v] if isinstance(test, dict) else []
+    return {s for s in names or [run.test_split] if s and run.hyps_path(s) is not None}
+
+
+def _resolve_splits(runs: list[Run], base: Run, splits: str | Sequence[str] | None, notes: list[str]) -> list[str]:
+    """The test splits to pool: the baseline's own, ``all`` (those every run has), or the ones named.
+
+    Raises:
+        ValueError: ``all`` mixed with names or with no split common to the runs, or a named split that
+            no run has hypotheses for.
+    """
+    if splits is None:
+        return [base.test_split]
+    names = [s.strip() for s in (splits.split(",") if isinstance(splits, str) else splits) if s.strip()]
+    have = [_scored_splits(r) for r in runs]
+    union = set().union(*have)
+    if "all" in names:
+        if names != ["all"]:
+            raise ValueError(f"length splits {splits!r}: 'all' pools every test split, name no other")
+        common = set.intersection(*have)
+        if not common:
+            raise ValueError(f"length splits {splits!r}: no test split has hypotheses in every run")
+        if union - common:
+            left = ", ".join(sorted(union - common, key=natural_key))
+            notes.append(f"test splits not scored by every run, not pooled: {left}")
+        return sorted(common, key=natural_key)
+    if not names:
+        raise ValueError(f"length splits {splits!r}: no split named (e.g. all, or test_2016_flickr,test_2017_flickr)")
+    unknown = [s for s in names if s not in union]
+    if unknown:
+        raise ValueError(f"length splits {splits!r}: no run has hypotheses for {', '.join(unknown)}; "
+                         f"the runs' test splits: {', '.join(sorted(union, key=natural_key))}")
+    return names
+
+
+def _pooled(run: Run, splits: Sequence[str]) -> tuple[list[str], list[str]]:
+    """A run's hypotheses and references of ``splits``, concatenated in that order.
+
+    Raises:
+        ValueError: a split without hypotheses, or not as many hypotheses as references.
+        DataError: references not on this machine (a ``ValueError`` too).
+        OSError: a file that cannot be read.
+    """
+    hyps: list[str] = []
+    refs: list[str] = []
+    for split in splits:
+        path = run.hyps_path(split)
+        if path is None:
+            raise ValueError(f"no hypotheses of {split}")
+        h, r = path.read_text(encoding="utf-8").splitlines(), references(run, split)
+        if len(h) != len(r):
+            raise ValueError(f"{len(h)} hypotheses but {len(r)} references in {split}")
+        hyps += h
+        refs += r
+    return hyps, refs
+
+
+def _interval(values: np.ndarray) -> tuple[float, float]:
+    """95% percentile interval of bootstrap values: the 2.5% and 97.5% order statistics, as sacreBLEU's
+    ``estimate_ci`` takes them (index ``n // 40`` from each end)."""
+    s = np.sort(values)
+    k = len(s) // 40
+    return float(s[k]), float(s[len(s) - k - 1])
+
+
+def _resample_counts(rng: np.random.Generator, n: int, n_samples: int) -> np.ndarray:
+    """``[n_samples, n]`` counts: how often each sentence is drawn in each resample of n with replacement."""
+    idx = rng.integers(0, n, size=(n_samples, n))
+    counts = np.zeros((n_samples, n))
+    np.add.at(counts, (np.arange(n_samples)[:, None], idx), 1)
+    return counts
+
+
+def length_table(
+    configs: list[Configuration],
+    baseline: Configuration,
+    buckets: Sequence[Bucket],
+    splits: str | Sequence[str] | None = None,
+    n_bootstrap: int = 1000,
+    seed: int = 12345,
+) -> LengthTable:
+    """Test BLEU and chrF of every configuration per bucket of reference length (module docstring).
+
+    Args:
+        configs: the configurations, in display order (their finished runs are scored).
+        baseline: the one the differences are taken against.
+        buckets: from :func:`parse_buckets`.
+        splits: None: the baseline's test split; ``"all"``: every test split all runs have hypotheses
+            for (``hyps/<split>.txt``, scored in ``results.json``); names (a list, or joined by
+            commas): those splits, pooled in that order.
+        n_bootstrap: resamples of each bucket's sentences (0: no intervals).
+        seed: seed of the resampling.
+
+    Returns:
+        A :class:`LengthTable`. Runs whose hypotheses or references cannot be read, or whose
+        references differ from the baseline's (another test set), are left out with a note; when no
+        run can be read, it has no rows.
+
+    Raises:
+        ValueError: ``splits`` names a split no run has, mixes ``all`` with names, or is ``all`` where the
+            runs have no test split in common.
+    """
+    notes: list[str] = []
+    names = _resolve_splits([r for c in configs for r in c.runs], baseline.runs[0], splits, notes)
+    table = LengthTable(list(buckets), names, n_bootstrap=n_bootstrap, notes=notes)
+    corpora = _corpora(configs, baseline, names, notes)
+    if not corpora:
+        return table
+    first = next(iter(corpora.values()))  # the baseline's first readable run when it has one
+    refs = first[1]
+    indices, table.n_outside = bucket_indices(refs, buckets)
+    table.n_sentences = [len(i) for i in indices]
+    data = first[0].config["data"]
+    metrics = scorers(str(data.get("bleu_tokenize", "13a")), bool(data.get("lowercase", False)))
+    rng = np.random.default_rng(seed)
+    counts = [_resample_counts(rng, len(i), n_bootstrap) if i and n_bootstrap > 0 else None for i in indices]
+    used = {c.label: [r for r in c.runs if r.run_dir in corpora] for c in configs}
+    scores = {c.label: _scores([corpora[r.run_dir][2] for r in used[c.label]], refs, indices, counts, metrics)
+              for c in configs}
+    table.rows = _rows(configs, baseline, table, used, scores)
+    if any(table.n_sentences):  # sacreBLEU knows a signature once it has scored
+        table.signatures = {m: str(metric.get_signature()) for m, metric in metrics.items()}
+    return table
+
+
+def _corpora(configs: list[Configuration], baseline: Configuration, splits: Sequence[str],
+             notes: list[str]) -> dict:
+    """``{run folder: (run, references, hypotheses)}`` of the runs that can be scored, the baseline's
+    first; runs that cannot, or whose references differ from the first's, get a note instead."""
+    out: dict = {}
+    for run in [*baseline.runs, *(r for c in configs if c is not baseline for r in c.runs)]:
+        try:
+            hyps, refs = _pooled(run, splits)
+        except (ValueError, OSError) as e:  # no hypotheses, references not on this machine (DataError)
+            notes.append(f"{run.run_dir}: left out of the length table ({' '.join(str(e).split())})")
+            continue
+        first = next(iter(out.values()), None)
+        if first is not None and refs != first[1]:
+            notes.append(f"{run.run_dir}: references differ from those of {first[0].run_dir}; "
+                         "left out of the length table")
+            continue
+        out[run.run_dir] = (run, refs, hyps)
+    return out
+
+
+def _scores(runs_hyps: list[list[str]], refs: list[str], indices: list[list[int]], counts: list[np.ndarray | None],
+            metrics: dict) -> dict[str, list[tuple[list[float], np.ndarray | None]]]:
+    """One configuration's scores: ``{metric: [(per-seed scores, bootstrap values of their mean) per bucket]}``
+    (bootstrap values ``[n_bootstrap]``, None without resamples or sentences)."""
+    out = {}
+    for m, metric in metrics.items():
+        point: list[list[float]] = [[] for _ in indices]
+        boot: list[list[np.ndarray]] = [[] for _ in indices]
+        for hyps in runs_hyps:
+            stats = None
+            if any(c is not None for c in counts):  # sacreBLEU's sentence statistics, [n_sentences, n_stats]
+                stats = np.asarray(metric._extract_corpus_statistics(hyps, [refs]), dtype=np.float64)
+            for b, idx in enumerate(indices):
+                if not idx:
+                    continue
+                point[b].append(float(metric.corpus_score([hyps[i] for i in idx], [[refs[i] for i in idx]]).score))
+                if counts[b] is not None:
+                    sums = counts[b] @ stats[idx]  # [n_bootstrap, n_stats]: each resample's summed statistics
+                    boot[b].append(np.array([metric._compute_score_from_stats(s).score for s in sums]))
+        out[m] = [(p, np.mean(v, axis=0) if v else None) for p, v in zip(point, boot)]
+    return out
+
+
+def _rows(configs: list[Configuration], baseline: Configuration, table: LengthTable, used: dict[str, list[Run]],
+          scores: dict) -> list[dict]:
+    """The :data:`LENGTH_COLUMNS` rows of :func:`length_table`, configuration by configuration."""
+    rows = []
+    for c in configs:
+        runs = used[c.label]
+        for b, bucket in enumerate(table.buckets):
+            row = {"label": c.label, "is_baseline": c is baseline, "bucket": bucket.label, "min_words": bucket.low,
+                   "max_words": bucket.high, "n_sentences": table.n_sentences[b], "n_runs": len(runs),
+                   "seeds": " ".join(str(r.seed) for r in runs), "test_splits": " ".join(table.splits),
+                   "n_bootstrap": table.n_bootstrap}
+            for m in METRICS:
+                (seeds, values), (base_seeds, base_values) = scores[c.label][m][b], scores[baseline.label][m][b]
+                row[f"{m}_mean"] = mean(seeds)
+                row[f"{m}_ci_low"], row[f"{m}_ci_high"] = (None, None) if values is None else _interval(values)
+                both = c is not baseline and bool(seeds) and bool(base_seeds)
+                row[f"delta_{m}"] = mean(seeds) - mean(base_seeds) if both else None
+                paired = both and values is not None and base_values is not None
+                row[f"delta_{m}_ci_low"], row[f"delta_{m}_ci_high"] = (
+                    _interval(values - base_values) if paired else (None, None))
+            row["bleu_seeds"] = " ".join(f"{r.seed}:{s:.2f}" for r, s in zip(runs, scores[c.label]["bleu"][b][0]))
+            rows.append(row)
+    return rows
