@@ -162,6 +162,10 @@ def test_moe_run_logs_routing_moves_the_biases_and_reports_active_parameters(sma
         assert sum(load[0]) == sum(load[1]) > 0  # every layer routes every position, top_k times
     assert all(not any(k.startswith("moe") for k in r) for r in _metrics(run, "valid"))
     assert results["active_params"] < results["params"] and results["bleu"] is not None  # EMA weights load and test
+    # results.json: the routing metrics of the last update, as metrics.jsonl logged them
+    keys = ("moe_tokens_per_expert", "moe_max_load", "moe_aux_loss", "moe_z_loss", "moe_dropped_tokens")
+    on_disk = json.loads((run / "results.json").read_text())
+    assert {k: on_disk[k] for k in keys} == {k: results[k] for k in keys} == {k: rows[-1][k] for k in keys}
     # DeepSeek-V3's rule, replayed from the logged loads: bias += 0.01 * sign(mean - load) per update
     weights, _ = load_checkpoint(run, "checkpoint_last")
     moved = 0
@@ -188,6 +192,10 @@ def test_moe_resume_equals_uninterrupted_bit_for_bit(small_corpus, tmp_path):
         assert torch.equal(a[k], b[k]), k
     keys = ("loss", "moe_aux_loss", "moe_z_loss", "moe_tokens_per_expert")
     assert [[r[k] for k in keys] for r in _metrics(full, "train")] == [[r[k] for k in keys] for r in _metrics(split, "train")]
+    results = [json.loads((run / "results.json").read_text()) for run in (full, split)]
+    # a resume with no update left (e.g. after a crash in the final test) takes them from the checkpoint
+    results.append(train(small_config(small_corpus, split, *common, "train.max_updates=6", "train.resume=true")))
+    assert [r["moe_tokens_per_expert"] for r in results] == [_metrics(full, "train")[-1]["moe_tokens_per_expert"]] * 3
 
 
 def _ddp_worker(rank: int, init_file: str, out_dir: str) -> None:
