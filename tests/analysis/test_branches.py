@@ -66,7 +66,7 @@ def test_no_prev_tests_each_configuration_against_the_baseline_only(tmp_path, co
     refs = _refs(corpus)
     make_run(tmp_path / "s" / "0", corpus, "step5_gqa", 1, _degrade(refs, 0.9, 1), bleu=10.0)
     as_branch(make_run(tmp_path / "s" / "1", corpus, "step5_mla", 1, _degrade(refs, 0.05, 1), bleu=20.0),
-              kv_lora_rank=16)
+              attention={"name": "mla", "kv_lora_rank": 16})
     as_branch(make_run(tmp_path / "s" / "2", corpus, "step5_qk_norm", 1, _degrade(refs, 0.5, 1), bleu=30.0),
               qk_norm="rmsnorm")
     with_prev = compare_sweeps([tmp_path / "s"], n_bootstrap=100)

@@ -64,8 +64,9 @@ def _config(corpus: Path, step: str, seed: int) -> dict:
 
 
 def make_run(run_dir: Path, corpus: Path, step: str, seed: int, hyps: list[str] | None, *, bleu: float | None = None,
-             finished: bool = True, params: int = 1000) -> Path:
-    """A run folder as scripts/train.py writes it (results.json only when ``finished``)."""
+             finished: bool = True, params: int = 1000, active_params: int | None = None) -> Path:
+    """A run folder as scripts/train.py writes it (results.json only when ``finished``; without
+    ``active_params`` as runs from before the key)."""
     run_dir.mkdir(parents=True)
     cfg = _config(corpus, step, seed)
     choices = {"ladder": step, "experiment": "ladder", "model": "transformer_tiny"}
@@ -88,6 +89,8 @@ def make_run(run_dir: Path, corpus: Path, step: str, seed: int, hyps: list[str] 
             "best_valid": 3.0, "train_tokens_per_s": 1000.0 * seed, "peak_memory_mb": 100.0 + seed,
             "choices": choices, "config": cfg,
         }
+        if active_params is not None:
+            results["active_params"] = active_params
         (run_dir / "results.json").write_text(json.dumps(results))
     return run_dir
 
@@ -274,6 +277,26 @@ def test_neighbouring_rows_get_their_own_paired_bootstrap(tmp_path, corpus):
     assert step2["p_value_holm"] == pytest.approx(min(1.0, 3 * p1)) and step2["p_value_prev_holm"] == 1.0
     md = (write_outputs(comp, tmp_path / "out")["markdown"]).read_text()
     assert "| Δ prev | p prev Holm |" in md
+
+
+def test_active_parameters_are_reported_beside_the_total(tmp_path, corpus):
+    """A mixture of experts (active < total) shows both; a dense run, or one from before results.json
+    had ``active_params``, counts its total, and a table of dense runs only reads as before."""
+    refs = _refs(corpus)
+    make_run(tmp_path / "s" / "0", corpus, "step0_vaswani2017", 1, _degrade(refs, 0.9, 1), bleu=10.0, params=2_165_760)
+    make_run(tmp_path / "s" / "1", corpus, "step1_pre_ln", 1, _degrade(refs, 0.05, 1), bleu=20.0, params=3_811_584,
+             active_params=2_174_976)
+    comp = compare_sweeps([tmp_path / "s"], n_bootstrap=0)
+    assert [(r["params"], r["active_params"]) for r in comp.rows] == [(2_165_760, 2_165_760), (3_811_584, 2_174_976)]
+    paths = write_outputs(comp, tmp_path / "out")
+    rows = list(csv.DictReader(paths["csv"].open()))
+    assert [(r["params"], r["active_params"]) for r in rows] == [("2165760", "2165760"), ("3811584", "2174976")]
+    md = paths["markdown"].read_text()
+    assert "| 2.17M | 2.00M |" in md and "| 3.81M (2.17M active) | 2.00M |" in md and "(active) those one token uses" in md
+    dense = compare_sweeps([tmp_path / "s"], n_bootstrap=0)
+    dense.rows[1]["active_params"] = dense.rows[1]["params"]
+    md = write_outputs(dense, tmp_path / "dense")["markdown"].read_text()
+    assert "| 3.81M | 2.00M |" in md and " active)" not in md and "(active)" not in md
 
 
 def test_machines_come_from_the_runs_results(tmp_path, corpus):

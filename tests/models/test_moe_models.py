@@ -94,3 +94,43 @@ def test_kv_cache_decoding_equals_full_forward_through_routed_layers(arch, route
             steps.append(model.decode_step(prev, state))
             prev = tgt[:, t : t + 1]
     torch.testing.assert_close(torch.stack(steps, 1), expected, atol=1e-5, rtol=1e-4)
+
+
+def _masks_seen(model) -> tuple[list, list]:
+    """Record the ``token_mask`` each MoE block of ``model`` is called with (None or a clone)."""
+    seen: list = []
+    hooks = [b.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(None if kwargs.get("token_mask") is None else kwargs["token_mask"].clone()),
+        with_kwargs=True) for b in moe_blocks(model)]
+    return seen, hooks
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_padding_mask_reaches_every_routed_layer_and_only_when_there_is_padding(arch):
+    """Encoder: the source's padding; decoder: ``prev_output_tokens``'; decoder-only: the whole
+    row's. No padding, decoding steps and dense models: no mask at all."""
+    model = build_model(_cfg(arch), V).train()
+    seen, _ = _masks_seen(model)
+    src = torch.tensor([[7, 8, 9, EOS], [7, 8, EOS, PAD]])
+    tgt = torch.tensor([[2, 11, 12, 13, 14], [2, 11, PAD, PAD, PAD]])
+    inputs = {"src_tokens": src, "prev_output_tokens": tgt} if arch == "encoder_decoder" else {"tokens": torch.cat([src, tgt], 1)}
+    model.features(**inputs)
+    expected = [src.ne(PAD)] * 2 + [tgt.ne(PAD)] * 2 if arch == "encoder_decoder" else [inputs["tokens"].ne(PAD)] * 4
+    assert len(seen) == 4 and all(torch.equal(got, want) for got, want in zip(seen, expected))
+    seen.clear()  # nothing padded: no mask, the unmasked path
+    model.features(**{k: v[:1, :4] for k, v in inputs.items()})
+    assert seen == [None] * 4
+    model.eval()
+    seen.clear()  # decoding: the left-padded prefix of the decoder-only model has its mask, each step none
+    with torch.no_grad():
+        state = model.start_decoding(torch.tensor([[7, 8, 9], [7, 8, PAD]]))
+        n_start = len(seen)
+        model.decode_step(torch.full((2, 1), model.decoder_start_token_id), state)
+    starts, steps = seen[:n_start], seen[n_start:]
+    assert steps == [None] * len(model.decoder.layers)  # one token per row, no padding
+    if arch == "encoder_decoder":
+        assert len(starts) == 2 and torch.equal(starts[0], torch.tensor([[True] * 3, [True, True, False]]))
+    else:
+        assert len(starts) == 4 and torch.equal(starts[0], torch.tensor([[True] * 3, [False, True, True]]))
+    dense = build_model(tiny_model_config(arch=arch, norm_position="pre", ffn__name="swiglu"), V)
+    assert not dense.decoder.routes_tokens and model.decoder.routes_tokens

@@ -90,6 +90,77 @@ def test_aux_loss_and_its_gradient_equal_load_balancing_loss_func_over_several_l
     assert ours.load.shape == (2, E) and ours.load.sum().item() == 2 * 4 * 9 * K and ours.dropped == 0
 
 
+
+def _two_layers(x: torch.Tensor, token_mask: torch.Tensor | None) -> tuple[nn.ModuleList, list[torch.Tensor]]:
+    """Two MoE blocks (one stack, the second router different) applied in turn to ``x`` with
+    ``token_mask``; returns them (fresh, same weights each call) and their router logits."""
+    blocks = nn.ModuleList([_moe(bias_update_speed=0.01), _moe(bias_update_speed=0.01)]).train()
+    with torch.no_grad():
+        blocks[1].router.gate.weight.mul_(3.0)
+    logits = []
+    for b in blocks:
+        b.router.register_forward_hook(lambda m, i, out: logits.append(out.logits))
+    h = x
+    for b in blocks:
+        h = b(h, token_mask=token_mask)
+    return blocks, logits
+
+
+def test_padding_is_left_out_as_load_balancing_loss_func_with_an_attention_mask():
+    """With a token mask: the aux loss and its gradient are HF's given the attention mask, the
+    z-loss and the loads are those of the real tokens alone; None equals an all-True mask."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 9, D)
+    mask = torch.arange(9)[None] < torch.tensor([9, 5, 2, 7])[:, None]  # (4, 9), True at real tokens
+    blocks, logits = _two_layers(x, mask)
+    ours = router_losses(blocks)
+    expected = load_balancing_loss_func(tuple(logits), num_experts=E, top_k=K, attention_mask=mask)
+    torch.testing.assert_close(ours.aux_loss, expected)
+    assert not torch.allclose(expected, load_balancing_loss_func(tuple(logits), num_experts=E, top_k=K))  # padding mattered
+    gates = [b.router.gate.weight for b in blocks]
+    for g, w in zip(torch.autograd.grad(ours.aux_loss, gates, retain_graph=True),
+                    torch.autograd.grad(expected, gates, retain_graph=True)):
+        torch.testing.assert_close(g, w)
+    real = mask.reshape(-1)
+    torch.testing.assert_close(ours.z_loss, router_z_loss_func(torch.cat([lg[real] for lg in logits])[None]))
+    for layer, lg in enumerate(logits):  # loads: the real tokens' top-k choices only
+        want = torch.bincount(lg[real].topk(K, dim=-1).indices.reshape(-1), minlength=E)
+        assert torch.equal(ours.load[layer], want)
+    assert ours.load.sum().item() == 2 * K * int(mask.sum()) and ours.dropped == 0
+    # no mask = every position real: the same values as an all-True mask
+    unmasked, full = router_losses(_two_layers(x, None)[0]), router_losses(_two_layers(x, torch.ones(4, 9, dtype=torch.bool))[0])
+    torch.testing.assert_close(unmasked.aux_loss, full.aux_loss)
+    torch.testing.assert_close(unmasked.z_loss, full.z_loss)
+    assert torch.equal(unmasked.load, full.load)
+    with pytest.raises(ValueError, match=r"token_mask shape \(4, 8\) must be x's without d_model, \(4, 9\)"):
+        blocks[0](x, token_mask=mask[:, :8])
+
+
+def test_extra_padding_changes_no_loss_load_or_bias_update():
+    """The same real tokens with 5 padded positions more per row (any values there): the same
+    aux loss, z-loss, gradients, loads and DeepSeek-V3 bias update."""
+    torch.manual_seed(1)
+    x = torch.randn(3, 6, D)
+    mask = torch.arange(6)[None] < torch.tensor([6, 4, 1])[:, None]
+    x_pad = torch.cat([x, 5 * torch.randn(3, 5, D)], dim=1)  # (3, 11, D)
+    mask_pad = torch.cat([mask, torch.zeros(3, 5, dtype=torch.bool)], dim=1)
+    runs = [_two_layers(x, mask)[0], _two_layers(x_pad, mask_pad)[0]]
+    (a, b) = (router_losses(r) for r in runs)
+    torch.testing.assert_close(a.aux_loss, b.aux_loss)
+    torch.testing.assert_close(a.z_loss, b.z_loss)
+    assert torch.equal(a.load, b.load)
+    grads = [torch.autograd.grad(r.weighted + r.z_loss, [blk.router.gate.weight for blk in m])
+             for r, m in zip((a, b), runs)]
+    for g, w in zip(*grads):
+        torch.testing.assert_close(g, w)
+    for r, m in zip((a, b), runs):
+        update_expert_biases(m, r.load)
+    for u, v in zip(*runs):
+        assert torch.equal(u.router.expert_bias, v.router.expert_bias) and torch.count_nonzero(u.router.expert_bias) > 0
+    # counting the padding (no mask) would have moved the loss and the loads
+    counted = router_losses(_two_layers(x_pad, None)[0])
+    assert not torch.allclose(counted.aux_loss, a.aux_loss) and counted.load.sum() > a.load.sum()
+
 def test_switch_top1_aux_loss_equals_switch_transformers_formula():
     from transformers.models.switch_transformers.modeling_switch_transformers import (
         load_balancing_loss_func as switch_loss,

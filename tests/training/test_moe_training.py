@@ -25,6 +25,7 @@ from transformer.training.checkpoint import load_checkpoint
 from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss
 from transformer.training.distributed import DistInfo
 from transformer.training.parallel import DataParallel, TrainingLoss, checkpoint_layers
+from transformer.training.routing import RoutingMonitor
 from transformer.training.run import train
 
 transformers = pytest.importorskip("transformers")
@@ -58,7 +59,8 @@ def _router_logits(model) -> tuple[list[torch.Tensor], list]:
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_router_loss_is_hfs_objective_scaled_like_the_summed_loss(arch):
     """One micro-batch: (loss + router_loss) / ntokens has the gradient of the mean cross entropy +
-    coef * HF's load_balancing_loss_func + coef * the z-loss, per stack (HF Switch for enc-dec)."""
+    coef * HF's load_balancing_loss_func given the attention mask + coef * the z-loss over the real
+    tokens, per stack (HF Switch for enc-dec); the padding counts in neither."""
     model = build_model(tiny_model_config(**ARCHS[arch]), VOCAB).train()
     crit = LabelSmoothedCrossEntropy(0.1, ignore_index=0)
     batch = _batch(arch)
@@ -71,18 +73,60 @@ def test_router_loss_is_hfs_objective_scaled_like_the_summed_loss(arch):
         h.remove()
     torch.testing.assert_close(ref["loss"], out["loss"])  # "loss" stays the cross entropy
     stacks = [logits[:2], logits[2:]] if arch == "encoder_decoder" else [logits]
-    aux = sum(load_balancing_loss_func(tuple(s), num_experts=4, top_k=2) for s in stacks)
-    z = sum(router_z_loss_func(torch.cat(s)[None]) for s in stacks)
+    inputs = ("src_tokens", "prev_output_tokens") if arch == "encoder_decoder" else ("tokens",)
+    masks = [batch.net_input[name].ne(0) for name in inputs]  # (batch, len), True at real tokens
+    assert all(not m.all() for m in masks)  # both stacks see padding
+    aux = sum(load_balancing_loss_func(tuple(s), num_experts=4, top_k=2, attention_mask=m) for s, m in zip(stacks, masks))
+    z = sum(router_z_loss_func(torch.cat([lg[m.reshape(-1)] for lg in s])[None]) for s, m in zip(stacks, masks))
     torch.testing.assert_close(out["moe_aux_loss"], aux.detach())
     torch.testing.assert_close(out["moe_z_loss"], z.detach())
     expected = torch.autograd.grad(ref["loss"] / n + 0.05 * aux + 0.01 * z, list(model.parameters()))
     for (name, _), a, b in zip(model.named_parameters(), ours, expected):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4, msg=name)
     assert out["moe_load"].shape == (len(logits), 4) and out["moe_dropped"] == 0
+    real = [int(m.sum()) for m in masks for _ in range(2 if arch == "encoder_decoder" else len(logits))]
+    assert out["moe_load"].sum(1).tolist() == [2 * n for n in real]  # top_k assignments per real token
     model.eval()  # validation: the cross entropy alone
     with torch.no_grad():
         assert not any(k.startswith(("router", "moe")) for k in model_loss(model, crit, batch.net_input, batch.target))
 
+
+def _padded(batch, extra: int = 5) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The batch's net input and target with ``extra`` more padded positions per sentence."""
+    pad = lambda t: torch.nn.functional.pad(t, (0, extra), value=0)  # noqa: E731
+    return {k: pad(v) for k, v in batch.net_input.items()}, pad(batch.target)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_extra_padding_changes_no_router_loss_statistic_or_bias_update(arch):
+    """The same real tokens with and without 5 extra padded positions per sentence, through the
+    trainer's loss path (model_loss, RoutingMonitor): the same cross entropy, aux loss, z-loss,
+    gradients, tokens per expert, max load and DeepSeek-V3 bias update."""
+    torch.manual_seed(0)
+    model = build_model(tiny_model_config(**ARCHS[arch], ffn__bias_update_speed=0.01), VOCAB).train()
+    models = [model, copy.deepcopy(model)]
+    batch = _batch(arch)
+    crit = LabelSmoothedCrossEntropy(0.1, ignore_index=0)
+    outs, grads, metrics = [], [], []
+    for m, (net_input, target) in zip(models, [(batch.net_input, batch.target), _padded(batch)]):
+        out = model_loss(m, crit, net_input, target)
+        grads.append(torch.autograd.grad(out["loss"] + out["router_loss"], list(m.parameters())))
+        monitor = RoutingMonitor(m, distributed=False)
+        monitor.add(out)
+        metrics.append(monitor.finish())  # moves the selection biases
+        outs.append(out)
+    a, b = outs
+    assert a["ntokens"] == b["ntokens"]
+    for key in ("loss", "nll_loss", "moe_aux_loss", "moe_z_loss"):
+        torch.testing.assert_close(a[key], b[key], msg=key)
+    assert torch.equal(a["moe_load"], b["moe_load"])
+    for (name, _), g, h in zip(model.named_parameters(), *grads):
+        torch.testing.assert_close(g, h, atol=1e-6, rtol=1e-4, msg=name)
+    assert metrics[0]["moe_tokens_per_expert"] == metrics[1]["moe_tokens_per_expert"]
+    assert metrics[0]["moe_max_load"] == metrics[1]["moe_max_load"]
+    for u, v in zip(moe_blocks(models[0]), moe_blocks(models[1])):
+        assert torch.equal(u.router.expert_bias, v.router.expert_bias)
+    assert any(torch.count_nonzero(u.router.expert_bias) for u in moe_blocks(models[0]))
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_activation_checkpointing_keeps_the_router_gradients(arch):
@@ -118,6 +162,10 @@ def test_moe_run_logs_routing_moves_the_biases_and_reports_active_parameters(sma
         assert sum(load[0]) == sum(load[1]) > 0  # every layer routes every position, top_k times
     assert all(not any(k.startswith("moe") for k in r) for r in _metrics(run, "valid"))
     assert results["active_params"] < results["params"] and results["bleu"] is not None  # EMA weights load and test
+    # results.json: the routing metrics of the last update, as metrics.jsonl logged them
+    keys = ("moe_tokens_per_expert", "moe_max_load", "moe_aux_loss", "moe_z_loss", "moe_dropped_tokens")
+    on_disk = json.loads((run / "results.json").read_text())
+    assert {k: on_disk[k] for k in keys} == {k: results[k] for k in keys} == {k: rows[-1][k] for k in keys}
     # DeepSeek-V3's rule, replayed from the logged loads: bias += 0.01 * sign(mean - load) per update
     weights, _ = load_checkpoint(run, "checkpoint_last")
     moved = 0
@@ -144,6 +192,10 @@ def test_moe_resume_equals_uninterrupted_bit_for_bit(small_corpus, tmp_path):
         assert torch.equal(a[k], b[k]), k
     keys = ("loss", "moe_aux_loss", "moe_z_loss", "moe_tokens_per_expert")
     assert [[r[k] for k in keys] for r in _metrics(full, "train")] == [[r[k] for k in keys] for r in _metrics(split, "train")]
+    results = [json.loads((run / "results.json").read_text()) for run in (full, split)]
+    # a resume with no update left (e.g. after a crash in the final test) takes them from the checkpoint
+    results.append(train(small_config(small_corpus, split, *common, "train.max_updates=6", "train.resume=true")))
+    assert [r["moe_tokens_per_expert"] for r in results] == [_metrics(full, "train")[-1]["moe_tokens_per_expert"]] * 3
 
 
 def _ddp_worker(rank: int, init_file: str, out_dir: str) -> None:

@@ -59,7 +59,7 @@ CSV_COLUMNS = (
     "bleu_mean", "bleu_std", "bleu_range", "delta_bleu", "p_value", "p_value_holm", "p_value_seeds",
     "within_noise", "delta_prev_bleu", "p_value_prev", "p_value_prev_holm", "within_noise_prev",
     "chrf_mean", "chrf_std",
-    "chrf_p_value", "params", "flops_per_token", "kv_cache_bytes_per_token",
+    "chrf_p_value", "params", "active_params", "flops_per_token", "kv_cache_bytes_per_token",
     "train_tokens_per_s", "peak_memory_mb", "best_valid_mean", "updates_mean", "mixed", "run_dirs",
 )
 
@@ -263,6 +263,8 @@ def compare_sweeps(
                 "chrf_std": std(chrfs),
                 "chrf_p_value": s.get("chrf_p_value"),
                 "params": first_result(c.runs, "params"),
+                # per token (a mixture of experts: top_k routed experts); runs older than the key are dense
+                "active_params": first_result(c.runs, "active_params") or first_result(c.runs, "params"),
                 "flops_per_token": first_result(c.runs, "flops_per_token"),
                 "kv_cache_bytes_per_token": kv_cache_bytes(c.config),
                 "train_tokens_per_s": mean([r.results.get("train_tokens_per_s") for r in c.runs]),

@@ -30,6 +30,12 @@ def _si(value: float | None, unit: str = "") -> str:
     return f"{value:.0f}{unit}" if float(value).is_integer() else f"{value:.2f}{unit}"
 
 
+def _params(row: dict) -> str:
+    """Total parameters, and the active ones per token where they differ (a mixture of experts)."""
+    total, active = row["params"], row.get("active_params")
+    return _si(total) if active is None or active == total else f"{_si(total)} ({_si(active)} active)"
+
+
 def _pm(mean: float | None, std: float | None) -> str:
     if mean is None:
         return "n/a"
@@ -111,7 +117,7 @@ def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
         lines.append(_md_row([
             f"{r['label']}{' (baseline)' if r['is_baseline'] else ''}", f"{r['n_runs']}/{r['n_runs'] + r['n_missing']}",
             _pm(r["bleu_mean"], r["bleu_std"]), _delta(r["delta_bleu"], r.get("within_noise")), _p(r), *prev_cells,
-            _pm(r["chrf_mean"], r["chrf_std"]), _si(r["params"]), _si(r["flops_per_token"]),
+            _pm(r["chrf_mean"], r["chrf_std"]), _params(r), _si(r["flops_per_token"]),
             _si(r["kv_cache_bytes_per_token"]), _si(r["train_tokens_per_s"]), mem,
         ] + ([r.get("mixed") or ""] if c.mixed else [])))
     lines += [
@@ -127,6 +133,9 @@ def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
         + "FLOPs/token: forward matmul FLOPs per target token (16-token sentences); "
         "KV-cache: fp32 bytes per generated token over all decoder layers.",
     ]
+    if any(r.get("active_params") not in (None, r["params"]) for r in c.rows):
+        lines[-1] += (" Params: all the model's parameters, and (active) those one token uses: in a "
+                      "mixture of experts top_k of its routed experts, the router and any shared experts.")
     if c.notes:
         lines += ["", "Notes:"] + [f"- {n}" for n in c.notes]
     if c.length is not None and c.rows:

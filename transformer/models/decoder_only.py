@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from transformer.models.state import DecodingState, incremental_step
+from transformer.models.state import DecodingState, incremental_step, real_token_mask
 from transformer.modules.attention import AttentionInputs
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.layers import TransformerStack
@@ -61,12 +61,14 @@ class DecoderOnlyModel(nn.Module):
 
         The training loss applies ``output_proj`` at the target positions only (no logits over the
         source), see :meth:`~transformer.training.criterion.LabelSmoothedCrossEntropy.from_hidden`.
+        The mixture-of-experts layers leave the row's padding (after ``source <sep> target``) out of
+        their statistics (:func:`real_token_mask`).
         """
         b, t = tokens.shape
         positions = torch.arange(t, device=tokens.device)[None]  # (1, T)
         x = self.embed(tokens, positions.expand(b, t))
         attn = AttentionInputs.prepare(self.embed.position, positions, causal=True, dtype=x.dtype, window=self.decoder.window)
-        return self.decoder(x, attn)
+        return self.decoder(x, attn, token_mask=real_token_mask(tokens, self.pad_id, self.decoder))
 
     def start_decoding(self, src_tokens: Tensor) -> DecodingState:
         """Left-pad the sources and run them once through the stack, filling the KV caches.
@@ -92,7 +94,7 @@ class DecoderOnlyModel(nn.Module):
                 self.embed.position, positions, causal=True, key_padding_mask=pad_mask if has_pad else None, dtype=x.dtype,
                 window=self.decoder.window,
             )
-            self.decoder(x, attn, self_caches=caches)
+            self.decoder(x, attn, self_caches=caches, token_mask=~pad_mask if has_pad and self.decoder.routes_tokens else None)
         else:
             has_pad = False
         return DecodingState(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from transformer.models.state import DecodingState, incremental_step
+from transformer.models.state import DecodingState, incremental_step, real_token_mask
 from transformer.modules.attention import AttentionInputs, KVCache
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.layers import TransformerStack
@@ -54,7 +54,8 @@ class EncoderDecoderModel(nn.Module):
 
         Returns:
             memory ``(batch, src_len, d_model)`` and the cross-attention mask
-            ``(batch, 1, 1, src_len)`` (bool, True = attend) or None when nothing is padded.
+            ``(batch, 1, 1, src_len)`` (bool, True = attend) or None when nothing is padded. The
+            encoder's mixture-of-experts layers leave the source padding out of their statistics.
         """
         b, s = src_tokens.shape
         pad = src_tokens.eq(self.pad_id)
@@ -66,7 +67,7 @@ class EncoderDecoderModel(nn.Module):
             self.src_embed.position, positions, causal=False, key_padding_mask=pad if has_pad else None, dtype=x.dtype,
             window=self.encoder.window,
         )
-        memory = self.encoder(x, attn)
+        memory = self.encoder(x, attn, token_mask=~pad if has_pad and self.encoder.routes_tokens else None)
         return memory, (~pad[:, None, None, :] if has_pad else None)
 
     def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
@@ -85,7 +86,9 @@ class EncoderDecoderModel(nn.Module):
         """:meth:`forward` without the output layer: the decoder's final hidden states.
 
         The training loss applies ``output_proj`` itself, at the target positions only
-        (:meth:`~transformer.training.criterion.LabelSmoothedCrossEntropy.from_hidden`).
+        (:meth:`~transformer.training.criterion.LabelSmoothedCrossEntropy.from_hidden`). The
+        mixture-of-experts layers leave the padding out of their statistics: the source's in the
+        encoder, ``prev_output_tokens``' in the decoder (:func:`real_token_mask`).
 
         Returns:
             ``(batch, tgt_len, d_model)``.
@@ -96,7 +99,8 @@ class EncoderDecoderModel(nn.Module):
         x = self.tgt_embed(prev_output_tokens, positions)
         attn = AttentionInputs.prepare(self.tgt_embed.position, positions[:1], causal=True, dtype=x.dtype,
                                        window=self.decoder.window)
-        return self.decoder(x, attn, memory=memory, memory_mask=memory_mask)
+        token_mask = real_token_mask(prev_output_tokens, self.pad_id, self.decoder)
+        return self.decoder(x, attn, memory=memory, memory_mask=memory_mask, token_mask=token_mask)
 
     def start_decoding(self, src_tokens: Tensor) -> DecodingState:
         """Encode the source once and return an empty decoder state.

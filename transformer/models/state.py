@@ -1,4 +1,5 @@
-"""Decoding state shared by both model families, and the one incremental step they both use."""
+"""Decoding state shared by both model families, the one incremental step they both use, and the
+token mask of the padding that their mixture-of-experts layers read."""
 
 from __future__ import annotations
 
@@ -85,6 +86,25 @@ class DecodingState:
     def batch_size(self) -> int:
         """Number of rows (sentences × beams)."""
         return self.positions.shape[0]
+
+
+def real_token_mask(tokens: Tensor, pad_id: int, stack: TransformerStack) -> Tensor | None:
+    """The ``token_mask`` of ``stack``'s mixture-of-experts layers for right-padded ``tokens``.
+
+    Args:
+        tokens: ``(batch, seq_len)`` token ids, ``pad_id`` at padding.
+        pad_id: the padding id.
+        stack: the stack that reads the mask (:attr:`TransformerStack.routes_tokens`).
+
+    Returns:
+        ``(batch, seq_len)`` bool, True at real tokens; None when the stack has no mixture of
+        experts (nothing computed) or, in eager mode, when nothing is padded (a host sync, as for
+        the encoder's attention mask); always a mask under ``torch.compile``.
+    """
+    if not stack.routes_tokens:
+        return None
+    real = tokens.ne(pad_id)
+    return real if torch.compiler.is_compiling() or not bool(real.all()) else None
 
 
 def incremental_step(

@@ -3,6 +3,10 @@
 A layer may be local: its self-attention sees a sliding window of positions (Mistral; Gemma 2/3
 alternate local and global layers), reads the stack's windowed mask and decodes with a rolling
 KV cache of that many entries.
+
+A layer whose feed-forward module is a :class:`~transformer.modules.moe.MixtureOfExperts` hands it
+the stack's ``token_mask`` (True at real tokens), so that padding counts in none of the router's
+losses and loads; the other modules treat every position alike and never see it.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from transformer.modules.attention import AttentionInputs, KVCache
+from transformer.modules.moe import MixtureOfExperts
 
 _NO_INPUTS = AttentionInputs()  # no mask, not causal, no rotation
 
@@ -37,6 +42,8 @@ class TransformerLayer(nn.Module):
             raise ValueError(f"window={window} must be >= 1 (or None for global attention)")
         self.self_attn, self.cross_attn, self.ffn = self_attn, cross_attn, ffn
         self.window = window
+        # a mixture of experts (in its residual block) is given the token mask
+        self.routes_tokens = isinstance(getattr(ffn, "sublayer", ffn), MixtureOfExperts)
 
     def new_self_cache(self) -> KVCache:
         """An empty self-attention cache for decoding: a rolling buffer of ``window`` entries for a
@@ -51,6 +58,7 @@ class TransformerLayer(nn.Module):
         memory_mask: Tensor | None = None,
         self_cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
+        token_mask: Tensor | None = None,
     ) -> Tensor:
         """Args:
             x: ``(batch, seq_len, d_model)``.
@@ -59,6 +67,8 @@ class TransformerLayer(nn.Module):
             memory: encoder output ``(batch, src_len, d_model)`` (decoder layers).
             memory_mask: ``(batch, 1, 1, src_len)`` bool, True = attend, or None.
             self_cache / cross_cache: KV caches for incremental decoding.
+            token_mask: ``(batch, seq_len)`` bool, True at the real tokens of ``x``, False at
+                padding, or None (all real); read by a mixture of experts only (:attr:`routes_tokens`).
 
         Returns:
             ``(batch, seq_len, d_model)``.
@@ -74,6 +84,8 @@ class TransformerLayer(nn.Module):
         x = self.self_attn(x, attn_mask=mask, is_causal=is_causal, rotary=attn_inputs.rotary, cache=self_cache)
         if self.cross_attn is not None:
             x = self.cross_attn(x, memory=memory, attn_mask=memory_mask, cache=cross_cache)
+        if self.routes_tokens and token_mask is not None:
+            return self.ffn(x, token_mask=token_mask)
         return self.ffn(x)
 
 
@@ -82,7 +94,8 @@ class TransformerStack(nn.Module):
 
     ``window`` is the sliding window of the stack's local layers (None when all are global): the
     models prepare :class:`AttentionInputs` with it, and :meth:`new_self_caches` gives each layer
-    its decoding cache.
+    its decoding cache. ``routes_tokens`` says whether a layer has a mixture of experts: only then
+    do the models build the ``token_mask`` of the padding.
 
     Args:
         layers: the :class:`TransformerLayer` s.
@@ -100,6 +113,7 @@ class TransformerStack(nn.Module):
         if len(windows) > 1:
             raise ValueError(f"the local layers of a stack share one window, got {sorted(windows)}")
         self.window: int | None = windows.pop() if windows else None  # the local layers' window
+        self.routes_tokens = any(layer.routes_tokens for layer in layers)  # reads a token_mask
 
     def new_self_caches(self) -> list[KVCache]:
         """One empty self-attention cache per layer (:meth:`TransformerLayer.new_self_cache`)."""
@@ -113,9 +127,11 @@ class TransformerStack(nn.Module):
         memory_mask: Tensor | None = None,
         self_caches: list[KVCache] | None = None,
         cross_caches: list[KVCache] | None = None,
+        token_mask: Tensor | None = None,
     ) -> Tensor:
         """Same arguments as :meth:`TransformerLayer.forward`, with one cache per layer;
-        ``attn_inputs`` is prepared once and read by every layer.
+        ``attn_inputs`` and ``token_mask`` (``(batch, seq_len)`` bool, True at real tokens, or
+        None) are prepared once and read by every layer.
 
         Returns:
             ``(batch, seq_len, d_model)``.
@@ -128,5 +144,6 @@ class TransformerStack(nn.Module):
                 memory_mask=memory_mask,
                 self_cache=None if self_caches is None else self_caches[i],
                 cross_cache=None if cross_caches is None else cross_caches[i],
+                token_mask=token_mask,
             )
         return self.final_norm(x)

@@ -13,11 +13,14 @@ process only the tokens sent to them, optional shared experts, and the router's 
   or a loop over the experts, never over tokens. The experts' weights are stacked, one parameter
   per matrix kind, so an expert that receives no token in a step still gets a (zero) gradient:
   DistributedDataParallel finds no unused parameter.
-* Losses: each block keeps the statistics of its last forward pass (:class:`RouterStats`);
+* Losses: each block keeps the statistics of its last forward pass (:class:`RouterStats`) over the
+  real tokens only: the models pass the padding as a token mask (encoder: the source's, decoder:
+  the target's, decoder-only: the prefix-LM row's), and padding positions, although routed and
+  processed like any token (their outputs are never read), count in no loss, load or bias update.
   :func:`~transformer.modules.moe_losses.router_losses` turns a model's into the load-balancing
-  loss (Switch Transformer eq. 4, as Hugging Face's ``load_balancing_loss_func``) and the ST-MoE
-  router z-loss, which the training loss collects through the model (the block knows nothing of
-  the trainer).
+  loss (Switch Transformer eq. 4, as Hugging Face's ``load_balancing_loss_func`` given the
+  ``attention_mask``) and the ST-MoE router z-loss, which the training loss collects through the
+  model (the block knows nothing of the trainer).
 
 Shapes: ``N`` is the number of tokens (``batch * seq_len`` flattened), ``E`` = ``n_experts``,
 ``k`` = ``top_k``.
@@ -268,16 +271,21 @@ class RouterStats:
     """What one MoE block saw in its last forward pass (read by
     :func:`~transformer.modules.moe_losses.router_losses`).
 
+    Everything but ``dropped`` counts the real tokens only (``token_mask`` of
+    :meth:`MixtureOfExperts.forward`; all ``N`` tokens without one).
+
     Attributes:
-        tokens: tokens routed, ``N``.
-        load: ``(E,)`` int64 assignments per expert (each token counts once per chosen expert).
+        tokens: real tokens routed: ``N`` (an int) without a token mask, else a ``()`` int64 tensor
+            (read without a host sync).
+        load: ``(E,)`` int64 assignments of real tokens per expert (each token counts once per
+            chosen expert, so ``load.sum() == top_k * tokens``).
         dropped: assignments no expert processed (0: the dispatch is dropless).
-        prob_sum: ``(E,)`` the balance loss's router probabilities summed over the tokens
+        prob_sum: ``(E,)`` the balance loss's router probabilities summed over the real tokens
             (differentiable); None outside training.
-        z_sum: ``()`` ``sum_tokens logsumexp(logits)^2`` (differentiable); None outside training.
+        z_sum: ``()`` ``sum_real_tokens logsumexp(logits)^2`` (differentiable); None outside training.
     """
 
-    tokens: int
+    tokens: int | Tensor
     load: Tensor
     dropped: int
     prob_sum: Tensor | None
@@ -288,8 +296,11 @@ class MixtureOfExperts(nn.Module):
     """A sparse feed-forward block: ``y = shared(x) + sum_{e in topk(x)} weight_e(x) * expert_e(x)``.
 
     The drop-in replacement of a feed-forward block in any layer of either model family. Tokens
-    are routed independently (padding positions too, as HF's ``load_balancing_loss_func`` without
-    an attention mask). After each forward pass ``self.stats`` holds the :class:`RouterStats`.
+    are routed independently, padding positions too (dropless, so they take nothing from the real
+    tokens), but the statistics, hence the router losses and the bias update, leave out the
+    positions the ``token_mask`` marks as padding, as HF's ``load_balancing_loss_func`` given an
+    ``attention_mask`` (huggingface/transformers#28517). After each forward pass ``self.stats``
+    holds the :class:`RouterStats`.
 
     Args:
         router: the :class:`TopKRouter`.
@@ -314,9 +325,23 @@ class MixtureOfExperts(nn.Module):
         self.aux_loss_coef, self.z_loss_coef = float(aux_loss_coef), float(z_loss_coef)
         self.stats: RouterStats | None = None
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``(batch, seq_len, d_model) -> (batch, seq_len, d_model)`` (any leading shape)."""
+    def forward(self, x: Tensor, token_mask: Tensor | None = None) -> Tensor:
+        """Route and apply the experts to every position of ``x``.
+
+        Args:
+            x: ``(batch, seq_len, d_model)`` (any leading shape).
+            token_mask: ``(batch, seq_len)`` bool (``x``'s leading shape), True at real tokens,
+                False at padding; None when every position is a real token (no extra work then).
+
+        Returns:
+            ``(batch, seq_len, d_model)``; ``self.stats`` holds the real tokens' :class:`RouterStats`.
+
+        Raises:
+            ValueError: a ``token_mask`` whose shape is not ``x``'s without the last dimension.
+        """
         shape = x.shape
+        if token_mask is not None and tuple(token_mask.shape) != tuple(shape[:-1]):
+            raise ValueError(f"token_mask shape {tuple(token_mask.shape)} must be x's without d_model, {tuple(shape[:-1])}")
         h = x.reshape(-1, shape[-1])  # (N, d)
         n, k = h.shape[0], self.router.top_k
         route = self.router(h)
@@ -329,10 +354,23 @@ class MixtureOfExperts(nn.Module):
         out = (y * route.weights.unsqueeze(-1)).sum(dim=1).to(x.dtype)  # (N, d)
         if self.shared_experts is not None:
             out = out + self.shared_experts(h)
+        self.stats = self._stats(route, counts, n * k - processed, None if token_mask is None else token_mask.reshape(-1))
+        return out.view(shape)
+
+    def _stats(self, route: Routing, counts: Tensor, dropped: int, real: Tensor | None) -> RouterStats:
+        """The :class:`RouterStats` of ``route`` over the real tokens (``real``: ``(N,)`` bool, or
+        None for all); masked by multiplication, without a host sync."""
+        tokens: int | Tensor = route.experts.shape[0]
+        load = counts
+        if real is not None:
+            tokens = real.sum()
+            per_choice = real.to(counts.dtype).repeat_interleave(self.router.top_k)  # (N * k,) like experts.reshape(-1)
+            load = torch.zeros_like(counts).scatter_add_(0, route.experts.reshape(-1), per_choice)
         prob_sum = z_sum = None
         if self.training:
             probs = route.scores if self.router.scoring.sums_to_one else route.scores / route.scores.sum(-1, keepdim=True)
-            prob_sum = probs.sum(dim=0)
-            z_sum = torch.logsumexp(route.logits, dim=-1).square().sum()
-        self.stats = RouterStats(tokens=n, load=counts.detach(), dropped=n * k - processed, prob_sum=prob_sum, z_sum=z_sum)
-        return out.view(shape)
+            z = torch.logsumexp(route.logits, dim=-1).square()  # (N,)
+            if real is not None:
+                probs, z = probs.masked_fill(~real[:, None], 0.0), z.masked_fill(~real, 0.0)
+            prob_sum, z_sum = probs.sum(dim=0), z.sum()
+        return RouterStats(tokens=tokens, load=load.detach(), dropped=dropped, prob_sum=prob_sum, z_sum=z_sum)

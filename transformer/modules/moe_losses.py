@@ -2,9 +2,10 @@
 DeepSeek-V3's bias update (:mod:`transformer.modules.moe` holds the blocks).
 
 * :func:`router_losses`: the load-balancing loss of Switch Transformer (Fedus et al. 2021, eq. 4)
-  exactly as Hugging Face's ``load_balancing_loss_func`` computes it (``n_experts * sum_i f_i * P_i``
-  over all MoE layers of a stack at once) and the router z-loss of ST-MoE (Zoph et al. 2022, eq. 5),
-  per stack, summed over the stacks.
+  exactly as Hugging Face's ``load_balancing_loss_func`` computes it with an ``attention_mask``
+  (``n_experts * sum_i f_i * P_i`` over the real tokens of all MoE layers of a stack at once,
+  padding left out) and the router z-loss of ST-MoE (Zoph et al. 2022, eq. 5) over the same
+  tokens, per stack, summed over the stacks.
 * :func:`update_expert_biases`: DeepSeek-AI 2024 (DeepSeek-V3), §2.1.2, after each update.
 """
 
@@ -36,8 +37,8 @@ class RouterLosses:
         z_loss: ``()`` the router z-loss, summed over the stacks (unweighted).
         weighted: ``()`` ``aux_loss_coef * aux_loss + z_loss_coef * z_loss``, what the training
             loss adds per target token.
-        load: ``(n_moe_layers, E)`` int64 assignments per expert of each block (detached), in
-            :func:`moe_blocks` order.
+        load: ``(n_moe_layers, E)`` int64 assignments of real tokens per expert of each block
+            (detached), in :func:`moe_blocks` order.
         dropped: assignments no expert processed, all blocks (0).
     """
 
@@ -55,9 +56,9 @@ def _stack_losses(blocks: list[MixtureOfExperts]) -> tuple[Tensor, Tensor, Tenso
                                                                       first.z_loss_coef) for b in blocks):
         raise ValueError("the MoE blocks of one stack must share n_experts and the loss coefficients")
     stats = [b.stats for b in blocks]
-    rows = sum(s.tokens for s in stats)
-    f = torch.stack([s.load for s in stats]).sum(0).float() / rows  # (E,) fraction of tokens per expert (x top_k)
-    p = torch.stack([s.prob_sum for s in stats]).sum(0) / rows  # (E,) mean router probability
+    rows = sum(s.tokens for s in stats)  # real tokens over the layers (an int, or a tensor when masked)
+    f = torch.stack([s.load for s in stats]).sum(0).float() / rows  # (E,) fraction of tokens per expert (sums to top_k)
+    p = torch.stack([s.prob_sum for s in stats]).sum(0) / rows  # (E,) mean router probability (sums to 1)
     aux = first.experts.n_experts * (f * p).sum()
     z = torch.stack([s.z_sum for s in stats]).sum() / rows
     return aux, z, first.aux_loss_coef * aux + first.z_loss_coef * z
@@ -66,11 +67,13 @@ def _stack_losses(blocks: list[MixtureOfExperts]) -> tuple[Tensor, Tensor, Tenso
 def router_losses(model: nn.Module) -> RouterLosses | None:
     """Collect the router losses of the last *training* forward pass of ``model``'s MoE blocks.
 
-    Per stack (the encoder, the decoder), over all its MoE layers' tokens together, as
-    Hugging Face's ``load_balancing_loss_func`` does for the tuple of a model's router logits:
-    ``aux = E * sum_i f_i * P_i`` (Switch Transformer eq. 4 with ``alpha`` left out; ``f_i`` the
-    fraction of token assignments to expert ``i``, ``P_i`` its mean router probability; with top-k
-    routing the ``f_i`` sum to ``k``) and ``z = mean_tokens logsumexp(logits)^2`` (ST-MoE eq. 5).
+    Per stack (the encoder, the decoder), over all its MoE layers' real tokens together, as
+    Hugging Face's ``load_balancing_loss_func`` does for the tuple of a model's router logits and
+    its ``attention_mask``: ``aux = E * sum_i f_i * P_i`` (Switch Transformer eq. 4 with ``alpha``
+    left out; ``f_i`` the assignments to expert ``i`` over the number of real tokens, so that with
+    top-k routing the ``f_i`` sum to ``k`` and a balanced router scores ``k``; ``P_i`` its mean
+    router probability) and ``z = mean_real_tokens logsumexp(logits)^2`` (ST-MoE eq. 5). Padding
+    positions (the blocks' ``token_mask``) count in neither.
     An encoder-decoder adds its two stacks' losses (HF ``SwitchTransformersForConditionalGeneration``).
     For ``sigmoid`` routing ``P_i`` averages the affinities normalised per token (DeepSeek-V3 eq. 19).
     A bare block outside any stack counts as one stack.

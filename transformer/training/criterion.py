@@ -210,7 +210,8 @@ def model_loss(
     to ``loss`` before the backward pass (the trainer does), so that divided by the update's target
     tokens like ``loss`` it weighs each micro-batch by its tokens; ``moe_aux_loss`` and
     ``moe_z_loss`` (unweighted, detached), ``moe_load`` (``(n_moe_layers, n_experts)`` assignments
-    per expert) and ``moe_dropped`` (0) for the logs. ``loss`` itself stays the label-smoothed
+    of real tokens per expert) and ``moe_dropped`` (0) for the logs. The padding of ``net_input``
+    counts in none of them (the models pass it to their MoE layers as a token mask). ``loss`` itself stays the label-smoothed
     cross entropy, so validation (eval mode) reports it without the router terms.
 
     Args:

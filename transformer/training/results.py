@@ -161,7 +161,10 @@ def build_results(
         flops_per_token: forward FLOPs per target token (see :func:`~transformer.models.forward_flops`;
             for a mixture of experts, of the active experts).
         progress: the trainer's counters: ``updates``, ``epochs``, ``best_valid``, ``train_time_s``,
-            ``train_tokens``, ``precision``, ``world_size``, ``peak_memory_mb_by_phase``.
+            ``train_tokens``, ``precision``, ``world_size``, ``peak_memory_mb_by_phase``, and for a
+            mixture of experts ``routing``: the last update's routing metrics, recorded as they are
+            named in ``metrics.jsonl`` (``moe_tokens_per_expert``, ``moe_max_load``,
+            ``moe_aux_loss``, ``moe_z_loss``, ``moe_dropped_tokens``; absent for a dense model).
         device: the training device.
         choices: Hydra's config-group choices (see :func:`hydra_choices`).
         wall_time_s: wall-clock seconds of the whole run (its earlier processes, until their last
@@ -199,6 +202,7 @@ def build_results(
         "precision": progress["precision"],
         "hardware": describe_hardware(device),
         "world_size": progress["world_size"],
+        **progress.get("routing", {}),  # MoE: the last update's tokens per expert, max load, router losses
         "choices": choices,
         "config": config_dict(cfg),
     }

@@ -60,7 +60,8 @@ class RoutingMonitor:
         Returns:
             ``{}`` for a dense model; else ``moe_aux_loss`` and ``moe_z_loss`` (unweighted, mean over
             this rank's micro-batches), ``moe_tokens_per_expert`` (per MoE layer, in model order,
-            the update's token assignments per expert over all ranks), ``moe_max_load`` (the
+            the update's assignments of real tokens per expert over all ranks; padding never
+            counts), ``moe_max_load`` (the
             largest expert load over the mean load, all layers; 1 = balanced) and
             ``moe_dropped_tokens`` (0: dropless dispatch).
         """

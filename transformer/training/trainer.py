@@ -77,6 +77,7 @@ class Trainer:
         )
         self._replica: nn.Module | None = None  # FSDP: an unsharded copy on rank 0 for evaluation
         self.routing = RoutingMonitor(self.model, self.parallel.mode != "none")  # MoE: router stats, bias update
+        self.last_routing: dict[str, Any] = {}  # MoE: the last update's routing metrics (results.json)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device.type)
         self.scheduler = build_scheduler(self.optimizer, cfg.lr_scheduler, cfg.optim.lr, cfg.model.d_model, t.max_updates)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
@@ -135,6 +136,7 @@ class Trainer:
             "train_time": self.train_time,
             "wall_time": self.wall_time(),
             "ema": ema,
+            "routing": self.last_routing,
             "config": config_dict(self.cfg),
         }
 
@@ -162,6 +164,7 @@ class Trainer:
         self.bad_validations = int(state["bad_validations"])
         self.train_tokens, self.train_time = int(state["train_tokens"]), float(state["train_time"])
         self.wall_time_before = float(state.get("wall_time", 0.0))  # checkpoints before it was recorded: 0
+        self.last_routing = dict(state.get("routing") or {})  # checkpoints before it was recorded: none
 
     def wall_time(self) -> float:
         """Wall-clock seconds of the whole run: its earlier processes (until their last save) and this one."""
@@ -267,6 +270,8 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         routing = self.routing.finish()  # MoE: loads over all ranks, DeepSeek-V3 bias update
+        if routing:
+            self.last_routing = routing
         if self.ema is not None:
             self.ema.update(self.model)
         with warnings.catch_warnings():
@@ -409,7 +414,8 @@ class Trainer:
         return stop
 
     def progress(self) -> dict[str, Any]:
-        """The run's counters as recorded in ``results.json``."""
+        """The run's counters as recorded in ``results.json``; ``routing``: a mixture of experts'
+        metrics of the last update (:meth:`RoutingMonitor.finish`; ``{}`` for a dense model)."""
         return {
             "updates": self.update,
             "epochs": self.epoch,
@@ -419,4 +425,5 @@ class Trainer:
             "precision": self.precision,
             "world_size": self.dist.world_size,
             "peak_memory_mb_by_phase": self.memory.as_dict(),
+            "routing": self.last_routing,
         }
