@@ -36,11 +36,12 @@ results.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # allow running from a checkout without installing
+if importlib.util.find_spec("transformer") is None:  # a checkout without an install (an installed package is used as installed)
     sys.path.insert(0, str(ROOT))
 
 from transformer.analysis import DEFAULT_BUCKETS, NoFinishedRun, compare_and_write  # noqa: E402

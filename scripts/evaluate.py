@@ -35,17 +35,19 @@ config and reports errors (:func:`transformer.cli.user_errors`).
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # allow running from a checkout without installing
+if importlib.util.find_spec("transformer") is None:  # a checkout without an install (an installed package is used as installed)
     sys.path.insert(0, str(ROOT))
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from transformer.cli import user_errors  # noqa: E402
+from transformer.plugins import set_user_choice  # noqa: E402
 from transformer.config import ConfigError, register_configs  # noqa: E402
 from transformer.data.corpus import DataError  # noqa: E402
 from transformer.evaluation.run import evaluate  # noqa: E402
@@ -62,6 +64,7 @@ ERRORS = {(LoadError, ConfigError, DataError, FileNotFoundError): 2}
 def main(cfg: DictConfig) -> None:
     """Entry point: evaluate as ``cfg`` says; a user error is one line on stderr and exit status 2."""
     with user_errors(ERRORS):
+        set_user_choice(cfg.plugins, cfg.plugins_trust)  # a run trained with plugins: where they are, or trust its copy
         evaluate(cfg)
 
 

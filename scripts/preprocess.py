@@ -18,13 +18,14 @@ one-line message on stderr for bad data (naming file and line), 2 for an invalid
 from __future__ import annotations
 
 import json
+import importlib.util
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # allow running from a checkout without installing
+if importlib.util.find_spec("transformer") is None:  # a checkout without an install (an installed package is used as installed)
     sys.path.insert(0, str(ROOT))
 
 import hydra  # noqa: E402

@@ -21,12 +21,13 @@ with ``train.resume=auto`` continues it. The return value, for a sweeper such as
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # allow running from a checkout without installing
+if importlib.util.find_spec("transformer") is None:  # a checkout without an install (an installed package is used as installed)
     sys.path.insert(0, str(ROOT))
 
 import hydra  # noqa: E402
@@ -45,6 +46,7 @@ from transformer.cli import (  # noqa: E402
 from transformer.config import ConfigError, flat_group_override, register_configs, to_config, validate_config  # noqa: E402
 from transformer.data.corpus import DataError  # noqa: E402
 from transformer.io import FolderLocked  # noqa: E402
+from transformer.plugins import PluginError, command_line_plugins, import_plugins  # noqa: E402
 from transformer.training.checkpoint import CheckpointError  # noqa: E402
 from transformer.training.run import train  # noqa: E402
 from transformer.training.stopping import StopRequested  # noqa: E402
@@ -52,7 +54,7 @@ from transformer.training.trainer import TrainingError  # noqa: E402
 
 register_configs()
 
-RUN_ERRORS = {ConfigError: 2, (TrainingError, CheckpointError, DataError, FileNotFoundError, FolderLocked): 1}
+RUN_ERRORS = {(ConfigError, PluginError): 2, (TrainingError, CheckpointError, DataError, FileNotFoundError, FolderLocked): 1}
 """The user errors of a run and their exit statuses (one line on stderr each, see :func:`user_errors`)."""
 
 
@@ -99,8 +101,9 @@ def main(cfg: DictConfig) -> float | None:
         score). A run stopped by a signal of ``train.stop_signals`` exits with status 75 after
         saving ``checkpoint_last``.
     """
-    with user_errors({ConfigError: 2}, on_error=_forget_if_untouched):
+    with user_errors({ConfigError: 2, PluginError: 2}, on_error=_forget_if_untouched):
         try:
+            import_plugins(cfg.get("plugins"))  # a sweep's worker process imports them too
             validate_config(cfg)
             config = to_config(cfg)  # the typed Config every function below takes
             try:
@@ -133,5 +136,10 @@ if __name__ == "__main__":
         sys.exit(2)
     if (flat := flat_group_override(sys.argv[1:])) is not None:  # model.attention=gqa: one line naming model/attention=gqa
         print(f"error: invalid configuration: {flat}", file=sys.stderr)
+        sys.exit(2)
+    try:  # plugins=[...] first: their options and configs/ exist before Hydra composes
+        sys.argv[1:] = command_line_plugins(sys.argv[1:])
+    except PluginError as err:
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     main()

@@ -38,6 +38,8 @@ IGNORED_KEYS: tuple[str, ...] = (
     "train.finished_runs",
     "train.log_every",
     "logger",
+    "plugins",
+    "plugins_trust",
 )
 
 # Choices shown first when they name a configuration.

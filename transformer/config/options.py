@@ -38,8 +38,8 @@ from transformer.config.schema import (
     SchedulerConfig,
 )
 
-__all__ = ["GROUPS", "OptionGroup", "flat_group_override", "option_config", "register_configs", "register_option_config",
-           "store_option_schemas", "structured_config"]
+__all__ = ["GROUPS", "LR_SCHEDULERS", "OptionGroup", "flat_group_override", "option_config", "register_configs",
+           "register_option_config", "store_option_schemas", "store_plugin_option", "structured_config"]
 
 
 @dataclass
@@ -54,6 +54,7 @@ class OptionGroup:
         options: option name -> its own dataclass (a subclass of ``base``), for the options that
             carry fields of their own; every other option's node is a ``base``.
         stored: option names stored in the ConfigStore as options (plugins without a YAML file).
+        plain: those of them without fields of their own (stored as ``{key: name}``).
     """
 
     switch: str
@@ -62,6 +63,7 @@ class OptionGroup:
     base: type
     options: dict[str, type] = field(default_factory=dict)
     stored: set[str] = field(default_factory=set)
+    plain: set[str] = field(default_factory=set)
 
 
 GROUPS: dict[str, OptionGroup] = {
@@ -78,6 +80,11 @@ GROUPS: dict[str, OptionGroup] = {
 """Switch -> :class:`OptionGroup`, parents before the groups nested in them."""
 
 
+LR_SCHEDULERS: list[str] = ["inverse_sqrt", "cosine", "constant"]
+"""The ``lr_scheduler.name`` options validation accepts: the built-in schedules
+(``transformer.training.schedules``), then those plugins register."""
+
+
 def option_config(switch: str, name: str) -> type:
     """The dataclass of option ``name`` of group ``switch`` (the group's base when it has none of its own).
 
@@ -86,6 +93,14 @@ def option_config(switch: str, name: str) -> type:
     """
     group = GROUPS[switch]
     return group.options.get(name, group.base)
+
+
+def store_plugin_option(switch: str, name: str) -> None:
+    """Make ``<switch>=<name>`` select an option registered without fields of its own (a plugin's
+    norm, FFN or schedule without a YAML file): its node is the group's base with ``key`` = ``name``."""
+    group = GROUPS[switch]
+    group.plain.add(name)
+    store_option_schemas()
 
 
 def register_option_config(switch: str, name: str, config: type, *, store_option: bool = False) -> None:
@@ -131,6 +146,8 @@ def store_option_schemas() -> None:
             cs.store(group=f"schema/{group.switch}", name=name, node=config, package=group.path)
             if name in group.stored:
                 cs.store(group=group.switch, name=name, node=config, package=group.path)
+        for name in group.plain:
+            cs.store(group=group.switch, name=name, node={group.key: name}, package=group.path)
 
 
 def _select(cfg: Any, path: str) -> Any:

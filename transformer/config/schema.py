@@ -402,6 +402,13 @@ class Config:
     run_dir: Optional[str] = None
     experiment_name: str = "default"
     extra: dict[str, Any] = field(default_factory=dict)
+    # the user's own options (transformer/plugins.py): folders (Python packages), .py files or module
+    # names, imported before the config is validated; their configs/ joins Hydra's search path
+    plugins: list[str] = field(default_factory=list)
+    # import a run folder's recorded copy of a plugin that is not where it was (or changed)
+    plugins_trust: bool = False
+    # recorded by the run, not set by hand: <plugin>/<file> -> sha256 of the plugin files it imported
+    plugin_files: dict[str, str] = field(default_factory=dict)
 
 
 RESUME_MODES = (False, True, "auto")

@@ -121,6 +121,12 @@ def kv_cache_values(model: Any) -> int:
     latent = latent_sizes(model)
     if latent is not None:
         return latent.kv_lora_rank + latent.qk_rope_head_dim
+    kind = ATTENTION_KINDS[model.attention.name]
+    if not kind.builtin:
+        if kind.cache_values is None:
+            raise ConfigError(f"model/attention={model.attention.name}: its plugin does not say what it caches "
+                              "(register_attention(cache_values=...)); the KV-cache size is unknown")
+        return int(kind.cache_values(model.n_heads, resolve_n_kv_heads(model), head_dim(model), model.attention))
     return 2 * resolve_n_kv_heads(model) * head_dim(model)
 
 

@@ -4,12 +4,12 @@ before anything is built, with a sentence that names the fields (:class:`ConfigE
 from __future__ import annotations
 
 import signal
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from transformer.config.options import structured_config
+from transformer.config.options import LR_SCHEDULERS, structured_config
 from transformer.config.schema import ConfigError, resume_mode, time_budget
 from transformer.config.sizes import model_sizes
 from transformer.modules.attention import ATTENTION_KINDS
@@ -24,20 +24,21 @@ __all__ = ["signal_number", "validate_config", "validate_generation_config", "va
            "validate_optim_config"]
 
 
-# the options of each switch: the tables beside the classes they name, or fixed lists where the
-# option selects a branch of the builder rather than a class
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "model.arch": ("encoder_decoder", "decoder_only"),
-    "model.norm_position": tuple(RESIDUALS),
-    "model.attention.name": tuple(ATTENTION_KINDS),
-    "model.tie_embeddings": ("none", "decoder", "all"),
-    "model.init": ("xavier", "normal"),
-    "model.norm.name": tuple(NORMS),
-    "model.ffn.name": tuple(FFNS),
-    "model.position.name": tuple(POSITIONS),
-    "model.qk_norm": ("none", *NORMS),
-    "model.position.rope_scaling.rope_type": tuple(ROPE_SCALINGS),
+# the options of each switch: the tables beside the classes they name (read at each check: plugins add
+# to them, transformer/registry.py), or fixed lists where the option selects a branch of the builder
+_CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
+    "model.arch": lambda: ("encoder_decoder", "decoder_only"),
+    "model.norm_position": lambda: tuple(RESIDUALS),
+    "model.attention.name": lambda: tuple(ATTENTION_KINDS),
+    "model.tie_embeddings": lambda: ("none", "decoder", "all"),
+    "model.init": lambda: ("xavier", "normal"),
+    "model.norm.name": lambda: tuple(NORMS),
+    "model.ffn.name": lambda: tuple(FFNS),
+    "model.position.name": lambda: tuple(POSITIONS),
+    "model.qk_norm": lambda: ("none", *NORMS),
+    "model.position.rope_scaling.rope_type": lambda: tuple(ROPE_SCALINGS),
 }
+
 
 _UNCATCHABLE = ("SIGKILL", "SIGSTOP")
 
@@ -76,7 +77,8 @@ def validate_model_config(model: Any, joint_vocab: bool = True) -> None:
     Raises:
         ConfigError: with a sentence naming the offending fields.
     """
-    for key, choices in _CHOICES.items():
+    for key, options in _CHOICES.items():
+        choices = options()
         value = _get({"model": model}, key)
         if value not in choices:
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(choices)}")
@@ -272,8 +274,8 @@ def validate_config(cfg: Any) -> None:
             f"({longest})"
         )
     s = cfg.lr_scheduler
-    if s.name not in ("inverse_sqrt", "cosine", "constant"):
-        raise ConfigError(f"lr_scheduler.name={s.name!r} is not one of inverse_sqrt, cosine, constant")
+    if s.name not in LR_SCHEDULERS:
+        raise ConfigError(f"lr_scheduler.name={s.name!r} is not one of {', '.join(LR_SCHEDULERS)}")
     if s.warmup_updates < 0:
         raise ConfigError(f"lr_scheduler.warmup_updates={s.warmup_updates} must be >= 0")
     if s.name == "inverse_sqrt" and s.warmup_updates == 0:

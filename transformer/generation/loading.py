@@ -41,6 +41,7 @@ from transformer.config import (
 from transformer.data.tokenizer import Tokenizer
 from transformer.io import SafetensorsReadError, read_safetensors
 from transformer.models import build_model
+from transformer.plugins import PluginError, import_recorded
 
 __all__ = ["LoadError", "LoadedRun", "Tokenizers", "find_checkpoint", "load_run", "merge_generation", "resolve_device"]
 
@@ -147,6 +148,10 @@ def _read_config(run_dir: Path, weights: Path) -> DictConfig:
                 f"no config for {weights}: expected {run_dir / 'config.yaml'} (written by "
                 f"scripts/train.py) or a training state {state_file.name} with a 'config' entry"
             )
+    try:
+        import_recorded(run_dir, raw)  # the run's plugins: from where they were, or a trusted copy, never silently
+    except PluginError as e:
+        raise LoadError(str(e)) from None
     try:
         return typed_config(raw)
     except ConfigError as e:

@@ -12,9 +12,10 @@ from typing import Any, Iterator, Sequence
 from torch import Tensor
 
 from transformer.modules.attention import ATTENTION_KINDS
+from transformer.plugins import plugin_of
 
-__all__ = ["ExportError", "KV_HEAD_KINDS", "attention_unsupported", "is_latent", "refuse", "staging_dir", "vocabulary",
-           "state_dict_fp32"]
+__all__ = ["ExportError", "KV_HEAD_KINDS", "attention_unsupported", "is_latent", "plugin_options_unsupported", "refuse",
+           "staging_dir", "vocabulary", "state_dict_fp32"]
 
 KV_HEAD_KINDS = ("mha", "gqa", "mqa")
 """The ``model/attention`` options the HF/CTranslate2 attention classes hold: multi-head attention
@@ -23,6 +24,24 @@ with ``n_kv_heads`` key/value heads (each target narrows it further where it mus
 
 _KIND_WORDS = {"mha": "multi-head attention", "gqa": "grouped-query attention", "mqa": "multi-query attention",
                "mla": "multi-head latent attention"}
+
+
+def plugin_options_unsupported(cfg: Any) -> list[str]:
+    """One sentence per option of a model config that a plugin registered
+    (:data:`transformer.plugins.ORIGINS`): no exporter maps them, whatever their shape."""
+    rope = getattr(getattr(cfg.position, "rope_scaling", None), "rope_type", "default")
+    chosen = [("model/attention", "model/attention", cfg.attention.name), ("model/ffn", "model/ffn", cfg.ffn.name),
+              ("model/norm", "model/norm", cfg.norm.name), ("model/position", "model/position", cfg.position.name),
+              ("model.position.rope_scaling.rope_type", "model/position/rope_scaling", rope),
+              ("model.qk_norm", "model/norm", getattr(cfg, "qk_norm", "none"))]
+    if cfg.ffn.name == "moe":
+        chosen += [("model.ffn.expert", "model/ffn", cfg.ffn.expert), ("model.ffn.router", "model.ffn.router", cfg.ffn.router)]
+    why = []
+    for label, switch, option in chosen:
+        owner = plugin_of(switch, option)
+        if owner is not None:
+            why.append(f"{label}={option}: an option of the plugin {owner}; the exporters map the zoo's own options only")
+    return why
 
 
 def is_latent(cfg: Any) -> bool:

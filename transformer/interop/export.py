@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from transformer.data.tokenizer import Tokenizer
 from transformer.generation import load_run
 from transformer.interop import ct2, hf_llama, hf_marian, hf_moe
-from transformer.interop.common import ExportError, refuse, staging_dir
+from transformer.interop.common import ExportError, refuse, staging_dir, plugin_options_unsupported
 from transformer.training.checkpoint import save_checkpoint
 
 __all__ = ["FORMATS", "export_run", "import_hf_llama", "run_export", "unsupported"]
@@ -55,6 +55,9 @@ def unsupported(cfg: Any, fmt: str) -> tuple[str, list[str]]:
     Raises:
         ExportError: unknown ``fmt``.
     """
+    plugin = plugin_options_unsupported(cfg)
+    if plugin:  # the exporters know the zoo's own options only: a plugin's is refused by name
+        return ("Hugging Face" if fmt == "hf" else ct2.TARGET), plugin
     if fmt == "hf":
         if cfg.arch == "decoder_only" and hf_moe.moe_target(cfg) is not None:
             return hf_moe.moe_target(cfg), hf_moe.moe_unsupported(cfg)

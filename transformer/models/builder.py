@@ -9,6 +9,8 @@ Modules never see the config.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from typing import Any
 
@@ -37,21 +39,32 @@ def _pick(table: dict[str, Any], name: str, switch: str) -> Any:
     return table[name]
 
 
+def _call_with_config(factory: Any, config: Any, **kwargs: Any) -> Any:
+    """``factory(**kwargs)``, plus ``config=`` (the group's node: a plugin option's own fields) when the
+    factory takes it (:mod:`transformer.registry`'s contracts; the built-in classes do not)."""
+    if config is not None and "config" in inspect.signature(factory).parameters:
+        kwargs["config"] = config
+    return factory(**kwargs)
+
+
 def build_norm(name: str, d_model: int, eps: float) -> nn.Module:
     """The norm named by ``model/norm`` (:data:`~transformer.modules.norms.NORMS`) over ``d_model``."""
     return _pick(NORMS, name, "model/norm")(d_model, eps=eps)
 
 
-def build_ffn(name: str, d_model: int, d_ff: int, bias: bool, dropout: float, glu_match_params: bool, multiple_of: int) -> nn.Module:
+def build_ffn(name: str, d_model: int, d_ff: int, bias: bool, dropout: float, glu_match_params: bool, multiple_of: int,
+              config: Any = None) -> nn.Module:
     """The feed-forward block named by ``model/ffn`` (:data:`~transformer.modules.ffn.FFNS`).
 
     Its hidden width is the block's ``hidden_size(d_ff, glu_match_params, multiple_of)``: ``d_ff``
     for two-matrix blocks; for gated blocks the parameter-matched ``glu_hidden_size(d_ff)`` when
-    ``glu_match_params``, else ``d_ff``.
+    ``glu_match_params``, else ``d_ff``. ``config`` (the ``model.ffn`` node) reaches a plugin block
+    whose ``from_sizes`` takes it.
     """
     choice = _pick(FFNS, name, "model/ffn")
     hidden = choice.block.hidden_size(d_ff, glu_match_params, multiple_of)
-    return choice.block.from_sizes(d_model=d_model, hidden=hidden, activation=choice.activation, bias=bias, dropout=dropout)
+    return _call_with_config(choice.block.from_sizes, config, d_model=d_model, hidden=hidden, activation=choice.activation,
+                             bias=bias, dropout=dropout)
 
 
 def build_moe(cfg: Any) -> MixtureOfExperts:
@@ -118,15 +131,16 @@ def build_mla(d_model: int, n_heads: int, latent: LatentSizes, bias: bool, dropo
 
 
 def build_position(name: str, d_model: int, n_heads: int, max_positions: int, rope_theta: float,
-                   rotary_dim: int | None = None, scaling: RopeScaling | None = None) -> PositionEncoding:
+                   rotary_dim: int | None = None, scaling: RopeScaling | None = None, config: Any = None) -> PositionEncoding:
     """The position encoding named by ``model/position`` (:data:`~transformer.modules.positions.POSITIONS`).
 
     ``rotary_dim`` is the width RoPE rotates per head (default ``d_model // n_heads``; MLA's
-    ``qk_rope_head_dim``), ``scaling`` its RoPE scaling (or None).
+    ``qk_rope_head_dim``), ``scaling`` its RoPE scaling (or None); ``config`` (the ``model.position``
+    node) reaches a plugin class whose ``from_sizes`` takes it.
     """
     cls = _pick(POSITIONS, name, "model/position")
-    return cls.from_sizes(d_model=d_model, n_heads=n_heads, max_positions=max_positions, rope_theta=rope_theta,
-                          rotary_dim=rotary_dim, rope_scaling=scaling)
+    return _call_with_config(cls.from_sizes, config, d_model=d_model, n_heads=n_heads, max_positions=max_positions,
+                             rope_theta=rope_theta, rotary_dim=rotary_dim, rope_scaling=scaling)
 
 
 def _build_stack(cfg: Any, n_layers: int, n_kv_heads: int, cross: bool) -> TransformerStack:
@@ -140,15 +154,22 @@ def _build_stack(cfg: Any, n_layers: int, n_kv_heads: int, cross: bool) -> Trans
                                cfg.qk_norm, cfg.norm.eps)
 
     def self_attention() -> nn.Module:
-        if ATTENTION_KINDS[cfg.attention.name].latent:  # MLA: self-attention only; cross-attention stays MHA
+        kind = ATTENTION_KINDS[cfg.attention.name]
+        if kind.latent:  # MLA: self-attention only; cross-attention stays MHA
             return build_mla(cfg.d_model, cfg.n_heads, model_sizes(cfg).latent, cfg.bias, cfg.attention_dropout, cfg.norm.eps)
+        if not kind.builtin:  # a plugin's class (transformer.registry.register_attention's contract)
+            qk_norm = None if cfg.qk_norm == "none" else functools.partial(build_norm, cfg.qk_norm, eps=cfg.norm.eps)
+            return kind.self_attention.from_sizes(
+                d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=n_kv_heads, head_dim=cfg.d_model // cfg.n_heads,
+                bias=cfg.bias, dropout=cfg.attention_dropout, qk_norm=qk_norm, config=cfg.attention,
+            )
         return attention()
 
     def ffn() -> nn.Module:
         if _pick(FFNS, cfg.ffn.name, "model/ffn").routed:
             return build_moe(cfg)
         return build_ffn(cfg.ffn.name, cfg.d_model, cfg.d_ff, cfg.bias, cfg.activation_dropout,
-                         cfg.ffn.glu_match_params, cfg.ffn.multiple_of)
+                         cfg.ffn.glu_match_params, cfg.ffn.multiple_of, cfg.ffn)
 
     layers = [
         TransformerLayer(
@@ -220,7 +241,7 @@ def build_model(
 
     def position() -> PositionEncoding:
         return build_position(cfg.position.name, d, cfg.n_heads, cfg.max_positions, cfg.position.rope_theta,
-                              sizes.rotary_dim, rope_scaling(cfg))
+                              sizes.rotary_dim, rope_scaling(cfg), cfg.position)
 
     if cfg.arch == "decoder_only":
         emb = nn.Embedding(src_vocab_size, d, padding_idx=pad_id)

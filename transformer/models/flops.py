@@ -8,6 +8,7 @@ from typing import Any
 from torch import nn
 
 from transformer.config import ModelSizes, head_dim, kv_cache_values, layer_windows, model_sizes, resolve_n_kv_heads
+from transformer.modules.attention import ATTENTION_KINDS
 from transformer.modules.moe_losses import moe_blocks
 
 
@@ -65,12 +66,18 @@ def forward_flops(cfg: Any, vocab_size: int, src_len: int, tgt_len: int) -> dict
         src_len, tgt_len: sentence lengths in tokens (with their EOS/BOS).
 
     Returns:
-        ``{"total": F, "per_target_token": F / tgt_len, "train_per_target_token": 3 F / tgt_len}``.
+        ``{"total": F, "per_target_token": F / tgt_len, "train_per_target_token": 3 F / tgt_len}``;
+        each None (unknown) for a plugin's attention that does not give its cost.
     """
     sizes = model_sizes(cfg)
     d, kv, lat = sizes.d_model, sizes.kv_width, sizes.latent
     ffn = ffn_flops_per_token(sizes)
-    if lat is None:
+    kind = ATTENTION_KINDS[cfg.attention.name]
+    if not kind.builtin:  # a plugin's attention: its cost, when it says, else unknown
+        if kind.cost is None:
+            return {"total": None, "per_target_token": None, "train_per_target_token": None}
+        proj_params, qk_width, v_width = kind.cost(d, sizes.n_heads, sizes.n_kv_heads, sizes.head_dim, cfg.attention)
+    elif lat is None:
         proj_params, qk_width, v_width = d * (d + 2 * kv) + d * d, d, d
     else:
         h = sizes.n_heads

@@ -14,7 +14,7 @@ re-exported here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch.nn.functional as F
 from einops import rearrange
@@ -83,12 +83,25 @@ class AttentionKind:
         kv_heads: ``(n_heads, n_kv_heads or None) -> key/value heads``; raises ``ValueError`` when
             the two do not fit the kind (MLA: the heads its latent expands to; its encoder-decoder
             cross-attention is MHA with that many heads).
-        self_attention: the self-attention class (:class:`Attention` or
-            :class:`MultiHeadLatentAttention`).
+        self_attention: the self-attention class (:class:`Attention`,
+            :class:`MultiHeadLatentAttention`, or a plugin's class built by its ``from_sizes``, see
+            :func:`transformer.registry.register_attention`).
+        cache_values: for a plugin's class, ``(n_heads, n_kv_heads, head_dim, config) -> values one
+            layer caches per token`` (None: unknown; the built-in classes' sizes are known).
+        cost: for a plugin's class, ``(d_model, n_heads, n_kv_heads, head_dim, config) ->
+            (projection weights of one layer, query/key width, value width over all heads)`` for the
+            FLOP count (None: unknown).
     """
 
     kv_heads: Callable[[int, int | None], int]
     self_attention: type[nn.Module]
+    cache_values: Callable[[int, int, int, Any], int] | None = None
+    cost: Callable[[int, int, int, int, Any], tuple[int, int, int]] | None = None
+
+    @property
+    def builtin(self) -> bool:
+        """Whether the class is one of ours (its sizes, cache and FLOPs are known to the zoo)."""
+        return self.self_attention in (Attention, MultiHeadLatentAttention)
 
     @property
     def latent(self) -> bool:

@@ -117,12 +117,12 @@ class FFNChoice:
     @property
     def gated(self) -> bool:
         """Whether the block is gated (three matrices, GLU family)."""
-        return self.block is GatedFeedForward
+        return issubclass(self.block, GatedFeedForward)
 
     @property
     def routed(self) -> bool:
         """Whether the block is a mixture of experts (sized by the ``model.ffn`` MoE fields)."""
-        return self.block is MixtureOfExperts
+        return issubclass(self.block, MixtureOfExperts)
 
 
 # model/ffn=<name> -> FFNChoice (configs/model/ffn/<name>.yaml sets model.ffn.name)

@@ -49,6 +49,7 @@ RESUME_OVERRIDES: tuple[str, ...] = (
     "train.distributed", "train.activation_checkpointing", "train.compile",  # how it computes, not what
     "data.root", "data.cache_dir", "data.binarized", "data.download", "data.preprocess_workers",  # where the data is
     "train.resume", "train.resume_from", "train.finished_runs", "run_dir",  # what to resume, and where
+    "plugins", "plugins_trust",  # where the plugins are (their files must be the ones recorded: plugin_files)
 )
 """Fields a resumed run may take from the command line (a name covers the fields under it)."""
 

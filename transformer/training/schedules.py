@@ -16,14 +16,24 @@ contract with the usual PyTorch call order::
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
+from transformer.config.options import LR_SCHEDULERS
+
 _NAMES = ("inverse_sqrt", "cosine", "constant")
 _FORMS = ("fairseq", "noam")
+
+SCHEDULES: dict[str, Callable[[int, Any, float, int, int], float]] = {}
+"""Schedules registered by plugins (:func:`transformer.registry.register_lr_scheduler`): name ->
+``schedule(update, cfg, base_lr, d_model, max_updates) -> learning rate``, with :func:`lr_at`'s
+arguments (``cfg`` holds every ``lr_scheduler.*`` field, the option's own included). The built-in
+names are :data:`_NAMES` (their formulas are in :func:`lr_at`)."""
+assert tuple(LR_SCHEDULERS) == _NAMES  # the names validation accepts before any plugin registers
 
 
 def _linear_warmup(update: int, warmup: int, init_lr: float, peak_lr: float) -> float:
@@ -68,8 +78,10 @@ def lr_at(update: int, cfg: Any, base_lr: float, d_model: int, max_updates: int)
     if update < 1:
         raise ValueError(f"updates are numbered from 1, got update={update}")
     name, form, warmup = cfg.name, cfg.form, int(cfg.warmup_updates)
+    if name in SCHEDULES:  # a plugin's
+        return float(SCHEDULES[name](update, cfg, base_lr, d_model, max_updates))
     if name not in _NAMES:
-        raise ValueError(f"lr_scheduler.name={name!r} is not one of {', '.join(_NAMES)}")
+        raise ValueError(f"lr_scheduler.name={name!r} is not one of {', '.join((*_NAMES, *SCHEDULES))}")
     if form not in _FORMS:
         raise ValueError(f"lr_scheduler.form={form!r} is not one of {', '.join(_FORMS)}")
     if warmup < 0:
@@ -112,6 +124,9 @@ class _ScheduleParams:
     """The fields of a SchedulerConfig as plain values (a frozen copy, independent of OmegaConf)."""
 
     def __init__(self, cfg: Any) -> None:
+        fields = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg.items())
+        for key, value in fields.items():  # a plugin schedule's own fields too
+            setattr(self, key, value)
         self.name = str(cfg.name)
         self.form = str(cfg.form)
         self.warmup_updates = int(cfg.warmup_updates)

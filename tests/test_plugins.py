@@ -1,0 +1,193 @@
+"""Plugins (transformer/plugins.py, transformer/registry.py) as a user meets them: the package installed
+(not editable) into a folder of its own, the plugin examples copied into the user's folder outside the
+repository, then train, resume, sweep, translate, average, compare and export; a moved or changed
+plugin is never imported without the trust switch; and the bad cases each end in one line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT, SHARED_DATA
+
+EXAMPLES = REPO_ROOT / "examples" / "plugins"
+OPTIONS = ["model/attention=diff", "model.attention.lambda_init=0.5", "model/ffn=reglu", "model/position=rope"]
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory) -> dict:
+    """The package installed with ``pip install --no-deps --target`` (a wheel build of a copy of the
+    package, not the checkout), a tiny corpus, and the two examples in the user's own folder."""
+    root = tmp_path_factory.mktemp("user")
+    src = root / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO_ROOT / name, src / name)
+    shutil.copytree(REPO_ROOT / "transformer", src / "transformer", ignore=shutil.ignore_patterns("__pycache__"))
+    site = root / "site"
+    out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                          "--target", str(site), str(src)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for split, n in {"train": 300, "val": 20, "test_2016_flickr": 12}.items():
+        for lang in ("en", "de"):
+            with gzip.open(SHARED_DATA / "multi30k" / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                (corpus / f"{split}.{lang}").write_text("".join(next(f) for _ in range(n)), encoding="utf-8")
+    ideas = root / "my_ideas"
+    for name in ("diff_attention", "reglu"):
+        shutil.copytree(EXAMPLES / name, ideas / name, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    which = subprocess.run([sys.executable, "-c", "import transformer; print(transformer.__file__)"],
+                           env=env, cwd=root, capture_output=True, text=True)
+    assert which.stdout.strip() == str(site / "transformer" / "__init__.py"), which
+    return {"root": root, "corpus": corpus, "ideas": ideas, "env": env}
+
+
+def _run(user: dict, script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / script), *args], cwd=user["root"],
+                          env=user["env"], capture_output=True, text=True, timeout=900)
+
+
+def _train_args(user: dict, run_dir: Path, *extra: str) -> list[str]:
+    c = user["corpus"]
+    return [f"plugins=[{user['ideas'] / 'diff_attention'},{user['ideas'] / 'reglu'}]", *OPTIONS,
+            "data=parallel_text", f"data.root={c}", "data.src_lang=en", "data.tgt_lang=de", "data.train_prefix=train",
+            "data.valid_prefix=val", "data.test_prefix=test_2016_flickr", "data.test_splits=[test_2016_flickr]",
+            "data.vocab_size=250", f"data.cache_dir={c}/cache", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
+            "model.d_model=32", "model.n_heads=4", "model.d_ff=64", "train.max_tokens=500", "train.max_updates=4",
+            "train.max_time=0", "train.validate_every=4", "train.valid_bleu=false", "train.save_every=2",
+            "train.progress=false", "train.num_threads=1", "train.precision=fp32", "lr_scheduler.warmup_updates=2",
+            "generation.beam_size=2", "generation.max_len_b=5", f"hydra.run.dir={run_dir}", *extra]
+
+
+def _one_error_line(out: subprocess.CompletedProcess, *words: str) -> str:
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-3000:]
+    assert all(w in lines[0] for w in words), lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def run(user) -> Path:
+    run_dir = user["root"] / "run"
+    out = _run(user, "train.py", *_train_args(user, run_dir))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return run_dir
+
+
+def test_a_plugin_run_records_its_files_and_trains_and_resumes(user, run):
+    cfg = (run / "config.yaml").read_text()
+    assert "name: diff" in cfg and "lambda_init: 0.5" in cfg and "name: reglu" in cfg
+    results = json.loads((run / "results.json").read_text())
+    files = results["config"]["plugin_files"]
+    assert set(files) >= {"diff_attention/__init__.py", "reglu/__init__.py", "reglu/configs/ladder/step5_reglu.yaml"}
+    assert results["config"]["plugins"] == [str(user["ideas"] / "diff_attention"), str(user["ideas"] / "reglu")]
+    assert (run / "plugins" / "diff_attention" / "__init__.py").read_bytes() == (
+        user["ideas"] / "diff_attention" / "__init__.py").read_bytes()
+    assert results["flops_per_token"] > 0 and results["params"] > 0  # the plugin gives its cost
+    out = _run(user, "train.py", *_train_args(user, run, "train.max_updates=6", "train.resume=true"))
+    assert out.returncode == 0 and "resumed from" in out.stderr, out.stderr[-3000:]
+    assert json.loads((run / "results.json").read_text())["updates"] == 6
+
+
+def test_a_plugin_step_composes_from_the_plugins_configs_folder(user):
+    out = _run(user, "train.py", f"plugins=[{user['ideas'] / 'reglu'}]", "experiment=branches", "ladder=step5_reglu",
+               "--cfg", "job")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "name: reglu" in out.stdout and "name: gqa" in out.stdout  # step5 + the plugin's FFN
+
+
+def test_a_sweep_over_a_plugin_option_and_a_builtin_one(user):
+    sweep = user["root"] / "sweep"
+    args = [a for a in _train_args(user, sweep / "x") if not a.startswith(("hydra.run.dir", "model/attention",
+                                                                          "model.attention"))]
+    out = _run(user, "train.py", "-m", *args, "model/attention=diff,gqa", "train.max_updates=2",
+               f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [json.loads((sweep / n / "results.json").read_text())["config"]["model"]["attention"]["name"]
+            for n in ("0", "1")] == ["diff", "gqa"]
+    compared = _run(user, "compare.py", str(sweep), "--out", str(sweep / "cmp"), "--bootstrap", "0")
+    assert compared.returncode == 0, compared.stderr[-3000:]
+    table = (sweep / "cmp" / "comparison.md").read_text()
+    assert "| diff (baseline)" in table and "| gqa" in table
+
+
+def test_translate_average_compare_and_export_a_plugin_run(user, run):
+    src = user["root"] / "in.txt"
+    src.write_text("A man rides a bike.\nTwo dogs play.\n", encoding="utf-8")
+    out = _run(user, "translate.py", f"checkpoint={run}", f"input={src}", "progress=false")
+    assert out.returncode == 0 and len(out.stdout.splitlines()) == 2, out.stderr[-2000:]
+    avg = user["root"] / "avg" / "avg.safetensors"
+    out = _run(user, "average_checkpoints.py", "--inputs", str(run / "checkpoint_2.safetensors"),
+               str(run / "checkpoint_4.safetensors"), "--output", str(avg))
+    assert out.returncode == 0, out.stderr[-2000:]
+    out = _run(user, "translate.py", f"checkpoint={avg}", f"input={src}", "progress=false")
+    assert out.returncode == 0 and len(out.stdout.splitlines()) == 2, out.stderr[-2000:]
+    out = _run(user, "compare.py", str(run), "--out", str(user["root"] / "cmp"), "--bootstrap", "0")
+    assert out.returncode == 0, out.stderr[-2000:]
+    for fmt in ("hf", "ctranslate2"):
+        out = _run(user, "export.py", f"run={run}", f"out={user['root'] / fmt}", f"format={fmt}")
+        _one_error_line(out, "model/attention=diff: an option of the plugin diff_attention",
+                        "model/ffn=reglu: an option of the plugin reglu")
+        assert not (user["root"] / fmt).exists()
+
+
+def test_a_moved_plugin_is_imported_only_when_trusted_or_named(user, run):
+    src = user["root"] / "in.txt"
+    src.write_text("A man rides a bike.\n", encoding="utf-8")
+    moved = user["root"] / "moved"
+    shutil.move(user["ideas"], moved)
+    try:
+        out = _run(user, "translate.py", f"checkpoint={run}", f"input={src}", "progress=false")
+        line = _one_error_line(out, "was trained with the plugin", str(run / "plugins" / "diff_attention"),
+                               "plugins_trust=true")
+        assert "__init__.py" in line
+        out = _run(user, "translate.py", f"checkpoint={run}", f"input={src}", "progress=false", "plugins_trust=true")
+        assert out.returncode == 0 and len(out.stdout.splitlines()) == 1, out.stderr[-2000:]
+        out = _run(user, "translate.py", f"checkpoint={run}", f"input={src}", "progress=false",
+                   f"plugins=[{moved / 'diff_attention'},{moved / 'reglu'}]")
+        assert out.returncode == 0, out.stderr[-2000:]
+        (run / "plugins" / "reglu" / "__init__.py").write_text("raise SystemExit('not the recorded file')\n")
+        out = _run(user, "translate.py", f"checkpoint={run}", f"input={src}", "progress=false", "plugins_trust=true")
+        _one_error_line(out, "does not hold the files", "sha256")
+    finally:
+        shutil.copy(moved / "reglu" / "__init__.py", run / "plugins" / "reglu" / "__init__.py")
+        shutil.move(moved, user["ideas"])
+
+
+def test_a_changed_plugin_does_not_resume(user, run):
+    init = user["ideas"] / "reglu" / "__init__.py"
+    original = init.read_text()
+    init.write_text(original + "\n# an edit after the run started\n")
+    try:
+        out = _run(user, "train.py", *_train_args(user, run, "train.max_updates=8", "train.resume=true"))
+        _one_error_line(out, "plugin")
+    finally:
+        init.write_text(original)
+
+
+@pytest.mark.parametrize("body,words", [
+    ("import torch\nraise RuntimeError('my bug')\n", ["failed to import", "__init__.py:2", "RuntimeError: my bug"]),
+    ("def f(:\n", ["failed to import", "SyntaxError"]),
+    ("from transformer.modules.ffn import GatedFeedForward\nfrom transformer.registry import register_ffn\n"
+     "register_ffn('swiglu', GatedFeedForward)\n", ["model/ffn=swiglu is a built-in option already", "broken"]),
+])
+def test_bad_plugins_end_in_one_line(user, body, words):
+    bad = user["root"] / "bad" / "broken"
+    bad.mkdir(parents=True, exist_ok=True)
+    (bad / "__init__.py").write_text(body)
+    out = _run(user, "train.py", f"plugins=[{bad}]", "--cfg", "job")
+    _one_error_line(out, *words)
+
+
+def test_a_missing_plugin_ends_in_one_line(user):
+    _one_error_line(_run(user, "train.py", f"plugins=[{user['root'] / 'nowhere'}]", "--cfg", "job"), "does not exist")

@@ -1,0 +1,106 @@
+"""The module-check kit (transformer/testing.py) over every built-in option of every group and both
+plugin examples: one set of checks for ours and the users' options; and the kit catches what it
+claims to (a deliberately broken attention fails the check it breaks)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from torch import nn
+
+from tests.conftest import REPO_ROOT
+from transformer.modules.attention import ATTENTION_KINDS, Attention
+from transformer.modules.ffn import FFNS
+from transformer.modules.moe import ROUTER_SCORES
+from transformer.modules.norms import NORMS
+from transformer.modules.positions import POSITIONS
+from transformer.modules.residual import RESIDUALS
+from transformer.modules.rope_scaling import ROPE_SCALINGS
+from transformer.testing import check_model, check_option, main, tiny_model
+
+EXAMPLES = REPO_ROOT / "examples" / "plugins"
+ROPE = {"model/position": "rope"}
+MOE = {"ffn.n_experts": 4, "ffn.top_k": 2}
+SCALING = {"position.rope_scaling.factor": 2.0, "position.rope_scaling.original_max_position_embeddings": 16}
+
+# one case per built-in option of every group: (id, options, fields); the table test below holds it complete
+CASES = [
+    *[(f"attention={n}", {"model/attention": n, **(ROPE if n == "mla" else {})},
+       {"attention.n_kv_heads": 2} if n == "gqa" else {}) for n in ("mha", "gqa", "mqa", "mla")],
+    *[(f"ffn={n}", {"model/ffn": n}, MOE if n == "moe" else {}) for n in ("relu", "gelu", "swiglu", "geglu", "moe")],
+    *[(f"norm={n}", {"model/norm": n}, {}) for n in ("layernorm", "rmsnorm")],
+    *[(f"position={n}", {"model/position": n}, {}) for n in ("sinusoidal", "learned", "rope", "alibi", "none")],
+    *[(f"rope_scaling={n}", ROPE, {"position.rope_scaling.rope_type": n, **(SCALING if n != "default" else {})})
+      for n in ("default", "linear", "ntk", "dynamic", "yarn", "llama3")],
+    *[(f"norm_position={n}", {}, {"norm_position": n}) for n in ("post", "pre")],
+    *[(f"router={n}", {"model/ffn": "moe"}, {**MOE, "ffn.router": n}) for n in ("softmax", "sigmoid")],
+    *[(f"qk_norm={n}", {}, {"qk_norm": n}) for n in ("layernorm", "rmsnorm")],
+    ("window", ROPE, {"attention_window": 3, "attention_window_pattern": 2}),
+]
+
+
+def test_the_cases_cover_every_option_of_every_table():
+    covered = {case_id for case_id, _, _ in CASES}
+    tables = {"attention": ATTENTION_KINDS, "ffn": FFNS, "norm": NORMS, "position": POSITIONS,
+              "rope_scaling": ROPE_SCALINGS, "norm_position": RESIDUALS, "router": ROUTER_SCORES}
+    builtin = {f"{group}={name}" for group, table in tables.items() for name in table}
+    builtin |= {f"qk_norm={name}" for name in NORMS}
+    assert builtin - covered == set(), "options of the zoo's tables the kit does not run over"
+
+
+@pytest.mark.parametrize("case_id,options,fields", CASES, ids=[c[0] for c in CASES])
+def test_every_builtin_option_passes_the_kit(case_id, options, fields):
+    check_option(options=options, **fields)
+
+
+@pytest.mark.parametrize("plugin,switch,option", [("diff_attention", "model/attention", "diff"),
+                                                  ("reglu", "model/ffn", "reglu")])
+def test_the_plugin_examples_pass_the_kit(plugin, switch, option):
+    check_option(switch, option, plugins=[EXAMPLES / plugin])
+
+
+def test_the_command_line_runs_the_kit_on_a_plugin():
+    out = subprocess.run([sys.executable, "-m", "transformer.testing", f"plugins=[{EXAMPLES / 'diff_attention'}]",
+                          "model/attention=diff", "model.attention.lambda_init=0.5"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("passed (model/attention=diff)") == 2
+    assert main(["model/attention"]) == 2  # not <group>=<option>
+
+
+class _PeekingAttention(Attention):
+    """A broken attention: it ignores the causal mask, so every position sees the future."""
+
+    def forward(self, x, memory=None, attn_mask=None, is_causal=False, rotary=None, cache=None):
+        if memory is None and cache is None:
+            attn_mask, is_causal = None, False
+        return super().forward(x, memory, attn_mask, is_causal, rotary, cache)
+
+
+def _with_peeking_self_attention(model: nn.Module) -> nn.Module:
+    for layer in model.decoder.layers:
+        attn = layer.self_attn.sublayer
+        peeking = _PeekingAttention(n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, head_dim=attn.head_dim,
+                                    in_proj=attn.in_proj, out_proj=attn.out_proj)
+        layer.self_attn.sublayer = peeking
+    return model
+
+
+@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
+def test_the_kit_catches_an_attention_that_sees_the_future(arch):
+    model, _ = tiny_model(arch)
+    check_model(model, ["causality"])  # the real one passes
+    with pytest.raises(AssertionError, match=r"\[causality, .*the future leaks"):
+        check_model(_with_peeking_self_attention(model), ["causality"])
+    with pytest.raises(AssertionError, match="incremental_decoding"):
+        check_model(model, ["incremental_decoding"])
+
+
+def test_the_kit_catches_a_non_finite_gradient():
+    model, _ = tiny_model()
+    model.output_proj.weight.register_hook(lambda grad: grad * float("nan"))
+    with pytest.raises(AssertionError, match="non-finite"):
+        check_model(model, ["gradients"])
+

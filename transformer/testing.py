@@ -1,0 +1,294 @@
+"""The zoo's module checks as a kit: the properties every option is held to, for any option of any
+group, built-in or a plugin's (:mod:`transformer.registry`).
+
+Each check builds a tiny model (``d_model`` 32, 4 heads of 8, two layers a stack, dropout 0) of a
+family with the option chosen, and raises ``AssertionError`` with a sentence when the property
+fails:
+
+- :func:`check_incremental_decoding`: ``start_decoding`` + ``decode_step`` (the KV cache) gives the
+  full forward's logits at every target position, for a batch of sources of different lengths;
+- :func:`check_padding`: a sentence's logits do not change when it is padded, or batched with a
+  longer neighbour;
+- :func:`check_search_batching`: greedy and beam search of a batch of sentences of different lengths
+  (right-padded sources; decoder-only decoding left-pads) give each sentence's own hypotheses;
+- :func:`check_causality`: changing target token ``j`` leaves the logits before ``j`` unchanged;
+- :func:`check_gradients`: every trainable parameter gets a finite gradient;
+- :func:`check_bf16`: the forward and backward under bf16 autocast stay finite.
+
+Use :func:`check_option` for all of them on both families, from pytest or the command line::
+
+    python -m transformer.testing plugins=[examples/plugins/diff_attention] model/attention=diff
+    python -m transformer.testing model/ffn=moe model.ffn.n_experts=4          # a built-in option
+
+    # in a test file
+    from transformer.testing import check_option
+    def test_my_attention():
+        check_option("model/attention", "diff", plugins=["path/to/my_ideas"])
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Iterable
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor, nn
+
+from transformer.config import GROUPS, typed_config, validate_model_config
+from transformer.generation import beam_search, greedy_search
+from transformer.models import build_model
+from transformer.plugins import PluginError, import_plugins
+
+__all__ = ["ARCHS", "CHECKS", "check_bf16", "check_causality", "check_gradients", "check_incremental_decoding",
+           "check_model", "check_option", "check_padding", "check_search_batching", "main", "tiny_model"]
+
+ARCHS = ("encoder_decoder", "decoder_only")
+V, PAD, BOS, EOS, SEP = 40, 0, 2, 3, 4  # the vocabulary and special ids of the checks' tiny models
+_TINY = {"n_encoder_layers": 2, "n_decoder_layers": 2, "d_model": 32, "n_heads": 4, "d_ff": 64, "dropout": 0.0,
+         "norm_position": "pre"}
+
+
+def tiny_model(arch: str = "encoder_decoder", options: dict[str, str] | None = None, **fields: Any) -> tuple[nn.Module, DictConfig]:
+    """A tiny model of family ``arch`` and its config.
+
+    Args:
+        arch: ``encoder_decoder`` or ``decoder_only``.
+        options: ``{switch: option}`` (e.g. ``{"model/attention": "diff"}``), each group's node typed
+            by the option's dataclass.
+        fields: dotted ``model.*`` fields without the ``model.`` prefix (``attention.n_kv_heads=2``).
+
+    Returns:
+        ``(model in eval mode, model config)``.
+
+    Raises:
+        ConfigError: an invalid combination (named as by training).
+    """
+    model: dict[str, Any] = {**_TINY, "arch": arch}
+    if arch == "decoder_only":
+        model["n_encoder_layers"] = 0
+    for switch, name in (options or {}).items():
+        group = GROUPS[switch]
+        node = model
+        parts = group.path.split(".")[1:]
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = {**node.get(parts[-1], {}), group.key: name}
+    cfg = typed_config({"model": model}).model
+    for key, value in fields.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    validate_model_config(cfg)
+    torch.manual_seed(0)
+    return build_model(cfg, V).eval(), cfg
+
+
+def _src_rows(lengths: Iterable[int]) -> list[Tensor]:
+    return [torch.randint(5, V, (n,)) for n in lengths]
+
+
+def _source_batch(model: nn.Module, rows: list[Tensor]) -> Tensor:
+    """Right-padded sources in the model's format (encoder-decoder: ids + EOS)."""
+    extra = 1 if model.arch == "encoder_decoder" else 0
+    src = torch.full((len(rows), max(len(r) for r in rows) + extra), PAD)
+    for b, r in enumerate(rows):
+        src[b, : len(r)] = r
+        if extra:
+            src[b, len(r)] = EOS
+    return src
+
+
+def _forward(model: nn.Module, src: Tensor, prev: Tensor) -> Tensor:
+    """Teacher-forced logits ``(B, T, V)`` of ``prev`` (decoder inputs, BOS/SEP first) given ``src``
+    (without specials; right-padded with PAD)."""
+    if model.arch == "encoder_decoder":
+        return model(torch.cat([src, torch.full((src.shape[0], 1), EOS)], 1), prev)
+    return model(torch.cat([src, prev], 1))[:, src.shape[1]:]
+
+
+def _close(a: Tensor, b: Tensor, what: str, atol: float = 1e-5, rtol: float = 1e-4) -> None:
+    try:
+        torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
+    except AssertionError as err:
+        raise AssertionError(f"{what}: {str(err).splitlines()[0]} (max |diff| {(a - b).abs().max().item():.3g})") from None
+
+
+def check_incremental_decoding(model: nn.Module) -> None:
+    """The KV-cached steps equal the full forward at every target step, for sources of lengths 6, 3, 5."""
+    rows, tgt = _src_rows([6, 3, 5]), torch.randint(5, V, (3, 6))
+    start = model.decoder_start_token_id
+    with torch.no_grad():
+        expected = torch.stack([
+            _forward(model, r[None], torch.cat([torch.tensor([[start]]), tgt[b:b + 1, :-1]], 1))[0]
+            for b, r in enumerate(rows)])
+        state = model.start_decoding(_source_batch(model, rows))
+        prev, steps = torch.full((3, 1), start), []
+        for t in range(tgt.shape[1]):
+            steps.append(model.decode_step(prev, state))
+            prev = tgt[:, t:t + 1]
+    _close(torch.stack(steps, 1), expected, "incremental decoding (start_decoding + decode_step) differs from the full forward")
+
+
+def check_padding(model: nn.Module) -> None:
+    """Padding the source and target, or batching with a longer neighbour, leaves a sentence's logits."""
+    src, prev = torch.randint(5, V, (1, 5)), torch.cat([torch.tensor([[model.decoder_start_token_id]]),
+                                                        torch.randint(5, V, (1, 3))], 1)
+    with torch.no_grad():
+        ref = _forward(model, src, prev)
+        if model.arch == "encoder_decoder":
+            src_pad = torch.cat([src, torch.full((1, 1), EOS), torch.full((1, 3), PAD)], 1)
+            padded = model(src_pad, torch.cat([prev, torch.full((1, 2), PAD)], 1))[:, :prev.shape[1]]
+            other = torch.cat([torch.randint(5, V, (1, 8)), torch.full((1, 1), EOS)], 1)
+            batched = model(torch.cat([src_pad[:, :9], other], 0), torch.cat([prev, torch.randint(5, V, (1, 4))], 0))[:1]
+        else:
+            seq = torch.cat([src, prev], 1)
+            padded = model(torch.cat([seq, torch.full((1, 3), PAD)], 1))[:, src.shape[1]:seq.shape[1]]
+            batched = ref  # a decoder-only row holds source and target: batching is the search check's
+    _close(padded, ref, "padding a sentence changes its logits")
+    _close(batched, ref, "batching a sentence with a longer one changes its logits")
+
+
+def check_search_batching(model: nn.Module) -> None:
+    """Greedy and beam search of a batch equal each sentence decoded alone (lengths 7, 2, 4)."""
+    rows = _src_rows([7, 2, 4])
+    limits = dict(max_len_a=1.0, max_len_b=4, min_len=1, length_penalty_alpha=1.0)
+    for name, search in (("greedy", lambda s: greedy_search(model, s, **limits)),
+                         ("beam", lambda s: beam_search(model, s, beam_size=3, nbest=1, **limits))):
+        batch = [h[0].tokens for h in search(_source_batch(model, rows))]
+        alone = [search(_source_batch(model, [r]))[0][0].tokens for r in rows]
+        if [list(map(int, t)) for t in batch] != [list(map(int, t)) for t in alone]:
+            raise AssertionError(f"{name} search of a padded batch gives other hypotheses than each sentence alone")
+
+
+def check_causality(model: nn.Module) -> None:
+    """Changing target tokens from position 5 on leaves the logits of positions 0-4 unchanged."""
+    src, tgt = torch.randint(5, V, (2, 6)), torch.randint(5, V, (2, 8))
+    other = tgt.clone()
+    other[:, 5:] = torch.randint(5, V, (2, 3))
+    with torch.no_grad():
+        a, b = _forward(model, src, tgt), _forward(model, src, other)
+    _close(a[:, :5], b[:, :5], "a later target token changes an earlier position's logits (the future leaks)")
+    if not (a[:, 5:] - b[:, 5:]).abs().max() > 1e-6:
+        raise AssertionError("changing target tokens changes no logits at all (is the decoder input read?)")
+
+
+def _loss(model: nn.Module) -> Tensor:
+    src, tgt = torch.randint(5, V, (3, 6)), torch.randint(5, V, (3, 6))
+    src[2, 4:] = PAD
+    logits = _forward(model, src, tgt)
+    return nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.roll(-1, 1).reshape(-1))
+
+
+def check_gradients(model: nn.Module) -> None:
+    """One training loss's backward gives every trainable parameter a finite gradient."""
+    model.train()
+    try:
+        model.zero_grad(set_to_none=True)
+        _loss(model).backward()
+        missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+        bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.eval()
+    if missing or bad:
+        raise AssertionError(f"parameters without a gradient: {missing[:5]}; with a non-finite one: {bad[:5]}")
+
+
+def check_bf16(model: nn.Module) -> None:
+    """Forward and backward under ``torch.autocast("cpu", torch.bfloat16)`` stay finite."""
+    model.train()
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = _loss(model)
+        loss.backward()
+        finite = torch.isfinite(loss).item() and all(torch.isfinite(p.grad).all() for p in model.parameters()
+                                                     if p.grad is not None)
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.eval()
+    if not finite:
+        raise AssertionError("bf16 autocast gives a non-finite loss or gradient")
+
+
+CHECKS: dict[str, Callable[[nn.Module], None]] = {
+    "incremental_decoding": check_incremental_decoding,
+    "padding": check_padding,
+    "search_batching": check_search_batching,
+    "causality": check_causality,
+    "gradients": check_gradients,
+    "bf16": check_bf16,
+}
+"""Every check of the kit, by name."""
+
+
+def check_model(model: nn.Module, checks: Iterable[str] = CHECKS) -> None:
+    """Run the named checks (default all) on a built model, naming the check in the error."""
+    for name in checks:
+        try:
+            CHECKS[name](model)
+        except AssertionError as err:
+            raise AssertionError(f"[{name}, {model.arch}] {err}") from None
+
+
+def check_option(switch: str | None = None, name: str | None = None, *, plugins: Iterable[str] = (),
+                 archs: Iterable[str] = ARCHS, checks: Iterable[str] = CHECKS, options: dict[str, str] | None = None,
+                 **fields: Any) -> None:
+    """Every check on both families with ``switch=name`` chosen (and ``options``, ``fields`` as in
+    :func:`tiny_model`), after importing ``plugins``.
+
+    Raises:
+        AssertionError: a check failed (the message names it and the family).
+        PluginError: a plugin that cannot be imported.
+        ConfigError: an invalid combination.
+    """
+    import_plugins(plugins)
+    chosen = dict(options or {})
+    if switch is not None:
+        if switch in GROUPS:
+            chosen[switch] = name
+        else:
+            fields[switch.removeprefix("model.")] = name
+    for arch in archs:
+        model, _ = tiny_model(arch, chosen, **fields)
+        check_model(model, checks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m transformer.testing [plugins=[...]] <group>=<option> [model.<field>=<value> ...]``:
+    every check on both families; prints one line per family and exits 1 on the first failure,
+    2 on a bad argument or plugin."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    plugins: list[str] = []
+    options: dict[str, str] = {}
+    fields: dict[str, Any] = {}
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            print(f"error: {arg}: expected <group>=<option> or model.<field>=<value>", file=sys.stderr)
+            return 2
+        if key == "plugins":
+            plugins = [p.strip() for p in value.strip("[]").split(",") if p.strip()]
+        elif key in GROUPS:
+            options[key] = value
+        elif key.startswith("model."):
+            fields[key[len("model."):]] = OmegaConf.from_dotlist([f"v={value}"]).v
+        else:
+            print(f"error: {arg}: expected <group>=<option> ({', '.join(GROUPS)}) or model.<field>=<value>",
+                  file=sys.stderr)
+            return 2
+    try:
+        import_plugins(plugins)
+        for arch in ARCHS:
+            model, _ = tiny_model(arch, options, **fields)
+            check_model(model)
+            print(f"{arch}: {', '.join(CHECKS)} passed ({', '.join(f'{k}={v}' for k, v in options.items())})")
+    except (PluginError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except AssertionError as err:
+        print(f"failed: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
