@@ -5,7 +5,7 @@
 # then the ladder table (scripts/compare.py). The models are tiny, so a single run leaves a large
 # GPU mostly idle (each step is a few hundred small kernels); 15 concurrent processes fill it.
 # Not yet run on a GPU (scripts/gpu_check.sh runs it after benchmarks/gpu_check.py); smoke-tested on
-# the CPU (tests/scripts/test_results_gpu.py):
+# the CPU (tests/benchmarks/test_gpu_check.py):
 #
 #   bash scripts/results_gpu.sh
 #   OUT=runs/gpu_study TIME_LIMIT=300 bash scripts/results_gpu.sh    # stop politely after 300 s; the same line continues

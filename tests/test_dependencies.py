@@ -5,7 +5,7 @@ there by hand (``submitit``, ``hydra-submitit-launcher``); on a new machine ``pi
 ".[dev]"`` did not bring them and CI failed. This test reads the imports of ``transformer/``,
 ``scripts/``, ``benchmarks/``, ``tests/`` and the notebooks' code cells with :mod:`ast` (module
 level and inside functions, ``pytest.importorskip("x")`` and ``importlib.import_module("x")``
-included), plus the Hydra plugins that configs, tests and the README select
+included), plus the Hydra plugins that configs, tests, the README and the pages under ``docs/`` select
 (``hydra/launcher=joblib``), and fails naming the module and the file when no distribution that
 provides it is listed in ``pyproject.toml``'s core dependencies or in the ``dev`` extra (what
 ``.ci/run`` installs). Optional imports that stand behind a clear "install the X extra" error are
@@ -170,7 +170,8 @@ def test_the_check_names_an_undeclared_module_and_its_file(tmp_path):
 def test_every_selected_hydra_plugin_is_installed_by_dev():
     installed_by_ci, _ = declared()
     pattern = re.compile(r"hydra/(launcher|sweeper)=([A-Za-z0-9_]+)")
-    files = [REPO_ROOT / "README.md", *(REPO_ROOT / "configs").rglob("*.yaml"), *(REPO_ROOT / "scripts").glob("*"),
+    files = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md")),
+             *(REPO_ROOT / "configs").rglob("*.yaml"), *(REPO_ROOT / "scripts").glob("*"),
              *(p for p, _ in _sources())]
     problems = []
     for path in files:

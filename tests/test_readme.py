@@ -1,14 +1,19 @@
-"""The README is held to the code (issue #24 item 3).
+"""The README and the documentation pages are held to the code (issue #24 item 3).
 
-* every ``python scripts/<name>.py ...`` command line in README.md (``torchrun ... scripts/train.py``
-  and environment prefixes included) composes: the Hydra scripts' overrides compose into their
-  config (a sweep's first job; ``train.py``'s config is validated too), the argparse scripts'
-  arguments parse (``<date>``-style placeholders stand for what the user fills in; redirections
-  are dropped);
-* every field of the schema (``transformer.config.Config``) is named in a README table;
+The text lives in README.md and the pages of the documentation site, ``docs/*.md`` (:data:`PAGES`);
+every check reads all of them, so a table or a command line is checked wherever it lives:
+
+* every ``python scripts/<name>.py ...`` command line in a bash block of the pages, and of the
+  results' and benchmarks' READMEs under ``docs/`` (``torchrun ... scripts/train.py`` and
+  environment prefixes included) composes: the Hydra scripts' overrides compose into their config
+  (a sweep's first job; ``train.py``'s config is validated too), the argparse scripts' arguments
+  parse (``<date>``-style placeholders stand for what the user fills in; redirections are dropped);
+* every field of the schema (``transformer.config.Config``) is named in a table of the pages;
 * each ``key=value`` in the first column of a switch table is the default, or the row says
   ``e.g.``;
-* every measured number the README states points at a committed file that holds it.
+* every measured number the pages state points at a committed file that holds it: a file under
+  ``docs/`` that is not itself one of the pages (a result or a benchmark), linked from the paragraph
+  (a relative Markdown link, resolved from the page's folder, or a ```docs/...``` path).
 """
 
 from __future__ import annotations
@@ -29,7 +34,20 @@ from tests.conftest import REPO_ROOT
 from tests.generation.helpers import load_script
 from transformer.config import Config, register_configs, validate_config
 
-README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+PAGES: list[Path] = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+"""The README and the pages of the documentation site (``mkdocs.yml``'s ``docs_dir``)."""
+COMMAND_PAGES: list[Path] = PAGES + sorted(
+    p for p in (REPO_ROOT / "docs").rglob("*.md") if p.parent != REPO_ROOT / "docs" and "runs" not in p.parts)
+"""Pages whose command lines are checked: :data:`PAGES` and the READMEs of the results and benchmarks."""
+DOCS = REPO_ROOT / "docs"
+
+
+def _rel(page: Path) -> str:
+    return str(page.relative_to(REPO_ROOT))
+
+
+def _text(page: Path) -> str:
+    return page.read_text(encoding="utf-8")
 HYDRA_SCRIPTS = {"train": "train", "translate": "translate", "evaluate": "evaluate", "export": "export",
                  "preprocess": "preprocess"}
 ARGPARSE_SCRIPTS = ("compare", "average_checkpoints")
@@ -38,10 +56,10 @@ ARGPARSE_SCRIPTS = ("compare", "average_checkpoints")
 # ----------------------------------------------------------------------------- command lines
 
 
-def _code_lines() -> list[str]:
-    """Lines of the README's bash blocks, continuation lines joined."""
+def _code_lines(text: str) -> list[str]:
+    """Lines of a page's bash blocks, continuation lines joined."""
     lines, block = [], None
-    for raw in README.splitlines():
+    for raw in text.splitlines():
         stripped = raw.strip()
         if stripped.startswith("```"):
             block = None if block is not None else stripped[3:]
@@ -57,12 +75,12 @@ def _code_lines() -> list[str]:
     return lines
 
 
-def script_commands() -> list[tuple[str, list[str], str]]:
-    """``(script name, its arguments, the README line)`` for every scripts/*.py command in the README."""
+def script_commands(text: str) -> list[tuple[str, list[str], str]]:
+    """``(script name, its arguments, the line)`` for every scripts/*.py command of a page's text."""
     found, variables = [], {}
-    for line in _code_lines():
+    for line in _code_lines(text):
         assignment = re.fullmatch(r"([A-Z_]+)=(\"[^\"]*\"|'[^']*'|\S*)\s*(#.*)?", line)
-        if assignment:  # NAME="..." on its own line: later lines of the README use $NAME
+        if assignment:  # NAME="..." on its own line: later lines of the page use $NAME
             variables[assignment.group(1)] = shlex.split(assignment.group(2))[0] if assignment.group(2) else ""
             continue
         line = re.sub(r"\$\{?([A-Z_]+)\}?", lambda m: variables.get(m.group(1), m.group(0)), line)
@@ -114,23 +132,31 @@ def _compose_script(name: str, args: list[str]):
         return compose(config_name=HYDRA_SCRIPTS[name], overrides=_first_job(overrides), return_hydra_config=True)
 
 
-COMMANDS = script_commands()
+COMMANDS = [(_rel(page), name, args, line) for page in COMMAND_PAGES for name, args, line in script_commands(_text(page))]
 
 
-def test_the_readme_has_commands_for_every_script():
-    names = {name for name, _, _ in COMMANDS}
+def test_the_pages_have_commands_for_every_script():
+    names = {name for _, name, _, _ in COMMANDS}
     assert names >= set(HYDRA_SCRIPTS) | set(ARGPARSE_SCRIPTS), names
     assert len(COMMANDS) > 40
+    assert {page for page, _, _, _ in COMMANDS} > {"README.md"}  # the pages are read, not only the README
 
 
-@pytest.mark.parametrize(("name", "args", "line"), COMMANDS, ids=[f"{n}:{i}" for i, (n, _, _) in enumerate(COMMANDS)])
-def test_every_readme_command_composes(name, args, line):
+def test_the_readme_has_a_command_to_train_translate_evaluate_run_the_ladder_and_compare():
+    readme = [(name, args) for page, name, args, _ in COMMANDS if page == "README.md"]
+    assert {name for name, _ in readme} >= {"train", "translate", "evaluate", "compare"}, readme
+    assert any(name == "train" and "experiment=ladder" in args for name, args in readme), readme
+
+
+@pytest.mark.parametrize(("page", "name", "args", "line"), COMMANDS,
+                         ids=[f"{p}:{n}:{i}" for i, (p, n, _, _) in enumerate(COMMANDS)])
+def test_every_command_composes(page, name, args, line):
     if name in ARGPARSE_SCRIPTS:
         parser = load_script(name).build_parser()
         try:
             parser.parse_args(args)
         except SystemExit as err:
-            raise AssertionError(f"README line does not parse: {line}") from err
+            raise AssertionError(f"{page} line does not parse: {line}") from err
         return
     cfg = _compose_script(name, args)
     if name == "train":
@@ -155,7 +181,8 @@ def schema_fields(cls: type = Config, prefix: str = "") -> list[str]:
 
 
 def _table_rows() -> list[str]:
-    return [line for line in README.splitlines() if line.startswith("|") and not set(line) <= set("|-: ")]
+    return [line for page in PAGES for line in _text(page).splitlines()
+            if line.startswith("|") and not set(line) <= set("|-: ")]
 
 
 def _documented(field: str, rows: list[str]) -> bool:
@@ -178,19 +205,19 @@ def _documented(field: str, rows: list[str]) -> bool:
     return False
 
 
-def test_every_schema_field_is_in_a_readme_table():
+def test_every_schema_field_is_in_a_table():
     rows = _table_rows()
     missing = [f for f in schema_fields() if not _documented(f, rows)]
-    assert missing == [], "fields no README table names: " + ", ".join(missing)
+    assert missing == [], "fields no table of README.md or docs/*.md names: " + ", ".join(missing)
 
 
 # ----------------------------------------------------------------------------- first-column defaults
 
 
 def _switch_tables() -> list[list[str]]:
-    """Rows of the tables whose header's first cell is ``switch``."""
+    """Rows of the tables whose header's first cell is ``switch``, on every page."""
     tables, current = [], None
-    for line in README.splitlines():
+    for line in (line for page in PAGES for line in [*_text(page).splitlines(), ""]):
         if line.startswith("| switch |"):
             current = []
             tables.append(current)
@@ -265,13 +292,13 @@ def test_first_column_values_are_defaults_or_marked_as_examples():
 
 _MEASURE = re.compile(r"\b(BLEU|chrF|tok/s|tokens/s|measured|GFLOP/s|MFU|faster|slower|peak|RSS)\b", re.I)
 _NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+\.\d+)(?:x|%)?(?![\w.])")
-_LINK = re.compile(r"\((docs/[^)\s]+)\)|`(docs/[^`\s]+)`")
+_LINK = re.compile(r"\]\(([^)\s]+)\)|`(docs/[^`\s]+)`")
 
 
-def _paragraphs() -> list[str]:
+def _paragraphs(text: str) -> list[str]:
     """Prose paragraphs and table rows outside code blocks."""
     out, current, in_code = [], [], False
-    for line in README.splitlines():
+    for line in text.splitlines():
         if line.strip().startswith("```"):
             in_code = not in_code
             continue
@@ -290,10 +317,27 @@ def _paragraphs() -> list[str]:
     return out
 
 
-def _files_text(paths: list[str]) -> str:
+def _sources(page: Path, para: str) -> list[Path]:
+    """The files under ``docs/`` that a paragraph links (Markdown links from the page's folder,
+    ```docs/...``` paths from the repository root), the pages themselves left out (prose is no
+    source of a measurement)."""
+    found = []
+    for link, code in _LINK.findall(para):
+        if link:
+            target = link.split("#")[0]
+            if not target or re.match(r"[a-z]+:", target):
+                continue
+            path = (page.parent / target).resolve()
+        else:
+            path = (REPO_ROOT / code.split("#")[0]).resolve()
+        if path.is_relative_to(DOCS.resolve()) and path not in {p.resolve() for p in PAGES}:
+            found.append(path)
+    return found
+
+
+def _files_text(paths: list[Path]) -> str:
     text = []
-    for p in paths:
-        path = REPO_ROOT / p.split("#")[0]
+    for path in paths:
         files = sorted(path.rglob("*")) if path.is_dir() else [path]
         for f in files:
             if f.is_file() and f.suffix in (".md", ".json", ".jsonl", ".csv", ".txt", ".yaml"):
@@ -302,26 +346,29 @@ def _files_text(paths: list[str]) -> str:
 
 
 def measured_numbers_without_a_source() -> list[str]:
-    """One line per README paragraph that states a measured number which no committed file it
-    links (``docs/...``) holds."""
+    """One line per paragraph of the pages that states a measured number which no committed file
+    it links (a result or a benchmark under ``docs/``) holds."""
     problems = []
-    for para in _paragraphs():
-        if not _MEASURE.search(para):
-            continue
-        numbers = [n.replace(",", "") for n in _NUMBER.findall(para)]
-        if not numbers:
-            continue
-        links = [a or b for a, b in _LINK.findall(para)]
-        if not links:
-            problems.append(f"no docs/ file for {', '.join(numbers[:5])}: {para[:120]}")
-            continue
-        for p in links:
-            if not (REPO_ROOT / p.split("#")[0]).exists():
-                problems.append(f"{p} does not exist: {para[:120]}")
-        source = _files_text(links).replace(",", "")
-        missing = [n for n in numbers if not re.search(rf"(?<![\d.]){re.escape(n)}", source)]
-        if missing:
-            problems.append(f"{', '.join(missing[:5])} not in {', '.join(links)}: {para[:120]}")
+    for page in PAGES:
+        for para in _paragraphs(_text(page)):
+            if not _MEASURE.search(para):
+                continue
+            numbers = [n.replace(",", "") for n in _NUMBER.findall(para)]
+            if not numbers:
+                continue
+            where = f"{_rel(page)}: {para[:120]}"
+            links = _sources(page, para)
+            if not links:
+                problems.append(f"no docs/ file for {', '.join(numbers[:5])}: {where}")
+                continue
+            names = ", ".join(str(p.relative_to(REPO_ROOT.resolve())) for p in links)
+            for p in links:
+                if not p.exists():
+                    problems.append(f"{p.relative_to(REPO_ROOT.resolve())} does not exist: {where}")
+            source = _files_text(links).replace(",", "")
+            missing = [n for n in numbers if not re.search(rf"(?<![\d.]){re.escape(n)}", source)]
+            if missing:
+                problems.append(f"{', '.join(missing[:5])} not in {names}: {where}")
     return problems
 
 

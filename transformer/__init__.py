@@ -17,7 +17,8 @@ form in brackets, e.g. ``(B, T, d_model)``.
 * ``n_experts`` (E), ``top_k`` (k): experts of a mixture-of-experts block, and how many each token uses.
 * ``a | b``: either size, e.g. ``(batch | 1, ...)`` broadcasts over the batch.
 
-Package layout and the direction of imports: see "How the code is laid out" in the README.
+Package layout and the direction of imports: see "How the code is laid out" and "The import order"
+in docs/contributing.md.
 """
 
 __version__ = "0.1.0"

@@ -69,7 +69,7 @@ def test_files_mode_errors(files, tmp_path):
 
 
 def test_the_metrics_package_does_not_load_models():
-    """``transformer.evaluation`` stays metrics only (the README's import order); ``.run`` is imported by name."""
+    """``transformer.evaluation`` stays metrics only (docs/contributing.md's import order); ``.run`` is imported by name."""
     code = ("import sys, transformer.evaluation; print(sorted(m for m in sys.modules "
             "if m.startswith(('transformer.generation', 'transformer.evaluation.run', 'torch'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)

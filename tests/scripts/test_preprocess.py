@@ -115,7 +115,7 @@ def test_wmt14_base_experiment_is_the_paper_recipe() -> None:
     assert t.max_tokens * t.update_freq * 8 == 25_000  # target tokens per update on 8 GPUs
     assert (t.max_updates, t.average_last, t.keep_last) == (100_000, 5, 5) and 0 < t.save_every < t.max_updates
     assert (g.strategy, g.beam_size, g.length_penalty, g.max_len_a, g.max_len_b) == ("beam", 4, 0.6, 1.0, 50)
-    # the README's variants stay valid: 1 GPU with update_freq 8, the big model sharded in bf16
+    # the variants docs/sweeps.md shows stay valid: 1 GPU with update_freq 8, the big model sharded in bf16
     validate_config(_experiment("train.update_freq=8"))
     big = _experiment("model=transformer_2017_big", "train.distributed=fsdp", "train.precision=bf16",
                       "train.activation_checkpointing=true")
@@ -171,7 +171,7 @@ TINY = ["data.vocab_size=800", "model.n_encoder_layers=1", "model.n_decoder_laye
 
 
 def test_wmt14_recipe_preprocess_then_sbatch_script(tmp_path: Path) -> None:
-    """The README's cluster path at a tiny size: preprocess once, then scripts/wmt14_en_de.sbatch
+    """docs/sweeps.md's cluster path at a tiny size: preprocess once, then scripts/wmt14_en_de.sbatch
     (one node, torchrun with 2 CPU ranks, c10d rendezvous) trains experiment=wmt14_en_de_base from
     the binarized folder and averages the last checkpoints for the test."""
     out, run, calls = _sbatch(tmp_path, [*TINY, "train.max_updates=2", "train.save_every=1", "train.average_last=2"])
