@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 from tests.conftest import REPO_ROOT
 from tests.generation.helpers import load_script
 from transformer.config import Config, register_configs, validate_config
+from transformer.plugins import command_line_plugins
 
 PAGES: list[Path] = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 """The README and the pages of the documentation site (``mkdocs.yml``'s ``docs_dir``)."""
@@ -127,6 +128,7 @@ def _compose_script(name: str, args: list[str]):
     overrides = [a for a in args if not a.startswith("-")]
     overrides = [a for a in overrides if a not in ("job", "hydra", "all")]  # --cfg job
     load_script(name)  # registers its structured configs (preprocess.py: base_preprocess)
+    overrides = command_line_plugins(overrides)  # plugins=[...]: imported, their configs/ on the search path
     register_configs()
     with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
         return compose(config_name=HYDRA_SCRIPTS[name], overrides=_first_job(overrides), return_hydra_config=True)
