@@ -57,6 +57,26 @@ def test_length_filter_train_only(en_de_cfg, en_de_data) -> None:
     assert len(d.splits["valid"]) == 1014 and d.stats["over_length"]["valid"] > 0  # kept whole
 
 
+def test_train_max_target_tokens_keeps_short_targets_in_training_only(en_de_cfg, en_de_data) -> None:
+    """The length study's filter: targets of at most L subword tokens in training, validation whole;
+    L=0 is refused by validation."""
+    cfg = en_de_cfg.copy()
+    cfg.train_max_target_tokens = 15
+    lines = []
+    d = load_translation_data(cfg, splits=["train", "valid"], log=lines.append)
+    train, full = d.splits["train"], en_de_data.splits["train"]
+    assert d.stats["cache"] == "hit" and max(len(t) for t in train.tgt) == 15
+    assert len(train) == int((full.tgt_lengths <= 15).sum()) == len(full) - d.stats["filtered_by_length"]["train"]
+    assert d.stats["filtered_by_train_max_target_tokens"] == len(full) - len(train)
+    assert len(d.splits["valid"]) == 1014 and max(len(t) for t in d.splits["valid"].tgt) > 15
+    assert "with targets over data.train_max_target_tokens=15" in lines[-1]
+    cfg.train_max_target_tokens = 0
+    from transformer.config import ConfigError, to_config, validate_config
+
+    with pytest.raises(ConfigError, match="data.train_max_target_tokens=0 must be >= 1"):
+        validate_config(to_config({"data": {"train_max_target_tokens": 0}}))
+
+
 def test_missing_split_through_loader(en_de_cfg) -> None:
     with pytest.raises(DataError, match="available splits: train, valid, test, test_2016_flickr"):
         load_translation_data(en_de_cfg, splits=["test_2019"], log=None)

@@ -220,6 +220,9 @@ class DataConfig:
     character_coverage: float = 1.0
     max_source_positions: int = 256
     max_target_positions: int = 256
+    # training pairs whose target has more than N subword tokens (EOS not counted) are removed, the
+    # validation and test sets kept whole: a length-generalization study's training length L; null = none
+    train_max_target_tokens: Optional[int] = None
     bleu_tokenize: str = "13a"  # sacreBLEU tokenizer; "none" for the pre-tokenized multi30k_tok_*
     lowercase: bool = False
     cache_dir: Optional[str] = None  # binarized data: <cache_dir>/<name>-<key>/ (default ~/.cache/transformer_zoo/cache)

@@ -262,6 +262,8 @@ def validate_config(cfg: Any) -> None:
     if t.onednn_cache_capacity is not None and t.onednn_cache_capacity < 0:
         raise ConfigError(f"train.onednn_cache_capacity={t.onednn_cache_capacity} must be >= 0 (0 = no cache) or null (oneDNN's default)")
     validate_optim_config(cfg.optim)
+    if cfg.data.train_max_target_tokens is not None and cfg.data.train_max_target_tokens < 1:
+        raise ConfigError(f"data.train_max_target_tokens={cfg.data.train_max_target_tokens} must be >= 1 (or null: no limit)")
     longest = max(cfg.data.max_source_positions, cfg.data.max_target_positions)
     if cfg.model.arch == "decoder_only":
         longest = cfg.data.max_source_positions + cfg.data.max_target_positions + 2

@@ -13,7 +13,8 @@
    validation and test splits keep every line, so that outputs stay line-aligned with their
    files, and keep their raw text);
 4. removes training pairs longer than ``data.max_source_positions`` /
-   ``data.max_target_positions`` (validation and test sets are kept whole).
+   ``data.max_target_positions``, and with ``data.train_max_target_tokens=L`` those whose target
+   has more than ``L`` subword tokens (validation and test sets are kept whole).
 
 The cache *is* the binarized data, for Multi30k and for a WMT-size ``parallel_text`` corpus
 alike (``<data.cache_dir>/<data.name>-<key>/``, see :mod:`transformer.data.cache`). With
@@ -221,9 +222,18 @@ def _assemble(
         out[name] = ds
 
     max_src, max_tgt = int(cfg.max_source_positions), int(cfg.max_target_positions)
+    train_max = getattr(cfg, "train_max_target_tokens", None)
     for name, ds in list(out.items()):
         fits = (ds.src_lengths + 1 <= max_src) & (ds.tgt_lengths + 1 <= max_tgt)
         n_over = int(len(fits) - np.count_nonzero(fits))
+        if name == "train" and train_max is not None:  # the study's training length L (targets only)
+            short = ds.tgt_lengths <= int(train_max)
+            stats["filtered_by_train_max_target_tokens"] = int(np.count_nonzero(fits & ~short))
+            fits &= short
+            n_over = int(len(fits) - np.count_nonzero(fits))
+            if not fits.any():
+                raise DataError(f"data.train_max_target_tokens={train_max} removes every training pair of "
+                                f"{stats['files']['train'][1]} (targets are longer); raise it or set it to null")
         if name == "train":
             if n_over:
                 ds = ds.subset(np.flatnonzero(fits))
@@ -241,6 +251,9 @@ def _assemble(
         extra = [f"{stats['dropped_empty'][name]} empty dropped"] if stats["dropped_empty"][name] else []
         if name == "train" and stats["filtered_by_length"]["train"]:
             extra.append(f"{stats['filtered_by_length']['train']} over length removed")
+            if "filtered_by_train_max_target_tokens" in stats:
+                extra[-1] += (f", of which {stats['filtered_by_train_max_target_tokens']} with targets over "
+                              f"data.train_max_target_tokens={train_max}")
         if stats["over_length"].get(name):
             extra.append(f"{stats['over_length'][name]} over length kept")
         parts.append(f"{name} {len(ds)}" + (f" ({', '.join(extra)})" if extra else ""))
