@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -120,6 +121,42 @@ def test_real_corpus_padding(en_de_data) -> None:
         real += sum(lengths[i] for i in b)
     assert cost <= 4096 * len(s)
     assert 1 - real / cost < 0.02  # bucketing keeps padding (in the cost model) tiny
+
+
+@FAST
+@given(corpora(), st.integers(0, 2**31), st.sampled_from([2, 8]))
+def test_bucketed_batches_hold_one_rounded_length_and_few_shapes(corpus, seed, m) -> None:
+    src, tgt, arch, max_tokens, max_sentences = corpus
+    s = TokenBatchSampler(src, tgt, max_tokens, arch=arch, seed=seed, max_sentences=max_sentences, bucket_multiple=m)
+    batches = list(s)
+    assert sorted(i for b in batches for i in b) == list(range(len(src)))
+    rounded = -(-item_lengths(src, tgt, arch) // m) * m
+    for b in batches:
+        assert len({int(rounded[i]) for i in b}) == 1  # one rounded length per batch
+        assert len(b) == 1 or len(b) * int(rounded[b[0]]) <= max_tokens
+    shapes = s.shapes()
+    assert shapes == sorted({(len(b), int(rounded[b[0]])) for b in batches})
+    assert len(shapes) <= 2 * len(set(rounded.tolist()))  # full batches and one remainder per length
+
+
+def test_real_corpus_bounded_shapes(en_de_data) -> None:
+    """Multi30k en-de at 4096 tokens over three epochs: with a multiple of 8 the collated (rows, source
+    width, target width) shapes stay the few that :meth:`shapes` reports (at most two a rounded length),
+    fewer than greedy packing's; the padding each costs is measured (and reported by the benchmark)."""
+    train = en_de_data.splits["train"]
+    src_w, tgt_w = train.src_lengths + 1, train.tgt_lengths + 1
+    seen = {}
+    for m in (1, 8):
+        s = TokenBatchSampler(train.src_lengths, train.tgt_lengths, 4096, seed=1, bucket_multiple=m)
+        shapes = set()
+        for epoch in (1, 2, 3):
+            s.set_epoch(epoch)
+            shapes |= {(len(b), int(-(-src_w[b].max() // m) * m), int(-(-tgt_w[b].max() // m) * m)) for b in map(np.array, s)}
+        seen[m] = (s, shapes)
+    bounded, shapes = seen[8]
+    rounded = {length for _, length in bounded.shapes()}
+    assert {(rows, max(w_s, w_t)) for rows, w_s, w_t in shapes} <= set(bounded.shapes())
+    assert len(bounded.shapes()) <= 2 * len(rounded) and len(shapes) < len(seen[1][1])
 
 
 def _reference_global_batches(src, tgt, max_tokens, arch, shuffle, seed, epoch, max_sentences):

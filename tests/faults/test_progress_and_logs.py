@@ -44,6 +44,8 @@ def test_decoding_in_training_shows_progress_and_the_switch_turns_it_off(gappy_c
 
 def test_train_log_holds_the_runs_log(gappy_corpus, tmp_path):
     run = tmp_path / "run"
-    train(small_config(gappy_corpus, run, "train.max_updates=2", "train.validate_every=2"))
+    train(small_config(gappy_corpus, run, "train.max_updates=2", "train.validate_every=2", "train.pad_to_multiple=8"))
     text = (run / "train.log").read_text(encoding="utf-8")
     assert "[data]" in text and "[valid] update 2" in text and "stopped:" in text and "[test]" in text
+    shapes = re.search(r"batches: (\d+) distinct \(rows x length\) shapes per epoch, (\d+) batches \(train.pad_to_multiple=8", text)
+    assert shapes and 1 <= int(shapes.group(1)) <= int(shapes.group(2)), text[:2000]

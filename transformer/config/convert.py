@@ -26,8 +26,10 @@ def upgrade_config(cfg: Any) -> Any:
     Shapes read: ``model.attention: <name>`` with ``model.n_kv_heads`` and the latent sizes flat
     beside it (runs saved before the ``model/attention`` group had its own node) becomes
     ``model.attention: {name, n_kv_heads[, latent sizes]}``; the latent sizes are kept for ``mla``
-    only (other kinds never read them, and validation kept them null). A config already in this
-    shape, or one that is not a mapping, is returned as it is.
+    only (other kinds never read them, and validation kept them null). A ``train`` node without
+    ``pad_to_multiple`` (runs saved before bounded batch shapes) gets ``1``, what those runs did,
+    not today's default. A config already in this shape, or one that is not a mapping, is
+    returned as it is.
 
     Args:
         cfg: a dict or DictConfig.
@@ -39,10 +41,17 @@ def upgrade_config(cfg: Any) -> Any:
         return cfg
     whole = isinstance(cfg.get("model"), (dict, DictConfig))
     model = cfg["model"] if whole else cfg
-    if not isinstance(model.get("attention"), str) and not any(k in model for k in FLAT_ATTENTION_FIELDS):
+    train = cfg.get("train") if whole else None
+    old_batching = isinstance(train, (dict, DictConfig)) and "max_tokens" in train and "pad_to_multiple" not in train
+    if not isinstance(model.get("attention"), str) and not any(k in model for k in FLAT_ATTENTION_FIELDS) \
+            and not old_batching:
         return cfg
     cfg = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else copy.deepcopy(cfg)
+    if old_batching:  # recorded before train.pad_to_multiple existed: trained with greedy batches, no rounding
+        cfg["train"]["pad_to_multiple"] = 1
     model = cfg["model"] if whole else cfg
+    if not isinstance(model.get("attention"), str) and not any(k in model for k in FLAT_ATTENTION_FIELDS):
+        return cfg
     attention = model.pop("attention", None)
     node = dict(attention) if isinstance(attention, dict) else {"name": "mha" if attention is None else attention}
     flat = {k: model.pop(k) for k in FLAT_ATTENTION_FIELDS if k in model}

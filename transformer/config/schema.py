@@ -339,6 +339,10 @@ class TrainConfig:
     (:func:`time_budget`), validation every 500 updates (loss, and BLEU on 200 pairs)."""
 
     max_tokens: int = 4096
+    # round batch widths up to a multiple and keep each batch within one rounded length, so an epoch
+    # has a few dozen (rows, length) shapes (transformer/data/batching.py); 1 = greedy packing, no rounding
+    # (runs recorded before this field read as 1: transformer.config.convert.upgrade_config)
+    pad_to_multiple: int = 1
     update_freq: int = 1
     clip_norm: float = 0.0
     max_updates: int = 0

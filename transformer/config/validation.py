@@ -238,6 +238,8 @@ def validate_config(cfg: Any) -> None:
         raise ConfigError("train.ema_decay > 0 with train.distributed=fsdp: the moving average is not sharded; use train.distributed=ddp")
     if t.max_tokens <= 0:
         raise ConfigError(f"train.max_tokens={t.max_tokens} must be positive")
+    if t.pad_to_multiple < 1:
+        raise ConfigError(f"train.pad_to_multiple={t.pad_to_multiple} must be >= 1 (1 = no rounding)")
     if t.update_freq < 1:
         raise ConfigError(f"train.update_freq={t.update_freq} must be >= 1")
     if t.max_time is not None and t.max_time < 0:

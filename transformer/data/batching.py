@@ -15,6 +15,15 @@ is **padded by repeating its first batches** (like ``DistributedSampler(drop_las
 every rank gets the same number of batches and no sentence is skipped; a few sentences are then
 seen twice in that epoch.
 
+With ``bucket_multiple=m > 1`` (``train.pad_to_multiple``) item lengths are rounded up to a multiple
+of ``m`` and a batch never mixes two rounded lengths: every full batch of a rounded length ``R``
+has ``max_tokens // R`` rows, and each ``R`` has one smaller batch (the same every epoch, as bucket
+membership does not change), so an epoch has at most two (rows, ``R``) shapes per ``R`` (collation
+pads to the multiple, :func:`~transformer.data.collate.collate`). fairseq pads to a multiple of 8
+(``--pad-to-multiple``); HF collators take ``pad_to_multiple_of``. Fewer distinct shapes mean fewer
+oneDNN primitives (memory) on CPUs, and fewer cuBLAS heuristics and ``torch.compile`` recompiles on
+GPUs. ``m = 1`` packs as before (greedily across lengths).
+
 Item length (the positions one example occupies):
 
 * ``encoder_decoder``: ``max(len(src) + 1, len(tgt) + 1)`` (source + EOS; BOS + target / target + EOS);
@@ -82,6 +91,8 @@ class TokenBatchSampler:
         rank: this process's rank.
         world_size: number of ranks.
         max_sentences: optional bound on the number of examples per batch.
+        bucket_multiple: round item lengths up to a multiple of this and keep each batch within one
+            rounded length (see the module docstring); 1 = greedy packing across lengths.
 
     Raises:
         ValueError: an example alone is longer than ``max_tokens`` (the message names its index
@@ -100,6 +111,7 @@ class TokenBatchSampler:
         rank: int = 0,
         world_size: int = 1,
         max_sentences: int | None = None,
+        bucket_multiple: int = 1,
     ) -> None:
         if max_tokens <= 0:
             raise ValueError(f"max_tokens={max_tokens} must be positive")
@@ -107,6 +119,9 @@ class TokenBatchSampler:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
         if max_sentences is not None and max_sentences < 1:
             raise ValueError(f"max_sentences={max_sentences} must be >= 1 or None")
+        if bucket_multiple < 1:
+            raise ValueError(f"bucket_multiple={bucket_multiple} must be >= 1")
+        self.bucket_multiple = int(bucket_multiple)
         self.lengths = item_lengths(src_lengths, tgt_lengths, arch)
         too_long = np.flatnonzero(self.lengths > max_tokens)
         if too_long.size:
@@ -128,17 +143,23 @@ class TokenBatchSampler:
         tiebreak = np.asarray(src_lengths, dtype=np.int64).reshape(-1) + np.asarray(tgt_lengths, dtype=np.int64).reshape(-1)
         self._key = self.lengths * (int(tiebreak.max(initial=0)) + 1) + tiebreak
         self._sorted = np.argsort(self._key, kind="stable")
-        self._bounds = self._pack(self.lengths[self._sorted])
+        self._bounds = self._pack(self.padded_lengths(self.lengths[self._sorted]))
         self._num_global = len(self._bounds) - 1
         self._cache: tuple[int, np.ndarray, np.ndarray] | None = None
 
     # ------------------------------------------------------------------ building one epoch
 
+    def padded_lengths(self, lengths: np.ndarray) -> np.ndarray:
+        """``lengths`` rounded up to a multiple of ``bucket_multiple`` (as they are after collation)."""
+        m = self.bucket_multiple
+        return lengths if m == 1 else -(-lengths // m) * m
+
     def _pack(self, lengths: np.ndarray) -> np.ndarray:
         """Greedy packing of ascending ``lengths``: ``(n_batches + 1,)`` batch start positions.
 
         A batch grows while ``(items + 1) * length_of_next <= max_tokens`` (the next item is the
-        longest so far, lengths being sorted) and ``items < max_sentences``.
+        longest so far, lengths being sorted) and ``items < max_sentences``; with
+        ``bucket_multiple > 1`` it also ends where the (rounded) length changes.
         """
         n = len(lengths)
         cap = self.max_sentences or n + 1
@@ -146,8 +167,11 @@ class TokenBatchSampler:
         start = 0
         while start < n:
             k_max = min(cap, n - start, self.max_tokens // int(lengths[start]))
+            if self.bucket_multiple > 1:  # never past the end of this rounded length's bucket
+                k_max = min(k_max, int(np.searchsorted(lengths, lengths[start], side="right")) - start)
+            k_max = max(k_max, 1)  # an item whose rounded length exceeds max_tokens goes alone
             cost = np.arange(1, k_max + 1) * lengths[start : start + k_max]  # increasing
-            start += int(np.searchsorted(cost, self.max_tokens, side="right"))
+            start += max(1, int(np.searchsorted(cost, self.max_tokens, side="right")))
             bounds.append(start)
         return np.asarray(bounds, dtype=np.int64)
 
@@ -218,6 +242,14 @@ class TokenBatchSampler:
             k = int(mine[j])
             yield order[bounds[k] : bounds[k + 1]].tolist()
         self.position = 0
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """The distinct ``(rows, padded item length)`` of the epoch's batches, sorted (the same set
+        every epoch: bucket boundaries do not move; with ``bucket_multiple=1`` the length is the
+        batch's longest item)."""
+        lengths = self.padded_lengths(self.lengths[self._sorted])
+        b = self._bounds
+        return sorted({(int(b[j + 1] - b[j]), int(lengths[b[j + 1] - 1])) for j in range(self._num_global)})
 
     def __len__(self) -> int:
         """Number of batches this rank yields per (whole) epoch; the same for every epoch."""

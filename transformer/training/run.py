@@ -193,6 +193,9 @@ def _train(cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Pat
     log(f"model: {cfg.model.arch}, {shown}, precision {trainer.precision} "
         f"(train.precision={t.precision}); run folder {run_dir}")
     log(f"budget: training stops at {budget_sentence(t)}")
+    shapes = trainer.sampler.shapes()
+    log(f"batches: {len(shapes)} distinct (rows x length) shapes per epoch, {len(trainer.sampler)} batches "
+        f"(train.pad_to_multiple={t.pad_to_multiple}, train.max_tokens={t.max_tokens})")
     loggers = build_loggers(cfg.logger, run_dir, run_name(cfg, choices), config_dict(cfg), dist_info.is_main)
     with GracefulStop(t.stop_signals, announce=dist_info.is_main) as stopping:
         trainer.stopping = stopping

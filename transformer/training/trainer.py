@@ -85,7 +85,7 @@ class Trainer:
         self.train_set = train
         self.sampler = TokenBatchSampler(
             train.src_lengths, train.tgt_lengths, t.max_tokens, arch=self.arch, shuffle=True,
-            seed=cfg.seed, rank=dist_info.rank, world_size=dist_info.world_size,
+            seed=cfg.seed, rank=dist_info.rank, world_size=dist_info.world_size, bucket_multiple=t.pad_to_multiple,
         )
         self.update = 0
         self.epoch = 1
@@ -218,7 +218,7 @@ class Trainer:
         while True:
             self.sampler.set_epoch(self.epoch)  # keeps the saved position within the same epoch
             for indices in self.sampler:
-                yield collate(self.train_set, indices, self.arch).to(self.device)
+                yield collate(self.train_set, indices, self.arch, pad_to_multiple=self.cfg.train.pad_to_multiple).to(self.device)
             self.epoch += 1
 
     @property

@@ -1,0 +1,38 @@
+"""train.pad_to_multiple: the extra padding of bounded batch shapes enters no loss, token count or
+MoE statistic (the trainer's loss path, both families, dense and mixture of experts), and the run
+reports its batch shapes at start."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import tiny_model_config
+from transformer.data.collate import collate_decoder_only, collate_encoder_decoder
+from transformer.models import build_model
+from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss
+
+SRC = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18]]
+TGT = [[20, 21, 22], [23, 24, 25, 26, 27, 28], [29]]
+
+
+@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
+@pytest.mark.parametrize("ffn", ["swiglu", "moe"])
+def test_the_loss_of_a_batch_does_not_see_the_extra_padding(arch, ffn):
+    cfg = tiny_model_config(arch=arch, **{"ffn.name": ffn, "ffn.n_experts": 4, "ffn.top_k": 2},
+                            **({"n_encoder_layers": 0} if arch == "decoder_only" else {}))
+    torch.manual_seed(0)
+    model = build_model(cfg, 40).train()
+    criterion = LabelSmoothedCrossEntropy(0.1, ignore_index=0)
+    collate = collate_encoder_decoder if arch == "encoder_decoder" else collate_decoder_only
+    out = {}
+    for m in (1, 8):
+        batch = collate(SRC, TGT, pad_to_multiple=m)
+        assert all(t.shape[1] % m == 0 for t in batch.net_input.values())
+        torch.manual_seed(1)
+        out[m] = model_loss(model, criterion, batch.net_input, batch.target)
+        out[m]["ntokens_batch"] = batch.ntokens
+    assert out[1]["ntokens_batch"] == out[8]["ntokens_batch"] == sum(len(t) + 1 for t in TGT)
+    for key in ("loss", "nll_loss", "ntokens", *(("router_loss", "moe_aux_loss", "moe_z_loss", "moe_load") if ffn == "moe" else ())):
+        torch.testing.assert_close(torch.as_tensor(out[8][key]).float(), torch.as_tensor(out[1][key]).float(),
+                                   atol=1e-5, rtol=1e-5, msg=key)
