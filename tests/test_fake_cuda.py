@@ -51,7 +51,7 @@ def results(shim: Path, all_cases: list[Case], tmp_path_factory: pytest.TempPath
     (:func:`tests.fake_cuda.dry_run.inject_cpu_mask`), in one child process."""
     plan = [c.as_dict() for c in all_cases]
     injected = dict(next(p for p in plan if p["name"] == "preset:llama_style"), name=INJECTED, inject="cpu_mask",
-                    precisions=["bf16"], validate=[], checkpoint=[], decoding=[], compose=None)
+                    precisions=["bf16"], fit=[], resume=[], decoding=[], compose=None)
     return run_plan([*plan, injected], tmp_path_factory.mktemp("fake_cuda_run"), shim)
 
 
@@ -101,8 +101,9 @@ def test_cases_cover_every_option_of_every_group(all_cases: list[Case]) -> None:
     every = set().union(*map(decoding_options, all_cases))
     decoded = set().union(*(decoding_options(c) for c in all_cases if c.decoding))
     assert decoded == every and {g for g, _ in every} == set(DECODING_GROUPS), every - decoded
-    for step in ("validate", "checkpoint"):
+    for step in ("fit", "resume"):
         assert {c.covers["model.arch"] for c in all_cases if getattr(c, step)} == {"encoder_decoder", "decoder_only"}
+    assert any(c.fit and c.covers.get("train.ema_decay") == "on" for c in all_cases)
 
 
 # ----------------------------------------------------------------------------- the dry run
@@ -118,17 +119,19 @@ def test_training_step_on_the_gpu_keeps_every_tensor_there(results: dict[str, An
         assert set(results[case.name]["runs"]) == set(case.precisions)
 
 
-def test_validation_checkpoints_and_decoding_on_the_gpu(results: dict[str, Any], all_cases: list[Case]) -> None:
-    """``Trainer.validate`` (loss and beam-search BLEU, the moving average swapped in); a checkpoint saved from the GPU (its GPU tensors recorded as
-    ``cuda:0``, as a GPU writes them) that loads with ``map_location="cpu"`` and resumes on the GPU;
+def test_fit_checkpoints_and_decoding_on_the_gpu(results: dict[str, Any], all_cases: list[Case]) -> None:
+    """``Trainer.fit`` for one update: validation (loss, beam-search BLEU; the moving average swapped
+    in) and ``checkpoint_last`` saved from the GPU, its GPU tensors recorded as ``cuda:0`` as a GPU
+    writes them; read back with ``map_location="cpu"`` and resumed on the GPU for one more update;
     greedy and beam search through ``translate_sentences``, a hypothesis for every sentence."""
     for case in all_cases:
         runs = results[case.name]["runs"]
-        for precision in case.validate:
-            assert {"loss", "bleu"} <= set(runs[precision]["validated"]), (case.name, runs[precision])
-        for precision in case.checkpoint:
+        for precision in case.fit:
             run = runs[precision]
+            assert {"train", "valid"} <= set(run["logged"]) and "bleu" in run["logged"]["valid"], run
             assert run["saved_on_cuda"] > 0 and run["saved_tensors"] > run["saved_on_cuda"], run
+        for precision in case.resume:
+            run = runs[precision]
             assert "CUDA device" in run["without_map_location"], run  # the file really says cuda:0
             assert "train_step after resume" in run["resume_syncs"], run
         for precision in case.decoding:

@@ -241,8 +241,10 @@ class Case:
         covers: group -> option, the options this case accounts for.
         same: other presets that are the same model at tiny sizes (run once, under this case).
         precisions: the precisions it trains in (one update each).
-        validate: the precisions that also run ``Trainer.valid_loss``.
-        checkpoint: the precisions that also save, load on the host and resume on the fake GPU.
+        fit: the precisions that run ``Trainer.fit`` (one update, validation, ``checkpoint_last``)
+            instead of ``Trainer.train_step``.
+        resume: the precisions (among ``fit``'s) whose checkpoint is read on the host and resumed on
+            the fake GPU.
         decoding: the precisions that also run greedy and beam search.
     """
 
@@ -251,8 +253,8 @@ class Case:
     covers: dict[str, str] = field(default_factory=dict)
     same: list[str] = field(default_factory=list)
     precisions: tuple[str, ...] = PRECISIONS
-    validate: tuple[str, ...] = ()
-    checkpoint: tuple[str, ...] = ()
+    fit: tuple[str, ...] = ()
+    resume: tuple[str, ...] = ()
     decoding: tuple[str, ...] = ()
 
     def all_overrides(self) -> list[str]:
@@ -268,7 +270,7 @@ class Case:
         overrides that the runner composes and compares with it."""
         cfg = OmegaConf.to_container(full_config(self.all_overrides()), resolve=True)
         return {"name": self.name, "config": cfg, "compose": self.all_overrides() if self.name.startswith("preset:") else None,
-                "precisions": list(self.precisions), "validate": list(self.validate), "checkpoint": list(self.checkpoint),
+                "precisions": list(self.precisions), "fit": list(self.fit), "resume": list(self.resume),
                 "decoding": list(self.decoding)}
 
 
@@ -364,10 +366,11 @@ DECODING_GROUPS = ("model.arch", "ATTENTION_KINDS", "FFNS", "POSITIONS", "model.
 
 def cases() -> list[Case]:
     """Every case: the distinct presets (each in fp32, bf16 and fp16), then the switch combinations
-    for what they leave uncovered (one precision each, in turn). In each family, a dense preset also
-    saves, reloads and resumes (fp16 for the encoder-decoder: the GradScaler's state; bf16 for the
-    decoder-only model), and a case with a moving average (else that preset) runs the trainer's
-    validation (``Trainer.validate``: the average swapped in, loss, BLEU). Greedy and beam search run in the fewest
+    for what they leave uncovered (one precision each, in turn). In each family a dense preset runs
+    ``Trainer.fit`` (validation and ``checkpoint_last`` after its update) and resumes from that
+    checkpoint (fp16 for the encoder-decoder: the GradScaler's state; bf16 for the decoder-only
+    model), and so does a combination with a moving average (validated with the average swapped
+    in, saved as the weights). Greedy and beam search run in the fewest
     cases that cover every option of :data:`DECODING_GROUPS` (the dense feed-forward blocks count as
     one option, the RoPE scalings other than ``dynamic`` too: they differ in their tables only)."""
     presets = preset_cases()
@@ -377,10 +380,11 @@ def cases() -> list[Case]:
     for arch, precision in (("encoder_decoder", "fp16"), ("decoder_only", "bf16")):
         plain = next(c for c in presets if c.covers.get("model.arch") == arch and not FFNS[c.covers["FFNS"]].routed
                      and not ATTENTION_KINDS[c.covers["ATTENTION_KINDS"]].latent)
-        plain.checkpoint = (precision,)
-        family = [c for c in [*combos, *presets] if c.covers.get("model.arch") == arch]
-        averaged = next((c for c in family if c.covers.get("train.ema_decay") == "on"), plain)  # the average swaps in
-        averaged.validate = averaged.precisions[:1]
+        plain.fit = plain.resume = (precision,)
+        family = [c for c in combos if c.covers.get("model.arch") == arch]
+        averaged = next((c for c in family if c.covers.get("train.ema_decay") == "on"), None)  # the average swaps in
+        if averaged is not None:
+            averaged.fit = averaged.precisions[:1]
     out = [*presets, *combos]
     for case in decoding_cases(out):
         case.decoding = ("fp32",) if "fp32" in case.precisions else case.precisions[:1]
@@ -426,5 +430,5 @@ __all__ = ["CONFIGS", "DECODING_GROUPS", "Case", "Group", "PRECISIONS", "TINY", 
 if __name__ == "__main__":  # print the cases
     every = cases()
     for c in every:
-        print(c.name, c.same or "", c.precisions, "validate", c.validate, "checkpoint", c.checkpoint, "decoding", c.decoding)
+        print(c.name, c.same or "", c.precisions, "fit", c.fit, "resume", c.resume, "decoding", c.decoding)
     print({k: sorted(v) for k, v in coverage(every).items()})

@@ -1,26 +1,28 @@
 """The dry run itself: the project's trainer, checkpoints and decoding on fake ``cuda:0`` tensors.
 
 Imported by :mod:`tests.fake_cuda.runner` once the stand-in CUDA backend is loaded. Every check
-drives the project's own functions, in the order ``scripts/train.py`` runs them on
-``train.device=cuda``:
+drives the project's own functions as ``scripts/train.py`` runs them on ``train.device=cuda``
+(:func:`run`):
 
-* **train step**: :class:`~transformer.training.trainer.Trainer` built as the run builds it (the
-  model built on the CPU by ``Trainer._build_model``, then moved: see
-  :meth:`~tests.fake_cuda.harness.FakeCuda.to_device`), one :meth:`Trainer.train_step` over
-  ``train.update_freq`` batches from :meth:`Trainer._batches` (collated on the host, moved with
+* **update**: :class:`~transformer.training.trainer.Trainer` built as the run builds it (the model
+  built on the CPU by ``Trainer._build_model``, then moved: see
+  :meth:`~tests.fake_cuda.harness.FakeCuda.to_device`), then one :meth:`Trainer.train_step` over
+  ``train.update_freq`` batches of :meth:`Trainer._batches` (collated on the host, moved by
   ``Batch.to``): autocast, the label-smoothed loss through the fused output layer, router losses,
-  backward (through the GradScaler under fp16), unscale, gradient clipping, the optimizer's fused
-  step, the schedule, the moving average, the MoE bias update. Then every parameter, gradient,
+  backward (through the GradScaler under fp16), unscale, gradient clipping, the fused optimizer step,
+  the schedule, the moving average, the MoE bias update. Afterwards every parameter, gradient,
   buffer, table, optimizer state, moving average and scaler tensor must be on ``cuda:0``, the
   gradients fp32, the optimizer fused, the GradScaler on exactly under fp16;
-* **validation**: :meth:`Trainer.valid_loss` (eval mode, autocast);
-* **checkpoint**: :meth:`Trainer.save` from the fake GPU (its files written with zeros of the saved
-  shapes, the tensors that were on the GPU recorded as ``cuda:0`` in ``.pt`` files, as a GPU
-  writes them), read back with ``load_checkpoint(map_location="cpu")``, and resumed into a new fake
-  GPU trainer (``Trainer.load_state``) that takes another step;
+* **fit**: :meth:`Trainer.fit` itself instead, stopped by its time budget after one update, so that
+  it validates (loss; BLEU by beam search; the moving average swapped in) and saves
+  ``checkpoint_last`` (the writers given zeros of the saved shapes, the GPU tensors recorded as
+  ``cuda:0`` in the ``.pt`` file as a GPU writes them: :class:`_GpuFiles`);
+* **resume**: that checkpoint read on the host with ``load_checkpoint(map_location="cpu")`` (every
+  tensor on the CPU; the file refuses to load without ``map_location`` on this CPU-only machine),
+  then ``Trainer.load_state`` into a new fake-GPU trainer and one more update;
 * **decoding**: greedy and beam search through :func:`~transformer.generation.translate_sentences`
-  (what validation BLEU and the test call), with invented host-side answers (see
-  :mod:`tests.fake_cuda.harness`).
+  (what validation BLEU and the test call), with the host syncs answered as
+  :mod:`tests.fake_cuda.harness` describes.
 """
 
 from __future__ import annotations
@@ -160,40 +162,44 @@ def host_syncs(fc: FakeCuda) -> dict[str, dict[str, int]]:
     return out
 
 
-def run(cfg: Any, precision: str, data: TranslationData, *, validate: bool = False, checkpoint: bool = False,
+def run(cfg: Any, precision: str, data: TranslationData, *, fit: bool = False, resume: bool = False,
         decode: bool = False) -> dict[str, Any]:
-    """One case in one precision: a train step and its checks, then what is asked: a validation pass,
-    the checkpoint round trip (:func:`checkpoint_round_trip`), greedy and beam search (:func:`decode_valid`).
+    """One case in one precision on the fake GPU.
+
+    Without ``fit``: one ``Trainer.train_step`` over ``train.update_freq`` batches of
+    ``Trainer._batches``. With ``fit``: ``Trainer.fit`` itself, stopped after its first update by
+    ``train.max_time`` (so it also validates, BLEU by beam search included, and saves
+    ``checkpoint_last`` through :class:`_GpuFiles`, as the loop does at its last update). Then the
+    checks (:func:`placement`, :func:`step_checks`); with ``resume`` the checkpoint round trip
+    (:func:`resume_on_gpu`); with ``decode`` greedy and beam search (:func:`decode_valid`).
 
     Returns:
         ``ok``, ``problems`` (what does not hold), ``notes``, ``error`` (the first exception: type,
         message and the innermost project line), ``syncs`` (phase -> host syncs), ``ops`` (phase ->
-        operators dispatched), ``seconds`` and what the checkpoint check measured.
+        operators dispatched), ``seconds``, and what ``fit`` and ``resume`` saw.
     """
     start = time.time()
     result: dict[str, Any] = {"ok": False, "problems": [], "notes": [], "error": None, "syncs": {}, "ops": {}}
     cfg = with_precision(cfg, precision)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = dataclasses.replace(cfg, run_dir=tmp)
+        train = dataclasses.replace(cfg.train, max_time=1e-6) if fit else cfg.train  # stop after the first update
+        cfg = dataclasses.replace(cfg, run_dir=tmp, train=train)
         fc = FakeCuda()
         try:
             with fc:
                 trainer = build_trainer(fc, cfg, data, Path(tmp))
-                batches = trainer._batches()
-                fc.phase("train_step")
-                trainer.train_step([next(batches) for _ in range(cfg.train.update_freq)])
+                if fit:
+                    fc.phase("fit")
+                    fit_on_gpu(trainer, result)
+                else:
+                    fc.phase("train_step")
+                    batches = trainer._batches()
+                    trainer.train_step([next(batches) for _ in range(cfg.train.update_freq)])
                 placement(result, trainer_tensors(trainer), fc, "after the update")
                 result["problems"] += step_checks(trainer, precision)
-                if validate:
-                    fc.phase("validate")
-                    validate_on_gpu(trainer, result)
-                    placement(result, trainer_tensors(trainer), fc, "after validation")
-                if checkpoint:
-                    fc.phase("save")
-                    save_from_gpu(trainer, result)
                 if decode:
                     decode_valid(fc, trainer, data, result)
-            if checkpoint:
+            if resume:
                 resume_on_gpu(cfg, data, Path(tmp), result)
         except Exception as err:  # noqa: BLE001 - reported per case
             result["error"] = failure(err)
@@ -201,6 +207,38 @@ def run(cfg: Any, precision: str, data: TranslationData, *, validate: bool = Fal
     result["ok"] = result["error"] is None and not result["problems"]
     result["seconds"] = round(time.time() - start, 2)
     return result
+
+
+class _Metrics:
+    """A metrics logger that keeps what it is given (``MetricsLogger.log``)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, dict[str, Any]]] = []
+
+    def log(self, metrics: Any, step: int, split: str) -> None:
+        self.rows.append((split, dict(metrics)))
+
+
+def fit_on_gpu(trainer: Trainer, result: dict[str, Any]) -> None:
+    """``Trainer.fit`` with the checkpoint writers of :class:`_GpuFiles`: one update, then (the time
+    budget reached) validation, with the moving average swapped in when there is one, and
+    ``checkpoint_last``. A validation sentence that failed to translate (the trainer logs the error
+    and goes on) is a problem."""
+    logged: list[str] = []
+    trainer.log = logged.append
+    metrics = _Metrics()
+    _FILES.saved.clear()
+    with contextlib.ExitStack() as stack:
+        for patch in _FILES.patches():
+            stack.enter_context(patch)
+        # weights_for_safetensors reads storage pointers, which fake tensors lack (torch warns)
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+        result["stopped"] = trainer.fit(metrics)
+    result["logged"] = {split: sorted(row) for split, row in metrics.rows}
+    result["problems"] += [f"validation: {line}" for line in logged if "could not be translated" in line]
+    result["saved_on_cuda"] = sum(s.endswith(" cuda:0") for s in _FILES.saved)
+    result["saved_tensors"] = len(_FILES.saved)
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -250,45 +288,6 @@ class _GpuFiles:
 
 _FILES = _GpuFiles()
 torch.serialization.register_package(0, _FILES.tag, lambda storage, location: None)
-
-
-class _Metrics:
-    """A metrics logger that keeps what it is given (``MetricsLogger.log``)."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[str, dict[str, Any]]] = []
-
-    def log(self, metrics: Any, step: int, split: str) -> None:
-        self.rows.append((split, dict(metrics)))
-
-
-def validate_on_gpu(trainer: Trainer, result: dict[str, Any]) -> None:
-    """``Trainer.validate``: the moving average swapped in, the teacher-forced loss, BLEU of the first
-    validation sentences by beam search; a sentence that failed to translate (the error is kept in
-    the log, not raised) is a problem."""
-    logged: list[str] = []
-    trainer.log = logged.append
-    metrics = _Metrics()
-    trainer.validate(metrics)
-    result["validated"] = sorted(metrics.rows[-1][1]) if metrics.rows else []
-    result["problems"] += [f"validation: {line}" for line in logged if "could not be translated" in line]
-
-
-def save_from_gpu(trainer: Trainer, result: dict[str, Any]) -> None:
-    """``Trainer.save()`` on the fake GPU, its writers given real zeros (see :class:`_GpuFiles`)."""
-    _FILES.saved.clear()
-    patches = _FILES.patches()
-    for p in patches:
-        p.start()
-    try:
-        with warnings.catch_warnings():  # weights_for_safetensors reads storage pointers: fake tensors have none
-            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
-            trainer.save()
-    finally:
-        for p in patches:
-            p.stop()
-    result["saved_on_cuda"] = sum(s.endswith(" cuda:0") for s in _FILES.saved)
-    result["saved_tensors"] = len(_FILES.saved)
 
 
 def resume_on_gpu(cfg: Any, data: TranslationData, run_dir: Path, result: dict[str, Any]) -> None:
@@ -371,8 +370,7 @@ INJECTIONS["cpu_mask"] = inject_cpu_mask
 
 
 def run_plan(plan: dict[str, Any]) -> dict[str, Any]:
-    """Run ``plan``: ``cases``, each ``{name, config, compose, precisions, validate, checkpoint,
-    decoding}`` (see :meth:`tests.fake_cuda.cases.Case.as_dict`) and optionally ``inject``, a key of
+    """Run ``plan``: ``cases``, each ``{name, config, compose, precisions, fit, resume, decoding}`` (see :meth:`tests.fake_cuda.cases.Case.as_dict`) and optionally ``inject``, a key of
     :data:`INJECTIONS` applied while that case runs. Returns ``{"cases": {name: {"runs": {precision:
     run(...)}, "seconds": ...}}}`` (``error`` instead of ``runs`` for a case whose config fails)."""
     data = synthetic_data()
@@ -388,8 +386,8 @@ def run_plan(plan: dict[str, Any]) -> dict[str, Any]:
             continue
         with INJECTIONS[case["inject"]]() if case.get("inject") else contextlib.nullcontext():
             for precision in case["precisions"]:
-                res["runs"][precision] = run(cfg, precision, data, validate=precision in case.get("validate", ()),
-                                             checkpoint=precision in case.get("checkpoint", ()),
+                res["runs"][precision] = run(cfg, precision, data, fit=precision in case.get("fit", ()),
+                                             resume=precision in case.get("resume", ()),
                                              decode=precision in case.get("decoding", ()))
         res["seconds"] = round(time.time() - start, 2)
     return out
