@@ -103,7 +103,6 @@ def test_cases_cover_every_option_of_every_group(all_cases: list[Case]) -> None:
     assert decoded == every and {g for g, _ in every} == set(DECODING_GROUPS), every - decoded
     for step in ("fit", "resume"):
         assert {c.covers["model.arch"] for c in all_cases if getattr(c, step)} == {"encoder_decoder", "decoder_only"}
-    assert any(c.fit and c.covers.get("train.ema_decay") == "on" for c in all_cases)
 
 
 # ----------------------------------------------------------------------------- the dry run

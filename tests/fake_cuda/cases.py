@@ -52,6 +52,8 @@ TRAIN = ("train.device=cuda", "train.max_tokens=64", "train.max_updates=100", "t
          "generation.max_len_a=0.0", "generation.max_len_b=1")
 """Training settings of every case (the synthetic corpus has 2-6 ids per side; validation BLEU
 translates 2 sentences with beam 2, at most one token before EOS)."""
+_ONE_LAYER = "model.n_encoder_layers=0"
+"""A decoder-only case stacks one layer (two when local and global layers alternate)."""
 
 
 @dataclass(frozen=True)
@@ -215,8 +217,13 @@ def apply(cfg: DictConfig, overrides: list[str]) -> DictConfig:
 
 def full_config(overrides: list[str]) -> DictConfig:
     """The :class:`~transformer.config.Config` the overrides make (see :func:`apply`) on the dataclass
-    defaults; only what :func:`groups` reads and ``validate_model_config`` checks is faithful."""
-    return apply(copy.deepcopy(_base("config")), overrides)
+    defaults (computed once per list of overrides: do not modify it)."""
+    return _full_config(tuple(overrides))
+
+
+@functools.lru_cache(maxsize=None)
+def _full_config(overrides: tuple[str, ...]) -> DictConfig:
+    return apply(copy.deepcopy(_base("config")), list(overrides))
 
 
 def valid(cfg: DictConfig) -> bool:
@@ -292,6 +299,8 @@ def preset_cases() -> list[Case]:
     seen: dict[str, Case] = {}
     for name in _stems("model"):
         case = Case(f"preset:{name}", [f"model={name}"])
+        if full_config(case.all_overrides()).model.arch == "decoder_only":
+            case.overrides.append(_ONE_LAYER)
         key = json.dumps(case.model(), sort_keys=True)
         if key in seen:
             seen[key].same.append(name)
@@ -322,7 +331,7 @@ def combo_cases(covered: list[Case] = (), max_cases: int = 40) -> list[Case]:
     while any(uncovered.values()) and len(cases) < max_cases:
         chosen: dict[str, str] = {}
         overrides: list[str] = []
-        cfg = full_config(list(TINY))
+        cfg = OmegaConf.create({"model": copy.deepcopy(full_config(list(TINY)).model)})  # the model is all that is checked
         for g in all_groups:
             if g.applies is not None and not _applies(g, chosen):
                 continue
@@ -336,6 +345,8 @@ def combo_cases(covered: list[Case] = (), max_cases: int = 40) -> list[Case]:
         for name, option in chosen.items():
             if option in uncovered[name]:
                 uncovered[name].remove(option)
+        if chosen["model.arch"] == "decoder_only" and chosen.get("model.attention_window_pattern") != "alternating":
+            overrides.append(_ONE_LAYER)
         cases.append(Case(f"combo:{len(cases)}", overrides, dict(chosen)))
     return cases
 
@@ -367,10 +378,9 @@ DECODING_GROUPS = ("model.arch", "ATTENTION_KINDS", "FFNS", "POSITIONS", "model.
 def cases() -> list[Case]:
     """Every case: the distinct presets (each in fp32, bf16 and fp16), then the switch combinations
     for what they leave uncovered (one precision each, in turn). In each family a dense preset runs
-    ``Trainer.fit`` (validation and ``checkpoint_last`` after its update) and resumes from that
-    checkpoint (fp16 for the encoder-decoder: the GradScaler's state; bf16 for the decoder-only
-    model), and so does a combination with a moving average (validated with the average swapped
-    in, saved as the weights). Greedy and beam search run in the fewest
+    ``Trainer.fit`` (with a moving average: validation with the average swapped in, and
+    ``checkpoint_last``, after its update) and resumes from that checkpoint (fp16 for the
+    encoder-decoder: the GradScaler's state; bf16 for the decoder-only model). Greedy and beam search run in the fewest
     cases that cover every option of :data:`DECODING_GROUPS` (the dense feed-forward blocks count as
     one option, the RoPE scalings other than ``dynamic`` too: they differ in their tables only)."""
     presets = preset_cases()
@@ -381,10 +391,6 @@ def cases() -> list[Case]:
         plain = next(c for c in presets if c.covers.get("model.arch") == arch and not FFNS[c.covers["FFNS"]].routed
                      and not ATTENTION_KINDS[c.covers["ATTENTION_KINDS"]].latent)
         plain.fit = plain.resume = (precision,)
-        family = [c for c in combos if c.covers.get("model.arch") == arch]
-        averaged = next((c for c in family if c.covers.get("train.ema_decay") == "on"), None)  # the average swaps in
-        if averaged is not None:
-            averaged.fit = averaged.precisions[:1]
     out = [*presets, *combos]
     for case in decoding_cases(out):
         case.decoding = ("fp32",) if "fp32" in case.precisions else case.precisions[:1]

@@ -49,7 +49,7 @@ from transformer.config import GenerationConfig, config_dict, register_configs, 
 from transformer.data.dataset import ParallelDataset, TranslationData
 from transformer.generation import translate_sentences
 from transformer.training.checkpoint import load_checkpoint
-from transformer.training.distributed import DistInfo
+from transformer.training.distributed import setup_distributed
 from transformer.training.trainer import Trainer
 
 CONFIGS = Path(PROJECT).parent / "configs"
@@ -100,8 +100,10 @@ def with_precision(cfg: Any, precision: str) -> Any:
 
 
 def build_trainer(fc: FakeCuda, cfg: Any, data: TranslationData, run_dir: Path) -> Trainer:
-    """``Trainer(cfg, data, rank 0 of 1 on cuda:0, run_dir)`` inside ``fc``: ``Trainer._build_model``
-    builds the model on the CPU (real tensors, the project's init), which ``fc`` then moves."""
+    """``Trainer(cfg, data, setup_distributed(cfg.train.device), run_dir)`` inside ``fc``, as
+    ``transformer.training.run.train`` builds it (``train.device=cuda``: rank 0 of 1 on ``cuda:0``);
+    ``Trainer._build_model`` builds the model on the CPU (real tensors, the project's init), which
+    ``fc`` then moves as ``.to(device)`` would."""
     build = Trainer._build_model
 
     def build_then_move(self: Trainer) -> torch.nn.Module:
@@ -109,8 +111,11 @@ def build_trainer(fc: FakeCuda, cfg: Any, data: TranslationData, run_dir: Path) 
             model = build(self)
         return fc.to_device(model, self.device)
 
+    dist_info = setup_distributed(cfg.train.device)
+    if dist_info.device != CUDA:
+        raise AssertionError(f"train.device={cfg.train.device} resolved to {dist_info.device}, not {CUDA}")
     with mock.patch.object(Trainer, "_build_model", build_then_move):
-        return Trainer(cfg, data, DistInfo(0, 1, CUDA), run_dir)
+        return Trainer(cfg, data, dist_info, run_dir)
 
 
 def failure(err: BaseException) -> str:
@@ -169,7 +174,8 @@ def run(cfg: Any, precision: str, data: TranslationData, *, fit: bool = False, r
     Without ``fit``: one ``Trainer.train_step`` over ``train.update_freq`` batches of
     ``Trainer._batches``. With ``fit``: ``Trainer.fit`` itself, stopped after its first update by
     ``train.max_time`` (so it also validates, BLEU by beam search included, and saves
-    ``checkpoint_last`` through :class:`_GpuFiles`, as the loop does at its last update). Then the
+    ``checkpoint_last`` through :class:`_GpuFiles`, as the loop does at its last update), with a
+    moving average (``train.ema_decay=0.99`` unless set). Then the
     checks (:func:`placement`, :func:`step_checks`); with ``resume`` the checkpoint round trip
     (:func:`resume_on_gpu`); with ``decode`` greedy and beam search (:func:`decode_valid`).
 
@@ -182,7 +188,8 @@ def run(cfg: Any, precision: str, data: TranslationData, *, fit: bool = False, r
     result: dict[str, Any] = {"ok": False, "problems": [], "notes": [], "error": None, "syncs": {}, "ops": {}}
     cfg = with_precision(cfg, precision)
     with tempfile.TemporaryDirectory() as tmp:
-        train = dataclasses.replace(cfg.train, max_time=1e-6) if fit else cfg.train  # stop after the first update
+        # fit: stop after the first update; with a moving average (validated swapped in, saved as the weights)
+        train = dataclasses.replace(cfg.train, max_time=1e-6, ema_decay=cfg.train.ema_decay or 0.99) if fit else cfg.train
         cfg = dataclasses.replace(cfg, run_dir=tmp, train=train)
         fc = FakeCuda()
         try:
