@@ -49,10 +49,11 @@ HOST_FACTORIES: dict[tuple[str, str], str] = {
     ("modules/moe.py", "TopKRouter.__init__"): "a buffer made at construction, moved with the module",
     ("modules/moe.py", "GroupedExperts.__init__"): "parameters made at construction, moved with the module",
     ("modules/positions.py", "LearnedPositionalEmbedding.__init__"): "a parameter made at construction, moved with the module",
-    ("modules/positions.py", "sinusoidal_table"): "an fp32 table made at construction (PositionEncoding._fp32 moves it on first use; a grown table is moved to the old one's device)",
-    ("modules/positions.py", "alibi_slopes"): "an fp32 table made at construction (PositionEncoding._fp32 moves it on first use)",
-    ("modules/rope_scaling.py", "unscaled_inv_freq"): "RoPE frequencies made at construction (PositionEncoding._fp32 moves them on first use)",
-    ("modules/rope_scaling.py", "_yarn"): "RoPE frequencies made at construction (PositionEncoding._fp32 moves them on first use)",
+    ("modules/positions.py", "sinusoidal_table"): "an fp32 table made at construction: PositionEncoding._fp32 "
+                                                  "moves it on first use, a grown one goes to the old one's device",
+    ("modules/positions.py", "alibi_slopes"): "an fp32 table made at construction (PositionEncoding._fp32 moves it)",
+    ("modules/rope_scaling.py", "unscaled_inv_freq"): "RoPE frequencies made at construction (PositionEncoding._fp32 moves them)",
+    ("modules/rope_scaling.py", "_yarn"): "RoPE frequencies made at construction (PositionEncoding._fp32 moves them)",
     ("training/checkpoint/rng.py", "get_rng_state"): "the host's generator states, saved in the training state",
 }
 """(file under ``transformer/``, function) -> why its tensor factories need no ``device=``."""

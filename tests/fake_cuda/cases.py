@@ -113,9 +113,11 @@ def groups() -> list[Group]:
                                 for k in ROPE_SCALINGS},
               lambda c: c.model.position.rope_scaling.rope_type, lambda c: c["POSITIONS"] == "rope"),
         Group("ROUTER_SCORES", {k: (f"model.ffn.router={k}",) for k in ROUTER_SCORES}, lambda c: c.model.ffn.router, moe),
-        Group("model.ffn.expert", {"plain": (f"model.ffn.expert={plain_expert}",), "gated": (f"model.ffn.expert={gated_expert}",)},
+        Group("model.ffn.expert",
+              {"plain": (f"model.ffn.expert={plain_expert}",), "gated": (f"model.ffn.expert={gated_expert}",)},
               lambda c: "gated" if FFNS[c.model.ffn.expert].gated else "plain", moe),
-        Group("model.ffn.n_shared_experts", {"none": ("model.ffn.n_shared_experts=0",), "some": ("model.ffn.n_shared_experts=1",)},
+        Group("model.ffn.n_shared_experts",
+              {"none": ("model.ffn.n_shared_experts=0",), "some": ("model.ffn.n_shared_experts=1",)},
               lambda c: "some" if c.model.ffn.n_shared_experts else "none", moe),
         Group("model.attention.q_lora_rank", {"full": (), "low-rank": ("model.attention.q_lora_rank=16",)},
               lambda c: "full" if c.model.attention.get("q_lora_rank") is None else "low-rank",
@@ -429,7 +431,8 @@ def coverage(all_cases: list[Case]) -> dict[str, set[str]]:
     return out
 
 
-__all__ = ["CONFIGS", "DECODING_GROUPS", "Case", "Group", "PRECISIONS", "TINY", "TRAIN", "cases", "combo_cases", "coverage", "covers",
+__all__ = ["CONFIGS", "DECODING_GROUPS", "Case", "Group", "PRECISIONS", "TINY", "TRAIN", "cases", "combo_cases", "coverage",
+           "covers",
            "apply", "decoding_cases", "decoding_options", "full_config", "groups", "preset_cases", "resolve_preset", "valid"]
 
 

@@ -80,7 +80,8 @@ def synthetic_data(seed: int = 0) -> TranslationData:
     valid_src, valid_tgt = side(4), side(4)
     splits = {
         "train": ParallelDataset(side(24), side(24), None, None, "train"),
-        "valid": ParallelDataset(valid_src, valid_tgt, [tok.decode(s) for s in valid_src], [tok.decode(s) for s in valid_tgt], "valid"),
+        "valid": ParallelDataset(valid_src, valid_tgt, [tok.decode(s) for s in valid_src],
+                                 [tok.decode(s) for s in valid_tgt], "valid"),
     }
     return TranslationData(src_tokenizer=tok, tgt_tokenizer=tok, splits=splits)
 
@@ -121,7 +122,9 @@ def build_trainer(fc: FakeCuda, cfg: Any, data: TranslationData, run_dir: Path) 
 def failure(err: BaseException) -> str:
     """``Type: message (at the innermost project line)`` of an exception."""
     where = [f for f in traceback.extract_tb(err.__traceback__) if f.filename.startswith(PROJECT)]
-    at = f" (at {Path(where[-1].filename).relative_to(Path(PROJECT).parent)}:{where[-1].lineno} {where[-1].name})" if where else ""
+    at = ""
+    if where:
+        at = f" (at {Path(where[-1].filename).relative_to(Path(PROJECT).parent)}:{where[-1].lineno} {where[-1].name})"
     message = " ".join(str(err).split())[:600]
     return f"{type(err).__name__}: {message}{at}"
 
@@ -377,7 +380,8 @@ INJECTIONS["cpu_mask"] = inject_cpu_mask
 
 
 def run_plan(plan: dict[str, Any]) -> dict[str, Any]:
-    """Run ``plan``: ``cases``, each ``{name, config, compose, precisions, fit, resume, decoding}`` (see :meth:`tests.fake_cuda.cases.Case.as_dict`) and optionally ``inject``, a key of
+    """Run ``plan``: ``cases``, each ``{name, config, compose, precisions, fit, resume, decoding}`` (see
+    :meth:`tests.fake_cuda.cases.Case.as_dict`) and optionally ``inject``, a key of
     :data:`INJECTIONS` applied while that case runs. Returns ``{"cases": {name: {"runs": {precision:
     run(...)}, "seconds": ...}}}`` (``error`` instead of ``runs`` for a case whose config fails)."""
     data = synthetic_data()

@@ -13,8 +13,12 @@
   cannot: a value read by the host (``.item()``, ``bool(t)``, ``int(t)``, ``.tolist()``,
   ``.cpu()``) and a shape that depends on values (``nonzero``, ``bincount``, boolean-mask indexing,
   ``unique_consecutive``). Each such *host sync* is recorded with the project line that made it
-  (:attr:`HostSide.syncs`), and answered from :data:`ANSWERS` or by a default. Values are invented,
-  so the dry run checks where tensors live and which dtypes meet, never what they hold.
+  (:attr:`HostSide.syncs`). A fake tensor whose values the host knows (moved there from the host,
+  made by ``arange``/``full``/... on the device, or computed from such tensors alone: token ids,
+  lengths, row and sentence indices) carries them along, computed on the CPU beside it, and a sync
+  reads them; one the model computed (logits, routing, which beams end) is answered from
+  :data:`ANSWERS`, else by :data:`DEFAULTS` (and a mixture of experts' load is even). The dry run
+  checks where tensors live and which dtypes meet, never what the model's tensors hold.
 
 A model is built on the CPU as the project builds it and then converted (:meth:`FakeCuda.to_device`,
 what ``Module.to`` does to parameters and buffers, ties kept): torch cannot ``Module.to`` fake
@@ -27,7 +31,7 @@ import linecache
 import sys
 from collections import Counter
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 from unittest import mock
