@@ -126,6 +126,10 @@ class HostSide(TorchDispatchMode):
         self.syncs.append(Sync(kind, site, self.phase, value))
         return value
 
+    def _record(self, kind: str, answer: Any) -> None:
+        where = project_frame()
+        self.syncs.append(Sync(kind, "<torch>" if where is None else f"{where[0]} {where[1]}", self.phase, answer))
+
     def _plan(self, t: Tensor) -> Tensor | None:
         entry = self.plans.get(id(t))
         return entry[1] if entry is not None and entry[0] is t else None
@@ -213,8 +217,7 @@ class HostSide(TorchDispatchMode):
         if plan is not None:
             with unset_fake_temporarily():
                 value = plan.item() if func is not aten.is_nonzero.default else bool(plan)
-            where = project_frame()
-            self.syncs.append(Sync("item", "<torch>" if where is None else f"{where[0]} {where[1]}", self.phase, value))
+            self._record("item", value)
             return value
         kind = torch.bool if t.dtype == torch.bool or func is aten.is_nonzero.default else (
             "float" if t.is_floating_point() else "int")
@@ -244,6 +247,7 @@ class HostSide(TorchDispatchMode):
         """An operator whose output shape depends on values: computed on the host values when known;
         else on invented ones (:meth:`_synthetic_mask`, an even expert load)."""
         name = str(func.overloadpacket.__name__)
+        known = self._all_planned(args, kwargs)
         if func in (aten.index.Tensor, aten.index_put_.default, aten.index_put.default):
             # a boolean mask as the integer indices it selects (host values, else invented ones)
             indices: list[Any] = []
@@ -252,6 +256,8 @@ class HostSide(TorchDispatchMode):
                     mask = self._plan(ix)
                     if mask is None:
                         mask = self._plan(self._synthetic_mask(ix, f"{name} (boolean mask)"))
+                    else:
+                        self._record(f"{name} (boolean mask)", "host values")
                     with unset_fake_temporarily():
                         positions = mask.bool().nonzero(as_tuple=True)
                     for p in positions:
@@ -287,6 +293,8 @@ class HostSide(TorchDispatchMode):
         if not self._all_planned(args, kwargs):
             # the values a host read needs are known; the rest of the operator is not
             raise NotImplementedError(f"fake-CUDA dry run: no host values for the value-dependent {func} at {project_frame()}")
+        if known:
+            self._record(name, "host values")
         real = self._run_on_host(func, args, kwargs)
         if real is None:
             raise NotImplementedError(f"fake-CUDA dry run: {func} failed on the host values at {project_frame()}")
