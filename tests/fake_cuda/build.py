@@ -42,14 +42,14 @@ def build_shim(cache_dir: Path) -> Path:
     include, lib = torch_dir / "include", torch_dir / "lib"
     if not (include / "ATen" / "detail" / "CUDAHooksInterface.h").is_file():
         raise ShimUnavailable(f"torch's C++ headers are not installed under {include}")
-    cxx = compiler()
-    if cxx is None:
-        raise ShimUnavailable("no C++ compiler (set CXX, or install g++ / clang++)")
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    key = hashlib.sha256(f"{SOURCE.read_text()}|{torch.__version__}|{torch_dir}|{abi}|{cxx}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{SOURCE.read_text()}|{torch.__version__}|{torch_dir}|{abi}".encode()).hexdigest()[:16]
     out = Path(cache_dir) / f"fake_cuda_device-{key}.so"
     if out.is_file():
         return out
+    cxx = compiler()
+    if cxx is None:
+        raise ShimUnavailable("no C++ compiler (set CXX, or install g++ / clang++)")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
     cmd = [cxx, "-shared", "-fPIC", "-std=c++17", "-O0", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
