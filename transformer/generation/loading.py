@@ -39,6 +39,7 @@ from transformer.config import (
     validate_generation_config,
 )
 from transformer.data.tokenizer import Tokenizer
+from transformer.device import resolve_device
 from transformer.io import SafetensorsReadError, read_safetensors
 from transformer.models import build_model
 from transformer.plugins import PluginError, import_recorded
@@ -266,7 +267,7 @@ def load_run(
 
     Args:
         path: run folder, checkpoint file (``.safetensors`` / ``.pt``) or checkpoint stem.
-        device: where the model goes.
+        device: where the model goes (:func:`~transformer.device.resolve_device`: ``auto``, ``cuda``, ...).
         src_tokenizer, tgt_tokenizer: SentencePiece models to use instead of the run folder's
             (one path alone is used for both sides).
         overrides: dotlist overrides of the run's config (e.g. ``["data.root=/data"]``).
@@ -329,7 +330,7 @@ def load_run(
             f"missing {missing[:5]}, unexpected {unexpected[:5]}, shape mismatches {bad_shapes[:5]}"
         )
     model.load_state_dict(state, strict=True)
-    model.to(device).eval()
+    model.to(resolve_device(device)).eval()
     return LoadedRun(model=model, tokenizers=toks, cfg=cfg, run_dir=run_dir, checkpoint=weights)
 
 
@@ -360,10 +361,3 @@ def merge_generation(base: Any, overrides: Any) -> GenerationConfig:
         raise ConfigError(f"invalid generation settings: {e}") from e
     validate_generation_config(merged)
     return OmegaConf.to_object(merged)
-
-
-def resolve_device(name: str | None) -> torch.device:
-    """``auto`` (or None) -> CUDA when available, else CPU; anything else as given."""
-    if name in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)

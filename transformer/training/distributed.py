@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from transformer.device import resolve_device
+
 __all__ = ["DistInfo", "broadcast_from_main", "export_submitit_environment", "setup_distributed", "shutdown_distributed"]
 
 
@@ -59,28 +61,23 @@ def export_submitit_environment() -> bool:
 def setup_distributed(device_name: str) -> DistInfo:
     """Initialise ``torch.distributed`` when launched by torchrun or submitit (``WORLD_SIZE > 1``).
 
-    Uses NCCL on CUDA and gloo on CPU; ``device_name`` ``auto`` picks CUDA when present. Under
-    submitit, torchrun's variables are first exported from the job environment
+    Uses NCCL on CUDA and gloo on CPU. The device is :func:`~transformer.device.resolve_device`'s
+    (``auto``: CUDA when present; ``cuda``: the GPU ``LOCAL_RANK``), made this process's current
+    CUDA device. Under submitit, torchrun's variables are first exported from the job environment
     (:func:`export_submitit_environment`).
 
     Args:
-        device_name: ``auto``, ``cpu``, ``cuda`` or any ``torch.device`` string; under ``cuda`` each
-            rank takes the GPU ``LOCAL_RANK``.
+        device_name: ``train.device``: ``auto``, ``cpu``, ``cuda`` or any ``torch.device`` string.
 
     Returns:
         This process's :class:`DistInfo` (rank 0 of 1 without torchrun).
     """
-    if device_name == "auto":
-        device_name = "cuda" if torch.cuda.is_available() else "cpu"
     export_submitit_environment()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    if device_name == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device(device_name)
+    device = resolve_device(device_name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return DistInfo(rank, world_size, device)

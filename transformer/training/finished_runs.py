@@ -30,6 +30,7 @@ import torch
 
 from transformer.analysis.grouping import IGNORED_KEYS, is_ignored, with_defaults
 from transformer.config import Config, ConfigError, config_dict
+from transformer.device import resolve_device
 from transformer.training.precision import resolve_precision
 
 __all__ = ["finished_runs_folder", "finished_twin", "skip_if_finished_elsewhere"]
@@ -37,13 +38,6 @@ __all__ = ["finished_runs_folder", "finished_twin", "skip_if_finished_elsewhere"
 _NOT_COMPARED: tuple[str, ...] = tuple(k for k in IGNORED_KEYS if k != "seed") + ("train.precision",)
 """Config keys a finished twin may differ in: the seed must match; ``train.precision`` is compared as
 resolved (``auto`` and ``fp32`` are the same run on a CPU without fast bf16)."""
-
-
-def _device(name: str) -> torch.device:
-    """The device a run with ``train.device=name`` trains on (``auto``: CUDA when present)."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def _results_file(finished_runs: Path, run_dir: Path) -> Path | None:
@@ -96,10 +90,10 @@ def finished_twin(cfg: Config, run_dir: Path) -> tuple[Path | None, dict[str, An
     then, now = with_defaults(results["config"]), with_defaults(config_dict(cfg))
     differs = [f"{k} ({then.get(k)!r} there, {now.get(k)!r} here)" for k in sorted(set(then) | set(now))
                if not is_ignored(k, _NOT_COMPARED) and then.get(k) != now.get(k)]
-    precision = resolve_precision(cfg.train.precision, _device(cfg.train.device))
+    precision = resolve_precision(cfg.train.precision, resolve_device(cfg.train.device))
     if results.get("precision") != precision:
         differs.append(f"precision ({results.get('precision')!r} there, {precision!r} here)")
-    device = _device(cfg.train.device)
+    device = resolve_device(cfg.train.device)
     if str(results.get("device", "cpu")).split(":")[0] != device.type:
         differs.append(f"device ({results.get('device')!r} there, {device.type!r} here)")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -1,0 +1,146 @@
+"""The fake-CUDA dry run: the training step, validation, checkpoints and decoding as they run on
+``train.device=cuda``, on a CPU-only machine (:mod:`tests.fake_cuda`).
+
+Every model preset in fp32, bf16 (autocast) and fp16 (autocast and the GradScaler), and switch
+combinations until every option of every group has run (:mod:`tests.fake_cuda.cases`), each one
+update of the project's own ``Trainer.train_step`` on fake ``cuda:0`` tensors: any operator that
+meets a ``cuda:0`` tensor and a non-scalar CPU tensor fails the case with torch's
+``FakeTensorDeviceMismatchError``; afterwards every parameter, gradient, buffer, table, optimizer
+state, moving average and GradScaler tensor must be on ``cuda:0``. One child process runs them all
+(~40 s on two busy cores); it needs a C++ compiler for the stand-in CUDA backend
+(``tests/fake_cuda/fake_cuda_device.cpp``) and is skipped, saying so, without one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.fake_cuda.build import ShimUnavailable, build_shim
+from tests.fake_cuda.cases import DECODING_GROUPS, PRECISIONS, Case, cases, coverage, decoding_options, groups
+
+INJECTED = "inject:cpu_mask"
+
+
+@pytest.fixture(scope="module")
+def shim(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stand-in CUDA backend, compiled once per torch build (kept in pytest's cache)."""
+    cache = request.config.cache
+    folder = cache.mkdir("fake_cuda") if cache is not None else tmp_path_factory.mktemp("fake_cuda")
+    try:
+        return build_shim(Path(folder))
+    except ShimUnavailable as err:
+        pytest.skip(f"fake-CUDA dry run unavailable: {err}")
+
+
+@pytest.fixture(scope="module")
+def all_cases() -> list[Case]:
+    return cases()
+
+
+@pytest.fixture(scope="module")
+def results(shim: Path, all_cases: list[Case], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every case, plus the cheapest decoder-only preset with a CPU-made attention mask injected
+    (:func:`tests.fake_cuda.dry_run.inject_cpu_mask`), in one child process."""
+    plan = [c.as_dict() for c in all_cases]
+    injected = dict(next(p for p in plan if p["name"] == "preset:llama_style"), name=INJECTED, inject="cpu_mask",
+                    precisions=["bf16"], fit=[], resume=[], decoding=[], compose=None)
+    return run_plan([*plan, injected], tmp_path_factory.mktemp("fake_cuda_run"), shim)
+
+
+def run_plan(plan: list[dict[str, Any]], folder: Path, shim: Path) -> dict[str, Any]:
+    """Run the cases in ``python -m tests.fake_cuda.runner``; returns its results by case name."""
+    (folder / "plan.json").write_text(json.dumps({"cases": plan}), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "tests.fake_cuda.runner", str(shim), str(folder / "plan.json"),
+                           str(folder / "results.json")], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, f"the dry-run process failed:\n{done.stderr[-5000:]}"
+    return json.loads((folder / "results.json").read_text(encoding="utf-8"))["cases"]
+
+
+def failures(results: dict[str, Any], names: list[str]) -> list[str]:
+    """One line per failed run of the named cases: case, precision, error or problems."""
+    out = []
+    for name in names:
+        case = results[name]
+        if "error" in case:
+            out.append(f"{name}: {case['error']}")
+        for precision, run in case.get("runs", {}).items():
+            if not run["ok"]:
+                out.append(f"{name} [{precision}]: {run['error'] or ''} {'; '.join(run['problems'])}".strip())
+    return out
+
+
+# ----------------------------------------------------------------------------- the cases
+
+
+def test_cases_cover_every_option_of_every_group(all_cases: list[Case]) -> None:
+    covered = coverage(all_cases)
+    missing = {g.name: sorted(set(g.options) - covered[g.name]) for g in groups() if set(g.options) - covered[g.name]}
+    assert not missing, f"options no case of the dry run covers: {missing}"
+    presets = {p.stem for p in (REPO_ROOT / "configs" / "model").glob("*.yaml")}
+    in_cases = {n for c in all_cases if c.name.startswith("preset:") for n in (c.name.split(":", 1)[1], *c.same)}
+    assert in_cases == presets
+    for case in all_cases:
+        if case.name.startswith("preset:"):
+            assert case.precisions == PRECISIONS, case.name
+    # every precision meets both families, a mixture of experts, MLA and sliding windows
+    for key, option in (("model.arch", "encoder_decoder"), ("model.arch", "decoder_only"), ("FFNS", "moe"),
+                        ("ATTENTION_KINDS", "mla"), ("model.attention_window", "local")):
+        ran = {p for c in all_cases if c.covers.get(key) == option for p in c.precisions}
+        assert ran == set(PRECISIONS), (key, option, ran)
+    # decoding runs with every option of the groups that change it
+    every = set().union(*map(decoding_options, all_cases))
+    decoded = set().union(*(decoding_options(c) for c in all_cases if c.decoding))
+    assert decoded == every and {g for g, _ in every} == set(DECODING_GROUPS), every - decoded
+    for step in ("fit", "resume"):
+        assert {c.covers["model.arch"] for c in all_cases if getattr(c, step)} == {"encoder_decoder", "decoder_only"}
+
+
+# ----------------------------------------------------------------------------- the dry run
+
+
+def test_training_step_on_the_gpu_keeps_every_tensor_there(results: dict[str, Any], all_cases: list[Case]) -> None:
+    """One update per case and precision: forward under autocast, the fused label-smoothed loss,
+    backward (GradScaler under fp16), clipping, the fused optimizer step, the schedule; then
+    parameters, gradients (fp32), buffers, tables, optimizer and GradScaler state all on ``cuda:0``."""
+    bad = failures(results, [c.name for c in all_cases])
+    assert not bad, "the dry run on cuda:0 failed:\n" + "\n".join(bad)
+    for case in all_cases:
+        assert set(results[case.name]["runs"]) == set(case.precisions)
+
+
+def test_fit_checkpoints_and_decoding_on_the_gpu(results: dict[str, Any], all_cases: list[Case]) -> None:
+    """``Trainer.fit`` for one update: validation (loss, beam-search BLEU; the moving average swapped
+    in) and ``checkpoint_last`` saved from the GPU, its GPU tensors recorded as ``cuda:0`` as a GPU
+    writes them; read back with ``map_location="cpu"`` and resumed on the GPU for one more update;
+    greedy and beam search through ``translate_sentences``, a hypothesis for every sentence."""
+    for case in all_cases:
+        runs = results[case.name]["runs"]
+        for precision in case.fit:
+            run = runs[precision]
+            assert {"train", "valid"} <= set(run["logged"]) and "bleu" in run["logged"]["valid"], run
+            assert run["saved_on_cuda"] > 0 and run["saved_tensors"] > run["saved_on_cuda"], run
+        for precision in case.resume:
+            run = runs[precision]
+            assert "CUDA device" in run["without_map_location"], run  # the file really says cuda:0
+            assert "train_step after resume" in run["resume_syncs"], run
+        for precision in case.decoding:
+            assert {"greedy", "beam"} <= set(runs[precision]["ops"]), (case.name, precision)
+
+
+def test_a_cpu_made_mask_in_the_forward_pass_fails_the_dry_run(results: dict[str, Any]) -> None:
+    """The dry run finds the bug it exists for: an attention mask made with ``torch.ones(...)`` and no
+    ``device=`` in every forward pass stops the first operator that meets it."""
+    run = results[INJECTED]["runs"]["bf16"]
+    assert not run["ok"]
+    assert run["error"].startswith("FakeTensorDeviceMismatchError"), run["error"]
+    assert "cuda:0 and cpu" in run["error"], run["error"]
