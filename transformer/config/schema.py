@@ -7,14 +7,8 @@ YAML file against them through the ConfigStore
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, fields, make_dataclass
-from pathlib import Path
 from typing import Any, Optional, get_type_hints
-
-from omegaconf import OmegaConf
-
-from transformer.io import folder_locked_by_other
 
 __all__ = [
     "AttentionConfig",
@@ -34,11 +28,6 @@ __all__ = [
     "SchedulerConfig",
     "TrainConfig",
     "GenerationOverrides",
-    "DEFAULT_TIME_BUDGET_S",
-    "RESUME_MODES",
-    "budget_sentence",
-    "resume_mode",
-    "time_budget",
 ]
 
 
@@ -298,42 +287,11 @@ each null by default, meaning "keep the run's value" (see
 generation setting is one field there."""
 
 
-DEFAULT_TIME_BUDGET_S = 1380.0
-"""The default run's budget: 23 minutes of training (``train.max_time`` null and no other budget)."""
-
-
-def time_budget(train: Any) -> float:
-    """The training-time limit in seconds that ``train`` (a :class:`TrainConfig` or its DictConfig)
-    stops at: ``train.max_time`` when set (0 = none); when null, :data:`DEFAULT_TIME_BUDGET_S` if
-    neither ``train.max_updates`` nor ``train.max_epochs`` is set, else 0 (an explicit update or
-    epoch budget is not cut by the default time limit, on a first start as on a resume)."""
-    if train.max_time is not None:
-        return float(train.max_time)
-    return DEFAULT_TIME_BUDGET_S if train.max_updates <= 0 and train.max_epochs <= 0 else 0.0
-
-
-def budget_sentence(train: Any) -> str:
-    """What stops a run, in words (logged at the start): ``"train.max_updates=4000"``,
-    ``"1380 s of training (the default time budget; train.max_updates=N replaces it)"``, ..."""
-    parts = []
-    if train.max_updates > 0:
-        parts.append(f"train.max_updates={train.max_updates}")
-    if train.max_epochs > 0:
-        parts.append(f"train.max_epochs={train.max_epochs}")
-    seconds = time_budget(train)
-    if seconds > 0:
-        parts.append(f"train.max_time={seconds:g}s" if train.max_time is not None else
-                     f"{seconds:g} s of training (the default time budget; train.max_updates=N replaces it)")
-    if train.patience > 0:
-        parts.append(f"train.patience={train.patience} validations without improvement")
-    return ", or ".join(parts) + (" (whichever comes first)" if len(parts) > 1 else "")
-
-
 @dataclass
 class TrainConfig:
     """``train``: the loop (fairseq names where they exist). The defaults are the default run's
     (``python scripts/train.py``): 4096 tokens per update, 23 minutes of training
-    (:func:`time_budget`), validation every 500 updates (loss, and BLEU on 200 pairs)."""
+    (:func:`~transformer.config.runtime.time_budget`), validation every 500 updates (loss, and BLEU on 200 pairs)."""
 
     max_tokens: int = 4096
     update_freq: int = 1
@@ -409,56 +367,3 @@ class Config:
     plugins_trust: bool = False
     # recorded by the run, not set by hand: <plugin>/<file> -> sha256 of the plugin files it imported
     plugin_files: dict[str, str] = field(default_factory=dict)
-
-
-RESUME_MODES = (False, True, "auto")
-"""The values of ``train.resume``."""
-
-
-def resume_mode(value: Any) -> bool | str:
-    """``train.resume`` as one of :data:`RESUME_MODES` (Hydra gives ``true``/``false`` as bools, and
-    a str-typed override as ``"true"``/``"false"``).
-
-    Raises:
-        ValueError: any other value (the message names the field and the allowed values).
-    """
-    text = str(value).strip().lower()
-    if text in ("true", "false", "auto"):
-        return {"true": True, "false": False}.get(text, "auto")
-    raise ValueError(f"train.resume={value!r} is not one of false, true, auto")
-
-
-def hydra_subdir(resume: Any = False, resume_from: Any = None, output_dir: Any = None) -> str | None:
-    """Where Hydra records a training job in its run folder (``hydra.output_subdir`` of
-    ``configs/train.yaml``, as the resolver
-    ``${zoo.hydra_subdir:${train.resume},${train.resume_from},${hydra:runtime.output_dir}}``).
-
-    Args:
-        resume: ``train.resume``.
-        resume_from: ``train.resume_from``.
-        output_dir: the job's run folder, when known: with ``train.resume=true|auto`` the job is a
-            resume only when the folder holds a ``checkpoint_last`` (else it is the run's first start).
-
-    Returns:
-        ``.hydra`` for a new run; ``.hydra/resume-<date>_<time>`` for a resumed one, so that the
-        run's own record (its config, choices and overrides) is never overwritten; None (no record)
-        when another live process holds the folder's lock (:class:`~transformer.io.FolderLock`).
-    """
-    if str(resume_from or "").lower() not in ("", "none", "null"):
-        resuming = True
-    else:
-        try:
-            mode = resume_mode(resume)
-        except ValueError:
-            mode = False  # validate_config reports it, with the other fields
-        resuming = bool(mode)
-        if resuming and str(output_dir or "").lower() not in ("", "none", "null"):
-            # the name CheckpointManager.LAST gives it (training/checkpoint; config/ cannot import it)
-            resuming = (Path(str(output_dir)) / "checkpoint_last.safetensors").is_file()
-    if str(output_dir or "").lower() not in ("", "none", "null") and folder_locked_by_other(str(output_dir)):
-        return None  # another process writes this run folder: Hydra writes no record; the job stops naming it
-    return ".hydra/resume-" + time.strftime("%Y-%m-%d_%H-%M-%S") if resuming else ".hydra"
-
-
-if not OmegaConf.has_resolver("zoo.hydra_subdir"):  # at import: jobs unpickled on a cluster node have it too
-    OmegaConf.register_new_resolver("zoo.hydra_subdir", hydra_subdir, use_cache=True)
