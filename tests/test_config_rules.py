@@ -108,6 +108,7 @@ def test_an_options_own_fields_define_the_configuration_and_are_fixed_on_resume(
 def test_the_resume_page_lists_the_fields_a_resume_may_change():
     """docs/runs.md names them (``logger.*`` for the node), so the page follows the declarations."""
     text = " ".join((REPO_ROOT / "docs" / "runs.md").read_text(encoding="utf-8").split())
-    sentence = text[text.index("Each field declares whether a resume may change it"): text.index("may change on resume")]
+    start = text.index("Each field declares whether a resume may change it")
+    sentence = text[start: text.index("may change on resume", start)]
     listed = {name.removesuffix(".*") for name in re.findall(r"`([a-z_.*]+)`", sentence)}
     assert listed == set(RESUME_OVERRIDES) - set(_ALWAYS_FROM_COMMAND_LINE)
