@@ -1,0 +1,29 @@
+"""Small files: no Python file in ``transformer/`` or ``benchmarks/`` is longer than
+:data:`MAX_LINES` lines (docs/contributing.md, "How the code is laid out"); a longer one is split
+along a seam of what it does."""
+
+from tests.conftest import REPO_ROOT
+
+MAX_LINES = 420
+FOLDERS = ("transformer", "benchmarks")
+
+
+def _line_counts() -> dict[str, int]:
+    """``{path relative to the repository: lines}`` of every ``.py`` file under :data:`FOLDERS`."""
+    return {
+        path.relative_to(REPO_ROOT).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
+        for folder in FOLDERS
+        for path in sorted((REPO_ROOT / folder).rglob("*.py"))
+    }
+
+
+def test_the_counter_sees_the_files():
+    counts = _line_counts()
+    assert {"transformer/config/schema.py", "transformer/training/trainer.py", "benchmarks/gpu_check.py"} <= set(counts)
+    assert all(n > 0 for n in counts.values())
+
+
+def test_no_file_is_longer_than_the_limit():
+    long = {path: n for path, n in _line_counts().items() if n > MAX_LINES}
+    assert long == {}, f"files over {MAX_LINES} lines (split them along a seam): " + ", ".join(
+        f"{path} ({n})" for path, n in sorted(long.items(), key=lambda item: -item[1]))
