@@ -41,80 +41,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from process_memory import run_monitored, status_kb  # noqa: E402
 
 MB = 2**20
-
-
-# ----------------------------------------------------------------------------- memory
-
-
-def _status(pid: int | str, *fields: str) -> dict[str, int]:
-    """kB fields of ``/proc/<pid>/smaps_rollup`` (Rss, Pss, ...) and ``status`` (VmHWM, ...)."""
-    out: dict[str, int] = {}
-    for name in ("smaps_rollup", "status"):
-        try:
-            text = Path(f"/proc/{pid}/{name}").read_text()
-        except OSError:
-            continue
-        for f in fields:
-            m = re.search(rf"^{f}:\s+(\d+) kB", text, re.M)
-            if m and f not in out:
-                out[f] = int(m.group(1))
-    return out
-
-
-def _descendants(pid: int) -> list[int]:
-    parents: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(parents.get(p, []))
-    return out
-
-
-def run_monitored(cmd: list[str], env: dict[str, str] | None = None, interval: float = 0.1) -> dict[str, Any]:
-    """Run ``cmd``, sampling the memory of its process tree; returns wall time, peaks (MiB) and output."""
-    peaks = {"tree_rss": 0, "tree_pss": 0, "main_rss": 0, "processes": 0}
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            pids = _descendants(proc.pid)
-            stats = [_status(p, "Rss", "Pss") for p in pids]
-            peaks["tree_rss"] = max(peaks["tree_rss"], sum(s.get("Rss", 0) for s in stats))
-            peaks["tree_pss"] = max(peaks["tree_pss"], sum(s.get("Pss", 0) for s in stats))
-            peaks["main_rss"] = max(peaks["main_rss"], _status(proc.pid, "VmHWM").get("VmHWM", 0))
-            peaks["processes"] = max(peaks["processes"], len(pids))
-            done.wait(interval)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    stdout, stderr = proc.communicate()
-    wall = time.perf_counter() - t0
-    done.set()
-    thread.join()
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-3000:]}")
-    return {"wall_s": round(wall, 2), "peak_tree_rss_mb": round(peaks["tree_rss"] / 1024, 1),
-            "peak_tree_pss_mb": round(peaks["tree_pss"] / 1024, 1), "peak_main_rss_mb": round(peaks["main_rss"] / 1024, 1),
-            "processes": peaks["processes"], "stdout": stdout, "stderr": stderr}
 
 
 # ----------------------------------------------------------------------------- synthetic corpus
@@ -183,7 +120,7 @@ def probe(overrides: list[str], max_tokens: int, rank: int, world_size: int) -> 
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     t_import = time.perf_counter()
-    base = _status("self", "Rss", "Pss", "RssAnon", "RssFile")
+    base = status_kb("self", "Rss", "Pss", "RssAnon", "RssFile")
     data = load_translation_data(cfg.data, log=None)
     t_load = time.perf_counter()
     train = data.splits["train"]
@@ -191,7 +128,7 @@ def probe(overrides: list[str], max_tokens: int, rank: int, world_size: int) -> 
     sampler.set_epoch(1)
     batch = collate(train, next(iter(sampler)), "encoder_decoder")
     t_ready = time.perf_counter()
-    ready = _status("self", "Rss", "Pss", "RssAnon", "RssFile")
+    ready = status_kb("self", "Rss", "Pss", "RssAnon", "RssFile")
     tokens = int(sum(ds.src_lengths.sum() + ds.tgt_lengths.sum() for ds in data.splits.values()))
 
     def report(phase: str, mem: dict[str, int], **extra: Any) -> None:
@@ -209,9 +146,9 @@ def probe(overrides: list[str], max_tokens: int, rank: int, world_size: int) -> 
         for seqs in (ds.src, ds.tgt):
             if hasattr(seqs, "tokens"):
                 checksum += int(seqs.tokens.sum(dtype=np.int64)) + int(seqs.offsets[-1])
-    report("touched", _status("self", "Rss", "Pss", "RssAnon", "RssFile"), checksum=checksum)
+    report("touched", status_kb("self", "Rss", "Pss", "RssAnon", "RssFile"), checksum=checksum)
     sys.stdin.readline()
-    mem = _status("self", "Rss", "Pss", "RssAnon", "RssFile")
+    mem = status_kb("self", "Rss", "Pss", "RssAnon", "RssFile")
     report("measured", mem, bytes_per_token=round((mem["Rss"] - base["Rss"]) * 1024 / max(tokens, 1), 2))
 
 

@@ -1,8 +1,10 @@
 """The package's import structure: every module imports on its own, no module imports another
-inside a function, and the graph of internal imports has no cycle (issue #16)."""
+inside a function, the graph of internal imports has no cycle (issue #16), and it is the import
+order ``docs/contributing.md`` states."""
 
 import ast
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +100,32 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded onto the package's top-level packages and modules (``config``,
+    ``io``, ...): which of them the modules of each import (``transformer`` itself left out)."""
+    def top(module: str) -> str:
+        return module.split(".")[1] if "." in module else ""
+
+    folded: dict[str, set[str]] = {}
+    for module, imports in graph.items():
+        if top(module):
+            folded.setdefault(top(module), set()).update(top(m) for m in imports if top(m) != top(module))
+    return folded
+
+
+def _stated_order() -> list[tuple[str, set[str]]]:
+    """The section "The import order" of ``docs/contributing.md``, in its order: each line
+    "- `<package>` imports `<a>`, `<b>`" (or "imports nothing from the package") as ``(package, {a, b})``."""
+    text = (REPO_ROOT / "docs" / "contributing.md").read_text(encoding="utf-8")
+    section = text.split("\n## The import order\n", 1)[1].split("\n## ", 1)[0]
+    stated = []
+    for line in section.splitlines():
+        if m := re.fullmatch(r"- `(\w+)` imports (nothing from the package|.+)", line.strip()):
+            imports = set() if m.group(2).startswith("nothing") else set(re.findall(r"`(\w+)`", m.group(2)))
+            stated.append((m.group(1), imports))
+    return stated
+
+
 def test_the_graph_finder_sees_every_module_and_a_known_edge():
     graph, _ = _graph()
     assert {"transformer.models.builder", "transformer.kernels.rotary", "transformer.training.trainer"} <= set(graph)
@@ -105,6 +133,23 @@ def test_the_graph_finder_sees_every_module_and_a_known_edge():
     assert "transformer.config" in graph["transformer.models.builder"]
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_import_order_the_docs_state_is_the_import_graph():
+    graph = _graph()[0]
+    stated = _stated_order()
+    names = [package for package, _ in stated]
+    assert len(names) == len(set(names)) and names, names
+    real = _package_graph(graph)
+    assert set(names) == set(real), (
+        f"packages the page lists but the package lacks: {set(names) - set(real)}; unlisted: {set(real) - set(names)}")
+    for package, imports in stated:
+        assert imports == real[package], (
+            f"docs/contributing.md says `{package}` imports {sorted(imports)}; it imports {sorted(real[package])}")
+    for i, (package, imports) in enumerate(stated):
+        below = imports - set(names[:i])
+        assert not below, f"`{package}` imports {sorted(below)}, listed below it"
+    assert graph["transformer"] == set()
 
 
 def test_the_package_has_no_import_cycles():

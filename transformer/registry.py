@@ -7,7 +7,11 @@ built-in one (``model/attention=diff``), validated, sized, built, trained, resum
 compared by the same code. An option with fields of its own passes ``config=``, a dataclass
 subclassing the group's (e.g. :class:`~transformer.config.AttentionConfig`) whose ``name`` defaults
 to the option: its fields live under the group's node (``model.attention.lambda_init``), typed and
-checked like a built-in option's, and ``<group>=<name>`` selects it without a YAML file.
+checked like a built-in option's, and ``<group>=<name>`` selects it without a YAML file. Those fields
+follow one rule (:mod:`transformer.config.rules`), whatever their metadata says: they define the
+configuration (runs that differ in them are different rows of ``compare.py``, and a finished twin of
+``train.finished_runs`` must have their values) and are fixed on resume (a command line naming
+another value is refused), like a built-in option's own fields (``recipe``).
 
 Contracts (keyword arguments only; tensor shapes ``(batch, seq_len, d_model)`` unless said):
 

@@ -12,35 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from transformer.analysis.runs import Run, natural_key
-from transformer.config import Config, config_dict, upgrade_config
+from transformer.config import Config, config_dict, keys_with, upgrade_config
 
 __all__ = ["IGNORED_KEYS", "Configuration", "flatten_config", "group_runs", "is_ignored", "with_defaults"]
 
-# Resolved-config keys (dotted; a key also covers everything below it) that do not define a
-# configuration: the seed, where files live, and how a run reports progress. ``experiment_name``
-# names the study a run was launched by (and its default output folder), not what it computes: a
-# branch study's runs (``branches``) share one table with the ladder runs they branch off (``ladder``).
-IGNORED_KEYS: tuple[str, ...] = (
-    "seed",
-    "experiment_name",
-    "run_dir",
-    "data.root",
-    "data.cache_dir",
-    "data.download",
-    "data.binarized",
-    "data.preprocess_workers",
-    "train.stop_signals",
-    "train.device",
-    "train.num_threads",
-    "train.onednn_cache_capacity",
-    "train.progress",
-    "train.resume",
-    "train.finished_runs",
-    "train.log_every",
-    "logger",
-    "plugins",
-    "plugins_trust",
-)
+IGNORED_KEYS: tuple[str, ...] = keys_with(Config, grouping=("ignored",))
+"""Resolved-config keys (dotted; a key also covers everything below it) that do not define a
+configuration: those whose rule, declared at the field in :mod:`transformer.config.schema`, says
+``grouping="ignored"`` (:mod:`transformer.config.rules`): the seed, the study's name, where files
+live, the machine's threads and how a run reports progress and resumes."""
 
 # Choices shown first when they name a configuration.
 _LABEL_CHOICES = ("ladder", "experiment", "model")

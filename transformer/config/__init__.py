@@ -9,6 +9,8 @@ Modules in :mod:`transformer.modules` never see these classes; the builder
 (:mod:`transformer.models.builder`) turns a :class:`ModelConfig` into explicit sizes and parts.
 
 Where things are: :mod:`.schema` (the dataclasses and their ConfigStore registration),
+:mod:`.rules` (what each field declares: may it change on resume, does it define a configuration),
+:mod:`.runtime` (the time budget, ``train.resume``'s values, the ``zoo.hydra_subdir`` resolver),
 :mod:`.options` (the groups whose options carry fields of their own, and Hydra's ConfigStore),
 :mod:`.convert` (Hydra's DictConfig -> the typed :class:`Config`, once per script, and back to
 plain data; older stored shapes upgraded), :mod:`.sizes` (head width, key/value heads, feed-forward width: the sizes a model config implies),
@@ -19,7 +21,7 @@ tables beside the classes, e.g. :data:`transformer.modules.ffn.FFNS`), :mod:`.di
 
 from omegaconf import MISSING
 
-from transformer.config import convert, diff, options, schema, sizes, validation
+from transformer.config import convert, diff, options, rules, runtime, schema, sizes, validation
 from transformer.config.convert import FLAT_ATTENTION_FIELDS, config_dict, to_config, to_generation_config, typed_config, upgrade_config
 from transformer.config.diff import config_differences
 from transformer.config.options import (
@@ -45,16 +47,13 @@ from transformer.config.schema import (
     ModelConfig,
     NormConfig,
     OptimConfig,
-    DEFAULT_TIME_BUDGET_S,
-    RESUME_MODES,
     PositionConfig,
     RopeScalingConfig,
     SchedulerConfig,
     TrainConfig,
-    budget_sentence,
-    resume_mode,
-    time_budget,
 )
+from transformer.config.rules import FieldRule, field_rule, keys_with, recipe, rule, rule_table, undeclared
+from transformer.config.runtime import DEFAULT_TIME_BUDGET_S, RESUME_MODES, budget_sentence, resume_mode, time_budget
 from transformer.config.sizes import (
     LatentSizes,
     ModelSizes,
@@ -76,7 +75,8 @@ from transformer.config.validation import (
     validate_optim_config,
 )
 
-__all__ = ["MISSING", *convert.__all__, *diff.__all__, *options.__all__, *schema.__all__, *sizes.__all__, *validation.__all__]
+__all__ = ["MISSING", *convert.__all__, *diff.__all__, *options.__all__, *rules.__all__, *runtime.__all__, *schema.__all__,
+           *sizes.__all__, *validation.__all__]
 
 # the structured configs the YAML files name (base_config, generation_overrides) are known to Hydra
 # as soon as the package is imported

@@ -3,18 +3,18 @@
 They mirror the YAML files under ``configs/`` one to one (torchtitan style): Hydra validates each
 YAML file against them through the ConfigStore
 (:func:`transformer.config.options.register_configs`).
+
+Every field declares its rule (:mod:`transformer.config.rules`): ``recipe(default)`` for what a run
+computes (fixed on resume, part of the configuration), ``rule(default, resume=..., grouping=...)``
+otherwise, from which the fields a resume may change and those ``compare.py`` leaves aside are derived.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, fields, make_dataclass
-from pathlib import Path
 from typing import Any, Optional, get_type_hints
 
-from omegaconf import OmegaConf
-
-from transformer.io import folder_locked_by_other
+from transformer.config.rules import recipe, rule
 
 __all__ = [
     "AttentionConfig",
@@ -34,11 +34,6 @@ __all__ = [
     "SchedulerConfig",
     "TrainConfig",
     "GenerationOverrides",
-    "DEFAULT_TIME_BUDGET_S",
-    "RESUME_MODES",
-    "budget_sentence",
-    "resume_mode",
-    "time_budget",
 ]
 
 
@@ -53,8 +48,8 @@ class ConfigError(ValueError):
 class NormConfig:
     """``model/norm``: LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019)."""
 
-    name: str = "layernorm"  # a key of transformer.modules.norms.NORMS
-    eps: float = 1e-5
+    name: str = recipe("layernorm")  # a key of transformer.modules.norms.NORMS
+    eps: float = recipe(1e-5)
 
 
 @dataclass
@@ -69,23 +64,25 @@ class FFNConfig:
     fields after ``multiple_of`` size and route it and are read by that option only.
     """
 
-    name: str = "relu"  # a key of transformer.modules.ffn.FFNS
-    glu_match_params: bool = True
-    multiple_of: int = 8
+    name: str = recipe("relu")  # a key of transformer.modules.ffn.FFNS
+    glu_match_params: bool = recipe(True)
+    multiple_of: int = recipe(8)
     # name=moe (transformer/modules/moe.py; HF names in brackets): n_experts routed experts, each
     # a model.ffn.expert block of width expert_d_ff (null: model.d_ff; GLU-sized as above), top_k
     # of them per token, plus n_shared_experts always-on experts (one block n_shared x as wide)
-    expert: str = "swiglu"  # a key of FFNS other than moe
-    n_experts: int = 8  # [num_local_experts]
-    top_k: int = 2  # [num_experts_per_tok]
-    n_shared_experts: int = 0  # [n_shared_experts] (DeepSeek)
-    expert_d_ff: Optional[int] = None  # [moe_intermediate_size before GLU sizing]
-    router: str = "softmax"  # a key of transformer.modules.moe.ROUTER_SCORES: softmax (Mixtral) | sigmoid (DeepSeek-V3)
-    norm_topk_prob: bool = True  # renormalise the top-k weights to sum to 1 (Mixtral, DeepSeek-V3; Switch: false)
-    routed_scaling_factor: float = 1.0  # multiplies the routed experts' weights (DeepSeek-V3: 2.5)
-    router_aux_loss_coef: float = 0.01  # load-balancing loss weight (Switch eq. 4 alpha); 0 = off
-    router_z_loss_coef: float = 0.0  # router z-loss weight (ST-MoE: 1e-3); 0 = off
-    bias_update_speed: float = 0.0  # DeepSeek-V3 aux-loss-free balance gamma (0.001 there); 0 = off
+    expert: str = recipe("swiglu")  # a key of FFNS other than moe
+    n_experts: int = recipe(8)  # [num_local_experts]
+    top_k: int = recipe(2)  # [num_experts_per_tok]
+    n_shared_experts: int = recipe(0)  # [n_shared_experts] (DeepSeek)
+    expert_d_ff: Optional[int] = recipe(None)  # [moe_intermediate_size before GLU sizing]
+    # a key of transformer.modules.moe.ROUTER_SCORES: softmax (Mixtral) | sigmoid (DeepSeek-V3)
+    router: str = recipe("softmax")
+    # renormalise the top-k weights to sum to 1 (Mixtral, DeepSeek-V3; Switch: false)
+    norm_topk_prob: bool = recipe(True)
+    routed_scaling_factor: float = recipe(1.0)  # multiplies the routed experts' weights (DeepSeek-V3: 2.5)
+    router_aux_loss_coef: float = recipe(0.01)  # load-balancing loss weight (Switch eq. 4 alpha); 0 = off
+    router_z_loss_coef: float = recipe(0.0)  # router z-loss weight (ST-MoE: 1e-3); 0 = off
+    bias_update_speed: float = recipe(0.0)  # DeepSeek-V3 aux-loss-free balance gamma (0.001 there); 0 = off
 
 
 @dataclass
@@ -94,22 +91,23 @@ class RopeScalingConfig:
     names). ``rope_type`` is a key of ``transformer.modules.rope_scaling.ROPE_SCALINGS``; ``default``
     (the default) is unscaled RoPE and reads none of the other fields."""
 
-    rope_type: str = "default"  # default | linear | ntk | dynamic | yarn | llama3
-    factor: float = 1.0  # context extension factor s (>= 1; 8 in Llama 3.1)
-    original_max_position_embeddings: Optional[int] = None  # the trained length L0 (dynamic: null = model.max_positions)
-    low_freq_factor: float = 1.0  # llama3
-    high_freq_factor: float = 4.0  # llama3
-    beta_fast: float = 32.0  # yarn
-    beta_slow: float = 1.0  # yarn
-    attention_factor: Optional[float] = None  # yarn: factor on cos/sin; null = 0.1 ln(factor) + 1
+    rope_type: str = recipe("default")  # default | linear | ntk | dynamic | yarn | llama3
+    factor: float = recipe(1.0)  # context extension factor s (>= 1; 8 in Llama 3.1)
+    # the trained length L0 (dynamic: null = model.max_positions)
+    original_max_position_embeddings: Optional[int] = recipe(None)
+    low_freq_factor: float = recipe(1.0)  # llama3
+    high_freq_factor: float = recipe(4.0)  # llama3
+    beta_fast: float = recipe(32.0)  # yarn
+    beta_slow: float = recipe(1.0)  # yarn
+    attention_factor: Optional[float] = recipe(None)  # yarn: factor on cos/sin; null = 0.1 ln(factor) + 1
 
 
 @dataclass
 class PositionConfig:
     """``model/position``: how token order enters the model."""
 
-    name: str = "sinusoidal"  # a key of transformer.modules.positions.POSITIONS
-    rope_theta: float = 10000.0
+    name: str = recipe("sinusoidal")  # a key of transformer.modules.positions.POSITIONS
+    rope_theta: float = recipe(10000.0)
     rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)  # RoPE only
 
 
@@ -126,8 +124,8 @@ class AttentionConfig:
     ``model.n_kv_heads: 2``) are read through :func:`transformer.config.convert.upgrade_config`.
     """
 
-    name: str = "mha"  # a key of transformer.modules.attention.ATTENTION_KINDS
-    n_kv_heads: Optional[int] = None
+    name: str = recipe("mha")  # a key of transformer.modules.attention.ATTENTION_KINDS
+    n_kv_heads: Optional[int] = recipe(None)
 
 
 @dataclass
@@ -136,12 +134,13 @@ class LatentAttentionConfig(AttentionConfig):
     names). A null size is derived from ``head_dim = d_model / n_heads`` in V2's proportions
     (:func:`transformer.config.sizes.latent_sizes`)."""
 
-    name: str = "mla"
-    kv_lora_rank: Optional[int] = None  # latent width (null: 4 * head_dim, V2's 512 = 4 x 128)
-    q_lora_rank: Optional[int] = None  # low-rank queries (null: a full query projection, as V2-Lite)
-    qk_nope_head_dim: Optional[int] = None  # per-head query/key width without RoPE (null: head_dim)
-    qk_rope_head_dim: Optional[int] = None  # decoupled RoPE width (null: head_dim / 2 rounded to even with RoPE, else 0)
-    v_head_dim: Optional[int] = None  # per-head value width (null: head_dim)
+    name: str = recipe("mla")
+    kv_lora_rank: Optional[int] = recipe(None)  # latent width (null: 4 * head_dim, V2's 512 = 4 x 128)
+    q_lora_rank: Optional[int] = recipe(None)  # low-rank queries (null: a full query projection, as V2-Lite)
+    qk_nope_head_dim: Optional[int] = recipe(None)  # per-head query/key width without RoPE (null: head_dim)
+    # decoupled RoPE width (null: head_dim / 2 rounded to even with RoPE, else 0)
+    qk_rope_head_dim: Optional[int] = recipe(None)
+    v_head_dim: Optional[int] = recipe(None)  # per-head value width (null: head_dim)
 
 
 @dataclass
@@ -161,28 +160,28 @@ class ModelConfig:
     attention), so older checkpoints load unchanged.
     """
 
-    arch: str = "encoder_decoder"  # encoder_decoder | decoder_only
-    norm_position: str = "post"  # a key of transformer.modules.residual.RESIDUALS
-    n_encoder_layers: int = 3
-    n_decoder_layers: int = 3
-    d_model: int = 256
-    n_heads: int = 4
-    d_ff: int = 512
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    bias: bool = True
-    scale_embeddings: bool = True
-    tie_embeddings: str = "all"  # none | decoder | all
-    max_positions: int = 1024
-    init: str = "xavier"  # xavier (fairseq / the 2017 recipe) | normal (Llama style, std init_std)
-    init_std: float = 0.02
+    arch: str = recipe("encoder_decoder")  # encoder_decoder | decoder_only
+    norm_position: str = recipe("post")  # a key of transformer.modules.residual.RESIDUALS
+    n_encoder_layers: int = recipe(3)
+    n_decoder_layers: int = recipe(3)
+    d_model: int = recipe(256)
+    n_heads: int = recipe(4)
+    d_ff: int = recipe(512)
+    dropout: float = recipe(0.1)
+    attention_dropout: float = recipe(0.0)
+    activation_dropout: float = recipe(0.0)
+    bias: bool = recipe(True)
+    scale_embeddings: bool = recipe(True)
+    tie_embeddings: str = recipe("all")  # none | decoder | all
+    max_positions: int = recipe(1024)
+    init: str = recipe("xavier")  # xavier (fairseq / the 2017 recipe) | normal (Llama style, std init_std)
+    init_std: float = recipe(0.02)
     # QK-norm (Qwen3, OLMo 2): none | a key of transformer.modules.norms.NORMS, over each head (eps model.norm.eps)
-    qk_norm: str = "none"
+    qk_norm: str = recipe("none")
     # sliding-window self-attention (Mistral): each query sees the last attention_window positions; null = global
-    attention_window: Optional[int] = None
+    attention_window: Optional[int] = recipe(None)
     # with a window: every N-th layer stays global (Gemma 2: 2, Gemma 3: 6); 0 = every layer local
-    attention_window_pattern: int = 0
+    attention_window_pattern: int = recipe(0)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     norm: NormConfig = field(default_factory=NormConfig)
     ffn: FFNConfig = field(default_factory=FFNConfig)
@@ -203,32 +202,35 @@ class DataConfig:
     ``{prefix}.{lang}`` files, plain or ``.gz``.
     """
 
-    name: str = "multi30k_en_de"
-    corpus: str = "multi30k"  # multi30k | multi30k_tok | parallel_text
-    root: Optional[str] = None
-    src_lang: str = "en"
-    tgt_lang: str = "de"
-    train_prefix: str = "train"
-    valid_prefix: str = "val"
-    test_prefix: Optional[str] = "test_2016_flickr"
-    test_splits: list[str] = field(default_factory=lambda: ["test_2016_flickr", "test_2017_flickr", "test_2017_mscoco",
-                                                            "test_2018_flickr"])
-    download: bool = True
-    vocab_size: int = 8000
-    spm_model_type: str = "bpe"  # bpe | unigram
-    joint_vocab: bool = True
-    character_coverage: float = 1.0
-    max_source_positions: int = 256
-    max_target_positions: int = 256
+    name: str = recipe("multi30k_en_de")
+    corpus: str = recipe("multi30k")  # multi30k | multi30k_tok | parallel_text
+    root: Optional[str] = rule(None, resume="free", grouping="ignored")  # where the data is: free on resume
+    src_lang: str = recipe("en")
+    tgt_lang: str = recipe("de")
+    train_prefix: str = recipe("train")
+    valid_prefix: str = recipe("val")
+    test_prefix: Optional[str] = recipe("test_2016_flickr")
+    test_splits: list[str] = recipe(factory=lambda: ["test_2016_flickr", "test_2017_flickr", "test_2017_mscoco",
+                                                     "test_2018_flickr"])
+    download: bool = rule(True, resume="free", grouping="ignored")
+    vocab_size: int = recipe(8000)
+    spm_model_type: str = recipe("bpe")  # bpe | unigram
+    joint_vocab: bool = recipe(True)
+    character_coverage: float = recipe(1.0)
+    max_source_positions: int = recipe(256)
+    max_target_positions: int = recipe(256)
     # training pairs whose target has more than N subword tokens (EOS not counted) are removed, the
     # validation and test sets kept whole: a length-generalization study's training length L; null = none
-    train_max_target_tokens: Optional[int] = None
-    bleu_tokenize: str = "13a"  # sacreBLEU tokenizer; "none" for the pre-tokenized multi30k_tok_*
-    lowercase: bool = False
-    cache_dir: Optional[str] = None  # binarized data: <cache_dir>/<name>-<key>/ (default ~/.cache/transformer_zoo/cache)
-    binarized: Optional[str] = None  # a folder written by scripts/preprocess.py: read it, no raw file needed
-    spm_input_sentence_size: int = 2_000_000  # SentencePiece trains on a random sample of this many lines
-    preprocess_workers: int = 0  # encoding processes when binarizing; 0 = one per CPU
+    train_max_target_tokens: Optional[int] = recipe(None)
+    bleu_tokenize: str = recipe("13a")  # sacreBLEU tokenizer; "none" for the pre-tokenized multi30k_tok_*
+    lowercase: bool = recipe(False)
+    # binarized data: <cache_dir>/<name>-<key>/ (default ~/.cache/transformer_zoo/cache)
+    cache_dir: Optional[str] = rule(None, resume="free", grouping="ignored")
+    # a folder written by scripts/preprocess.py: read it, no raw file needed
+    binarized: Optional[str] = rule(None, resume="free", grouping="ignored")
+    spm_input_sentence_size: int = recipe(2_000_000)  # SentencePiece trains on a random sample of this many lines
+    # encoding processes when binarizing; 0 = one per CPU
+    preprocess_workers: int = rule(0, resume="free", grouping="ignored")
 
 
 # ----------------------------------------------------------------------------- training
@@ -238,12 +240,12 @@ class DataConfig:
 class OptimConfig:
     """``optim``: Adam/AdamW (Kingma & Ba 2015; betas and eps of Vaswani et al. 2017 §5.3)."""
 
-    name: str = "adam"  # adam | adamw
-    lr: float = 2e-3  # the default run's peak (transformer_small on Multi30k); experiments set their own
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-9
-    weight_decay: float = 0.0
-    fused: Optional[bool] = None  # None: fused on CUDA, foreach elsewhere
+    name: str = recipe("adam")  # adam | adamw
+    lr: float = recipe(2e-3)  # the default run's peak (transformer_small on Multi30k); experiments set their own
+    betas: tuple[float, float] = recipe((0.9, 0.98))
+    eps: float = recipe(1e-9)
+    weight_decay: float = recipe(0.0)
+    fused: Optional[bool] = recipe(None)  # None: fused on CUDA, foreach elsewhere
 
 
 @dataclass
@@ -251,39 +253,39 @@ class SchedulerConfig:
     """``lr_scheduler``: ``inverse_sqrt`` (fairseq form, or the paper's ``noam`` form via
     ``form=noam``), ``cosine`` with warmup, or ``constant`` with warmup."""
 
-    name: str = "inverse_sqrt"  # inverse_sqrt | cosine | constant
-    warmup_updates: int = 400
-    form: str = "fairseq"  # fairseq (peak = optim.lr) | noam (d_model^-0.5 * scale)
-    noam_scale: float = 1.0
-    warmup_init_lr: float = 0.0
-    min_lr: float = 0.0
+    name: str = recipe("inverse_sqrt")  # inverse_sqrt | cosine | constant
+    warmup_updates: int = recipe(400)
+    form: str = recipe("fairseq")  # fairseq (peak = optim.lr) | noam (d_model^-0.5 * scale)
+    noam_scale: float = recipe(1.0)
+    warmup_init_lr: float = recipe(0.0)
+    min_lr: float = recipe(0.0)
 
 
 @dataclass
 class CriterionConfig:
     """``criterion``: label-smoothed cross entropy (Szegedy et al. 2016; Vaswani et al. §5.4)."""
 
-    label_smoothing: float = 0.1
+    label_smoothing: float = recipe(0.1)
 
 
 @dataclass
 class GenerationConfig:
     """``generation``: search used for validation BLEU, the final test and ``translate.py``."""
 
-    strategy: str = "beam"  # greedy | beam | sample
-    beam_size: int = 5
-    length_penalty: float = 0.6
-    length_penalty_form: str = "gnmt"  # gnmt ((5+len)/6)^alpha | fairseq len^alpha
-    max_len_a: float = 1.2  # a hypothesis has at most max_len_a * source length + max_len_b tokens
-    max_len_b: int = 10
-    min_len: int = 1
-    no_repeat_ngram_size: int = 0
-    nbest: int = 1
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    max_tokens: int = 8000
+    strategy: str = recipe("beam")  # greedy | beam | sample
+    beam_size: int = recipe(5)
+    length_penalty: float = recipe(0.6)
+    length_penalty_form: str = recipe("gnmt")  # gnmt ((5+len)/6)^alpha | fairseq len^alpha
+    max_len_a: float = recipe(1.2)  # a hypothesis has at most max_len_a * source length + max_len_b tokens
+    max_len_b: int = recipe(10)
+    min_len: int = recipe(1)
+    no_repeat_ngram_size: int = recipe(0)
+    nbest: int = recipe(1)
+    temperature: float = recipe(1.0)
+    top_k: int = recipe(0)
+    top_p: float = recipe(1.0)
+    seed: int = recipe(0)
+    max_tokens: int = recipe(8000)
 
 
 def _overrides_of(cls: type) -> type:
@@ -301,92 +303,70 @@ each null by default, meaning "keep the run's value" (see
 generation setting is one field there."""
 
 
-DEFAULT_TIME_BUDGET_S = 1380.0
-"""The default run's budget: 23 minutes of training (``train.max_time`` null and no other budget)."""
-
-
-def time_budget(train: Any) -> float:
-    """The training-time limit in seconds that ``train`` (a :class:`TrainConfig` or its DictConfig)
-    stops at: ``train.max_time`` when set (0 = none); when null, :data:`DEFAULT_TIME_BUDGET_S` if
-    neither ``train.max_updates`` nor ``train.max_epochs`` is set, else 0 (an explicit update or
-    epoch budget is not cut by the default time limit, on a first start as on a resume)."""
-    if train.max_time is not None:
-        return float(train.max_time)
-    return DEFAULT_TIME_BUDGET_S if train.max_updates <= 0 and train.max_epochs <= 0 else 0.0
-
-
-def budget_sentence(train: Any) -> str:
-    """What stops a run, in words (logged at the start): ``"train.max_updates=4000"``,
-    ``"1380 s of training (the default time budget; train.max_updates=N replaces it)"``, ..."""
-    parts = []
-    if train.max_updates > 0:
-        parts.append(f"train.max_updates={train.max_updates}")
-    if train.max_epochs > 0:
-        parts.append(f"train.max_epochs={train.max_epochs}")
-    seconds = time_budget(train)
-    if seconds > 0:
-        parts.append(f"train.max_time={seconds:g}s" if train.max_time is not None else
-                     f"{seconds:g} s of training (the default time budget; train.max_updates=N replaces it)")
-    if train.patience > 0:
-        parts.append(f"train.patience={train.patience} validations without improvement")
-    return ", or ".join(parts) + (" (whichever comes first)" if len(parts) > 1 else "")
-
-
 @dataclass
 class TrainConfig:
     """``train``: the loop (fairseq names where they exist). The defaults are the default run's
     (``python scripts/train.py``): 4096 tokens per update, 23 minutes of training
-    (:func:`time_budget`), validation every 500 updates (loss, and BLEU on 200 pairs)."""
+    (:func:`~transformer.config.runtime.time_budget`), validation every 500 updates (loss, and BLEU on 200 pairs)."""
 
-    max_tokens: int = 4096
+    max_tokens: int = recipe(4096)
     # round batch widths up to a multiple and keep each batch within one rounded length, so an epoch
     # has a few dozen (rows, length) shapes (transformer/data/batching.py); 1 = greedy packing, no rounding
     # (runs recorded before this field read as 1: transformer.config.convert.upgrade_config)
-    pad_to_multiple: int = 1
-    update_freq: int = 1
-    clip_norm: float = 0.0
-    max_updates: int = 0
-    max_epochs: int = 0
+    pad_to_multiple: int = recipe(1)
+    update_freq: int = recipe(1)
+    clip_norm: float = recipe(0.0)
+    # when to stop: a resume may train longer (or stop sooner); the budget still tells configurations apart
+    max_updates: int = rule(0, resume="free", grouping="defines")
+    max_epochs: int = rule(0, resume="free", grouping="defines")
     # seconds of training; null (the default) = DEFAULT_TIME_BUDGET_S when neither max_updates nor
     # max_epochs is set, else no limit (an explicit update budget replaces the default time budget); 0 = no limit
-    max_time: Optional[float] = None
-    precision: str = "auto"  # auto (bf16 where the device has fast bf16, else fp32) | fp32 | bf16 | fp16
-    compile: bool = False
-    device: str = "auto"
-    num_threads: int = 0  # 0 = torch default
-    tune_malloc: bool = True  # CPU: keep freed tensor memory in the process (glibc mallopt)
+    max_time: Optional[float] = rule(None, resume="free", grouping="defines")
+    precision: str = recipe("auto")  # auto (bf16 where the device has fast bf16, else fp32) | fp32 | bf16 | fp16
+    compile: bool = rule(False, resume="free", grouping="defines")  # how it computes, not what
+    # the machine: free on resume; the device kind is compared from results.json, not from here
+    device: str = rule("auto", resume="free", grouping="ignored")
+    num_threads: int = rule(0, resume="free", grouping="ignored")  # 0 = torch default
+    # CPU: keep freed tensor memory in the process (glibc mallopt)
+    tune_malloc: bool = rule(True, resume="free", grouping="defines")
     # CPU: oneDNN primitive cache entries (ONEDNN_PRIMITIVE_CACHE_CAPACITY) for bf16 matmuls; null = oneDNN's 1024
-    onednn_cache_capacity: Optional[int] = 64
-    validate_every: int = 500
-    valid_bleu: bool = True
-    valid_bleu_subset: int = 200  # the first N validation pairs are translated for BLEU; 0 = the whole set
-    best_metric: str = "loss"  # bleu | loss
-    patience: int = 0
-    save_every: int = 0
-    keep_last: int = 5
-    average_last: int = 0  # average the last N saved checkpoints before the final test
-    ema_decay: float = 0.0  # exponential moving average of the weights (e.g. 0.999); 0 = off
+    onednn_cache_capacity: Optional[int] = rule(64, resume="free", grouping="ignored")
+    validate_every: int = recipe(500)
+    valid_bleu: bool = recipe(True)
+    valid_bleu_subset: int = recipe(200)  # the first N validation pairs are translated for BLEU; 0 = the whole set
+    best_metric: str = recipe("loss")  # bleu | loss
+    patience: int = rule(0, resume="free", grouping="defines")  # when to stop
+    save_every: int = recipe(0)
+    keep_last: int = recipe(5)
+    average_last: int = recipe(0)  # average the last N saved checkpoints before the final test
+    # exponential moving average of the weights (e.g. 0.999); 0 = off; may start (or stop) at a
+    # resume (Trainer.load_state)
+    ema_decay: float = rule(0.0, resume="free", grouping="defines")
     # false: a new run | true: continue from the run folder's checkpoint_last (start when it has none)
     # | auto: as true, and a run that is already complete is left as it is (nothing trained or written)
-    resume: Any = False
+    resume: Any = rule(False, resume="always", grouping="ignored")
     # continue from this checkpoint (a checkpoint_* file or stem, any folder) instead; implies resume
-    resume_from: Optional[str] = None
+    resume_from: Optional[str] = rule(None, resume="always", grouping="defines")
     # a folder of finished runs' small files (e.g. docs/results/ladder/runs): a job whose run folder holds
     # no checkpoint and whose twin <finished_runs>/<run folder name>/results.json trained the same
     # config is not trained again (transformer/training/finished_runs.py); null = not looked for
-    finished_runs: Optional[str] = None
-    log_every: int = 50
-    progress: bool = True
+    finished_runs: Optional[str] = rule(None, resume="free", grouping="ignored")
+    log_every: int = rule(50, resume="free", grouping="ignored")  # what to show
+    progress: bool = rule(True, resume="free", grouping="ignored")
     # signals that stop training politely: finish the update, save checkpoint_last, exit with status 75
     # (transformer/training/stopping.py); SLURM/scancel send SIGTERM, submitit's preemption signal is USR2
-    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"])
-    distributed: str = "ddp"  # under torchrun: ddp (DistributedDataParallel) | fsdp (FSDP2, sharded)
-    activation_checkpointing: bool = False  # recompute each layer's activations in the backward pass
+    stop_signals: list[str] = rule(factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"],
+                                   resume="fixed", grouping="ignored")
+    # under torchrun: ddp (DistributedDataParallel) | fsdp (FSDP2, sharded); how it computes, not what
+    distributed: str = rule("ddp", resume="free", grouping="defines")
+    # recompute each layer's activations in the backward pass
+    activation_checkpointing: bool = rule(False, resume="free", grouping="defines")
 
 
 @dataclass
 class LoggerConfig:
-    """``logger``: JSONL metrics always; optionally wandb (offline works) or tensorboard."""
+    """``logger``: JSONL metrics always; optionally wandb (offline works) or tensorboard. Its fields
+    follow the rule of :attr:`Config.logger` (free on resume, no part of a configuration)."""
 
     name: str = "none"  # none | wandb | tensorboard
     project: str = "transformer-zoo"
@@ -404,68 +384,18 @@ class Config:
     criterion: CriterionConfig = field(default_factory=CriterionConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-    seed: int = 1
-    run_dir: Optional[str] = None
-    experiment_name: str = "default"
-    extra: dict[str, Any] = field(default_factory=dict)
+    logger: LoggerConfig = rule(factory=LoggerConfig, resume="free", grouping="ignored")  # what to show, where
+    seed: int = rule(1, resume="fixed", grouping="ignored")  # a configuration's runs are its seeds
+    run_dir: Optional[str] = rule(None, resume="always", grouping="ignored")
+    # the study a run was launched by (and its default output folder), not what it computes: a branch
+    # study's runs (branches) share one table with the ladder runs they branch off (ladder)
+    experiment_name: str = rule("default", resume="fixed", grouping="ignored")
+    extra: dict[str, Any] = recipe(factory=dict)
     # the user's own options (transformer/plugins.py): folders (Python packages), .py files or module
-    # names, imported before the config is validated; their configs/ joins Hydra's search path
-    plugins: list[str] = field(default_factory=list)
+    # names, imported before the config is validated; their configs/ joins Hydra's search path. Where
+    # they are may change on resume; their files must be the ones recorded (plugin_files)
+    plugins: list[str] = rule(factory=list, resume="free", grouping="ignored")
     # import a run folder's recorded copy of a plugin that is not where it was (or changed)
-    plugins_trust: bool = False
+    plugins_trust: bool = rule(False, resume="free", grouping="ignored")
     # recorded by the run, not set by hand: <plugin>/<file> -> sha256 of the plugin files it imported
-    plugin_files: dict[str, str] = field(default_factory=dict)
-
-
-RESUME_MODES = (False, True, "auto")
-"""The values of ``train.resume``."""
-
-
-def resume_mode(value: Any) -> bool | str:
-    """``train.resume`` as one of :data:`RESUME_MODES` (Hydra gives ``true``/``false`` as bools, and
-    a str-typed override as ``"true"``/``"false"``).
-
-    Raises:
-        ValueError: any other value (the message names the field and the allowed values).
-    """
-    text = str(value).strip().lower()
-    if text in ("true", "false", "auto"):
-        return {"true": True, "false": False}.get(text, "auto")
-    raise ValueError(f"train.resume={value!r} is not one of false, true, auto")
-
-
-def hydra_subdir(resume: Any = False, resume_from: Any = None, output_dir: Any = None) -> str | None:
-    """Where Hydra records a training job in its run folder (``hydra.output_subdir`` of
-    ``configs/train.yaml``, as the resolver
-    ``${zoo.hydra_subdir:${train.resume},${train.resume_from},${hydra:runtime.output_dir}}``).
-
-    Args:
-        resume: ``train.resume``.
-        resume_from: ``train.resume_from``.
-        output_dir: the job's run folder, when known: with ``train.resume=true|auto`` the job is a
-            resume only when the folder holds a ``checkpoint_last`` (else it is the run's first start).
-
-    Returns:
-        ``.hydra`` for a new run; ``.hydra/resume-<date>_<time>`` for a resumed one, so that the
-        run's own record (its config, choices and overrides) is never overwritten; None (no record)
-        when another live process holds the folder's lock (:class:`~transformer.io.FolderLock`).
-    """
-    if str(resume_from or "").lower() not in ("", "none", "null"):
-        resuming = True
-    else:
-        try:
-            mode = resume_mode(resume)
-        except ValueError:
-            mode = False  # validate_config reports it, with the other fields
-        resuming = bool(mode)
-        if resuming and str(output_dir or "").lower() not in ("", "none", "null"):
-            # the name CheckpointManager.LAST gives it (training/checkpoint; config/ cannot import it)
-            resuming = (Path(str(output_dir)) / "checkpoint_last.safetensors").is_file()
-    if str(output_dir or "").lower() not in ("", "none", "null") and folder_locked_by_other(str(output_dir)):
-        return None  # another process writes this run folder: Hydra writes no record; the job stops naming it
-    return ".hydra/resume-" + time.strftime("%Y-%m-%d_%H-%M-%S") if resuming else ".hydra"
-
-
-if not OmegaConf.has_resolver("zoo.hydra_subdir"):  # at import: jobs unpickled on a cluster node have it too
-    OmegaConf.register_new_resolver("zoo.hydra_subdir", hydra_subdir, use_cache=True)
+    plugin_files: dict[str, str] = recipe(factory=dict)

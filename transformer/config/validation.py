@@ -10,7 +10,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from transformer.config.options import LR_SCHEDULERS, structured_config
-from transformer.config.schema import ConfigError, resume_mode, time_budget
+from transformer.config.runtime import resume_mode, time_budget
+from transformer.config.schema import ConfigError
 from transformer.config.sizes import model_sizes
 from transformer.modules.attention import ATTENTION_KINDS
 from transformer.modules.ffn import FFNS

@@ -34,26 +34,21 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from transformer.config import Config, ConfigError, config_differences, resume_mode, typed_config, validate_config
+from transformer.config import Config, ConfigError, config_differences, keys_with, resume_mode, typed_config, validate_config
 from transformer.training.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, numbered_checkpoints
 from transformer.training.results import saved_choices
 
 __all__ = ["BUDGET_FIELDS", "RESUME_OVERRIDES", "ResumePoint", "checkpoint_names", "command_line_fields",
            "completed_results", "prepare_resume", "resume_config"]
 
-RESUME_OVERRIDES: tuple[str, ...] = (
-    "train.max_updates", "train.max_epochs", "train.max_time", "train.patience",  # when to stop
-    "train.ema_decay",  # the weight average can start (or stop) at a resume (Trainer.load_state)
-    "train.log_every", "train.progress", "logger",  # what to show and where to log it
-    "train.num_threads", "train.tune_malloc", "train.onednn_cache_capacity", "train.device",  # the machine
-    "train.distributed", "train.activation_checkpointing", "train.compile",  # how it computes, not what
-    "data.root", "data.cache_dir", "data.binarized", "data.download", "data.preprocess_workers",  # where the data is
-    "train.resume", "train.resume_from", "train.finished_runs", "run_dir",  # what to resume, and where
-    "plugins", "plugins_trust",  # where the plugins are (their files must be the ones recorded: plugin_files)
-)
-"""Fields a resumed run may take from the command line (a name covers the fields under it)."""
+RESUME_OVERRIDES: tuple[str, ...] = keys_with(Config, resume=("free", "always"))
+"""Fields a resumed run may take from the command line (a name covers the fields under it): those
+whose rule, declared at the field in :mod:`transformer.config.schema`, says ``resume="free"`` (when to
+stop, what to show, the machine, how it computes, where the run, its data and its plugins are) or
+``"always"`` (:mod:`transformer.config.rules`)."""
 
-_ALWAYS_FROM_COMMAND_LINE = ("train.resume", "train.resume_from", "run_dir")
+_ALWAYS_FROM_COMMAND_LINE: tuple[str, ...] = keys_with(Config, resume=("always",))
+"""Fields a resumed run takes from the command line, named or not (what to resume, and where)."""
 
 
 @dataclass

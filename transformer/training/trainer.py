@@ -21,13 +21,13 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from transformer.config import Config, config_dict, time_budget
+from transformer.config import Config, time_budget
 from transformer.data.batching import TokenBatchSampler
 from transformer.data.collate import Batch, collate
 from transformer.data.dataset import TranslationData
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SEP_ID
 from transformer.models import build_model
-from transformer.training.checkpoint import CheckpointManager, get_rng_state, set_rng_state
+from transformer.training.checkpoint import CheckpointManager
 from transformer.training.criterion import LabelSmoothedCrossEntropy, perplexity
 from transformer.training.divergence import divergence_message, nonfinite_weights
 from transformer.training.distributed import DistInfo, broadcast_from_main
@@ -41,6 +41,7 @@ from transformer.training.progress import TrainingBar
 from transformer.training.routing import RoutingMonitor
 from transformer.training.schedules import build_scheduler
 from transformer.training.stopping import GracefulStop, budget_reached, stop_if_signalled
+from transformer.training.train_state import load_train_state, train_state
 from transformer.training.validation import scorable_pairs, teacher_forced_loss, translate_and_score
 
 __all__ = ["Trainer", "TrainingError"]
@@ -114,57 +115,14 @@ class Trainer:
     # ------------------------------------------------------------------ state
 
     def train_state(self) -> dict[str, Any]:
-        """Everything but the saved weights needed to continue exactly (loadable with weights_only).
-
-        With ``train.ema_decay > 0`` the checkpoint's weights file holds the moving average (the
-        weights to translate with) and ``ema`` here holds the decay and the training weights.
-        """
-        ema = None
-        if self.ema is not None:
-            ema = {"decay": self.ema.decay, "model": self.model.state_dict()}
-        return {
-            "optimizer": self.parallel.optimizer_state_dict(self.optimizer),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "rng": get_rng_state(),
-            "sampler": self.sampler.state_dict(),
-            "update": self.update,
-            "epoch": self.epoch,
-            "best_metric": self.best_metric,
-            "bad_validations": self.bad_validations,
-            "train_tokens": self.train_tokens,
-            "train_time": self.train_time,
-            "wall_time": self.wall_time(),
-            "ema": ema,
-            "routing": self.last_routing,
-            "config": config_dict(self.cfg),
-        }
+        """Everything but the saved weights needed to continue exactly (loadable with weights_only):
+        :func:`~transformer.training.train_state.train_state`."""
+        return train_state(self)
 
     def load_state(self, model_state: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
-        """Restore weights and training state saved by :meth:`save` (every rank loads the same files).
-
-        A checkpoint written with a moving average restores the training weights from the state and
-        the average from ``model_state``; turning ``train.ema_decay`` on at resume starts the average
-        from the resumed weights, turning it off continues from the training weights.
-        """
-        saved_ema = state.get("ema")
-        self.parallel.load_full_state_dict(saved_ema["model"] if saved_ema else model_state)
-        if self.ema is not None:
-            if saved_ema:
-                self.ema.load_state_dict(model_state)
-            else:
-                self.ema = EMA(self.model, self.ema.decay)
-        self.parallel.load_optimizer_state_dict(self.optimizer, state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
-        self.update, self.epoch = int(state["update"]), int(state["epoch"])
-        self.best_metric = state["best_metric"]
-        self.bad_validations = int(state["bad_validations"])
-        self.train_tokens, self.train_time = int(state["train_tokens"]), float(state["train_time"])
-        self.wall_time_before = float(state.get("wall_time", 0.0))  # checkpoints before it was recorded: 0
-        self.last_routing = dict(state.get("routing") or {})  # checkpoints before it was recorded: none
+        """Restore weights and training state saved by :meth:`save` (every rank loads the same
+        files): :func:`~transformer.training.train_state.load_train_state`."""
+        load_train_state(self, model_state, state)
 
     def wall_time(self) -> float:
         """Wall-clock seconds of the whole run: its earlier processes (until their last save) and this one."""

@@ -1,0 +1,92 @@
+"""The ``throughput`` section of ``benchmarks/gpu_check.py``: ``benchmarks/train_step.py``'s models,
+batches and FLOP count in this process, ours beside the HF peers, with MFU against the device's peak."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gpu_check_context import Context
+from gpu_check_report import Report, Stopped, check
+from train_step import (
+    PRESET_OVERRIDES, SIZES, SRC_LEN, TGT_LEN, cuda_matmul_peak, device_peak, make_optimizer, matmul_peak,
+    measure_on_cuda, model_under_test, our_dropout, preset, time_steps, train_flops,
+)
+
+
+
+def section_throughput(sec: dict[str, Any], ctx: Context, report: Report) -> None:
+    """Ours vs HF at tiny / small / base, fp32 and bf16: tokens/s, MFU, peak memory."""
+    a, dev = ctx.args, ctx.device
+    r = sec["results"]
+    peaks: dict[str, float] = {}
+    source: dict[str, str] = {}
+    for prec, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        table = device_peak(ctx.meta_device, prec) if dev.type == "cuda" else None
+        if table:
+            peaks[prec], source[prec] = table, "datasheet (DEVICE_PEAKS, dense)"
+        elif dev.type == "cuda":
+            peaks[prec], source[prec] = cuda_matmul_peak(dev, dtype), "measured (best torch.mm 4096^3 / 8192^3)"
+        else:
+            peaks[prec], source[prec] = matmul_peak(reps=2, dtype=dtype), "measured (best torch.mm, CPU)"
+    if dev.type == "cuda":  # the probe beside the table, to see how close the table is
+        r["measured_matmul_tflops"] = {p: cuda_matmul_peak(dev, d) / 1e12 for p, d in
+                                       (("bf16", torch.bfloat16), ("fp32", torch.float32))}
+    r.update(device_name=ctx.meta_device, peaks_tflops={k: v / 1e12 for k, v in peaks.items()}, peak_source=source,
+             batch={"rows": a.rows, "src_len": SRC_LEN, "tgt_len": TGT_LEN}, warmup=a.warmup, steps=a.steps,
+             rows=[])
+    report.write()
+    peers = {"encoder-decoder": a.encdec_peers, "decoder-only": a.decoder_peers}
+    for size in a.sizes:
+        ed, do, _ = SIZES[size]
+        for family, preset_name in (("encoder-decoder", ed), ("decoder-only", do)):
+            over = PRESET_OVERRIDES.get((size, family), [])
+            cfg, _ = preset(preset_name, over)
+            flops = train_flops(cfg, a.rows, SRC_LEN, TGT_LEN)
+            for prec in a.precision:
+                ours_row = None
+                for model in ["ours", *peers[family]]:
+                    spec = {"model": model, "preset": preset_name, "rows": a.rows, "src_len": SRC_LEN, "tgt_len": TGT_LEN,
+                            "warmup": a.warmup, "steps": a.steps, "precision": prec,
+                            "overrides": over + (["model.dropout=0.0"] if family == "decoder-only" and model == "ours"
+                                                 else [])}
+                    row = {"size": size, "family": family, "model": model, "precision": prec, "preset": preset_name,
+                           "overrides": over}
+                    try:
+                        ctx.budget.need(10 if a.quick else 12, f"{size} {family} {model} {prec}")
+                        m = measure(spec, dev)
+                        tok_s = a.rows * TGT_LEN / m["step_s"]
+                        row.update(tok_s=tok_s, step_ms=1e3 * m["step_s"], best_ms=1e3 * m["best_s"],
+                                   mfu_vs_bf16_peak=flops / m["step_s"] / peaks["bf16"],
+                                   mfu_vs_dtype_peak=flops / m["step_s"] / peaks[prec], mem_mb=m.get("mem_mb"),
+                                   params=m["params"], dropout=m["dropout"], train_flops_per_step=flops)
+                        if model == "ours":
+                            ours_row = row
+                        elif ours_row is not None:
+                            row["ratio_to_ours"] = tok_s / ours_row["tok_s"]
+                    except Stopped:
+                        raise
+                    except Exception as err:
+                        row["skipped"] = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+                        if model == "ours":
+                            check(sec, f"{size} {family} ours {prec}", False, row["skipped"])
+                    r["rows"].append(row)
+                    report.write()
+    measured = [x for x in r["rows"] if "tok_s" in x and x["model"] == "ours"]
+    check(sec, "our rows measured", bool(measured), f"{len(measured)} of ours measured")
+
+
+def measure(spec: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """One throughput row in this process (CUDA: :func:`train_throughput.measure_on_cuda`; CPU: step
+    times only, memory is per process in ``train_throughput.py`` and is not measured here)."""
+    if device.type == "cuda":
+        return measure_on_cuda(spec, device)
+    cfg, optim_cfg, batch, ctor = model_under_test(spec)
+    torch.manual_seed(0)
+    model = ctor()
+    opt = make_optimizer(model, optim_cfg)
+    r = time_steps(model, batch, opt, spec["warmup"], spec["steps"], spec["precision"])
+    r.update(params=sum(p.numel() for p in model.parameters()), mem_mb=None,
+             dropout=our_dropout(cfg) if spec["model"] == "ours" else getattr(model, "dropout_desc", "?"))
+    return r

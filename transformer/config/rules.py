@@ -1,0 +1,120 @@
+"""The rules on a config field, declared where the field is declared.
+
+Every field of the schema (:mod:`transformer.config.schema`) says two things in its dataclass
+field's metadata:
+
+* **resume**: what a resumed run (:mod:`transformer.training.resume`) takes from the command line:
+  ``fixed``, nothing (the run's saved value; naming another one is an error); ``free``, the command
+  line's value when the command line names it (when to stop, what to show, where the run and its data
+  are); ``always``, the command line's value, named or not (what to resume, and where).
+* **grouping**: whether the field defines a configuration (``defines``: runs that differ in it are
+  different configurations for ``scripts/compare.py``, and a finished twin of ``train.finished_runs``
+  must have its value) or not (``ignored``: the seed, the study's name, paths, logging, threads).
+
+Most fields are what a run computes: ``name: str = recipe("relu")`` declares ``fixed`` and
+``defines``; any other pair is spelled out, ``device: str = rule("auto", resume="free",
+grouping="ignored")``. A rule on a field holding a dataclass (``logger``) covers every field below
+it. The lists the code reads are derived from the declarations (:func:`keys_with`):
+:data:`~transformer.training.resume.RESUME_OVERRIDES` and ``_ALWAYS_FROM_COMMAND_LINE`` there, and
+:data:`~transformer.analysis.grouping.IGNORED_KEYS`; ``tests/test_config_rules.py`` fails, naming
+the field, when a field of the schema declares no rule (:func:`undeclared`).
+
+The own fields of a group's option (a subclass registered in
+:data:`~transformer.config.options.GROUPS`, e.g. ``model.attention.kv_lora_rank`` of ``mla``, or a
+plugin's) define the configuration and are fixed on resume: the built-in ones declare ``recipe``, a
+plugin's need declare nothing (:mod:`transformer.registry`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import MISSING, Field
+from typing import Any, Callable, NamedTuple, Sequence, get_type_hints
+
+__all__ = ["GROUPINGS", "RESUMES", "FieldRule", "field_rule", "keys_with", "recipe", "rule", "rule_table", "undeclared"]
+
+RESUMES = ("fixed", "free", "always")
+"""What a resumed run takes from the command line: nothing, the named value, the value named or not."""
+
+GROUPINGS = ("defines", "ignored")
+"""Whether a field tells configurations apart (``compare.py``, ``train.finished_runs``)."""
+
+_KEY = "transformer.rule"
+
+
+class FieldRule(NamedTuple):
+    """A field's rule: ``resume`` one of :data:`RESUMES`, ``grouping`` one of :data:`GROUPINGS`."""
+
+    resume: str
+    grouping: str
+
+
+def rule(default: Any = MISSING, *, factory: Callable[[], Any] | Any = MISSING, resume: str, grouping: str) -> Any:
+    """A dataclass field with ``default`` (or ``factory``) and its rule.
+
+    Args:
+        default: the field's default.
+        factory: or a callable making it (mutable defaults: lists, dicts, dataclasses).
+        resume: one of :data:`RESUMES`.
+        grouping: one of :data:`GROUPINGS`.
+
+    Returns:
+        ``dataclasses.field(...)`` with the rule in its metadata.
+
+    Raises:
+        ValueError: an unknown ``resume`` or ``grouping``.
+    """
+    if resume not in RESUMES:
+        raise ValueError(f"resume={resume!r} is not one of {', '.join(RESUMES)}")
+    if grouping not in GROUPINGS:
+        raise ValueError(f"grouping={grouping!r} is not one of {', '.join(GROUPINGS)}")
+    return dataclasses.field(default=default, default_factory=factory, metadata={_KEY: FieldRule(resume, grouping)})
+
+
+def recipe(default: Any = MISSING, *, factory: Callable[[], Any] | Any = MISSING) -> Any:
+    """A field of what a run computes: fixed on resume, defines the configuration (:func:`rule`)."""
+    return rule(default, factory=factory, resume="fixed", grouping="defines")
+
+
+def field_rule(f: Field) -> FieldRule | None:
+    """The rule ``f`` declares, or None."""
+    return f.metadata.get(_KEY)
+
+
+def rule_table(cls: type, prefix: str = "") -> dict[str, FieldRule | None]:
+    """Dotted key -> rule for every field of dataclass ``cls``: a field without a rule that holds a
+    dataclass is replaced by the fields below it; any other field without one maps to None.
+
+    Args:
+        cls: a dataclass (:class:`~transformer.config.Config`).
+        prefix: put before each key (``"model."``).
+    """
+    hints = get_type_hints(cls)
+    table: dict[str, FieldRule | None] = {}
+    for f in dataclasses.fields(cls):
+        declared = field_rule(f)
+        if declared is None and dataclasses.is_dataclass(hints[f.name]):
+            table.update(rule_table(hints[f.name], f"{prefix}{f.name}."))
+        else:
+            table[prefix + f.name] = declared
+    return table
+
+
+def keys_with(cls: type, *, resume: Sequence[str] = RESUMES, grouping: Sequence[str] = GROUPINGS) -> tuple[str, ...]:
+    """The dotted keys of ``cls`` (:func:`rule_table`, in declaration order) whose rule has one of
+    ``resume`` and one of ``grouping``; a key covers the fields below it."""
+    table = rule_table(cls)
+    return tuple(k for k, r in table.items() if r is not None and r.resume in resume and r.grouping in grouping)
+
+
+def undeclared(cls: type) -> list[str]:
+    """The fields of dataclass ``cls`` (and below) that declare no rule, each as
+    ``"<dotted key> (<Class>.<field>)"``."""
+    return [f"{key} ({_owner(cls, key)}.{key.rsplit('.', 1)[-1]})" for key, r in rule_table(cls).items() if r is None]
+
+
+def _owner(cls: type, key: str) -> str:
+    """The name of the dataclass declaring dotted ``key`` below ``cls``."""
+    for part in key.split(".")[:-1]:
+        cls = get_type_hints(cls)[part]
+    return cls.__name__
