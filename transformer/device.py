@@ -9,7 +9,7 @@ finished run is compared on, the one a loaded model goes to).
 * anything else (``cpu``, ``cuda:1``, ``mps``) as given.
 
 The tensors a forward pass or a decoding step makes are put on the device of their inputs
-(``device=x.device``, ``x.new_*``, ``torch.*_like``), never on a default: ``tests/test_devices.py``
+(``device=x.device``, ``x.new_*``, ``torch.*_like``), never on a default: ``tests/test_device.py``
 holds every tensor factory call of the package to that rule, and ``tests/test_fake_cuda.py`` runs the
 GPU path on fake ``cuda:0`` tensors.
 """
