@@ -1,0 +1,93 @@
+"""A/B of the default run's batching: ``train.pad_to_multiple`` (and ``train.onednn_cache_capacity``),
+interleaved rounds, each a fresh ``scripts/train.py`` process under ``/usr/bin/time``.
+
+    python benchmarks/batch_shapes.py --data-root ../shared/data --rounds 3 --out docs/results/default_run/batch_shapes
+    python benchmarks/batch_shapes.py --variants "train.pad_to_multiple=1" "train.pad_to_multiple=8" \
+        "train.pad_to_multiple=8 train.onednn_cache_capacity=null"
+
+Every process trains the default model on Multi30k for ``--updates`` updates (no validation, no
+test: ``train.valid_bleu=false 'data.test_splits=[]'``), the issue's measuring command; the order
+of the variants alternates round by round (a shared machine's speed drifts). Per run: target
+tokens/s (``results.json``), the peak resident memory (``/usr/bin/time -f %M``), the number of
+distinct batch shapes the run reported at start, and the precision it resolved. Run it alone
+(``flock /tmp/cpu.lock``): timing beside other work measures the other work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from transformer.io import atomic_write_text  # noqa: E402
+
+FIXED = ["train.max_time=0", "train.validate_every=100000", "train.valid_bleu=false", "data.test_splits=[]",
+         "train.progress=false"]
+
+
+def run_once(variant: str, updates: int, data_root: str, workdir: Path) -> dict:
+    """One training process of ``variant`` (space-separated overrides); its measurements."""
+    run_dir = Path(tempfile.mkdtemp(dir=workdir))
+    cmd = ["/usr/bin/time", "-f", "maxrss_kb=%M", sys.executable, str(ROOT / "scripts" / "train.py"),
+           f"train.max_updates={updates}", *FIXED, *variant.split(), f"hydra.run.dir={run_dir}"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TRANSFORMER_DATA_DIR": data_root})
+    if out.returncode != 0:
+        raise RuntimeError(f"{variant}: exit {out.returncode}: {out.stderr[-2000:]}")
+    results = json.loads((run_dir / "results.json").read_text())
+    shapes = re.search(r"batches: (\d+) distinct", out.stderr)
+    return {"variant": variant, "tok_s": results["train_tokens_per_s"], "updates": results["updates"],
+            "rss_mb": int(re.search(r"maxrss_kb=(\d+)", out.stderr).group(1)) / 1024,
+            "peak_memory_mb": results.get("peak_memory_mb"), "shapes": int(shapes.group(1)) if shapes else None,
+            "precision": results.get("precision"), "cpu": (results.get("hardware") or {}).get("cpu_capability")}
+
+
+def markdown(rows: list[dict], variants: list[str]) -> str:
+    """The table: per variant the median tok/s and RSS, the rounds, and the ratio to the first."""
+    base = statistics.median(r["tok_s"] for r in rows if r["variant"] == variants[0])
+    lines = ["| variant | batch shapes | tok/s (median) | rounds | ratio to first | max RSS MB (median) | precision |",
+             "|---|---:|---:|---|---:|---:|---|"]
+    for v in variants:
+        mine = [r for r in rows if r["variant"] == v]
+        med = statistics.median(r["tok_s"] for r in mine)
+        rounds = " / ".join(format(r["tok_s"], ",.0f") for r in mine)
+        lines.append(f"| `{v}` | {mine[0]['shapes']} | {med:,.0f} | {rounds} | "
+                     f"{med / base:.3f} | {statistics.median(r['rss_mb'] for r in mine):,.0f} | {mine[0]['precision']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line (see the module docstring)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", nargs="+", default=["train.pad_to_multiple=1", "train.pad_to_multiple=8"])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--updates", type=int, default=150)
+    p.add_argument("--data-root", default=os.environ.get("TRANSFORMER_DATA_DIR", "../shared/data"))
+    p.add_argument("--out", type=Path, default=None, help="folder for batch_shapes.json / .md")
+    args = p.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        for r in range(args.rounds):
+            order = args.variants if r % 2 == 0 else list(reversed(args.variants))
+            for v in order:
+                rows.append({**run_once(v, args.updates, args.data_root, Path(work)), "round": r})
+                print(json.dumps(rows[-1]), flush=True)
+    table = markdown(rows, args.variants)
+    print(table)
+    if args.out is not None:
+        atomic_write_text(args.out / "batch_shapes.json", json.dumps(rows, indent=1) + "\n")
+        atomic_write_text(args.out / "batch_shapes.md", table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
