@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model_config
-from tests.models.test_models import EOS, PAD, V, _teacher_forced_steps
+from tests.models.test_models import EOS, PAD, V
 from transformer.config import model_sizes
 from transformer.models import build_model, count_parameters, forward_flops, moe_blocks
+from transformer.testing import check_model
 
 ARCHS = ["encoder_decoder", "decoder_only"]
 MOE = dict(ffn__name="moe", ffn__n_experts=4, ffn__top_k=2, ffn__n_shared_experts=1)
@@ -76,24 +77,7 @@ def test_state_dict_names_and_dense_models_unchanged():
 @pytest.mark.parametrize("arch,router", [(a, r) for a in ARCHS for r in ("softmax", "sigmoid")])
 def test_kv_cache_decoding_equals_full_forward_through_routed_layers(arch, router):
     model = build_model(_cfg(arch, ffn__router=router, ffn__routed_scaling_factor=1.5), V).eval()
-    lengths = [6, 3, 5]
-    src_rows = [torch.randint(5, V, (n,)) for n in lengths]
-    tgt = torch.randint(5, V, (3, 6))
-    width = max(lengths) + (1 if arch == "encoder_decoder" else 0)
-    src = torch.full((3, width), PAD)
-    for b, s in enumerate(src_rows):
-        src[b, : len(s)] = s
-        if arch == "encoder_decoder":
-            src[b, len(s)] = EOS
-    with torch.no_grad():
-        expected = _teacher_forced_steps(model, src_rows, tgt)
-        state = model.start_decoding(src)
-        prev = torch.full((3, 1), model.decoder_start_token_id)
-        steps = []
-        for t in range(tgt.shape[1]):
-            steps.append(model.decode_step(prev, state))
-            prev = tgt[:, t : t + 1]
-    torch.testing.assert_close(torch.stack(steps, 1), expected, atol=1e-5, rtol=1e-4)
+    check_model(model, ["incremental_decoding"])  # the kit's check (transformer/testing.py), through routed layers
 
 
 def _masks_seen(model) -> tuple[list, list]:

@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from transformer.io import folder_locked_by_other
+from transformer.run_folder import has_checkpoint
 
 __all__ = ["DEFAULT_TIME_BUDGET_S", "RESUME_MODES", "budget_sentence", "resume_mode", "time_budget"]
 
@@ -90,8 +91,8 @@ def hydra_subdir(resume: Any = False, resume_from: Any = None, output_dir: Any =
             mode = False  # validate_config reports it, with the other fields
         resuming = bool(mode)
         if resuming and str(output_dir or "").lower() not in ("", "none", "null"):
-            # the name CheckpointManager.LAST gives it (training/checkpoint; config/ cannot import it)
-            resuming = (Path(str(output_dir)) / "checkpoint_last.safetensors").is_file()
+            # the run folder's checkpoint_last (transformer/run_folder.py: the layout's one home)
+            resuming = has_checkpoint(str(output_dir))
     if str(output_dir or "").lower() not in ("", "none", "null") and folder_locked_by_other(str(output_dir)):
         return None  # another process writes this run folder: Hydra writes no record; the job stops naming it
     return ".hydra/resume-" + time.strftime("%Y-%m-%d_%H-%M-%S") if resuming else ".hydra"

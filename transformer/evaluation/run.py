@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from transformer.run_folder import checkpoint_stem
 from transformer.config import ConfigError, GenerationConfig, config_dict
 from transformer.data.corpus import read_lines, read_parallel, resolve_split_files
 from transformer.evaluation.metrics import corpus_scores, paired_bootstrap
@@ -225,7 +226,7 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
 
 def _checkpoint_name(weights: Path) -> str:
     """``checkpoint_best.safetensors`` -> ``checkpoint_best``."""
-    return weights.name[: -len(".safetensors")] if weights.name.endswith(".safetensors") else weights.stem
+    return checkpoint_stem(weights).name
 
 
 def _ensemble_name(checkpoints: list[Path]) -> str:

@@ -43,11 +43,22 @@ from transformer.device import resolve_device
 from transformer.io import SafetensorsReadError, read_safetensors
 from transformer.models import build_model
 from transformer.plugins import PluginError, import_recorded
+from transformer.run_folder import (
+    BEST,
+    CONFIG_NAMES,
+    LAST,
+    META_SUFFIX,
+    STATE_SUFFIX,
+    WEIGHTS_SUFFIX,
+    checkpoint_file,
+    checkpoint_stem,
+    has_checkpoint,
+    weights_path,
+)
 
 __all__ = ["LoadError", "LoadedRun", "Tokenizers", "find_checkpoint", "load_run", "merge_generation", "resolve_device"]
 
-CHECKPOINT_NAMES = ("checkpoint_best", "checkpoint_last")
-CONFIG_NAMES = ("config.yaml", ".hydra/config.yaml")
+CHECKPOINT_NAMES = (BEST, LAST)  # a run folder is loaded from its best checkpoint, else its last
 
 
 class LoadError(RuntimeError):
@@ -102,20 +113,14 @@ def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
     p = Path(path).expanduser()
     if p.is_dir():
         for name in CHECKPOINT_NAMES:
-            w = p / f"{name}.safetensors"
-            if w.is_file():
-                return p, w
-        found = sorted(x.name for x in p.glob("*.safetensors"))
+            if has_checkpoint(p, name):
+                return p, weights_path(p / name)
+        found = sorted(x.name for x in p.glob(f"*{WEIGHTS_SUFFIX}"))
         hint = f"; it holds {', '.join(found)} (pass one of them)" if found else ""
         raise LoadError(
-            f"no checkpoint in {p}: expected {' or '.join(n + '.safetensors' for n in CHECKPOINT_NAMES)}{hint}"
+            f"no checkpoint in {p}: expected {' or '.join(n + WEIGHTS_SUFFIX for n in CHECKPOINT_NAMES)}{hint}"
         )
-    if p.suffix in (".pt", ".json"):
-        w = p.with_suffix(".safetensors")
-    elif p.suffix == ".safetensors":
-        w = p
-    else:
-        w = p.with_name(p.name + ".safetensors")
+    w = weights_path(p)  # a checkpoint's file or stem -> its weights
     if not w.is_file():
         if p.is_file():
             raise LoadError(
@@ -134,7 +139,7 @@ def _read_config(run_dir: Path, weights: Path) -> DictConfig:
             raw = OmegaConf.load(f)
             break
     else:
-        state_file = weights.with_suffix(".pt")
+        state_file = checkpoint_file(checkpoint_stem(weights), STATE_SUFFIX)
         raw = None
         if state_file.is_file():
             try:
@@ -175,7 +180,7 @@ def _config_folder(run_dir: Path, weights: Path, meta: dict[str, str]) -> Path:
 
 def _check_same_save(weights: Path, meta: dict[str, str]) -> None:
     """The weights' ``checkpoint_id`` must be the one of the ``.json`` metadata beside them."""
-    info_file = weights.with_suffix(".json")
+    info_file = checkpoint_file(checkpoint_stem(weights), META_SUFFIX)
     if not info_file.is_file() or not ({"checkpoint_id", "averaged_from"} & meta.keys()):
         return  # foreign files are named as such by the checks of load_run
     try:

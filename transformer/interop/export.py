@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from transformer.run_folder import BEST
 from transformer.data.tokenizer import Tokenizer
 from transformer.generation import load_run
 from transformer.interop import ct2, hf_llama, hf_marian, hf_moe
@@ -170,7 +171,7 @@ def import_hf_llama(folder: str | Path, out: str | Path, *, force: bool = False)
     with staging_dir(out, force) as tmp:
         shutil.copyfile(spm_file, tmp / "spm.model")
         OmegaConf.save(run_cfg, tmp / "config.yaml")
-        save_checkpoint(tmp, "checkpoint_best", model.state_dict(),
+        save_checkpoint(tmp, BEST, model.state_dict(),
                         {"config": OmegaConf.to_container(run_cfg), "update": 0, "imported_from": str(folder)})
     return out
 

@@ -19,6 +19,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
+from transformer.run_folder import BEST, weights_path
 from transformer.config import Config, config_dict
 from transformer.data.dataset import TranslationData
 from transformer.io import atomic_write_text
@@ -237,14 +238,14 @@ def _load_final_weights(trainer: Any) -> str:
     numbered = trainer.checkpoints.numbered() if trainer.checkpoints is not None else []
     if t.average_last > 0 and numbered:
         chosen = numbered[-t.average_last :]
-        averaged = average_checkpoints([p.with_name(p.name + ".safetensors") for p in chosen])
+        averaged = average_checkpoints([weights_path(p) for p in chosen])
         trainer.model.load_state_dict(averaged, strict=True)
         return f"average of {', '.join(p.name for p in chosen)}"
     best = trainer.checkpoints.best() if trainer.checkpoints is not None else None
     if best is not None:
         model_state, _ = load_checkpoint(best.parent, best.name, map_location=trainer.device)
         trainer.model.load_state_dict(model_state, strict=True)
-        return "checkpoint_best"
+        return BEST
     if getattr(trainer, "ema", None) is not None:
         trainer.model.load_state_dict(trainer.ema.state_dict(), strict=True)
     return "final"

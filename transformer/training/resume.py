@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from transformer.config import Config, ConfigError, config_differences, keys_with, resume_mode, typed_config, validate_config
+from transformer.run_folder import checkpoint_stem, has_checkpoint
 from transformer.training.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, numbered_checkpoints
 from transformer.training.results import saved_choices
 
@@ -80,7 +81,7 @@ def _covered(key: str, names: tuple[str, ...] | set[str]) -> bool:
 def checkpoint_names(folder: Path) -> list[str]:
     """Names of the loadable-looking checkpoints of ``folder``: numbered (oldest first), best, last."""
     names = [p.name for p in numbered_checkpoints(folder)]
-    names += [n for n in (CheckpointManager.BEST, CheckpointManager.LAST) if (folder / f"{n}.safetensors").is_file()]
+    names += [n for n in (CheckpointManager.BEST, CheckpointManager.LAST) if has_checkpoint(folder, n)]
     return names
 
 
@@ -112,8 +113,8 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
     t = cfg.train
     if t.get("resume_from"):
         p = Path(str(t.resume_from)).expanduser()
-        stem = p.with_suffix("") if p.suffix in (".safetensors", ".pt", ".json") else p
-        if not (stem.parent / f"{stem.name}.safetensors").is_file():
+        stem = checkpoint_stem(p)
+        if not has_checkpoint(stem.parent, stem.name):
             raise CheckpointError(f"train.resume_from={t.resume_from}: there is no {stem}.safetensors; "
                                   f"{_hint(stem.parent)}")
         return stem
@@ -121,7 +122,7 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
     if not mode:
         return None
     last = run_dir / CheckpointManager.LAST
-    if (run_dir / f"{last.name}.safetensors").is_file():
+    if has_checkpoint(run_dir, last.name):
         return last
     if checkpoint_names(run_dir):
         raise CheckpointError(f"train.resume={str(mode).lower()} but {run_dir} has no {last.name}; {_hint(run_dir)}")

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from transformer.run_folder import has_checkpoint
 from transformer.config import Config, ConfigError, budget_sentence, config_dict, resume_mode, to_config
 from transformer.data.dataset import load_translation_data
 from transformer.io import FolderLock, atomic_write_text, check_unlocked
@@ -147,7 +148,7 @@ def _requeued_job_resumes(command_line: DictConfig, run_dir: Path) -> DictConfig
     ``checkpoint_last``, ``train.resume=false``) continues from its checkpoint (``train.resume=auto``)."""
     t = command_line.train
     if (os.environ.get("SUBMITIT_EXECUTOR") and not resume_mode(t.resume) and not t.get("resume_from")
-            and (run_dir / f"{CheckpointManager.LAST}.safetensors").is_file()):
+            and has_checkpoint(run_dir)):
         print(f"{run_dir} holds a checkpoint_last and this is a submitit job: a requeued job continues "
               "(train.resume=auto)", file=sys.stderr, flush=True)
         command_line = command_line.copy()

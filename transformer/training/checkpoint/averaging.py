@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from transformer.run_folder import CONFIG_NAMES
 from transformer.io import write_safetensors
 from transformer.training.checkpoint.files import average_checkpoints
 from transformer.training.checkpoint.manager import numbered_checkpoints
@@ -78,7 +79,7 @@ def source_run(paths: Sequence[Path | str]) -> Path | None:
         ``.hydra/config.yaml``), else None.
     """
     folder = Path(paths[0]).resolve().parent
-    found = any((folder / name).is_file() for name in ("config.yaml", ".hydra/config.yaml"))
+    found = any((folder / name).is_file() for name in CONFIG_NAMES)
     return folder if found else None
 
 

@@ -1,4 +1,5 @@
-"""What a checkpoint is: its three files, its format tag, and what its training state may hold.
+"""What a checkpoint's training state may hold, and its error; its files' names, suffixes and format
+tag are :mod:`transformer.run_folder`'s (re-exported here).
 
 See :mod:`transformer.training.checkpoint` for the layout; :mod:`.files` reads and writes it.
 """
@@ -6,11 +7,20 @@ See :mod:`transformer.training.checkpoint` for the layout; :mod:`.files` reads a
 from __future__ import annotations
 
 from collections import OrderedDict
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from transformer.run_folder import (  # the names and suffixes live in the run folder's one home
+    FORMAT,
+    META_SUFFIX,
+    STATE_SUFFIX,
+    SUFFIXES,
+    WEIGHTS_SUFFIX,
+    checkpoint_file,
+    weights_path,
+)
 
 __all__ = [
     "FORMAT",
@@ -24,26 +34,11 @@ __all__ = [
     "weights_path",
 ]
 
-WEIGHTS_SUFFIX = ".safetensors"
-STATE_SUFFIX = ".pt"
-META_SUFFIX = ".json"
-SUFFIXES = (STATE_SUFFIX, WEIGHTS_SUFFIX, META_SUFFIX)  # the files of one checkpoint, in write order
-FORMAT = "transformer-zoo-checkpoint/1"
 _PLAIN_SCALARS = (type(None), bool, int, float, str, bytes, torch.dtype, torch.device)
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read or whose files do not belong together."""
-
-
-def checkpoint_file(stem: Path, suffix: str) -> Path:
-    """The file ``stem`` + ``suffix`` of checkpoint ``stem`` (``dir / "checkpoint_last"``)."""
-    return stem.with_name(stem.name + suffix)
-
-
-def weights_path(path: Path) -> Path:
-    """The weights file of ``path``: itself when it ends in ``.safetensors``, else the stem's."""
-    return path if path.suffix == WEIGHTS_SUFFIX else checkpoint_file(path, WEIGHTS_SUFFIX)
 
 
 def check_plain(obj: Any, where: str) -> None:

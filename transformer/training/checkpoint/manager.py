@@ -12,6 +12,8 @@ from typing import Any
 
 from torch import Tensor
 
+from transformer.run_folder import BEST, LAST
+from transformer.run_folder import numbered as numbered_name
 from transformer.io import atomic_write_all
 from transformer.training.checkpoint.files import save_checkpoint
 from transformer.training.checkpoint.format import (
@@ -71,8 +73,8 @@ class CheckpointManager:
         ValueError: when ``keep_last < 0``.
     """
 
-    LAST = "checkpoint_last"
-    BEST = "checkpoint_best"
+    LAST = LAST
+    BEST = BEST
 
     def __init__(self, run_dir: Path | str, keep_last: int = 5) -> None:
         if keep_last < 0:
@@ -108,7 +110,7 @@ class CheckpointManager:
         # checkpoint_last goes last: a crash between the writes leaves the previous checkpoint_last,
         # whose resume repeats this update and writes the numbered / best files again (were
         # checkpoint_last first, a resume from it would never write the numbered one it lacks)
-        names = [f"checkpoint_{int(update)}"] * numbered + [self.BEST] * is_best + [self.LAST]
+        names = [numbered_name(update)] * numbered + [self.BEST] * is_best + [self.LAST]
         first = save_checkpoint(self.run_dir, names[0], model_state, train_state)
         for name in names[1:]:
             _link_or_copy_all(first, self.run_dir / name)

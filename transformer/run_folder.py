@@ -1,0 +1,76 @@
+"""A run folder's layout and the names and suffixes of a checkpoint, in one place.
+
+Every layer that reads or writes a run folder (training, generation, the config's Hydra resolver,
+interop, analysis) takes the names from here, so a format change is made once. It sits at the
+package's lowest floor (it imports nothing from the package), beside :mod:`transformer.io`.
+
+A run folder holds::
+
+    config.yaml                       the resolved config (also read: .hydra/config.yaml)
+    spm.model | spm.src.model, spm.tgt.model   the tokenizer(s)
+    checkpoint_last.{safetensors,pt,json}      a checkpoint: weights, training state, metadata
+    checkpoint_best.*, checkpoint_<update>.*   the same three files each
+    metrics.jsonl, results.json, hyps/, train.log, plugins/, .hydra/
+
+A *checkpoint* is named by its stem (``dir / "checkpoint_last"``); its files are the stem plus
+:data:`SUFFIXES`. :func:`checkpoint_stem` is the one place a suffix is stripped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = [
+    "BEST",
+    "CONFIG_NAMES",
+    "FORMAT",
+    "LAST",
+    "META_SUFFIX",
+    "STATE_SUFFIX",
+    "SUFFIXES",
+    "WEIGHTS_SUFFIX",
+    "checkpoint_file",
+    "checkpoint_stem",
+    "has_checkpoint",
+    "numbered",
+    "weights_path",
+]
+
+WEIGHTS_SUFFIX = ".safetensors"
+STATE_SUFFIX = ".pt"
+META_SUFFIX = ".json"
+SUFFIXES = (STATE_SUFFIX, WEIGHTS_SUFFIX, META_SUFFIX)  # the files of one checkpoint, in write order
+FORMAT = "transformer-zoo-checkpoint/1"
+"""The format tag a checkpoint's training state carries."""
+
+LAST = "checkpoint_last"
+BEST = "checkpoint_best"
+CONFIG_NAMES = ("config.yaml", ".hydra/config.yaml")
+"""Where a run folder's config is, in the order read."""
+
+
+def numbered(update: int) -> str:
+    """The stem name of the checkpoint saved at ``update``: ``checkpoint_<update>``."""
+    return f"checkpoint_{int(update)}"
+
+
+def checkpoint_file(stem: Path, suffix: str) -> Path:
+    """The file ``stem`` + ``suffix`` of checkpoint ``stem`` (``dir / "checkpoint_last"``)."""
+    return stem.with_name(stem.name + suffix)
+
+
+def checkpoint_stem(path: str | Path) -> Path:
+    """The checkpoint a path names: one of its files (``.safetensors``, ``.pt``, ``.json``) without
+    the suffix, or the path itself (already a stem, or a folder)."""
+    p = Path(path)
+    return p.with_suffix("") if p.suffix in SUFFIXES else p
+
+
+def weights_path(path: Path) -> Path:
+    """The weights file of ``path``: itself when it ends in ``.safetensors``, else the stem's."""
+    return path if path.suffix == WEIGHTS_SUFFIX else checkpoint_file(checkpoint_stem(path), WEIGHTS_SUFFIX)
+
+
+def has_checkpoint(run_dir: str | Path, name: str = LAST) -> bool:
+    """Whether ``run_dir`` holds checkpoint ``name``'s weights (default ``checkpoint_last``)."""
+    return checkpoint_file(Path(run_dir) / name, WEIGHTS_SUFFIX).is_file()
