@@ -27,7 +27,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from tests.conftest import REPO_ROOT
@@ -142,7 +141,7 @@ def groups() -> list[Group]:
 @functools.lru_cache(maxsize=None)
 def yaml_value(text: str) -> Any:
     """``"2.0"`` -> 2.0, ``"true"`` -> True, ``"null"`` -> None, ``"4"`` -> 4 (YAML's reading)."""
-    return yaml.safe_load(text)
+    return OmegaConf.to_container(OmegaConf.create(f"value: {text}"))["value"]
 
 
 @functools.lru_cache(maxsize=None)
