@@ -24,6 +24,7 @@ __all__ = [
     "BEST",
     "CONFIG_NAMES",
     "FORMAT",
+    "HYDRA_RECORD",
     "LAST",
     "META_SUFFIX",
     "STATE_SUFFIX",
@@ -45,7 +46,9 @@ FORMAT = "transformer-zoo-checkpoint/1"
 
 LAST = "checkpoint_last"
 BEST = "checkpoint_best"
-CONFIG_NAMES = ("config.yaml", ".hydra/config.yaml")
+HYDRA_RECORD = ".hydra"
+"""Hydra's record of the run (:mod:`transformer.hydra_record` writes, reads and takes it back)."""
+CONFIG_NAMES = ("config.yaml", HYDRA_RECORD + "/config.yaml")
 """Where a run folder's config is, in the order read."""
 
 

@@ -5,13 +5,11 @@ resolver of ``configs/train.yaml``, registered when this module is imported)."""
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from transformer.io import folder_locked_by_other
+from transformer.hydra_record import record_subdir
 from transformer.run_folder import has_checkpoint
 
 __all__ = ["DEFAULT_TIME_BUDGET_S", "RESUME_MODES", "budget_sentence", "resume_mode", "time_budget"]
@@ -78,9 +76,8 @@ def hydra_subdir(resume: Any = False, resume_from: Any = None, output_dir: Any =
             resume only when the folder holds a ``checkpoint_last`` (else it is the run's first start).
 
     Returns:
-        ``.hydra`` for a new run; ``.hydra/resume-<date>_<time>`` for a resumed one, so that the
-        run's own record (its config, choices and overrides) is never overwritten; None (no record)
-        when another live process holds the folder's lock (:class:`~transformer.io.FolderLock`).
+        :func:`transformer.hydra_record.record_subdir`'s name: ``.hydra`` for a new run,
+        ``.hydra/resume-<date>_<time>`` for a resumed one, None when another process holds the folder.
     """
     if str(resume_from or "").lower() not in ("", "none", "null"):
         resuming = True
@@ -93,9 +90,7 @@ def hydra_subdir(resume: Any = False, resume_from: Any = None, output_dir: Any =
         if resuming and str(output_dir or "").lower() not in ("", "none", "null"):
             # the run folder's checkpoint_last (transformer/run_folder.py: the layout's one home)
             resuming = has_checkpoint(str(output_dir))
-    if str(output_dir or "").lower() not in ("", "none", "null") and folder_locked_by_other(str(output_dir)):
-        return None  # another process writes this run folder: Hydra writes no record; the job stops naming it
-    return ".hydra/resume-" + time.strftime("%Y-%m-%d_%H-%M-%S") if resuming else ".hydra"
+    return record_subdir(resuming, output_dir)
 
 
 if not OmegaConf.has_resolver("zoo.hydra_subdir"):  # at import: jobs unpickled on a cluster node have it too

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf
 
+from transformer.hydra_record import job_run_dir
 from transformer.run_folder import BEST, weights_path
 from transformer.config import Config, config_dict
 from transformer.data.dataset import TranslationData
@@ -31,13 +30,11 @@ __all__ = [
     "build_results",
     "copy_tokenizers",
     "final_test",
-    "hydra_choices",
     "load_final_weights",
     "peak_memory_mb",
     "RunLog",
     "run_dir_for",
     "run_name",
-    "saved_choices",
     "write_results",
 ]
 
@@ -50,30 +47,7 @@ def run_dir_for(cfg: Config) -> Path:
     ``outputs/{experiment_name}`` (outside Hydra: tests, notebooks)."""
     if cfg.run_dir:
         return Path(cfg.run_dir)
-    try:
-        return Path(HydraConfig.get().runtime.output_dir)
-    except Exception:  # not under Hydra (tests, notebooks)
-        return Path("outputs") / cfg.experiment_name / time.strftime("%Y-%m-%d_%H-%M-%S")
-
-
-def hydra_choices() -> dict[str, str]:
-    """The config-group choices of this Hydra run (``{"model": "transformer_tiny", "model/ffn": "relu", ...}``);
-    empty outside Hydra."""
-    try:
-        choices = HydraConfig.get().runtime.choices
-        return {k: str(v) for k, v in choices.items() if not k.startswith("hydra") and v is not None}
-    except Exception:
-        return {}
-
-
-def saved_choices(run_dir: Path) -> dict[str, str] | None:
-    """The config-group choices recorded when the run in ``run_dir`` started (``.hydra/hydra.yaml``),
-    for a resumed run whose command line does not repeat them; None when there is no record."""
-    try:
-        choices = OmegaConf.load(run_dir / ".hydra" / "hydra.yaml").hydra.runtime.choices
-        return {str(k): str(v) for k, v in choices.items() if not str(k).startswith("hydra") and v is not None}
-    except Exception:  # no record, or not Hydra's
-        return None
+    return job_run_dir() or Path("outputs") / cfg.experiment_name / time.strftime("%Y-%m-%d_%H-%M-%S")
 
 
 class RunLog:
@@ -167,7 +141,7 @@ def build_results(
             named in ``metrics.jsonl`` (``moe_tokens_per_expert``, ``moe_max_load``,
             ``moe_aux_loss``, ``moe_z_loss``, ``moe_dropped_tokens``; absent for a dense model).
         device: the training device.
-        choices: Hydra's config-group choices (see :func:`hydra_choices`).
+        choices: Hydra's config-group choices (see :func:`transformer.hydra_record.job_choices`).
         wall_time_s: wall-clock seconds of the whole run (its earlier processes, until their last
             save, and this one).
         active_params: the parameters one token uses (``count_parameters(model, active_only=True)``:

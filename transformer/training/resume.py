@@ -35,9 +35,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from transformer.config import Config, ConfigError, config_differences, keys_with, resume_mode, typed_config, validate_config
+from transformer.hydra_record import recorded_choices
 from transformer.run_folder import checkpoint_stem, has_checkpoint
 from transformer.training.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, numbered_checkpoints
-from transformer.training.results import saved_choices
 
 __all__ = ["BUDGET_FIELDS", "RESUME_OVERRIDES", "ResumePoint", "checkpoint_names", "command_line_fields",
            "completed_results", "prepare_resume", "resume_config"]
@@ -279,6 +279,6 @@ def prepare_resume(cfg: DictConfig, run_dir: Path, device: torch.device) -> Resu
     except (CheckpointError, FileNotFoundError) as err:
         raise CheckpointError(f"cannot resume from {stem}: {err}. {_hint(stem.parent, exclude=stem.name)}") from err
     saved = state.get("config")
-    named = command_line_fields(cfg, saved_choices(stem.parent))
+    named = command_line_fields(cfg, recorded_choices(stem.parent))
     run_cfg = resume_config(cfg, saved, named) if isinstance(saved, dict) else cfg
     return ResumePoint(stem=stem, cfg=run_cfg, model_state=model_state, train_state=state)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from transformer.hydra_record import job_choices, recorded_choices
 from transformer.run_folder import has_checkpoint
 from transformer.config import Config, ConfigError, budget_sentence, config_dict, resume_mode, to_config
 from transformer.data.dataset import load_translation_data
@@ -32,10 +33,8 @@ from transformer.training.results import (
     RunLog,
     copy_tokenizers,
     final_test,
-    hydra_choices,
     run_dir_for,
     run_name,
-    saved_choices,
 )
 from transformer.training.resume import ResumePoint, checkpoint_names, completed_results, prepare_resume
 from transformer.training.stopping import GracefulStop, StopRequested
@@ -169,14 +168,14 @@ def _train(cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Pat
     run_dir.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(cfg, data, dist_info, run_dir)
     trainer.log = log
-    choices = hydra_choices()
+    choices = job_choices()
     if resume is not None:
         try:
             restore(trainer, resume)
         except CheckpointError as err:
             err.run_folder_untouched = True  # type: ignore[attr-defined]
             raise
-        choices = saved_choices(resume.stem.parent) or choices
+        choices = recorded_choices(resume.stem.parent) or choices
     log.open()  # from here on the run folder is written
     if dist_info.is_main:
         stale = remove_stale_temporaries(run_dir)

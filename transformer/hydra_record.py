@@ -1,0 +1,108 @@
+"""Hydra's record of a training job in its run folder, in one place.
+
+Hydra writes the record of a job (its composed config, its own config with the group choices, the
+command line's overrides) before the task function runs::
+
+    <run>/.hydra/{config,hydra,overrides}.yaml               the run's first start
+    <run>/.hydra/resume-<date>_<time>/{...}.yaml             each resume (the first record is kept)
+
+``configs/train.yaml`` chooses the subfolder through the ``zoo.hydra_subdir`` resolver
+(:func:`transformer.config.runtime.hydra_subdir`, which decides whether the job resumes and asks
+:func:`record_subdir` for the name). This module reads the record (:func:`job_run_dir`,
+:func:`job_choices`, :func:`recorded_choices`) and takes it back when a job ends before it wrote
+anything of its own (:func:`forget_record`): a run refused before training leaves no folder behind,
+a refused or skipped resume leaves its folder as it was, and a sweep job skipped by
+``train.finished_runs`` leaves no empty folder in the sweep.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+
+from transformer.io import folder_locked_by_other
+from transformer.run_folder import HYDRA_RECORD
+
+__all__ = ["RESUME_RECORD", "forget_record", "job_choices", "job_run_dir", "record_subdir", "recorded_choices"]
+
+RESUME_RECORD = HYDRA_RECORD + "/resume-"
+"""The prefix of a resume's record: ``.hydra/resume-<date>_<time>``."""
+
+
+def record_subdir(resuming: bool, output_dir: str | Path | None = None) -> str | None:
+    """Where Hydra records this job (``hydra.output_subdir``).
+
+    Args:
+        resuming: whether the job continues a run already in ``output_dir``.
+        output_dir: the job's run folder, when known.
+
+    Returns:
+        ``.hydra`` for a new run, ``.hydra/resume-<date>_<time>`` for a resume (the run's own record
+        is never overwritten), None (no record) when another live process holds the folder's lock
+        (:class:`~transformer.io.FolderLock`): the job then stops naming it, having written nothing.
+    """
+    if output_dir is not None and str(output_dir).lower() not in ("", "none", "null") \
+            and folder_locked_by_other(str(output_dir)):
+        return None
+    return RESUME_RECORD + time.strftime("%Y-%m-%d_%H-%M-%S") if resuming else HYDRA_RECORD
+
+
+def job_run_dir() -> Path | None:
+    """The run folder of the Hydra job running now (``hydra.runtime.output_dir``); None outside Hydra."""
+    try:
+        return Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:  # HydraConfig not set: not under Hydra (tests, notebooks)
+        return None
+
+
+def _choices(choices) -> dict[str, str]:
+    return {str(k): str(v) for k, v in choices.items() if not str(k).startswith("hydra") and v is not None}
+
+
+def job_choices() -> dict[str, str]:
+    """The config-group choices of the Hydra job running now (``{"model": "transformer_tiny",
+    "model/ffn": "relu", ...}``, Hydra's own groups left out); empty outside Hydra."""
+    try:
+        return _choices(HydraConfig.get().runtime.choices)
+    except ValueError:
+        return {}
+
+
+def recorded_choices(run_dir: Path) -> dict[str, str] | None:
+    """The config-group choices recorded when the run in ``run_dir`` started
+    (``.hydra/hydra.yaml``), for a resumed run whose command line does not repeat them; None when
+    there is no readable record."""
+    try:
+        return _choices(OmegaConf.load(Path(run_dir) / HYDRA_RECORD / "hydra.yaml").hydra.runtime.choices)
+    except Exception:  # no record, or not Hydra's
+        return None
+
+
+def forget_record() -> Path | None:
+    """Take back the record Hydra wrote for this job, when the job wrote nothing of its own.
+
+    A resume's record (``.hydra/resume-<time>/``) is removed; a new run's folder is removed when it
+    holds nothing but Hydra's record (``.hydra/``). A folder holding anything else is left alone.
+    Outside Hydra, or when Hydra wrote no record, nothing happens.
+
+    Returns:
+        The path removed, or None.
+    """
+    try:
+        hc = HydraConfig.get()
+    except ValueError:
+        return None
+    folder = Path(hc.runtime.output_dir)
+    sub = str(hc.output_subdir or "")
+    if sub.startswith(RESUME_RECORD):
+        target = folder / sub
+    elif sub == HYDRA_RECORD and folder.is_dir() and [p.name for p in folder.iterdir()] == [HYDRA_RECORD]:
+        target = folder
+    else:
+        return None
+    shutil.rmtree(target, ignore_errors=True)
+    return target

@@ -1,0 +1,113 @@
+"""The work of ``scripts/train.py``: what runs before Hydra composes, and the Hydra task itself.
+
+``scripts/train.py`` is a shell: its ``__main__`` calls :func:`prepare_command_line` and its
+``@hydra.main`` function calls :func:`train_job`. Every user error ends with one line ``error: ...``
+on stderr and the status of :data:`RUN_ERRORS` (:func:`transformer.cli.user_errors`); a job that
+ends before writing anything of its own takes back Hydra's record
+(:func:`transformer.hydra_record.forget_record`), so a run refused before training leaves no folder
+behind and a refused resume leaves its folder as it was.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+from omegaconf import DictConfig
+
+from transformer.cli import (
+    MissingPlugin,
+    RunFailed,
+    check_hydra_plugins,
+    check_sweep_objective,
+    in_multirun,
+    sweep_objective,
+    sweeper_direction,
+    user_errors,
+)
+from transformer.config import ConfigError, flat_group_override, to_config, validate_config
+from transformer.data.corpus import DataError
+from transformer.hydra_record import forget_record
+from transformer.io import FolderLocked
+from transformer.plugins import PluginError, command_line_plugins, import_plugins
+from transformer.training.checkpoint import CheckpointError
+from transformer.training.run import train
+from transformer.training.stopping import StopRequested
+from transformer.training.trainer import TrainingError
+
+__all__ = ["RUN_ERRORS", "prepare_command_line", "train_job"]
+
+RUN_ERRORS = {(ConfigError, PluginError): 2, (TrainingError, CheckpointError, DataError, FileNotFoundError, FolderLocked): 1}
+"""The user errors of a run and their exit statuses (one line on stderr each)."""
+
+
+def prepare_command_line(argv: Sequence[str]) -> list[str]:
+    """Check the command line before Hydra sees it and add the plugins' config folders.
+
+    A missing Hydra launcher/sweeper plugin, a flat group override (``model.attention=gqa``, which
+    names ``model/attention=gqa``) and a plugin that does not import each stop here with one line
+    and exit status 2, before Hydra makes a run folder.
+
+    Args:
+        argv: the command line's arguments (``sys.argv[1:]``).
+
+    Returns:
+        ``argv`` with ``hydra.searchpath`` extended by each plugin's ``configs/`` folder (its options
+        and any ``+ladder=...`` of its own resolve like built-in ones).
+
+    Raises:
+        SystemExit: status 2, after the line on stderr.
+    """
+    try:
+        check_hydra_plugins(argv)
+        if (flat := flat_group_override(argv)) is not None:
+            raise ConfigError(f"invalid configuration: {flat}")
+        return command_line_plugins(argv)
+    except (MissingPlugin, ConfigError, PluginError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _forget_if_untouched(err: BaseException) -> None:
+    if getattr(err, "run_folder_untouched", False):
+        forget_record()
+
+
+def train_job(cfg: DictConfig) -> float | None:
+    """Validate the composed config, then train, validate, test and write ``results.json``.
+
+    Args:
+        cfg: the config Hydra composed (``configs/train.yaml`` plus the command line).
+
+    Returns:
+        The run's best validation ``train.best_metric``, what a Hydra sweeper optimises (never a
+        test score).
+
+    Raises:
+        SystemExit: a user error (status of :data:`RUN_ERRORS`), or a stop by a signal of
+            ``train.stop_signals`` (status 75, ``checkpoint_last`` saved).
+        RunFailed: either of those inside a multirun, so that the sweep's other jobs go on.
+    """
+    with user_errors({ConfigError: 2, PluginError: 2}, on_error=_forget_if_untouched):
+        try:
+            import_plugins(cfg.get("plugins"))  # a sweep's worker process imports them too
+            validate_config(cfg)
+            config = to_config(cfg)
+            try:
+                check_sweep_objective(config.train, sweeper_direction())
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+        except ConfigError as err:
+            refused = ConfigError(f"invalid configuration: {err}")
+            refused.run_folder_untouched = True  # nothing was written: Hydra's record is taken back
+            raise refused from None
+    with user_errors(RUN_ERRORS, on_error=_forget_if_untouched):
+        try:
+            results = train(config)
+        except StopRequested as err:  # a polite stop: checkpoint_last saved, the line saying how to continue logged
+            if in_multirun():
+                raise RunFailed(str(err)) from None
+            sys.exit(err.exit_status)
+    if results.get("skipped_complete"):  # complete already (here, or elsewhere: train.finished_runs)
+        forget_record()
+    return sweep_objective(results)
