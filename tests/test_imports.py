@@ -3,6 +3,7 @@ inside a function, the graph of internal imports has no cycle (issue #16), and i
 order ``docs/contributing.md`` states."""
 
 import ast
+import importlib
 import pkgutil
 import re
 import subprocess
@@ -167,3 +168,11 @@ def test_every_module_imports_in_a_fresh_interpreter():
     code = "import importlib, sys\nfor n in sys.argv[1:]:\n    importlib.import_module(n)\n"
     proc = subprocess.run([sys.executable, "-c", code, *names], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_every_name_a_module_exports_exists():
+    """``from transformer.<module> import *`` works: each name in a module's ``__all__`` is defined
+    there (a package's ``__all__`` that gathers its submodules' lists must import every name)."""
+    missing = [f"{name}.{attr}" for name in sorted(_modules()) for attr in getattr(importlib.import_module(name), "__all__", ())
+               if not hasattr(importlib.import_module(name), attr)]
+    assert missing == [], "names in __all__ that the module does not define: " + ", ".join(missing)

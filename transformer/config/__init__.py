@@ -26,11 +26,14 @@ from transformer.config.convert import FLAT_ATTENTION_FIELDS, config_dict, to_co
 from transformer.config.diff import config_differences
 from transformer.config.options import (
     GROUPS,
+    LR_SCHEDULERS,
     OptionGroup,
     flat_group_override,
     option_config,
     register_configs,
     register_option_config,
+    store_option_schemas,
+    store_plugin_option,
     structured_config,
 )
 from transformer.config.schema import (
@@ -52,7 +55,7 @@ from transformer.config.schema import (
     SchedulerConfig,
     TrainConfig,
 )
-from transformer.config.rules import FieldRule, field_rule, keys_with, recipe, rule, rule_table, undeclared
+from transformer.config.rules import GROUPINGS, RESUMES, FieldRule, field_rule, keys_with, recipe, rule, rule_table, undeclared
 from transformer.config.runtime import DEFAULT_TIME_BUDGET_S, RESUME_MODES, budget_sentence, resume_mode, time_budget
 from transformer.config.sizes import (
     LatentSizes,
