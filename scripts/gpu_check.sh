@@ -48,7 +48,7 @@ elapsed() { echo $(( $(date +%s) - start )); }
 # ---------------------------------------------------------------- 1. preflight
 for d in "${TRANSFORMER_DATA_DIR:-}" shared/data ../shared/data; do
   if [ -n "$d" ] && [ -f "$d/multi30k/train.en.gz" ]; then
-    TRANSFORMER_DATA_DIR=$(cd "$d" && pwd)
+    TRANSFORMER_DATA_DIR=$(cd "$d" && pwd -P)
     export TRANSFORMER_DATA_DIR
     break
   fi
