@@ -1,5 +1,6 @@
 """End to end on a tiny REAL sweep: scripts/train.py -m over 2 ladder steps x 2 seeds on a slice of
-Multi30k, then scripts/compare.py and notebooks/compare_2017_vs_llama.ipynb (nbclient) on it."""
+Multi30k, then scripts/compare.py and notebooks/compare_2017_vs_llama.ipynb (nbclient) on it, the
+notebook's branch section on the committed branch runs."""
 
 from __future__ import annotations
 
@@ -76,7 +77,9 @@ def test_notebook_runs_on_a_real_sweep(real_sweep, tmp_path, monkeypatch):
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert "from transformer.analysis import" in text and "def compare_sweeps" not in text  # no copied code
     out = tmp_path / "nb_out"
-    for key, value in {"SWEEP_DIR": str(real_sweep), "COMPARE_OUT": str(out), "N_BOOTSTRAP": "100", **_env()}.items():
+    branches = tmp_path / "branches_out"  # the branch section reads the committed branch runs, writes here
+    for key, value in {"SWEEP_DIR": str(real_sweep), "COMPARE_OUT": str(out), "BRANCH_OUT": str(branches),
+                       "N_BOOTSTRAP": "100", **_env()}.items():
         monkeypatch.setenv(key, value)  # the kernel inherits the environment
     client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
                                      resources={"metadata": {"path": str(REPO_ROOT / "notebooks")}})
@@ -87,5 +90,8 @@ def test_notebook_runs_on_a_real_sweep(real_sweep, tmp_path, monkeypatch):
     markdown = "\n".join(o["data"]["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {}))
     assert "| step0_vaswani2017 (baseline) | 2/2 |" in markdown and "| step6_decoder_only | 2/2 |" in markdown
     assert "**step6_decoder_only** vs **step0_vaswani2017**" in markdown
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 2
+    assert "| step5_gqa (baseline) | 2/2 |" in markdown and "| step5_mla | 2/2 |" in markdown  # the branches
+    assert "ΔBLEU against the baseline [paired 95% interval]" in markdown  # ... by reference length
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
+    assert {p.name for p in branches.iterdir()} >= {"comparison.md", "length_buckets.csv", "bleu_by_length.png"}
     assert {p.name for p in out.iterdir()} >= {"comparison.md", "comparison.csv", "valid_curves.png", "bleu_bars.png"}
