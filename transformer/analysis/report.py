@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from transformer.analysis.compare import CSV_COLUMNS, Comparison, compare_sweeps
 from transformer.analysis.length import DEFAULT_BUCKETS, LENGTH_COLUMNS, Bucket, LengthTable
@@ -207,24 +207,24 @@ def length_markdown(table: LengthTable) -> list[str]:
 def write_length_csv(table: LengthTable, path: str | Path) -> Path:
     """``length_buckets.csv``: one row per configuration and bucket
     (:data:`~transformer.analysis.length.LENGTH_COLUMNS`)."""
-    path = Path(path)
+    return _write_rows(Path(path), LENGTH_COLUMNS, table.rows)
+
+
+def _write_rows(path: Path, columns: Sequence[str], rows: Iterable[dict]) -> Path:
+    """A CSV file of ``columns`` from dict ``rows`` (a missing or None value is written empty)."""
     with path.open("w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=LENGTH_COLUMNS)
+        w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()
-        for r in table.rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in LENGTH_COLUMNS})
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in columns})
     return path
 
 
 def write_csv(comparison: Comparison, path: str | Path) -> Path:
-    """One row per configuration (:data:`CSV_COLUMNS`), then one row per run without results
-    (``label`` = ``MISSING``, ``run_dirs`` = its folder, ``p_value_seeds`` = the reason)."""
-    path = Path(path)
-    with path.open("w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        w.writeheader()
-        for r in comparison.rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_COLUMNS})
+    """``comparison.csv`` at ``path``: one row per configuration (:data:`CSV_COLUMNS`); and
+    ``runs.csv`` beside it: one row per run, finished (``status`` ok, its scores) or without results
+    (``status`` missing, the reason)."""
+    path = _write_rows(Path(path), CSV_COLUMNS, comparison.rows)
     runs_path = path.with_name("runs.csv")
     with runs_path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
