@@ -396,6 +396,17 @@ def test_runs_that_differ_beyond_the_switches_are_refused_naming_runs_and_fields
     assert cli.returncode == 2 and cli.stderr.startswith("error: the runs of this table differ") and "Traceback" not in cli.stderr
 
 
+def test_a_plugin_run_is_compared_with_built_in_runs_and_its_code_tells_configurations_apart(tmp_path, corpus):
+    a, b, c = _two_steps(tmp_path, corpus)
+    _set(c, plugin_files={"reglu/__init__.py": "ab12"}, plugins=["/home/me/my_ideas/reglu"])
+    comp = compare_sweeps([tmp_path / "s"], n_bootstrap=0)  # the baseline records no plugin files
+    assert comp.mixed == [] and [r["n_runs"] for r in comp.rows] == [2, 1]
+    d = make_run(tmp_path / "s" / "d", corpus, "step1_pre_ln", 2, _refs(corpus), bleu=4.0)
+    _set(d, precision="fp32", torch="2.13.0+cpu", train__precision="fp32", plugin_files={"reglu/__init__.py": "cd34"})
+    comp = compare_sweeps([tmp_path / "s"], n_bootstrap=0)  # the plugin's code changed: not a second seed
+    assert [r["n_runs"] for r in comp.rows] == [2, 1, 1] and comp.mixed == []
+
+
 def test_auto_precision_is_compared_as_resolved_and_new_fields_take_their_defaults(tmp_path, corpus):
     a, b, c = _two_steps(tmp_path, corpus)
     _set(a, train__precision="auto")  # resolved fp32 on its machine: the same recipe as b's explicit fp32

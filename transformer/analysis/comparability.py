@@ -3,7 +3,7 @@ seed only.
 
 A run's *recipe* is its resolved config without the keys that never change what it computes
 (:data:`~transformer.analysis.grouping.IGNORED_KEYS`: seed, the study's name, paths, logging,
-threads) and without the switches (``model.*``), plus what the machine decided: ``train.precision``
+threads) and without the switches (``model.*`` and the plugin files behind them), plus what the machine decided: ``train.precision``
 as resolved (``results["precision"]``: ``auto`` is fp32 on one CPU and bf16 on another) and the
 torch version (``results["hardware"]["torch"]``). Every run of a table must have the same recipe:
 the same budget, data, optimiser, schedule, criterion, decoding, precision and torch. One exception
@@ -22,8 +22,11 @@ from transformer.analysis.runs import Run
 
 __all__ = ["COUPLED", "SWITCH_PREFIXES", "MixedField", "MixedRunsError", "mixed_fields", "mixed_runs_message", "recipe_of"]
 
-SWITCH_PREFIXES: tuple[str, ...] = ("model",)
-"""Config keys the configurations of a study are meant to differ in (a key covers those below it)."""
+SWITCH_PREFIXES: tuple[str, ...] = ("model", "plugin_files")
+"""Config keys the configurations of a study are meant to differ in (a key covers those below it):
+the switches, and the plugin files behind a plugin's option (a run of ``model/ffn=reglu`` records
+``plugin_files.reglu/...``, its baseline none). They still tell configurations apart: two runs of
+one plugin option whose files differ are two configurations, not two seeds of one."""
 
 COUPLED: dict[str, str] = {"train.max_tokens": "model.arch"}
 """Recipe keys that may differ between runs that differ in the switch they are coupled to."""
@@ -107,7 +110,7 @@ def mixed_fields(configs: Sequence[Configuration], ignore: Sequence[str] = IGNOR
 
 def mixed_runs_message(mixed: Sequence[MixedField]) -> str:
     """The sentence :class:`MixedRunsError` carries."""
-    return ("the runs of this table differ in more than the study's switches (model.*) and the seed: "
+    return ("the runs of this table differ in more than the study's switches (model.*, plugin_files) and the seed: "
             + "; ".join(m.sentence() for m in mixed)
             + ". Compare runs trained alike (same precision, budget, data and torch), or pass --allow-mixed "
               "to show the differences in the table")
