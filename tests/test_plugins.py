@@ -191,3 +191,48 @@ def test_bad_plugins_end_in_one_line(user, body, words):
 
 def test_a_missing_plugin_ends_in_one_line(user):
     _one_error_line(_run(user, "train.py", f"plugins=[{user['root'] / 'nowhere'}]", "--cfg", "job"), "does not exist")
+
+
+def _plugin(folder: Path, body: str) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text(body)
+    return folder
+
+
+def test_an_import_error_names_the_plugins_own_file_and_line(tmp_path):
+    from transformer.plugins import PluginError, import_plugin
+
+    bad = _plugin(tmp_path / "syntax_bad", "x = 1\ndef f(:\n")
+    with pytest.raises(PluginError, match=rf"{bad / '__init__.py'}:2: SyntaxError: invalid syntax"):
+        import_plugin(bad)
+    clash = _plugin(tmp_path / "clash_bad", "from transformer.modules.ffn import GatedFeedForward\n"
+                                            "from transformer.registry import register_ffn\n"
+                                            "register_ffn('swiglu', GatedFeedForward)\n")
+    with pytest.raises(PluginError, match=rf"{clash / '__init__.py'}:3: ConfigError: model/ffn=swiglu is a built-in"):
+        import_plugin(clash)  # the line that registered the name, not the registry's
+
+
+def test_a_recorded_plugin_says_whether_it_changed_or_was_renamed(tmp_path):
+    from transformer.plugins import PluginError, import_recorded, plugin_files, set_user_choice
+
+    original = _plugin(tmp_path / "mine" / "squared_relu", "# registers nothing\n")
+    config = {"plugins": [str(original)], "plugin_files": {f"squared_relu/{k}": v
+                                                           for k, v in plugin_files(original).items()}}
+    run = tmp_path / "run"
+    shutil.copytree(original, run / "plugins" / "squared_relu")
+    renamed = tmp_path / "moved" / "primer"
+    shutil.copytree(original, renamed)
+    (original / "__init__.py").write_text("# edited after the run\n")
+    try:
+        with pytest.raises(PluginError, match=r"has changed since the run \(__init__.py\); .*plugins_trust=true"):
+            import_recorded(run, config)
+        set_user_choice([str(renamed)])
+        with pytest.raises(PluginError, match=rf"{renamed} holds the files of the plugin squared_relu .* name the "
+                                              "folder squared_relu"):
+            import_recorded(run, config)
+        shutil.rmtree(original)
+        set_user_choice([])
+        with pytest.raises(PluginError, match="squared_relu, which is not there any more; "):
+            import_recorded(run, config)
+    finally:
+        set_user_choice([])

@@ -69,7 +69,17 @@ def test_the_command_line_runs_the_kit_on_a_plugin():
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("passed (model/attention=diff)") == 2
+    out = subprocess.run([sys.executable, "-m", "transformer.testing", f"plugins=[{EXAMPLES / 'reglu'}]"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.count("passed (model/ffn=reglu)") == 2, out.stderr  # its options
+
+
+def test_the_command_line_refuses_in_one_line(capsys):
     assert main(["model/attention"]) == 2  # not <group>=<option>
+    assert main([]) == 2 and "name the option to check" in capsys.readouterr().err  # nothing to check
+    assert main(["model/ffn=swiglu", "model.d_ff=abc"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "d_ff" in err
 
 
 class _PeekingAttention(Attention):

@@ -174,8 +174,13 @@ def _importing(name: str) -> Iterator[None]:
 def _import_error(entry: str, err: BaseException) -> PluginError:
     """One line naming the plugin's file and line where the import failed, and the error."""
     frames = [f for f in traceback.extract_tb(err.__traceback__) if "importlib" not in f.filename]
-    where = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+    root = str(_locate(entry)[1])
+    own = [f for f in frames if f.filename.startswith(root)]  # the plugin's own line, not the zoo's below it
+    frame = (own or frames or [None])[-1]
+    where = f"{frame.filename}:{frame.lineno}: " if frame else ""
     message = str(err).splitlines()[0] if str(err) else ""
+    if isinstance(err, SyntaxError) and err.filename:  # raised by the compiler: where is the error itself
+        where, message = f"{err.filename}:{err.lineno}: ", err.msg
     return PluginError(f"plugin {entry} failed to import: {where}{type(err).__name__}: {message}")
 
 
@@ -298,6 +303,30 @@ def _name_of(entry: str) -> str:
     return path.stem if path.suffix == ".py" else (path.name if "/" in entry else entry.rsplit(".", 1)[-1])
 
 
+def _what_became_of(entry: str, expected: dict[str, str]) -> str:
+    """``is not there any more`` or ``has changed since the run (<files>)`` for a recorded plugin."""
+    try:
+        _, root, _ = _locate(entry)
+    except PluginError:
+        return "is not there any more"
+    now = plugin_files(root)
+    changed = sorted(k for k in expected.keys() | now.keys() if expected.get(k) != now.get(k))
+    return f"has changed since the run ({', '.join(changed[:4])}{' and more' if len(changed) > 4 else ''})"
+
+
+def _refuse_a_renamed_copy(run_dir: str | Path, name: str, expected: dict[str, str]) -> None:
+    """A folder the user named holds the recorded files under another name: say that the folder's name
+    is the plugin's (its import name, the key of its recorded files) instead of refusing it as unknown."""
+    for path in _USER["paths"]:
+        try:
+            _, root, on_disk = _locate(path)
+        except PluginError:
+            continue
+        if on_disk and (root.stem if root.is_file() else root.name) != name and expected and plugin_files(root) == expected:
+            raise PluginError(f"plugins: {root} holds the files of the plugin {name} that {run_dir} recorded, under "
+                              f"another name; a plugin is imported under its folder's name: name the folder {name}")
+
+
 def import_recorded(run_dir: str | Path, config: Any) -> list[Plugin]:
     """Import the plugins a run folder's config records (``plugins``, ``plugin_files``), as the module
     docstring says: from where they were, from a folder the user named, or (``plugins_trust``) from
@@ -332,17 +361,19 @@ def import_recorded(run_dir: str | Path, config: Any) -> list[Plugin]:
                 found = candidate
                 break
         if found is None:
+            _refuse_a_renamed_copy(run_dir, name, expected)
             copy = Path(run_dir) / RUN_SUBDIR / name
             if not (copy / "__init__.py").is_file() and (copy / f"{name}.py").is_file():
                 copy = copy / f"{name}.py"  # a single-file plugin
             if not copy.exists():
-                raise PluginError(f"{run_dir} was trained with the plugin {entry}, which is not there any more or "
-                                  f"has changed, and the run folder holds no copy ({copy}); pass plugins=[<folder>] "
+                raise PluginError(f"{run_dir} was trained with the plugin {entry}, which {_what_became_of(entry, expected)}, "
+                                  f"and the run folder holds no copy ({copy}); pass plugins=[<folder named {name}>] "
                                   "with the plugin's files as they were")
             if not _USER["trust"]:
-                raise PluginError(f"{run_dir} was trained with the plugin {entry}, which is not there any more or has "
-                                  f"changed; the run recorded its files in {copy} ({', '.join(sorted(expected)) or 'none'}): "
-                                  "add plugins_trust=true to import that copy, or plugins=[<folder>] with the original files")
+                raise PluginError(f"{run_dir} was trained with the plugin {entry}, which {_what_became_of(entry, expected)}; "
+                                  f"the run recorded its files in {copy} ({', '.join(sorted(expected)) or 'none'}): "
+                                  f"add plugins_trust=true to import that copy, or plugins=[<folder named {name}>] with "
+                                  "the original files")
             if plugin_files(copy) != expected:
                 raise PluginError(f"{copy} does not hold the files {run_dir} recorded (their sha256 differ): the copy "
                                   "was changed; restore it or pass plugins=[<folder>] with the original files")

@@ -38,10 +38,11 @@ from torch import Tensor, nn
 from transformer.config import GROUPS, typed_config, validate_model_config
 from transformer.generation import beam_search, greedy_search
 from transformer.models import build_model
-from transformer.plugins import PluginError, import_plugins
+from transformer.plugins import ORIGINS, PluginError, import_plugins
 
-__all__ = ["ARCHS", "CHECKS", "check_bf16", "check_causality", "check_gradients", "check_incremental_decoding",
-           "check_model", "check_option", "check_padding", "check_search_batching", "main", "tiny_model"]
+__all__ = ["ARCHS", "CHECKS", "MODULES", "check_bf16", "check_causality", "check_gradients",
+           "check_incremental_decoding", "check_model", "check_option", "check_padding", "check_search_batching",
+           "main", "tiny_model"]
 
 ARCHS = ("encoder_decoder", "decoder_only")
 V, PAD, BOS, EOS, SEP = 40, 0, 2, 3, 4  # the vocabulary and special ids of the checks' tiny models
@@ -252,10 +253,16 @@ def check_option(switch: str | None = None, name: str | None = None, *, plugins:
         check_model(model, checks)
 
 
+MODULES = ("model/attention", "model/ffn", "model/norm", "model/position")
+"""The groups whose options are modules the kit checks on their own (the others, e.g. a RoPE
+scaling, are checked with the option they belong to: ``model/position=rope`` and its fields)."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m transformer.testing [plugins=[...]] <group>=<option> [model.<field>=<value> ...]``:
+    """``python -m transformer.testing [plugins=[...]] [<group>=<option>] [model.<field>=<value> ...]``:
     every check on both families; prints one line per family and exits 1 on the first failure,
-    2 on a bad argument or plugin."""
+    2 on a bad argument or plugin. Without ``<group>=<option>``, every option of those groups the
+    named plugins registered is checked in turn (with its default fields)."""
     args = list(sys.argv[1:] if argv is None else argv)
     plugins: list[str] = []
     options: dict[str, str] = {}
@@ -276,13 +283,21 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
     try:
-        import_plugins(plugins)
-        for arch in ARCHS:
-            model, _ = tiny_model(arch, options, **fields)
-            check_model(model)
-            print(f"{arch}: {', '.join(CHECKS)} passed ({', '.join(f'{k}={v}' for k, v in options.items())})")
+        loaded = {p.name for p in import_plugins(plugins)}
+        runs = [options]
+        if not options:
+            runs = [{switch: name} for (switch, name), owner in ORIGINS.items() if owner in loaded and switch in MODULES]
+            if not runs:
+                raise ValueError("name the option to check, e.g. model/attention=diff (" + (
+                    f"the plugins {', '.join(sorted(loaded))} register no option of {', '.join(MODULES)})"
+                    if loaded else f"a group of {', '.join(GROUPS)})"))
+        for chosen in runs:
+            for arch in ARCHS:
+                model, _ = tiny_model(arch, chosen, **fields)
+                check_model(model)
+                print(f"{arch}: {', '.join(CHECKS)} passed ({', '.join(f'{k}={v}' for k, v in chosen.items())})")
     except (PluginError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print("error: " + " ".join(str(err).split()), file=sys.stderr)  # one line, whatever raised it
         return 2
     except AssertionError as err:
         print(f"failed: {err}", file=sys.stderr)
