@@ -80,6 +80,9 @@ def test_the_command_line_refuses_in_one_line(capsys):
     assert main(["model/ffn=swiglu", "model.d_ff=abc"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "d_ff" in err
+    assert main([f"plugins=[{EXAMPLES / 'diff_attention'}]", "model/attention=diff", "model.attention.lambda_init=1.5"]) == 2
+    assert capsys.readouterr().err == ("error: model/attention=diff: model.attention.lambda_init=1.5 must be in [0, 1) "
+                                       "(the paper's schedule gives 0.2 to 0.8)\n")  # the plugin's own validate()
 
 
 class _PeekingAttention(Attention):

@@ -76,6 +76,7 @@ from transformer.config.validation import (
     validate_model_config,
     validate_moe_config,
     validate_optim_config,
+    validate_option_fields,
 )
 
 __all__ = ["MISSING", *convert.__all__, *diff.__all__, *options.__all__, *rules.__all__, *runtime.__all__, *schema.__all__,

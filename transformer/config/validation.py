@@ -9,7 +9,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from transformer.config.options import LR_SCHEDULERS, structured_config
+from transformer.config.options import GROUPS, LR_SCHEDULERS, structured_config
 from transformer.config.runtime import resume_mode, time_budget
 from transformer.config.schema import ConfigError
 from transformer.config.sizes import model_sizes
@@ -22,7 +22,7 @@ from transformer.modules.residual import RESIDUALS
 from transformer.modules.rope_scaling import ROPE_SCALINGS
 
 __all__ = ["signal_number", "validate_config", "validate_generation_config", "validate_model_config", "validate_moe_config",
-           "validate_optim_config"]
+           "validate_optim_config", "validate_option_fields"]
 
 
 # the options of each switch: the tables beside the classes they name (read at each check: plugins add
@@ -125,6 +125,33 @@ def validate_model_config(model: Any, joint_vocab: bool = True) -> None:
             raise ConfigError(f"model.{name}={p} must be in [0, 1)")
     if FFNS[model.ffn.name].routed:
         validate_moe_config(model.ffn)
+    validate_option_fields(model)
+
+
+def validate_option_fields(model: Any) -> None:
+    """Run each chosen option's own check: a ``validate(self)`` method of the option's config
+    dataclass (a plugin option's ``config=``), called with the option's node (``self.<field>`` reads
+    its fields) after the built-in rules; it raises ``ValueError`` naming what is wrong.
+
+    Raises:
+        ConfigError: ``<group>=<option>: <the option's message>``.
+    """
+    for switch, group in GROUPS.items():
+        if not group.path.startswith("model."):
+            continue
+        try:
+            node = _get({"model": model}, group.path)
+        except (AttributeError, KeyError):
+            continue
+        if node is None:
+            continue
+        name = node[group.key] if isinstance(node, (dict, DictConfig)) else getattr(node, group.key)
+        check = getattr(group.options.get(name), "validate", None)
+        if callable(check):
+            try:
+                check(node)
+            except (ValueError, TypeError) as err:
+                raise ConfigError(f"{switch}={name}: {err}") from None
 
 
 def validate_moe_config(ffn: Any) -> None:

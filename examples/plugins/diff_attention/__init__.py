@@ -41,6 +41,12 @@ class DiffAttentionConfig(AttentionConfig):
     name: str = "diff"
     lambda_init: float = 0.8  # λ_init of eq. 2 (the paper: 0.8 - 0.6 exp(-0.3 (l - 1)) at layer l)
 
+    def validate(self) -> None:
+        """Called with the option's node before anything is built (``transformer.config.validate_option_fields``)."""
+        if not 0.0 <= self.lambda_init < 1.0:
+            raise ValueError(f"model.attention.lambda_init={self.lambda_init} must be in [0, 1) (the paper's "
+                             "schedule gives 0.2 to 0.8)")
+
 
 def _halves(x: Tensor) -> tuple[Tensor, Tensor]:
     """Split ``(..., head_dim)`` into two ``(..., head_dim / 2)`` halves that each hold whole RoPE
