@@ -7,7 +7,10 @@ built-in one (``model/attention=diff``), validated, sized, built, trained, resum
 compared by the same code. An option with fields of its own passes ``config=``, a dataclass
 subclassing the group's (e.g. :class:`~transformer.config.AttentionConfig`) whose ``name`` defaults
 to the option: its fields live under the group's node (``model.attention.lambda_init``), typed and
-checked like a built-in option's, and ``<group>=<name>`` selects it without a YAML file. Those fields
+checked like a built-in option's, and ``<group>=<name>`` selects it without a YAML file; a
+``validate(self)`` method of the dataclass, if any, is called with the option's node before anything
+is built and its ``ValueError`` refuses the command in one line
+(:func:`transformer.config.validate_option_fields`). Those fields
 follow one rule (:mod:`transformer.config.rules`), whatever their metadata says: they define the
 configuration (runs that differ in them are different rows of ``compare.py``, and a finished twin of
 ``train.finished_runs`` must have their values) and are fixed on resume (a command line naming
