@@ -25,7 +25,7 @@ import copy
 import functools
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -38,6 +38,7 @@ from transformer.modules.norms import NORMS
 from transformer.modules.positions import POSITIONS
 from transformer.modules.residual import RESIDUALS
 from transformer.modules.rope_scaling import ROPE_SCALINGS
+from transformer.plugins import ORIGINS
 
 CONFIGS = REPO_ROOT / "configs"
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -83,20 +84,29 @@ def _on_off(key: str, on: str, off: str = "0.0") -> dict[str, tuple[str, ...]]:
     return {"off": (f"{key}={off}",), "on": (f"{key}={on}",)}
 
 
+def _built_in(table: Iterable[str]) -> list[str]:
+    """The table's built-in options: a plugin imported earlier in this process (the kit's and the
+    plugins' tests) adds its own to the tables, and the dry run's child process does not import it."""
+    plugin_options = {option for _, option in ORIGINS}
+    return [k for k in table if k not in plugin_options]
+
+
 def groups() -> list[Group]:
-    """Every group the dry run covers, parents before the groups that depend on them."""
-    plain_expert = next(n for n, c in FFNS.items() if not c.routed and not c.gated)
-    gated_expert = next(n for n, c in FFNS.items() if not c.routed and c.gated)
+    """Every group the dry run covers, parents before the groups that depend on them (built-in options
+    only, :func:`_built_in`)."""
+    ffns = {k: FFNS[k] for k in _built_in(FFNS)}
+    plain_expert = next(n for n, c in ffns.items() if not c.routed and not c.gated)
+    gated_expert = next(n for n, c in ffns.items() if not c.routed and c.gated)
     rope = ("model.position.rope_scaling.factor=2.0", "model.position.rope_scaling.original_max_position_embeddings=16")
     moe = lambda c: FFNS[c["FFNS"]].routed  # noqa: E731
     return [
         Group("model.arch", {a: (f"model.arch={a}",) for a in ("encoder_decoder", "decoder_only")}, lambda c: c.model.arch),
-        Group("ATTENTION_KINDS", {k: (f"model/attention={k}",) for k in ATTENTION_KINDS}, lambda c: c.model.attention.name),
-        Group("FFNS", {k: (f"model/ffn={k}",) for k in FFNS}, lambda c: c.model.ffn.name),
-        Group("NORMS", {k: (f"model/norm={k}",) for k in NORMS}, lambda c: c.model.norm.name),
-        Group("POSITIONS", {k: (f"model/position={k}",) for k in POSITIONS}, lambda c: c.model.position.name),
+        Group("ATTENTION_KINDS", {k: (f"model/attention={k}",) for k in _built_in(ATTENTION_KINDS)}, lambda c: c.model.attention.name),
+        Group("FFNS", {k: (f"model/ffn={k}",) for k in ffns}, lambda c: c.model.ffn.name),
+        Group("NORMS", {k: (f"model/norm={k}",) for k in _built_in(NORMS)}, lambda c: c.model.norm.name),
+        Group("POSITIONS", {k: (f"model/position={k}",) for k in _built_in(POSITIONS)}, lambda c: c.model.position.name),
         Group("RESIDUALS", {k: (f"model.norm_position={k}",) for k in RESIDUALS}, lambda c: c.model.norm_position),
-        Group("model.qk_norm", {k: (f"model.qk_norm={k}",) for k in ("none", *NORMS)}, lambda c: c.model.qk_norm),
+        Group("model.qk_norm", {k: (f"model.qk_norm={k}",) for k in ("none", *_built_in(NORMS))}, lambda c: c.model.qk_norm),
         Group("model.tie_embeddings", {k: (f"model.tie_embeddings={k}",) for k in ("none", "decoder", "all")},
               lambda c: c.model.tie_embeddings),
         Group("model.bias", {k: (f"model.bias={k}",) for k in ("true", "false")}, lambda c: str(c.model.bias).lower()),
@@ -109,9 +119,9 @@ def groups() -> list[Group]:
               lambda c: "alternating" if c.model.attention_window_pattern else "all local",
               lambda c: c["model.attention_window"] == "local"),
         Group("ROPE_SCALINGS", {k: (f"model.position.rope_scaling.rope_type={k}", *(rope if k != "default" else ()))
-                                for k in ROPE_SCALINGS},
+                                for k in _built_in(ROPE_SCALINGS)},
               lambda c: c.model.position.rope_scaling.rope_type, lambda c: c["POSITIONS"] == "rope"),
-        Group("ROUTER_SCORES", {k: (f"model.ffn.router={k}",) for k in ROUTER_SCORES}, lambda c: c.model.ffn.router, moe),
+        Group("ROUTER_SCORES", {k: (f"model.ffn.router={k}",) for k in _built_in(ROUTER_SCORES)}, lambda c: c.model.ffn.router, moe),
         Group("model.ffn.expert",
               {"plain": (f"model.ffn.expert={plain_expert}",), "gated": (f"model.ffn.expert={gated_expert}",)},
               lambda c: "gated" if FFNS[c.model.ffn.expert].gated else "plain", moe),
