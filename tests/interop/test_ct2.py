@@ -116,9 +116,9 @@ def test_refuses_alibi_in_an_encoder_decoder(tmp_path) -> None:
 def test_an_ffn_option_without_a_ct2_activation_is_refused_by_name(monkeypatch) -> None:
     """A new model/ffn option is one FFNS entry: CTranslate2 refuses it with a sentence (no KeyError)
     until interop/ct2.py maps its activation; then it is exported, as a GLU when gated."""
-    monkeypatch.setitem(FFNS, "reglu", FFNChoice(GatedFeedForward, torch.relu))
-    cfg = tiny_model_config(**{"ffn.name": "reglu"})
-    assert ct2_unsupported(cfg) == ["model/ffn=reglu: CTranslate2 has no such activation "
+    monkeypatch.setitem(FFNS, "relu_glu", FFNChoice(GatedFeedForward, torch.relu))  # a name no example plugin holds
+    cfg = tiny_model_config(**{"ffn.name": "relu_glu"})
+    assert ct2_unsupported(cfg) == ["model/ffn=relu_glu: CTranslate2 has no such activation "
                                     "(model/ffn offers relu, gelu, swiglu, geglu)"]
     monkeypatch.setitem(ct2_module._ACTIVATIONS, torch.relu, "RELU")
     assert ct2_unsupported(cfg) == []
