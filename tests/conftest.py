@@ -46,6 +46,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _example_plugins_imported() -> None:
+    """Every test process imports the example plugins (``examples/plugins``) before its first test:
+    a plugin registers its options into the zoo's tables for the rest of the process, so without this
+    a test's view of the tables (e.g. the options an error message lists) would depend on whether a
+    plugin test happened to run earlier in its pytest-xdist worker. Tests that mean the built-in
+    options skip the ones :data:`transformer.plugins.ORIGINS` names."""
+    from transformer.plugins import import_plugins
+
+    import_plugins([REPO_ROOT / "examples" / "plugins" / "diff_attention", REPO_ROOT / "examples" / "plugins" / "reglu"])
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
