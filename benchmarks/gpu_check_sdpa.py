@@ -121,22 +121,29 @@ def _descendants(evt: Any) -> list[Any]:
 
 
 def attribute_backends(prof: Any, calls: list[dict[str, Any]]) -> None:
-    """Fill ``backend`` (and ``kernels``) of every recorded call from the profile's events."""
+    """Fill ``backend`` (and ``kernels``) of every recorded call from the profile's events.
+
+    With CUDA activity a call's ``record_function`` range appears twice, as the CPU range (whose
+    children are the aten ops) and as a ``gpu_user_annotation`` on the device's track (no CPU
+    children): what either holds counts, so the second cannot overwrite the first (the first GPU
+    run, torch 2.11 on an H200, marked every call unidentified that way)."""
+    found: dict[int, list[str]] = {}
+    kernels: dict[int, set[str]] = {}
     for evt in prof.events():
         if not evt.name.startswith("sdpa_call#"):
             continue
         i = int(evt.name.split("#", 1)[1])
         if i >= len(calls):
             continue
-        found, kernels = [], set()
         for child in _descendants(evt):
             b = backend_of(child.name)
             if b:
-                found.append(b)
+                found.setdefault(i, []).append(b)
             for kern in getattr(child, "kernels", []) or []:
-                kernels.add(getattr(kern, "name", str(kern))[:120])
-        calls[i]["backend"] = found[0] if found else "unidentified"
-        calls[i]["kernels"] = sorted(kernels)[:4]
+                kernels.setdefault(i, set()).add(getattr(kern, "name", str(kern))[:120])
+    for i, call in enumerate(calls):
+        call["backend"] = found[i][0] if found.get(i) else "unidentified"
+        call["kernels"] = sorted(kernels.get(i, ()))[:4]
 
 
 def eligible_backends(sample: tuple, device: torch.device) -> tuple[list[str], dict[str, str]]:

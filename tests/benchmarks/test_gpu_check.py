@@ -103,6 +103,35 @@ def test_decoding_on_the_cpu_equals_the_cpu(quick_run):
         assert r[key]["equal"] == r[key]["of"] == 50 and r[key]["differing"] == []
 
 
+def test_a_calls_gpu_annotation_does_not_hide_its_cpu_ops():
+    """With CUDA activity each ``sdpa_call#i`` range is in the profile twice: the CPU range holding
+    the aten op and a ``gpu_user_annotation`` with no CPU children. Either order names the backend
+    (the first H200 run marked every call unidentified when the annotation came second)."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    try:
+        from gpu_check_sdpa import attribute_backends
+    finally:
+        sys.path.remove(str(REPO_ROOT / "benchmarks"))
+
+    class Event:
+        def __init__(self, name, children=(), kernels=()):
+            self.name, self.cpu_children, self.kernels = name, list(children), list(kernels)
+
+    op = Event("aten::_scaled_dot_product_efficient_attention", [Event("aten::_efficient_attention_forward")],
+               [Event("fmha_cutlassF_f32_aligned_64x64_rf_sm80")])
+    for order in ([Event("sdpa_call#0", [op]), Event("sdpa_call#0")],
+                  [Event("sdpa_call#0"), Event("sdpa_call#0", [op])]):
+        calls = [{}, {}]
+
+        class Prof:
+            def events(self):
+                return order
+
+        attribute_backends(Prof(), calls)
+        assert calls[0] == {"backend": "memory-efficient", "kernels": ["fmha_cutlassF_f32_aligned_64x64_rf_sm80"]}
+        assert calls[1] == {"backend": "unidentified", "kernels": []}  # a call the profile never saw
+
+
 def test_sdpa_section_names_a_cpu_backend_for_every_call(quick_run):
     _, data, md = quick_run
     rows = data["sections"]["sdpa"]["results"]["calls"]
