@@ -199,3 +199,36 @@ def test_attention_inputs_prepare_the_bias_mask_and_rotary_tables_once(causal):
         assert torch.equal(a, b)
     plain = AttentionInputs.prepare(NoPositions(), pos[:1], causal=True)
     assert plain.mask is None and plain.is_causal and plain.rotary is None
+
+
+def test_fp32_grouped_query_attention_off_the_cpu_repeats_kv_heads(monkeypatch) -> None:
+    """Off the CPU an fp32 grouped-query call gets one key/value head per query head (its fused
+    kernel needs that; with ``enable_gqa`` it fell back to the math kernel on an H200), giving what
+    ``enable_gqa`` gives; other dtypes and the CPU keep ``enable_gqa``."""
+    from transformer.modules import attention_core
+    from transformer.modules.attention_core import expand_kv_heads, sdpa
+
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 6)
+    mask = torch.rand(2, 1, 5, 7) > 0.3
+    mask[..., 0] = True
+    ek, ev = expand_kv_heads(k, v, 4)
+    assert ek.shape == (2, 4, 7, 8) and ev.shape == (2, 4, 7, 6)
+    assert torch.equal(ek[:, 1], k[:, 0]) and torch.equal(ek[:, 2], k[:, 1])  # head h reads kv head h // 2
+    for attn_mask, causal in ((mask, False), (None, True)):
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
+                                                                enable_gqa=True)
+        got = torch.nn.functional.scaled_dot_product_attention(q, ek, ev, attn_mask=attn_mask, is_causal=causal)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(sdpa(q, k, v, attn_mask, 0.0, causal, True), want)  # the CPU: unchanged
+
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((k.shape[1], kw["enable_gqa"]))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(attention_core.F, "scaled_dot_product_attention", spy)
+    for dtype in (torch.float32, torch.bfloat16):
+        sdpa(*(x.to("meta", dtype) for x in (q, k, v)), None, 0.0, True, True)
+    assert seen == [(4, False), (2, True)]  # fp32 expanded; bf16 left to flash / cuDNN, which take GQA

@@ -251,6 +251,26 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: f
                 enable_gqa=enable_gqa,
             )
         return out.to(low)
+    if enable_gqa and device != "cpu" and q.dtype == torch.float32 and k.shape[1] != q.shape[1]:
+        k, v, enable_gqa = *expand_kv_heads(k, v, q.shape[1]), False
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa
     )
+
+
+def expand_kv_heads(k: Tensor, v: Tensor, n_heads: int) -> tuple[Tensor, Tensor]:
+    """Key/value heads repeated so that each query head has its own (what ``enable_gqa`` computes).
+
+    Used by :func:`sdpa` for fp32 grouped-query attention on a GPU: SDPA's fused kernels for fp32
+    (memory-efficient) need as many key/value heads as query heads, and flash and cuDNN take no fp32,
+    so with ``enable_gqa`` an fp32 call falls back to the math kernel, which builds the whole
+    ``(batch, n_heads, q_len, k_len)`` score matrix (seen on an H200 with torch 2.11:
+    ``docs/benchmarks/gpu/gpu_check.md``). Repeating the ``n_kv_heads`` heads costs
+    ``n_heads / n_kv_heads`` times the key/value memory of the call and lets the memory-efficient
+    kernel run. Head ``h`` reads key/value head ``h // (n_heads // n_kv_heads)``, as ``enable_gqa`` does.
+
+    Shapes: k ``(batch, n_kv_heads, k_len, head_dim)``, v ``(batch, n_kv_heads, k_len, v_dim)`` ->
+    ``(batch, n_heads, k_len, ...)``.
+    """
+    group = n_heads // k.shape[1]
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
