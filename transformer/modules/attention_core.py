@@ -16,7 +16,7 @@ from torch import Tensor
 
 from transformer.modules.positions import PositionEncoding
 
-__all__ = ["AttentionInputs", "KVCache", "align_mask", "build_attention_mask", "sdpa", "window_keep"]
+__all__ = ["AttentionInputs", "KVCache", "align_mask", "build_attention_mask", "expand_kv_heads", "sdpa", "window_keep"]
 
 
 class KVCache:
