@@ -46,7 +46,7 @@ def test_the_cases_cover_every_option_of_every_table():
     covered = {case_id for case_id, _, _ in CASES}
     tables = {"attention": ATTENTION_KINDS, "ffn": FFNS, "norm": NORMS, "position": POSITIONS,
               "rope_scaling": ROPE_SCALINGS, "norm_position": RESIDUALS, "router": ROUTER_SCORES}
-    plugin_options = {option for _, option in ORIGINS}  # a plugin test earlier in this process may have registered some
+    plugin_options = {option for _, option in ORIGINS}  # the example plugins' (tests/conftest.py)
     builtin = {f"{group}={name}" for group, table in tables.items() for name in table if name not in plugin_options}
     builtin |= {f"qk_norm={name}" for name in NORMS if name not in plugin_options}
     assert builtin - covered == set(), "options of the zoo's tables the kit does not run over"

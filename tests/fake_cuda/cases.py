@@ -85,8 +85,8 @@ def _on_off(key: str, on: str, off: str = "0.0") -> dict[str, tuple[str, ...]]:
 
 
 def _built_in(table: Iterable[str]) -> list[str]:
-    """The table's built-in options: a plugin imported earlier in this process (the kit's and the
-    plugins' tests) adds its own to the tables, and the dry run's child process does not import it."""
+    """The table's built-in options: every test process holds the example plugins' options too
+    (``tests/conftest.py``), and the dry run's child process does not import them."""
     plugin_options = {option for _, option in ORIGINS}
     return [k for k in table if k not in plugin_options]
 

@@ -16,7 +16,7 @@ from transformer.interop import ExportError, export_run
 import transformer.interop.ct2 as ct2_module
 from transformer.interop.ct2 import ct2_translate, ct2_unsupported, load_ct2
 from transformer.modules.ffn import FFNS, FFNChoice, GatedFeedForward
-from transformer.plugins import ORIGINS
+from transformer.plugins import plugin_of
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -117,9 +117,8 @@ def test_refuses_alibi_in_an_encoder_decoder(tmp_path) -> None:
 def test_an_ffn_option_without_a_ct2_activation_is_refused_by_name(monkeypatch) -> None:
     """A new model/ffn option is one FFNS entry: CTranslate2 refuses it with a sentence (no KeyError)
     until interop/ct2.py maps its activation; then it is exported, as a GLU when gated."""
-    for switch, option in ORIGINS:  # a plugin test earlier in this process (pytest-xdist) may have registered some
-        if switch == "model/ffn":
-            monkeypatch.delitem(FFNS, option, raising=False)
+    for name in [n for n in FFNS if plugin_of("model/ffn", n)]:  # the example plugins' (tests/conftest.py)
+        monkeypatch.delitem(FFNS, name)
     monkeypatch.setitem(FFNS, "relu_glu", FFNChoice(GatedFeedForward, torch.relu))  # a name no example plugin holds
     cfg = tiny_model_config(**{"ffn.name": "relu_glu"})
     assert ct2_unsupported(cfg) == ["model/ffn=relu_glu: CTranslate2 has no such activation "
