@@ -5,6 +5,7 @@
     python scripts/evaluate.py checkpoint=RUN splits=[test_2016_flickr] limit=200 generation.beam_size=4
     python scripts/evaluate.py checkpoint=RUN splits=[test_2016_flickr] baseline=base/test_2016_flickr.txt
     python scripts/evaluate.py checkpoint=[RUN_A,RUN_B,RUN_C]               # an ensemble of checkpoints
+    python scripts/evaluate.py checkpoint=RUN model.position.rope_scaling.rope_type=dynamic model.position.rope_scaling.factor=2
     python scripts/evaluate.py refs=test.de hyps=[base.hyp,new.hyp]       # files only: scores + bootstrap
 
 Checkpoint mode reads each split's raw source and reference lines (the run's ``data`` config, with
@@ -14,7 +15,11 @@ raw references with sacreBLEU: BLEU with ``data.bleu_tokenize`` (``none`` for ``
 i.e. tokenized BLEU) and chrF, each with its signature. Hypotheses go to
 ``<output_dir>/<split>.txt`` and everything to ``<output_dir>/results.json``; the default
 ``output_dir`` is ``<run folder>/eval/<checkpoint name>/`` (e.g. ``eval/checkpoint_best/``), so
-evaluating another checkpoint of the same run never overwrites the first one's results. Every
+evaluating another checkpoint of the same run never overwrites the first one's results.
+``model.position.rope_scaling.*`` (null: the run's) applies a RoPE scaling at test time only to a
+run trained with RoPE; its results go to ``eval/<checkpoint name>+<settings>/`` (e.g.
+``eval/checkpoint_best+rope_dynamic_x2/``), and the folder of one checkpoint reads as a run in
+``scripts/compare.py``. Every
 line of a split is translated and scored (an empty source line gives an empty hypothesis); a line
 that cannot be translated (e.g. longer than the model's learned positions) is reported on stderr,
 left empty, and counted in ``failed_lines``. ``progress=false`` turns off the progress bar.

@@ -4,6 +4,7 @@
     cat test.en | python scripts/translate.py checkpoint=RUN input=- generation.beam_size=10
     python scripts/translate.py checkpoint=RUN input=test.en generation.nbest=4     # n-best with scores
     python scripts/translate.py checkpoint=[RUN_A,RUN_B,RUN_C] input=test.en        # an ensemble
+    python scripts/translate.py checkpoint=RUN input=test.en model.position.rope_scaling.rope_type=linear model.position.rope_scaling.factor=4
 
 Lines are read in chunks of ``buffer_lines``, sorted and batched by tokens
 (``generation.max_tokens`` x beam), decoded, and written back in input order, detokenised. Empty
@@ -15,7 +16,8 @@ translated and written, and the exit status is then 1. A progress bar of transla
 stderr (``progress=false`` turns it off).
 Several checkpoints with the same vocabulary (``checkpoint=[a,b,c]``) decode as one ensemble that
 averages their log-probabilities at each step (:mod:`transformer.generation.ensemble`); the first
-one's generation settings apply.
+one's generation settings apply. ``model.position.rope_scaling.*`` (null: the run's) decodes a run
+trained with RoPE with a RoPE scaling applied at test time only.
 Exit status 2 with a one-line message on stderr for a missing or foreign checkpoint, a tokenizer
 that does not match it, checkpoints of an ensemble with different vocabularies, or invalid settings.
 

@@ -11,6 +11,7 @@ A run folder holds::
     checkpoint_last.{safetensors,pt,json}      a checkpoint: weights, training state, metadata
     checkpoint_best.*, checkpoint_<update>.*   the same three files each
     metrics.jsonl, results.json, hyps/, train.log, plugins/, .hydra/
+    eval/<checkpoint>[+<test-time tag>]/       scripts/evaluate.py's results.json and <split>.txt
 
 A *checkpoint* is named by its stem (``dir / "checkpoint_last"``); its files are the stem plus
 :data:`SUFFIXES`. :func:`checkpoint_stem` is the one place a suffix is stripped.
@@ -23,6 +24,7 @@ from pathlib import Path
 __all__ = [
     "BEST",
     "CONFIG_NAMES",
+    "EVAL_DIR",
     "FORMAT",
     "HYDRA_RECORD",
     "LAST",
@@ -34,6 +36,7 @@ __all__ = [
     "checkpoint_stem",
     "has_checkpoint",
     "numbered",
+    "test_time_tag",
     "weights_path",
 ]
 
@@ -50,6 +53,24 @@ HYDRA_RECORD = ".hydra"
 """Hydra's record of the run (:mod:`transformer.hydra_record` writes, reads and takes it back)."""
 CONFIG_NAMES = ("config.yaml", HYDRA_RECORD + "/config.yaml")
 """Where a run folder's config is, in the order read."""
+
+EVAL_DIR = "eval"
+"""Where ``scripts/evaluate.py`` writes a checkpoint's results in its run folder (``eval/<name>/``)."""
+
+
+def test_time_tag(overrides: list[str]) -> str:
+    """A short name for settings changed at test time, for an evaluation's folder and its label:
+    ``["model.position.rope_scaling.rope_type=dynamic", "model.position.rope_scaling.factor=2.0",
+    "model.position.rope_scaling.original_max_position_embeddings=16"]`` -> ``"rope_dynamic_x2_L0=16"``
+    (any other field as ``<field>=<value>``); ``""`` for none."""
+    short = {"rope_type": "rope_{}", "factor": "x{}", "original_max_position_embeddings": "L0={}"}
+    parts = []
+    for item in overrides:
+        key, _, value = str(item).partition("=")
+        field = key.rsplit(".", 1)[-1]
+        value = value[:-2] if value.endswith(".0") else value
+        parts.append(short.get(field, field + "={}").format(value))
+    return "_".join(parts)
 
 
 def numbered(update: int) -> str:

@@ -125,3 +125,58 @@ def test_checkpoint_mode_refuses_what_it_cannot_do(run, data_root, tmp_path):
         evaluate_checkpoint(_cfg(f"checkpoint={run_dir}", "splits=[test_2016_flickr]", "limit=4",
                                  f"baseline={short}", f"data.root={data_root}", "generation.strategy=greedy",
                                  f"output_dir={tmp_path / 'e'}"))
+
+
+def test_a_test_time_rope_scaling_gets_its_own_folder_and_reads_as_a_run_in_compare(data_root, tmp_path, capsys):
+    """``model.position.rope_scaling.*`` on evaluate's command line: the hypotheses are those of the
+    model built with that scaling (the run's weights), in ``eval/<checkpoint>+<tag>/`` beside the
+    plain evaluation; ``results.json`` records the overrides, the model as evaluated and the
+    training run's facts, so :func:`transformer.analysis.load_run` reads the folder as a run of a
+    configuration named by the scaling (scripts/compare.py)."""
+    from tests.conftest import tiny_model_config
+    from transformer.analysis import load_run
+    from transformer.analysis.grouping import group_runs
+    from transformer.models import build_model
+
+    run_dir, model, tok, _ = make_run_dir(tmp_path / "run", position__name="rope")
+    trained = {"bleu": 1.0, "test_split": "test_2016_flickr", "params": 1234, "precision": "fp32",
+               "choices": {"ladder": "step5_gqa", "model/position": "rope"}, "config": {"seed": 1}}
+    (run_dir / "results.json").write_text(json.dumps(trained))
+    scaling = ["model.position.rope_scaling.rope_type=dynamic", "model.position.rope_scaling.factor=2",
+               "model.position.rope_scaling.original_max_position_embeddings=4"]
+    common = [f"checkpoint={run_dir}", "splits=[test_2016_flickr]", "limit=8", f"data.root={data_root}",
+              "generation.strategy=greedy"]
+    res = evaluate_checkpoint(_cfg(*common, *scaling))
+    plain = evaluate_checkpoint(_cfg(*common))
+
+    out_dir = run_dir / "eval" / "checkpoint_best+rope_dynamic_x2_L0=4"
+    reference = build_model(tiny_model_config(position__name="rope", **{
+        "position.rope_scaling.rope_type": "dynamic", "position.rope_scaling.factor": 2.0,
+        "position.rope_scaling.original_max_position_embeddings": 4}), len(tok)).eval()
+    reference.load_state_dict(model.state_dict())
+    src = read_lines(data_root / "multi30k" / "test_2016_flickr.en.gz")[:8]
+    gen = GenerationConfig(strategy="greedy", max_len_a=1.0, max_len_b=5)
+    hyps = detokenize(translate_sentences(reference, [tok.encode(s) for s in src], gen, "cpu"), tok)
+    assert (out_dir / "test_2016_flickr.txt").read_text(encoding="utf-8").split("\n")[:-1] == hyps
+    assert (run_dir / "eval" / "checkpoint_best" / "test_2016_flickr.txt").is_file()  # the plain one beside it
+    assert res["test_time"] == ["model.position.rope_scaling.rope_type=dynamic", "model.position.rope_scaling.factor=2.0",
+                                "model.position.rope_scaling.original_max_position_embeddings=4"]
+    assert plain["test_time"] == []
+    assert res["config"]["model"]["position"]["rope_scaling"]["rope_type"] == "dynamic"
+    assert res["config"]["generation"]["strategy"] == "greedy"  # the settings it was evaluated with
+    assert res["trained"] == {"params": 1234, "precision": "fp32", "choices": {"ladder": "step5_gqa", "model/position": "rope"}}
+    assert "  at test time: model.position.rope_scaling.rope_type=dynamic" in capsys.readouterr().out
+
+    scaled_run, plain_run = load_run(out_dir), load_run(run_dir / "eval" / "checkpoint_best")
+    assert scaled_run.ok and scaled_run.evaluation and scaled_run.reason is None
+    assert scaled_run.test_split == "test_2016_flickr" and scaled_run.results["bleu"] == res["splits"]["test_2016_flickr"]["bleu"]
+    assert scaled_run.hyps_path() == out_dir / "test_2016_flickr.txt"
+    assert scaled_run.results["params"] == 1234 and scaled_run.choices["model/position"] == "rope"
+    assert scaled_run.test_time == res["test_time"] and plain_run.test_time == []
+    configs, _ = group_runs([plain_run, scaled_run])
+    assert [c.label for c in configs] == ["step5_gqa", "step5_gqa + rope_dynamic_x2_L0=4 at test time"]
+
+    ensemble = tmp_path / "ensemble"  # an ensemble's folder has no single config: listed with the reason
+    ensemble.mkdir()
+    (ensemble / "results.json").write_text(json.dumps({"checkpoint": ["a", "b"], "splits": {"t": {"bleu": 3.0}}}))
+    assert not load_run(ensemble).ok and "evaluate.py folder without the model's config" in load_run(ensemble).reason

@@ -112,3 +112,42 @@ def test_tokenizer_that_does_not_match_the_weights(tmp_path, run) -> None:
     with pytest.raises(LoadError, match="no tokenizer"):
         load_run(run_dir)
     assert len(other) == 200
+
+
+def test_a_rope_scaling_applies_at_test_time_to_a_rope_run_only(run, tmp_path) -> None:
+    """``model.position.rope_scaling.*`` of translate.yaml / evaluate.yaml: the fields set become
+    overrides of the run's config; the weights load unchanged into the model so scaled, which
+    computes what a model built with that scaling computes (and differs from the unscaled one past
+    the original length); a run trained without RoPE is refused naming the field and its position."""
+    from omegaconf import OmegaConf
+
+    from tests.conftest import tiny_model_config
+    from transformer.generation import test_time_overrides
+    from transformer.models import build_model
+
+    script = OmegaConf.create({"model": {"position": {"rope_scaling": {
+        "rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 2, "beta_fast": None}}},
+        "generation": {"beam_size": 3}})
+    overrides = test_time_overrides(script)
+    assert overrides == ["model.position.rope_scaling.rope_type=dynamic", "model.position.rope_scaling.factor=2.0",
+                         "model.position.rope_scaling.original_max_position_embeddings=2"]
+    assert test_time_overrides(OmegaConf.create({"generation": {}})) == []
+
+    run_dir, model, tok, _ = make_run_dir(tmp_path / "rope", position__name="rope")
+    scaled, _, cfg = load_run(run_dir, overrides=overrides)
+    assert cfg.model.position.rope_scaling.rope_type == "dynamic"
+    assert cfg.model.position.rope_scaling.original_max_position_embeddings == 2
+    reference = build_model(tiny_model_config(position__name="rope", **{
+        "position.rope_scaling.rope_type": "dynamic", "position.rope_scaling.factor": 2.0,
+        "position.rope_scaling.original_max_position_embeddings": 2}), len(tok)).eval()
+    reference.load_state_dict(model.state_dict())
+    same_logits(scaled, reference)
+    with pytest.raises(AssertionError):  # four source tokens are past L0 = 2: the scaling changes the scores
+        same_logits(scaled, model)
+    same_logits(load_run(run_dir).model, model)  # without overrides, the run as trained
+
+    with pytest.raises(LoadError, match=r"model\.position\.rope_scaling\.rope_type scales RoPE at test time, but "
+                                        r".* was trained with model/position=sinusoidal"):
+        load_run(run[0], overrides=overrides)
+    with pytest.raises(LoadError, match="original_max_position_embeddings"):  # yarn needs the trained length
+        load_run(run_dir, overrides=["model.position.rope_scaling.rope_type=yarn"])

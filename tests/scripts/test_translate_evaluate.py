@@ -158,3 +158,29 @@ def test_evaluate_main_exits_2_with_a_message(tmp_path, monkeypatch, capsys) -> 
     with pytest.raises(SystemExit) as exc:
         script.main()
     assert exc.value.code == 2 and "file not found" in capsys.readouterr().err
+
+
+def test_translate_with_a_rope_scaling_at_test_time(run, input_file, tmp_path, capsys) -> None:
+    """``model.position.rope_scaling.*`` on translate's command line decodes with the scaled model (the
+    run's weights); a run without RoPE is refused in one line, exit status 2."""
+    from tests.conftest import tiny_model_config
+    from transformer.models import build_model
+
+    rope_dir, model, tok, _ = make_run_dir(tmp_path / "rope", position__name="rope")
+    script = _load_script("translate")
+    scaling = ["model.position.rope_scaling.rope_type=linear", "model.position.rope_scaling.factor=4"]
+    out = tmp_path / "out.txt"
+    script.run(_cfg("translate", [f"checkpoint={rope_dir}", f"input={input_file}", f"output={out}",
+                                  "generation.strategy=greedy", *scaling]))
+    reference = build_model(tiny_model_config(position__name="rope", **{
+        "position.rope_scaling.rope_type": "linear", "position.rope_scaling.factor": 4.0}), len(tok)).eval()
+    reference.load_state_dict(model.state_dict())
+    gen = GenerationConfig(strategy="greedy", max_len_a=1.0, max_len_b=5)
+    hyps = iter(translate_sentences(reference, [tok.encode(s) for s in SENTENCES if s], gen, "cpu"))
+    assert out.read_text(encoding="utf-8").split("\n")[:-1] == [tok.decode(next(hyps)[0].tokens) if s else ""
+                                                               for s in SENTENCES]
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "translate.py"), f"checkpoint={run[0]}",
+                           f"input={input_file}", *scaling], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "model.position.rope_scaling.rope_type scales RoPE at test time, but" in proc.stderr
+    assert "model/position=sinusoidal" in proc.stderr

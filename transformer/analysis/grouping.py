@@ -13,6 +13,7 @@ from typing import Any, Iterable, Sequence
 
 from transformer.analysis.runs import Run, natural_key
 from transformer.config import Config, config_dict, keys_with, upgrade_config
+from transformer.run_folder import test_time_tag
 
 __all__ = ["IGNORED_KEYS", "Configuration", "flatten_config", "group_runs", "is_ignored", "with_defaults"]
 
@@ -73,18 +74,25 @@ def _fmt_value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
+def _test_time(c: Configuration) -> str:
+    """`` + <tag> at test time`` for a configuration of evaluations at test-time settings, else ``""``."""
+    tag = test_time_tag(c.runs[0].test_time) if c.runs else ""
+    return f" + {tag} at test time" if tag else ""
+
+
 def _labels(configs: list[Configuration]) -> None:
-    """Name each configuration by the choices (then config values) that differ between them."""
+    """Name each configuration by the choices (then config values) that differ between them; an
+    evaluation at test-time settings (``scripts/evaluate.py``) adds them to its name."""
     if len(configs) == 1:
         c = configs[0]
-        c.label = next((c.choices[k] for k in _LABEL_CHOICES if k in c.choices), "run")
+        c.label = next((c.choices[k] for k in _LABEL_CHOICES if k in c.choices), "run") + _test_time(c)
         return
     keys = sorted({k for c in configs for k in c.choices})
     varying = [k for k in keys if len({c.choices.get(k) for c in configs}) > 1]
     for k in _LABEL_CHOICES:  # a naming choice (a ladder step) that alone tells them apart names them
         if k in varying and len({c.choices.get(k) for c in configs}) == len(configs):
             for c in configs:
-                c.label = str(c.choices.get(k, "none"))
+                c.label = str(c.choices.get(k, "none")) + _test_time(c)
             return
     for c in configs:
         parts = [(k, c.choices.get(k, "none")) for k in varying]
@@ -92,6 +100,7 @@ def _labels(configs: list[Configuration]) -> None:
             c.label = next((c.choices[k] for k in _LABEL_CHOICES if k in c.choices), "")
         else:
             c.label = parts[0][1] if len(parts) == 1 else ", ".join(f"{k.split('/')[-1]}={v}" for k, v in parts)
+        c.label = (c.label or "run") + _test_time(c) if _test_time(c) else c.label
     by_label: dict[str, list[Configuration]] = {}
     for c in configs:
         by_label.setdefault(c.label, []).append(c)

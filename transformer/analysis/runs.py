@@ -2,8 +2,10 @@
 multirun launched but never started.
 
 A *run* is a folder written by ``scripts/train.py`` (``results.json``, ``metrics.jsonl``,
-``hyps/{test_split}.txt``, ``config.yaml``). Reading never raises for missing or damaged files:
-a run without results carries the reason in :attr:`Run.reason`.
+``hyps/{test_split}.txt``, ``config.yaml``), or one written by ``scripts/evaluate.py`` for one
+checkpoint (``results.json`` with the config as evaluated, ``{split}.txt``): a run of the model as
+evaluated, e.g. at a test-time RoPE scaling (:attr:`Run.test_time`). Reading never raises for
+missing or damaged files: a run without results carries the reason in :attr:`Run.reason`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Run:
         overrides: the command-line overrides of the job (``.hydra/overrides.yaml``).
         metrics: the records of ``metrics.jsonl`` (a torn last line is skipped).
         reason: why the run has no results (None for a finished run).
+        evaluation: whether the folder is an evaluation (``scripts/evaluate.py``), not a training run.
     """
 
     run_dir: Path
@@ -47,6 +50,7 @@ class Run:
     overrides: list[str] = field(default_factory=list)
     metrics: list[dict] = field(default_factory=list)
     reason: str | None = None
+    evaluation: bool = False
 
     @property
     def ok(self) -> bool:
@@ -83,8 +87,14 @@ class Run:
     def hyps_path(self, split: str | None = None) -> Path | None:
         """The hypotheses file of test split ``split`` (default :attr:`test_split`), None when absent."""
         split = split or self.test_split
-        path = self.run_dir / "hyps" / f"{split}.txt"
+        path = self.run_dir / f"{split}.txt" if self.evaluation else self.run_dir / "hyps" / f"{split}.txt"
         return path if split and path.is_file() else None
+
+    @property
+    def test_time(self) -> list[str]:
+        """The settings an evaluation changed at test time (``["model.position.rope_scaling.rope_type=dynamic", ...]``)."""
+        value = (self.results or {}).get("test_time") if self.evaluation else None
+        return [str(v) for v in value] if isinstance(value, list) else []
 
     def valid_curve(self, metric: str) -> list[tuple[int, float]]:
         """``[(update, value)]`` of the validation records that carry ``metric``."""
@@ -158,6 +168,26 @@ def _last_log_line(run_dir: Path) -> str | None:
     return None
 
 
+def _is_evaluation(results: Any) -> bool:
+    """``results.json`` of ``scripts/evaluate.py`` in checkpoint mode (``checkpoint`` and ``splits``)."""
+    return isinstance(results, dict) and "checkpoint" in results and isinstance(results.get("splits"), dict)
+
+
+def _evaluation_as_run(results: dict, config: dict) -> dict:
+    """An evaluation's results in the keys of a training run's: the training run's facts
+    (``trained``: choices, parameters, precision, machine, ...), then the evaluation's own: ``test``
+    (the splits' scores), ``test_split`` (the run's ``data.test_split`` when evaluated, else the
+    first split) and its ``bleu`` / ``chrf``."""
+    splits = {k: v for k, v in results["splits"].items() if isinstance(v, dict) and "bleu" in v}
+    trained = results.get("trained") if isinstance(results.get("trained"), dict) else {}
+    if not splits:
+        return {**trained, **results}
+    own = (config.get("data") or {}).get("test_split")
+    main = own if own in splits else next(iter(splits))
+    return {**trained, **results, "test": splits, "test_split": main, "bleu": splits[main]["bleu"],
+            "chrf": splits[main].get("chrf")}
+
+
 def load_run(run_dir: str | Path) -> Run:
     """Read one run folder; never raises for missing or damaged files (see :attr:`Run.reason`)."""
     run_dir = Path(run_dir)
@@ -185,6 +215,13 @@ def load_run(run_dir: str | Path) -> Run:
                     break
                 except Exception:
                     continue
+    if _is_evaluation(run.results):
+        run.evaluation = True
+        if run.config is not None:
+            run.results = _evaluation_as_run(run.results, run.config)
+        else:
+            problems.append("an evaluate.py folder without the model's config (an ensemble, or written before "
+                            "evaluations recorded it)")
     if run.results is not None and isinstance(run.results.get("choices"), dict):
         run.choices = {str(k): str(v) for k, v in run.results["choices"].items()}
     elif (hydra_dir / "hydra.yaml").is_file():
@@ -196,7 +233,7 @@ def load_run(run_dir: str | Path) -> Run:
             pass
     run.metrics = _read_metrics(run_dir / "metrics.jsonl")
     if not run.ok:
-        if run.results is not None:
+        if run.results is not None and not problems:
             problems.append("results.json has no BLEU")
         elif not problems:
             updates = [m["update"] for m in run.metrics if isinstance(m.get("update"), int)]

@@ -52,6 +52,7 @@ from transformer.config.schema import (
     OptimConfig,
     PositionConfig,
     RopeScalingConfig,
+    RopeScalingOverrides,
     SchedulerConfig,
     TrainConfig,
 )

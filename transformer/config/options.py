@@ -35,6 +35,7 @@ from transformer.config.schema import (
     NormConfig,
     PositionConfig,
     RopeScalingConfig,
+    RopeScalingOverrides,
     SchedulerConfig,
 )
 
@@ -185,7 +186,7 @@ def structured_config(cfg: Any = None) -> DictConfig:
 
 def register_configs() -> None:
     """Register the structured configs with Hydra's ConfigStore: ``base_config`` (:class:`Config`),
-    ``generation_overrides`` and the option classes (:func:`store_option_schemas`).
+    ``generation_overrides``, ``rope_scaling_overrides`` and the option classes (:func:`store_option_schemas`).
 
     ``configs/train.yaml`` names ``base_config`` first in its defaults list, so every YAML value is
     type-checked against :class:`Config` and the chosen options' classes (an unknown key or a wrong
@@ -194,6 +195,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     cs.store(name="generation_overrides", node=GenerationOverrides)
+    cs.store(name="rope_scaling_overrides", node=RopeScalingOverrides)
     store_option_schemas()
 
 

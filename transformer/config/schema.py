@@ -34,6 +34,7 @@ __all__ = [
     "SchedulerConfig",
     "TrainConfig",
     "GenerationOverrides",
+    "RopeScalingOverrides",
 ]
 
 
@@ -301,6 +302,14 @@ each null by default, meaning "keep the run's value" (see
 :func:`~transformer.generation.loading.merge_generation`); set on the command line, e.g.
 ``generation.beam_size=10``, they override it. Derived from :class:`GenerationConfig`, so a new
 generation setting is one field there."""
+
+RopeScalingOverrides = _overrides_of(RopeScalingConfig)
+RopeScalingOverrides.__module__ = __name__
+RopeScalingOverrides.__doc__ = """``model.position.rope_scaling`` of ``translate.yaml`` / ``evaluate.yaml``: a RoPE scaling applied
+at test time only, to a run trained without it (or with another). The fields of :class:`RopeScalingConfig`
+under the same names as in training, each null by default ("keep the run's value"); e.g.
+``model.position.rope_scaling.rope_type=dynamic model.position.rope_scaling.factor=2`` (see
+:func:`~transformer.generation.loading.test_time_overrides`)."""
 
 
 @dataclass

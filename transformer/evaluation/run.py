@@ -8,7 +8,9 @@ settings (``generation.*`` on top), and scores the detokenised output against th
 with sacreBLEU: BLEU with ``data.bleu_tokenize`` (``none`` for ``multi30k_tok_*``) and chrF, each
 with its signature. Hypotheses go to ``<output_dir>/<split>.txt`` and everything to
 ``<output_dir>/results.json``; the default ``output_dir`` is ``<run folder>/eval/<checkpoint
-name>/`` (``eval/ensemble_<n>_<hash>/`` for an ensemble). ``refs=FILE hyps=[...]``
+name>/`` (``eval/ensemble_<n>_<hash>/`` for an ensemble; a test-time RoPE scaling adds its
+settings, ``eval/checkpoint_best+rope_dynamic_x2_L0=16/``). The folder of one checkpoint reads as a
+run in ``scripts/compare.py`` (its config is the model as evaluated). ``refs=FILE hyps=[...]``
 (:func:`score_files`) scores hypothesis files, with paired bootstrap against the first one.
 
 Scores and tables go to stdout, progress and per-line errors to stderr. Unlike the rest of this
@@ -28,11 +30,18 @@ from typing import Any
 
 import torch
 
-from transformer.run_folder import checkpoint_stem
+from transformer.run_folder import EVAL_DIR, checkpoint_stem, test_time_tag
 from transformer.config import ConfigError, GenerationConfig, config_dict
 from transformer.data.corpus import read_lines, read_parallel, resolve_split_files
 from transformer.evaluation.metrics import corpus_scores, paired_bootstrap
-from transformer.generation import detokenize, load_models, merge_generation, resolve_device, translate_sentences
+from transformer.generation import (
+    detokenize,
+    load_models,
+    merge_generation,
+    resolve_device,
+    test_time_overrides,
+    translate_sentences,
+)
 
 __all__ = ["evaluate", "evaluate_checkpoint", "score_files"]
 
@@ -142,16 +151,20 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
             checkpoint, or a list of them: an ensemble), ``splits`` (null: the run's
             ``data.test_splits``), ``limit``, ``output_dir``, ``progress``, ``device``,
             ``num_threads``, ``src_tokenizer``/``tgt_tokenizer``, ``data.*`` and ``generation.*``
-            overrides (null keeps the run's), ``tokenize``/``lowercase`` (null: the run's),
+            overrides (null keeps the run's), ``model.position.rope_scaling.*`` (a RoPE scaling at
+            test time; null keeps the run's), ``tokenize``/``lowercase`` (null: the run's),
             ``baseline``, ``bootstrap_samples``, ``bootstrap_seed``.
 
     Returns:
-        ``{"checkpoint", "generation", "tokenize", "lowercase", "splits": {split: scores}}`` (as
-        written to ``results.json``), plus ``"bootstrap"`` with a ``baseline``.
+        ``{"checkpoint", "test_time", "generation", "tokenize", "lowercase", "splits": {split:
+        scores}}`` (as written to ``results.json``), plus ``"bootstrap"`` with a ``baseline``; for
+        one checkpoint (not an ensemble) also ``"config"`` (the model as evaluated) and ``"trained"``
+        (the training run's ``results.json`` without its scores), so that ``scripts/compare.py``
+        reads the folder as a run of that configuration.
 
     Raises:
         LoadError: a missing or foreign checkpoint, a tokenizer that does not match it, ensemble
-            members with different vocabularies.
+            members with different vocabularies, a test-time RoPE scaling of a run without RoPE.
         ConfigError: no split to evaluate, a baseline with several splits or another line count,
             invalid generation settings.
         DataError: a split whose files are missing.
@@ -160,8 +173,9 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
     if cfg.num_threads > 0:
         torch.set_num_threads(int(cfg.num_threads))
     device = resolve_device(cfg.device)
+    test_time = test_time_overrides(cfg)  # e.g. a RoPE scaling the run did not train with
     loaded = load_models(cfg.checkpoint, device, src_tokenizer=cfg.src_tokenizer,
-                         tgt_tokenizer=cfg.tgt_tokenizer)
+                         tgt_tokenizer=cfg.tgt_tokenizer, overrides=test_time)
     members = getattr(loaded.model, "checkpoints", None)  # an ensemble
     run_cfg = loaded.cfg
     for key, value in cfg.data.items():
@@ -177,18 +191,25 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
         raise ConfigError(f"baseline=FILE compares one split, but {len(splits)} are requested; pass splits=[NAME]")
     # named by checkpoint: evaluating another checkpoint of the run does not overwrite these results
     name = _ensemble_name(members) if members else _checkpoint_name(loaded.checkpoint)
-    out_dir = Path(cfg.output_dir) if cfg.output_dir else loaded.run_dir / "eval" / name
+    if test_time:  # its own folder: the run's plain evaluation is not overwritten
+        name = f"{name}+{test_time_tag(test_time)}"
+    out_dir = Path(cfg.output_dir) if cfg.output_dir else loaded.run_dir / EVAL_DIR / name
     out_dir.mkdir(parents=True, exist_ok=True)
     src_tok, tgt_tok = loaded.tokenizers
     results: dict[str, Any] = {
         "checkpoint": [str(m) for m in members] if members else str(loaded.checkpoint),
+        "test_time": test_time,
         "generation": config_dict(gen),
         "tokenize": tokenize,
         "lowercase": lowercase,
         "splits": {},
     }
+    if not members:  # one model: the folder reads as a run of the model as evaluated (scripts/compare.py)
+        results.update(_as_run(loaded.run_dir, run_cfg, gen))
     source = f"ensemble of {', '.join(map(str, members))}" if members else loaded.checkpoint
     print(f"{source} ({run_cfg.model.arch}, {run_cfg.data.src_lang}->{run_cfg.data.tgt_lang}, {_describe(gen)})")
+    if test_time:
+        print(f"  at test time: {' '.join(test_time)}")
     for split in splits:
         src_file, ref_file = resolve_split_files(run_cfg.data, split)
         src_lines, refs, _ = read_parallel(src_file, ref_file, keep_empty=True)  # every line is scored
@@ -222,6 +243,26 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     _log(f"wrote {out_dir / 'results.json'}")
     return results
+
+
+_SCORES = ("bleu", "chrf", "sacrebleu_signature", "chrf_signature", "test_split", "test", "config")
+"""The keys of a training run's ``results.json`` that an evaluation replaces (its scores, its config)."""
+
+
+def _as_run(run_dir: Path, run_cfg: Any, gen: GenerationConfig) -> dict[str, Any]:
+    """What makes an evaluation folder readable as a run by ``scripts/compare.py``
+    (:func:`transformer.analysis.runs.load_run`): ``config``, the model as evaluated (the run's
+    config with the test-time overrides and this evaluation's generation settings), and
+    ``trained``, the training run's ``results.json`` without its scores (the group choices,
+    parameters, budget, resolved precision and machine; empty when the run has none)."""
+    config = config_dict(run_cfg)
+    config["generation"] = config_dict(gen)
+    try:
+        trained = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        trained = {}
+    trained = {k: v for k, v in trained.items() if k not in _SCORES} if isinstance(trained, dict) else {}
+    return {"config": config, "trained": trained}
 
 
 def _checkpoint_name(weights: Path) -> str:

@@ -13,6 +13,7 @@ or stdin, line by line, into a file or stdout.
 """
 
 from transformer.generation.loading import (
+    TEST_TIME_FIELDS,
     LoadedRun,
     LoadError,
     Tokenizers,
@@ -20,6 +21,7 @@ from transformer.generation.loading import (
     load_run,
     merge_generation,
     resolve_device,
+    test_time_overrides,
 )
 from transformer.generation.ensemble import EnsembleModel, EnsembleState, load_models
 from transformer.generation.search import (
@@ -50,6 +52,7 @@ __all__ = [
     "LinesFailed",
     "LoadError",
     "SearchLimits",
+    "TEST_TIME_FIELDS",
     "LoadedRun",
     "Tokenizers",
     "batches_by_tokens",
@@ -69,6 +72,7 @@ __all__ = [
     "open_input",
     "read_chunks",
     "sample",
+    "test_time_overrides",
     "top_k_top_p_filter",
     "translate_dataset",
     "translate_file",

@@ -100,6 +100,7 @@ def load_models(
     *,
     src_tokenizer: str | Path | None = None,
     tgt_tokenizer: str | Path | None = None,
+    overrides: list[str] | None = None,
 ) -> LoadedRun:
     """Load one checkpoint (:func:`~transformer.generation.loading.load_run`) or an ensemble of several.
 
@@ -111,6 +112,7 @@ def load_models(
         checkpoints: a run folder / checkpoint, or a list of them.
         device: where the models go.
         src_tokenizer, tgt_tokenizer: SentencePiece models to use instead of the runs' own.
+        overrides: dotlist overrides of every run's config (:func:`~transformer.generation.loading.load_run`).
 
     Returns:
         The loaded run (or ensemble).
@@ -121,11 +123,12 @@ def load_models(
             names both checkpoints).
     """
     if isinstance(checkpoints, (str, Path)):
-        return load_run(checkpoints, device, src_tokenizer=src_tokenizer, tgt_tokenizer=tgt_tokenizer)
+        return load_run(checkpoints, device, src_tokenizer=src_tokenizer, tgt_tokenizer=tgt_tokenizer, overrides=overrides)
     paths = list(checkpoints)
     if not paths:
         raise LoadError("checkpoint=[] names no checkpoint")
-    runs = [load_run(p, device, src_tokenizer=src_tokenizer, tgt_tokenizer=tgt_tokenizer) for p in paths]
+    runs = [load_run(p, device, src_tokenizer=src_tokenizer, tgt_tokenizer=tgt_tokenizer, overrides=overrides)
+            for p in paths]
     if len(runs) == 1:
         return runs[0]
     first = runs[0]

@@ -56,9 +56,16 @@ from transformer.run_folder import (
     weights_path,
 )
 
-__all__ = ["LoadError", "LoadedRun", "Tokenizers", "find_checkpoint", "load_run", "merge_generation", "resolve_device"]
+__all__ = [
+    "TEST_TIME_FIELDS", "LoadError", "LoadedRun", "Tokenizers", "find_checkpoint", "load_run", "merge_generation",
+    "resolve_device", "test_time_overrides",
+]
 
 CHECKPOINT_NAMES = (BEST, LAST)  # a run folder is loaded from its best checkpoint, else its last
+
+TEST_TIME_FIELDS: tuple[str, ...] = ("model.position.rope_scaling",)
+"""The model fields ``translate.py`` and ``evaluate.py`` may change at test time (a node covers the
+fields below it): they change what a model computes without changing its weights."""
 
 
 class LoadError(RuntimeError):
@@ -260,6 +267,43 @@ def _vocab_params(model: nn.Module) -> dict[str, str]:
     return names
 
 
+def test_time_overrides(script_cfg: Any) -> list[str]:
+    """The test-time model overrides a script's config asks for, as a dotlist for :func:`load_run`.
+
+    ``translate.yaml`` and ``evaluate.yaml`` hold the nodes of :data:`TEST_TIME_FIELDS` (e.g.
+    ``model.position.rope_scaling``, :class:`~transformer.config.RopeScalingOverrides`) with every
+    field null; a field set on the command line becomes ``"<dotted field>=<value>"``.
+
+    Args:
+        script_cfg: the script's composed config (a DictConfig or dict); one without a ``model``
+            node asks for nothing.
+
+    Returns:
+        e.g. ``["model.position.rope_scaling.rope_type=dynamic", "model.position.rope_scaling.factor=2.0"]``.
+    """
+    container = OmegaConf.to_container(script_cfg, resolve=True) if isinstance(script_cfg, DictConfig) else script_cfg
+    out = []
+    for dotted in TEST_TIME_FIELDS:
+        node: Any = container
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        for key, value in (node or {}).items():
+            if value is not None:
+                out.append(f"{dotted}.{key}={value}")
+    return out
+
+
+def _check_test_time(overrides: list[str], cfg: Config, run_dir: Path) -> None:
+    """A test-time RoPE scaling needs a run that was trained with RoPE."""
+    touched = [o.split("=", 1)[0] for o in overrides if o.startswith("model.position.rope_scaling.")]
+    if touched and cfg.model.position.name != "rope":
+        raise LoadError(
+            f"{touched[0]} scales RoPE at test time, but {run_dir} was trained with "
+            f"model/position={cfg.model.position.name}: a test-time RoPE scaling needs a run trained with "
+            "model/position=rope"
+        )
+
+
 def load_run(
     path: str | Path,
     device: str | torch.device = "cpu",
@@ -275,14 +319,17 @@ def load_run(
         device: where the model goes (:func:`~transformer.device.resolve_device`: ``auto``, ``cuda``, ...).
         src_tokenizer, tgt_tokenizer: SentencePiece models to use instead of the run folder's
             (one path alone is used for both sides).
-        overrides: dotlist overrides of the run's config (e.g. ``["data.root=/data"]``).
+        overrides: dotlist overrides of the run's config (e.g. ``["data.root=/data"]``, or a
+            test-time RoPE scaling from :func:`test_time_overrides`); the weights are checked
+            against the run's own model config before they apply.
 
     Returns:
         A :class:`LoadedRun` (unpacks as ``model, tokenizers, cfg``), the model in eval mode.
 
     Raises:
         LoadError: a missing checkpoint/config/tokenizer, a foreign file, weights that do not fit
-            the config, or a tokenizer whose size differs from the weights' vocabulary.
+            the config, a tokenizer whose size differs from the weights' vocabulary, or a test-time
+            RoPE scaling of a run trained without RoPE.
     """
     run_dir, weights = find_checkpoint(path)
     state, meta = _read_weights(weights)
@@ -296,6 +343,7 @@ def load_run(
         cfg = to_config(cfg)
     except Exception as e:  # omegaconf's merge errors and ConfigError name the key
         raise LoadError(f"the config of {run_dir} with the overrides {list(overrides or [])} is invalid: {e}") from e
+    _check_test_time(list(overrides or []), cfg, run_dir)
     toks = _load_tokenizers(run_dir, cfg, src_tokenizer, tgt_tokenizer)
     joint = toks.src is toks.tgt
     arch = cfg.model.arch

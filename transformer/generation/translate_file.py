@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from transformer.generation.ensemble import load_models
-from transformer.generation.loading import merge_generation, resolve_device
+from transformer.generation.loading import merge_generation, resolve_device, test_time_overrides
 from transformer.generation.translate import translate_sentences
 
 __all__ = ["LinesFailed", "open_input", "read_chunks", "translate_file"]
@@ -88,7 +88,8 @@ def translate_file(cfg: Any) -> int:
             checkpoint, or a list of them: an ensemble averaging log-probabilities; the first
             one's generation settings apply), ``input`` (a file, ``.gz``, or ``-``), ``output``,
             ``device``, ``num_threads``, ``buffer_lines``, ``scores``, ``progress``,
-            ``src_tokenizer``/``tgt_tokenizer`` and ``generation.*`` overrides (null keeps the run's).
+            ``src_tokenizer``/``tgt_tokenizer``, ``generation.*`` overrides (null keeps the run's)
+            and a test-time RoPE scaling, ``model.position.rope_scaling.*`` (:func:`test_time_overrides`).
 
     Returns:
         The number of input lines.
@@ -97,7 +98,8 @@ def translate_file(cfg: Any) -> int:
         LinesFailed: after everything was written, when some lines could not be translated (their
             output lines are empty; each one was reported on stderr).
         LoadError: a missing or foreign checkpoint, a tokenizer that does not match it, ensemble
-            members with different vocabularies.
+            members with different vocabularies, a test-time RoPE scaling of a run without RoPE or
+            with invalid fields.
         ConfigError: invalid generation settings.
         FileNotFoundError: a missing input file.
     """
@@ -105,7 +107,7 @@ def translate_file(cfg: Any) -> int:
         torch.set_num_threads(int(cfg.num_threads))
     device = resolve_device(cfg.device)
     loaded = load_models(cfg.checkpoint, device, src_tokenizer=cfg.src_tokenizer,
-                         tgt_tokenizer=cfg.tgt_tokenizer)
+                         tgt_tokenizer=cfg.tgt_tokenizer, overrides=test_time_overrides(cfg))
     gen = merge_generation(loaded.cfg.generation, cfg.generation)
     src_tok, tgt_tok = loaded.tokenizers
     with_scores = bool(cfg.scores) or gen.nbest > 1
