@@ -208,6 +208,13 @@ def test_splits_are_pooled_by_concatenating_their_sentences(sweep, corpus):
     short = bucket_indices(refs, pooled.length.buckets)[0][0]
     assert _cells(pooled, "step0_vaswani2017")["1-10"]["bleu_mean"] == pytest.approx(_bleu(base_hyps, refs, short))
     assert "Test sentences: `test`, `test2` pooled (24 sentences)." in "\n".join(length_markdown(pooled.length))
+    pytest.importorskip("matplotlib")
+    from transformer.analysis.plots import bleu_by_length_figure
+
+    (ax,) = bleu_by_length_figure(pooled).axes  # the pooled splits are named in the title, not the axis
+    assert ax.get_ylabel() == "test BLEU (2 test sets pooled)" and "\ntest, test2\n" in ax.get_title()
+    (ax,) = bleu_by_length_figure(compare_sweeps([sweep], n_bootstrap=0, length_splits="test2")).axes
+    assert ax.get_ylabel() == "test BLEU (test2)"
     only2 = compare_sweeps([sweep], n_bootstrap=0, length_splits="test2")
     assert only2.length.splits == ["test2"] and only2.length.n_sentences == [1, 2, 0, 0, 1]
     assert _cells(only2, "step1_pre_ln")["11-15"]["bleu_mean"] == pytest.approx(100.0)

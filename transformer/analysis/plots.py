@@ -223,9 +223,13 @@ def bleu_by_length_figure(comparison: Comparison) -> "Figure":
     ax.set_xticks(range(len(table.buckets)),
                   [f"{b.label}\n(n={n})" for b, n in zip(table.buckets, table.n_sentences)], fontsize="small")
     ax.set_xlabel("reference length (words)")
-    ax.set_ylabel(f"test BLEU ({' + '.join(table.splits)})")
+    pooled = len(table.splits) > 1  # the split names go in the title, where a long list has room to wrap
+    ax.set_ylabel(f"test BLEU ({len(table.splits)} test sets pooled)" if pooled else f"test BLEU ({table.splits[0]})")
     interval = f"95% bootstrap interval ({table.n_bootstrap} resamples)" if table.n_bootstrap else "no intervals"
-    ax.set_title(f"Test BLEU by reference length, mean over seeds\nbars: {interval}", fontsize="medium")
+    title = "Test BLEU by reference length, mean over seeds"
+    if pooled:
+        title += f"\n{', '.join(table.splits)}"
+    ax.set_title(f"{title}\nbars: {interval}", fontsize="medium")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return fig
