@@ -149,5 +149,6 @@ def test_a_rope_scaling_applies_at_test_time_to_a_rope_run_only(run, tmp_path) -
     with pytest.raises(LoadError, match=r"model\.position\.rope_scaling\.rope_type scales RoPE at test time, but "
                                         r".* was trained with model/position=sinusoidal"):
         load_run(run[0], overrides=overrides)
-    with pytest.raises(LoadError, match="original_max_position_embeddings"):  # yarn needs the trained length
+    with pytest.raises(LoadError, match=r"with the test-time overrides model\.position\.rope_scaling\.rope_type=yarn "
+                                        r"is invalid: .*needs model\.position\.rope_scaling\.original_max_position_embeddings"):
         load_run(run_dir, overrides=["model.position.rope_scaling.rope_type=yarn"])

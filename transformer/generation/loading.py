@@ -353,7 +353,9 @@ def load_run(
             pad_id=toks.src.pad_id, bos_id=toks.src.bos_id, eos_id=toks.src.eos_id, sep_id=toks.src.sep_id,
         )
     except ConfigError as e:
-        raise LoadError(f"the model config of {run_dir} is invalid: {e}") from e
+        model_overrides = [o for o in overrides or [] if o.startswith("model.")]
+        at_test = f" with the test-time overrides {' '.join(model_overrides)}" if model_overrides else ""
+        raise LoadError(f"the model config of {run_dir}{at_test} is invalid: {e}") from e
 
     expected = model.state_dict()
     missing = sorted(expected.keys() - state.keys())
