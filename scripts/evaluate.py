@@ -5,7 +5,7 @@
     python scripts/evaluate.py checkpoint=RUN splits=[test_2016_flickr] limit=200 generation.beam_size=4
     python scripts/evaluate.py checkpoint=RUN splits=[test_2016_flickr] baseline=base/test_2016_flickr.txt
     python scripts/evaluate.py checkpoint=[RUN_A,RUN_B,RUN_C]               # an ensemble of checkpoints
-    python scripts/evaluate.py checkpoint=RUN model.position.rope_scaling.rope_type=dynamic model.position.rope_scaling.factor=2
+    python scripts/evaluate.py checkpoint=RUN model.position.rope_scaling.rope_type=dynamic model.position.rope_scaling.factor=2 model.position.rope_scaling.original_max_position_embeddings=16
     python scripts/evaluate.py refs=test.de hyps=[base.hyp,new.hyp]       # files only: scores + bootstrap
 
 Checkpoint mode reads each split's raw source and reference lines (the run's ``data`` config, with
@@ -17,9 +17,11 @@ i.e. tokenized BLEU) and chrF, each with its signature. Hypotheses go to
 ``output_dir`` is ``<run folder>/eval/<checkpoint name>/`` (e.g. ``eval/checkpoint_best/``), so
 evaluating another checkpoint of the same run never overwrites the first one's results.
 ``model.position.rope_scaling.*`` (null: the run's) applies a RoPE scaling at test time only to a
-run trained with RoPE; its results go to ``eval/<checkpoint name>+<settings>/`` (e.g.
-``eval/checkpoint_best+rope_dynamic_x2/``), and the folder of one checkpoint reads as a run in
-``scripts/compare.py``. Every
+run trained with RoPE (settings that change nothing are refused); its results go to
+``eval/<checkpoint name>+<settings>/`` (e.g. ``eval/checkpoint_best+rope_dynamic_x2_L0=16/``), and
+the folder of one checkpoint evaluated on whole splits reads as a run in ``scripts/compare.py``.
+Every split's files are found before any translation, and the files are written once every split
+is done. Every
 line of a split is translated and scored (an empty source line gives an empty hypothesis); a line
 that cannot be translated (e.g. longer than the model's learned positions) is reported on stderr,
 left empty, and counted in ``failed_lines``. ``progress=false`` turns off the progress bar.

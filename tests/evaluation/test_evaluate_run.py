@@ -127,14 +127,28 @@ def test_checkpoint_mode_refuses_what_it_cannot_do(run, data_root, tmp_path):
                                  f"output_dir={tmp_path / 'e'}"))
 
 
-def test_a_test_time_rope_scaling_gets_its_own_folder_and_reads_as_a_run_in_compare(data_root, tmp_path, capsys):
+@pytest.fixture
+def small_data(data_root, tmp_path) -> Path:
+    """A data root whose test_2016_flickr is the first 8 pairs of the real one (whole splits, fast)."""
+    import gzip
+
+    folder = tmp_path / "data" / "multi30k"
+    folder.mkdir(parents=True)
+    for lang in ("en", "de"):
+        lines = read_lines(data_root / "multi30k" / f"test_2016_flickr.{lang}.gz")[:8]
+        with gzip.open(folder / f"test_2016_flickr.{lang}.gz", "wt", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines))
+    return tmp_path / "data"
+
+
+def test_a_test_time_rope_scaling_gets_its_own_folder_and_reads_as_a_run_in_compare(small_data, tmp_path, capsys):
     """``model.position.rope_scaling.*`` on evaluate's command line: the hypotheses are those of the
     model built with that scaling (the run's weights), in ``eval/<checkpoint>+<tag>/`` beside the
     plain evaluation; ``results.json`` records the overrides, the model as evaluated and the
     training run's facts, so :func:`transformer.analysis.load_run` reads the folder as a run of a
-    configuration named by the scaling (scripts/compare.py)."""
+    configuration named by the scaling, which compare.py never takes as the default baseline."""
     from tests.conftest import tiny_model_config
-    from transformer.analysis import load_run
+    from transformer.analysis import compare_sweeps, load_run
     from transformer.analysis.grouping import group_runs
     from transformer.models import build_model
 
@@ -144,7 +158,7 @@ def test_a_test_time_rope_scaling_gets_its_own_folder_and_reads_as_a_run_in_comp
     (run_dir / "results.json").write_text(json.dumps(trained))
     scaling = ["model.position.rope_scaling.rope_type=dynamic", "model.position.rope_scaling.factor=2",
                "model.position.rope_scaling.original_max_position_embeddings=4"]
-    common = [f"checkpoint={run_dir}", "splits=[test_2016_flickr]", "limit=8", f"data.root={data_root}",
+    common = [f"checkpoint={run_dir}", "splits=[test_2016_flickr]", f"data.root={small_data}",
               "generation.strategy=greedy"]
     res = evaluate_checkpoint(_cfg(*common, *scaling))
     plain = evaluate_checkpoint(_cfg(*common))
@@ -154,14 +168,14 @@ def test_a_test_time_rope_scaling_gets_its_own_folder_and_reads_as_a_run_in_comp
         "position.rope_scaling.rope_type": "dynamic", "position.rope_scaling.factor": 2.0,
         "position.rope_scaling.original_max_position_embeddings": 4}), len(tok)).eval()
     reference.load_state_dict(model.state_dict())
-    src = read_lines(data_root / "multi30k" / "test_2016_flickr.en.gz")[:8]
+    src = read_lines(small_data / "multi30k" / "test_2016_flickr.en.gz")
     gen = GenerationConfig(strategy="greedy", max_len_a=1.0, max_len_b=5)
     hyps = detokenize(translate_sentences(reference, [tok.encode(s) for s in src], gen, "cpu"), tok)
     assert (out_dir / "test_2016_flickr.txt").read_text(encoding="utf-8").split("\n")[:-1] == hyps
     assert (run_dir / "eval" / "checkpoint_best" / "test_2016_flickr.txt").is_file()  # the plain one beside it
     assert res["test_time"] == ["model.position.rope_scaling.rope_type=dynamic", "model.position.rope_scaling.factor=2.0",
                                 "model.position.rope_scaling.original_max_position_embeddings=4"]
-    assert plain["test_time"] == []
+    assert plain["test_time"] == [] and res["limit"] == 0
     assert res["config"]["model"]["position"]["rope_scaling"]["rope_type"] == "dynamic"
     assert res["config"]["generation"]["strategy"] == "greedy"  # the settings it was evaluated with
     assert res["trained"] == {"params": 1234, "precision": "fp32", "choices": {"ladder": "step5_gqa", "model/position": "rope"}}
@@ -176,7 +190,43 @@ def test_a_test_time_rope_scaling_gets_its_own_folder_and_reads_as_a_run_in_comp
     configs, _ = group_runs([plain_run, scaled_run])
     assert [c.label for c in configs] == ["step5_gqa", "step5_gqa + rope_dynamic_x2_L0=4 at test time"]
 
+    sweep = tmp_path / "sweep"  # the scaled folder sorts first; the baseline is still the run as trained
+    evaluate_checkpoint(_cfg(*common, *scaling, f"output_dir={sweep / 'a_dynamic'}"))
+    evaluate_checkpoint(_cfg(*common, f"output_dir={sweep / 'b_plain'}"))
+    comparison = compare_sweeps([sweep], n_bootstrap=20)
+    assert comparison.baseline == "step5_gqa"
+    assert [r["bleu_mean"] for r in comparison.rows] == [res["splits"]["test_2016_flickr"]["bleu"],
+                                                         plain["splits"]["test_2016_flickr"]["bleu"]]
+    evaluate_checkpoint(_cfg(*common, f"output_dir={sweep / 'c_plain_again'}"))  # one run's seed, evaluated twice
+    with pytest.raises(ValueError, match=r"'step5_gqa' has seed 1 2 times \(b_plain, c_plain_again\): a row holds "
+                                         r"one run per seed"):
+        compare_sweeps([sweep], n_bootstrap=0)
+
+    limited = evaluate_checkpoint(_cfg(*common, "limit=3", f"output_dir={tmp_path / 'limited'}"))
+    assert limited["limit"] == 3 and limited["splits"]["test_2016_flickr"]["sentences"] == 3
+    assert not load_run(tmp_path / "limited").ok and "first 3 sentences" in load_run(tmp_path / "limited").reason
     ensemble = tmp_path / "ensemble"  # an ensemble's folder has no single config: listed with the reason
     ensemble.mkdir()
     (ensemble / "results.json").write_text(json.dumps({"checkpoint": ["a", "b"], "splits": {"t": {"bleu": 3.0}}}))
     assert not load_run(ensemble).ok and "evaluate.py folder without the model's config" in load_run(ensemble).reason
+
+
+def test_a_bad_split_stops_an_evaluation_before_it_writes_anything(run, data_root, tmp_path):
+    """The files of every split are found before any translation: an unknown split after a good one
+    leaves an earlier evaluation in the output folder as it was."""
+    from transformer.data.corpus import DataError
+
+    run_dir = run[0]
+    out = tmp_path / "e"
+    first = evaluate_checkpoint(_cfg(f"checkpoint={run_dir}", "splits=[test_2016_flickr]", "limit=4",
+                                     f"data.root={data_root}", "generation.strategy=greedy", f"output_dir={out}"))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(DataError, match="split 'nosuch' is not available"):
+        evaluate_checkpoint(_cfg(f"checkpoint={run_dir}", "splits=[test_2016_flickr,nosuch]", "limit=2",
+                                 f"data.root={data_root}", "generation.strategy=greedy", f"output_dir={out}"))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before and first["limit"] == 4
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        evaluate_checkpoint(_cfg(f"checkpoint={run_dir}", "splits=[test_2016_flickr]", "limit=2",
+                                 f"baseline={tmp_path / 'missing.txt'}", f"data.root={data_root}",
+                                 "generation.strategy=greedy", f"output_dir={tmp_path / 'never'}"))
+    assert not (tmp_path / "never").exists()

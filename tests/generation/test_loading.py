@@ -152,3 +152,15 @@ def test_a_rope_scaling_applies_at_test_time_to_a_rope_run_only(run, tmp_path) -
     with pytest.raises(LoadError, match=r"with the test-time overrides model\.position\.rope_scaling\.rope_type=yarn "
                                         r"is invalid: .*needs model\.position\.rope_scaling\.original_max_position_embeddings"):
         load_run(run_dir, overrides=["model.position.rope_scaling.rope_type=yarn"])
+    for nothing in (["model.position.rope_scaling.factor=2"], ["model.position.rope_scaling.rope_type=default"]):
+        with pytest.raises(LoadError, match=r"changes nothing at test time: .* has model\.position\.rope_scaling\."
+                                            r"rope_type=default, which reads no other field"):
+            load_run(run_dir, overrides=nothing)
+    yarn = ["model.position.rope_scaling.rope_type=yarn", "model.position.rope_scaling.factor=4.0",
+            "model.position.rope_scaling.original_max_position_embeddings=8"]
+    yarn_dir, *_ = make_run_dir(tmp_path / "yarn", position__name="rope", **{
+        "position.rope_scaling.rope_type": "yarn", "position.rope_scaling.factor": 4.0,
+        "position.rope_scaling.original_max_position_embeddings": 8})
+    with pytest.raises(LoadError, match="changes nothing at test time: .* was trained with that RoPE scaling"):
+        load_run(yarn_dir, overrides=yarn)
+    assert load_run(yarn_dir, overrides=["model.position.rope_scaling.rope_type=default"]).cfg.model.position.rope_scaling.rope_type == "default"

@@ -179,6 +179,8 @@ def test_translate_with_a_rope_scaling_at_test_time(run, input_file, tmp_path, c
     hyps = iter(translate_sentences(reference, [tok.encode(s) for s in SENTENCES if s], gen, "cpu"))
     assert out.read_text(encoding="utf-8").split("\n")[:-1] == [tok.decode(next(hyps)[0].tokens) if s else ""
                                                                for s in SENTENCES]
+    assert "greedy, at test time model.position.rope_scaling.rope_type=linear model.position.rope_scaling.factor=4.0)" \
+        in capsys.readouterr().err
     proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "translate.py"), f"checkpoint={run[0]}",
                            f"input={input_file}", *scaling], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

@@ -20,7 +20,8 @@ from typing import Any, Sequence
 from transformer.analysis.grouping import IGNORED_KEYS, Configuration, flatten_config, is_ignored, with_defaults
 from transformer.analysis.runs import Run
 
-__all__ = ["COUPLED", "SWITCH_PREFIXES", "MixedField", "MixedRunsError", "mixed_fields", "mixed_runs_message", "recipe_of"]
+__all__ = ["COUPLED", "SWITCH_PREFIXES", "MixedField", "MixedRunsError", "mixed_fields", "mixed_runs_message", "recipe_of",
+           "repeated_seeds"]
 
 SWITCH_PREFIXES: tuple[str, ...] = ("model", "plugin_files")
 """Config keys the configurations of a study are meant to differ in (a key covers those below it):
@@ -112,5 +113,28 @@ def mixed_runs_message(mixed: Sequence[MixedField]) -> str:
     """The sentence :class:`MixedRunsError` carries."""
     return ("the runs of this table differ in more than the study's switches (model.*, plugin_files) and the seed: "
             + "; ".join(m.sentence() for m in mixed)
-            + ". Compare runs trained alike (same precision, budget, data and torch), or pass --allow-mixed "
+            + ". Compare runs trained and decoded alike (same precision, budget, data, decoding and torch), or pass --allow-mixed "
               "to show the differences in the table")
+
+
+def repeated_seeds(configs: Sequence[Configuration]) -> str | None:
+    """The sentence for configurations holding two finished runs of one seed, None when none does.
+
+    A row's runs are its seeds: its mean, its seed-to-seed spread (the noise floor) and its
+    seed-matched bootstrap pairs count each seed once. Two runs of one configuration and seed are
+    not two seeds: the same folder copied twice, or two evaluations (``scripts/evaluate.py``) of
+    one run's checkpoints (say ``checkpoint_best`` and an average), whose config is the same.
+    """
+    found = []
+    for c in configs:
+        by_seed: dict[int, list[str]] = {}
+        for r in c.runs:
+            if r.seed is not None:
+                by_seed.setdefault(r.seed, []).append(_name(r))
+        found += [f"{c.label!r} has seed {seed} {len(names)} times ({', '.join(names)})"
+                  for seed, names in by_seed.items() if len(names) > 1]
+    if not found:
+        return None
+    return ("; ".join(found) + ": a row holds one run per seed. Two evaluations of one run (e.g. of two of its "
+            "checkpoints) are one seed: compare them in separate tables, or keep one")
+

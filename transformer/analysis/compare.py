@@ -37,7 +37,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from transformer.analysis.comparability import MixedField, MixedRunsError, mixed_fields, mixed_runs_message, recipe_of
+from transformer.analysis.comparability import (
+    MixedField,
+    MixedRunsError,
+    mixed_fields,
+    mixed_runs_message,
+    recipe_of,
+    repeated_seeds,
+)
 from transformer.analysis.grouping import IGNORED_KEYS, Configuration, group_runs
 from transformer.analysis.length import DEFAULT_BUCKETS, Bucket, LengthTable, length_table, parse_buckets
 from transformer.analysis.runs import Run, find_run_dirs, load_run, never_started
@@ -118,8 +125,8 @@ def describe_machine(results: dict) -> str:
 
 
 def _pick_baseline(configs: list[Configuration], wanted: str | None) -> Configuration:
-    if wanted is None:
-        return configs[0]
+    if wanted is None:  # the first configuration as trained, before any decoded at test-time settings
+        return next((c for c in configs if not c.runs[0].test_time), configs[0])
     labels = [c.label for c in configs]
     exact = [c for c in configs if c.label == wanted]
     if exact:
@@ -147,7 +154,8 @@ def compare_sweeps(
     Args:
         sweep_dirs: multirun folders (or parents of several, or single run folders).
         baseline: label (exact, or a unique case-insensitive substring) of the baseline
-            configuration; default the first configuration (ladder order, else first appearance).
+            configuration; default the first configuration (ladder order, else first appearance)
+            that is not an evaluation at test-time settings.
         n_bootstrap: paired-bootstrap resamples; 0 skips significance testing.
         bootstrap_seed: seed of the resampling.
         ignore: config keys that do not define a configuration (default :data:`IGNORED_KEYS`).
@@ -171,7 +179,9 @@ def compare_sweeps(
         FileNotFoundError: a sweep folder does not exist.
         MixedRunsError: the runs differ in more than the switches and the seed (precision, budget,
             data, torch version ...), naming the runs and fields; see ``allow_mixed``.
-        ValueError: ``baseline`` names no (or several) configurations; ``length_buckets`` are not
+        ValueError: a configuration has two finished runs of one seed (e.g. two evaluations of one
+            run's checkpoints; :func:`~transformer.analysis.comparability.repeated_seeds`);
+            ``baseline`` names no (or several) configurations; ``length_buckets`` are not
             ascending ranges, or ``length_splits`` names a split no run has.
     """
     buckets = None if length_buckets is None else parse_buckets(length_buckets)
@@ -189,6 +199,9 @@ def compare_sweeps(
     if not configs:
         return Comparison(sweep_dirs, [], [], None, missing, ["no finished run found"], signatures, n_bootstrap,
                           compare_prev=compare_prev)
+    twice = repeated_seeds(configs)
+    if twice:
+        raise ValueError(twice)
     mixed = mixed_fields(configs, ignore)
     if mixed and not allow_mixed:
         raise MixedRunsError(mixed_runs_message(mixed))

@@ -107,7 +107,8 @@ def validation_curves_figure(comparison: Comparison) -> "Figure":
         ax.set_ylabel({"nll_loss": "validation NLL (nats/token)", "loss": "validation loss", "bleu": "validation BLEU"}[metric])
         ax.grid(alpha=0.3)
     axes[0].set_title("Validation curves (thin: seeds, thick: mean)")
-    axes[0].legend(fontsize="small")
+    if axes[0].get_legend_handles_labels()[0]:  # evaluation folders (scripts/evaluate.py) have no curves
+        axes[0].legend(fontsize="small")
     return fig
 
 

@@ -217,7 +217,10 @@ def load_run(run_dir: str | Path) -> Run:
                     continue
     if _is_evaluation(run.results):
         run.evaluation = True
-        if run.config is not None:
+        if run.results.get("limit"):
+            problems.append(f"an evaluate.py folder of the first {run.results['limit']} sentences of each split "
+                            "(limit): a row needs whole test sets")
+        elif run.config is not None:
             run.results = _evaluation_as_run(run.results, run.config)
         else:
             problems.append("an evaluate.py folder without the model's config (an ensemble, or written before "

@@ -224,8 +224,11 @@ def _validate_attention_options(model: Any, sizes: Any) -> None:
         where = f"model.position.rope_scaling.rope_type={rs.rope_type}"
         if model.position.name != "rope":
             raise ConfigError(f"{where} scales RoPE but model/position={model.position.name}; use model/position=rope")
-        if not rs.factor >= 1.0:
-            raise ConfigError(f"{where} needs model.position.rope_scaling.factor >= 1, got {rs.factor}")
+        if not 1.0 <= rs.factor < float("inf"):
+            raise ConfigError(f"{where} needs a finite model.position.rope_scaling.factor >= 1, got {rs.factor}")
+        if rs.attention_factor is not None and not 0.0 < rs.attention_factor < float("inf"):
+            raise ConfigError(f"{where} needs model.position.rope_scaling.attention_factor > 0 (or null), "
+                              f"got {rs.attention_factor}")
         if rs.rope_type in ("yarn", "llama3") and not (rs.original_max_position_embeddings or 0) > 0:
             raise ConfigError(f"{where} needs model.position.rope_scaling.original_max_position_embeddings "
                               "(the trained length, > 0)")

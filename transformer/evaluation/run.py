@@ -144,7 +144,9 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
     Prints a header line (checkpoint, architecture, languages, search), then per split its BLEU,
     chrF, sentence count, speed and signatures on stdout; a line that cannot be translated is
     reported on stderr as ``error: <split> line N (<file>): ...``, its hypothesis left empty and its
-    number listed in ``failed_lines``. Writes ``<output_dir>/<split>.txt`` and ``results.json``.
+    number listed in ``failed_lines``. Writes ``<output_dir>/<split>.txt`` and ``results.json`` once
+    every split is done; a split that is unknown or whose files are missing, or a missing baseline
+    file, stops it before anything is translated or written.
 
     Args:
         cfg: ``configs/evaluate.yaml`` as composed (a DictConfig): ``checkpoint`` (a run folder or
@@ -156,7 +158,7 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
             ``baseline``, ``bootstrap_samples``, ``bootstrap_seed``.
 
     Returns:
-        ``{"checkpoint", "test_time", "generation", "tokenize", "lowercase", "splits": {split:
+        ``{"checkpoint", "test_time", "limit", "generation", "tokenize", "lowercase", "splits": {split:
         scores}}`` (as written to ``results.json``), plus ``"bootstrap"`` with a ``baseline``; for
         one checkpoint (not an ensemble) also ``"config"`` (the model as evaluated) and ``"trained"``
         (the training run's ``results.json`` without its scores), so that ``scripts/compare.py``
@@ -194,11 +196,13 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
     if test_time:  # its own folder: the run's plain evaluation is not overwritten
         name = f"{name}+{test_time_tag(test_time)}"
     out_dir = Path(cfg.output_dir) if cfg.output_dir else loaded.run_dir / EVAL_DIR / name
-    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {split: resolve_split_files(run_cfg.data, split) for split in splits}  # every split's files, before any work
+    base = _read(cfg.baseline) if cfg.baseline else None
     src_tok, tgt_tok = loaded.tokenizers
     results: dict[str, Any] = {
         "checkpoint": [str(m) for m in members] if members else str(loaded.checkpoint),
         "test_time": test_time,
+        "limit": int(cfg.limit or 0),
         "generation": config_dict(gen),
         "tokenize": tokenize,
         "lowercase": lowercase,
@@ -210,8 +214,9 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
     print(f"{source} ({run_cfg.model.arch}, {run_cfg.data.src_lang}->{run_cfg.data.tgt_lang}, {_describe(gen)})")
     if test_time:
         print(f"  at test time: {' '.join(test_time)}")
+    outputs: dict[str, list[str]] = {}  # written with results.json once every split is done
     for split in splits:
-        src_file, ref_file = resolve_split_files(run_cfg.data, split)
+        src_file, ref_file = files[split]
         src_lines, refs, _ = read_parallel(src_file, ref_file, keep_empty=True)  # every line is scored
         if cfg.limit and cfg.limit > 0:
             src_lines, refs = src_lines[: cfg.limit], refs[: cfg.limit]
@@ -222,8 +227,7 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
         seconds = time.time() - start
         for i, msg in sorted(errors.items()):
             _log(f"error: {split} line {i + 1} ({src_file}): {msg}; its hypothesis is left empty")
-        hyps = detokenize(hyps_tok, tgt_tok)
-        (out_dir / f"{split}.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        hyps = outputs[split] = detokenize(hyps_tok, tgt_tok)
         s = corpus_scores(hyps, refs, tokenize=tokenize, lowercase=lowercase)
         s.update(sentences=len(refs), empty_sources=sum(not line.strip() for line in src_lines),
                  failed_lines=[i + 1 for i in sorted(errors)], seconds=seconds,
@@ -233,13 +237,15 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
         print(f"{split}: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f} ({len(refs)} sentences{failed}, "
               f"{s['sentences_per_s']:.1f} sent/s)")
         print(f"  BLEU|{s['bleu_signature']}\n  chrF2|{s['chrf_signature']}")
-        if cfg.baseline:
-            base = _read(cfg.baseline)
+        if base is not None:
             if cfg.limit and cfg.limit > 0:
                 base = base[: cfg.limit]
             if len(base) != len(refs):
                 raise ConfigError(f"baseline {cfg.baseline} has {len(base)} lines but {split} has {len(refs)}")
             results["bootstrap"] = _bootstrap(base, {"checkpoint": hyps}, refs, cfg, tokenize, lowercase)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for split, hyps in outputs.items():
+        (out_dir / f"{split}.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     _log(f"wrote {out_dir / 'results.json'}")
     return results

@@ -13,7 +13,6 @@ or stdin, line by line, into a file or stdout.
 """
 
 from transformer.generation.loading import (
-    TEST_TIME_FIELDS,
     LoadedRun,
     LoadError,
     Tokenizers,
@@ -21,7 +20,6 @@ from transformer.generation.loading import (
     load_run,
     merge_generation,
     resolve_device,
-    test_time_overrides,
 )
 from transformer.generation.ensemble import EnsembleModel, EnsembleState, load_models
 from transformer.generation.search import (
@@ -43,6 +41,7 @@ from transformer.generation.translate import (
     translate_dataset,
     translate_sentences,
 )
+from transformer.generation.test_time import TEST_TIME_FIELDS, test_time_overrides, test_time_refusal
 from transformer.generation.translate_file import LinesFailed, open_input, read_chunks, translate_file
 
 __all__ = [
@@ -73,6 +72,7 @@ __all__ = [
     "read_chunks",
     "sample",
     "test_time_overrides",
+    "test_time_refusal",
     "top_k_top_p_filter",
     "translate_dataset",
     "translate_file",

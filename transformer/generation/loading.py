@@ -42,6 +42,7 @@ from transformer.data.tokenizer import Tokenizer
 from transformer.device import resolve_device
 from transformer.io import SafetensorsReadError, read_safetensors
 from transformer.models import build_model
+from transformer.generation.test_time import test_time_refusal
 from transformer.plugins import PluginError, import_recorded
 from transformer.run_folder import (
     BEST,
@@ -56,17 +57,9 @@ from transformer.run_folder import (
     weights_path,
 )
 
-__all__ = [
-    "TEST_TIME_FIELDS", "LoadError", "LoadedRun", "Tokenizers", "find_checkpoint", "load_run", "merge_generation",
-    "resolve_device", "test_time_overrides",
-]
+__all__ = ["LoadError", "LoadedRun", "Tokenizers", "find_checkpoint", "load_run", "merge_generation", "resolve_device"]
 
 CHECKPOINT_NAMES = (BEST, LAST)  # a run folder is loaded from its best checkpoint, else its last
-
-TEST_TIME_FIELDS: tuple[str, ...] = ("model.position.rope_scaling",)
-"""The model fields ``translate.py`` and ``evaluate.py`` may change at test time (a node covers the
-fields below it): they change what a model computes without changing its weights."""
-
 
 class LoadError(RuntimeError):
     """A run or checkpoint that cannot be loaded (the message says why and what was expected)."""
@@ -267,43 +260,6 @@ def _vocab_params(model: nn.Module) -> dict[str, str]:
     return names
 
 
-def test_time_overrides(script_cfg: Any) -> list[str]:
-    """The test-time model overrides a script's config asks for, as a dotlist for :func:`load_run`.
-
-    ``translate.yaml`` and ``evaluate.yaml`` hold the nodes of :data:`TEST_TIME_FIELDS` (e.g.
-    ``model.position.rope_scaling``, :class:`~transformer.config.RopeScalingOverrides`) with every
-    field null; a field set on the command line becomes ``"<dotted field>=<value>"``.
-
-    Args:
-        script_cfg: the script's composed config (a DictConfig or dict); one without a ``model``
-            node asks for nothing.
-
-    Returns:
-        e.g. ``["model.position.rope_scaling.rope_type=dynamic", "model.position.rope_scaling.factor=2.0"]``.
-    """
-    container = OmegaConf.to_container(script_cfg, resolve=True) if isinstance(script_cfg, DictConfig) else script_cfg
-    out = []
-    for dotted in TEST_TIME_FIELDS:
-        node: Any = container
-        for part in dotted.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        for key, value in (node or {}).items():
-            if value is not None:
-                out.append(f"{dotted}.{key}={value}")
-    return out
-
-
-def _check_test_time(overrides: list[str], cfg: Config, run_dir: Path) -> None:
-    """A test-time RoPE scaling needs a run that was trained with RoPE."""
-    touched = [o.split("=", 1)[0] for o in overrides if o.startswith("model.position.rope_scaling.")]
-    if touched and cfg.model.position.name != "rope":
-        raise LoadError(
-            f"{touched[0]} scales RoPE at test time, but {run_dir} was trained with "
-            f"model/position={cfg.model.position.name}: a test-time RoPE scaling needs a run trained with "
-            "model/position=rope"
-        )
-
-
 def load_run(
     path: str | Path,
     device: str | torch.device = "cpu",
@@ -320,7 +276,7 @@ def load_run(
         src_tokenizer, tgt_tokenizer: SentencePiece models to use instead of the run folder's
             (one path alone is used for both sides).
         overrides: dotlist overrides of the run's config (e.g. ``["data.root=/data"]``, or a
-            test-time RoPE scaling from :func:`test_time_overrides`); the weights are checked
+            test-time RoPE scaling from :func:`~transformer.generation.test_time.test_time_overrides`); the weights are checked
             against the run's own model config before they apply.
 
     Returns:
@@ -337,13 +293,16 @@ def load_run(
     run_dir = _config_folder(run_dir, weights, meta)
     cfg = _read_config(run_dir, weights)
     _check_model_config(weights, meta, cfg, run_dir)
+    trained_scaling = OmegaConf.select(cfg, "model.position.rope_scaling", default=None)
     try:
         if overrides:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
         cfg = to_config(cfg)
     except Exception as e:  # omegaconf's merge errors and ConfigError name the key
         raise LoadError(f"the config of {run_dir} with the overrides {list(overrides or [])} is invalid: {e}") from e
-    _check_test_time(list(overrides or []), cfg, run_dir)
+    refused = test_time_refusal(list(overrides or []), trained_scaling, cfg, run_dir)
+    if refused:
+        raise LoadError(refused)
     toks = _load_tokenizers(run_dir, cfg, src_tokenizer, tgt_tokenizer)
     joint = toks.src is toks.tgt
     arch = cfg.model.arch

@@ -23,7 +23,8 @@ import torch
 from tqdm import tqdm
 
 from transformer.generation.ensemble import load_models
-from transformer.generation.loading import merge_generation, resolve_device, test_time_overrides
+from transformer.generation.loading import merge_generation, resolve_device
+from transformer.generation.test_time import test_time_overrides
 from transformer.generation.translate import translate_sentences
 
 __all__ = ["LinesFailed", "open_input", "read_chunks", "translate_file"]
@@ -153,7 +154,9 @@ def translate_file(cfg: Any) -> int:
     what = f"beam {gen.beam_size}" if gen.strategy == "beam" else gen.strategy
     members = getattr(loaded.model, "checkpoints", None)
     source = f"ensemble of {', '.join(map(str, members))}" if members else loaded.checkpoint
-    print(f"translated {n - failed} of {n} lines in {time.time() - start:.1f}s ({source}, {what})",
+    test_time = test_time_overrides(cfg)
+    at_test = f", at test time {' '.join(test_time)}" if test_time else ""
+    print(f"translated {n - failed} of {n} lines in {time.time() - start:.1f}s ({source}, {what}{at_test})",
           file=sys.stderr)
     if failed:
         raise LinesFailed(f"{failed} of {n} lines could not be translated (reported above; their output lines are empty)")
