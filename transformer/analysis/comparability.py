@@ -113,8 +113,8 @@ def mixed_runs_message(mixed: Sequence[MixedField]) -> str:
     """The sentence :class:`MixedRunsError` carries."""
     return ("the runs of this table differ in more than the study's switches (model.*, plugin_files) and the seed: "
             + "; ".join(m.sentence() for m in mixed)
-            + ". Compare runs trained and decoded alike (same precision, budget, data, decoding and torch), or pass --allow-mixed "
-              "to show the differences in the table")
+            + ". Compare runs trained and decoded alike (same precision, budget, data, decoding and torch), or pass "
+              "--allow-mixed to show the differences in the table")
 
 
 def repeated_seeds(configs: Sequence[Configuration]) -> str | None:
@@ -137,4 +137,3 @@ def repeated_seeds(configs: Sequence[Configuration]) -> str | None:
         return None
     return ("; ".join(found) + ": a row holds one run per seed. Two evaluations of one run (e.g. of two of its "
             "checkpoints) are one seed: compare them in separate tables, or keep one")
-

@@ -100,7 +100,9 @@ def _labels(configs: list[Configuration]) -> None:
             c.label = next((c.choices[k] for k in _LABEL_CHOICES if k in c.choices), "")
         else:
             c.label = parts[0][1] if len(parts) == 1 else ", ".join(f"{k.split('/')[-1]}={v}" for k, v in parts)
-        c.label = (c.label or "run") + _test_time(c) if _test_time(c) else c.label
+        suffix = _test_time(c)
+        if suffix:
+            c.label = (c.label or "run") + suffix
     by_label: dict[str, list[Configuration]] = {}
     for c in configs:
         by_label.setdefault(c.label, []).append(c)
