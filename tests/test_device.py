@@ -144,6 +144,30 @@ def test_resolve_device(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_device("gpu")
 
 
+def test_a_cuda_device_where_torch_sees_none_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """``device=cuda`` (translate.py, evaluate.py) and ``train.device=cuda`` on a machine without a
+    GPU stop with a ConfigError naming the field, before any model is loaded or any work is done."""
+    from tests.generation.helpers import compose_script_config
+    from transformer.config import ConfigError
+    from transformer.device import unavailable
+    from transformer.evaluation.run import evaluate_checkpoint
+    from transformer.generation import translate_file
+    from transformer.training.distributed import setup_distributed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert unavailable(torch.device("cpu"), "device") is None
+    assert unavailable(torch.device("cuda", 0), "train.device").startswith(
+        "train.device=cuda: torch sees no CUDA device on this machine")
+    missing = tmp_path / "not_loaded"  # never read: the device is refused first
+    for run, script in ((translate_file, "translate"), (evaluate_checkpoint, "evaluate")):
+        with pytest.raises(ConfigError, match=r"^device=cuda: torch sees no CUDA device .* use device=cpu"):
+            run(compose_script_config(script, [f"checkpoint={missing}", "device=cuda"]))
+    with pytest.raises(ConfigError, match=r"^train\.device=cuda: torch sees no CUDA device"):
+        setup_distributed("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert unavailable(torch.device("cuda", 0), "device") is None
+
+
 def test_trainer_decoding_and_loaders_use_resolve_device() -> None:
     """The trainer's device (``setup_distributed``), a finished run's, ``translate.py``'s and
     ``evaluate.py``'s (``transformer.generation.resolve_device``) and ``load_run``'s come from it."""

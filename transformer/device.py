@@ -20,7 +20,7 @@ import os
 
 import torch
 
-__all__ = ["resolve_device"]
+__all__ = ["resolve_device", "unavailable"]
 
 
 def resolve_device(name: str | torch.device | None = "auto", local_rank: int | None = None) -> torch.device:
@@ -44,3 +44,18 @@ def resolve_device(name: str | torch.device | None = "auto", local_rank: int | N
         rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else int(local_rank)
         device = torch.device("cuda", rank)
     return device
+
+
+def unavailable(device: torch.device, field: str) -> str | None:
+    """Why ``device`` cannot be used on this machine, None when it can: a CUDA device while torch
+    sees none. The callers raise it as their own one-line error before any work.
+
+    Args:
+        device: a device from :func:`resolve_device`.
+        field: the setting that chose it (``train.device``, ``device``), named in the sentence.
+    """
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return (f"{field}={device.type}: torch sees no CUDA device on this machine (torch.cuda.is_available() is "
+                f"False, torch {torch.__version__}); use {field}=cpu, or {field}=auto to take a GPU when there is one")
+    return None
+

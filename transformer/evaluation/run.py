@@ -33,6 +33,7 @@ import torch
 from transformer.run_folder import EVAL_DIR, checkpoint_stem, test_time_tag
 from transformer.config import ConfigError, GenerationConfig, config_dict
 from transformer.data.corpus import read_lines, read_parallel, resolve_split_files
+from transformer.device import unavailable
 from transformer.evaluation.metrics import corpus_scores, paired_bootstrap
 from transformer.generation import (
     detokenize,
@@ -168,13 +169,15 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
         LoadError: a missing or foreign checkpoint, a tokenizer that does not match it, ensemble
             members with different vocabularies, a test-time RoPE scaling of a run without RoPE.
         ConfigError: no split to evaluate, a baseline with several splits or another line count,
-            invalid generation settings.
+            invalid generation settings, or ``device=cuda`` where torch sees no GPU.
         DataError: a split whose files are missing.
         FileNotFoundError: a missing baseline file.
     """
     if cfg.num_threads > 0:
         torch.set_num_threads(int(cfg.num_threads))
     device = resolve_device(cfg.device)
+    if unavailable(device, "device"):
+        raise ConfigError(unavailable(device, "device"))
     test_time = test_time_overrides(cfg)  # e.g. a RoPE scaling the run did not train with
     loaded = load_models(cfg.checkpoint, device, src_tokenizer=cfg.src_tokenizer,
                          tgt_tokenizer=cfg.tgt_tokenizer, overrides=test_time)

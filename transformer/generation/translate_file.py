@@ -22,6 +22,8 @@ from typing import IO, Any, Iterator
 import torch
 from tqdm import tqdm
 
+from transformer.config import ConfigError
+from transformer.device import unavailable
 from transformer.generation.ensemble import load_models
 from transformer.generation.loading import merge_generation, resolve_device
 from transformer.generation.test_time import test_time_overrides
@@ -101,12 +103,14 @@ def translate_file(cfg: Any) -> int:
         LoadError: a missing or foreign checkpoint, a tokenizer that does not match it, ensemble
             members with different vocabularies, a test-time RoPE scaling of a run without RoPE or
             with invalid fields.
-        ConfigError: invalid generation settings.
+        ConfigError: invalid generation settings, or ``device=cuda`` where torch sees no GPU.
         FileNotFoundError: a missing input file.
     """
     if cfg.num_threads > 0:
         torch.set_num_threads(int(cfg.num_threads))
     device = resolve_device(cfg.device)
+    if unavailable(device, "device"):
+        raise ConfigError(unavailable(device, "device"))
     loaded = load_models(cfg.checkpoint, device, src_tokenizer=cfg.src_tokenizer,
                          tgt_tokenizer=cfg.tgt_tokenizer, overrides=test_time_overrides(cfg))
     gen = merge_generation(loaded.cfg.generation, cfg.generation)

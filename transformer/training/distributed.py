@@ -19,7 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from transformer.device import resolve_device
+from transformer.config import ConfigError
+from transformer.device import resolve_device, unavailable
 
 __all__ = ["DistInfo", "broadcast_from_main", "export_submitit_environment", "setup_distributed", "shutdown_distributed"]
 
@@ -71,11 +72,16 @@ def setup_distributed(device_name: str) -> DistInfo:
 
     Returns:
         This process's :class:`DistInfo` (rank 0 of 1 without torchrun).
+
+    Raises:
+        ConfigError: a CUDA device on a machine where torch sees none.
     """
     export_submitit_environment()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     device = resolve_device(device_name)
+    if unavailable(device, "train.device"):
+        raise ConfigError(unavailable(device, "train.device"))
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
