@@ -58,4 +58,3 @@ def unavailable(device: torch.device, field: str) -> str | None:
         return (f"{field}={device.type}: torch sees no CUDA device on this machine (torch.cuda.is_available() is "
                 f"False, torch {torch.__version__}); use {field}=cpu, or {field}=auto to take a GPU when there is one")
     return None
-

@@ -34,6 +34,7 @@ from transformer.generation.search import (
     sample,
     top_k_top_p_filter,
 )
+from transformer.generation.test_time import TEST_TIME_FIELDS, test_time_overrides, test_time_refusal
 from transformer.generation.translate import (
     batches_by_tokens,
     detokenize,
@@ -41,7 +42,6 @@ from transformer.generation.translate import (
     translate_dataset,
     translate_sentences,
 )
-from transformer.generation.test_time import TEST_TIME_FIELDS, test_time_overrides, test_time_refusal
 from transformer.generation.translate_file import LinesFailed, open_input, read_chunks, translate_file
 
 __all__ = [

@@ -40,9 +40,9 @@ from transformer.config import (
 )
 from transformer.data.tokenizer import Tokenizer
 from transformer.device import resolve_device
+from transformer.generation.test_time import test_time_refusal
 from transformer.io import SafetensorsReadError, read_safetensors
 from transformer.models import build_model
-from transformer.generation.test_time import test_time_refusal
 from transformer.plugins import PluginError, import_recorded
 from transformer.run_folder import (
     BEST,
@@ -60,6 +60,7 @@ from transformer.run_folder import (
 __all__ = ["LoadError", "LoadedRun", "Tokenizers", "find_checkpoint", "load_run", "merge_generation", "resolve_device"]
 
 CHECKPOINT_NAMES = (BEST, LAST)  # a run folder is loaded from its best checkpoint, else its last
+
 
 class LoadError(RuntimeError):
     """A run or checkpoint that cannot be loaded (the message says why and what was expected)."""
@@ -276,8 +277,9 @@ def load_run(
         src_tokenizer, tgt_tokenizer: SentencePiece models to use instead of the run folder's
             (one path alone is used for both sides).
         overrides: dotlist overrides of the run's config (e.g. ``["data.root=/data"]``, or a
-            test-time RoPE scaling from :func:`~transformer.generation.test_time.test_time_overrides`); the weights are checked
-            against the run's own model config before they apply.
+            test-time RoPE scaling from
+            :func:`~transformer.generation.test_time.test_time_overrides`); the weights are
+            checked against the run's own model config before they apply.
 
     Returns:
         A :class:`LoadedRun` (unpacks as ``model, tokenizers, cfg``), the model in eval mode.
