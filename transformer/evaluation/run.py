@@ -176,8 +176,8 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
     if cfg.num_threads > 0:
         torch.set_num_threads(int(cfg.num_threads))
     device = resolve_device(cfg.device)
-    if unavailable(device, "device"):
-        raise ConfigError(unavailable(device, "device"))
+    if why := unavailable(device, "device"):
+        raise ConfigError(why)
     test_time = test_time_overrides(cfg)  # e.g. a RoPE scaling the run did not train with
     loaded = load_models(cfg.checkpoint, device, src_tokenizer=cfg.src_tokenizer,
                          tgt_tokenizer=cfg.tgt_tokenizer, overrides=test_time)

@@ -109,10 +109,11 @@ def translate_file(cfg: Any) -> int:
     if cfg.num_threads > 0:
         torch.set_num_threads(int(cfg.num_threads))
     device = resolve_device(cfg.device)
-    if unavailable(device, "device"):
-        raise ConfigError(unavailable(device, "device"))
+    if why := unavailable(device, "device"):
+        raise ConfigError(why)
+    test_time = test_time_overrides(cfg)  # e.g. a RoPE scaling the run did not train with
     loaded = load_models(cfg.checkpoint, device, src_tokenizer=cfg.src_tokenizer,
-                         tgt_tokenizer=cfg.tgt_tokenizer, overrides=test_time_overrides(cfg))
+                         tgt_tokenizer=cfg.tgt_tokenizer, overrides=test_time)
     gen = merge_generation(loaded.cfg.generation, cfg.generation)
     src_tok, tgt_tok = loaded.tokenizers
     with_scores = bool(cfg.scores) or gen.nbest > 1
@@ -158,7 +159,6 @@ def translate_file(cfg: Any) -> int:
     what = f"beam {gen.beam_size}" if gen.strategy == "beam" else gen.strategy
     members = getattr(loaded.model, "checkpoints", None)
     source = f"ensemble of {', '.join(map(str, members))}" if members else loaded.checkpoint
-    test_time = test_time_overrides(cfg)
     at_test = f", at test time {' '.join(test_time)}" if test_time else ""
     print(f"translated {n - failed} of {n} lines in {time.time() - start:.1f}s ({source}, {what}{at_test})",
           file=sys.stderr)

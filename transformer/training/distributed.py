@@ -80,8 +80,8 @@ def setup_distributed(device_name: str) -> DistInfo:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     device = resolve_device(device_name)
-    if unavailable(device, "train.device"):
-        raise ConfigError(unavailable(device, "train.device"))
+    if why := unavailable(device, "train.device"):
+        raise ConfigError(why)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
