@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every result run of the project at once on ONE GPU: the 2017 -> Llama-style ladder (7 steps x 2
-# seeds, configs/experiment/ladder.yaml) and the Wu et al. 2021 Transformer-Tiny recipe
-# (configs/experiment/wu2021_tiny.yaml), one training process per run, all on the same device,
-# then the ladder table (scripts/compare.py). The models are tiny, so a single run leaves a large
+# seeds, configs/experiment/ladder.yaml), the Wu et al. 2021 Transformer-Tiny recipe
+# (configs/experiment/wu2021_tiny.yaml) and, when LENGTH names position switches, the
+# length-generalization study's runs (configs/experiment/length.yaml), one training process per
+# run, all on the same device, then the ladder table (scripts/compare.py). The models are tiny, so a single run leaves a large
 # GPU mostly idle (each step is a few hundred small kernels); 15 concurrent processes fill it.
 # Not yet run on a GPU (scripts/gpu_check.sh runs it after benchmarks/gpu_check.py); smoke-tested on
 # the CPU (tests/benchmarks/test_gpu_check.py):
@@ -10,6 +11,7 @@
 #   bash scripts/results_gpu.sh
 #   OUT=runs/gpu_study TIME_LIMIT=300 bash scripts/results_gpu.sh    # stop politely after 300 s; the same line continues
 #   DEVICE=cpu SEEDS=1 EXTRA="train.max_updates=2 train.valid_bleu=false generation.beam_size=1" bash scripts/results_gpu.sh
+#   STEPS= LENGTH="sinusoidal learned" SEEDS=2 WU_SEEDS=2 DEVICE=auto bash scripts/results_gpu.sh   # only these runs
 #
 # What the runs train is what the experiments pin, unchanged on the GPU: train.precision=fp32 (not
 # bf16, so that GPU runs are comparable with the CPU runs of docs/results/: compare.py refuses a
@@ -20,20 +22,26 @@
 # runs of runs/ladder/.
 #
 # Environment: OUT (default runs/gpu_<date>), DEVICE (default cuda), SEEDS (default "1 2", the
-# study's seeds), STEPS (default: the 7 ladder steps), WU (1: also the Wu et al. run; 0: not),
+# study's seeds), STEPS (default: the 7 ladder steps; empty: no ladder run), LENGTH (position
+# switches of the length study, e.g. "rope alibi sinusoidal learned", each for every seed of SEEDS;
+# default none), WU (1: also the Wu et al. runs; 0: not), WU_SEEDS (default 1: the Wu et al. seeds),
 # EXTRA (Hydra overrides added to every run), PREPROCESS (1: binarize Multi30k first; 0 when EXTRA
 # points the runs at another corpus), TIME_LIMIT (0 = none; else the runs' deadline is the script's
 # start + TIME_LIMIT seconds: each run then gets SIGTERM, saves checkpoint_last and exits 75, and is
 # killed 20 s later if it has not), PYTHON (default python, else python3), TRANSFORMER_DATA_DIR
 # (folder holding multi30k/).
-# Logs: $OUT/logs/*.log; runs: $OUT/ladder/<step>_seed<n>/, $OUT/wu2021_tiny/seed1/.
+# DEVICE=auto records train.device=auto, as the CPU runs did, and still trains on the GPU there.
+# Logs: $OUT/logs/*.log; runs: $OUT/ladder/<step>_seed<n>/, $OUT/length/<position>_seed<n>/,
+# $OUT/wu2021_tiny/seed<n>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_$(date +%Y-%m-%d_%H-%M-%S)}
 DEVICE=${DEVICE:-cuda}
 SEEDS=${SEEDS:-"1 2"}
-STEPS=${STEPS:-"step0_vaswani2017 step1_pre_ln step2_rmsnorm step3_swiglu step4_rope step5_gqa step6_decoder_only"}
+STEPS=${STEPS-"step0_vaswani2017 step1_pre_ln step2_rmsnorm step3_swiglu step4_rope step5_gqa step6_decoder_only"}
+LENGTH=${LENGTH:-}
 WU=${WU:-1}
+WU_SEEDS=${WU_SEEDS:-1}
 EXTRA=${EXTRA:-}
 PREPROCESS=${PREPROCESS:-1}
 TIME_LIMIT=${TIME_LIMIT:-0}
@@ -41,7 +49,7 @@ PYTHON=${PYTHON:-$(command -v python || command -v python3)}
 mkdir -p "$OUT/logs"
 start=$(date +%s)
 deadline=$(( TIME_LIMIT > 0 ? start + TIME_LIMIT : 0 ))
-echo "results_gpu.sh: device $DEVICE, steps: $STEPS; seeds: $SEEDS; Wu run: $WU; out $OUT; time limit ${TIME_LIMIT}s" >&2
+echo "results_gpu.sh: device $DEVICE, steps: ${STEPS:-none}; length study: ${LENGTH:-none}; seeds: $SEEDS; Wu runs: $WU (seeds $WU_SEEDS); out $OUT; time limit ${TIME_LIMIT}s" >&2
 
 # 1. Binarize each corpus once: the concurrent runs below then only map the cached arrays.
 if [ "$PREPROCESS" = 1 ]; then
@@ -79,9 +87,17 @@ for step in $STEPS; do
       experiment=ladder "ladder=$step" "seed=$seed" "hydra.run.dir=$OUT/ladder/${step}_seed$seed"
   done
 done
+for position in $LENGTH; do
+  for seed in $SEEDS; do
+    launch "length ${position} seed $seed" "$OUT/logs/length_${position}_seed$seed.log" \
+      experiment=length ladder=step5_gqa "model/position=$position" "seed=$seed" "hydra.run.dir=$OUT/length/${position}_seed$seed"
+  done
+done
 if [ "$WU" = 1 ]; then
-  launch "wu2021_tiny seed 1" "$OUT/logs/wu2021_tiny_seed1.log" \
-    experiment=wu2021_tiny seed=1 "hydra.run.dir=$OUT/wu2021_tiny/seed1"
+  for seed in $WU_SEEDS; do
+    launch "wu2021_tiny seed $seed" "$OUT/logs/wu2021_tiny_seed$seed.log" \
+      experiment=wu2021_tiny "seed=$seed" "hydra.run.dir=$OUT/wu2021_tiny/seed$seed"
+  done
 fi
 
 failed=0
@@ -109,5 +125,10 @@ if compgen -G "$OUT/ladder/*" > /dev/null; then
     echo "compare.py failed (see $OUT/logs/compare.log; no finished run yet?)" >&2
   fi
 fi
-[ "$WU" = 1 ] && echo "results: $OUT/wu2021_tiny/seed1/results.json" >&2
+if [ "$WU" = 1 ]; then
+  for seed in $WU_SEEDS; do echo "results: $OUT/wu2021_tiny/seed$seed/results.json" >&2; done
+fi
+if [ -n "$LENGTH" ]; then
+  echo "results: $OUT/length/*/results.json (compare with the CPU runs: scripts/compare.py docs/results/length/runs $OUT/length/* ...)" >&2
+fi
 exit $(( failed > 0 ))

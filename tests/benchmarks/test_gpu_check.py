@@ -286,8 +286,8 @@ def _tiny_extra(corpus: Path, updates: int = 2) -> str:
 
 
 def _study_env(corpus: Path, out: Path, **extra: str) -> dict[str, str]:
-    return _env(DEVICE="cpu", SEEDS="1", PREPROCESS="0", EXTRA=_tiny_extra(corpus), OUT=str(out),
-                PYTHON=sys.executable, **extra)
+    return _env(**{"DEVICE": "cpu", "SEEDS": "1", "PREPROCESS": "0", "EXTRA": _tiny_extra(corpus), "OUT": str(out),
+                   "PYTHON": sys.executable, **extra})
 
 
 @pytest.mark.slow
@@ -301,6 +301,22 @@ def test_results_gpu_sh_smoke_on_the_cpu(corpus, tmp_path):
         results = json.loads((out / run / "results.json").read_text())
         assert results["updates"] == 2 and results["precision"] == "fp32", run  # the ladder's pinned precision
     assert (out / "ladder_comparison" / "comparison.md").is_file()
+
+
+@pytest.mark.slow
+def test_results_gpu_sh_runs_named_length_runs_and_wu_seeds_only(corpus, tmp_path):
+    out = tmp_path / "study"
+    proc = subprocess.run(["bash", "scripts/results_gpu.sh"], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=600, env=_study_env(corpus, out, STEPS="", LENGTH="alibi", SEEDS="2", WU="1",
+                                                      WU_SEEDS="2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 runs in" in proc.stderr and "0 failed" in proc.stderr
+    assert not (out / "ladder").exists()  # STEPS empty: no ladder run
+    length = json.loads((out / "length" / "alibi_seed2" / "results.json").read_text())
+    wu = json.loads((out / "wu2021_tiny" / "seed2" / "results.json").read_text())
+    assert length["config"]["seed"] == 2 and wu["config"]["seed"] == 2
+    config = (out / "length" / "alibi_seed2" / "config.yaml").read_text()
+    assert "train_max_target_tokens: 15" in config and "name: alibi" in config  # the length experiment's own run
 
 
 def test_results_gpu_sh_counts_runs_cut_by_the_time_limit(corpus, tmp_path):
