@@ -125,8 +125,12 @@ def git_commit() -> str:
 
 def study_summary(runs_dir: Path, out: Path, device_name: str, note: str) -> dict[str, Any]:
     """Per run folder of a ``results_gpu.sh`` study: updates reached, last tokens/s, validation and
-    test BLEU (``results.json`` when the run finished); written to ``out/study_progress.{json,md}``."""
-    rows = []
+    test BLEU (``results.json`` when the run finished); written to ``out/study_progress.{json,md}``.
+
+    A finished run's device is the one its ``results.json`` records (``cuda:0``, with the GPU's name),
+    so a summary written on another machine names where the runs trained; ``device_name`` (this
+    machine's device) titles the summary only when no finished run records a GPU."""
+    rows, finished = [], []
     for metrics in sorted(runs_dir.glob("**/metrics.jsonl")):
         run = metrics.parent
         recs = []
@@ -139,18 +143,22 @@ def study_summary(runs_dir: Path, out: Path, device_name: str, note: str) -> dic
         valid = [x for x in recs if x.get("split") == "valid"]
         res = run / "results.json"
         done = json.loads(res.read_text()) if res.is_file() else None
+        if done is not None:
+            finished.append(done)
         cfg_file = run / "config.yaml"
         cfg = OmegaConf.load(cfg_file) if cfg_file.is_file() else None
         rows.append({
             "run": str(run.relative_to(runs_dir)), "updates": train[-1]["update"] if train else 0,
             "precision": (done or {}).get("precision") or (cfg.train.precision if cfg is not None else None),
-            "device": cfg.train.device if cfg is not None else None,
+            "device": _run_device(done) or (cfg.train.device if cfg is not None else None),
             "max_updates": cfg.train.max_updates if cfg is not None else None,
             "tokens_per_s": train[-1].get("tokens_per_s") if train else None,
             "last_valid": {k: valid[-1].get(k) for k in ("update", "loss", "bleu")} if valid else None,
             "finished": done is not None, "test_bleu": done.get("bleu") if done else None,
             "wall_time_s": done.get("wall_time_s") if done else None,
         })
+    gpus = sorted({d["hardware"]["gpu"] for d in finished if (d.get("hardware") or {}).get("gpu")})
+    device_name = " + ".join(gpus) or device_name
     res = {"device_name": device_name, "note": note, "runs_dir": str(runs_dir), "runs": rows,
            "date": datetime.date.today().isoformat(), "commit": git_commit()}
     out.mkdir(parents=True, exist_ok=True)
@@ -162,12 +170,20 @@ def study_summary(runs_dir: Path, out: Path, device_name: str, note: str) -> dic
              "finished | test BLEU |", "|---|---|---|---:|---:|---|---|---:|"]
     for x in rows:
         v = x["last_valid"]
-        vs = f"{v['update']}: {v['loss']:.3f} / {v['bleu'] if v['bleu'] is not None else '-'}" if v else ""
+        vs = f"{v['update']}: {v['loss']:.3f} / {_f(v['bleu'], '{:.2f}') or '-'}" if v else ""
         lines.append(f"| {x['run']} | {x['device']} | {x['precision']} | {x['updates']} / {x['max_updates']} | "
                      f"{x['tokens_per_s'] or 0:,.0f} | {vs} | "
-                     f"{'yes' if x['finished'] else 'no'} | {x['test_bleu'] if x['test_bleu'] is not None else ''} |")
+                     f"{'yes' if x['finished'] else 'no'} | {_f(x['test_bleu'], '{:.2f}')} |")
     atomic_write_text(out / "study_progress.md", "\n".join(lines) + "\n")
     return res
+
+
+def _run_device(done: dict[str, Any] | None) -> str | None:
+    """``cuda:0 (NVIDIA H200)`` / ``cpu`` from a finished run's ``results.json``; None when unfinished."""
+    if not done or not done.get("device"):
+        return None
+    gpu = (done.get("hardware") or {}).get("gpu")
+    return f"{done['device']} ({gpu})" if gpu and str(done["device"]).startswith("cuda") else str(done["device"])
 
 
 # ----------------------------------------------------------------------------- markdown

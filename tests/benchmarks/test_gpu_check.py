@@ -232,6 +232,22 @@ def test_study_summary_reads_run_folders(tmp_path):
     assert "NVIDIA H200" in md and "| ladder/step0_vaswani2017_seed1 | cuda | fp32 | 200 / 6000 |" in md
 
 
+def test_study_summary_names_the_device_a_finished_run_records(tmp_path):
+    """Summarised on another machine (a CPU), finished GPU runs still say where they trained."""
+    gc = load_gpu_check()
+    run = tmp_path / "runs" / "length" / "learned_seed2"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"split": "train", "update": 6000, "tokens_per_s": 9.0}) + "\n")
+    (run / "config.yaml").write_text("train:\n  precision: fp32\n  device: auto\n  max_updates: 6000\n")
+    (run / "results.json").write_text(json.dumps({"bleu": 32.8521778950228, "device": "cuda:0", "precision": "fp32",
+                                                  "hardware": {"gpu": "NVIDIA H200"}}))
+    res = gc.study_summary(tmp_path / "runs", tmp_path / "sum", "CPU AMD EPYC", "a note")
+    assert res["device_name"] == "NVIDIA H200" and res["runs"][0]["device"] == "cuda:0 (NVIDIA H200)"
+    md = (tmp_path / "sum" / "study_progress.md").read_text()
+    assert md.startswith("# results_gpu.sh study on NVIDIA H200")
+    assert "| length/learned_seed2 | cuda:0 (NVIDIA H200) | fp32 | 6000 / 6000 |" in md and "| yes | 32.85 |" in md
+
+
 def test_gpu_check_sh_preflight_says_what_is_there(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
