@@ -104,7 +104,7 @@ def test_a_branch_study_on_the_committed_ladder_runs(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "| step5_gqa (baseline) | 2/2 |" in proc.stdout and "| step5_qk_norm | 2/2 |" in proc.stdout
-    assert "Δ prev" not in proc.stdout and "differ" not in proc.stdout
+    assert "Δ prev" not in proc.stdout and "Differs in" not in proc.stdout and "trained differently" not in proc.stdout
     assert "## BLEU by reference length" in proc.stdout
     assert "--length-buckets): 1-10, 11-15, 16-20, 21-30, 31+. Test sentences: `test_2016_flickr`" in proc.stdout
     rows = list(csv.DictReader((out / "length_buckets.csv").open()))

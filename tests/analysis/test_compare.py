@@ -314,6 +314,28 @@ def test_machines_come_from_the_runs_results(tmp_path, corpus):
     assert describe_machine(results).startswith("Example CPU 9000 (1 core, AVX2), torch 2.13.0")
 
 
+def test_speed_and_memory_are_not_averaged_over_different_machines(tmp_path, corpus):
+    """Seeds of one configuration trained on a GPU and on a CPU core: their tokens/s do not average."""
+    refs = _refs(corpus)
+    cpu = {"cpu": "Example CPU 9000", "cpu_count": 1, "cpu_capability": "AVX2", "torch_threads": 1, "torch": "2.13.0"}
+    for name, step, seed, hardware in [("a1", "step0_vaswani2017", 1, cpu), ("a2", "step0_vaswani2017", 2, cpu),
+                                       ("b1", "step1_pre_ln", 1, cpu), ("b2", "step1_pre_ln", 2, {**cpu, "gpu": "H200"})]:
+        run = make_run(tmp_path / "s" / name, corpus, step, seed, refs, bleu=10.0 + seed)
+        results = json.loads((run / "results.json").read_text())
+        results.update(precision="fp32", device="cuda:0" if "gpu" in hardware else "cpu", hardware=hardware)
+        (run / "results.json").write_text(json.dumps(results))
+    comp = compare_sweeps([tmp_path / "s"], n_bootstrap=0)
+    one, two = comp.rows
+    assert (one["machines"], one["train_tokens_per_s"], one["peak_memory_mb"]) == (1, 1500.0, 101.5)
+    assert (two["machines"], two["train_tokens_per_s"], two["peak_memory_mb"]) == (2, None, None)
+    md = write_outputs(comp, tmp_path / "out")["markdown"].read_text()
+    assert "| 1.50K | 102 |" in md and "| mixed | mixed |" in md
+    assert "Train tok/s and Peak MB are shown only for a configuration whose runs trained on one machine" in md
+    runs = {r["run_dir"].rsplit("/", 1)[-1]: r for r in csv.DictReader((tmp_path / "out" / "runs.csv").open())}
+    assert runs["b2"]["train_tokens_per_s"] == "2000.0" and runs["b2"]["machine"].startswith("H200 + Example CPU")
+    assert runs["b1"]["machine"].startswith("Example CPU 9000 (1 core, AVX2)")
+
+
 def test_holm_bonferroni_by_value():
     """Holm 1979 on p = (.01, .04, .03, .005): sorted .005 .01 .03 .04 -> 4x, 3x, 2x, 1x, made monotone."""
     from transformer.analysis.stats import holm_bonferroni

@@ -67,7 +67,7 @@ CSV_COLUMNS = (
     "within_noise", "delta_prev_bleu", "p_value_prev", "p_value_prev_holm", "within_noise_prev",
     "chrf_mean", "chrf_std",
     "chrf_p_value", "params", "active_params", "flops_per_token", "kv_cache_bytes_per_token",
-    "train_tokens_per_s", "peak_memory_mb", "best_valid_mean", "updates_mean", "mixed", "run_dirs",
+    "train_tokens_per_s", "peak_memory_mb", "machines", "best_valid_mean", "updates_mean", "mixed", "run_dirs",
 )
 
 
@@ -122,6 +122,15 @@ def describe_machine(results: dict) -> str:
         where = f"{hw['gpu']} + {where}"
     return (f"{where}, torch {hw.get('torch', '?')} with {hw.get('torch_threads', '?')} thread(s), "
             f"{results.get('precision', '?')} precision, device {results.get('device', '?')}")
+
+
+def one_machine_mean(runs: Sequence[Run], key: str) -> float | None:
+    """The mean of a speed or memory figure of ``results.json`` (``train_tokens_per_s``,
+    ``peak_memory_mb``) over a configuration's runs; None when they trained on different machines
+    (:func:`describe_machine`), where a mean of, say, a GPU's and one CPU core's tokens/s means nothing."""
+    if len({describe_machine(r.results) for r in runs}) > 1:
+        return None
+    return mean([r.results.get(key) for r in runs])
 
 
 def _pick_baseline(configs: list[Configuration], wanted: str | None) -> Configuration:
@@ -280,8 +289,9 @@ def compare_sweeps(
                 "active_params": first_result(c.runs, "active_params") or first_result(c.runs, "params"),
                 "flops_per_token": first_result(c.runs, "flops_per_token"),
                 "kv_cache_bytes_per_token": kv_cache_bytes(c.config),
-                "train_tokens_per_s": mean([r.results.get("train_tokens_per_s") for r in c.runs]),
-                "peak_memory_mb": mean([r.results.get("peak_memory_mb") for r in c.runs]),
+                "train_tokens_per_s": one_machine_mean(c.runs, "train_tokens_per_s"),
+                "peak_memory_mb": one_machine_mean(c.runs, "peak_memory_mb"),
+                "machines": len({describe_machine(r.results) for r in c.runs}),
                 "best_valid_mean": mean([r.results.get("best_valid") for r in c.runs]),
                 "updates_mean": mean([r.results.get("updates") for r in c.runs]),
                 "mixed": _mixed_values(c, mixed_keys),
@@ -292,6 +302,10 @@ def compare_sweeps(
     if len(splits) > 1:
         notes.append(f"configurations were tested on different splits: {', '.join(sorted(map(str, splits)))}")
     machines = sorted({describe_machine(r.results) for c in configs for r in c.runs})
+    if any(row["machines"] > 1 for row in rows):
+        notes.append("Train tok/s and Peak MB are shown only for a configuration whose runs trained on one machine "
+                     "(\"mixed\": its seeds trained on different machines, whose speeds do not average); runs.csv "
+                     "has each run's, with its machine")
     if mixed:
         notes.append("runs trained differently are compared (--allow-mixed): " + "; ".join(m.sentence() for m in mixed))
     length = (None if buckets is None

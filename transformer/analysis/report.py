@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from transformer.analysis.compare import CSV_COLUMNS, Comparison, compare_sweeps
+from transformer.analysis.compare import CSV_COLUMNS, Comparison, compare_sweeps, describe_machine
 from transformer.analysis.length import DEFAULT_BUCKETS, LENGTH_COLUMNS, Bucket, LengthTable
 from transformer.analysis.plots import matplotlib_missing, plot_bleu_bars, plot_bleu_by_length, plot_validation_curves
 from transformer.analysis.runs import Run
@@ -111,14 +111,15 @@ def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
     lines += [_md_row(header), "|" + "|".join(["---"] + ["---:"] * (len(header) - 1 - bool(c.mixed))
                                               + (["---"] if c.mixed else [])) + "|"]
     for r in c.rows:
-        mem = "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
+        mixed_machines = r.get("machines", 1) > 1
+        mem = "mixed" if mixed_machines else "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
         prev_cells = ([_delta(r.get("delta_prev_bleu"), r.get("within_noise_prev")), _p_prev(r)]
                       if c.compare_prev else [])
         lines.append(_md_row([
             f"{r['label']}{' (baseline)' if r['is_baseline'] else ''}", f"{r['n_runs']}/{r['n_runs'] + r['n_missing']}",
             _pm(r["bleu_mean"], r["bleu_std"]), _delta(r["delta_bleu"], r.get("within_noise")), _p(r), *prev_cells,
             _pm(r["chrf_mean"], r["chrf_std"]), _params(r), _si(r["flops_per_token"]),
-            _si(r["kv_cache_bytes_per_token"]), _si(r["train_tokens_per_s"]), mem,
+            _si(r["kv_cache_bytes_per_token"]), "mixed" if mixed_machines else _si(r["train_tokens_per_s"]), mem,
         ] + ([r.get("mixed") or ""] if c.mixed else [])))
     lines += [
         "",
@@ -228,13 +229,16 @@ def write_csv(comparison: Comparison, path: str | Path) -> Path:
     runs_path = path.with_name("runs.csv")
     with runs_path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["configuration", "seed", "status", "bleu", "chrf", "updates", "run_dir", "reason"])
+        w.writerow(["configuration", "seed", "status", "bleu", "chrf", "updates", "run_dir", "reason",
+                    "train_tokens_per_s", "peak_memory_mb", "machine"])
         for c in comparison.configurations:
             for r in c.runs:
-                w.writerow([c.label, r.seed, "ok", r.results["bleu"], r.results.get("chrf"), r.results.get("updates"), r.run_dir, ""])
+                w.writerow([c.label, r.seed, "ok", r.results["bleu"], r.results.get("chrf"), r.results.get("updates"),
+                            r.run_dir, "", r.results.get("train_tokens_per_s"), r.results.get("peak_memory_mb"),
+                            describe_machine(r.results)])
         labels = {id(r): c.label for c in comparison.configurations for r in c.missing}
         for r in comparison.missing:
-            w.writerow([labels.get(id(r), ""), r.seed, "missing", "", "", "", r.run_dir, r.reason])
+            w.writerow([labels.get(id(r), ""), r.seed, "missing", "", "", "", r.run_dir, r.reason, "", "", ""])
     return path
 
 
