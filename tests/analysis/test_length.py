@@ -182,6 +182,28 @@ def test_intervals_resample_the_buckets_sentences_alike_for_every_configuration(
     assert again.length.rows == comp.length.rows  # the seed fixes the resamples
 
 
+def test_the_change_with_length_is_each_buckets_bleu_minus_the_first_and_is_compared_with_the_baselines(sweep):
+    comp = compare_sweeps([sweep], n_bootstrap=0)
+    a, base = _cells(comp, "step1_pre_ln"), _cells(comp, "step0_vaswani2017")
+    for cells in (a, base):
+        assert cells["1-10"]["change_bleu"] is None  # the first bucket is the reference
+        for bucket in ("11-15", "16-20", "21-30", "31+"):
+            assert cells[bucket]["change_bleu"] == pytest.approx(cells[bucket]["bleu_mean"] - cells["1-10"]["bleu_mean"])
+    assert base["31+"]["delta_change_bleu"] is None and a["1-10"]["delta_change_bleu"] is None
+    assert a["11-15"]["delta_change_bleu"] == pytest.approx(a["11-15"]["change_bleu"] - base["11-15"]["change_bleu"])
+    # 31+: both have the same hypotheses there, so step1 "loses more with length" by exactly its lead on 1-10
+    assert a["31+"]["delta_change_bleu"] == pytest.approx(-a["1-10"]["delta_bleu"])
+    with_ci = compare_sweeps([sweep], n_bootstrap=200, bootstrap_seed=7)
+    a, base = _cells(with_ci, "step1_pre_ln"), _cells(with_ci, "step0_vaswani2017")
+    # step1's 1-10 bucket scores 100 in every resample, so its change is its bucket's resampled BLEU minus 100
+    assert (a["11-15"]["change_bleu_ci_low"], a["11-15"]["change_bleu_ci_high"]) == pytest.approx(
+        (a["11-15"]["bleu_ci_low"] - 100.0, a["11-15"]["bleu_ci_high"] - 100.0))
+    # and paired against the baseline's change over the same resamples: on 31+ it mirrors the 1-10 difference
+    assert (a["31+"]["delta_change_bleu_ci_low"], a["31+"]["delta_change_bleu_ci_high"]) == pytest.approx(
+        (-a["1-10"]["delta_bleu_ci_high"], -a["1-10"]["delta_bleu_ci_low"]))
+    assert base["16-20"]["change_bleu_ci_low"] < base["16-20"]["change_bleu"] < base["16-20"]["change_bleu_ci_high"]
+
+
 def test_a_resamples_score_is_sacrebleus_on_the_resampled_sentences(corpus):
     refs = _refs(corpus)
     hyps = _hyps_a(refs, 2)
@@ -248,7 +270,10 @@ def test_outputs_have_the_length_section_csv_and_plot(sweep, tmp_path):
     assert "| Configuration | 1-10 (n=6) | 11-20 (n=9) | 21+ (n=5) |" in md
     assert "| step1_pre_ln | 100.00 [100.00, 100.00] |" in md
     assert md.count("## BLEU by reference length") == 1 and "![bleu_by_length](bleu_by_length.png)" in md
+    assert "BLEU change from the shortest bucket (1-10), how BLEU falls with length [95% interval]:" in md
+    assert "That change against the baseline's (+: loses less with length than the baseline) [paired 95% interval]:" in md
     rows = list(csv.DictReader(paths["length_csv"].open()))
+    assert rows[4]["change_bleu"] != "" and rows[3]["change_bleu"] == "" and rows[1]["delta_change_bleu"] == ""
     assert [(r["label"], r["bucket"], r["n_sentences"]) for r in rows] == [
         ("step0_vaswani2017", "1-10", "6"), ("step0_vaswani2017", "11-20", "9"), ("step0_vaswani2017", "21+", "5"),
         ("step1_pre_ln", "1-10", "6"), ("step1_pre_ln", "11-20", "9"), ("step1_pre_ln", "21+", "5")]

@@ -18,6 +18,14 @@ scores come from sacreBLEU's own sentence statistics, summed as its paired boots
 sacreBLEU's ``estimate_ci``. The intervals measure test-set sampling only, not the seed-to-seed
 noise, and are not adjusted for the number of buckets.
 
+How BLEU falls with length is read from each bucket's change against the first (shortest) bucket,
+``change_bleu`` = BLEU(bucket) - BLEU(first bucket), per configuration: the two buckets hold different
+sentences, resampled independently (a stratified bootstrap), so its interval is that of the
+difference of the two buckets' resampled scores. ``delta_change_bleu`` compares that change with the
+baseline's (a configuration that loses less BLEU with length than the baseline has a positive one),
+paired over the same resamples; it separates how a configuration degrades with length from its
+overall level.
+
 The test sentences are those of the runs' own test split by default, or several test splits pooled
 by concatenating their hypotheses and references (:func:`length_table`, ``splits``).
 """
@@ -45,6 +53,8 @@ LENGTH_COLUMNS = (
     "label", "is_baseline", "bucket", "min_words", "max_words", "n_sentences", "n_runs", "seeds", "test_splits",
     "bleu_mean", "bleu_ci_low", "bleu_ci_high", "bleu_seeds", "delta_bleu", "delta_bleu_ci_low", "delta_bleu_ci_high",
     "chrf_mean", "chrf_ci_low", "chrf_ci_high", "delta_chrf", "delta_chrf_ci_low", "delta_chrf_ci_high", "n_bootstrap",
+    "change_bleu", "change_bleu_ci_low", "change_bleu_ci_high", "delta_change_bleu", "delta_change_bleu_ci_low",
+    "delta_change_bleu_ci_high",
 )
 """The columns of ``length_buckets.csv``, one row per configuration and bucket."""
 
@@ -351,5 +361,28 @@ def _rows(configs: list[Configuration], baseline: Configuration, table: LengthTa
                 row[f"delta_{m}_ci_low"], row[f"delta_{m}_ci_high"] = (
                     _interval(values - base_values) if paired else (None, None))
             row["bleu_seeds"] = " ".join(f"{r.seed}:{s:.2f}" for r, s in zip(runs, scores[c.label]["bleu"][b][0]))
+            row.update(_change(scores[c.label]["bleu"], scores[baseline.label]["bleu"], b, c is baseline))
             rows.append(row)
     return rows
+
+
+def _change(own: list, base: list, b: int, is_baseline: bool) -> dict:
+    """``change_bleu`` (bucket ``b`` against the first bucket) and ``delta_change_bleu`` (against the
+    baseline's change), with their intervals (module docstring); None for the first bucket itself or
+    where a bucket has no score."""
+    out: dict = dict.fromkeys(LENGTH_COLUMNS[-6:])
+    (seeds, values), (first, first_values) = own[b], own[0]
+    if b == 0 or not seeds or not first:
+        return out
+    out["change_bleu"] = mean(seeds) - mean(first)
+    change = None if values is None or first_values is None else values - first_values
+    if change is not None:
+        out["change_bleu_ci_low"], out["change_bleu_ci_high"] = _interval(change)
+    (base_seeds, base_values), (base_first, base_first_values) = base[b], base[0]
+    if is_baseline or not base_seeds or not base_first:
+        return out
+    out["delta_change_bleu"] = out["change_bleu"] - (mean(base_seeds) - mean(base_first))
+    if change is not None and base_values is not None and base_first_values is not None:
+        out["delta_change_bleu_ci_low"], out["delta_change_bleu_ci_high"] = _interval(
+            change - (base_values - base_first_values))
+    return out

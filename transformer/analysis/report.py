@@ -163,7 +163,9 @@ def _score_ci(row: dict, key: str, ci: str, signed: bool = False) -> str:
 
 def length_markdown(table: LengthTable) -> list[str]:
     """The "BLEU by reference length" section of ``comparison.md``: the buckets used, then BLEU,
-    ΔBLEU against the baseline and chrF per configuration and bucket, with their intervals."""
+    ΔBLEU against the baseline and chrF per configuration and bucket, with their intervals, and (with
+    two buckets or more) each bucket's BLEU change from the first bucket and that change against the
+    baseline's."""
     lines = ["## BLEU by reference length", ""]
     splits = ", ".join(f"`{s}`" for s in table.splits) + (" pooled" if len(table.splits) > 1 else "")
     outside = f", {table.n_outside} of them in no bucket" if table.n_outside else ""
@@ -179,13 +181,19 @@ def length_markdown(table: LengthTable) -> list[str]:
     header = ["Configuration"] + [f"{b.label} (n={n})" for b, n in zip(table.buckets, table.n_sentences)]
     rule = "|" + "|".join(["---"] + ["---:"] * len(table.buckets)) + "|"
     interval = " [95% interval]" if table.n_bootstrap else ""
-    for title, key, ci, signed in (("BLEU", "bleu_mean", "bleu", False),
-                                   ("ΔBLEU against the baseline", "delta_bleu", "delta_bleu", True),
-                                   ("chrF", "chrf_mean", "chrf", False)):
-        what = interval.replace("95%", "paired 95%") if signed else interval
+    first = table.buckets[0].label
+    tables = [("BLEU", "bleu_mean", "bleu", False, True), ("ΔBLEU against the baseline", "delta_bleu", "delta_bleu",
+                                                          True, False), ("chrF", "chrf_mean", "chrf", False, True)]
+    if len(table.buckets) > 1:
+        tables += [(f"BLEU change from the shortest bucket ({first}), how BLEU falls with length", "change_bleu",
+                    "change_bleu", True, True),
+                   ("That change against the baseline's (+: loses less with length than the baseline)",
+                    "delta_change_bleu", "delta_change_bleu", True, False)]
+    for title, key, ci, signed, with_baseline in tables:
+        what = interval.replace("95%", "paired 95%") if signed and not with_baseline else interval
         lines += ["", f"{title}{what}:", "", _md_row(header), rule]
         for label, rows in by_label.items():
-            if signed and rows[0]["is_baseline"]:
+            if not with_baseline and rows[0]["is_baseline"]:
                 continue
             name = f"{label}{' (baseline)' if rows[0]['is_baseline'] else ''}"
             lines.append(_md_row([name] + [_score_ci(r, key, ci, signed) for r in rows]))
@@ -197,6 +205,9 @@ def length_markdown(table: LengthTable) -> list[str]:
            "same resamples for every configuration and seed, so the Δ intervals are paired (* the interval excludes "
            "0; not adjusted for the number of buckets). The intervals measure the sampling of test sentences, not "
            "the seed-to-seed noise." if table.n_bootstrap else "; no intervals (--bootstrap 0).")
+        + (f" The change from {first} words is a bucket's BLEU minus the first bucket's, whose sentences are "
+           "resampled independently of it; against the baseline it is paired over the same resamples."
+           if len(table.buckets) > 1 else "")
         + " Per-seed scores in length_buckets.csv.",
     ]
     lines += [f"- {name} signature: `{sig}`" for name, sig in table.signatures.items()]
