@@ -330,7 +330,7 @@ def test_speed_and_memory_are_not_averaged_over_different_machines(tmp_path, cor
     assert (two["machines"], two["train_tokens_per_s"], two["peak_memory_mb"]) == (2, None, None)
     md = write_outputs(comp, tmp_path / "out")["markdown"].read_text()
     assert "| 1.50K | 102 |" in md and "| mixed | mixed |" in md
-    assert "Train tok/s and Peak MB are shown only for a configuration whose runs trained on one machine" in md
+    assert "Train tok/s and Peak MB are shown only for a configuration whose runs trained on one machine and software" in md
     runs = {r["run_dir"].rsplit("/", 1)[-1]: r for r in csv.DictReader((tmp_path / "out" / "runs.csv").open())}
     assert runs["b2"]["train_tokens_per_s"] == "2000.0" and runs["b2"]["machine"].startswith("H200 + Example CPU")
     assert runs["b1"]["machine"].startswith("Example CPU 9000 (1 core, AVX2)")

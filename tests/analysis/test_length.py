@@ -204,6 +204,22 @@ def test_the_change_with_length_is_each_buckets_bleu_minus_the_first_and_is_comp
     assert base["16-20"]["change_bleu_ci_low"] < base["16-20"]["change_bleu"] < base["16-20"]["change_bleu_ci_high"]
 
 
+def test_the_change_with_length_starts_at_the_first_bucket_that_holds_sentences(sweep, tmp_path):
+    comp = compare_sweeps([sweep], n_bootstrap=0, length_buckets="1-10,11-20,21+")
+    assert comp.length.reference == 0
+    empty_first = compare_sweeps([sweep], n_bootstrap=0, length_buckets="0-0,1-10,11-20,21+")
+    assert empty_first.length.n_sentences[0] == 0 and empty_first.length.reference == 1
+    a = _cells(empty_first, "step1_pre_ln")
+    assert a["0"]["change_bleu"] is None and a["1-10"]["change_bleu"] is None
+    assert a["11-20"]["change_bleu"] == pytest.approx(a["11-20"]["bleu_mean"] - a["1-10"]["bleu_mean"])
+    md = write_outputs(empty_first, tmp_path / "out", plots=False)["markdown"].read_text()
+    assert "BLEU change from the shortest bucket with sentences (1-10)" in md
+    assert "| step1_pre_ln |  | reference |" in md and "resampled" not in md.split("Corpus BLEU")[1]  # no bootstrap
+    one = compare_sweeps([sweep], n_bootstrap=0, length_buckets="1-10,50+")  # one bucket with sentences
+    assert one.length.reference is None and all(r["change_bleu"] is None for r in one.length.rows)
+    assert "BLEU change" not in write_outputs(one, tmp_path / "one", plots=False)["markdown"].read_text()
+
+
 def test_a_resamples_score_is_sacrebleus_on_the_resampled_sentences(corpus):
     refs = _refs(corpus)
     hyps = _hyps_a(refs, 2)
@@ -270,7 +286,7 @@ def test_outputs_have_the_length_section_csv_and_plot(sweep, tmp_path):
     assert "| Configuration | 1-10 (n=6) | 11-20 (n=9) | 21+ (n=5) |" in md
     assert "| step1_pre_ln | 100.00 [100.00, 100.00] |" in md
     assert md.count("## BLEU by reference length") == 1 and "![bleu_by_length](bleu_by_length.png)" in md
-    assert "BLEU change from the shortest bucket (1-10), how BLEU falls with length [95% interval]:" in md
+    assert "BLEU change from the shortest bucket with sentences (1-10), how BLEU falls with length [95% interval]:" in md
     assert "That change against the baseline's (+: loses less with length than the baseline) [paired 95% interval]:" in md
     rows = list(csv.DictReader(paths["length_csv"].open()))
     assert rows[4]["change_bleu"] != "" and rows[3]["change_bleu"] == "" and rows[1]["delta_change_bleu"] == ""

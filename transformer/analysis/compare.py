@@ -59,7 +59,7 @@ from transformer.analysis.stats import (
     std,
 )
 
-__all__ = ["CSV_COLUMNS", "Comparison", "MixedRunsError", "compare_sweeps", "describe_machine"]
+__all__ = ["CSV_COLUMNS", "Comparison", "MixedRunsError", "compare_sweeps", "describe_machine", "one_machine_mean"]
 
 CSV_COLUMNS = (
     "label", "is_baseline", "n_runs", "n_missing", "seeds", "test_split",
@@ -126,8 +126,9 @@ def describe_machine(results: dict) -> str:
 
 def one_machine_mean(runs: Sequence[Run], key: str) -> float | None:
     """The mean of a speed or memory figure of ``results.json`` (``train_tokens_per_s``,
-    ``peak_memory_mb``) over a configuration's runs; None when they trained on different machines
-    (:func:`describe_machine`), where a mean of, say, a GPU's and one CPU core's tokens/s means nothing."""
+    ``peak_memory_mb``) over a configuration's runs; None when they trained on different machines or
+    software (:func:`describe_machine`: CPU and its vector extensions, GPU, torch build, threads,
+    precision, device), where a mean of, say, a GPU's and one CPU core's tokens/s means nothing."""
     if len({describe_machine(r.results) for r in runs}) > 1:
         return None
     return mean([r.results.get(key) for r in runs])
@@ -304,8 +305,8 @@ def compare_sweeps(
     machines = sorted({describe_machine(r.results) for c in configs for r in c.runs})
     if any(row["machines"] > 1 for row in rows):
         notes.append("Train tok/s and Peak MB are shown only for a configuration whose runs trained on one machine "
-                     "(\"mixed\": its seeds trained on different machines, whose speeds do not average); runs.csv "
-                     "has each run's, with its machine")
+                     "and software (\"mixed\": its seeds differ in CPU, GPU, torch build, threads or device, whose "
+                     "speeds do not average); runs.csv has each run's, with its machine")
     if mixed:
         notes.append("runs trained differently are compared (--allow-mixed): " + "; ".join(m.sentence() for m in mixed))
     length = (None if buckets is None

@@ -18,13 +18,15 @@ scores come from sacreBLEU's own sentence statistics, summed as its paired boots
 sacreBLEU's ``estimate_ci``. The intervals measure test-set sampling only, not the seed-to-seed
 noise, and are not adjusted for the number of buckets.
 
-How BLEU falls with length is read from each bucket's change against the first (shortest) bucket,
-``change_bleu`` = BLEU(bucket) - BLEU(first bucket), per configuration: the two buckets hold different
-sentences, resampled independently (a stratified bootstrap), so its interval is that of the
-difference of the two buckets' resampled scores. ``delta_change_bleu`` compares that change with the
-baseline's (a configuration that loses less BLEU with length than the baseline has a positive one),
-paired over the same resamples; it separates how a configuration degrades with length from its
-overall level.
+How BLEU falls with length is read from each bucket's change against the shortest bucket that holds
+sentences (the reference bucket, :attr:`LengthTable.reference`), ``change_bleu`` = BLEU(bucket) -
+BLEU(reference bucket), per configuration: the two buckets hold different sentences, resampled
+independently (a stratified bootstrap), so its interval is that of the difference of the two
+buckets' resampled scores. ``delta_change_bleu`` compares that change with the baseline's, paired
+over the same resamples (positive: the configuration loses fewer BLEU points with length than the
+baseline). It equals ΔBLEU(bucket) - ΔBLEU(reference bucket): it takes out the configurations' gap on
+the shortest sentences, in absolute BLEU points, so where a bucket's BLEU is near its floor (a few
+points) it mostly mirrors that gap.
 
 The test sentences are those of the runs' own test split by default, or several test splits pooled
 by concatenating their hypotheses and references (:func:`length_table`, ``splits``).
@@ -43,18 +45,21 @@ from transformer.analysis.runs import Run, natural_key
 from transformer.analysis.stats import mean, references
 from transformer.evaluation.metrics import scorers
 
-__all__ = ["DEFAULT_BUCKETS", "LENGTH_COLUMNS", "Bucket", "LengthTable", "bucket_indices", "length_table",
-           "parse_buckets", "reference_length"]
+__all__ = ["CHANGE_COLUMNS", "DEFAULT_BUCKETS", "LENGTH_COLUMNS", "Bucket", "LengthTable", "bucket_indices",
+           "length_table", "parse_buckets", "reference_length"]
 
 DEFAULT_BUCKETS = "1-10,11-15,16-20,21-30,31+"
 """The default buckets of reference length in words (``--length-buckets``)."""
+
+CHANGE_COLUMNS = ("change_bleu", "change_bleu_ci_low", "change_bleu_ci_high", "delta_change_bleu",
+                  "delta_change_bleu_ci_low", "delta_change_bleu_ci_high")
+"""The change-with-length columns of ``length_buckets.csv`` (module docstring)."""
 
 LENGTH_COLUMNS = (
     "label", "is_baseline", "bucket", "min_words", "max_words", "n_sentences", "n_runs", "seeds", "test_splits",
     "bleu_mean", "bleu_ci_low", "bleu_ci_high", "bleu_seeds", "delta_bleu", "delta_bleu_ci_low", "delta_bleu_ci_high",
     "chrf_mean", "chrf_ci_low", "chrf_ci_high", "delta_chrf", "delta_chrf_ci_low", "delta_chrf_ci_high", "n_bootstrap",
-    "change_bleu", "change_bleu_ci_low", "change_bleu_ci_high", "delta_change_bleu", "delta_change_bleu_ci_low",
-    "delta_change_bleu_ci_high",
+    *CHANGE_COLUMNS,
 )
 """The columns of ``length_buckets.csv``, one row per configuration and bucket."""
 
@@ -157,6 +162,8 @@ class LengthTable:
         n_bootstrap: resamples per bucket (0: no intervals).
         signatures: sacreBLEU signatures of the BLEU and chrF scores.
         notes: sentences about runs left out or splits not pooled.
+        reference: index of the bucket the changes with length are taken from (the first that holds
+            sentences); None when fewer than two buckets hold sentences (no change is computed).
     """
 
     buckets: list[Bucket]
@@ -167,6 +174,7 @@ class LengthTable:
     n_bootstrap: int = 0
     signatures: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    reference: int | None = None
 
 
 def _scored_splits(run: Run) -> set[str]:
@@ -284,6 +292,8 @@ def length_table(
     refs = first[1]
     indices, table.n_outside = bucket_indices(refs, buckets)
     table.n_sentences = [len(i) for i in indices]
+    filled = [b for b, n in enumerate(table.n_sentences) if n]
+    table.reference = filled[0] if len(filled) > 1 else None
     data = first[0].config["data"]
     metrics = scorers(str(data.get("bleu_tokenize", "13a")), bool(data.get("lowercase", False)))
     rng = np.random.default_rng(seed)
@@ -361,24 +371,27 @@ def _rows(configs: list[Configuration], baseline: Configuration, table: LengthTa
                 row[f"delta_{m}_ci_low"], row[f"delta_{m}_ci_high"] = (
                     _interval(values - base_values) if paired else (None, None))
             row["bleu_seeds"] = " ".join(f"{r.seed}:{s:.2f}" for r, s in zip(runs, scores[c.label]["bleu"][b][0]))
-            row.update(_change(scores[c.label]["bleu"], scores[baseline.label]["bleu"], b, c is baseline))
+            row.update(_change(scores[c.label]["bleu"], scores[baseline.label]["bleu"], b, table.reference,
+                               c is baseline))
             rows.append(row)
     return rows
 
 
-def _change(own: list, base: list, b: int, is_baseline: bool) -> dict:
-    """``change_bleu`` (bucket ``b`` against the first bucket) and ``delta_change_bleu`` (against the
-    baseline's change), with their intervals (module docstring); None for the first bucket itself or
-    where a bucket has no score."""
-    out: dict = dict.fromkeys(LENGTH_COLUMNS[-6:])
-    (seeds, values), (first, first_values) = own[b], own[0]
-    if b == 0 or not seeds or not first:
+def _change(own: list, base: list, b: int, ref: int | None, is_baseline: bool) -> dict:
+    """``change_bleu`` (bucket ``b`` against the reference bucket ``ref``) and ``delta_change_bleu``
+    (against the baseline's change), with their intervals (module docstring); None up to the reference
+    bucket itself, without one, or where a bucket has no score."""
+    out: dict = dict.fromkeys(CHANGE_COLUMNS)
+    if ref is None or b <= ref:
+        return out
+    (seeds, values), (first, first_values) = own[b], own[ref]
+    if not seeds or not first:
         return out
     out["change_bleu"] = mean(seeds) - mean(first)
     change = None if values is None or first_values is None else values - first_values
     if change is not None:
         out["change_bleu_ci_low"], out["change_bleu_ci_high"] = _interval(change)
-    (base_seeds, base_values), (base_first, base_first_values) = base[b], base[0]
+    (base_seeds, base_values), (base_first, base_first_values) = base[b], base[ref]
     if is_baseline or not base_seeds or not base_first:
         return out
     out["delta_change_bleu"] = out["change_bleu"] - (mean(base_seeds) - mean(base_first))

@@ -164,8 +164,8 @@ def _score_ci(row: dict, key: str, ci: str, signed: bool = False) -> str:
 def length_markdown(table: LengthTable) -> list[str]:
     """The "BLEU by reference length" section of ``comparison.md``: the buckets used, then BLEU,
     ΔBLEU against the baseline and chrF per configuration and bucket, with their intervals, and (with
-    two buckets or more) each bucket's BLEU change from the first bucket and that change against the
-    baseline's."""
+    two buckets or more that hold sentences) each bucket's BLEU change from the shortest of them and
+    that change against the baseline's."""
     lines = ["## BLEU by reference length", ""]
     splits = ", ".join(f"`{s}`" for s in table.splits) + (" pooled" if len(table.splits) > 1 else "")
     outside = f", {table.n_outside} of them in no bucket" if table.n_outside else ""
@@ -181,11 +181,12 @@ def length_markdown(table: LengthTable) -> list[str]:
     header = ["Configuration"] + [f"{b.label} (n={n})" for b, n in zip(table.buckets, table.n_sentences)]
     rule = "|" + "|".join(["---"] + ["---:"] * len(table.buckets)) + "|"
     interval = " [95% interval]" if table.n_bootstrap else ""
-    first = table.buckets[0].label
+    ref = table.reference
+    first = None if ref is None else table.buckets[ref].label
     tables = [("BLEU", "bleu_mean", "bleu", False, True), ("ΔBLEU against the baseline", "delta_bleu", "delta_bleu",
                                                           True, False), ("chrF", "chrf_mean", "chrf", False, True)]
-    if len(table.buckets) > 1:
-        tables += [(f"BLEU change from the shortest bucket ({first}), how BLEU falls with length", "change_bleu",
+    if ref is not None:
+        tables += [(f"BLEU change from the shortest bucket with sentences ({first}), how BLEU falls with length", "change_bleu",
                     "change_bleu", True, True),
                    ("That change against the baseline's (+: loses less with length than the baseline)",
                     "delta_change_bleu", "delta_change_bleu", True, False)]
@@ -196,18 +197,21 @@ def length_markdown(table: LengthTable) -> list[str]:
             if not with_baseline and rows[0]["is_baseline"]:
                 continue
             name = f"{label}{' (baseline)' if rows[0]['is_baseline'] else ''}"
-            lines.append(_md_row([name] + [_score_ci(r, key, ci, signed) for r in rows]))
+            lines.append(_md_row([name] + ["reference" if key.endswith("change_bleu") and b == ref
+                                           else "" if key.endswith("change_bleu") and b < ref
+                                           else _score_ci(r, key, ci, signed) for b, r in enumerate(rows)]))
     lines += [
         "",
         "Corpus BLEU and chrF (sacreBLEU, the runs' tokenizer and case) of the bucket's sentences, mean over the "
         "configuration's seeds"
         + (f"; [low, high]: 95% bootstrap interval over {table.n_bootstrap} resamples of the bucket's sentences, the "
-           "same resamples for every configuration and seed, so the Δ intervals are paired (* the interval excludes "
-           "0; not adjusted for the number of buckets). The intervals measure the sampling of test sentences, not "
+           "same resamples for every configuration and seed, so the Δ intervals are paired (* a difference's or "
+           "change's interval excludes 0; not adjusted for the number of buckets). The intervals measure the sampling of test sentences, not "
            "the seed-to-seed noise." if table.n_bootstrap else "; no intervals (--bootstrap 0).")
-        + (f" The change from {first} words is a bucket's BLEU minus the first bucket's, whose sentences are "
-           "resampled independently of it; against the baseline it is paired over the same resamples."
-           if len(table.buckets) > 1 else "")
+        + (f" The change from {first} words is a bucket's BLEU minus that bucket's"
+           + (", whose sentences are resampled independently of it" if table.n_bootstrap else "")
+           + f"; the change against the baseline's equals the bucket's ΔBLEU minus the {first} bucket's"
+           + (", paired over the same resamples" if table.n_bootstrap else "") + "." if ref is not None else "")
         + " Per-seed scores in length_buckets.csv.",
     ]
     lines += [f"- {name} signature: `{sig}`" for name, sig in table.signatures.items()]
