@@ -3,10 +3,11 @@
 # seeds, configs/experiment/ladder.yaml), the Wu et al. 2021 Transformer-Tiny recipe
 # (configs/experiment/wu2021_tiny.yaml) and, when LENGTH names position switches, the
 # length-generalization study's runs (configs/experiment/length.yaml), one training process per
-# run, all on the same device, then the ladder table (scripts/compare.py). The models are tiny, so a single run leaves a large
-# GPU mostly idle (each step is a few hundred small kernels); 15 concurrent processes fill it.
-# Not yet run on a GPU (scripts/gpu_check.sh runs it after benchmarks/gpu_check.py); smoke-tested on
-# the CPU (tests/benchmarks/test_gpu_check.py):
+# run, all on the same device, then the ladder table (scripts/compare.py). The models are tiny, so
+# a single run leaves a large GPU mostly idle (each step is a few hundred small kernels); 15
+# concurrent processes fill it. Run on an H200 for three runs at once (2026-12-04: the last line
+# below, 695 s; docs/results/gpu/README.md); scripts/gpu_check.sh runs it after
+# benchmarks/gpu_check.py; smoke-tested on the CPU (tests/benchmarks/test_gpu_check.py):
 #
 #   bash scripts/results_gpu.sh
 #   OUT=runs/gpu_study TIME_LIMIT=300 bash scripts/results_gpu.sh    # stop politely after 300 s; the same line continues

@@ -183,11 +183,13 @@ def length_markdown(table: LengthTable) -> list[str]:
     interval = " [95% interval]" if table.n_bootstrap else ""
     ref = table.reference
     first = None if ref is None else table.buckets[ref].label
-    tables = [("BLEU", "bleu_mean", "bleu", False, True), ("ΔBLEU against the baseline", "delta_bleu", "delta_bleu",
-                                                          True, False), ("chrF", "chrf_mean", "chrf", False, True)]
+    # (title, value key, interval key prefix, signed, the baseline's own row shown)
+    tables = [("BLEU", "bleu_mean", "bleu", False, True),
+              ("ΔBLEU against the baseline", "delta_bleu", "delta_bleu", True, False),
+              ("chrF", "chrf_mean", "chrf", False, True)]
     if ref is not None:
-        tables += [(f"BLEU change from the shortest bucket with sentences ({first}), how BLEU falls with length", "change_bleu",
-                    "change_bleu", True, True),
+        tables += [(f"BLEU change from the shortest bucket with sentences ({first}), how BLEU falls with length",
+                    "change_bleu", "change_bleu", True, True),
                    ("That change against the baseline's (+: loses less with length than the baseline)",
                     "delta_change_bleu", "delta_change_bleu", True, False)]
     for title, key, ci, signed, with_baseline in tables:
@@ -197,9 +199,10 @@ def length_markdown(table: LengthTable) -> list[str]:
             if not with_baseline and rows[0]["is_baseline"]:
                 continue
             name = f"{label}{' (baseline)' if rows[0]['is_baseline'] else ''}"
-            lines.append(_md_row([name] + ["reference" if key.endswith("change_bleu") and b == ref
-                                           else "" if key.endswith("change_bleu") and b < ref
-                                           else _score_ci(r, key, ci, signed) for b, r in enumerate(rows)]))
+            cells = [_score_ci(r, key, ci, signed) for r in rows]
+            if key.endswith("change_bleu"):  # nothing before the reference bucket, which reads "reference"
+                cells = ["" if b < ref else "reference" if b == ref else cell for b, cell in enumerate(cells)]
+            lines.append(_md_row([name] + cells))
     lines += [
         "",
         "Corpus BLEU and chrF (sacreBLEU, the runs' tokenizer and case) of the bucket's sentences, mean over the "
