@@ -59,7 +59,7 @@ from transformer.analysis.stats import (
     std,
 )
 
-__all__ = ["CSV_COLUMNS", "Comparison", "MixedRunsError", "compare_sweeps", "describe_machine", "one_machine_mean"]
+__all__ = ["CSV_COLUMNS", "Comparison", "MixedRunsError", "compare_sweeps", "describe_machine"]
 
 CSV_COLUMNS = (
     "label", "is_baseline", "n_runs", "n_missing", "seeds", "test_split",
@@ -122,16 +122,6 @@ def describe_machine(results: dict) -> str:
         where = f"{hw['gpu']} + {where}"
     return (f"{where}, torch {hw.get('torch', '?')} with {hw.get('torch_threads', '?')} thread(s), "
             f"{results.get('precision', '?')} precision, device {results.get('device', '?')}")
-
-
-def one_machine_mean(runs: Sequence[Run], key: str) -> float | None:
-    """The mean of a speed or memory figure of ``results.json`` (``train_tokens_per_s``,
-    ``peak_memory_mb``) over a configuration's runs; None when they trained on different machines or
-    software (:func:`describe_machine`: CPU and its vector extensions, GPU, torch build, threads,
-    precision, device), where a mean of, say, a GPU's and one CPU core's tokens/s means nothing."""
-    if len({describe_machine(r.results) for r in runs}) > 1:
-        return None
-    return mean([r.results.get(key) for r in runs])
 
 
 def _pick_baseline(configs: list[Configuration], wanted: str | None) -> Configuration:
@@ -262,6 +252,10 @@ def compare_sweeps(
         delta = None if c is base or bleu_mean is None or base_bleu is None else bleu_mean - base_bleu
         prev_is_base = not no_prev and configs[len(rows) - 1] is base
         prev_holm = holm.get(("base", c.label)) if prev_is_base else holm.get(("prev", c.label))
+        # speed and memory average only over one machine and software (describe_machine: CPU and its
+        # vector extensions, GPU, torch build, threads, precision, device): a mean of, say, a GPU's and
+        # one CPU core's tokens/s means nothing
+        n_machines = len({describe_machine(r.results) for r in c.runs})
         rows.append(
             {
                 "label": c.label,
@@ -290,9 +284,10 @@ def compare_sweeps(
                 "active_params": first_result(c.runs, "active_params") or first_result(c.runs, "params"),
                 "flops_per_token": first_result(c.runs, "flops_per_token"),
                 "kv_cache_bytes_per_token": kv_cache_bytes(c.config),
-                "train_tokens_per_s": one_machine_mean(c.runs, "train_tokens_per_s"),
-                "peak_memory_mb": one_machine_mean(c.runs, "peak_memory_mb"),
-                "machines": len({describe_machine(r.results) for r in c.runs}),
+                "train_tokens_per_s": mean([r.results.get("train_tokens_per_s") for r in c.runs])
+                if n_machines == 1 else None,
+                "peak_memory_mb": mean([r.results.get("peak_memory_mb") for r in c.runs]) if n_machines == 1 else None,
+                "machines": n_machines,
                 "best_valid_mean": mean([r.results.get("best_valid") for r in c.runs]),
                 "updates_mean": mean([r.results.get("updates") for r in c.runs]),
                 "mixed": _mixed_values(c, mixed_keys),
