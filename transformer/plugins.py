@@ -14,14 +14,22 @@ name>/<file> -> sha256`` for every ``.py`` and ``configs/**.yaml`` file) and cop
 (:func:`import_recorded`: translate, evaluate, export, a resume) imports the plugin again:
 
 1. from the folder it was trained with (``plugins`` holds its absolute path), when every file
-   there still has its recorded hash;
+   there still has its recorded hash and the folder lies outside the run folder;
 2. else from a folder the user names (``plugins=[...]`` on that command), when its files match;
-3. else, only with ``plugins_trust=true``, from the run folder's copy (checked against the hashes).
+3. else, only with ``plugins_trust=true`` on that command, from the run folder's copy (checked
+   against the hashes).
 
 Otherwise the command stops with one line naming the recorded files and ``plugins_trust=true``
 (:class:`PluginError`): loading a checkpoint never executes code the user did not choose (the reason
 weights are read with safetensors and ``weights_only``; Hugging Face asks for
 ``trust_remote_code=True``).
+
+**Trust is the command's, never the folder's.** ``plugins_trust`` is read from the command line of
+each command only (:func:`set_user_choice`); a run never records it as true (:func:`untrusted`
+clears it before a config is written) and a recorded value is ignored. A run folder received from
+someone else cannot vouch for itself: a recorded path inside the run folder (its own copy, or any
+other folder in it) is never "the folder it was trained with", and a recorded plugin without
+recorded hashes is imported only from a folder the user names.
 """
 
 from __future__ import annotations
@@ -50,12 +58,14 @@ __all__ = [
     "import_plugin",
     "import_plugins",
     "import_recorded",
+    "kept_recorded_paths",
     "loaded_plugins",
     "plugin_files",
     "plugin_of",
     "plugins_named",
     "record_plugins",
     "set_user_choice",
+    "untrusted",
 ]
 
 RUN_SUBDIR = "plugins"
@@ -120,6 +130,31 @@ def set_user_choice(paths: Iterable[str] | None = None, trust: bool = False) -> 
     may be imported. Scripts call it once from their command line."""
     _USER["paths"] = [str(p) for p in (paths or [])]
     _USER["trust"] = bool(trust)
+
+
+def untrusted(config: Any) -> Any:
+    """``config`` (a dict, DictConfig or dataclass-typed config with a ``plugins_trust`` field) with
+    ``plugins_trust`` set to false, in place: what a run writes into its folder and what a command
+    reads from one, so that trust never travels with a run (it is each command's own switch).
+
+    Returns:
+        ``config`` itself.
+    """
+    if isinstance(config, dict):
+        if config.get("plugins_trust"):
+            config["plugins_trust"] = False
+    elif getattr(config, "plugins_trust", False):
+        config.plugins_trust = False
+    return config
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` (resolved) is ``folder`` or lies under it."""
+    try:
+        path.resolve().relative_to(folder.resolve())
+    except ValueError:
+        return False
+    return True
 
 
 def _sha256(path: Path) -> str:
@@ -293,6 +328,15 @@ def record_plugins(plugins: Iterable[Plugin], run_dir: str | Path | None = None)
     return paths, hashes
 
 
+def kept_recorded_paths(plugins: Iterable[Plugin], paths: list[str], recorded: Iterable[str] | None,
+                        run_dir: str | Path) -> list[str]:
+    """``paths`` (:func:`record_plugins`'s) with each plugin imported from inside ``run_dir`` (its
+    trusted copy) recorded by the path the run recorded before: a resume with ``plugins_trust=true``
+    never turns a run's record of where its plugins live into its own copy."""
+    before = {_name_of(str(e)): str(e) for e in recorded or []}
+    return [before.get(p.name, path) if _inside(p.root, Path(run_dir)) else path for p, path in zip(plugins, paths)]
+
+
 def _expected(recorded: dict[str, str], name: str) -> dict[str, str]:
     prefix = name + "/"
     return {k[len(prefix):]: v for k, v in recorded.items() if k.startswith(prefix)}
@@ -350,17 +394,26 @@ def import_recorded(run_dir: str | Path, config: Any) -> list[Plugin]:
         if name in _LOADED and (_LOADED[name].files == expected or not expected):
             imported.append(_LOADED[name])
             continue
-        candidates = [entry] + [p for p in _USER["paths"] if _name_of(p) == name]
-        found = None
-        for candidate in candidates:
+        # the recorded folder counts only outside the run folder and with recorded hashes: a run folder
+        # never vouches for code it carries itself; the folders the user named are the user's choice
+        candidates = [(entry, False)] + [(p, True) for p in _USER["paths"] if _name_of(p) == name]
+        found, own_copy = None, False
+        for candidate, named in candidates:
             try:
-                _, root, _ = _locate(candidate)
+                _, root, on_disk = _locate(candidate)
             except PluginError:
                 continue
-            if not expected or plugin_files(root) == expected:
+            if not named and on_disk and _inside(root, Path(run_dir)):
+                own_copy = True
+                continue
+            if plugin_files(root) == expected or (named and not expected):
                 found = candidate
                 break
         if found is None:
+            if not expected:
+                raise PluginError(f"{run_dir} records the plugin {entry} without the hashes of its files "
+                                  f"(plugin_files): it is imported only from a folder you name, "
+                                  f"plugins=[<folder named {name}>]")
             _refuse_a_renamed_copy(run_dir, name, expected)
             copy = Path(run_dir) / RUN_SUBDIR / name
             if not (copy / "__init__.py").is_file() and (copy / f"{name}.py").is_file():
@@ -370,7 +423,9 @@ def import_recorded(run_dir: str | Path, config: Any) -> list[Plugin]:
                                   f"and the run folder holds no copy ({copy}); pass plugins=[<folder named {name}>] "
                                   "with the plugin's files as they were")
             if not _USER["trust"]:
-                raise PluginError(f"{run_dir} was trained with the plugin {entry}, which {_what_became_of(entry, expected)}; "
+                became = ("lies in the run folder itself (a run folder's own files are never imported on its say)"
+                          if own_copy else _what_became_of(entry, expected))
+                raise PluginError(f"{run_dir} was trained with the plugin {entry}, which {became}; "
                                   f"the run recorded its files in {copy} ({', '.join(sorted(expected)) or 'none'}): "
                                   f"add plugins_trust=true to import that copy, or plugins=[<folder named {name}>] with "
                                   "the original files")

@@ -43,7 +43,7 @@ from transformer.device import resolve_device
 from transformer.generation.test_time import test_time_refusal
 from transformer.io import SafetensorsReadError, read_safetensors
 from transformer.models import build_model
-from transformer.plugins import PluginError, import_recorded
+from transformer.plugins import PluginError, import_recorded, untrusted
 from transformer.run_folder import (
     BEST,
     CONFIG_NAMES,
@@ -155,6 +155,7 @@ def _read_config(run_dir: Path, weights: Path) -> DictConfig:
                 f"no config for {weights}: expected {run_dir / 'config.yaml'} (written by "
                 f"scripts/train.py) or a training state {state_file.name} with a 'config' entry"
             )
+    untrusted(raw)  # a run's recorded plugins_trust is never read: trust is each command's own switch
     try:
         import_recorded(run_dir, raw)  # the run's plugins: from where they were, or a trusted copy, never silently
     except PluginError as e:

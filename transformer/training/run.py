@@ -23,7 +23,8 @@ from transformer.config import Config, ConfigError, budget_sentence, config_dict
 from transformer.data.dataset import load_translation_data
 from transformer.io import FolderLock, atomic_write_text, check_unlocked
 from transformer.models import count_parameters
-from transformer.plugins import Plugin, import_plugins, import_recorded, plugins_named, record_plugins, set_user_choice
+from transformer.plugins import (Plugin, import_plugins, import_recorded, kept_recorded_paths, plugins_named,
+                                 record_plugins, set_user_choice, untrusted)
 from transformer.training.allocator import limit_onednn_cache, tune_cpu_allocator
 from transformer.training.checkpoint import CheckpointError, CheckpointManager, remove_stale_temporaries
 from transformer.training.distributed import setup_distributed, shutdown_distributed
@@ -81,7 +82,7 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
     run_dir = run_dir_for(command_line)
     check_unlocked(run_dir)  # another process writes this folder: stop before reading or writing anything
     command_line = _requeued_job_resumes(command_line, run_dir)
-    _import_plugins(command_line, run_dir)
+    recorded_plugins = _import_plugins(command_line, run_dir)
     try:
         resume = prepare_resume(command_line, run_dir, torch.device("cpu"))  # reads and checks; writes nothing
     except (ConfigError, CheckpointError) as err:
@@ -95,7 +96,7 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
             done["skipped_complete"] = True
             return done
     cfg = to_config(resume.cfg) if resume is not None else to_config(cfg)
-    _record_plugins(cfg, plugins_named(cfg.plugins), resume)
+    _record_plugins(cfg, plugins_named(cfg.plugins), resume, run_dir, recorded_plugins)
     if resume is None:  # nothing to continue here: finished on another machine (train.finished_runs)?
         done = skip_if_finished_elsewhere(cfg, run_dir, has_checkpoint=bool(checkpoint_names(run_dir)))
         if done is not None:
@@ -112,10 +113,14 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
             lock.release()
 
 
-def _import_plugins(command_line: DictConfig, run_dir: Path) -> None:
+def _import_plugins(command_line: DictConfig, run_dir: Path) -> list[str]:
     """Import the command line's ``plugins`` and, for a run folder that recorded some, those
     (:func:`~transformer.plugins.import_recorded`: a resume never imports code the user did not
-    name or trust)."""
+    name or trust; ``plugins_trust`` is the command line's, never the folder's).
+
+    Returns:
+        the ``plugins`` entries the run folder's ``config.yaml`` recorded (empty for a new run).
+    """
     set_user_choice(command_line.get("plugins") or [], bool(command_line.get("plugins_trust", False)))
     import_plugins(command_line.get("plugins") or [])
     saved = run_dir / "config.yaml"
@@ -123,16 +128,24 @@ def _import_plugins(command_line: DictConfig, run_dir: Path) -> None:
         recorded = OmegaConf.load(saved)
         if recorded.get("plugins"):
             import_recorded(run_dir, recorded)
+            return [str(e) for e in recorded.plugins]
+    return []
 
 
-def _record_plugins(cfg: Config, plugins: list[Plugin], resume: ResumePoint | None) -> None:
-    """Set ``cfg.plugins`` (absolute) and ``cfg.plugin_files`` (hashes) from the imported plugins; a
-    resume whose plugin files differ from the ones the run started with is refused.
+def _record_plugins(cfg: Config, plugins: list[Plugin], resume: ResumePoint | None, run_dir: Path,
+                    recorded: list[str]) -> None:
+    """Set ``cfg.plugins`` (absolute) and ``cfg.plugin_files`` (hashes) from the imported plugins, and
+    ``cfg.plugins_trust`` to false (trust is each command's, never recorded:
+    :func:`~transformer.plugins.untrusted`); a resume whose plugin files differ from the ones the run
+    started with is refused. A plugin a resume imported from the run folder's own copy
+    (``plugins_trust=true``) keeps the path the run recorded, not the copy's.
 
     Raises:
         ConfigError: the files changed since the run started (each named).
     """
     paths, files = record_plugins(plugins)
+    if resume is not None:
+        paths = kept_recorded_paths(plugins, paths, recorded, run_dir)
     if resume is not None and cfg.plugin_files and files != dict(cfg.plugin_files):
         changed = sorted(k for k in set(files) | set(cfg.plugin_files) if files.get(k) != cfg.plugin_files.get(k))
         err = ConfigError(f"the plugin files of this run changed since it started ({', '.join(changed[:5])}): a resumed "
@@ -140,6 +153,7 @@ def _record_plugins(cfg: Config, plugins: list[Plugin], resume: ResumePoint | No
         err.run_folder_untouched = True  # type: ignore[attr-defined]
         raise err
     cfg.plugins, cfg.plugin_files = paths, files
+    untrusted(cfg)
 
 
 def _requeued_job_resumes(command_line: DictConfig, run_dir: Path) -> DictConfig:
