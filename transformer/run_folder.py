@@ -10,6 +10,7 @@ A run folder holds::
     spm.model | spm.src.model, spm.tgt.model   the tokenizer(s)
     checkpoint_last.{safetensors,pt,json}      a checkpoint: weights, training state, metadata
     checkpoint_best.*, checkpoint_<update>.*   the same three files each
+    checkpoint_avg.safetensors                 the averaged weights a train.average_last run tested
     metrics.jsonl, results.json, hyps/, train.log, plugins/, .hydra/
     eval/<checkpoint>[+<test-time tag>]/       scripts/evaluate.py's results.json and <split>.txt
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 __all__ = [
+    "AVERAGE",
     "BEST",
     "CONFIG_NAMES",
     "EVAL_DIR",
@@ -49,6 +51,8 @@ FORMAT = "transformer-zoo-checkpoint/1"
 
 LAST = "checkpoint_last"
 BEST = "checkpoint_best"
+AVERAGE = "checkpoint_avg"
+"""The weights a ``train.average_last > 0`` run averaged and tested (weights only: no ``.pt``, no ``.json``)."""
 HYDRA_RECORD = ".hydra"
 """Hydra's record of the run (:mod:`transformer.hydra_record` writes, reads and takes it back)."""
 CONFIG_NAMES = ("config.yaml", HYDRA_RECORD + "/config.yaml")

@@ -254,8 +254,9 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
     return results
 
 
-_SCORES = ("bleu", "chrf", "sacrebleu_signature", "chrf_signature", "test_split", "test", "config")
-"""The keys of a training run's ``results.json`` that an evaluation replaces (its scores, its config)."""
+_SCORES = ("bleu", "chrf", "sacrebleu_signature", "chrf_signature", "test_split", "test", "config", "test_weights")
+"""The keys of a training run's ``results.json`` that an evaluation replaces (its scores, its config,
+the file of its test weights: the evaluation's own is ``checkpoint``)."""
 
 
 def _as_run(run_dir: Path, run_cfg: Any, gen: GenerationConfig) -> dict[str, Any]:

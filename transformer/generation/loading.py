@@ -7,8 +7,12 @@ A run folder written by ``scripts/train.py`` holds::
     checkpoint_best.safetensors       weights (+ checkpoint_best.pt training state with "config")
     checkpoint_last.safetensors, checkpoint_{update}.safetensors, ...
 
-:func:`load_run` accepts the folder (then ``checkpoint_best``, else ``checkpoint_last``) or any
-``.safetensors`` / ``.pt`` file or checkpoint stem inside it, and fails with a sentence that says
+:func:`load_run` accepts the folder or any ``.safetensors`` / ``.pt`` file or checkpoint stem inside
+it. A folder means the weights its ``results.json`` was tested with (``test_weights``:
+``checkpoint_avg.safetensors`` for a ``train.average_last > 0`` run, else
+``checkpoint_best.safetensors``); a folder whose ``results.json`` names none (a run from before the
+record, or one still training) falls back to ``checkpoint_best``, else ``checkpoint_last``. Which
+one, and why, is one line on stderr when the folder has a ``results.json`` (:func:`find_checkpoint`). It fails with a sentence that says
 what is wrong: a missing checkpoint, a file that is not this project's weights, weights that do not
 fit the run's config (names, shapes, or the model config recorded in the weights), weights whose
 ``checkpoint_id`` differs from their ``.json`` metadata (copied over from another save), or a
@@ -20,6 +24,7 @@ tokenizer whose vocabulary does not match the embedding matrices. An averaged fi
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
@@ -101,6 +106,13 @@ class LoadedRun:
 def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
     """Resolve a run folder, checkpoint file or checkpoint stem to ``(run_dir, weights_file)``.
 
+    A run folder resolves to the weights its ``results.json`` names as ``test_weights`` (the file
+    its test scores came from: ``checkpoint_avg.safetensors`` after ``train.average_last > 0``),
+    else to ``checkpoint_best``, else ``checkpoint_last``. When the folder has a ``results.json``,
+    one line on stderr says which file and why (for a fallback: what ``results.json`` says its
+    scores came from instead); a folder without one (a run still training) reports no numbers,
+    and its best or last checkpoint is loaded silently, as the callers name the file they load.
+
     Args:
         path: a run folder, a ``.safetensors`` or ``.pt`` checkpoint file, or a stem such as
             ``runs/x/checkpoint_best``.
@@ -113,8 +125,15 @@ def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
     """
     p = Path(path).expanduser()
     if p.is_dir():
+        tested, why = _tested_weights(p)
+        if tested is not None:
+            print(f"{p}: loading {tested.name}, {why}", file=sys.stderr, flush=True)
+            return p, tested
         for name in CHECKPOINT_NAMES:
             if has_checkpoint(p, name):
+                if why:  # a folder without results.json reports no numbers: nothing to tell apart
+                    print(f"{p}: loading {name}{WEIGHTS_SUFFIX}, the best checkpoint else the last: {why}",
+                          file=sys.stderr, flush=True)
                 return p, weights_path(p / name)
         found = sorted(x.name for x in p.glob(f"*{WEIGHTS_SUFFIX}"))
         hint = f"; it holds {', '.join(found)} (pass one of them)" if found else ""
@@ -130,6 +149,33 @@ def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
             )
         raise LoadError(f"checkpoint not found: {p} (no such file or folder)")
     return w.parent, w
+
+
+def _tested_weights(run_dir: Path) -> tuple[Path | None, str]:
+    """The weights file ``run_dir/results.json`` names as ``test_weights`` when it is there, and a
+    few words on it; else None and why the folder falls back to its best or last checkpoint
+    (``""`` when it has no ``results.json``)."""
+    try:
+        results = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, ""
+    except (OSError, ValueError) as e:
+        return None, f"results.json is unreadable, {' '.join(str(e).split())}"
+    if not isinstance(results, dict):
+        return None, "results.json is not a record of a run"
+    named = results.get("test_weights")
+    tested = results.get("final_model") or "unrecorded weights"
+    if not isinstance(named, str) or not named:
+        if "test_weights" in results:  # written by this version: the tested weights were never saved
+            return None, f"results.json's test scores came from weights never saved as a file, {tested}"
+        return None, (f"results.json, older than its test_weights record, says its test scores came "
+                      f"from {tested}")
+    f = run_dir / named
+    if Path(named).name != named or not named.endswith(WEIGHTS_SUFFIX):
+        return None, f"results.json's test_weights {named!r} is not a weights file name in the run folder"
+    if not f.is_file():
+        return None, f"results.json's test weights {named} are missing, its scores came from {tested}"
+    return f, f"the weights of results.json's test scores ({tested})"
 
 
 def _read_config(run_dir: Path, weights: Path) -> DictConfig:

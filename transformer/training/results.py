@@ -3,6 +3,12 @@
 A run folder (Hydra's output dir, or ``run_dir`` when set) receives ``config.yaml``, the
 SentencePiece model(s), ``metrics.jsonl``, the checkpoints, ``hyps/{split}.txt`` and finally
 ``results.json`` (written atomically by :func:`write_results`), which the comparison tools read.
+
+Every test number is reproducible from the folder: ``results.json``'s ``test_weights`` names the
+weights file the test translated with (``checkpoint_avg.safetensors``, the average of the last
+``train.average_last`` checkpoints, saved by :func:`load_final_weights`; else
+``checkpoint_best.safetensors``), and ``checkpoint=RUN`` loads that file
+(:func:`transformer.generation.find_checkpoint`).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from transformer.config import Config, config_dict
 from transformer.data.dataset import TranslationData
 from transformer.io import atomic_write_text
 from transformer.models import forward_flops
-from transformer.training.checkpoint import average_checkpoints, load_checkpoint
+from transformer.training.checkpoint import load_checkpoint, save_run_average
 from transformer.training.precision import describe_hardware
 
 __all__ = [
@@ -123,6 +129,7 @@ def build_results(
     choices: dict[str, str],
     wall_time_s: float,
     active_params: int | None = None,
+    test_weights: str | None = None,
 ) -> dict[str, Any]:
     """The ``results.json`` record of a finished run.
 
@@ -146,6 +153,9 @@ def build_results(
             save, and this one).
         active_params: the parameters one token uses (``count_parameters(model, active_only=True)``:
             fewer than ``params`` for a mixture of experts); None means ``params``.
+        test_weights: the file in the run folder that holds the tested weights
+            (``checkpoint_avg.safetensors``, ``checkpoint_best.safetensors``), recorded as
+            ``test_weights``; None when they were never saved as such (``final``).
 
     Returns:
         The record (JSON-serialisable).
@@ -159,6 +169,7 @@ def build_results(
         "test_split": test_split,
         "test": scores,
         "final_model": final_model,
+        "test_weights": test_weights,  # the file checkpoint=RUN loads: the weights of these scores
         "ema_decay": cfg.train.ema_decay,
         "params": params,
         "active_params": params if active_params is None else active_params,
@@ -188,10 +199,11 @@ def write_results(run_dir: Path, results: dict[str, Any]) -> Path:
     return atomic_write_text(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
 
 
-def load_final_weights(trainer: Any) -> str:
+def load_final_weights(trainer: Any) -> tuple[str, str | None]:
     """Load into ``trainer.model`` the weights the test uses: the average of the last
-    ``train.average_last`` numbered checkpoints, else ``checkpoint_best``, else keep the weights in
-    memory.
+    ``train.average_last`` numbered checkpoints, first saved as ``checkpoint_avg.safetensors`` in
+    the run folder (:func:`~transformer.training.checkpoint.save_run_average`), else
+    ``checkpoint_best``, else keep the weights in memory.
 
     With ``train.ema_decay > 0`` the checkpoints hold the moving average, and "final" is the
     average in memory.
@@ -200,36 +212,45 @@ def load_final_weights(trainer: Any) -> str:
         trainer: the :class:`~transformer.training.trainer.Trainer` of the run.
 
     Returns:
-        Which weights: ``"average of checkpoint_..., ..."``, ``"checkpoint_best"`` or ``"final"``,
-        followed by `` (EMA weights)`` when the moving average is on.
+        ``(which, file)``: which weights, ``"average of checkpoint_..., ..."``, ``"checkpoint_best"``
+        or ``"final"``, followed by `` (EMA weights)`` when the moving average is on; and the name
+        of the weights file in the run folder that holds exactly them (``results.json``'s
+        ``test_weights``), None for ``"final"``.
+
+    Raises:
+        OSError: the average cannot be written (then nothing is loaded), and the errors of reading
+            the checkpoints (:func:`~transformer.training.checkpoint.load_checkpoint`).
     """
     ema = getattr(trainer, "ema", None)
-    return _load_final_weights(trainer) + (" (EMA weights)" if ema is not None else "")
+    which, weights_file = _load_final_weights(trainer)
+    return which + (" (EMA weights)" if ema is not None else ""), weights_file
 
 
-def _load_final_weights(trainer: Any) -> str:
+def _load_final_weights(trainer: Any) -> tuple[str, str | None]:
     t = trainer.cfg.train
     numbered = trainer.checkpoints.numbered() if trainer.checkpoints is not None else []
     if t.average_last > 0 and numbered:
         chosen = numbered[-t.average_last :]
-        averaged = average_checkpoints([weights_path(p) for p in chosen])
+        model_config = config_dict(trainer.cfg).get("model")
+        averaged, path = save_run_average(trainer.checkpoints.run_dir, chosen, model_config)
         trainer.model.load_state_dict(averaged, strict=True)
-        return f"average of {', '.join(p.name for p in chosen)}"
+        return f"average of {', '.join(p.name for p in chosen)}", path.name
     best = trainer.checkpoints.best() if trainer.checkpoints is not None else None
     if best is not None:
         model_state, _ = load_checkpoint(best.parent, best.name, map_location=trainer.device)
         trainer.model.load_state_dict(model_state, strict=True)
-        return BEST
+        return BEST, weights_path(best).name
     if getattr(trainer, "ema", None) is not None:
         trainer.model.load_state_dict(trainer.ema.state_dict(), strict=True)
-    return "final"
+    return "final", None
 
 
 def final_test(
     trainer: Any, choices: dict[str, str], params: int, start: float, active_params: int | None = None
 ) -> dict[str, Any]:
     """Load the final weights (:func:`load_final_weights`), translate and score the test splits
-    (hypotheses in ``hyps/{split}.txt``), and write ``results.json`` (:func:`build_results`).
+    (hypotheses in ``hyps/{split}.txt``), and write ``results.json`` (:func:`build_results`), whose
+    ``test_weights`` names the file that holds the tested weights.
 
     Args:
         trainer: the :class:`~transformer.training.trainer.Trainer` of the run (rank 0).
@@ -247,11 +268,13 @@ def final_test(
     if memory is not None:
         memory.enter("test")
     try:
-        final_model = load_final_weights(trainer)
+        final_model, test_weights = load_final_weights(trainer)
     except Exception as err:  # the training is done: test what is in memory rather than lose it
-        final_model = "final"
+        final_model, test_weights = "final", None
         log(f"[test] cannot load the weights chosen for the test ({' '.join(str(err).split())}); "
             "testing the final weights instead")
+    if test_weights is not None:
+        log(f"[test] with {test_weights} ({final_model}): what checkpoint={trainer.run_dir} loads")
     test_splits = [s for s in cfg.data.test_splits if s in trainer.data.splits] or [
         s for s in trainer.data.splits if s not in ("train", "valid")
     ][:1]
@@ -271,7 +294,7 @@ def final_test(
         cfg, scores=scores, test_split=primary, final_model=final_model, params=params,
         flops_per_token=flops["per_target_token"], progress=trainer.progress(), device=trainer.device,
         choices=choices, wall_time_s=trainer.wall_time() if hasattr(trainer, "wall_time") else time.time() - start,
-        active_params=active_params,
+        active_params=active_params, test_weights=test_weights,
     )
     write_results(trainer.run_dir, results)
     return results

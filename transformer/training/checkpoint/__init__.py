@@ -27,13 +27,14 @@ parameters in place, so a tied parameter is filled (twice, with equal values) an
 Where things are: :mod:`.format` (the files, the format tag, what the training state may hold),
 :mod:`.files` (save, load, read weights, average), :mod:`.manager` (last / best / numbered
 checkpoints of a run), :mod:`.averaging` (the last N numbered checkpoints into one file, recording
-their run: ``scripts/average_checkpoints.py``), :mod:`.rng` (generator states). Atomic writes and the safetensors reader are
+their run: ``scripts/average_checkpoints.py``; a run's own average, ``checkpoint_avg``, for its final
+test: :func:`save_run_average`), :mod:`.rng` (generator states). Atomic writes and the safetensors reader are
 :mod:`transformer.io`'s.
 """
 
 from transformer.io import atomic_write, weights_for_safetensors
 from transformer.io import write_safetensors as save_weights
-from transformer.training.checkpoint.averaging import write_average
+from transformer.training.checkpoint.averaging import save_run_average, write_average
 from transformer.training.checkpoint.files import average_checkpoints, load_checkpoint, load_weights, save_checkpoint
 from transformer.training.checkpoint.format import CheckpointError
 from transformer.training.checkpoint.manager import CheckpointManager, numbered_checkpoints, remove_stale_temporaries
@@ -50,6 +51,7 @@ __all__ = [
     "numbered_checkpoints",
     "remove_stale_temporaries",
     "save_checkpoint",
+    "save_run_average",
     "save_weights",
     "set_rng_state",
     "weights_for_safetensors",

@@ -5,21 +5,28 @@ safetensors file whose metadata names the run they come from.
 The metadata's ``source_run`` lets ``scripts/translate.py`` and ``scripts/evaluate.py`` find the
 run's config and tokenizer even when the average is written outside the run folder
 (:func:`transformer.generation.load_run`); ``averaged_from`` lists the checkpoints.
+
+:func:`save_run_average` is the training run's own average (``train.average_last > 0``): written
+into the run folder as ``checkpoint_avg.safetensors`` before the final test, so that the weights
+behind ``results.json``'s test scores are on disk and ``checkpoint=RUN`` loads them.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import uuid
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
-from transformer.run_folder import CONFIG_NAMES
+from torch import Tensor
+
+from transformer.run_folder import AVERAGE, CONFIG_NAMES, FORMAT, WEIGHTS_SUFFIX, checkpoint_stem
 from transformer.io import write_safetensors
 from transformer.training.checkpoint.files import average_checkpoints
 from transformer.training.checkpoint.manager import numbered_checkpoints
 
-__all__ = ["resolve_inputs", "source_run", "write_average"]
+__all__ = ["resolve_inputs", "save_run_average", "source_run", "write_average"]
 
 
 def resolve_inputs(inputs: Sequence[Path | str], num_last: int | None, *, warn_prefix: str = "warning: ") -> list[Path]:
@@ -113,3 +120,38 @@ def write_average(inputs: Sequence[Path | str], output: Path | str, num_last: in
     out = write_safetensors(output, averaged, metadata=metadata)
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {out}")
     return out
+
+
+def save_run_average(run_dir: Path | str, checkpoints: Sequence[Path | str],
+                     model_config: dict[str, Any] | None = None) -> tuple[dict[str, Tensor], Path]:
+    """Average a run's checkpoints and write the average atomically into the run folder as
+    ``checkpoint_avg.safetensors`` (:data:`transformer.run_folder.AVERAGE`), the weights its final
+    test then uses.
+
+    The file's metadata holds the format tag, a fresh ``checkpoint_id``, ``averaged_from`` (the
+    checkpoint names, oldest first) and, when given, ``model_config`` (JSON, as a training
+    checkpoint records it), so that loaders check it against the run's config.
+
+    Args:
+        run_dir: the run folder (the file goes there).
+        checkpoints: the checkpoints to average (stems or ``.safetensors`` files), oldest first.
+        model_config: the run's resolved ``model`` config as a plain dict, or None.
+
+    Returns:
+        ``(averaged, path)``: the averaged tensors exactly as written (load them with
+        ``model.load_state_dict(averaged, strict=True)``) and the written file.
+
+    Raises:
+        ValueError, FileNotFoundError, CheckpointError: see :func:`~.files.average_checkpoints`.
+        OSError: the file cannot be written (nothing is left half-written).
+    """
+    averaged = average_checkpoints(checkpoints)
+    metadata = {
+        "format": FORMAT,
+        "checkpoint_id": uuid.uuid4().hex,
+        "averaged_from": json.dumps([checkpoint_stem(p).name for p in checkpoints]),
+    }
+    if model_config is not None:
+        metadata["model_config"] = json.dumps(model_config, sort_keys=True)
+    path = write_safetensors(Path(run_dir) / (AVERAGE + WEIGHTS_SUFFIX), averaged, metadata=metadata)
+    return averaged, path
