@@ -2,8 +2,8 @@
 the last 5 (base) or 20 (big) checkpoints; fairseq ``scripts/average_checkpoints.py``).
 
     python scripts/train.py train.save_every=100 train.keep_last=5 hydra.run.dir=outputs/RUN   # numbered checkpoints
-    python scripts/average_checkpoints.py --inputs outputs/RUN --num-last 5 --output outputs/RUN/checkpoint_avg.safetensors
-    python scripts/translate.py checkpoint=outputs/RUN/checkpoint_avg.safetensors input=test.en
+    python scripts/average_checkpoints.py --inputs outputs/RUN --num-last 5 --output outputs/RUN/checkpoint_avg5.safetensors
+    python scripts/translate.py checkpoint=outputs/RUN/checkpoint_avg5.safetensors input=test.en
     python scripts/average_checkpoints.py --inputs RUN/checkpoint_3000 RUN/checkpoint_4000 --output avg.safetensors
 
 A folder input takes its numbered ``checkpoint_{update}`` files (the newest ``--num-last`` of
