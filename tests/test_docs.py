@@ -158,3 +158,27 @@ def test_the_readme_stays_a_short_map_and_no_table_row_is_a_page():
                  for line in p.read_text(encoding="utf-8").splitlines() if line.startswith("|") and len(line) > 500]
     assert long_rows == [], "table rows over 500 characters (split the row or move the prose below the table):\n" + (
         "\n".join(long_rows))
+
+
+@pytest.mark.parametrize("page", ["studies.md", "index.md"])
+def test_every_experiment_and_every_committed_result_is_named_on_the_page(page):
+    """A new ``configs/experiment/*.yaml`` or ``docs/results/*/`` folder shows on the studies page and
+    the index (as ``experiment=<name>`` and as a link to the folder), so that neither lists only
+    the studies that existed when it was written."""
+    text = (DOCS / page).read_text(encoding="utf-8")
+    links = {t.partition("#")[0] for t in _LINK.findall(text)}
+    experiments = sorted(p.stem for p in (REPO_ROOT / "configs" / "experiment").glob("*.yaml"))
+    results = sorted(p.name for p in (DOCS / "results").iterdir() if p.is_dir())
+    unnamed = [f"experiment={e}" for e in experiments if not re.search(rf"experiment={e}\b", text)]
+    unlinked = [f"docs/results/{r}/" for r in results if not any(t.startswith(f"results/{r}/") for t in links)]
+    assert unnamed == [] and unlinked == [], f"docs/{page} does not name {unnamed + unlinked}"
+
+
+def test_the_studies_page_says_which_studies_have_committed_runs():
+    """Status prose that once went stale ("no results are committed yet" beside six committed runs)."""
+    text = (DOCS / "studies.md").read_text(encoding="utf-8")
+    for study in sorted(p.name for p in (DOCS / "results").iterdir() if (p / "runs").is_dir()):
+        runs = [p for p in (DOCS / "results" / study / "runs").iterdir() if (p / "results.json").is_file()]
+        assert runs, f"docs/results/{study}/runs holds no finished run"
+        assert f"docs/results/{study}/runs" in text, f"docs/studies.md does not say where {study}'s committed runs are"
+    assert "no results are committed" not in " ".join(text.split())
