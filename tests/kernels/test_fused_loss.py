@@ -2,6 +2,8 @@
 ``(1 - eps) * (-log p[y]) + eps * mean_c(-log p[c])`` of ``log p = log_softmax(hidden @ weight.T)``,
 and against logits + :func:`label_smoothed_nll_loss`, values and gradients."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -88,3 +90,49 @@ def test_fused_bf16_autocast_gradients_within_bf16_tolerance_of_fp32():
     torch.testing.assert_close(low_nll, ref_nll, rtol=1e-2, atol=0.0)
     torch.testing.assert_close(h.grad, h_ref.grad, rtol=0.0, atol=2e-2)
     torch.testing.assert_close(w.grad, w_ref.grad, rtol=0.0, atol=2e-2)
+
+
+def _dropped_rows_reference(hidden, weight, target, eps):
+    """The fused loss as it was before issue 44 (the reference of the masked path): the ignored
+    positions dropped with ``nonzero`` (a data-dependent shape), the rest through the kernel."""
+    target = target.reshape(-1)
+    keep = (target != PAD).nonzero().squeeze(1)
+    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, keep)
+    loss, nll = linear_label_smoothed_loss(h.contiguous(), weight, target.index_select(0, keep), eps)
+    return loss, nll, int(keep.numel())
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("chunk", [4, 1000])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_masked_padding_equals_dropped_padding_values_and_gradients(eps, chunk, autocast, monkeypatch):
+    """The accelerator's path (fixed shapes: padding masked, not removed; no host sync) against the
+    rows-dropped computation: the same loss, NLL, token count and gradients (padding rows get 0),
+    with NaN hidden states at padded positions changing nothing."""
+    monkeypatch.setattr(fused_loss, "_chunk_rows", lambda vocab: chunk)
+    torch.manual_seed(4)
+    hidden = torch.randn(3, 9, 16, requires_grad=True)
+    weight = torch.randn(40, 16, requires_grad=True)
+    target = torch.randint(1, 40, (3, 9))
+    target[1, 4:] = PAD
+    target[2, :3] = PAD
+    with torch.no_grad():
+        hidden[target == PAD] = float("nan")  # whatever padding holds, it takes no part
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    with ctx:
+        ref_loss, ref_nll, ref_n = _dropped_rows_reference(hidden, weight, target, eps)
+    ref = torch.autograd.grad(0.5 * ref_loss, (hidden, weight))
+    with ctx:
+        loss, nll, n = linear_label_smoothed_nll_loss(hidden, weight, target, eps, PAD, masked=True)
+    got = torch.autograd.grad(0.5 * loss, (hidden, weight))
+    assert int(n) == ref_n == int((target != PAD).sum())
+    tol = dict(rtol=1e-2, atol=1e-2) if autocast else {}
+    torch.testing.assert_close(loss, ref_loss, **tol)
+    torch.testing.assert_close(nll, ref_nll, **tol)
+    torch.testing.assert_close(got[1], ref[1], **tol)
+    torch.testing.assert_close(got[0][target != PAD], ref[0][target != PAD], **tol)
+    assert got[0][target == PAD].abs().max() == 0
+    # eager CPU drops the rows as before: the same numbers bit for bit
+    dropped = linear_label_smoothed_nll_loss(hidden, weight, target, eps, PAD)
+    if not autocast:
+        assert torch.equal(dropped[0], ref_loss) and dropped[2] == ref_n

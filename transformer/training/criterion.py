@@ -17,6 +17,12 @@ Everything is a **sum** over the non-ignored target positions; normalising (per 
 fairseq does for its reported loss and gradient, or per sentence) is the caller's job: divide by
 ``ntokens`` (summed over gradient-accumulation steps and workers).
 
+No function here reads a device value on the host: on an accelerator (or under ``torch.compile``)
+``ntokens`` stays an int64 scalar tensor on the device and the fused output layer masks the ignored
+positions instead of dropping them (fixed shapes, no ``nonzero``); in eager CPU mode, where reading
+a value costs no synchronisation, ``ntokens`` is a Python int and the fused layer drops the ignored
+rows (less work: a decoder-only model's source positions take no loss).
+
 A model with mixture-of-experts blocks adds its router losses in :func:`model_loss` (training mode
 only), scaled by the batch's target tokens like the summed loss, so that after the division by
 ``ntokens`` they enter the update as ``coef * loss`` per micro-batch (Hugging Face's
@@ -39,6 +45,16 @@ from transformer.models import router_losses
 _MAX_PPL_EXPONENT = 100.0
 
 
+def _on_host(t: Tensor) -> bool:
+    """Whether reading ``t``'s values is free: an eager CPU tensor (no device sync, no graph break)."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def _count(keep: Tensor) -> Tensor | int:
+    """True entries of ``keep``: a Python int on the host (:func:`_on_host`), else a device tensor."""
+    return int(keep.sum()) if _on_host(keep) else keep.sum()
+
+
 def _check_loss_args(target: Tensor, scores: Tensor, name: str, last_dim: str, epsilon: float) -> None:
     """Raise ValueError unless ``target.shape == scores.shape[:-1]`` and ``0 <= epsilon < 1``."""
     if tuple(target.shape) != tuple(scores.shape[:-1]):
@@ -52,7 +68,7 @@ def _check_loss_args(target: Tensor, scores: Tensor, name: str, last_dim: str, e
 
 def label_smoothed_nll_loss(
     logits: Tensor, target: Tensor, epsilon: float, ignore_index: int
-) -> tuple[Tensor, Tensor, int]:
+) -> tuple[Tensor, Tensor, Tensor | int]:
     """Summed label-smoothed and plain negative log-likelihood, computed in fp32.
 
     ``log_softmax`` runs once, in fp32 whatever the dtype of ``logits``; the fp32
@@ -71,7 +87,7 @@ def label_smoothed_nll_loss(
         ``(loss_sum, nll_sum, ntokens)``: the smoothed loss summed over non-ignored positions
         (fp32 scalar tensor, in nats, differentiable), the unsmoothed negative log-likelihood
         summed likewise (fp32 scalar tensor, nats), and the number of non-ignored positions (a
-        Python int; reading it synchronises with the device).
+        Python int for an eager CPU tensor, else an int64 scalar tensor on the device: no host sync).
 
     Raises:
         ValueError: when ``target``'s shape is not ``logits``' without the vocabulary dimension,
@@ -91,19 +107,22 @@ def label_smoothed_nll_loss(
         loss_sum = (1.0 - epsilon) * nll_sum + epsilon * smooth_sum
     else:
         loss_sum = nll_sum
-    return loss_sum, nll_sum, int(keep.sum().item())
+    return loss_sum, nll_sum, _count(keep)
 
 
 def linear_label_smoothed_nll_loss(
-    hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int
-) -> tuple[Tensor, Tensor, int]:
+    hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int, masked: bool | None = None
+) -> tuple[Tensor, Tensor, Tensor | int]:
     """:func:`label_smoothed_nll_loss` of ``logits = hidden @ weight.T``, fused with the output layer.
 
-    Only the non-ignored positions go through the output layer (no logits for padding or, in a
-    decoder-only prefix LM, for the source), and the ``(N, V)`` logits are never stored: see
-    :func:`transformer.kernels.fused_loss.linear_label_smoothed_loss`. The values equal
-    ``label_smoothed_nll_loss(hidden @ weight.T, ...)`` up to float rounding; the gradient reaches ``hidden`` and ``weight`` through
-    the smoothed loss only (the returned NLL is for reporting and is not differentiable).
+    The ``(N, V)`` logits are never stored: see
+    :func:`transformer.kernels.fused_loss.linear_label_smoothed_loss`. In eager CPU mode only the
+    non-ignored positions go through the output layer (no logits for padding or, in a decoder-only
+    prefix LM, for the source: ``nonzero`` then costs nothing); on an accelerator and under
+    ``torch.compile`` every position does, the ignored ones masked (fixed shapes, no host sync; the
+    same sums up to the order of summation, zero gradient at the ignored positions). The values
+    equal ``label_smoothed_nll_loss(hidden @ weight.T, ...)`` up to float rounding; the gradient
+    reaches ``hidden`` and ``weight`` through the smoothed loss only (the returned NLL is for reporting and is not differentiable).
 
     Args:
         hidden: final hidden states ``(batch, seq_len, d_model)`` or ``(N, d_model)``.
@@ -111,6 +130,8 @@ def linear_label_smoothed_nll_loss(
         target: ``(batch, seq_len)`` or ``(N,)`` class indices.
         epsilon: label smoothing in ``[0, 1)``.
         ignore_index: target value of positions to skip.
+        masked: True to mask the ignored positions, False to drop them; None (default): drop them
+            in eager CPU mode only.
 
     Returns:
         ``(loss_sum, nll_sum, ntokens)`` as :func:`label_smoothed_nll_loss`.
@@ -119,11 +140,18 @@ def linear_label_smoothed_nll_loss(
         ValueError: on mismatched shapes or ``epsilon`` outside ``[0, 1)``.
     """
     _check_loss_args(target, hidden, "hidden", "model", epsilon)
-    target = target.reshape(-1)
-    keep = (target != ignore_index).nonzero().squeeze(1)  # (n,)
-    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, keep)  # (n, d)
-    loss, nll = linear_label_smoothed_loss(h.contiguous(), weight, target.index_select(0, keep), epsilon)
-    return loss, nll, int(keep.numel())
+    target = target.reshape(-1)  # (N,)
+    hidden = hidden.reshape(-1, hidden.shape[-1])  # (N, d)
+    if masked is None:
+        masked = not _on_host(hidden)
+    if masked:
+        keep = target != ignore_index  # (N,)
+        loss, nll = linear_label_smoothed_loss(hidden.contiguous(), weight, target, epsilon, keep=keep)
+        return loss, nll, _count(keep)
+    rows = (target != ignore_index).nonzero().squeeze(1)  # (n,)
+    h = hidden.index_select(0, rows)  # (n, d)
+    loss, nll = linear_label_smoothed_loss(h.contiguous(), weight, target.index_select(0, rows), epsilon)
+    return loss, nll, int(rows.numel())
 
 
 class LabelSmoothedCrossEntropy:
@@ -152,7 +180,8 @@ class LabelSmoothedCrossEntropy:
 
         Returns:
             ``{"loss": fp32 scalar sum (backpropagate loss / ntokens for the per-token mean),
-            "nll_loss": fp32 scalar sum without smoothing, "ntokens": int}``.
+            "nll_loss": fp32 scalar sum without smoothing, "ntokens": int, or an int64 scalar tensor
+            off the eager CPU path}``.
 
         Raises:
             ValueError: on mismatched shapes.
@@ -163,8 +192,8 @@ class LabelSmoothedCrossEntropy:
     def from_hidden(self, hidden: Tensor, output_proj: nn.Linear, target: Tensor) -> dict[str, Tensor | int]:
         """The same sums from the final hidden states, fused with the (bias-free) output layer.
 
-        See :func:`linear_label_smoothed_nll_loss`: no logits at ignored positions, no ``(N, V)``
-        tensor in memory; ``nll_loss`` is not differentiable.
+        See :func:`linear_label_smoothed_nll_loss`: no ``(N, V)`` tensor in memory, ignored
+        positions dropped (eager CPU) or masked; ``nll_loss`` is not differentiable.
 
         Args:
             hidden: ``(batch, seq_len, d_model)`` (the model's ``features``).
