@@ -59,8 +59,9 @@ class EncoderDecoderModel(nn.Module):
         """
         b, s = src_tokens.shape
         pad = src_tokens.eq(self.pad_id)
-        # a host sync in eager mode (no mask when nothing is padded); always a mask under torch.compile
-        has_pad = True if torch.compiler.is_compiling() else bool(pad.any())
+        # eager CPU: no mask when nothing is padded (reading the mask is free there); on an accelerator
+        # (a host sync) and under torch.compile (a graph break) always a mask
+        has_pad = bool(pad.any()) if pad.device.type == "cpu" and not torch.compiler.is_compiling() else True
         positions = torch.arange(s, device=src_tokens.device)[None].expand(b, s)
         x = self.src_embed(src_tokens, positions)
         attn = AttentionInputs.prepare(

@@ -98,13 +98,16 @@ def real_token_mask(tokens: Tensor, pad_id: int, stack: TransformerStack) -> Ten
 
     Returns:
         ``(batch, seq_len)`` bool, True at real tokens; None when the stack has no mixture of
-        experts (nothing computed) or, in eager mode, when nothing is padded (a host sync, as for
-        the encoder's attention mask); always a mask under ``torch.compile``.
+        experts (nothing computed) or, in eager CPU mode, when nothing is padded (read on the host,
+        as for the encoder's attention mask); always a mask on an accelerator (no host sync) and
+        under ``torch.compile``.
     """
     if not stack.routes_tokens:
         return None
     real = tokens.ne(pad_id)
-    return real if torch.compiler.is_compiling() or not bool(real.all()) else None
+    if tokens.device.type != "cpu" or torch.compiler.is_compiling():
+        return real
+    return None if bool(real.all()) else real
 
 
 def incremental_step(
