@@ -2,7 +2,9 @@
 checkpoint that is truly finite, and non-finite weights are never saved.
 
 The trainer checks the loss, the gradient norm (a finite loss can come with NaN gradients, e.g.
-``optim.lr=1e6``) and, before every save, the weights themselves.
+``optim.lr=1e6``) and, before every save, the weights themselves. :class:`DivergenceWatch` does the
+first two without a host sync on an accelerator: the first non-finite update is kept on the device
+and read when the trainer logs, validates or saves.
 """
 
 from __future__ import annotations
@@ -12,9 +14,84 @@ from pathlib import Path
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
-__all__ = ["divergence_message", "nonfinite_tensors", "nonfinite_weights"]
+from transformer.training.errors import TrainingError
+
+__all__ = ["DivergenceWatch", "divergence_message", "nonfinite_tensors", "nonfinite_weights"]
+
+
+class DivergenceWatch:
+    """The first update whose loss or gradient norm is not finite.
+
+    On the CPU, where reading a value costs nothing, :meth:`record` checks each update at once and
+    raises there, before its optimizer step. On an accelerator it keeps the first non-finite update
+    on the device (``[update, 1 for the loss / 0 for the gradient norm, the value]``, fp64; update 0:
+    none so far), with no host sync, and :meth:`check` reads it: the trainer calls it every
+    ``train.log_every`` updates, before validating and before saving, so a divergence is found up to
+    ``log_every`` updates late (the optimizer steps in between; non-finite weights are never saved)
+    and the stop message still names the update that diverged.
+
+    Args:
+        device: the training device.
+
+    Attributes:
+        deferred: whether findings wait on the device for :meth:`check` (not on the CPU, unless
+            :attr:`defer_on_cpu`).
+    """
+
+    defer_on_cpu = False
+    """Tests set it to run the accelerator's deferred path on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.deferred = torch.device(device).type != "cpu" or self.defer_on_cpu
+        self.found: Tensor | None = None
+
+    def record(self, update: int, loss: Tensor, grad_norm: Tensor | None,
+               last_saved: tuple[Path, int] | None) -> None:
+        """Check one update's global loss and (unless None: fp16 leaves overflows to the GradScaler) its
+        gradient norm.
+
+        Args:
+            update: the update (1-based).
+            loss: its summed loss over all ranks (a scalar tensor).
+            grad_norm: its total gradient norm (a scalar tensor), or None.
+            last_saved: ``(stem, update)`` of the newest finite checkpoint, for the message.
+
+        Raises:
+            TrainingError: not deferred, when the loss or the gradient norm is not finite.
+        """
+        if not self.deferred:
+            bad_loss = not bool(torch.isfinite(loss))
+            if bad_loss or (grad_norm is not None and not bool(torch.isfinite(grad_norm))):
+                self._raise(update, bad_loss, float(loss) if bad_loss else float(grad_norm), last_saved)
+            return
+        loss = loss.detach().double()
+        bad_loss = ~torch.isfinite(loss)
+        bad, value = bad_loss, loss
+        if grad_norm is not None:
+            norm = grad_norm.detach().double()
+            bad, value = bad_loss | ~torch.isfinite(norm), torch.where(bad_loss, loss, norm)
+        finding = torch.stack([bad.double() * update, bad_loss.double(), value])  # (3,)
+        self.found = finding if self.found is None else torch.where(self.found[0] > 0, self.found, finding)
+
+    def check(self, last_saved: tuple[Path, int] | None) -> None:
+        """Read what :meth:`record` kept (a host sync; nothing when not deferred).
+
+        Raises:
+            TrainingError: when an update recorded so far was not finite (the first one is named).
+        """
+        if self.found is None:
+            return
+        update, is_loss, value = self.found.tolist()
+        if update > 0:
+            self._raise(int(update), bool(is_loss), value, last_saved)
+
+    @staticmethod
+    def _raise(update: int, is_loss: bool, value: float, last_saved: tuple[Path, int] | None) -> None:
+        problem = f"non-finite loss ({value})" if is_loss else f"non-finite gradient norm ({value})"
+        raise TrainingError(divergence_message(problem, update, last_saved))
 
 
 def nonfinite_tensors(named: Iterable[tuple[str, Tensor]]) -> list[str]:

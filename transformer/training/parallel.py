@@ -178,22 +178,29 @@ class DataParallel:
         else:
             yield
 
-    def normalise(self, params: list[Tensor], ntokens: int) -> None:
+    def normalise(self, params: list[Tensor], ntokens: int | Tensor) -> None:
         """Divide the reduced gradients of ``params`` by the global number of target tokens
-        (first undoing FSDP2's division by the world size where the backend averaged)."""
-        if ntokens <= 0:
+        (first undoing FSDP2's division by the world size where the backend averaged). A count on
+        the device is not read (no host sync): with no tokens the gradients are zero and stay so."""
+        if isinstance(ntokens, Tensor):
+            ntokens = ntokens.clamp(min=1).to(torch.float32)
+        elif ntokens <= 0:
             return
         for p in params:
             if self.mean_reduced:
                 p.grad.mul_(self.dist.world_size)
             p.grad.div_(ntokens)
 
-    def global_sums(self, ntokens: int, loss_sum: float) -> tuple[int, float]:
-        """``(ntokens, loss_sum)`` summed over ranks (unchanged with one process)."""
+    def global_sums(self, ntokens: int | Tensor, loss_sum: float | Tensor) -> tuple[int | Tensor, float | Tensor]:
+        """``(ntokens, loss_sum)`` summed over ranks (unchanged with one process). Given a tensor,
+        the sums stay on the device (int64 and fp64 scalars; no host sync), else they are read."""
         if self.mode == "none":
             return ntokens, loss_sum
-        t = torch.tensor([float(ntokens), loss_sum], dtype=torch.float64, device=self.dist.device)
+        device = self.dist.device
+        t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in (ntokens, loss_sum)])
         dist.all_reduce(t)
+        if isinstance(ntokens, Tensor) or isinstance(loss_sum, Tensor):
+            return t[0].round().long(), t[1]
         return int(round(t[0].item())), float(t[1].item())
 
     def any_rank(self, flag: bool) -> bool:

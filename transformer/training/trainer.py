@@ -6,11 +6,14 @@ ranks by DistributedDataParallel or FSDP2 (``train.distributed``, see
 :mod:`transformer.training.parallel`), then divided by the global number of target tokens. A
 2-process run is therefore the same computation as a 1-process run with ``update_freq=2`` (up to
 summation order).
+
+An update reads nothing on the host: its loss sums, token counts, gradient norm and finiteness
+check (:class:`~transformer.training.divergence.DivergenceWatch`) stay on the device until the host
+reads them, every ``train.log_every`` updates, before validating, before saving and at the end.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 import warnings
@@ -29,7 +32,7 @@ from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SEP_ID
 from transformer.models import build_model
 from transformer.training.checkpoint import CheckpointManager
 from transformer.training.criterion import LabelSmoothedCrossEntropy, perplexity
-from transformer.training.divergence import divergence_message, nonfinite_weights
+from transformer.training.divergence import DivergenceWatch, divergence_message, nonfinite_weights
 from transformer.training.distributed import DistInfo, broadcast_from_main
 from transformer.training.errors import TrainingError
 from transformer.training.memory import PhaseMemory
@@ -38,10 +41,11 @@ from transformer.training.optim import build_optimizer
 from transformer.training.parallel import DataParallel, TrainingLoss, checkpoint_layers
 from transformer.training.precision import resolve_precision
 from transformer.training.progress import TrainingBar
-from transformer.training.routing import RoutingMonitor
+from transformer.training.routing import RoutingMonitor, read_routing
 from transformer.training.schedules import build_scheduler
 from transformer.training.stopping import GracefulStop, budget_reached, stop_if_signalled
 from transformer.training.train_state import load_train_state, train_state
+from transformer.training.update_stats import read_stats
 from transformer.training.validation import scorable_pairs, teacher_forced_loss, translate_and_score
 
 __all__ = ["Trainer", "TrainingError"]
@@ -56,6 +60,8 @@ class Trainer:
         dist_info: rank / world size / device.
         run_dir: the run folder (checkpoints, metrics.jsonl, results.json).
     """
+
+    read_stats = staticmethod(read_stats)  # the logged numbers of train_step's device values
 
     def __init__(self, cfg: Config, data: TranslationData, dist_info: DistInfo, run_dir: Path) -> None:
         self.cfg, self.data, self.dist, self.run_dir = cfg, data, dist_info, run_dir
@@ -78,7 +84,7 @@ class Trainer:
         )
         self._replica: nn.Module | None = None  # FSDP: an unsharded copy on rank 0 for evaluation
         self.routing = RoutingMonitor(self.model, self.parallel.mode != "none")  # MoE: router stats, bias update
-        self.last_routing: dict[str, Any] = {}  # MoE: the last update's routing metrics (results.json)
+        self._routing: dict[str, Any] = {}  # MoE: the last update's routing, read (last_routing) or on the device
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device.type)
         self.scheduler = build_scheduler(self.optimizer, cfg.lr_scheduler, cfg.optim.lr, cfg.model.d_model, t.max_updates)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
@@ -92,7 +98,7 @@ class Trainer:
         self.epoch = 1
         self.best_metric: float | None = None
         self.bad_validations = 0
-        self.train_tokens = 0
+        self.train_tokens = 0  # a property: the host count plus the updates' device counts not read yet
         self.train_time = 0.0
         self.wall_time_before = 0.0  # wall seconds of the earlier processes of this run (resumes)
         self.started = time.time()
@@ -104,6 +110,28 @@ class Trainer:
         self.valid_set = scorable_pairs(data.splits["valid"], cfg.model)  # (pairs the model can score, a note to log once)
         self.log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if dist_info.is_main else (lambda msg: None)
         self.stopping: GracefulStop | None = None  # set by training.run: the polite stop on train.stop_signals
+        self.divergence = DivergenceWatch(self.device)  # the first non-finite loss / gradient norm
+
+    @property
+    def train_tokens(self) -> int:
+        """Target tokens trained on so far (all ranks); reading it folds in the device counts (a host sync)."""
+        self._train_tokens, self._new_tokens = self._train_tokens + int(self._new_tokens), 0
+        return self._train_tokens
+
+    @train_tokens.setter
+    def train_tokens(self, value: int) -> None:
+        self._train_tokens, self._new_tokens = int(value), 0
+
+    @property
+    def last_routing(self) -> dict[str, Any]:
+        """A mixture of experts' routing metrics of the last update, read on first access ({}: dense)."""
+        if "moe_counts" in self._routing:
+            self._routing = read_routing(self._routing)
+        return self._routing
+
+    @last_routing.setter
+    def last_routing(self, value: dict[str, Any]) -> None:
+        self._routing = dict(value)
 
     def _build_model(self) -> nn.Module:
         joint = self.data.joint_vocab
@@ -133,8 +161,9 @@ class Trainer:
         safetensors, even under FSDP (where every rank takes part in gathering them).
 
         Raises:
-            TrainingError: when a weight is not finite (nothing is written; every rank raises).
+            TrainingError: a non-finite loss, gradient norm or weight (nothing written; every rank raises).
         """
+        self.divergence.check(self.last_saved)
         bad = nonfinite_weights(self.model, self.ema, self.parallel)
         if bad:
             raise TrainingError(divergence_message(f"non-finite weights ({', '.join(bad[:3])})", self.update, self.last_saved))
@@ -185,51 +214,53 @@ class Trainer:
         finished = self.sampler.epoch == self.epoch and self.sampler.position >= len(self.sampler)
         return self.epoch - 1 + int(finished)
 
-    def train_step(self, batches: list[Batch]) -> dict[str, float]:
-        """One update over ``update_freq`` micro-batches.
+    def train_step(self, batches: list[Batch]) -> dict[str, Any]:
+        """One update over ``update_freq`` micro-batches, reading nothing on the host.
 
         Returns:
-            ``loss`` and ``nll_loss`` per target token (base e, this rank's batches), ``ntokens``
-            (all ranks), ``lr``, ``grad_norm``; a mixture of experts backpropagates ``router_loss``
-            too (:func:`~transformer.training.criterion.model_loss`) and adds the routing metrics of
-            :meth:`RoutingMonitor.finish` (the selection biases then have moved).
+            The update's statistics as they stand on the device, for
+            :func:`~transformer.training.update_stats.read_stats` (a host sync): ``loss_sum`` and
+            ``nll_sum`` (fp64 sums over this rank's batches), ``local_tokens`` (this rank's target tokens), ``ntokens`` (all ranks), ``lr``
+            (a float), ``grad_norm``, and for a mixture of experts, which backpropagates
+            ``router_loss`` too (:func:`~transformer.training.criterion.model_loss`), ``routing``
+            (:meth:`RoutingMonitor.finish`: the selection biases then have moved). Token counts:
+            ints where the loss counts them on the host (eager CPU), else device tensors.
 
         Raises:
-            TrainingError: when the loss or the gradient norm is not finite (names the update and
-                the last finite checkpoint); fp16 leaves overflowing gradients to the GradScaler.
+            TrainingError: on the CPU, when the loss or the gradient norm is not finite (names the
+                update and the last finite checkpoint); on an accelerator that is found later, by
+                :meth:`DivergenceWatch.check`. fp16 leaves overflowing gradients to the GradScaler.
         """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = nll_sum = 0.0
-        ntokens = 0
+        loss_sum = nll_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # fp64, as the floats they replace
+        ntokens: torch.Tensor | int = 0
         for i, batch in enumerate(batches):
             with self.parallel.accumulate(last=i == len(batches) - 1):  # gradients summed over ranks
                 out = self._loss(batch)
                 objective = out["loss"] + out["router_loss"] if "router_loss" in out else out["loss"]
                 self.scaler.scale(objective).backward()
             self.routing.add(out)
-            loss_sum += out["loss"].detach().float().item()
-            nll_sum += out["nll_loss"].detach().float().item()
-            ntokens += int(out["ntokens"])
+            loss_sum = loss_sum + out["loss"].detach().double()
+            nll_sum = nll_sum + out["nll_loss"].detach().double()
+            ntokens = ntokens + out["ntokens"]
         local_tokens = ntokens
         self.scaler.unscale_(self.optimizer)
         ntokens, global_loss = self.parallel.global_sums(ntokens, loss_sum)
         params = [p for p in self.model.parameters() if p.grad is not None]
         self.parallel.normalise(params, ntokens)  # per target token of the whole update
-        if not math.isfinite(global_loss):
-            raise TrainingError(divergence_message(f"non-finite loss ({global_loss})", self.update + 1, self.last_saved))
         clip = self.cfg.train.clip_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
         if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor of partial norms
             grad_norm = grad_norm.full_tensor()
-        if self.precision != "fp16" and not math.isfinite(float(grad_norm)):  # a finite loss, NaN gradients
-            raise TrainingError(divergence_message(f"non-finite gradient norm ({float(grad_norm)})", self.update + 1, self.last_saved))
+        # a finite loss can come with NaN gradients; fp16 leaves overflowing gradients to the GradScaler
+        self.divergence.record(self.update + 1, global_loss, grad_norm if self.precision != "fp16" else None,
+                               self.last_saved)
         lr = self.optimizer.param_groups[0]["lr"]
         self.scaler.step(self.optimizer)
         self.scaler.update()
         routing = self.routing.finish()  # MoE: loads over all ranks, DeepSeek-V3 bias update
-        if routing:
-            self.last_routing = routing
+        self._routing = routing or self._routing
         if self.ema is not None:
             self.ema.update(self.model)
         with warnings.catch_warnings():
@@ -238,15 +269,9 @@ class Trainer:
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
             self.scheduler.step()
         self.update += 1
-        self.train_tokens += ntokens
-        return {
-            "loss": loss_sum / max(local_tokens, 1),
-            "nll_loss": nll_sum / max(local_tokens, 1),
-            "ntokens": ntokens,
-            "lr": lr,
-            "grad_norm": float(grad_norm),
-            **routing,
-        }
+        self._new_tokens = self._new_tokens + ntokens
+        return dict(loss_sum=loss_sum, nll_sum=nll_sum, local_tokens=local_tokens, ntokens=ntokens, lr=lr,
+                    grad_norm=grad_norm, routing=routing)
 
     # ------------------------------------------------------------------ evaluation
 
@@ -323,7 +348,9 @@ class Trainer:
     def fit(self, logger: Any) -> str:
         """Train until a ``train.*`` limit is reached: updates of ``update_freq`` micro-batches,
         training metrics every ``log_every`` updates, validation every ``validate_every`` (and at
-        the end), checkpoints after each validation and every ``save_every`` updates.
+        the end), checkpoints after each validation and every ``save_every`` updates. The host reads
+        the device's losses, counts and finiteness state only at those points; the progress bar
+        shows the last logged update's values.
 
         Args:
             logger: a :class:`~transformer.training.loggers.MetricsLogger` (``log(metrics, step, split)``).
@@ -332,7 +359,9 @@ class Trainer:
             The reason training stopped (see :meth:`stop_reason`).
 
         Raises:
-            TrainingError: on a non-finite loss (the last good checkpoint stays).
+            TrainingError: on a non-finite loss or gradient norm (the last good checkpoint stays; on
+                an accelerator found up to ``log_every`` updates later, see
+                :class:`~transformer.training.divergence.DivergenceWatch`).
         """
         t = self.cfg.train
         progress = TrainingBar(max_updates=t.max_updates, max_time=time_budget(t), update=self.update, train_time=self.train_time,
@@ -340,26 +369,30 @@ class Trainer:
         batches = self._batches()
         self.memory.enter("training")
         stop = self.stop_reason()
-        window_tokens, window_start, shown_rate = 0, time.time(), "-"
+        # target tokens since the last log (a device tensor off the eager CPU path)
+        window_tokens, window_start, shown = 0, time.time(), {"loss": "-", "tok_s": "-"}
         try:
             while stop is None:
                 step_start = time.time()
-                micro = [next(batches) for _ in range(t.update_freq)]
-                stats = self.train_step(micro)
+                stats = self.train_step([next(batches) for _ in range(t.update_freq)])
                 self.train_time += time.time() - step_start
-                window_tokens += stats["ntokens"]
+                window_tokens = window_tokens + stats["ntokens"]
                 stop = self.stop_reason()
                 if self.update % t.log_every == 0 or self.update == 1 or stop is not None:  # and the last update
+                    self.divergence.check(self.last_saved)  # the host reads the device's state here
+                    logged = self.read_stats(stats, window_tokens)
                     elapsed = max(time.time() - window_start, 1e-9)
-                    stats.update(tokens_per_s=window_tokens / elapsed, epoch=self.epoch, ppl=perplexity(stats["nll_loss"]))
-                    logger.log(stats, step=self.update, split="train")
+                    logged.update(tokens_per_s=logged.pop("window_tokens") / elapsed, epoch=self.epoch,
+                                  ppl=perplexity(logged["nll_loss"]))
+                    logger.log(logged, step=self.update, split="train")
                     window_tokens, window_start = 0, time.time()
-                    shown_rate = f"{stats['tokens_per_s']:.0f}"
-                # the current update's values (tokens/s of the last logged window)
-                progress.step(time.time() - step_start, self.update, loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}",
-                              tok_s=shown_rate)
+                    shown = {"loss": f"{logged['loss']:.3f}", "tok_s": f"{logged['tokens_per_s']:.0f}"}
+                # the last logged loss and tokens/s (reading every update's would stall an accelerator)
+                progress.step(time.time() - step_start, self.update, loss=shown["loss"], lr=f"{stats['lr']:.2e}",
+                              tok_s=shown["tok_s"])
                 validate_now = t.validate_every > 0 and self.update % t.validate_every == 0
                 if validate_now or stop is not None:
+                    self.divergence.check(self.last_saved)
                     is_best = self.validate(logger)
                     stop = self.stop_reason()
                     self.save(is_best=is_best, numbered=t.save_every > 0 and self.update % t.save_every == 0)
