@@ -161,10 +161,10 @@ def step_checks(trainer: Trainer, precision: str, updates: int = 1) -> list[str]
 
 
 def host_syncs(fc: FakeCuda) -> dict[str, dict[str, int]]:
-    """phase -> ``"kind at site" -> count`` of the host syncs recorded."""
+    """phase -> ``"kind at site: source line" -> count`` of the host syncs recorded."""
     out: dict[str, dict[str, int]] = {}
     for s in fc.syncs():
-        key = f"{s.kind} at {s.site}"
+        key = f"{s.kind} at {s.site}: {s.text}"
         out.setdefault(s.phase, {})
         out[s.phase][key] = out[s.phase].get(key, 0) + 1
     return out
@@ -321,8 +321,7 @@ def resume_on_gpu(cfg: Any, data: TranslationData, run_dir: Path, result: dict[s
         resumed.train_step([next(resumed._batches()) for _ in range(cfg.train.update_freq)])
         placement(result, trainer_tensors(resumed), fc, "after resuming")
         result["problems"] += [p for p in step_checks(resumed, cfg.train.precision, updates=2)]
-    for phase, syncs in host_syncs(fc).items():
-        result.setdefault("resume_syncs", {})[phase] = syncs
+    result["resume_syncs"] = {"load_state": {}, "train_step after resume": {}, **host_syncs(fc)}  # both ran
 
 
 def _tensors(obj: Any, where: str = "") -> list[tuple[str, Tensor]]:

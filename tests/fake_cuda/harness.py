@@ -57,6 +57,8 @@ aten = torch.ops.aten
 # repeats). Values: a bool/int/float for a scalar read, "all" / "none" / an int for the rows a
 # value-dependent shape keeps. Everything not listed gets DEFAULTS.
 ANSWERS: dict[tuple[str, str], list[Any]] = {
+    # training: no update diverged (DivergenceWatch's one read: update 0 = none)
+    ("check", "update, is_loss, value = self.found.tolist()"): [0.0],
     # decoding: the model's logits are finite; greedy rows finish at the second step, all at once
     ("_greedy_or_sample", "if bool(bad.any()):  # a diverged model: these rows end without a hypothesis"): [False],
     ("_greedy_or_sample", "if bool(done.any()):"): [False, True],
@@ -69,17 +71,20 @@ ANSWERS: dict[tuple[str, str], list[Any]] = {
 }
 DEFAULTS = {torch.bool: True, "int": 0, "float": 1.0, "rows": "all"}
 _PRIM_DEVICE = torch.ops.prim.device.default
+_LIKE = (aten.ones_like.default, aten.zeros_like.default, aten.full_like.default)
 
 
 @dataclass
 class Sync:
     """One host sync: what (``item``, ``to_cpu``, or the value-dependent operator), where (the
-    innermost project line: ``file:line function``), in which phase of the dry run, and the answer."""
+    innermost project line: ``file:line function``), in which phase of the dry run, the answer, and
+    the source text of that line."""
 
     kind: str
     site: str
     phase: str
     answer: Any
+    text: str = ""
 
 
 def project_frame() -> tuple[str, str, str] | None:
@@ -123,12 +128,13 @@ class HostSide(TorchDispatchMode):
             value = answers[min(i, len(answers) - 1)]
         else:
             value = default
-        self.syncs.append(Sync(kind, site, self.phase, value))
+        self.syncs.append(Sync(kind, site, self.phase, value, "" if where is None else where[2]))
         return value
 
     def _record(self, kind: str, answer: Any) -> None:
         where = project_frame()
-        self.syncs.append(Sync(kind, "<torch>" if where is None else f"{where[0]} {where[1]}", self.phase, answer))
+        site, text = ("<torch>", "") if where is None else (f"{where[0]} {where[1]}", where[2])
+        self.syncs.append(Sync(kind, site, self.phase, answer, text))
 
     def _plan(self, t: Tensor) -> Tensor | None:
         entry = self.plans.get(id(t))
@@ -173,7 +179,18 @@ class HostSide(TorchDispatchMode):
 
     def _track(self, func, args, kwargs, out) -> None:
         """Plan ``out`` when every fake input has a plan (host values through host-side ops); an
-        operator that writes unplanned values into a planned tensor drops that plan."""
+        operator that writes unplanned values into a planned tensor drops that plan; ``ones_like``,
+        ``zeros_like`` and ``full_like`` are planned whatever their input. Counts made by
+        ``scatter_add`` of known values at indices the model computed (a mixture of experts' tokens
+        per expert) are invented as even, as :meth:`_value_dependent` answers ``bincount``."""
+        if func in (aten.scatter_add_.default, aten.scatter_add.default) and self._even_counts(args, out):
+            return
+        if func in _LIKE and isinstance(out, FakeTensor):  # the values do not depend on the input's
+            with unset_fake_temporarily():
+                real = func(torch.empty(out.shape, dtype=out.dtype), *self._real(args[1:]),
+                            **{k: self._real(v) for k, v in kwargs.items()})
+            self._set_plan(out, real)
+            return
         if self._all_planned(args, kwargs):
             real = self._run_on_host(func, args, kwargs)
             if real is not None:
@@ -182,6 +199,21 @@ class HostSide(TorchDispatchMode):
         for i, arg in enumerate(func._schema.arguments):
             if arg.alias_info is not None and arg.alias_info.is_write and i < len(args) and isinstance(args[i], FakeTensor):
                 self.plans.pop(id(args[i]), None)
+
+    def _even_counts(self, args: tuple, out: Any) -> bool:
+        """Plan a 1-d ``scatter_add(self, 0, index, src)`` with planned ``self`` and ``src`` and an
+        unplanned ``index``: ``src``'s total spread evenly over the bins (True when planned)."""
+        base, dim, index, src = args[:4]
+        if dim != 0 or base.dim() != 1 or self._plan(index) is not None:
+            return False
+        base_real, src_real = self._plan(base), self._plan(src)
+        if base_real is None or src_real is None or not isinstance(out, FakeTensor):
+            return False
+        with unset_fake_temporarily():
+            n, total = base_real.numel(), int(src_real.sum())
+            real = base_real + torch.tensor([total // n + (i < total % n) for i in range(n)], dtype=base_real.dtype)
+        self._set_plan(out, real)
+        return True
 
     # --------------------------------------------------------------- dispatch
 
