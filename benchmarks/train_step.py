@@ -1,5 +1,5 @@
 """One training step of a model under test, timed: the machinery of ``benchmarks/train_throughput.py``
-that ``gpu_check.py``, ``moe_throughput.py`` and ``profile_step.py`` share.
+that ``gpu_check/``, ``moe_throughput.py`` and ``profile_step.py`` share.
 
 The models' presets and synthetic batches (:func:`preset`, :func:`make_batch`), their training FLOPs
 (:func:`train_flops`), our model with its criterion (:class:`Ours`) and the peers
@@ -121,9 +121,9 @@ def train_flops(cfg: Any, rows: int, src_len: int, tgt_len: int) -> float:
 class Ours(torch.nn.Module):
     """Our model + criterion, the same calls as ``Trainer._loss``/``train_step``."""
 
-    def __init__(self, cfg: Any, compile_model: bool = False, fused_loss: bool = True) -> None:
+    def __init__(self, cfg: Any, compile_model: bool = False, fused_loss: bool = True, vocab: int = VOCAB) -> None:
         super().__init__()
-        self.model = build_model(cfg, VOCAB)
+        self.model = build_model(cfg, vocab)
         self.arch = cfg.arch
         self.criterion = LabelSmoothedCrossEntropy(LABEL_SMOOTHING, ignore_index=0)
         self.unfused = not fused_loss  # False: the trainer's fused path

@@ -5,9 +5,12 @@
 #
 # 1. a preflight (GPU, python, packages, Multi30k) into $OUT/preflight.txt: what is missing is said
 #    there, before anything runs;
-# 2. benchmarks/gpu_check.py --device cuda (training fp32/bf16 x compile off/on against the CPU,
-#    SDPA backends, tokens/s and MFU beside HF, peak memory, decoding parity CPU vs GPU) into
-#    $OUT/gpu_check/, under a hard cap of CHECK_S seconds (its own budget is CHECK_S - 40);
+# 2. python -m benchmarks.gpu_check --device cuda into $OUT/gpu_check/, under a hard cap of CHECK_S
+#    seconds (its own budget is CHECK_S - 40): first the realistic-size table (transformer_2017_base /
+#    big and a ~100M llama_style, bf16, 8k/16k/32k-token Multi30k-like batches, eager / compiled /
+#    CUDA graphs, ours beside HF Marian / HF Llama: tokens/s, MFU, memory; beam-5 and greedy decoding
+#    beside HF generate and CTranslate2; at most 300 s), then training fp32/bf16 x compile off/on
+#    against the CPU, SDPA backends, tokens/s and MFU beside HF at small sizes, decoding parity;
 # 3. with the time left of TOTAL_S (at least 90 s): scripts/results_gpu.sh (the ladder x 2 seeds and
 #    the Wu et al. run, fp32 as the ladder pins, so comparable with the CPU runs) with
 #    TIME_LIMIT = what is left, its run folders in $WORK/study; then the small files of every run
@@ -21,18 +24,18 @@
 # and $OUT/study/ to docs/results/gpu/ to commit them beside the CPU results.
 #
 # Environment: OUT, WORK (checkpoints, caches: default runs/gpu_work, not copied), TOTAL_S (default
-# 560: fits the 600 s a device command may run), CHECK_S (default 420), CHECK (0: skip step 2),
+# 560: fits the 600 s a device command may run), CHECK_S (default 480), CHECK (0: skip step 2),
 # STUDY (0: skip step 3), PYTHON (default python, else python3), TRANSFORMER_DATA_DIR (else
 # shared/data or ../shared/data), WHEELS (a folder of wheels: missing packages are installed from
 # it with pip --no-index, default shared/wheels); for a smoke run on a CPU: DEVICE (default cuda),
-# CHECK_ARGS (more gpu_check.py arguments, e.g. --quick) and results_gpu.sh's own variables (STEPS,
+# CHECK_ARGS (more arguments of the check, e.g. --quick) and results_gpu.sh's own variables (STEPS,
 # SEEDS, WU, PREPROCESS, EXTRA), which it inherits.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_$(date +%Y-%m-%d_%H-%M-%S)}
 WORK=${WORK:-runs/gpu_work}
 TOTAL_S=${TOTAL_S:-560}
-CHECK_S=${CHECK_S:-420}
+CHECK_S=${CHECK_S:-480}
 CHECK=${CHECK:-1}
 STUDY=${STUDY:-1}
 WHEELS=${WHEELS:-shared/wheels}
@@ -90,9 +93,9 @@ fi
 # ---------------------------------------------------------------- 2. the GPU check
 if [ "$CHECK" = 1 ]; then
   # shellcheck disable=SC2086  # CHECK_ARGS is a list of arguments
-  timeout -s TERM -k 20 "$CHECK_S" "$PYTHON" benchmarks/gpu_check.py --device "$DEVICE" --out "$OUT/gpu_check" \
+  timeout -s TERM -k 20 "$CHECK_S" "$PYTHON" -m benchmarks.gpu_check --device "$DEVICE" --out "$OUT/gpu_check" \
     --work "$WORK/gpu_check" --budget-s $(( CHECK_S - 40 )) $CHECK_ARGS
-  echo "gpu_check.py: exit $? after $(elapsed) s (0: every section passed; 1: one failed; 124: cut by CHECK_S)"
+  echo "benchmarks.gpu_check: exit $? after $(elapsed) s (0: every section passed; 1: one failed; 124: cut by CHECK_S)"
 fi
 
 # ---------------------------------------------------------------- 3. the study, with the time left
@@ -104,7 +107,7 @@ if [ "$STUDY" = 1 ] && [ "$left" -ge 90 ]; then
   (cd "$WORK/study" && find . -type f \( -name metrics.jsonl -o -name results.json -o -name config.yaml \
       -o -name train.log -o -name '*.log' -o -path '*/hyps/*' -o -path './ladder_comparison/*' \) -print0 \
     | xargs -0 -r cp --parents -t "$OUT/study")
-  "$PYTHON" benchmarks/gpu_check.py --study-summary "$WORK/study" --out "$OUT/study" \
+  "$PYTHON" -m benchmarks.gpu_check --study-summary "$WORK/study" --out "$OUT/study" \
     --study-note "scripts/results_gpu.sh with TIME_LIMIT=${left}s after the GPU check (one device session)" \
     || echo "study summary failed"
 elif [ "$STUDY" = 1 ]; then

@@ -7,7 +7,7 @@
 # a single run leaves a large GPU mostly idle (each step is a few hundred small kernels); 15
 # concurrent processes fill it. Run on an H200 for three runs at once (2026-12-04: the last line
 # below, 695 s; docs/results/gpu/README.md); scripts/gpu_check.sh runs it after
-# benchmarks/gpu_check.py; smoke-tested on the CPU (tests/benchmarks/test_gpu_check.py):
+# the GPU check (python -m benchmarks.gpu_check); smoke-tested on the CPU (tests/benchmarks/test_gpu_check.py):
 #
 #   bash scripts/results_gpu.sh
 #   OUT=runs/gpu_study TIME_LIMIT=300 bash scripts/results_gpu.sh    # stop politely after 300 s; the same line continues

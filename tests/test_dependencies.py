@@ -71,7 +71,7 @@ def declared() -> tuple[set[str], dict[str, set[str]]]:
 
 
 def _first_party() -> set[str]:
-    names = {"transformer", "tests", "hydra_plugins_local"}
+    names = {"transformer", "tests", "hydra_plugins_local", "benchmarks"}
     for folder in SOURCE_DIRS:
         for path in (REPO_ROOT / folder).rglob("*.py"):
             names.add(path.stem)  # sibling modules of scripts/ and benchmarks/ (e.g. ``peers``)

@@ -1,5 +1,6 @@
-"""The GPU check (issue #21 item 5) on the CPU: ``benchmarks/gpu_check.py --device cpu --quick`` end
-to end, its report's pieces, and the shell scripts around it (``scripts/gpu_check.sh``,
+"""The GPU check (issue #21 item 5) on the CPU: ``python -m benchmarks.gpu_check --device cpu --quick``
+end to end (the ``realistic`` section of issue #44 item 6 included), its report's pieces, and the
+shell scripts around it (``scripts/gpu_check.sh``,
 ``scripts/results_gpu.sh``) on a slice of Multi30k.
 
 No GPU runs here: the CPU smoke mode exercises every section's code (the trainer, the decoder, the
@@ -11,7 +12,6 @@ a GPU machine.
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import math
 import os
@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT, SHARED_DATA
 
-SCRIPT = REPO_ROOT / "benchmarks" / "gpu_check.py"
+COMMAND = [sys.executable, "-m", "benchmarks.gpu_check"]  # run from the repository root
 HAVE_DATA = (SHARED_DATA / "multi30k" / "train.en.gz").is_file()
 needs_data = pytest.mark.skipif(not HAVE_DATA, reason=f"real Multi30k data not found under {SHARED_DATA}")
 
@@ -33,24 +33,25 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def load_gpu_check():
-    """``benchmarks/gpu_check.py`` as a module."""
-    spec = importlib.util.spec_from_file_location("_bench_gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The check's command-line module, which holds the names the tests use."""
+    from benchmarks.gpu_check import cli
+
+    return cli
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    """One CPU smoke run of every section but training_compile (compiling takes minutes on 2 cores)."""
+    """One CPU smoke run of every section but training_compile (compiling takes minutes on 2 cores);
+    the realistic section at tiny sizes with the base and Llama-style models (big is base's code with
+    other sizes), eager and compiled (dynamo with the eager backend; CUDA graphs are left out on a CPU)."""
     if not HAVE_DATA:
         pytest.skip(f"real Multi30k data not found under {SHARED_DATA}")
     tmp = tmp_path_factory.mktemp("gpu_check")
     out = tmp / "out"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out), "--work", str(tmp / "work"),
-         "--skip", "training_compile"],
+        [*COMMAND, "--device", "cpu", "--quick", "--out", str(out), "--work", str(tmp / "work"),
+         "--skip", "training_compile", "--realistic-models", "base", "llama100m",
+         "--realistic-modes", "eager", "compiled", "cudagraphs"],
         capture_output=True, text=True, env=_env(), timeout=900, cwd=REPO_ROOT,
     )
     assert (out / "gpu_check.json").is_file(), proc.stderr[-3000:]
@@ -61,7 +62,7 @@ def test_every_section_is_recorded_with_a_status(quick_run):
     proc, data, md = quick_run
     gc = load_gpu_check()
     sections = data["sections"]
-    assert set(sections) == set(gc.SECTIONS)
+    assert set(sections) == set(gc.SECTIONS) and gc.SECTIONS[:2] == ("environment", "realistic")
     for name, sec in sections.items():
         assert sec["status"] in ("passed", "failed", "skipped"), (name, sec["status"])
         if sec["status"] == "failed":
@@ -107,11 +108,7 @@ def test_a_calls_gpu_annotation_does_not_hide_its_cpu_ops():
     """With CUDA activity each ``sdpa_call#i`` range is in the profile twice: the CPU range holding
     the aten op and a ``gpu_user_annotation`` with no CPU children. Either order names the backend
     (the first H200 run marked every call unidentified when the annotation came second)."""
-    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-    try:
-        from gpu_check_sdpa import attribute_backends
-    finally:
-        sys.path.remove(str(REPO_ROOT / "benchmarks"))
+    from benchmarks.gpu_check.sdpa import attribute_backends
 
     class Event:
         def __init__(self, name, children=(), kernels=()):
@@ -162,6 +159,189 @@ def test_throughput_rows_have_ours_and_the_peers_or_a_reason(quick_run):
             assert 0 < x["mfu_vs_bf16_peak"] and x["step_ms"] > 0
     assert {x["model"] for x in rows} == {"ours", "HF Marian", "HF Llama"}
     assert set(r["peaks_tflops"]) == {"bf16", "fp32"}
+
+
+def test_realistic_section_measures_every_planned_row_and_decodes(quick_run):
+    _, data, md = quick_run
+    sec = data["sections"]["realistic"]
+    r = sec["results"]
+    rows = {(x["model"], x["system"], x["mode"]): x for x in r["rows"]}
+    assert set(rows) == {(m, s, mode) for m, s in (("base", "ours"), ("base", "HF Marian"), ("llama100m", "ours"),
+                                                   ("llama100m", "HF Llama")) for mode in ("eager", "compiled")}
+    assert [x["mode"] for x in r["rows"]][:4] == ["eager"] * 4  # eager first: the priority order
+    for x in r["rows"]:
+        assert "error" not in x and "skipped" not in x, x
+        assert x["tok_s"] == pytest.approx(x["batch"]["target_tokens"] / x["step_s"]) and 0 < x["mfu"]
+        assert x["max_tokens"] == 256 and x["batch"]["rows"] * max(x["batch"]["shape"]["target"][1], 1) > 0
+    assert rows[("base", "ours", "compiled")]["backend"] == "eager" and rows[("base", "ours", "compiled")]["graphs"] >= 1
+    assert "cudagraphs rows not run: CUDA graphs need a CUDA device" in sec["notes"]
+    decoding = {(x["system"], x["strategy"]): x for x in r["decoding"]}
+    assert set(decoding) == {(s, k) for s in ("ours", "HF generate", "CTranslate2") for k in ("greedy", "beam5")}
+    for x in decoding.values():
+        assert x["sentences_per_s"] > 0 and "error" not in x, x
+    assert decoding[("HF generate", "greedy")]["equal_to_ours"] == 1.0  # same weights, fp32, greedy
+    assert r["decoding_setup"]["sentences"] == 48 and r["decoding_setup"]["batch"] == 16
+    assert [t["target"] for t in r["targets"]] == ["base_mfu", "base_vs_marian", "big_mfu", "beam_vs_hf"]
+    assert {t["target"]: t["status"] for t in r["targets"]}["big_mfu"] == "not measured"
+    assert "| base | ours | eager | 256 |" in md and "| HF generate | beam5 |" in md
+
+
+def _realistic_ctx(tmp_path):
+    """A context for ``section_realistic`` (its data, peak and decoding are replaced in the tests)."""
+    import argparse
+
+    import torch
+
+    from benchmarks.gpu_check.context import Context
+    from benchmarks.gpu_check.report import Budget
+
+    a = argparse.Namespace(quick=True, realistic_models=["base", "llama100m"], realistic_tokens=[64, 128],
+                           realistic_modes=["eager", "compiled"], realistic_vocab=50, realistic_warmup=1,
+                           realistic_steps=1, realistic_budget_s=0.0, encdec_peers=["HF Marian"],
+                           decoder_peers=["HF Llama"])
+    return Context(args=a, device=torch.device("cpu"), budget=Budget(0), data_dir=None, work=tmp_path)
+
+
+def test_a_failing_or_oom_row_is_recorded_and_the_next_rows_run(tmp_path, monkeypatch):
+    from benchmarks.gpu_check import realistic
+
+    gc = load_gpu_check()
+    report = gc.Report(tmp_path, {"device": "cpu", "device_name": "test CPU", "command": "x", "date": "d",
+                                  "commit": "c", "torch": "t", "quick": True, "budget_s": 0})
+    ran = []
+
+    def fake_measure(name, system, mode, tokens, ctx, lengths):
+        ran.append((name, system, mode, tokens))
+        if (name, system, mode) == ("base", "ours", "compiled"):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return {"step_s": 0.5, "train_flops": 1e12, "tok_s": 100.0, "first_step_s": 1.0, "params": 10,
+                "batch": {"rows": 2, "shape": {"src": [2, 8], "prev": [2, 8], "target": [2, 8]}, "target_tokens": 10,
+                          "padding": 0.375}}
+
+    monkeypatch.setattr(realistic, "measure", fake_measure)
+    monkeypatch.setattr(realistic, "bf16_peak", lambda ctx: (4e12, "test"))
+    monkeypatch.setattr(realistic, "decode_jobs", lambda sec, ctx, report, data, budget: ran.append("decode"))
+    monkeypatch.setattr(realistic, "load_data", lambda ctx: _fake_data())
+    ctx = _realistic_ctx(tmp_path)
+    sec = report.start("realistic")
+    realistic.section_realistic(sec, ctx, report)
+    rows = sec["results"]["rows"]
+    assert len(rows) == len(ran) - 1 == 2 * 2 * 2 * 2  # models x systems x modes x batch sizes, all tried
+    failed = [x for x in rows if "error" in x]
+    assert [(x["model"], x["system"], x["mode"]) for x in failed] == [("base", "ours", "compiled")] * 2
+    assert "RuntimeError: CUDA out of memory" in failed[0]["error"]
+    assert all(x["mfu"] == 0.5 for x in rows if "error" not in x)  # 1e12 FLOP / 0.5 s / 4e12 FLOP/s
+    assert ran.index("decode") == 4  # after the eager rows at the first batch size
+    assert "rows that failed" in sec["notes"][-1]
+
+
+def _fake_data():
+    import types
+
+    import numpy as np
+
+    class Split:
+        src_lengths = np.array([5, 6, 7, 8] * 10)
+        tgt_lengths = np.array([6, 6, 9, 7] * 10)
+
+        def __len__(self):
+            return 40
+
+    return types.SimpleNamespace(splits={"train": Split()}, src_tokenizer=[0] * 50)
+
+
+def test_rows_past_the_sections_budget_are_recorded_as_skipped(tmp_path, monkeypatch):
+    from benchmarks.gpu_check import realistic
+
+    gc = load_gpu_check()
+    report = gc.Report(tmp_path, {"device": "cpu", "device_name": "test CPU", "command": "x", "date": "d",
+                                  "commit": "c", "torch": "t", "quick": True, "budget_s": 0})
+    monkeypatch.setattr(realistic, "bf16_peak", lambda ctx: (4e12, "test"))
+    monkeypatch.setattr(realistic, "decode_jobs", lambda *a: None)
+    monkeypatch.setattr(realistic, "load_data", lambda ctx: _fake_data())
+    ctx = _realistic_ctx(tmp_path)
+    ctx.args.realistic_budget_s = 1e-9  # spent before the first row
+    sec = report.start("realistic")
+    realistic.section_realistic(sec, ctx, report)
+    assert sec["results"]["rows"] and all("of the 0 s budget left" in x["skipped"] for x in sec["results"]["rows"])
+    assert sec["checks"] == [{"name": "our rows measured", "passed": False, "detail": "0 of ours measured"}]
+    md = gc.markdown(report.data)
+    assert "| base | ours | eager | 64 | skipped: base ours eager 64: skipped" in md
+
+
+def test_the_plan_runs_what_is_needed_most_first():
+    from benchmarks.gpu_check.realistic import plan
+
+    systems = {"encoder-decoder": ["ours", "HF Marian"], "decoder-only": ["ours", "HF Llama"]}
+    rows = plan(["base", "big", "llama100m"], [16384, 8192], ["eager", "compiled", "cudagraphs"], systems)
+    assert rows[:7] == [("train", "base", 16384, "eager", "ours"), ("train", "base", 16384, "eager", "HF Marian"),
+                        ("train", "big", 16384, "eager", "ours"), ("train", "big", 16384, "eager", "HF Marian"),
+                        ("train", "llama100m", 16384, "eager", "ours"), ("train", "llama100m", 16384, "eager", "HF Llama"),
+                        ("decode",)]
+    assert rows[7:11] == [("train", "base", 16384, m, s) for m in ("compiled", "cudagraphs") for s in ("ours", "HF Marian")]
+    assert rows[15:21] == [("train", m, 8192, "eager", s) for m, p in (("base", "HF Marian"), ("big", "HF Marian"),
+                                                                        ("llama100m", "HF Llama")) for s in ("ours", p)]
+    assert len(rows) == 3 * 2 * 3 * 2 + 1 and len(set(rows)) == len(rows)
+
+
+def test_the_batch_is_the_median_full_batch_of_the_projects_batching():
+    import numpy as np
+
+    from benchmarks.gpu_check.batches import make_tensors, representative_batch
+
+    src = np.array([3] * 30 + [10] * 30 + [20] * 8)
+    tgt = np.array([4] * 30 + [12] * 30 + [30] * 8)
+    lb = representative_batch(src, tgt, 128, "encoder_decoder")
+    # item lengths max(src, tgt) + 1 = 5, 13, 31 -> rounded 8, 16, 32: batches of 16, 8 and 4 rows; the
+    # full ones by length: 8, 16, 16, 16, 32, 32 (the 14-row and 6-row rests are not full): the middle is 16
+    assert lb.rows == 8 and set(lb.src) == {10} and set(lb.tgt) == {12}
+    assert lb.target_tokens == 8 * 13 and lb.batches_in_epoch == 2 + 4 + 2
+    t = make_tensors(lb, "encoder_decoder", vocab=50)
+    assert t["src"].shape == (8, 16) and t["prev"].shape == t["target"].shape == (8, 16)
+    assert (t["src"][:, 10] == 3).all() and (t["prev"][:, 0] == 2).all() and (t["target"][:, 12] == 3).all()
+    assert (t["prev"][:, 1:13] == t["target"][:, :12]).all() and (t["target"][:, 13:] == 0).all()
+    d = representative_batch(src, tgt, 256, "decoder_only")  # items 3 + 1 + 4 = 8, 23 -> 24, 51 -> 56: full 24 x 3, 56 x 2
+    t = make_tensors(d, "decoder_only", vocab=50)
+    assert d.rows == 10 and t["tokens"].shape == t["target"].shape == (10, 24)
+    assert (t["tokens"][:, 10] == 4).all() and (t["target"][:, :10] == 0).all() and (t["target"][:, 22] == 3).all()
+    assert (t["tokens"][:, 11:23] == t["target"][:, 10:22]).all()
+
+
+def test_the_flops_count_real_tokens_only():
+    import numpy as np
+
+    from benchmarks.gpu_check.batches import LengthBatch, real_train_flops
+    from benchmarks.gpu_check.presets import model_config
+    from transformer.models.flops import forward_flops
+
+    cfg, _, _ = model_config("base", quick=True)
+    lb = LengthBatch(64, np.array([3, 5, 5]), np.array([4, 6, 6]), 1)
+    expected = 3 * (forward_flops(cfg, 50, 4, 5)["total"] + 2 * forward_flops(cfg, 50, 6, 7)["total"])
+    assert real_train_flops(cfg, lb, 50) == pytest.approx(expected)
+    dec, _, _ = model_config("llama100m", quick=True)
+    one = LengthBatch(64, np.array([3]), np.array([4]), 1)  # 3 + 1 + 4 positions, logits at the last 5
+    assert real_train_flops(dec, one, 50) == pytest.approx(3 * (forward_flops(dec, 50, 3, 4)["total"] - 2 * 3 * 32 * 50))
+
+
+def test_the_targets_read_the_best_rows():
+    from benchmarks.gpu_check.targets import evaluate_targets
+
+    def row(model, system, mode, tokens, tok_s, mfu):
+        return {"model": model, "system": system, "mode": mode, "max_tokens": tokens, "tok_s": tok_s, "mfu": mfu}
+
+    rows = [row("base", "ours", "eager", 16384, 100.0, 0.30), row("base", "ours", "compiled", 16384, 140.0, 0.40),
+            row("base", "HF Marian", "eager", 16384, 90.0, 0.2), row("base", "HF Marian", "compiled", 16384, 100.0, 0.2),
+            row("base", "ours", "eager", 8192, 80.0, 0.5), row("base", "HF Marian", "eager", 8192, 50.0, 0.1),
+            {"model": "big", "system": "ours", "mode": "eager", "max_tokens": 16384, "error": "OOM"}]
+    decoding = [{"system": "ours", "strategy": "beam5", "sentences_per_s": 60.0},
+                {"system": "HF generate", "strategy": "beam5", "sentences_per_s": 20.0}]
+    t = {x["target"]: x for x in evaluate_targets(rows, decoding)}
+    assert (t["base_mfu"]["value"], t["base_mfu"]["status"]) == (0.40, "met")  # 8192 tokens is below the bound
+    assert t["base_vs_marian"]["value"] == pytest.approx(1.4) and t["base_vs_marian"]["status"] == "met"
+    assert "8192: 1.60x (ours eager / Marian eager); 16384: 1.40x (ours compiled / Marian compiled)" == \
+        t["base_vs_marian"]["detail"]
+    assert (t["big_mfu"]["value"], t["big_mfu"]["status"]) == (None, "not measured")
+    assert (t["beam_vs_hf"]["value"], t["beam_vs_hf"]["status"]) == (3.0, "missed")
 
 
 # ----------------------------------------------------------------------------- pieces

@@ -6,14 +6,25 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
-from gpu_check_context import Context
-from gpu_check_report import Report, Stopped, check
 from train_step import (
-    PRESET_OVERRIDES, SIZES, SRC_LEN, TGT_LEN, cuda_matmul_peak, device_peak, make_optimizer, matmul_peak,
-    measure_on_cuda, model_under_test, our_dropout, preset, time_steps, train_flops,
+    PRESET_OVERRIDES,
+    SIZES,
+    SRC_LEN,
+    TGT_LEN,
+    cuda_matmul_peak,
+    device_peak,
+    make_optimizer,
+    matmul_peak,
+    measure_on_cuda,
+    model_under_test,
+    our_dropout,
+    preset,
+    time_steps,
+    train_flops,
 )
 
+from .context import Context
+from .report import Report, Stopped, check
 
 
 def section_throughput(sec: dict[str, Any], ctx: Context, report: Report) -> None:

@@ -1,8 +1,7 @@
-"""The record of ``benchmarks/gpu_check.py``: ``gpu_check.json`` and ``gpu_check.md``, rewritten
+"""The record of the GPU check (``python -m benchmarks.gpu_check``): ``gpu_check.json`` and ``gpu_check.md``, rewritten
 (atomically, :func:`transformer.io.atomic_write_text`) whenever a section changes, the sections'
 status and checks, the time budget, and the summary of a ``results_gpu.sh`` study
-(``--study-summary``). Imported by ``gpu_check.py``, which puts the repository and ``benchmarks/``
-on ``sys.path``."""
+(``--study-summary``). The ``realistic`` section's tables are drawn by ``render.py``."""
 
 from __future__ import annotations
 
@@ -20,8 +19,10 @@ from omegaconf import OmegaConf
 
 from transformer.io import atomic_write_text
 
-REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ("environment", "training", "decoding", "sdpa", "throughput", "training_compile")
+from .render import render_realistic
+
+REPO = Path(__file__).resolve().parents[2]
+SECTIONS = ("environment", "realistic", "training", "decoding", "sdpa", "throughput", "training_compile")
 
 
 
@@ -310,5 +311,5 @@ def _render_throughput(r: dict[str, Any]) -> list[str]:
 
 RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "training": _render_training, "training_compile": _render_training, "decoding": _render_decoding,
-    "sdpa": _render_sdpa, "throughput": _render_throughput,
+    "sdpa": _render_sdpa, "throughput": _render_throughput, "realistic": render_realistic,
 }

@@ -14,13 +14,12 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
-from gpu_check_context import Context, load_data, make_trainer, run_config
-from gpu_check_report import Report, Stopped, check
 from transformer.config import GenerationConfig
 from transformer.generation import translate_sentences
 from transformer.modules.attention import Attention, MultiHeadLatentAttention
 
-
+from .context import Context, load_data, make_trainer, run_config
+from .report import Report, Stopped, check
 
 _BACKEND_OPS = {  # aten op (prefix) -> backend
     "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",

@@ -20,16 +20,17 @@ from typing import Any
 
 import torch
 from hydra import compose, initialize_config_dir
-
-from gpu_check_report import Budget, check, git_commit
 from train_step import device_peak
+
 from transformer.config import register_configs, to_config, validate_config
 from transformer.data.dataset import load_translation_data
 from transformer.training.distributed import DistInfo
 from transformer.training.precision import cpu_model_name, describe_hardware
 from transformer.training.trainer import Trainer
 
-REPO = Path(__file__).resolve().parents[1]
+from .report import Budget, check, git_commit
+
+REPO = Path(__file__).resolve().parents[2]
 OPTIONAL = {  # module: what is lost without it
     "transformers": "the HF Marian / HF Llama rows of the throughput section",
     "triton": "torch.compile on CUDA (inductor's GPU kernels): the training_compile section",

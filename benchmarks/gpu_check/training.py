@@ -14,12 +14,20 @@ from typing import Any
 
 import torch
 
-from gpu_check_context import QUICK_SLICE, Context, fit_run, load_data, make_trainer, model_overrides, run_config
-from gpu_check_report import OutOfTime, Report, Stopped, check
 from transformer.config import GenerationConfig
 from transformer.generation import translate_sentences
 from transformer.training.precision import cpu_has_fast_bf16
 
+from .context import (
+    QUICK_SLICE,
+    Context,
+    fit_run,
+    load_data,
+    make_trainer,
+    model_overrides,
+    run_config,
+)
+from .report import OutOfTime, Report, Stopped, check
 
 
 def cpu_reference(ctx: Context, family: str, precision: str, steps: int) -> dict[str, Any]:
@@ -41,7 +49,7 @@ def cpu_reference(ctx: Context, family: str, precision: str, steps: int) -> dict
     trainer = make_trainer(cfg, load_data(ctx), torch.device("cpu"))
     batches = trainer._batches()  # the trainer's own batch order (the sampler seeded by cfg.seed)
     t = time.time()
-    losses = [trainer.train_step([next(batches)])["loss"] for _ in range(steps)]
+    losses = [trainer.read_stats(trainer.train_step([next(batches)]))["loss"] for _ in range(steps)]
     ref = {"precision": ref_precision, "losses": losses, "seconds": time.time() - t, "threads": torch.get_num_threads(),
            "note": note}
     ctx.cpu_refs[key] = ref

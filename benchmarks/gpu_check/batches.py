@@ -1,0 +1,105 @@
+"""Multi30k-like training batches for the ``realistic`` section of the GPU check: one batch per
+``max_tokens`` as the project's own batching (:class:`~transformer.data.batching.TokenBatchSampler`,
+lengths rounded to a multiple of 8) packs Multi30k's training pairs, with their real lengths (pieces
+of the run's SentencePiece vocabulary) and random ids; and the training FLOPs of such a batch counted
+over its real tokens only (no padding)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+from transformer.data.batching import TokenBatchSampler
+from transformer.models.flops import forward_flops
+
+PAD, BOS, EOS, SEP = 0, 2, 3, 4
+MULTIPLE = 8  # lengths padded to a multiple of 8 (fairseq's --pad-to-multiple; tensor-core friendly)
+
+
+@dataclasses.dataclass
+class LengthBatch:
+    """One batch's real lengths: ``src`` and ``tgt`` in pieces, without specials, one per row."""
+
+    max_tokens: int
+    src: np.ndarray
+    tgt: np.ndarray
+    batches_in_epoch: int  # how many batches the sampler made of the whole training split
+
+    @property
+    def rows(self) -> int:
+        """Sentence pairs in the batch."""
+        return len(self.src)
+
+    @property
+    def target_tokens(self) -> int:
+        """Real target tokens: the target pieces and one EOS per row (what the loss is over)."""
+        return int(self.tgt.sum()) + self.rows
+
+
+def representative_batch(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, arch: str) -> LengthBatch:
+    """The median batch of an epoch of the project's batching at ``max_tokens``: batches are ordered
+    by their (rounded) length and the middle one among the full ones (``rows == max_tokens // length``:
+    not a bucket's smaller last batch) is taken, so the batch has a typical length, not the shortest
+    or the longest.
+
+    Raises:
+        ValueError: ``max_tokens`` is smaller than the longest pair (from the sampler), or no pairs.
+    """
+    if len(src_lengths) == 0:
+        raise ValueError("no training pairs to take lengths from")
+    sampler = TokenBatchSampler(src_lengths, tgt_lengths, max_tokens, arch=arch, shuffle=False,
+                                bucket_multiple=MULTIPLE)
+    batches = sampler.global_batches()
+    item = sampler.padded_lengths(sampler.lengths)
+    longest = [int(item[b].max()) for b in batches]
+    full = [i for i, b in enumerate(batches) if len(b) == max_tokens // longest[i]] or list(range(len(batches)))
+    full.sort(key=lambda i: (longest[i], i))
+    pick = batches[full[len(full) // 2]]
+    return LengthBatch(max_tokens, np.asarray(src_lengths)[pick], np.asarray(tgt_lengths)[pick], len(batches))
+
+
+def _pad(rows: list[list[int]]) -> torch.Tensor:
+    width = -(-max(len(r) for r in rows) // MULTIPLE) * MULTIPLE
+    return torch.tensor([r + [PAD] * (width - len(r)) for r in rows], dtype=torch.long)
+
+
+def make_tensors(lb: LengthBatch, arch: str, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The batch as ``train_step``'s models take it, ids uniform in ``5..vocab-1``, padded with 0 to a
+    multiple of 8: encoder-decoder ``src`` (ids + EOS), ``prev`` (BOS + ids), ``target`` (ids + EOS);
+    decoder-only ``tokens`` (source + SEP + target) and ``target`` (0 over the source, then the target
+    + EOS), as the project's collation builds them."""
+    g = torch.Generator().manual_seed(seed)
+    src = [torch.randint(5, vocab, (int(n),), generator=g).tolist() for n in lb.src]
+    tgt = [torch.randint(5, vocab, (int(n),), generator=g).tolist() for n in lb.tgt]
+    if arch == "encoder_decoder":
+        return {"src": _pad([s + [EOS] for s in src]), "prev": _pad([[BOS] + t for t in tgt]),
+                "target": _pad([t + [EOS] for t in tgt])}
+    return {"tokens": _pad([s + [SEP] + t for s, t in zip(src, tgt)]),
+            "target": _pad([[PAD] * len(s) + t + [EOS] for s, t in zip(src, tgt)])}
+
+
+def real_train_flops(cfg: Any, lb: LengthBatch, vocab: int) -> float:
+    """Training FLOPs of the batch over its real tokens: 3 x the forward FLOPs of every row at its own
+    lengths (:func:`~transformer.models.flops.forward_flops`), the output layer at the loss positions
+    only (the decoder-only model's source positions carry no loss)."""
+    total = 0.0
+    pairs, counts = np.unique(np.stack([lb.src, lb.tgt], 1), axis=0, return_counts=True)
+    for (s, t), n in zip(pairs.tolist(), counts.tolist()):
+        if cfg.arch == "encoder_decoder":
+            f = forward_flops(cfg, vocab, s + 1, t + 1)["total"]
+        else:  # s + 1 + t positions; the loss (and the fused output layer) over the last t + 1
+            f = forward_flops(cfg, vocab, s, t)["total"] - 2 * s * cfg.d_model * vocab
+        total += 3 * f * n
+    return total
+
+
+def describe(lb: LengthBatch, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Rows, padded shapes, real target tokens and the share of padding (of the target for an
+    encoder-decoder, of the whole sequence for a decoder-only model)."""
+    main = tensors.get("tokens", tensors["target"])
+    return {"max_tokens": lb.max_tokens, "rows": lb.rows, "shape": {k: list(v.shape) for k, v in tensors.items()},
+            "target_tokens": lb.target_tokens, "mean_src_len": float(lb.src.mean()), "mean_tgt_len": float(lb.tgt.mean()),
+            "padding": 1 - int(main.ne(PAD).sum()) / main.numel(), "batches_in_epoch": lb.batches_in_epoch}
