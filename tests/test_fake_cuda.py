@@ -33,6 +33,11 @@ UPDATE_SYNCS_ALLOWED = {
     ("transformer/modules/moe.py", "for e, rows in enumerate(x.split(counts.tolist())):"),
 }
 """Host syncs a training update that neither logs, validates nor saves may still make: (file, source line)."""
+DECODE_SYNCS_PER_STEP = {"greedy": 16.0, "beam": 33.5}
+"""The most host reads per decoding step (per generated token) any decoding case makes today, each
+scalar of a ``tolist`` counted (beam 2, two steps: the per-search reads are spread over few steps).
+A ceiling against regressions, not issue 44's target (at most one check per step), which the
+searches in ``transformer/generation`` do not meet yet."""
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +178,20 @@ def test_a_training_update_reads_nothing_on_the_host(results: dict[str, Any], al
                     if parse_sync(key)[1:] not in UPDATE_SYNCS_ALLOWED:
                         bad.append(f"{case.name} [{precision}] {phase}: {count} x {key}")
     assert not bad, "host syncs in a training update:\n" + "\n".join(bad)
+
+
+def test_decoding_host_syncs_per_generated_token_are_reported(results: dict[str, Any], all_cases: list[Case]) -> None:
+    """Greedy and beam search on the fake GPU: the host reads per ``decode_step`` call, for every
+    decoding case, at most :data:`DECODE_SYNCS_PER_STEP` (the table is the failure message)."""
+    rows, over = [], []
+    for case in all_cases:
+        for precision in case.decoding:
+            run = results[case.name]["runs"][precision]
+            for strategy, ceiling in DECODE_SYNCS_PER_STEP.items():
+                steps = run["decode_steps"][strategy]
+                assert steps > 0, (case.name, precision, strategy)
+                per_step = sum(run["syncs"].get(strategy, {}).values()) / steps
+                rows.append(f"{case.name} [{precision}] {strategy}: {per_step:.1f} per step over {steps} steps")
+                if per_step > ceiling:
+                    over.append(rows[-1])
+    assert rows and not over, "host syncs per decoding step above the ceiling:\n" + "\n".join(rows)

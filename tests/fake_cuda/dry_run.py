@@ -341,10 +341,19 @@ def decode_valid(fc: FakeCuda, trainer: Trainer, data: TranslationData, result: 
     """Greedy and beam search (beam 2, at most one token before EOS) of two validation sentences on the fake GPU,
     through :func:`~transformer.generation.translate_sentences` (what validation BLEU and the test call)."""
     src = data.splits["valid"].src[:2]
+    model = trainer.model
     for strategy in ("greedy", "beam"):
         fc.phase(strategy)
         gen = GenerationConfig(strategy=strategy, beam_size=2, max_len_a=0.0, max_len_b=1)
-        hyps = translate_sentences(trainer.model, src, gen, trainer.device)
+        steps = [0]
+
+        def counted(*args: Any, _step: Any = type(model).decode_step, **kwargs: Any) -> Any:
+            steps[0] += 1
+            return _step(model, *args, **kwargs)
+
+        with mock.patch.object(model, "decode_step", counted):
+            hyps = translate_sentences(model, src, gen, trainer.device)
+        result.setdefault("decode_steps", {})[strategy] = steps[0]  # decode_step calls (one per generated token)
         if len(hyps) != len(src) or not all(hyps):
             result["problems"].append(f"{strategy}: {sum(map(bool, hyps))} of {len(src)} sentences got a hypothesis")
     placement(result, module_tensors(trainer.model), fc, "after decoding")
