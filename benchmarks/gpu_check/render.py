@@ -47,7 +47,7 @@ def render_realistic(r: dict[str, Any]) -> list[str]:
         out.append(f"{head} {dims} | {b['target_tokens']:,} | {100 * b['padding']:.0f}% | {x['tok_s']:,.0f} | "
                    f"{_f(other and x['tok_s'] / other['tok_s'], '{:.2f}x')} | {100 * x['mfu']:.1f}% | "
                    f"{1e3 * x['step_s']:.1f} | {x['first_step_s']:.1f} | {_f(x.get('mem_mb'), '{:,.0f}')} | "
-                   f"{x['params'] / 1e6:.1f}M | {graphs} |")
+                   f"{x['params'] / 1e6:.3g}M | {graphs} |")
     setup = r.get("decoding_setup")
     if setup or r.get("decoding"):
         out += [""]
