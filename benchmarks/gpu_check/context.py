@@ -1,4 +1,4 @@
-"""What the sections of ``benchmarks/gpu_check.py`` share, and the ``environment`` section: the
+"""What the sections of the GPU check (``benchmarks/gpu_check/``) share, and the ``environment`` section: the
 :class:`Context` (arguments, device, data, CPU references, the trained model), the runs' configs
 (``transformer_tiny`` / ``llama_style_tiny`` on Multi30k, a slice of it with ``--quick``) and one
 training run with :meth:`~transformer.training.trainer.Trainer.fit` (:func:`fit_run`)."""

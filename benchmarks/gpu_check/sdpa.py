@@ -1,4 +1,4 @@
-"""The ``sdpa`` section of ``benchmarks/gpu_check.py``: which ``scaled_dot_product_attention``
+"""The ``sdpa`` section of the GPU check (``benchmarks/gpu_check/``): which ``scaled_dot_product_attention``
 kernel ran for every attention call (torch.profiler), and which backends each call could use
 (replayed with one backend allowed at a time) with torch's reasons for the others."""
 

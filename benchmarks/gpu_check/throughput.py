@@ -1,4 +1,4 @@
-"""The ``throughput`` section of ``benchmarks/gpu_check.py``: ``benchmarks/train_step.py``'s models,
+"""The ``throughput`` section of the GPU check (``benchmarks/gpu_check/``): ``benchmarks/train_step.py``'s models,
 batches and FLOP count in this process, ours beside the HF peers, with MFU against the device's peak."""
 
 from __future__ import annotations

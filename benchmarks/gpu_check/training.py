@@ -1,4 +1,4 @@
-"""The ``training``, ``training_compile`` and ``decoding`` sections of ``benchmarks/gpu_check.py``:
+"""The ``training``, ``training_compile`` and ``decoding`` sections of the GPU check (``benchmarks/gpu_check/``):
 the project's own loop on the device against the same config's first updates on the CPU, and the
 trained model's greedy and beam hypotheses on the device against a CPU copy of it."""
 
