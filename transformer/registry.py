@@ -6,17 +6,23 @@ class) or called with the part. A plugin folder's ``__init__.py`` calls them at 
 built-in one (``model/attention=diff``), validated, sized, built, trained, resumed, swept and
 compared by the same code. An option with fields of its own passes ``config=``, a dataclass
 subclassing the group's (e.g. :class:`~transformer.config.AttentionConfig`) whose ``name`` defaults
-to the option: its fields live under the group's node (``model.attention.lambda_init``), typed and
-checked like a built-in option's, and ``<group>=<name>`` selects it without a YAML file; a
-``validate(self)`` method of the dataclass, if any, is called with the option's node before anything
-is built and its ``ValueError`` refuses the command in one line
-(:func:`transformer.config.validate_option_fields`). Those fields
+to the option: its fields live under the group's node (``model.attention.lambda_init``,
+``lr_scheduler.decay_fraction``), typed and checked like a built-in option's, and ``<group>=<name>``
+selects it without a YAML file. The dataclass may check them, before anything is built or written,
+with two optional methods whose ``ValueError`` refuses the command in one line (``<group>=<name>:
+<message>``, exit status 2; :func:`transformer.config.validate_option_fields`): ``validate(self)``,
+called with the option's node, and ``validate_config(self, cfg)``, called with the node and the
+whole config (``cfg.train.max_updates``, ``cfg.model.d_model``, ...) to refuse a combination with
+other fields. Those fields
 follow one rule (:mod:`transformer.config.rules`), whatever their metadata says: they define the
 configuration (runs that differ in them are different rows of ``compare.py``, and a finished twin of
 ``train.finished_runs`` must have their values) and are fixed on resume (a command line naming
 another value is refused), like a built-in option's own fields (``recipe``).
 
-Contracts (keyword arguments only; tensor shapes ``(batch, seq_len, d_model)`` unless said):
+Contracts (keyword arguments only; tensor shapes ``(batch, seq_len, d_model)`` unless said). What
+each group's option receives of its own fields (``config``: the group's node, typed by the option's
+dataclass; an option without one gets the group's base fields) is said per group; the builder passes
+``config`` to a ``from_sizes`` that names it:
 
 - **attention** (:func:`register_attention`): a class with a classmethod ``from_sizes(*, d_model,
   n_heads, n_kv_heads, head_dim, bias, dropout, qk_norm, config)`` (``qk_norm``: ``width -> norm
@@ -31,20 +37,34 @@ Contracts (keyword arguments only; tensor shapes ``(batch, seq_len, d_model)`` u
   incremental decoding equals the full forward. It is used for self-attention; an encoder-decoder's
   cross-attention stays multi-head attention.
 - **ffn** (:func:`register_ffn`): a block class with ``from_sizes(*, d_model, hidden, activation,
-  bias, dropout[, config])``, a static ``hidden_size(d_ff, glu_match_params, multiple_of)`` and a
+  bias, dropout[, config])`` (``config``: the ``model.ffn`` node; as a mixture of experts' shared
+  expert, its option's default fields), a static ``hidden_size(d_ff, glu_match_params, multiple_of)`` and a
   class attribute ``n_matrices`` (``d_model x hidden`` matrices: parameter and FLOP counts), e.g.
   :class:`~transformer.modules.ffn.GatedFeedForward` with another ``activation`` (a gated block can
   also be a mixture-of-experts expert).
-- **norm** (:func:`register_norm`): a module class called as ``cls(width, eps=eps)``.
+- **norm** (:func:`register_norm`): a module class over the last dimension ``width``, built by its
+  classmethod ``from_sizes(*, width, eps[, config])`` when it has one (``config``: the ``model.norm``
+  node; for the ``model.qk_norm`` norms over ``head_dim``, the ``model.norm`` node when
+  ``model.qk_norm`` names the same option, else the option's default fields with
+  ``model.norm.eps``: ``model.qk_norm`` is a name without a node of its own), else called as
+  ``cls(width, eps=eps)``.
 - **position** (:func:`register_position`): a :class:`~transformer.modules.positions.PositionEncoding`
   subclass answering ``embed`` / ``rotary`` / ``score_bias``, built by its ``from_sizes(*, d_model,
-  n_heads, max_positions, rope_theta, rotary_dim, rope_scaling[, config])``.
+  n_heads, max_positions, rope_theta, rotary_dim, rope_scaling[, config])`` (``config``: the
+  ``model.position`` node).
 - **RoPE scaling** (:func:`register_rope_scaling`): ``(head_dim, theta, RopeScaling) -> (inv_freq
   (head_dim / 2,), attention_factor)``, reading the ``model.position.rope_scaling`` fields.
-- **MoE router** (:func:`register_router`): ``scores((N, E) fp32 logits) -> (N, E) scores``.
+- **MoE router** (:func:`register_router`): ``scores((N, E) fp32 logits) -> (N, E) scores``
+  (``model.ffn.router`` is a name: a router has no fields of its own).
 - **learning-rate schedule** (:func:`register_lr_scheduler`): ``schedule(update, cfg, base_lr,
   d_model, max_updates) -> lr`` (updates numbered from 1; ``cfg`` holds every ``lr_scheduler.*``
-  field).
+  field, the option's own included, as plain values). It must be a pure function of its arguments
+  and give a finite rate ``>= 0`` at every update from 1 to ``max_updates``, rising during
+  ``lr_scheduler.warmup_updates`` (:func:`transformer.testing.check_schedule`).
+
+An exception a plugin's code raises while a run is built or trains (outside ``validate``) ends
+``scripts/train.py`` in one line naming the plugin, its file and line (exit status 2); a run that
+trained nothing leaves no folder behind.
 
 Every function raises :class:`~transformer.config.ConfigError` for a name a built-in option (or
 another plugin) already holds, naming both.
@@ -162,8 +182,23 @@ def register_ffn(name: str, block: type[nn.Module] | None = None, *, activation:
 
 
 def register_norm(name: str, cls: type[nn.Module] | None = None, *, config: type | None = None) -> Any:
-    """Register a norm class (``cls(width, eps=eps)``) as ``model/norm=<name>`` (and ``model.qk_norm``)."""
+    """Register a norm class as ``model/norm=<name>`` (and ``model.qk_norm=<name>``): built by its
+    ``from_sizes(*, width, eps[, config])`` when it has one, else as ``cls(width, eps=eps)``.
+
+    Args:
+        name: the option.
+        cls: the class (omit to use this as a decorator).
+        config: its own fields (a dataclass subclassing :class:`~transformer.config.NormConfig`),
+            given to ``from_sizes`` as ``config``.
+
+    Raises:
+        ConfigError: a taken name, ``config`` without a class that has ``from_sizes(..., config)``
+            to receive it, or ``config`` not fitting the group.
+    """
     def register(obj: Any) -> None:
+        if config is not None and not callable(getattr(obj, "from_sizes", None)):
+            raise ConfigError(f"model/norm={name}: {obj!r} has fields of its own (config=) and needs a classmethod "
+                              "from_sizes(*, width, eps, config) to receive them")
         _claim("model/norm", name, NORMS)
         _options("model/norm", name, config)
         NORMS[name] = obj
@@ -204,7 +239,17 @@ def register_router(name: str, scores: Callable | None = None, *, sums_to_one: b
 
 
 def register_lr_scheduler(name: str, schedule: Callable | None = None, *, config: type | None = None) -> Any:
-    """Register ``schedule(update, cfg, base_lr, d_model, max_updates) -> lr`` as ``lr_scheduler=<name>``."""
+    """Register ``schedule(update, cfg, base_lr, d_model, max_updates) -> lr`` as ``lr_scheduler=<name>``.
+
+    Args:
+        name: the option.
+        schedule: the function (omit to use this as a decorator).
+        config: its own fields (a dataclass subclassing :class:`~transformer.config.SchedulerConfig`),
+            read from ``cfg`` (``cfg.decay_fraction``).
+
+    Raises:
+        ConfigError: a taken name, or ``config`` not fitting the group.
+    """
     def register(obj: Any) -> None:
         _claim("lr_scheduler", name, LR_SCHEDULERS)
         _options("lr_scheduler", name, config)

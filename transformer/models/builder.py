@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from transformer.config import LatentSizes, layer_windows, model_sizes, rope_scaling, validate_model_config
+from transformer.config import LatentSizes, layer_windows, model_sizes, option_config, rope_scaling, validate_model_config
 from transformer.models.decoder_only import DecoderOnlyModel
 from transformer.models.encoder_decoder import EncoderDecoderModel
 from transformer.modules.attention import ATTENTION_KINDS, Attention, MultiHeadLatentAttention
@@ -30,7 +30,8 @@ from transformer.modules.positions import POSITIONS, PositionEncoding
 from transformer.modules.residual import RESIDUALS
 from transformer.modules.rope_scaling import RopeScaling
 
-__all__ = ["build_attention", "build_ffn", "build_mla", "build_model", "build_moe", "build_norm", "build_position"]
+__all__ = ["build_attention", "build_ffn", "build_mla", "build_model", "build_moe", "build_norm", "build_position",
+           "qk_norm_config"]
 
 
 def _pick(table: dict[str, Any], name: str, switch: str) -> Any:
@@ -47,9 +48,36 @@ def _call_with_config(factory: Any, config: Any, **kwargs: Any) -> Any:
     return factory(**kwargs)
 
 
-def build_norm(name: str, d_model: int, eps: float) -> nn.Module:
-    """The norm named by ``model/norm`` (:data:`~transformer.modules.norms.NORMS`) over ``d_model``."""
-    return _pick(NORMS, name, "model/norm")(d_model, eps=eps)
+def _option_defaults(switch: str, name: str) -> Any:
+    """The default fields of option ``name`` of group ``switch`` (its own dataclass, or the group's with
+    the option named): what an option built where the config holds no node of its own receives."""
+    return option_config(switch, name)(name=name)
+
+
+def build_norm(name: str, width: int, eps: float, config: Any = None) -> nn.Module:
+    """The norm named by ``model/norm`` (:data:`~transformer.modules.norms.NORMS`) over ``width``.
+
+    A class with a classmethod ``from_sizes(*, width, eps[, config])`` (a plugin's norm with fields of
+    its own: ``config`` is the norm's node, :mod:`transformer.registry`) is built by it; any other
+    class is called as ``cls(width, eps=eps)`` (the built-in ``nn.LayerNorm`` and ``RMSNorm``).
+    """
+    cls = _pick(NORMS, name, "model/norm")
+    if callable(getattr(cls, "from_sizes", None)):
+        return _call_with_config(cls.from_sizes, config, width=width, eps=eps)
+    return cls(width, eps=eps)
+
+
+def qk_norm_config(cfg: Any) -> Any:
+    """The fields the ``model.qk_norm`` norm is built with: the ``model.norm`` node when it names the
+    same option (its fields shared), else that option's defaults with ``model.norm.eps``
+    (``model.qk_norm`` is a name, without a node of its own). None for ``model.qk_norm=none``."""
+    if cfg.qk_norm == "none":
+        return None
+    if cfg.qk_norm == cfg.norm.name:
+        return cfg.norm
+    fields = _option_defaults("model/norm", cfg.qk_norm)
+    fields.eps = cfg.norm.eps
+    return fields
 
 
 def build_ffn(name: str, d_model: int, d_ff: int, bias: bool, dropout: float, glu_match_params: bool, multiple_of: int,
@@ -85,24 +113,27 @@ def build_moe(cfg: Any) -> MixtureOfExperts:
         gated=expert.gated, bias=cfg.bias, dropout=cfg.activation_dropout,
     )
     shared = None
-    if sizes.shared_hidden:
-        shared = expert.block.from_sizes(d_model=cfg.d_model, hidden=sizes.shared_hidden, activation=expert.activation,
-                                         bias=cfg.bias, dropout=cfg.activation_dropout)
+    if sizes.shared_hidden:  # a plugin block with fields of its own gets its defaults (model.ffn is the MoE's node)
+        shared = _call_with_config(expert.block.from_sizes, _option_defaults("model/ffn", f.expert), d_model=cfg.d_model,
+                                   hidden=sizes.shared_hidden, activation=expert.activation, bias=cfg.bias,
+                                   dropout=cfg.activation_dropout)
     return MixtureOfExperts(router=router, experts=experts, shared_experts=shared,
                             aux_loss_coef=f.router_aux_loss_coef, z_loss_coef=f.router_z_loss_coef)
 
 
 def build_attention(d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dropout: float,
-                    qk_norm: str = "none", eps: float = 1e-5) -> Attention:
+                    qk_norm: str = "none", eps: float = 1e-5, qk_norm_fields: Any = None) -> Attention:
     """An :class:`Attention` with packed q/k/v projections of ``d_model // n_heads`` wide heads.
 
     ``qk_norm`` (``none`` or a key of :data:`~transformer.modules.norms.NORMS`) adds a norm over
-    ``head_dim`` (epsilon ``eps``) on every query and key head (QK-norm).
+    ``head_dim`` (epsilon ``eps``; ``qk_norm_fields``: its fields, :func:`qk_norm_config`) on every
+    query and key head (QK-norm).
     """
     head_dim = d_model // n_heads
     in_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
     out_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias)
-    norms = {} if qk_norm == "none" else {"q_norm": build_norm(qk_norm, head_dim, eps), "k_norm": build_norm(qk_norm, head_dim, eps)}
+    norms = {} if qk_norm == "none" else {"q_norm": build_norm(qk_norm, head_dim, eps, qk_norm_fields),
+                                          "k_norm": build_norm(qk_norm, head_dim, eps, qk_norm_fields)}
     return Attention(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, in_proj=in_proj, out_proj=out_proj,
                      dropout=dropout, **norms)
 
@@ -146,19 +177,23 @@ def build_position(name: str, d_model: int, n_heads: int, max_positions: int, ro
 def _build_stack(cfg: Any, n_layers: int, n_kv_heads: int, cross: bool) -> TransformerStack:
     residual = _pick(RESIDUALS, cfg.norm_position, "model.norm_position")
 
+    qk_fields = qk_norm_config(cfg)
+
     def block(sublayer: nn.Module) -> nn.Module:
-        return residual(sublayer=sublayer, norm=build_norm(cfg.norm.name, cfg.d_model, cfg.norm.eps), dropout=cfg.dropout)
+        return residual(sublayer=sublayer, norm=build_norm(cfg.norm.name, cfg.d_model, cfg.norm.eps, cfg.norm),
+                        dropout=cfg.dropout)
 
     def attention() -> Attention:
         return build_attention(cfg.d_model, cfg.n_heads, n_kv_heads, cfg.bias, cfg.attention_dropout,
-                               cfg.qk_norm, cfg.norm.eps)
+                               cfg.qk_norm, cfg.norm.eps, qk_fields)
 
     def self_attention() -> nn.Module:
         kind = ATTENTION_KINDS[cfg.attention.name]
         if kind.latent:  # MLA: self-attention only; cross-attention stays MHA
             return build_mla(cfg.d_model, cfg.n_heads, model_sizes(cfg).latent, cfg.bias, cfg.attention_dropout, cfg.norm.eps)
         if not kind.builtin:  # a plugin's class (transformer.registry.register_attention's contract)
-            qk_norm = None if cfg.qk_norm == "none" else functools.partial(build_norm, cfg.qk_norm, eps=cfg.norm.eps)
+            qk_norm = None if cfg.qk_norm == "none" else functools.partial(build_norm, cfg.qk_norm, eps=cfg.norm.eps,
+                                                                           config=qk_fields)
             return kind.self_attention.from_sizes(
                 d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=n_kv_heads, head_dim=cfg.d_model // cfg.n_heads,
                 bias=cfg.bias, dropout=cfg.attention_dropout, qk_norm=qk_norm, config=cfg.attention,
@@ -180,7 +215,7 @@ def _build_stack(cfg: Any, n_layers: int, n_kv_heads: int, cross: bool) -> Trans
         )
         for window in layer_windows(cfg, n_layers)
     ]
-    final = build_norm(cfg.norm.name, cfg.d_model, cfg.norm.eps) if residual.final_norm else None
+    final = build_norm(cfg.norm.name, cfg.d_model, cfg.norm.eps, cfg.norm) if residual.final_norm else None
     return TransformerStack(layers=layers, final_norm=final)
 
 

@@ -40,7 +40,8 @@ class RMSNorm(nn.RMSNorm):
         return rms_norm(x, self.weight, self.eps)
 
 
-# model/norm=<name> -> the class, called as cls(d_model, eps=eps) (configs/model/norm/<name>.yaml sets model.norm.name)
+# model/norm=<name> -> the class, called as cls(width, eps=eps) (configs/model/norm/<name>.yaml sets model.norm.name);
+# a plugin's class with fields of its own is built by its from_sizes(*, width, eps, config) (models/builder.py)
 NORMS: dict[str, type[nn.Module]] = {
     "layernorm": nn.LayerNorm,  # Ba et al. 2016
     "rmsnorm": RMSNorm,  # Zhang & Sennrich 2019
