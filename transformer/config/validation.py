@@ -128,30 +128,55 @@ def validate_model_config(model: Any, joint_vocab: bool = True) -> None:
     validate_option_fields(model)
 
 
-def validate_option_fields(model: Any) -> None:
-    """Run each chosen option's own check: a ``validate(self)`` method of the option's config
-    dataclass (a plugin option's ``config=``), called with the option's node (``self.<field>`` reads
-    its fields) after the built-in rules; it raises ``ValueError`` naming what is wrong.
-
-    Raises:
-        ConfigError: ``<group>=<option>: <the option's message>``.
-    """
+def _chosen_options(root: dict[str, Any], prefix: str = "") -> Any:
+    """``(switch, option name, node, option dataclass)`` of each group of :data:`GROUPS` under
+    ``prefix`` that ``root`` (``{"model": ..., "lr_scheduler": ...}``) holds a node of."""
     for switch, group in GROUPS.items():
-        if not group.path.startswith("model."):
+        if not group.path.startswith(prefix) or group.path.split(".")[0] not in root:
             continue
         try:
-            node = _get({"model": model}, group.path)
+            node = _get(root, group.path)
         except (AttributeError, KeyError):
             continue
         if node is None:
             continue
         name = node[group.key] if isinstance(node, (dict, DictConfig)) else getattr(node, group.key)
-        check = getattr(group.options.get(name), "validate", None)
-        if callable(check):
-            try:
-                check(node)
-            except (ValueError, TypeError) as err:
-                raise ConfigError(f"{switch}={name}: {err}") from None
+        yield switch, name, node, group.options.get(name)
+
+
+def _run_check(switch: str, name: str, check: Callable[..., Any], *args: Any) -> None:
+    try:
+        check(*args)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{switch}={name}: " + " ".join(str(err).split())) from None
+
+
+def validate_option_fields(model: Any, cfg: Any = None) -> None:
+    """Run each chosen option's own checks, after the built-in rules: a ``validate(self)`` method of
+    the option's config dataclass (a plugin option's ``config=``), called with the option's node
+    (``self.<field>`` reads its fields), and with the whole config ``cfg`` a ``validate_config(self,
+    cfg)`` method, called with the node and ``cfg`` (to refuse a combination with other fields, e.g.
+    ``cfg.train.max_updates``). Each raises ``ValueError`` naming what is wrong.
+
+    Args:
+        model: the model config (its groups: ``model/attention``, ``model/ffn``, ``model/norm``,
+            ``model/position`` and its RoPE scaling).
+        cfg: the whole config, or None: then only the model's groups and ``validate(self)`` run;
+            else every group (``lr_scheduler`` too) and both methods.
+
+    Raises:
+        ConfigError: ``<group>=<option>: <the option's message>`` (one line).
+    """
+    root = {"model": model}
+    if cfg is not None:
+        root.update({top: _get(cfg, top) for top in {g.path.split(".")[0] for g in GROUPS.values()} - {"model"}})
+    for switch, name, node, option in _chosen_options(root, "model." if cfg is None else ""):
+        check = getattr(option, "validate", None)
+        if callable(check) and (cfg is None or not switch.startswith("model/")):  # the model's ran with the model's
+            _run_check(switch, name, check, node)
+        whole = getattr(option, "validate_config", None)
+        if cfg is not None and callable(whole):
+            _run_check(switch, name, whole, node, cfg)
 
 
 def validate_moe_config(ffn: Any) -> None:
@@ -323,6 +348,7 @@ def validate_config(cfg: Any) -> None:
         raise ConfigError("lr_scheduler=cosine needs train.max_updates > 0 (the length of the cosine), e.g. "
                           "lr_scheduler=cosine train.max_updates=4000; the default time budget gives it no length")
     validate_generation_config(cfg.generation)
+    validate_option_fields(cfg.model, cfg)  # validate(self) of lr_scheduler; validate_config(self, cfg) of every group
 
 
 def validate_optim_config(o: Any) -> None:

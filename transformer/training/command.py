@@ -11,6 +11,7 @@ behind and a refused resume leaves its folder as it was.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from omegaconf import DictConfig
@@ -27,15 +28,16 @@ from transformer.cli import (
 )
 from transformer.config import ConfigError, flat_group_override, to_config, validate_config
 from transformer.data.corpus import DataError
-from transformer.hydra_record import forget_record
-from transformer.io import FolderLocked
-from transformer.plugins import PluginError, command_line_plugins, import_plugins
+from transformer.hydra_record import forget_record, job_run_dir
+from transformer.io import LOCK_NAME, FolderLocked
+from transformer.plugins import PluginError, command_line_plugins, import_plugins, loaded_plugins
+from transformer.run_folder import HYDRA_RECORD
 from transformer.training.checkpoint import CheckpointError
 from transformer.training.run import train
 from transformer.training.stopping import StopRequested
 from transformer.training.trainer import TrainingError
 
-__all__ = ["RUN_ERRORS", "prepare_command_line", "train_job"]
+__all__ = ["RUN_ERRORS", "plugin_failure", "prepare_command_line", "train_job"]
 
 RUN_ERRORS = {(ConfigError, PluginError): 2, (TrainingError, CheckpointError, DataError, FileNotFoundError, FolderLocked): 1}
 """The user errors of a run and their exit statuses (one line on stderr each)."""
@@ -73,6 +75,42 @@ def _forget_if_untouched(err: BaseException) -> None:
         forget_record()
 
 
+def plugin_failure(err: BaseException) -> PluginError | None:
+    """The error to report for ``err`` when a loaded plugin's code raised it (the innermost frame of its
+    traceback, or of what it was raised from, in a plugin's files): one line naming the plugin, its
+    file and line, and the error; None when no plugin's code is in the traceback."""
+    roots = [(p.name, p.root.resolve()) for p in loaded_plugins()]
+    seen: set[int] = set()
+    chain: BaseException | None = err
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        where = None
+        tb = chain.__traceback__
+        while tb is not None:
+            file = Path(tb.tb_frame.f_code.co_filename).resolve()
+            owner = next((name for name, root in roots if file == root or root in file.parents), None)
+            if owner is not None:
+                where = (owner, file, tb.tb_lineno)
+            tb = tb.tb_next
+        if where is not None:
+            owner, file, line = where
+            return PluginError(f"the plugin {owner} failed at {file}:{line}: "
+                               + " ".join(f"{type(chain).__name__}: {chain}".split()))
+        chain = chain.__cause__ or chain.__context__
+    return None
+
+
+def _untrained_folder_taken_back() -> bool:
+    """Whether this job's run folder holds nothing but Hydra's record and the run's released lock (a
+    new run that failed before writing anything); then the lock file is removed, so that
+    :func:`~transformer.hydra_record.forget_record` takes the folder back."""
+    folder = job_run_dir()
+    if folder is None or not folder.is_dir() or sorted(p.name for p in folder.iterdir()) != sorted([HYDRA_RECORD, LOCK_NAME]):
+        return False
+    (folder / LOCK_NAME).unlink(missing_ok=True)
+    return True
+
+
 def train_job(cfg: DictConfig) -> float | None:
     """Validate the composed config, then train, validate, test and write ``results.json``.
 
@@ -108,6 +146,12 @@ def train_job(cfg: DictConfig) -> float | None:
             if in_multirun():
                 raise RunFailed(str(err)) from None
             sys.exit(err.exit_status)
+        except Exception as err:  # a plugin's code failed (its constructor, schedule, forward): one line naming it
+            failed = plugin_failure(err)
+            if failed is None or isinstance(err, tuple(t for kinds in RUN_ERRORS for t in kinds)):
+                raise
+            failed.run_folder_untouched = _untrained_folder_taken_back()  # type: ignore[attr-defined]
+            raise failed from err
     if results.get("skipped_complete"):  # complete already (here, or elsewhere: train.finished_runs)
         forget_record()
     return sweep_objective(results)
