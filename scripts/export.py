@@ -33,12 +33,14 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from transformer.cli import user_errors  # noqa: E402
+from transformer.config import ConfigError  # noqa: E402
 from transformer.plugins import set_user_choice  # noqa: E402
 from transformer.generation import LoadError  # noqa: E402
 from transformer.interop import ExportError, run_export  # noqa: E402
+from transformer.plugins import PluginError  # noqa: E402
 
 run = run_export  # the script's work (what main calls; tests call it in-process)
-ERRORS = {(ExportError, LoadError, FileNotFoundError): 2}
+ERRORS = {(ExportError, LoadError, ConfigError, PluginError, FileNotFoundError): 2}
 """The user errors this script reports on one line, and their exit status."""
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,11 +12,12 @@ from typing import Any, Iterator, Sequence
 
 from torch import Tensor
 
+from transformer.config import GROUPS, LR_SCHEDULERS
 from transformer.modules.attention import ATTENTION_KINDS
-from transformer.plugins import plugin_of
+from transformer.plugins import loaded_plugins, plugin_of, record_plugins
 
-__all__ = ["ExportError", "KV_HEAD_KINDS", "attention_unsupported", "is_latent", "plugin_options_unsupported", "refuse",
-           "staging_dir", "vocabulary", "state_dict_fp32"]
+__all__ = ["ExportError", "KV_HEAD_KINDS", "attention_unsupported", "is_latent", "plugin_options_unsupported",
+           "readable_run_config", "refuse", "staging_dir", "vocabulary", "state_dict_fp32"]
 
 KV_HEAD_KINDS = ("mha", "gqa", "mqa")
 """The ``model/attention`` options the HF/CTranslate2 attention classes hold: multi-head attention
@@ -28,7 +30,10 @@ _KIND_WORDS = {"mha": "multi-head attention", "gqa": "grouped-query attention", 
 
 def plugin_options_unsupported(cfg: Any) -> list[str]:
     """One sentence per option of a model config that a plugin registered
-    (:data:`transformer.plugins.ORIGINS`): no exporter maps them, whatever their shape."""
+    (:data:`transformer.plugins.ORIGINS`) and that reaches the exported model (``model/attention``,
+    ``model/ffn``, ``model/norm``, ``model/position``, its RoPE scaling, ``model.qk_norm``, a mixture
+    of experts' expert and router): no exporter maps them, whatever their shape. A plugin's
+    training-only option (``lr_scheduler``) shapes no weight and is never refused."""
     rope = getattr(getattr(cfg.position, "rope_scaling", None), "rope_type", "default")
     chosen = [("model/attention", "model/attention", cfg.attention.name), ("model/ffn", "model/ffn", cfg.ffn.name),
               ("model/norm", "model/norm", cfg.norm.name), ("model/position", "model/position", cfg.position.name),
@@ -42,6 +47,47 @@ def plugin_options_unsupported(cfg: Any) -> list[str]:
         if owner is not None:
             why.append(f"{label}={option}: an option of the plugin {owner}; the exporters map the zoo's own options only")
     return why
+
+
+_TRAINING_OPTIONS = {"lr_scheduler": LR_SCHEDULERS}
+"""The groups of a run config that do not reach the exported model, and the options known here (built
+in, or registered by a plugin imported in this process)."""
+
+
+def readable_run_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """A run config kept beside an exported model (``transformer_zoo.yaml``, a plain dict) made readable
+    in this process: a training-only option (``lr_scheduler``) of a plugin that is not imported here
+    (``plugins=[...]`` names it) is dropped with a note on stderr, the group taking its default, and
+    ``plugins`` / ``plugin_files`` then hold only the plugins whose options remain (those imported
+    here, recorded from where they were imported). The model's options come from ``config.json``.
+
+    Args:
+        raw: the run config as a plain dict (not changed).
+
+    Returns:
+        A new dict.
+    """
+    raw = dict(raw)
+    dropped, kept = [], set()
+    for group in GROUPS.values():
+        known = _TRAINING_OPTIONS.get(group.path)
+        node = raw.get(group.path)
+        if known is None or not isinstance(node, dict) or node.get(group.key) is None:
+            continue
+        name = str(node[group.key])
+        owner = plugin_of(group.switch, name)
+        if name not in known:
+            dropped.append(f"{group.switch}={name}")
+            del raw[group.path]
+            default = getattr(group.base(), group.key)
+            print(f"note: {group.switch}={name} is an option of a plugin not imported here (name it with plugins=[...] "
+                  f"to keep its fields); the imported run has the default {group.switch}={default}", file=sys.stderr)
+        elif owner is not None:
+            kept.add(owner)
+    if dropped or kept:
+        plugins = [p for p in loaded_plugins() if p.name in kept]
+        raw["plugins"], raw["plugin_files"] = record_plugins(plugins)
+    return raw
 
 
 def is_latent(cfg: Any) -> bool:

@@ -22,6 +22,7 @@ from transformer.data.tokenizer import Tokenizer
 from transformer.generation import load_run
 from transformer.interop import ct2, hf_llama, hf_marian, hf_moe
 from transformer.interop.common import ExportError, refuse, staging_dir, plugin_options_unsupported
+from transformer.plugins import import_plugins
 from transformer.training.checkpoint import save_checkpoint
 
 __all__ = ["FORMATS", "export_run", "import_hf_llama", "run_export", "unsupported"]
@@ -189,14 +190,21 @@ def run_export(cfg: Any) -> Path:
     Returns:
         The folder written.
 
+    With ``format=zoo`` the plugins ``cfg.plugins`` names are imported first: the exported run's
+    training-only options of theirs (``lr_scheduler``) are then kept with their fields, those of
+    plugins not named are dropped with a note (:func:`~transformer.interop.common.readable_run_config`).
+
     Raises:
         ExportError: see :func:`export_run` and :func:`import_hf_llama`; also ``quantization``
             with ``format=zoo``. Nothing is written.
         LoadError: the checkpoint cannot be loaded.
+        ConfigError: a run config beside the exported model that does not fit the schema.
+        PluginError: a plugin named that cannot be imported.
     """
     if cfg.format == "zoo":
         if cfg.quantization is not None:
             raise ExportError("quantization applies to format=ctranslate2 only")
+        import_plugins(cfg.get("plugins") or [])  # the run's training-only plugin options are then kept and read
         out = import_hf_llama(cfg.run, cfg.out, force=bool(cfg.force))
     else:
         out = export_run(cfg.run, str(cfg.format), cfg.out, force=bool(cfg.force), quantization=cfg.quantization)

@@ -13,7 +13,8 @@ from typing import Any
 from omegaconf import OmegaConf
 from torch import nn
 
-from transformer.config import Config, rope_scaling, typed_config
+from transformer.config import Config, ConfigError, rope_scaling, typed_config
+from transformer.interop.common import readable_run_config
 
 __all__ = [
     "HF_ACT",
@@ -145,14 +146,23 @@ def write_hf_folder(hf: Any, model: nn.Module, tokenizer: Any, folder: Path, run
 
 def imported_run_config(folder: Path, model_fields: dict[str, Any]) -> Any:
     """The run config of an imported HF folder: ``transformer_zoo.yaml`` when the folder has one (else
-    the defaults), with its ``model`` section replaced by ``model_fields`` over
+    the defaults; a plugin's training-only option not imported here dropped with a note,
+    :func:`~transformer.interop.common.readable_run_config`), with its ``model`` section replaced by
+    ``model_fields`` over
     :class:`~transformer.config.ModelConfig`'s defaults (``config.json`` is the source of truth for
     the architecture).
 
     Returns:
         A DictConfig over :class:`~transformer.config.Config`.
+
+    Raises:
+        ConfigError: ``transformer_zoo.yaml`` does not fit the schema (the message names the file).
     """
     zoo = folder / ZOO_CONFIG
-    run_cfg = OmegaConf.to_container(typed_config(OmegaConf.load(zoo) if zoo.is_file() else None), resolve=False)
+    saved = readable_run_config(OmegaConf.to_container(OmegaConf.load(zoo), resolve=False)) if zoo.is_file() else None
+    try:
+        run_cfg = OmegaConf.to_container(typed_config(saved), resolve=False)
+    except ConfigError as err:
+        raise ConfigError(f"{zoo}: {err}") from None
     run_cfg["model"] = model_fields
     return typed_config(run_cfg)
