@@ -4,6 +4,7 @@ claims to (a deliberately broken attention fails the check it breaks)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -119,3 +120,58 @@ def test_the_kit_catches_a_non_finite_gradient():
     with pytest.raises(AssertionError, match="non-finite"):
         check_model(model, ["gradients"])
 
+
+
+# ---------------------------------------------------------------- schedules (issue 43)
+
+@pytest.mark.parametrize("name,fields", [("inverse_sqrt", {}), ("inverse_sqrt", {"form": "noam"}), ("cosine", {}),
+                                         ("cosine", {"min_lr": 1e-5, "warmup_init_lr": 1e-7}),
+                                         ("constant", {"warmup_updates": 0})])
+def test_every_builtin_schedule_passes_the_kit(name, fields):
+    check_option("lr_scheduler", name, **fields)
+
+
+def test_the_command_line_checks_a_schedule(capsys):
+    assert main(["lr_scheduler=cosine"]) == 0  # was an IndexError
+    assert capsys.readouterr().out == "lr_scheduler=cosine: finite rates >= 0, a rising warmup, a pure function: passed\n"
+    assert main(["lr_scheduler=cosine", "lr_scheduler.warmup_updates=50"]) == 2  # as training refuses it
+    assert capsys.readouterr().err.startswith("error: lr_scheduler=cosine needs train.max_updates (40) > ")
+
+
+def test_the_command_line_checks_every_option_a_plugin_registers_schedules_included():
+    out = subprocess.run([sys.executable, "-m", "transformer.testing", f"plugins=[{EXAMPLES / 'wsd_schedule'}]"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout == ("lr_scheduler=wsd: finite rates >= 0, a rising warmup, a pure "
+                                                  "function: passed\n"), out.stderr
+    out = subprocess.run([sys.executable, "-m", "transformer.testing", f"plugins=[{EXAMPLES / 'wsd_schedule'}]",
+                          "lr_scheduler=wsd", "lr_scheduler.decay_fraction=1.5"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2 and out.stderr == ("error: lr_scheduler=wsd: lr_scheduler.decay_fraction=1.5 must be "
+                                                  "in (0, 1]\n")  # the plugin's own validate()
+    out = subprocess.run([sys.executable, "-m", "transformer.testing", f"plugins=[{EXAMPLES / 'scalenorm'}]",
+                          "model.norm.scale_init=2.0"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.count("passed (model/norm=scalenorm)") == 2, out.stderr
+
+
+_CALLS = {"n": 0}
+
+
+def _impure(update, cfg, base_lr, d_model, max_updates):
+    _CALLS["n"] += 1  # a rate that depends on how often it was asked
+    return base_lr * min(1.0, update / cfg.warmup_updates) * (1.0 + 1e-3 * (_CALLS["n"] % 3))
+
+
+@pytest.mark.parametrize("name,schedule,words", [
+    ("kit_negative_sched", lambda u, cfg, lr, d, n: lr * (1 - 2 * u / n), "the rate of update 21 is -5.0"),
+    ("kit_nan_sched", lambda u, cfg, lr, d, n: float("nan") if u == 7 else lr, "the rate of update 7 is nan"),
+    ("kit_falling_sched", lambda u, cfg, lr, d, n: lr / u, "the warmup (lr_scheduler.warmup_updates=5) does not rise"),
+    ("kit_impure_sched", _impure, "is not a pure function of its arguments"),
+])
+def test_the_kit_catches_a_broken_schedule(name, schedule, words):
+    from transformer.registry import register_lr_scheduler
+    from transformer.testing import check_schedule
+
+    if ("lr_scheduler", name) not in ORIGINS:
+        register_lr_scheduler(name, schedule)
+    with pytest.raises(AssertionError, match=re.escape(words)):
+        check_schedule(name)

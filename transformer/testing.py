@@ -15,10 +15,14 @@ fails:
 - :func:`check_gradients`: every trainable parameter gets a finite gradient;
 - :func:`check_bf16`: the forward and backward under bf16 autocast stay finite.
 
+A learning-rate schedule (``lr_scheduler``) is no module: :func:`check_schedule` holds it to its own
+properties (a finite rate ``>= 0`` at every update, a rising warmup, a pure function of its arguments).
+
 Use :func:`check_option` for all of them on both families, from pytest or the command line::
 
     python -m transformer.testing plugins=[examples/plugins/diff_attention] model/attention=diff
     python -m transformer.testing model/ffn=moe model.ffn.n_experts=4          # a built-in option
+    python -m transformer.testing lr_scheduler=cosine lr_scheduler.min_lr=1e-5   # a schedule
 
     # in a test file
     from transformer.testing import check_option
@@ -28,6 +32,7 @@ Use :func:`check_option` for all of them on both families, from pytest or the co
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any, Callable, Iterable
 
@@ -35,14 +40,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
-from transformer.config import GROUPS, typed_config, validate_model_config
+from transformer.config import GROUPS, typed_config, validate_config, validate_model_config
 from transformer.generation import beam_search, greedy_search
 from transformer.models import build_model
 from transformer.plugins import ORIGINS, PluginError, import_plugins
+from transformer.training.schedules import build_scheduler
 
-__all__ = ["ARCHS", "CHECKS", "MODULES", "check_bf16", "check_causality", "check_gradients",
-           "check_incremental_decoding", "check_model", "check_option", "check_padding", "check_search_batching",
-           "main", "tiny_model"]
+__all__ = ["ARCHS", "CHECKED", "CHECKS", "MODULES", "check_bf16", "check_causality", "check_gradients",
+           "check_incremental_decoding", "check_model", "check_option", "check_padding", "check_schedule",
+           "check_search_batching", "main", "tiny_model"]
 
 ARCHS = ("encoder_decoder", "decoder_only")
 V, PAD, BOS, EOS, SEP = 40, 0, 2, 3, 4  # the vocabulary and special ids of the checks' tiny models
@@ -242,6 +248,9 @@ def check_option(switch: str | None = None, name: str | None = None, *, plugins:
         ConfigError: an invalid combination.
     """
     import_plugins(plugins)
+    if switch == "lr_scheduler":
+        check_schedule(str(name), **fields)
+        return
     chosen = dict(options or {})
     if switch is not None:
         if switch in GROUPS:
@@ -253,20 +262,86 @@ def check_option(switch: str | None = None, name: str | None = None, *, plugins:
         check_model(model, checks)
 
 
+def check_schedule(name: str, *, max_updates: int = 40, base_lr: float = 1e-3, d_model: int = 32,
+                   **fields: Any) -> None:
+    """The properties of ``lr_scheduler=name`` (``fields``: its ``lr_scheduler.*`` fields, default
+    ``warmup_updates=5``), as training builds it (:func:`~transformer.training.build_scheduler`) for a
+    run of ``max_updates`` updates at peak ``base_lr``:
+
+    - the config passes validation (the option's ``validate`` / ``validate_config`` included);
+    - the rate is finite and ``>= 0`` at every update from 1 to ``max_updates``;
+    - with ``warmup_updates >= 2`` it never falls during the warmup and ends it higher than it began;
+    - it is a pure function of its arguments: the rates asked in reverse order, asked again, read off
+      an optimizer stepped through the run, and read after loading the scheduler's state at every
+      update (a resume) are the same numbers.
+
+    Raises:
+        AssertionError: a property failed (the message names it and the update).
+        ConfigError: an invalid configuration (named as by training).
+    """
+    cfg = typed_config({"lr_scheduler": {"name": name, "warmup_updates": 5, **fields}, "train": {"max_updates": max_updates}})
+    validate_config(cfg)
+
+    def scheduler() -> Any:
+        optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=base_lr)
+        return optimizer, build_scheduler(optimizer, cfg.lr_scheduler, base_lr, d_model, max_updates)
+
+    optimizer, sched = scheduler()
+    updates = range(1, max_updates + 1)
+    rates = [sched.lr_for_update(u) for u in updates]
+    for u, lr in zip(updates, rates):
+        if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
+            raise AssertionError(f"lr_scheduler={name}: the rate of update {u} is {lr!r}, not a finite number >= 0")
+    warmup = int(cfg.lr_scheduler.warmup_updates)
+    if warmup >= 2:
+        falls = [u for u in range(2, min(warmup, max_updates) + 1) if rates[u - 1] < rates[u - 2]]
+        if falls or not rates[min(warmup, max_updates) - 1] > rates[0]:
+            raise AssertionError(f"lr_scheduler={name}: the warmup (lr_scheduler.warmup_updates={warmup}) does not rise "
+                                 f"(update 1: {rates[0]:.3g}, update {warmup}: {rates[min(warmup, max_updates) - 1]:.3g}"
+                                 + (f"; it falls at update {falls[0]}" if falls else "") + ")")
+    stepped = []
+    for _ in updates:
+        stepped.append(float(optimizer.param_groups[0]["lr"]))
+        optimizer.step()
+        sched.step()
+    state = sched.state_dict()
+    fresh = scheduler()[1]
+    again = [fresh.lr_for_update(u) for u in reversed(updates)][::-1]
+    resumed = []
+    for u in updates:
+        other_optimizer, other = scheduler()
+        other.load_state_dict({**state, "last_epoch": u - 1})
+        resumed.append(float(other_optimizer.param_groups[0]["lr"]))
+    for what, values in (("asked in reverse order by a new scheduler", again),
+                         ("read off the optimizer during the run", stepped), ("after a resume at each update", resumed)):
+        differ = [u for u, a, b in zip(updates, rates, values) if a != b]
+        if differ:
+            u = differ[0]
+            raise AssertionError(f"lr_scheduler={name} is not a pure function of its arguments: the rate of update {u} "
+                                 f"is {rates[u - 1]!r}, and {values[u - 1]!r} {what}")
+
+
 MODULES = ("model/attention", "model/ffn", "model/norm", "model/position")
 """The groups whose options are modules the kit checks on their own (the others, e.g. a RoPE
 scaling, are checked with the option they belong to: ``model/position=rope`` and its fields)."""
 
 
+CHECKED = (*MODULES, "lr_scheduler")
+"""The groups whose options the command checks when a plugin is named without an option:
+the modules' (:data:`MODULES`, :func:`check_model`) and the schedules (:func:`check_schedule`)."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m transformer.testing [plugins=[...]] [<group>=<option>] [model.<field>=<value> ...]``:
-    every check on both families; prints one line per family and exits 1 on the first failure,
-    2 on a bad argument or plugin. Without ``<group>=<option>``, every option of those groups the
-    named plugins registered is checked in turn (with its default fields)."""
+    """``python -m transformer.testing [plugins=[...]] [<group>=<option> ...] [model.<field>=<value> ...]
+    [lr_scheduler.<field>=<value> ...] [train.max_updates=N]``: every check on both families (a
+    schedule: :func:`check_schedule`); prints one line per family (per schedule) and exits 1 on the
+    first failure, 2 on a bad argument or plugin. Without ``<group>=<option>``, every option of the
+    groups of :data:`CHECKED` the named plugins registered is checked in turn (with its default fields)."""
     args = list(sys.argv[1:] if argv is None else argv)
     plugins: list[str] = []
     options: dict[str, str] = {}
     fields: dict[str, Any] = {}
+    schedule: dict[str, Any] = {}
     for arg in args:
         key, sep, value = arg.partition("=")
         if not sep:
@@ -278,20 +353,34 @@ def main(argv: list[str] | None = None) -> int:
             options[key] = value
         elif key.startswith("model."):
             fields[key[len("model."):]] = OmegaConf.from_dotlist([f"v={value}"]).v
+        elif key.startswith("lr_scheduler.") or key == "train.max_updates":
+            schedule[key.removeprefix("lr_scheduler.").removeprefix("train.")] = OmegaConf.from_dotlist([f"v={value}"]).v
         else:
-            print(f"error: {arg}: expected <group>=<option> ({', '.join(GROUPS)}) or model.<field>=<value>",
-                  file=sys.stderr)
+            print(f"error: {arg}: expected <group>=<option> ({', '.join(GROUPS)}), model.<field>=<value>, "
+                  "lr_scheduler.<field>=<value> or train.max_updates=<n>", file=sys.stderr)
             return 2
     try:
         loaded = {p.name for p in import_plugins(plugins)}
-        runs = [options]
+        runs = [options] if options else []
         if not options:
-            runs = [{switch: name} for (switch, name), owner in ORIGINS.items() if owner in loaded and switch in MODULES]
+            runs = [{switch: name} for (switch, name), owner in ORIGINS.items() if owner in loaded and switch in CHECKED]
             if not runs:
                 raise ValueError("name the option to check, e.g. model/attention=diff (" + (
-                    f"the plugins {', '.join(sorted(loaded))} register no option of {', '.join(MODULES)})"
+                    f"the plugins {', '.join(sorted(loaded))} register no option of {', '.join(CHECKED)})"
                     if loaded else f"a group of {', '.join(GROUPS)})"))
         for chosen in runs:
+            chosen = dict(chosen)
+            if "lr_scheduler" in chosen:
+                name = chosen.pop("lr_scheduler")
+                check_schedule(name, **schedule)
+                print(f"lr_scheduler={name}: finite rates >= 0, a rising warmup, a pure function: passed")
+            elif schedule:
+                raise ValueError(f"{', '.join(f'lr_scheduler.{k}' for k in schedule)}: name the schedule, e.g. "
+                                 "lr_scheduler=cosine")
+            if not chosen and fields:
+                raise ValueError("model.* fields given without a model option; name one, e.g. model/norm=rmsnorm")
+            if not chosen:
+                continue
             for arch in ARCHS:
                 model, _ = tiny_model(arch, chosen, **fields)
                 check_model(model)
