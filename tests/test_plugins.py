@@ -236,3 +236,164 @@ def test_a_recorded_plugin_says_whether_it_changed_or_was_renamed(tmp_path):
             import_recorded(run, config)
     finally:
         set_user_choice([])
+
+
+# ---------------------------------------------------------------- issue 43: fields, checks, errors, export
+
+PROBE_NORM = '''"""A norm that says what its constructor received (the contract of transformer.registry)."""
+import sys
+from dataclasses import dataclass
+
+from torch import nn
+
+from transformer.config import NormConfig
+from transformer.registry import register_norm
+
+
+@dataclass
+class ProbeNormConfig(NormConfig):
+    name: str = "probe_norm"
+    tag: str = "unset"
+
+
+@register_norm("probe_norm", config=ProbeNormConfig)
+class ProbeNorm(nn.LayerNorm):
+    @classmethod
+    def from_sizes(cls, *, width, eps, config):
+        print(f"probe_norm built: width={width} tag={config.tag}", file=sys.stderr)
+        return cls(width, eps=eps)
+'''
+
+BROKEN_SCHEDULE = '''from transformer.registry import register_lr_scheduler
+
+
+@register_lr_scheduler("broken_sched")
+def broken(update, cfg, base_lr, d_model, max_updates):
+    raise RuntimeError("my schedule bug")
+'''
+
+
+def _other_plugins(user: dict) -> Path:
+    """The issue-43 plugins in the user's folder: the WSD and ScaleNorm examples, a probe norm and a
+    schedule that fails when called."""
+    more = user["root"] / "more_ideas"
+    if not more.exists():
+        for name in ("wsd_schedule", "scalenorm"):
+            shutil.copytree(EXAMPLES / name, more / name, ignore=shutil.ignore_patterns("__pycache__"))
+        _plugin(more / "probe_norm", PROBE_NORM)
+        _plugin(more / "broken_sched", BROKEN_SCHEDULE)
+    return more
+
+
+def _plain_args(user: dict, run_dir: Path, plugins: list[Path], *extra: str) -> list[str]:
+    """:func:`_train_args` without the two examples' options, with ``plugins`` instead."""
+    args = [a for a in _train_args(user, run_dir) if not a.startswith("plugins=") and a not in OPTIONS]
+    return [f"plugins=[{','.join(str(p) for p in plugins)}]", *args, *extra]
+
+
+def test_a_plugin_norms_field_reaches_its_constructor_in_training_resume_and_translate(user):
+    more = _other_plugins(user)
+    run_dir = user["root"] / "probe_run"
+    args = _plain_args(user, run_dir, [more / "probe_norm"], "model/norm=probe_norm", "model.norm.tag=hello",
+                       "model.qk_norm=probe_norm", "model.norm_position=pre")
+    out = _run(user, "train.py", *args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "probe_norm built: width=32 tag=hello" in out.stderr  # model.norm, over d_model
+    assert "probe_norm built: width=8 tag=hello" in out.stderr  # model.qk_norm, over head_dim, the same node
+    assert "tag: hello" in (run_dir / "config.yaml").read_text()
+    out = _run(user, "train.py", *args[:-3], "train.max_updates=6", "train.resume=true")  # the field from the run
+    assert out.returncode == 0 and "resumed from" in out.stderr, out.stderr[-3000:]
+    assert "probe_norm built: width=32 tag=hello" in out.stderr
+    src = user["root"] / "probe.txt"
+    src.write_text("A man rides a bike.\n", encoding="utf-8")
+    out = _run(user, "translate.py", f"checkpoint={run_dir}", f"input={src}", "progress=false")
+    assert out.returncode == 0 and len(out.stdout.splitlines()) == 1, out.stderr[-2000:]
+    assert "probe_norm built: width=32 tag=hello" in out.stderr
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["lr_scheduler=wsd", "lr_scheduler.decay_fraction=1.5"],
+     ["lr_scheduler=wsd: lr_scheduler.decay_fraction=1.5 must be in (0, 1]"]),  # validate(self)
+    (["lr_scheduler=wsd", "lr_scheduler.decay_fraction=0.9"],  # validate_config(self, cfg): warmup 2 + 4 > 4
+     ["lr_scheduler=wsd: lr_scheduler.warmup_updates=2 plus the decay's 4 updates", "train.max_updates=4"]),
+    (["model/norm=scalenorm", "model.norm.scale_init=-1"], ["model/norm=scalenorm: model.norm.scale_init=-1"]),
+    (["lr_scheduler=broken_sched"],  # the plugin's own code fails when the run is built
+     ["the plugin broken_sched failed at", "broken_sched/__init__.py:6", "RuntimeError: my schedule bug"]),
+])
+def test_a_plugin_option_refused_or_failing_ends_in_one_line_and_leaves_no_folder(user, extra, words):
+    more = _other_plugins(user)
+    run_dir = user["root"] / "refused_run"
+    plugins = [more / "wsd_schedule", more / "scalenorm", more / "broken_sched"]
+    out = _run(user, "train.py", *_plain_args(user, run_dir, plugins, *extra))
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2 and [ln for ln in lines if ln.startswith("error: ")] == lines[-1:], out.stderr[-3000:]
+    assert all(w in lines[-1] for w in words), lines[-1]  # after the data's log line when the run was being built
+    assert len(lines) == 1 or extra == ["lr_scheduler=broken_sched"], out.stderr[-3000:]  # refused before any work
+    assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
+
+
+def test_a_run_with_a_plugin_schedule_exports_and_imports_back(user):
+    pytest.importorskip("transformers")
+    more = _other_plugins(user)
+    run_dir = user["root"] / "wsd_run"
+    out = _run(user, "train.py", *_plain_args(user, run_dir, [more / "wsd_schedule"], "model=llama_style",
+                                              "data.joint_vocab=true", "lr_scheduler=wsd",
+                                              "lr_scheduler.decay_fraction=0.5", "lr_scheduler.warmup_updates=1"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    hf = user["root"] / "wsd_hf"
+    out = _run(user, "export.py", f"run={run_dir}", f"out={hf}", "format=hf")
+    assert out.returncode == 0, out.stderr[-3000:]
+    # without the plugin: its schedule is dropped with a note, the imported run has the default one
+    back = user["root"] / "wsd_back"
+    out = _run(user, "export.py", f"run={hf}", f"out={back}", "format=zoo")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "note: lr_scheduler=wsd is an option of a plugin not imported here" in out.stderr
+    saved = (back / "config.yaml").read_text()
+    assert "decay_fraction" not in saved and "name: inverse_sqrt" in saved and "wsd_schedule" not in saved
+    # with it: the fields kept and read, the plugin recorded from where it was named
+    kept = user["root"] / "wsd_back_kept"
+    out = _run(user, "export.py", f"run={hf}", f"out={kept}", "format=zoo", f"plugins=[{more / 'wsd_schedule'}]")
+    assert out.returncode == 0 and "note:" not in out.stderr, out.stderr[-3000:]
+    saved = (kept / "config.yaml").read_text()
+    assert "name: wsd" in saved and "decay_fraction: 0.5" in saved and str(more / "wsd_schedule") in saved
+    src = user["root"] / "wsd.txt"
+    src.write_text("A man rides a bike.\n", encoding="utf-8")
+    for folder in (back, kept):
+        out = _run(user, "translate.py", f"checkpoint={folder}", f"input={src}", "progress=false")
+        assert out.returncode == 0 and len(out.stdout.splitlines()) == 1, out.stderr[-2000:]
+    # a run config beside the model that does not fit the schema: one line, exit status 2
+    (hf / "transformer_zoo.yaml").write_text("lr_scheduler:\n  warmup_updates: many\n")
+    _one_error_line(_run(user, "export.py", f"run={hf}", f"out={user['root'] / 'bad_back'}", "format=zoo"),
+                    str(hf / "transformer_zoo.yaml"), "'many'")
+
+
+def test_validate_and_validate_config_run_for_a_schedule_and_name_it():
+    from transformer.config import ConfigError, typed_config, validate_config
+    from transformer.plugins import import_plugins
+
+    import_plugins([EXAMPLES / "wsd_schedule"])
+    cfg = typed_config({"lr_scheduler": {"name": "wsd", "decay_fraction": 0.25, "warmup_updates": 10},
+                        "train": {"max_updates": 100}})
+    validate_config(cfg)  # fits: 10 + 25 <= 100
+    cfg.lr_scheduler.decay_fraction = 1.5
+    with pytest.raises(ConfigError, match=r"^lr_scheduler=wsd: lr_scheduler.decay_fraction=1.5 must be in \(0, 1\]$"):
+        validate_config(cfg)
+    cfg.lr_scheduler.decay_fraction = 0.25
+    cfg.train.max_updates = 0
+    cfg.train.max_time = 60
+    with pytest.raises(ConfigError, match=r"^lr_scheduler=wsd: needs train.max_updates > 0"):
+        validate_config(cfg)
+
+
+def test_a_norms_from_sizes_gets_the_norm_node_and_qk_norm_the_same_or_the_defaults():
+    from transformer.plugins import import_plugins
+    from transformer.testing import tiny_model
+
+    import_plugins([EXAMPLES / "scalenorm"])
+    model, _ = tiny_model("decoder_only", {"model/norm": "scalenorm"}, **{"norm.scale_init": 3.0, "qk_norm": "scalenorm"})
+    scales = {name: float(p.detach()) for name, p in model.named_parameters() if name.endswith(".scale")}
+    assert scales and all(v == 3.0 for v in scales.values())  # the stacks' norms and the QK-norms: the node's field
+    assert any("q_norm" in name for name in scales)
+    model, _ = tiny_model("decoder_only", {"model/norm": "rmsnorm"}, qk_norm="scalenorm")
+    scales = {name: float(p.detach()) for name, p in model.named_parameters() if name.endswith(".scale")}
+    assert scales and all(v == pytest.approx(8 ** 0.5) for v in scales.values())  # the option's default: sqrt(head_dim)
