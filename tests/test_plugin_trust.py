@@ -1,4 +1,4 @@
-"""Trust comes only from the command line (transformer/plugins.py): a run folder whose own
+"""Trust comes only from the command line (transformer/plugins/): a run folder whose own
 ``config.yaml`` says ``plugins_trust: true`` and points ``plugins`` at its own copy of the plugin (with
 matching hashes), as one received from someone else might, makes no command import that copy;
 ``plugins_trust=true`` on the command line does. A resume with ``plugins_trust=true`` records neither
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from omegaconf import OmegaConf
 
 from tests.conftest import REPO_ROOT, SHARED_DATA
 
@@ -92,10 +92,10 @@ def _craft(run: Path, received: Path) -> Path:
     for name in ("config.yaml", ".hydra/config.yaml"):
         path = received / name
         if path.is_file():
-            cfg = yaml.safe_load(path.read_text())
-            cfg["plugins"] = [str(received / "plugins" / "trust_probe")]
-            cfg["plugins_trust"] = True
-            path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+            cfg = OmegaConf.load(path)
+            cfg.plugins = [str(received / "plugins" / "trust_probe")]
+            cfg.plugins_trust = True
+            OmegaConf.save(cfg, path)
     return received
 
 
@@ -124,7 +124,7 @@ def test_a_run_folder_that_trusts_itself_is_refused_and_the_command_line_decides
         assert (tmp_path / "hf" / "config.json").is_file()
         _imported(home, _run(home, *resume, "plugins_trust=true"))
         assert json.loads((run / "results.json").read_text())["updates"] == 3
-        saved = yaml.safe_load((run / "config.yaml").read_text())
+        saved = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"))
         assert saved["plugins_trust"] is False  # trust is never written into the run
         _refused(home, _run(home, *translate), *words)  # and the next command needs it again
     finally:
@@ -144,7 +144,7 @@ def test_a_trusted_resume_keeps_the_recorded_path_and_records_no_trust(home, tmp
         args = [a for a in _train_args(home, run, "train.max_updates=3", "train.resume=true") if not a.startswith("plugins=")]
         _refused(home, _run(home, "train.py", *args), "is not there any more", "plugins_trust=true")
         _imported(home, _run(home, "train.py", *args, "plugins_trust=true"))
-        saved = yaml.safe_load((run / "config.yaml").read_text())
+        saved = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"))
         assert saved["plugins"] == [str(home["probe"])]  # where it was trained, not the run's copy
         assert saved["plugins_trust"] is False
         results = json.loads((run / "results.json").read_text())

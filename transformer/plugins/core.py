@@ -1,36 +1,6 @@
-"""Plugins: the user's own switch options, imported from their folder, recorded with the run, and
-never imported behind the user's back.
-
-A plugin is a folder that is a Python package (``my_ideas/__init__.py``, which registers options
-through :mod:`transformer.registry`), a single ``.py`` file, or an importable module name. The
-switch ``plugins=[path/to/my_ideas]`` imports it before the configuration is validated, and adds its
-``configs/`` folder (when it has one) to Hydra's search path. Like fairseq's ``--user-dir``, the
-folder's parent goes on ``sys.path`` and the package is imported under its folder name, so its own
-modules import each other as usual.
-
-**Recorded with the run.** A training run writes ``plugin_files`` into its config (``<plugin
-name>/<file> -> sha256`` for every ``.py`` and ``configs/**.yaml`` file) and copies the files into
-``<run>/plugins/<plugin name>/`` (:func:`record_plugins`). Any later command that loads the run
-(:func:`import_recorded`: translate, evaluate, export, a resume) imports the plugin again:
-
-1. from the folder it was trained with (``plugins`` holds its absolute path), when every file
-   there still has its recorded hash and the folder lies outside the run folder;
-2. else from a folder the user names (``plugins=[...]`` on that command), when its files match;
-3. else, only with ``plugins_trust=true`` on that command, from the run folder's copy (checked
-   against the hashes).
-
-Otherwise the command stops with one line naming the recorded files and ``plugins_trust=true``
-(:class:`PluginError`): loading a checkpoint never executes code the user did not choose (the reason
-weights are read with safetensors and ``weights_only``; Hugging Face asks for
-``trust_remote_code=True``).
-
-**Trust is the command's, never the folder's.** ``plugins_trust`` is read from the command line of
-each command only (:func:`set_user_choice`); a run never records it as true (:func:`untrusted`
-clears it before a config is written) and a recorded value is ignored. A run folder received from
-someone else cannot vouch for itself: a recorded path inside the run folder (its own copy, or any
-other folder in it) is never "the folder it was trained with", and a recorded plugin without
-recorded hashes is imported only from a folder the user names.
-"""
+"""The plugins themselves: where a ``plugins`` entry is, importing it once per process, what the
+command's user named (:func:`set_user_choice`), and the options each plugin registered
+(:data:`ORIGINS`). The package docstring (:mod:`transformer.plugins`) tells the whole story."""
 
 from __future__ import annotations
 
@@ -42,11 +12,9 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Iterable, Iterator
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-
-from transformer.io import atomic_write_bytes
 
 __all__ = [
     "ORIGINS",
@@ -57,19 +25,12 @@ __all__ = [
     "hydra_searchpath",
     "import_plugin",
     "import_plugins",
-    "import_recorded",
-    "kept_recorded_paths",
     "loaded_plugins",
     "plugin_files",
     "plugin_of",
     "plugins_named",
-    "record_plugins",
     "set_user_choice",
-    "untrusted",
 ]
-
-RUN_SUBDIR = "plugins"
-"""The run folder's copy of the plugins it trained with: ``<run>/plugins/<plugin name>/``."""
 
 
 class PluginError(ValueError):
@@ -130,31 +91,6 @@ def set_user_choice(paths: Iterable[str] | None = None, trust: bool = False) -> 
     may be imported. Scripts call it once from their command line."""
     _USER["paths"] = [str(p) for p in (paths or [])]
     _USER["trust"] = bool(trust)
-
-
-def untrusted(config: Any) -> Any:
-    """``config`` (a dict, DictConfig or dataclass-typed config with a ``plugins_trust`` field) with
-    ``plugins_trust`` set to false, in place: what a run writes into its folder and what a command
-    reads from one, so that trust never travels with a run (it is each command's own switch).
-
-    Returns:
-        ``config`` itself.
-    """
-    if isinstance(config, dict):
-        if config.get("plugins_trust"):
-            config["plugins_trust"] = False
-    elif getattr(config, "plugins_trust", False):
-        config.plugins_trust = False
-    return config
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    """Whether ``path`` (resolved) is ``folder`` or lies under it."""
-    try:
-        path.resolve().relative_to(folder.resolve())
-    except ValueError:
-        return False
-    return True
 
 
 def _sha256(path: Path) -> str:
@@ -307,132 +243,6 @@ def command_line_plugins(argv: list[str]) -> list[str]:
     return rest[:at] + [f"hydra.searchpath=[{','.join(searchpath)}]"] + rest[at:]
 
 
-def record_plugins(plugins: Iterable[Plugin], run_dir: str | Path | None = None) -> tuple[list[str], dict[str, str]]:
-    """What a run records of its plugins, and the copy of their files in ``<run_dir>/plugins/``.
-
-    Returns:
-        ``(plugins, plugin_files)`` for the run's config: each plugin's absolute folder (or file, or
-        module name) and ``<plugin name>/<relative path> -> sha256`` of its files.
-    """
-    plugins = list(plugins)
-    paths = [str(p.root) if p.module == p.name else p.module for p in plugins]
-    hashes = {f"{p.name}/{rel}": sha for p in plugins for rel, sha in p.files.items()}
-    if run_dir is not None:
-        for p in plugins:
-            for rel, sha in p.files.items():
-                dest = Path(run_dir) / RUN_SUBDIR / p.name / rel
-                if dest.is_file() and _sha256(dest) == sha:
-                    continue
-                source = p.root / rel if p.root.is_dir() else p.root
-                atomic_write_bytes(dest, source.read_bytes())
-    return paths, hashes
-
-
-def kept_recorded_paths(plugins: Iterable[Plugin], paths: list[str], recorded: Iterable[str] | None,
-                        run_dir: str | Path) -> list[str]:
-    """``paths`` (:func:`record_plugins`'s) with each plugin imported from inside ``run_dir`` (its
-    trusted copy) recorded by the path the run recorded before: a resume with ``plugins_trust=true``
-    never turns a run's record of where its plugins live into its own copy."""
-    before = {_name_of(str(e)): str(e) for e in recorded or []}
-    return [before.get(p.name, path) if _inside(p.root, Path(run_dir)) else path for p, path in zip(plugins, paths)]
-
-
-def _expected(recorded: dict[str, str], name: str) -> dict[str, str]:
-    prefix = name + "/"
-    return {k[len(prefix):]: v for k, v in recorded.items() if k.startswith(prefix)}
-
-
 def _name_of(entry: str) -> str:
     path = Path(entry)
     return path.stem if path.suffix == ".py" else (path.name if "/" in entry else entry.rsplit(".", 1)[-1])
-
-
-def _what_became_of(entry: str, expected: dict[str, str]) -> str:
-    """``is not there any more`` or ``has changed since the run (<files>)`` for a recorded plugin."""
-    try:
-        _, root, _ = _locate(entry)
-    except PluginError:
-        return "is not there any more"
-    now = plugin_files(root)
-    changed = sorted(k for k in expected.keys() | now.keys() if expected.get(k) != now.get(k))
-    return f"has changed since the run ({', '.join(changed[:4])}{' and more' if len(changed) > 4 else ''})"
-
-
-def _refuse_a_renamed_copy(run_dir: str | Path, name: str, expected: dict[str, str]) -> None:
-    """A folder the user named holds the recorded files under another name: say that the folder's name
-    is the plugin's (its import name, the key of its recorded files) instead of refusing it as unknown."""
-    for path in _USER["paths"]:
-        try:
-            _, root, on_disk = _locate(path)
-        except PluginError:
-            continue
-        if on_disk and (root.stem if root.is_file() else root.name) != name and expected and plugin_files(root) == expected:
-            raise PluginError(f"plugins: {root} holds the files of the plugin {name} that {run_dir} recorded, under "
-                              f"another name; a plugin is imported under its folder's name: name the folder {name}")
-
-
-def import_recorded(run_dir: str | Path, config: Any) -> list[Plugin]:
-    """Import the plugins a run folder's config records (``plugins``, ``plugin_files``), as the module
-    docstring says: from where they were, from a folder the user named, or (``plugins_trust``) from
-    the run's copy, each only when its files have the recorded hashes.
-
-    Args:
-        run_dir: the run folder (its ``plugins/`` holds the copy).
-        config: the run's config (a dict or DictConfig with ``plugins`` and ``plugin_files``).
-
-    Raises:
-        PluginError: a recorded plugin found nowhere with its files (one line naming the run's files
-            and ``plugins_trust=true``), or a copy whose files were changed.
-    """
-    get = config.get if hasattr(config, "get") else (lambda k, d=None: getattr(config, k, d))
-    entries = [str(e) for e in (get("plugins", None) or [])]
-    recorded = dict(get("plugin_files", None) or {})
-    imported = []
-    for entry in entries:
-        name = _name_of(entry)
-        expected = _expected(recorded, name)
-        if name in _LOADED and (_LOADED[name].files == expected or not expected):
-            imported.append(_LOADED[name])
-            continue
-        # the recorded folder counts only outside the run folder and with recorded hashes: a run folder
-        # never vouches for code it carries itself; the folders the user named are the user's choice
-        candidates = [(entry, False)] + [(p, True) for p in _USER["paths"] if _name_of(p) == name]
-        found, own_copy = None, False
-        for candidate, named in candidates:
-            try:
-                _, root, on_disk = _locate(candidate)
-            except PluginError:
-                continue
-            if not named and on_disk and _inside(root, Path(run_dir)):
-                own_copy = True
-                continue
-            if plugin_files(root) == expected or (named and not expected):
-                found = candidate
-                break
-        if found is None:
-            if not expected:
-                raise PluginError(f"{run_dir} records the plugin {entry} without the hashes of its files "
-                                  f"(plugin_files): it is imported only from a folder you name, "
-                                  f"plugins=[<folder named {name}>]")
-            _refuse_a_renamed_copy(run_dir, name, expected)
-            copy = Path(run_dir) / RUN_SUBDIR / name
-            if not (copy / "__init__.py").is_file() and (copy / f"{name}.py").is_file():
-                copy = copy / f"{name}.py"  # a single-file plugin
-            if not copy.exists():
-                raise PluginError(f"{run_dir} was trained with the plugin {entry}, which {_what_became_of(entry, expected)}, "
-                                  f"and the run folder holds no copy ({copy}); pass plugins=[<folder named {name}>] "
-                                  "with the plugin's files as they were")
-            if not _USER["trust"]:
-                became = ("lies in the run folder itself (a run folder's own files are never imported on its say)"
-                          if own_copy else _what_became_of(entry, expected))
-                raise PluginError(f"{run_dir} was trained with the plugin {entry}, which {became}; "
-                                  f"the run recorded its files in {copy} ({', '.join(sorted(expected)) or 'none'}): "
-                                  f"add plugins_trust=true to import that copy, or plugins=[<folder named {name}>] with "
-                                  "the original files")
-            if plugin_files(copy) != expected:
-                raise PluginError(f"{copy} does not hold the files {run_dir} recorded (their sha256 differ): the copy "
-                                  "was changed; restore it or pass plugins=[<folder>] with the original files")
-            found = str(copy)
-        imported.append(import_plugin(found))
-    return imported
-
