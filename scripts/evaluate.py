@@ -36,7 +36,7 @@ compares the checkpoint's output of the one requested split with that file.
 Exit status 2 with a one-line message for a missing/foreign checkpoint, a tokenizer that does not
 match it, ensemble members with different vocabularies, missing data or invalid settings.
 
-The work is :func:`transformer.evaluation.run.evaluate` (``run`` here); this file parses the
+The work is :func:`transformer.evaluation.command.evaluate` (``command`` here); this file parses the
 config and reports errors (:func:`transformer.cli.user_errors`).
 """
 
@@ -57,7 +57,7 @@ from transformer.cli import user_errors  # noqa: E402
 from transformer.plugins import set_user_choice  # noqa: E402
 from transformer.config import ConfigError, register_configs  # noqa: E402
 from transformer.data.corpus import DataError  # noqa: E402
-from transformer.evaluation.run import evaluate  # noqa: E402
+from transformer.evaluation.command import evaluate  # noqa: E402
 from transformer.generation import LoadError  # noqa: E402
 
 register_configs()  # generation_overrides, the schema of the generation.* fields

@@ -150,7 +150,7 @@ def test_a_cuda_device_where_torch_sees_none_is_refused_in_one_line(monkeypatch:
     from tests.generation.helpers import compose_script_config
     from transformer.config import ConfigError
     from transformer.device import unavailable
-    from transformer.evaluation.run import evaluate_checkpoint
+    from transformer.evaluation.command import evaluate_checkpoint
     from transformer.generation import translate_file
     from transformer.training.distributed import setup_distributed
 

@@ -1,4 +1,4 @@
-"""transformer.evaluation.run (the work of scripts/evaluate.py), called in-process: files mode on
+"""transformer.evaluation.command (the work of scripts/evaluate.py), called in-process: files mode on
 small files, checkpoint mode on a tiny run folder (tests/generation/helpers.make_run_dir) with the
 Multi30k test split from ../shared/data (skipped without it)."""
 
@@ -16,7 +16,7 @@ from tests.generation.helpers import compose_script_config, make_run_dir, shared
 from transformer.config import ConfigError, GenerationConfig
 from transformer.data.corpus import read_lines
 from transformer.evaluation import corpus_scores
-from transformer.evaluation.run import evaluate, evaluate_checkpoint, score_files
+from transformer.evaluation.command import evaluate, evaluate_checkpoint, score_files
 from transformer.generation import detokenize, translate_sentences
 
 REFS = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Ein Mädchen lächelt."]
@@ -71,7 +71,7 @@ def test_files_mode_errors(files, tmp_path):
 def test_the_metrics_package_does_not_load_models():
     """``transformer.evaluation`` stays metrics only (docs/contributing.md's import order); ``.run`` is imported by name."""
     code = ("import sys, transformer.evaluation; print(sorted(m for m in sys.modules "
-            "if m.startswith(('transformer.generation', 'transformer.evaluation.run', 'torch'))))")
+            "if m.startswith(('transformer.generation', 'transformer.evaluation.command', 'torch'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -40,7 +40,7 @@ def test_onednn_cache_capacity_is_set_unless_the_user_set_it(monkeypatch):
 
 def test_negative_onednn_cache_capacity_fails_validation_naming_the_field():
     from transformer.config import Config
-    from transformer.config.validation import ConfigError, validate_config
+    from transformer.config.checks import ConfigError, validate_config
 
     cfg = Config()
     cfg.train.onednn_cache_capacity = -2

@@ -1,6 +1,6 @@
 """Analysis of sweeps: comparison tables, CSVs, significance tests and plots (scripts/compare.py).
 
-Where things are: :mod:`.runs` (run folders of a sweep, read into :class:`Run`), :mod:`.grouping`
+Where things are: :mod:`.collect` (run folders of a sweep, read into :class:`Run`), :mod:`.grouping`
 (runs -> :class:`Configuration` by config, labels), :mod:`.comparability` (runs that may share a
 table: the same recipe but for the switches and the seed), :mod:`.stats` (means over seeds, paired
 bootstrap against the baseline), :mod:`.length` (test BLEU / chrF by bucket of reference length),
@@ -9,6 +9,7 @@ bootstrap against the baseline), :mod:`.length` (test BLEU / chrF by bucket of r
 go down that list only. matplotlib (the ``plots`` extra) is imported only when a plot is made.
 """
 
+from transformer.analysis.collect import Run, expected_jobs, find_run_dirs, load_run
 from transformer.analysis.comparability import MixedField, MixedRunsError, mixed_fields
 from transformer.analysis.compare import Comparison, compare_sweeps, describe_machine
 from transformer.analysis.grouping import IGNORED_KEYS, Configuration, group_runs
@@ -32,7 +33,6 @@ from transformer.analysis.report import (
     write_length_csv,
     write_outputs,
 )
-from transformer.analysis.runs import Run, expected_jobs, find_run_dirs, load_run
 
 __all__ = [
     "DEFAULT_BUCKETS",

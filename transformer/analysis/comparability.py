@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from transformer.analysis.grouping import IGNORED_KEYS, Configuration, flatten_config, is_ignored, with_defaults
-from transformer.analysis.runs import Run
+from transformer.analysis.collect import Run
 
 __all__ = ["COUPLED", "SWITCH_PREFIXES", "MixedField", "MixedRunsError", "mixed_fields", "mixed_runs_message", "recipe_of",
            "repeated_seeds"]

@@ -47,7 +47,7 @@ from transformer.analysis.comparability import (
 )
 from transformer.analysis.grouping import IGNORED_KEYS, Configuration, group_runs
 from transformer.analysis.length import DEFAULT_BUCKETS, Bucket, LengthTable, length_table, parse_buckets
-from transformer.analysis.runs import Run, find_run_dirs, load_run, never_started
+from transformer.analysis.collect import Run, find_run_dirs, load_run, never_started
 from transformer.analysis.stats import (
     first_result,
     holm_bonferroni,

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from transformer.analysis.runs import Run, natural_key
+from transformer.analysis.collect import Run, natural_key
 from transformer.config import Config, config_dict, keys_with, upgrade_config
 from transformer.run_folder import test_time_tag
 

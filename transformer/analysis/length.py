@@ -41,7 +41,7 @@ from typing import Sequence
 import numpy as np
 
 from transformer.analysis.grouping import Configuration
-from transformer.analysis.runs import Run, natural_key
+from transformer.analysis.collect import Run, natural_key
 from transformer.analysis.stats import mean, references
 from transformer.evaluation.metrics import scorers
 

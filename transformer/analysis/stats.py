@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence, TypeVar
 from omegaconf import OmegaConf
 
 from transformer.analysis.grouping import IGNORED_KEYS, Configuration, is_ignored, with_defaults
-from transformer.analysis.runs import Run
+from transformer.analysis.collect import Run
 from transformer.data.corpus import read_parallel, resolve_split_files
 from transformer.evaluation.metrics import paired_bootstrap
 from transformer.models.flops import kv_cache_bytes_per_token

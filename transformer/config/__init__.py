@@ -14,14 +14,23 @@ Where things are: :mod:`.schema` (the dataclasses and their ConfigStore registra
 :mod:`.options` (the groups whose options carry fields of their own, and Hydra's ConfigStore),
 :mod:`.convert` (Hydra's DictConfig -> the typed :class:`Config`, once per script, and back to
 plain data; older stored shapes upgraded), :mod:`.sizes` (head width, key/value heads, feed-forward width: the sizes a model config implies),
-:mod:`.validation` (the checks of field combinations; the options of each switch come from the
+:mod:`.checks` (the checks of field combinations; the options of each switch come from the
 tables beside the classes, e.g. :data:`transformer.modules.ffn.FFNS`), :mod:`.diff`
 (:func:`config_differences`: the fields where two configs differ).
 """
 
 from omegaconf import MISSING
 
-from transformer.config import convert, diff, options, rules, runtime, schema, sizes, validation
+from transformer.config import checks, convert, diff, options, rules, runtime, schema, sizes
+from transformer.config.checks import (
+    signal_number,
+    validate_config,
+    validate_generation_config,
+    validate_model_config,
+    validate_moe_config,
+    validate_optim_config,
+    validate_option_fields,
+)
 from transformer.config.convert import FLAT_ATTENTION_FIELDS, config_dict, to_config, to_generation_config, typed_config, upgrade_config
 from transformer.config.diff import config_differences
 from transformer.config.options import (
@@ -70,18 +79,9 @@ from transformer.config.sizes import (
     resolve_n_kv_heads,
     rope_scaling,
 )
-from transformer.config.validation import (
-    signal_number,
-    validate_config,
-    validate_generation_config,
-    validate_model_config,
-    validate_moe_config,
-    validate_optim_config,
-    validate_option_fields,
-)
 
 __all__ = ["MISSING", *convert.__all__, *diff.__all__, *options.__all__, *rules.__all__, *runtime.__all__, *schema.__all__,
-           *sizes.__all__, *validation.__all__]
+           *sizes.__all__, *checks.__all__]
 
 # the structured configs the YAML files name (base_config, generation_overrides) are known to Hydra
 # as soon as the package is imported

@@ -309,7 +309,7 @@ RopeScalingOverrides.__doc__ = """``model.position.rope_scaling`` of ``translate
 at test time only, to a run trained without it (or with another). The fields of :class:`RopeScalingConfig`
 under the same names as in training, each null by default ("keep the run's value"); e.g.
 ``model.position.rope_scaling.rope_type=dynamic model.position.rope_scaling.factor=2`` (see
-:func:`~transformer.generation.test_time.test_time_overrides`)."""
+:func:`~transformer.generation.overrides.test_time_overrides`)."""
 
 
 @dataclass

@@ -34,7 +34,8 @@ from transformer.generation.search import (
     sample,
     top_k_top_p_filter,
 )
-from transformer.generation.test_time import TEST_TIME_FIELDS, test_time_overrides, test_time_refusal
+from transformer.generation.prepare import PreparedDecoding, prepare_decoding
+from transformer.generation.overrides import TEST_TIME_FIELDS, test_time_overrides, test_time_refusal
 from transformer.generation.translate import (
     batches_by_tokens,
     detokenize,
@@ -53,6 +54,7 @@ __all__ = [
     "SearchLimits",
     "TEST_TIME_FIELDS",
     "LoadedRun",
+    "PreparedDecoding",
     "Tokenizers",
     "batches_by_tokens",
     "beam_search",
@@ -66,6 +68,7 @@ __all__ = [
     "load_run",
     "make_src_tokens",
     "merge_generation",
+    "prepare_decoding",
     "resolve_device",
     "max_lengths",
     "open_input",

@@ -12,8 +12,9 @@ it. A folder means the weights its ``results.json`` was tested with (``test_weig
 ``checkpoint_avg.safetensors`` for a ``train.average_last > 0`` run, else
 ``checkpoint_best.safetensors``); a folder whose ``results.json`` names none (a run from before the
 record, or one still training) falls back to ``checkpoint_best``, else ``checkpoint_last``. Which
-one, and why, is one line on stderr when the folder has a ``results.json`` (:func:`find_checkpoint`). It fails with a sentence that says
-what is wrong: a missing checkpoint, a file that is not this project's weights, weights that do not
+one, and why, is one line on stderr when the folder has a ``results.json``
+(:func:`~transformer.run_weights.find_checkpoint`, the one home of both). It fails with a sentence
+that says what is wrong: a missing checkpoint, a file that is not this project's weights, weights that do not
 fit the run's config (names, shapes, or the model config recorded in the weights), weights whose
 ``checkpoint_id`` differs from their ``.json`` metadata (copied over from another save), or a
 tokenizer whose vocabulary does not match the embedding matrices. An averaged file
@@ -24,14 +25,13 @@ tokenizer whose vocabulary does not match the embedding matrices. An averaged fi
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch import Tensor, nn
+from torch import nn
 
 from transformer.config import (
     Config,
@@ -45,31 +45,13 @@ from transformer.config import (
 )
 from transformer.data.tokenizer import Tokenizer
 from transformer.device import resolve_device
-from transformer.generation.test_time import test_time_refusal
-from transformer.io import SafetensorsReadError, read_safetensors
+from transformer.generation.overrides import test_time_refusal
 from transformer.models import build_model
 from transformer.plugins import PluginError, import_recorded, untrusted
-from transformer.run_folder import (
-    BEST,
-    CONFIG_NAMES,
-    LAST,
-    META_SUFFIX,
-    STATE_SUFFIX,
-    WEIGHTS_SUFFIX,
-    checkpoint_file,
-    checkpoint_stem,
-    has_checkpoint,
-    weights_path,
-)
+from transformer.run_folder import CONFIG_NAMES, META_SUFFIX, STATE_SUFFIX, checkpoint_file, checkpoint_stem
+from transformer.run_weights import LoadError, find_checkpoint, read_weights
 
 __all__ = ["LoadError", "LoadedRun", "Tokenizers", "find_checkpoint", "load_run", "merge_generation", "resolve_device"]
-
-CHECKPOINT_NAMES = (BEST, LAST)  # a run folder is loaded from its best checkpoint, else its last
-
-
-class LoadError(RuntimeError):
-    """A run or checkpoint that cannot be loaded (the message says why and what was expected)."""
-
 
 class Tokenizers(NamedTuple):
     """Source and target tokenizers (the same object for a joint vocabulary)."""
@@ -101,81 +83,6 @@ class LoadedRun:
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.model, self.tokenizers, self.cfg))
-
-
-def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
-    """Resolve a run folder, checkpoint file or checkpoint stem to ``(run_dir, weights_file)``.
-
-    A run folder resolves to the weights its ``results.json`` names as ``test_weights`` (the file
-    its test scores came from: ``checkpoint_avg.safetensors`` after ``train.average_last > 0``),
-    else to ``checkpoint_best``, else ``checkpoint_last``. When the folder has a ``results.json``,
-    one line on stderr says which file and why (for a fallback: what ``results.json`` says its
-    scores came from instead); a folder without one (a run still training) reports no numbers,
-    and its best or last checkpoint is loaded silently, as the callers name the file they load.
-
-    Args:
-        path: a run folder, a ``.safetensors`` or ``.pt`` checkpoint file, or a stem such as
-            ``runs/x/checkpoint_best``.
-
-    Returns:
-        The run folder (the checkpoint's folder) and the ``.safetensors`` weights file.
-
-    Raises:
-        LoadError: nothing usable at ``path`` (the message lists what was looked for).
-    """
-    p = Path(path).expanduser()
-    if p.is_dir():
-        tested, why = _tested_weights(p)
-        if tested is not None:
-            print(f"{p}: loading {tested.name}, {why}", file=sys.stderr, flush=True)
-            return p, tested
-        for name in CHECKPOINT_NAMES:
-            if has_checkpoint(p, name):
-                if why:  # a folder without results.json reports no numbers: nothing to tell apart
-                    print(f"{p}: loading {name}{WEIGHTS_SUFFIX}, the best checkpoint else the last: {why}",
-                          file=sys.stderr, flush=True)
-                return p, weights_path(p / name)
-        found = sorted(x.name for x in p.glob(f"*{WEIGHTS_SUFFIX}"))
-        hint = f"; it holds {', '.join(found)} (pass one of them)" if found else ""
-        raise LoadError(
-            f"no checkpoint in {p}: expected {' or '.join(n + WEIGHTS_SUFFIX for n in CHECKPOINT_NAMES)}{hint}"
-        )
-    w = weights_path(p)  # a checkpoint's file or stem -> its weights
-    if not w.is_file():
-        if p.is_file():
-            raise LoadError(
-                f"{p} is not a checkpoint of this project: expected a run folder or a .safetensors "
-                f"weights file (with its .pt training state), and there is no {w.name} next to it"
-            )
-        raise LoadError(f"checkpoint not found: {p} (no such file or folder)")
-    return w.parent, w
-
-
-def _tested_weights(run_dir: Path) -> tuple[Path | None, str]:
-    """The weights file ``run_dir/results.json`` names as ``test_weights`` when it is there, and a
-    few words on it; else None and why the folder falls back to its best or last checkpoint
-    (``""`` when it has no ``results.json``)."""
-    try:
-        results = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None, ""
-    except (OSError, ValueError) as e:
-        return None, f"results.json is unreadable, {' '.join(str(e).split())}"
-    if not isinstance(results, dict):
-        return None, "results.json is not a record of a run"
-    named = results.get("test_weights")
-    tested = results.get("final_model") or "unrecorded weights"
-    if not isinstance(named, str) or not named:
-        if "test_weights" in results:  # written by this version: the tested weights were never saved
-            return None, f"results.json's test scores came from weights never saved as a file, {tested}"
-        return None, (f"results.json, older than its test_weights record, says its test scores came "
-                      f"from {tested}")
-    f = run_dir / named
-    if Path(named).name != named or not named.endswith(WEIGHTS_SUFFIX):
-        return None, f"results.json's test_weights {named!r} is not a weights file name in the run folder"
-    if not f.is_file():
-        return None, f"results.json's test weights {named} are missing, its scores came from {tested}"
-    return f, f"the weights of results.json's test scores ({tested})"
 
 
 def _read_config(run_dir: Path, weights: Path) -> DictConfig:
@@ -288,16 +195,6 @@ def _load_tokenizers(run_dir: Path, cfg: Config, src: str | Path | None, tgt: st
     )
 
 
-def _read_weights(weights: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
-    try:
-        return read_safetensors(weights, "cpu")
-    except SafetensorsReadError as e:
-        raise LoadError(
-            f"{weights} is not a safetensors weights file ({e}); expected the "
-            "checkpoint_*.safetensors written by training"
-        ) from e
-
-
 def _vocab_params(model: nn.Module) -> dict[str, str]:
     """State-dict names of the vocabulary-sized matrices -> "source" / "target"."""
     names = {}
@@ -325,7 +222,7 @@ def load_run(
             (one path alone is used for both sides).
         overrides: dotlist overrides of the run's config (e.g. ``["data.root=/data"]``, or a
             test-time RoPE scaling from
-            :func:`~transformer.generation.test_time.test_time_overrides`); the weights are
+            :func:`~transformer.generation.overrides.test_time_overrides`); the weights are
             checked against the run's own model config before they apply.
 
     Returns:
@@ -337,7 +234,7 @@ def load_run(
             RoPE scaling of a run trained without RoPE.
     """
     run_dir, weights = find_checkpoint(path)
-    state, meta = _read_weights(weights)
+    state, meta = read_weights(weights)
     _check_same_save(weights, meta)
     run_dir = _config_folder(run_dir, weights, meta)
     cfg = _read_config(run_dir, weights)

@@ -19,14 +19,9 @@ import time
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-import torch
 from tqdm import tqdm
 
-from transformer.config import ConfigError
-from transformer.device import unavailable
-from transformer.generation.ensemble import load_models
-from transformer.generation.loading import merge_generation, resolve_device
-from transformer.generation.test_time import test_time_overrides
+from transformer.generation.prepare import prepare_decoding
 from transformer.generation.translate import translate_sentences
 
 __all__ = ["LinesFailed", "open_input", "read_chunks", "translate_file"]
@@ -106,15 +101,8 @@ def translate_file(cfg: Any) -> int:
         ConfigError: invalid generation settings, or ``device=cuda`` where torch sees no GPU.
         FileNotFoundError: a missing input file.
     """
-    if cfg.num_threads > 0:
-        torch.set_num_threads(int(cfg.num_threads))
-    device = resolve_device(cfg.device)
-    if why := unavailable(device, "device"):
-        raise ConfigError(why)
-    test_time = test_time_overrides(cfg)  # e.g. a RoPE scaling the run did not train with
-    loaded = load_models(cfg.checkpoint, device, src_tokenizer=cfg.src_tokenizer,
-                         tgt_tokenizer=cfg.tgt_tokenizer, overrides=test_time)
-    gen = merge_generation(loaded.cfg.generation, cfg.generation)
+    prepared = prepare_decoding(cfg)
+    loaded, gen, device = prepared.loaded, prepared.gen, prepared.device
     src_tok, tgt_tok = loaded.tokenizers
     with_scores = bool(cfg.scores) or gen.nbest > 1
     out: IO[str] = open(cfg.output, "w", encoding="utf-8") if cfg.output else sys.stdout
@@ -157,10 +145,8 @@ def translate_file(cfg: Any) -> int:
         if out is not sys.stdout:
             out.close()
     what = f"beam {gen.beam_size}" if gen.strategy == "beam" else gen.strategy
-    members = getattr(loaded.model, "checkpoints", None)
-    source = f"ensemble of {', '.join(map(str, members))}" if members else loaded.checkpoint
-    at_test = f", at test time {' '.join(test_time)}" if test_time else ""
-    print(f"translated {n - failed} of {n} lines in {time.time() - start:.1f}s ({source}, {what}{at_test})",
+    at_test = f", at test time {' '.join(prepared.test_time)}" if prepared.test_time else ""
+    print(f"translated {n - failed} of {n} lines in {time.time() - start:.1f}s ({prepared.source}, {what}{at_test})",
           file=sys.stderr)
     if failed:
         raise LinesFailed(f"{failed} of {n} lines could not be translated (reported above; their output lines are empty)")

@@ -16,13 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer.io import (
-    SafetensorsReadError,
-    atomic_write_all,
-    read_safetensors,
-    safetensors_writer,
-    weights_for_safetensors,
-)
+from transformer.io import atomic_write_all, safetensors_writer, weights_for_safetensors
+from transformer.run_weights import read_weights
 from transformer.training.checkpoint.format import (
     FORMAT,
     META_SUFFIX,
@@ -51,14 +46,7 @@ def load_weights(path: Path | str, map_location: str | torch.device = "cpu") -> 
         FileNotFoundError: when the file is missing.
         CheckpointError: when it cannot be parsed.
     """
-    return _read_weights(weights_path(Path(path)), str(map_location))[0]
-
-
-def _read_weights(path: Path, device: str) -> tuple[dict[str, Tensor], dict[str, str]]:
-    try:
-        return read_safetensors(path, device)
-    except SafetensorsReadError as e:
-        raise CheckpointError(str(e)) from e
+    return read_weights(weights_path(Path(path)), str(map_location))[0]
 
 
 def save_checkpoint(
@@ -132,7 +120,7 @@ def load_checkpoint(
     """
     stem = Path(path_dir) / name
     weights_path, state_path = checkpoint_file(stem, WEIGHTS_SUFFIX), checkpoint_file(stem, STATE_SUFFIX)
-    model_state, meta = _read_weights(weights_path, str(map_location))
+    model_state, meta = read_weights(weights_path, str(map_location))
     if not state_path.is_file():
         raise FileNotFoundError(f"no training state file {state_path}")
     try:

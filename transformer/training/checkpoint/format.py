@@ -1,5 +1,5 @@
-"""What a checkpoint's training state may hold, and its error; its files' names, suffixes and format
-tag are :mod:`transformer.run_folder`'s (re-exported here).
+"""What a checkpoint's training state may hold; its files' names, suffixes and format tag are
+:mod:`transformer.run_folder`'s, its error :mod:`transformer.run_weights`'s (re-exported here).
 
 See :mod:`transformer.training.checkpoint` for the layout; :mod:`.files` reads and writes it.
 """
@@ -21,6 +21,7 @@ from transformer.run_folder import (  # the names and suffixes live in the run f
     checkpoint_file,
     weights_path,
 )
+from transformer.run_weights import CheckpointError  # a LoadError: scripts that load a run report it as one
 
 __all__ = [
     "FORMAT",
@@ -35,10 +36,6 @@ __all__ = [
 ]
 
 _PLAIN_SCALARS = (type(None), bool, int, float, str, bytes, torch.dtype, torch.device)
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be read or whose files do not belong together."""
 
 
 def check_plain(obj: Any, where: str) -> None:

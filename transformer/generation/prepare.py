@@ -1,0 +1,79 @@
+"""What ``scripts/translate.py`` and ``scripts/evaluate.py`` do before they decode, in one place:
+the thread count, the device (refused when torch cannot use it), the test-time overrides, the run or
+ensemble loaded with them, and its generation settings with the script's on top.
+
+:func:`prepare_decoding` is called by :func:`transformer.generation.translate_file.translate_file`
+and :func:`transformer.evaluation.command.evaluate_checkpoint`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer.config import ConfigError, GenerationConfig
+from transformer.device import resolve_device, unavailable
+from transformer.generation.ensemble import load_models
+from transformer.generation.loading import LoadedRun, merge_generation
+from transformer.generation.overrides import test_time_overrides
+
+__all__ = ["PreparedDecoding", "prepare_decoding"]
+
+
+@dataclass
+class PreparedDecoding:
+    """A loaded run (or ensemble) ready to decode with a script's settings.
+
+    Attributes:
+        device: where the model is.
+        test_time: the test-time overrides applied to the run's config (e.g. a RoPE scaling), a dotlist.
+        loaded: the run or ensemble (:class:`~transformer.generation.loading.LoadedRun`).
+        gen: the run's generation settings with the script's non-null ``generation.*`` on top.
+        members: an ensemble's checkpoints, else None.
+    """
+
+    device: torch.device
+    test_time: list[str]
+    loaded: LoadedRun
+    gen: GenerationConfig
+    members: list[Path] | None
+
+    @property
+    def source(self) -> str:
+        """What decodes, for a report line: ``ensemble of a, b`` or the checkpoint file."""
+        if self.members:
+            return f"ensemble of {', '.join(map(str, self.members))}"
+        return str(self.loaded.checkpoint)
+
+
+def prepare_decoding(cfg: Any) -> PreparedDecoding:
+    """Set up decoding from a script's config (``configs/translate.yaml`` or ``configs/evaluate.yaml``).
+
+    Args:
+        cfg: the composed config: ``num_threads`` (> 0 sets torch's), ``device``, ``checkpoint``
+            (a run folder or checkpoint, or a list: an ensemble), ``src_tokenizer``/``tgt_tokenizer``,
+            ``generation.*`` (null keeps the run's) and ``model.position.rope_scaling.*`` (a test-time
+            RoPE scaling, :func:`~transformer.generation.overrides.test_time_overrides`).
+
+    Returns:
+        The :class:`PreparedDecoding`.
+
+    Raises:
+        ConfigError: ``device=cuda`` where torch sees no GPU, or invalid generation settings.
+        LoadError: a checkpoint that does not load (see :func:`~transformer.generation.load_models`).
+    """
+    if cfg.num_threads > 0:
+        torch.set_num_threads(int(cfg.num_threads))
+    device = resolve_device(cfg.device)
+    if why := unavailable(device, "device"):
+        raise ConfigError(why)
+    test_time = test_time_overrides(cfg)  # e.g. a RoPE scaling the run did not train with
+    loaded = load_models(cfg.checkpoint, device, src_tokenizer=cfg.src_tokenizer,
+                         tgt_tokenizer=cfg.tgt_tokenizer, overrides=test_time)
+    gen = merge_generation(loaded.cfg.generation, cfg.generation)
+    members = getattr(loaded.model, "checkpoints", None)
+    return PreparedDecoding(device=device, test_time=test_time, loaded=loaded, gen=gen,
+                            members=list(members) if members else None)
