@@ -8,7 +8,7 @@ from tests.conftest import tiny_model_config
 from tests.generation.helpers import make_run_dir
 from transformer.interop import ExportError, export_run, unsupported
 from transformer.interop import hf_marian
-from transformer.interop.common import staging_dir
+from transformer.interop.export_common import staging_dir
 
 
 def test_staging_dir_renames_only_on_success(tmp_path) -> None:

@@ -1,7 +1,7 @@
 """Interoperability: export runs to Hugging Face (``LlamaForCausalLM``, ``Qwen3ForCausalLM``,
 ``MixtralForCausalLM``, ``DeepseekV3ForCausalLM``, ``MarianMTModel``) and CTranslate2 model folders,
 and import the decoder-only HF folders back (``hf_llama.py``: Llama, Qwen3; ``hf_moe.py``: Mixtral,
-DeepSeek-V3; ``hf_common.py``: what they share).
+DeepSeek-V3; ``hf_decoder.py``: what they share; ``export_common.py``: what every exporter shares).
 
     from transformer.interop import export_run, import_hf_llama
     export_run("outputs/RUN", "ctranslate2", "exports/run_ct2")         # or "hf"
@@ -13,7 +13,7 @@ at the end. The optional packages come with ``pip install -e '.[interop]'``. ``r
 the work of ``scripts/export.py``.
 """
 
-from transformer.interop.common import ExportError
+from transformer.interop.export_common import ExportError
 from transformer.interop.export import FORMATS, export_run, import_hf_llama, run_export, unsupported
 
 __all__ = ["FORMATS", "ExportError", "export_run", "import_hf_llama", "run_export", "unsupported"]

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.config import resolve_n_kv_heads
-from transformer.interop.common import attention_unsupported, refuse, state_dict_fp32, vocabulary
+from transformer.interop.export_common import attention_unsupported, refuse, state_dict_fp32, vocabulary
 from transformer.modules.ffn import FFNS
 from transformer.modules.positions import sinusoidal_table
 

@@ -21,7 +21,7 @@ from transformer.run_folder import BEST
 from transformer.data.tokenizer import Tokenizer
 from transformer.generation import load_run
 from transformer.interop import ct2, hf_llama, hf_marian, hf_moe
-from transformer.interop.common import ExportError, refuse, staging_dir, plugin_options_unsupported
+from transformer.interop.export_common import ExportError, refuse, staging_dir, plugin_options_unsupported
 from transformer.plugins import import_plugins
 from transformer.training.checkpoint import save_checkpoint
 
@@ -192,7 +192,7 @@ def run_export(cfg: Any) -> Path:
 
     With ``format=zoo`` the plugins ``cfg.plugins`` names are imported first: the exported run's
     training-only options of theirs (``lr_scheduler``) are then kept with their fields, those of
-    plugins not named are dropped with a note (:func:`~transformer.interop.common.readable_run_config`).
+    plugins not named are dropped with a note (:func:`~transformer.interop.export_common.readable_run_config`).
 
     Raises:
         ExportError: see :func:`export_run` and :func:`import_hf_llama`; also ``quantization``

@@ -29,8 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from transformer.config import resolve_n_kv_heads
-from transformer.interop.common import ExportError, attention_unsupported, refuse, state_dict_fp32
-from transformer.interop.hf_common import (
+from transformer.interop.export_common import ExportError, attention_unsupported, refuse, state_dict_fp32
+from transformer.interop.hf_decoder import (
     HF_ACT,
     HF_ROPE_TYPES,
     decoder_unsupported,

@@ -29,8 +29,8 @@ from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from transformer.config import resolve_n_kv_heads
-from transformer.interop.common import KV_HEAD_KINDS, ExportError, attention_unsupported, refuse, state_dict_fp32, vocabulary
-from transformer.interop.hf_common import ZOO_CONFIG
+from transformer.interop.export_common import KV_HEAD_KINDS, ExportError, attention_unsupported, refuse, state_dict_fp32, vocabulary
+from transformer.interop.hf_decoder import ZOO_CONFIG
 
 __all__ = ["marian_generate", "marian_permutation", "marian_state", "marian_unsupported", "save_marian", "to_marian"]
 

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from transformer.config import Config, ConfigError, rope_scaling, typed_config
-from transformer.interop.common import readable_run_config
+from transformer.interop.export_common import readable_run_config
 
 __all__ = [
     "HF_ACT",
@@ -147,7 +147,7 @@ def write_hf_folder(hf: Any, model: nn.Module, tokenizer: Any, folder: Path, run
 def imported_run_config(folder: Path, model_fields: dict[str, Any]) -> Any:
     """The run config of an imported HF folder: ``transformer_zoo.yaml`` when the folder has one (else
     the defaults; a plugin's training-only option not imported here dropped with a note,
-    :func:`~transformer.interop.common.readable_run_config`), with its ``model`` section replaced by
+    :func:`~transformer.interop.export_common.readable_run_config`), with its ``model`` section replaced by
     ``model_fields`` over
     :class:`~transformer.config.ModelConfig`'s defaults (``config.json`` is the source of truth for
     the architecture).
