@@ -285,3 +285,45 @@ def test_sizes_are_checked():
         TopKRouter(gate=nn.Linear(D, 4, bias=False), scoring=ROUTER_SCORES["softmax"], top_k=5)
     with pytest.raises(ValueError, match="dispatch='scatter' is not one of"):
         GroupedExperts(n_experts=2, d_model=D, hidden=8, activation=F.silu, gated=True, dispatch="scatter")
+
+
+@pytest.mark.parametrize("gated,bias,shared", [(True, False, 0), (False, True, 1)])
+def test_the_dense_dispatch_equals_the_loop_by_value_and_gradient(gated, bias, shared):
+    """``dispatch="dense"`` (what runs under torch.compile in fp32): every expert on every token,
+    each token reading its top-k rows, gives the loop's outputs and gradients."""
+    x = torch.randn(3, 7, D)
+    outs, grads = [], []
+    for dispatch in ("loop", "dense"):
+        block = _moe(dispatch=dispatch, gated=gated, activation=F.silu if gated else F.relu, bias=bias, shared=shared)
+        assert block.experts.path(x) == dispatch
+        xi = x.clone().requires_grad_()
+        y = block(xi)
+        y.square().sum().backward()
+        outs.append(y)
+        grads.append([xi.grad, *(p.grad for p in block.parameters())])
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads[1], grads[0]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_block_compiles_whole_and_equals_eager():
+    """torch.compile(fullgraph=True) traces the block with a token mask: fp32 through the dense
+    dispatch, bf16 autocast through grouped_mm (its meta function takes bf16); eager's values."""
+    block = _moe(router="sigmoid", shared=1, bias_update_speed=0.001).train()
+    x, mask = torch.randn(2, 5, D), torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    torch.compiler.reset()
+    seen = []
+
+    def forward(x, mask):
+        seen.append(block.experts.path(x.reshape(-1, D)))
+        return block(x, mask), block.stats.load, block.stats.z_sum
+
+    compiled = torch.compile(forward, fullgraph=True, backend="eager")
+    for got, expected in zip(compiled(x, mask), forward(x, mask)):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert seen == ["dense", "grouped_mm"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = torch.compile(forward, fullgraph=True, backend="aot_eager")(x, mask)[0]
+        expected = forward(x, mask)[0]
+    assert seen[-2:] == ["grouped_mm", "grouped_mm"]
+    torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)

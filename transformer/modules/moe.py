@@ -13,6 +13,16 @@ process only the tokens sent to them, optional shared experts, and the router's 
   or a loop over the experts, never over tokens. The experts' weights are stacked, one parameter
   per matrix kind, so an expert that receives no token in a step still gets a (zero) gradient:
   DistributedDataParallel finds no unused parameter.
+* Under ``torch.compile`` every shape is fixed by ``N`` (no host sync, no graph break): the sorted
+  assignments go through ``grouped_mm`` where torch traces it (bf16 on CPU and CUDA), and
+  elsewhere (fp32) through the ``dense`` dispatch: every expert computes every token, one batched
+  matmul per weight matrix, and each token reads its ``top_k`` experts' rows. The results are the
+  loop's and ``grouped_mm``'s by value (the same products per row, up to float rounding; in
+  training, dropout draws other masks), at ``n_experts / top_k`` times the experts' FLOPs and an
+  ``(E, N, hidden)`` activation. A capacity-bounded dispatch (Switch Transformer's) would cost less
+  but drops the tokens past an expert's capacity, so its outputs would not be today's. The loop
+  (``tolist`` of the per-expert counts: a host sync and a data-dependent shape) stays the eager
+  path where no ``grouped_mm`` kernel exists (CUDA fp32).
 * Losses: each block keeps the statistics of its last forward pass (:class:`RouterStats`) over the
   real tokens only: the models pass the padding as a token mask (encoder: the source's, decoder:
   the target's, decoder-only: the prefix-LM row's), and padding positions, although routed and
@@ -37,7 +47,7 @@ from torch import Tensor, nn
 
 from transformer.modules.dropout import Dropout
 
-__all__ = ["ROUTER_SCORES", "GroupedExperts", "MixtureOfExperts", "RouterScoring", "RouterStats", "Routing", "TopKRouter"]
+__all__ = ["DISPATCHES", "ROUTER_SCORES", "GroupedExperts", "MixtureOfExperts", "RouterScoring", "RouterStats", "Routing", "TopKRouter"]
 
 
 @dataclass(frozen=True)
@@ -156,6 +166,9 @@ class TopKRouter(nn.Module):
 # Under torch.compile its meta function accepts bf16 only.
 _GROUPED_MM_DTYPES = {"cpu": (torch.float32, torch.bfloat16), "cuda": (torch.bfloat16,)}
 
+DISPATCHES = ("auto", "grouped_mm", "loop", "dense")
+"""The ``dispatch`` choices of :class:`GroupedExperts`."""
+
 
 class GroupedExperts(nn.Module):
     """``n_experts`` feed-forward blocks with stacked weights, applied to rows grouped by expert.
@@ -176,8 +189,11 @@ class GroupedExperts(nn.Module):
         bias: biases in the experts' linear maps.
         dropout: activation dropout on the hidden units.
         dispatch: ``"grouped_mm"`` (one ``F.grouped_mm`` per matrix), ``"loop"`` (a loop over the
-            experts) or ``"auto"`` (grouped_mm where torch has a kernel for the device and dtype:
-            CPU fp32/bf16, CUDA bf16, bf16 only under ``torch.compile``; else the loop).
+            experts), ``"dense"`` (every expert on every row, :meth:`dense`) or ``"auto"``
+            (grouped_mm where torch has a kernel for the device and dtype: CPU fp32/bf16, CUDA bf16;
+            else the loop). Under ``torch.compile`` it is always grouped_mm where it traces (bf16
+            with a kernel), else dense: the loop cannot be traced, and grouped_mm's meta function
+            accepts bf16 only.
 
     Raises:
         ValueError: non-positive sizes or an unknown ``dispatch``.
@@ -190,8 +206,8 @@ class GroupedExperts(nn.Module):
         super().__init__()
         if min(n_experts, d_model, hidden) <= 0:
             raise ValueError(f"n_experts={n_experts}, d_model={d_model} and hidden={hidden} must be positive")
-        if dispatch not in ("auto", "grouped_mm", "loop"):
-            raise ValueError(f"dispatch={dispatch!r} is not one of auto, grouped_mm, loop")
+        if dispatch not in DISPATCHES:
+            raise ValueError(f"dispatch={dispatch!r} is not one of {', '.join(DISPATCHES)}")
         self.n_experts, self.d_model, self.hidden, self.gated = n_experts, d_model, hidden, bool(gated)
         self.n_matrices = 3 if gated else 2  # d_model x hidden matrices per expert
         self.activation, self.dispatch = activation, dispatch
@@ -220,12 +236,17 @@ class GroupedExperts(nn.Module):
             if b is not None:
                 b.zero_()
 
-    def _use_grouped_mm(self, x: Tensor, dtype: torch.dtype) -> bool:
+    def path(self, x: Tensor) -> str:
+        """The dispatch that runs for rows like ``x`` now: ``grouped_mm``, ``loop`` or ``dense``
+        (see ``dispatch``; under ``torch.compile`` grouped_mm where it traces, else dense)."""
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        kernel = hasattr(F, "grouped_mm") and dtype in _GROUPED_MM_DTYPES.get(device, ())
+        if torch.compiler.is_compiling():
+            return "grouped_mm" if kernel and dtype == torch.bfloat16 else "dense"
         if self.dispatch != "auto":
-            return self.dispatch == "grouped_mm"
-        if torch.compiler.is_compiling() and dtype != torch.bfloat16:
-            return False
-        return hasattr(F, "grouped_mm") and dtype in _GROUPED_MM_DTYPES.get(x.device.type, ())
+            return self.dispatch
+        return "grouped_mm" if kernel else "loop"
 
     def _hidden(self, h: Tensor) -> Tensor:
         if self.gated:
@@ -235,8 +256,30 @@ class GroupedExperts(nn.Module):
             h = self.activation(h)
         return self.dropout(h)
 
+    def dense(self, x: Tensor, experts: Tensor) -> Tensor:
+        """Every expert on every row, each row keeping its chosen experts' outputs: fixed shapes,
+        no host sync (the traceable dispatch; ``n_experts / top_k`` times the work of the others).
+
+        Args:
+            x: ``(N, d_model)`` rows in token order.
+            experts: ``(N, k)`` int64 the experts of each row.
+
+        Returns:
+            ``(N, k, d_model)``: row ``n``'s output of its ``j``-th expert at ``[n, j]``.
+        """
+        w_in, b_in = getattr(self, self.in_name), getattr(self, self.b_in_name)
+        h = torch.matmul(x, w_in.transpose(1, 2))  # (E, N, width)
+        if b_in is not None:
+            h = h + b_in[:, None, :]
+        y = torch.matmul(self._hidden(h), self.w2.transpose(1, 2))  # (E, N, d_model)
+        if self.b2 is not None:
+            y = y + self.b2[:, None, :]
+        rows = torch.arange(x.shape[0], device=x.device)[:, None]  # (N, 1)
+        return y[experts, rows]  # (N, k, d_model)
+
     def forward(self, x: Tensor, counts: Tensor) -> Tensor:
-        """Apply expert ``e`` to its rows.
+        """Apply expert ``e`` to its rows (by ``grouped_mm`` or the loop; :meth:`dense` takes the
+        rows in token order instead).
 
         Args:
             x: ``(M, d_model)`` rows sorted by expert: ``counts[0]`` rows for expert 0, then expert 1, ...
@@ -248,7 +291,7 @@ class GroupedExperts(nn.Module):
         w_in, b_in = getattr(self, self.in_name), getattr(self, self.b_in_name)
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-        if self._use_grouped_mm(x, dtype):
+        if self.path(x) == "grouped_mm":
             offs = counts.cumsum(0).to(torch.int32)  # end row of each expert
             x = x.to(dtype)
             h = F.grouped_mm(x, w_in.to(dtype).transpose(1, 2), offs=offs)  # (M, width)
@@ -346,11 +389,15 @@ class MixtureOfExperts(nn.Module):
         n, k = h.shape[0], self.router.top_k
         route = self.router(h)
         flat = route.experts.reshape(-1)  # (N * k,): token t's j-th choice at t * k + j
-        order = flat.argsort(stable=True)  # assignments grouped by expert
-        counts = torch.bincount(flat, minlength=self.experts.n_experts)  # (E,)
-        y = self.experts(h.index_select(0, order // k), counts)  # (N * k, d), in expert order
-        processed = y.shape[0]
-        y = torch.empty_like(y).index_copy_(0, order, y).view(n, k, -1)  # back in token order
+        counts = torch.zeros(self.experts.n_experts, dtype=torch.long, device=h.device).scatter_add_(
+            0, flat, torch.ones_like(flat))  # (E,) assignments per expert (bincount's shape depends on the values)
+        if self.experts.path(h) == "dense":
+            y = self.experts.dense(h, route.experts)  # (N, k, d)
+        else:
+            order = flat.argsort(stable=True)  # assignments grouped by expert
+            y = self.experts(h.index_select(0, order // k), counts)  # (N * k, d), in expert order
+            y = torch.empty_like(y).index_copy_(0, order, y).view(n, k, -1)  # back in token order
+        processed = y.shape[0] * y.shape[1]
         out = (y * route.weights.unsqueeze(-1)).sum(dim=1).to(x.dtype)  # (N, d)
         if self.shared_experts is not None:
             out = out + self.shared_experts(h)
