@@ -45,13 +45,17 @@ class _LinearLabelSmoothedLoss(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_grad else None
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         nll_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        # under torch.compile one chunk of all rows: a loop over a dynamic row count would guard on
+        # its value (a recompilation per batch shape); the (N, V) logits are then materialised
         step = _chunk_rows(vocab)
+        starts = (0,) if torch.compiler.is_compiling() else range(0, n, step)
+        step = n if torch.compiler.is_compiling() else step
         with torch.autocast(device, enabled=False):
             if keep is not None:  # masked rows: a valid class index, zero hidden rows for the weight gradient
                 target = target.masked_fill(~keep, 0)
                 hidden = hidden.masked_fill(~keep[:, None], 0.0)
             hidden_c, weight_c = hidden.to(cdt), weight.to(cdt)
-            for lo in range(0, n, step):
+            for lo in starts:
                 h = hidden_c[lo : lo + step]  # (C, d)
                 y = target[lo : lo + step, None]  # (C, 1)
                 lprobs = torch.log_softmax(torch.mm(h, weight_c.t()).float(), 1)  # (C, V) fp32

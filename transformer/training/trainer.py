@@ -31,6 +31,7 @@ from transformer.data.dataset import TranslationData
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SEP_ID
 from transformer.models import build_model
 from transformer.training.checkpoint import CheckpointManager
+from transformer.training.compiled import compile_training_step
 from transformer.training.criterion import LabelSmoothedCrossEntropy, perplexity
 from transformer.training.divergence import DivergenceWatch, divergence_message, nonfinite_weights
 from transformer.training.distributed import DistInfo, broadcast_from_main
@@ -72,16 +73,19 @@ class Trainer:
         self.model = self._build_model()
         if t.activation_checkpointing:
             checkpoint_layers(self.model)
-        # torch.compile covers the embeddings and layers; the output layer stays fused with the loss
-        self.features = torch.compile(self.model.features) if t.compile else None
+        # train.compile: validation's teacher-forced loss runs the compiled layers; training compiles
+        # the whole step (forward, fused loss, backward) below
+        self.features = torch.compile(self.model.features, dynamic=True) if t.compile else None
         self.criterion = LabelSmoothedCrossEntropy(cfg.criterion.label_smoothing, ignore_index=PAD_ID)
         self.precision = resolve_precision(t.precision, self.device)
         self.autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
         # DDP or FSDP2 under torchrun; before the optimizer, since FSDP2 replaces parameters by shards
         self.parallel = DataParallel(
-            TrainingLoss(self.model, self.criterion, self.features), t.distributed, dist_info,
+            TrainingLoss(self.model, self.criterion), t.distributed, dist_info,
             param_dtype=self.autocast_dtype if self.precision == "bf16" else None,
         )
+        if t.compile:
+            compile_training_step(self.parallel)  # one graph per micro-batch, dynamic shapes
         self._replica: nn.Module | None = None  # FSDP: an unsharded copy on rank 0 for evaluation
         self.routing = RoutingMonitor(self.model, self.parallel.mode != "none")  # MoE: router stats, bias update
         self._routing: dict[str, Any] = {}  # MoE: the last update's routing, read (last_routing) or on the device
