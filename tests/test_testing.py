@@ -14,13 +14,13 @@ from torch import nn
 from tests.conftest import REPO_ROOT
 from transformer.modules.attention import ATTENTION_KINDS, Attention
 from transformer.modules.ffn import FFNS
-from transformer.modules.moe import ROUTER_SCORES
+from transformer.modules.moe import ROUTER_SCORES, GroupedExperts
 from transformer.modules.norms import NORMS
 from transformer.modules.positions import POSITIONS
 from transformer.modules.residual import RESIDUALS
 from transformer.modules.rope_scaling import ROPE_SCALINGS
 from transformer.plugins import ORIGINS
-from transformer.testing import check_model, check_option, main, tiny_model
+from transformer.testing import CHECKS, check_model, check_option, main, tiny_model
 
 EXAMPLES = REPO_ROOT / "examples" / "plugins"
 ROPE = {"model/position": "rope"}
@@ -55,22 +55,25 @@ def test_the_cases_cover_every_option_of_every_table():
 
 @pytest.mark.parametrize("case_id,options,fields", CASES, ids=[c[0] for c in CASES])
 def test_every_builtin_option_passes_the_kit(case_id, options, fields):
-    check_option(options=options, **fields)
+    check_option(options=options, checks=WITHOUT_COMPILE, **fields)  # compiling: COMPILE_COMBINATIONS below
 
 
 @pytest.mark.parametrize("plugin,switch,option", [("diff_attention", "model/attention", "diff"),
                                                   ("reglu", "model/ffn", "reglu")])
 def test_the_plugin_examples_pass_the_kit(plugin, switch, option):
-    check_option(switch, option, plugins=[EXAMPLES / plugin])
+    check_option(switch, option, plugins=[EXAMPLES / plugin], checks=WITHOUT_COMPILE)
+
+
+ONE_LAYER_ARGS = ("model.n_encoder_layers=1", "model.n_decoder_layers=1")  # every check, compiling too: small
 
 
 def test_the_command_line_runs_the_kit_on_a_plugin():
     out = subprocess.run([sys.executable, "-m", "transformer.testing", f"plugins=[{EXAMPLES / 'diff_attention'}]",
-                          "model/attention=diff", "model.attention.lambda_init=0.5"],
+                          "model/attention=diff", "model.attention.lambda_init=0.5", *ONE_LAYER_ARGS],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("passed (model/attention=diff)") == 2
-    out = subprocess.run([sys.executable, "-m", "transformer.testing", f"plugins=[{EXAMPLES / 'reglu'}]"],
+    out = subprocess.run([sys.executable, "-m", "transformer.testing", f"plugins=[{EXAMPLES / 'reglu'}]", *ONE_LAYER_ARGS],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.count("passed (model/ffn=reglu)") == 2, out.stderr  # its options
 
@@ -175,3 +178,63 @@ def test_the_kit_catches_a_broken_schedule(name, schedule, words):
         register_lr_scheduler(name, schedule)
     with pytest.raises(AssertionError, match=re.escape(words)):
         check_schedule(name)
+
+
+# check_compiles (torch.compile fullgraph of the training loss and of decode_step) over every built-in option: each
+# option in one of these combinations of CASES (merged into one model, one layer a stack), each on one family; the
+# per-option runs above leave it out (a compiled model takes seconds to trace, a combination covers several options)
+COMPILE_COMBINATIONS = [
+    ("encoder_decoder", ("attention=mha", "ffn=relu", "norm=layernorm", "position=sinusoidal", "norm_position=post")),
+    ("decoder_only", ("attention=gqa", "ffn=gelu", "norm=rmsnorm", "position=learned", "norm_position=pre",
+                      "qk_norm=layernorm")),
+    ("encoder_decoder", ("attention=mqa", "ffn=swiglu", "position=alibi", "qk_norm=rmsnorm")),
+    ("decoder_only", ("attention=mla", "ffn=geglu", "rope_scaling=default")),
+    ("encoder_decoder", ("ffn=moe", "router=softmax", "position=none")),
+    ("decoder_only", ("router=sigmoid", "rope_scaling=linear", "window")),
+    ("encoder_decoder", ("attention=gqa", "position=rope", "rope_scaling=ntk")),
+    ("decoder_only", ("attention=mqa", "rope_scaling=dynamic")),
+    ("encoder_decoder", ("attention=mla", "rope_scaling=yarn")),
+    ("decoder_only", ("ffn=moe", "rope_scaling=llama3")),
+]
+ONE_LAYER = {"n_encoder_layers": 1, "n_decoder_layers": 1}
+WITHOUT_COMPILE = [name for name in CHECKS if name != "compiles"]
+
+
+def _merged(case_ids) -> tuple[dict, dict]:
+    """The options and fields of several CASES as one model's (refusing two values of one switch)."""
+    by_id = {case_id: (options, fields) for case_id, options, fields in CASES}
+    options, fields = {}, dict(ONE_LAYER)
+    for case_id in case_ids:
+        for into, extra in zip((options, fields), by_id[case_id]):
+            for key, value in extra.items():
+                assert into.setdefault(key, value) == value, f"{case_id}: {key} set twice"
+    return options, fields
+
+
+def test_the_compile_combinations_cover_every_case():
+    covered = [case_id for _, ids in COMPILE_COMBINATIONS for case_id in ids]
+    assert sorted(set(covered)) == sorted(case_id for case_id, _, _ in CASES)
+    for _, ids in COMPILE_COMBINATIONS:
+        _merged(ids)  # no switch set twice
+
+
+@pytest.mark.parametrize("arch,case_ids", COMPILE_COMBINATIONS, ids=["+".join(ids) for _, ids in COMPILE_COMBINATIONS])
+def test_every_builtin_option_compiles_without_graph_breaks(arch, case_ids):
+    options, fields = _merged(case_ids)
+    check_option(options=options, archs=[arch], checks=["compiles"], **fields)
+
+
+@pytest.mark.parametrize("plugin,switch,option,arch", [("diff_attention", "model/attention", "diff", "encoder_decoder"),
+                                                       ("reglu", "model/ffn", "reglu", "decoder_only")])
+def test_the_plugin_examples_compile_without_graph_breaks(plugin, switch, option, arch):
+    check_option(switch, option, plugins=[EXAMPLES / plugin], archs=[arch], checks=["compiles"], **ONE_LAYER)
+
+
+def test_the_kit_catches_a_graph_break(monkeypatch):
+    """The mixture of experts' eager loop over the experts (``tolist`` of the per-expert counts) cannot
+    be traced; the kit names the function that fails."""
+    model, _ = tiny_model("decoder_only", {"model/ffn": "moe"}, **MOE, **ONE_LAYER)
+    monkeypatch.setattr(GroupedExperts, "path", lambda self, x: "loop")
+    with pytest.raises(AssertionError, match=r"\[compiles, decoder_only\] the training loss \(model_loss\) does not "
+                                             r"compile in one graph"):
+        check_model(model, ["compiles"])
