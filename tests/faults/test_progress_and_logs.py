@@ -9,6 +9,7 @@ import json
 import re
 
 import pytest
+from omegaconf import OmegaConf
 
 from tests.faults.conftest import small_config
 from transformer.training.run import train
@@ -49,3 +50,12 @@ def test_train_log_holds_the_runs_log(gappy_corpus, tmp_path):
     assert "[data]" in text and "[valid] update 2" in text and "stopped:" in text and "[test]" in text
     shapes = re.search(r"batches: (\d+) distinct \(rows x length\) shapes per epoch, (\d+) batches \(train.pad_to_multiple=8", text)
     assert shapes and 1 <= int(shapes.group(1)) <= int(shapes.group(2)), text[:2000]
+
+
+def test_pad_to_multiple_auto_resolves_by_device_and_the_run_records_the_number(gappy_corpus, tmp_path):
+    run = tmp_path / "run"
+    train(small_config(gappy_corpus, run, "train.max_updates=1", "train.validate_every=1", "train.valid_bleu=false",
+                       "train.precision=fp32", "train.pad_to_multiple=auto"))
+    text = (run / "train.log").read_text(encoding="utf-8")
+    assert "(train.pad_to_multiple=auto: 1, " in text, text[:2000]  # fp32 on a CPU: no rounding (measured)
+    assert OmegaConf.load(run / "config.yaml").train.pad_to_multiple == 1

@@ -36,3 +36,25 @@ def test_the_loss_of_a_batch_does_not_see_the_extra_padding(arch, ffn):
     for key in ("loss", "nll_loss", "ntokens", *(("router_loss", "moe_aux_loss", "moe_z_loss", "moe_load") if ffn == "moe" else ())):
         torch.testing.assert_close(torch.as_tensor(out[8][key]).float(), torch.as_tensor(out[1][key]).float(),
                                    atol=1e-5, rtol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize("device,precision,expected", [("cpu", "fp32", 1), ("cpu", "bf16", 8), ("cuda", "bf16", 8),
+                                                       ("cuda", "fp32", 8), ("mps", "fp32", 8)])
+def test_auto_takes_the_measured_multiple_of_the_device_and_precision(device, precision, expected):
+    from transformer.data.batching import AUTO_PAD_TO_MULTIPLE, resolve_pad_to_multiple
+
+    assert resolve_pad_to_multiple("auto", device, precision) == expected
+    assert AUTO_PAD_TO_MULTIPLE.get((device, precision), 8) == expected
+    assert resolve_pad_to_multiple(16, device, precision) == 16  # a number is kept
+
+
+@pytest.mark.parametrize("value", [0, -8, "eight", True, 2.5])
+def test_a_pad_to_multiple_that_is_neither_auto_nor_a_positive_integer_is_refused_by_name(value):
+    from transformer.config import ConfigError, typed_config, validate_config
+    from transformer.data.batching import resolve_pad_to_multiple
+
+    cfg = typed_config({"train": {"pad_to_multiple": value}})
+    with pytest.raises(ConfigError, match=r"train.pad_to_multiple=.* must be auto or an integer >= 1"):
+        validate_config(cfg)
+    with pytest.raises(ValueError, match="must be auto or an integer >= 1"):
+        resolve_pad_to_multiple(value, "cpu", "fp32")

@@ -4,7 +4,8 @@ before anything is built, with a sentence that names the fields (:class:`ConfigE
 from __future__ import annotations
 
 import signal
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -294,8 +295,9 @@ def validate_config(cfg: Any) -> None:
         raise ConfigError("train.ema_decay > 0 with train.distributed=fsdp: the moving average is not sharded; use train.distributed=ddp")
     if t.max_tokens <= 0:
         raise ConfigError(f"train.max_tokens={t.max_tokens} must be positive")
-    if t.pad_to_multiple < 1:
-        raise ConfigError(f"train.pad_to_multiple={t.pad_to_multiple} must be >= 1 (1 = no rounding)")
+    if t.pad_to_multiple != "auto" and (isinstance(t.pad_to_multiple, bool) or not isinstance(t.pad_to_multiple, int)
+                                        or t.pad_to_multiple < 1):
+        raise ConfigError(f"train.pad_to_multiple={t.pad_to_multiple} must be auto or an integer >= 1 (1 = no rounding)")
     if t.update_freq < 1:
         raise ConfigError(f"train.update_freq={t.update_freq} must be >= 1")
     if t.max_time is not None and t.max_time < 0:

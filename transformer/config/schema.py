@@ -75,7 +75,7 @@ class FFNConfig:
     n_experts: int = recipe(8)  # [num_local_experts]
     top_k: int = recipe(2)  # [num_experts_per_tok]
     n_shared_experts: int = recipe(0)  # [n_shared_experts] (DeepSeek)
-    expert_d_ff: Optional[int] = recipe(None)  # [moe_intermediate_size before GLU sizing]
+    expert_d_ff: int | None = recipe(None)  # [moe_intermediate_size before GLU sizing]
     # a key of transformer.modules.moe.ROUTER_SCORES: softmax (Mixtral) | sigmoid (DeepSeek-V3)
     router: str = recipe("softmax")
     # renormalise the top-k weights to sum to 1 (Mixtral, DeepSeek-V3; Switch: false)
@@ -95,12 +95,12 @@ class RopeScalingConfig:
     rope_type: str = recipe("default")  # default | linear | ntk | dynamic | yarn | llama3
     factor: float = recipe(1.0)  # context extension factor s (>= 1; 8 in Llama 3.1)
     # the trained length L0 (dynamic: null = model.max_positions)
-    original_max_position_embeddings: Optional[int] = recipe(None)
+    original_max_position_embeddings: int | None = recipe(None)
     low_freq_factor: float = recipe(1.0)  # llama3
     high_freq_factor: float = recipe(4.0)  # llama3
     beta_fast: float = recipe(32.0)  # yarn
     beta_slow: float = recipe(1.0)  # yarn
-    attention_factor: Optional[float] = recipe(None)  # yarn: factor on cos/sin; null = 0.1 ln(factor) + 1
+    attention_factor: float | None = recipe(None)  # yarn: factor on cos/sin; null = 0.1 ln(factor) + 1
 
 
 @dataclass
@@ -126,7 +126,7 @@ class AttentionConfig:
     """
 
     name: str = recipe("mha")  # a key of transformer.modules.attention.ATTENTION_KINDS
-    n_kv_heads: Optional[int] = recipe(None)
+    n_kv_heads: int | None = recipe(None)
 
 
 @dataclass
@@ -136,12 +136,12 @@ class LatentAttentionConfig(AttentionConfig):
     (:func:`transformer.config.sizes.latent_sizes`)."""
 
     name: str = recipe("mla")
-    kv_lora_rank: Optional[int] = recipe(None)  # latent width (null: 4 * head_dim, V2's 512 = 4 x 128)
-    q_lora_rank: Optional[int] = recipe(None)  # low-rank queries (null: a full query projection, as V2-Lite)
-    qk_nope_head_dim: Optional[int] = recipe(None)  # per-head query/key width without RoPE (null: head_dim)
+    kv_lora_rank: int | None = recipe(None)  # latent width (null: 4 * head_dim, V2's 512 = 4 x 128)
+    q_lora_rank: int | None = recipe(None)  # low-rank queries (null: a full query projection, as V2-Lite)
+    qk_nope_head_dim: int | None = recipe(None)  # per-head query/key width without RoPE (null: head_dim)
     # decoupled RoPE width (null: head_dim / 2 rounded to even with RoPE, else 0)
-    qk_rope_head_dim: Optional[int] = recipe(None)
-    v_head_dim: Optional[int] = recipe(None)  # per-head value width (null: head_dim)
+    qk_rope_head_dim: int | None = recipe(None)
+    v_head_dim: int | None = recipe(None)  # per-head value width (null: head_dim)
 
 
 @dataclass
@@ -180,7 +180,7 @@ class ModelConfig:
     # QK-norm (Qwen3, OLMo 2): none | a key of transformer.modules.norms.NORMS, over each head (eps model.norm.eps)
     qk_norm: str = recipe("none")
     # sliding-window self-attention (Mistral): each query sees the last attention_window positions; null = global
-    attention_window: Optional[int] = recipe(None)
+    attention_window: int | None = recipe(None)
     # with a window: every N-th layer stays global (Gemma 2: 2, Gemma 3: 6); 0 = every layer local
     attention_window_pattern: int = recipe(0)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
@@ -205,12 +205,12 @@ class DataConfig:
 
     name: str = recipe("multi30k_en_de")
     corpus: str = recipe("multi30k")  # multi30k | multi30k_tok | parallel_text
-    root: Optional[str] = rule(None, resume="free", grouping="ignored")  # where the data is: free on resume
+    root: str | None = rule(None, resume="free", grouping="ignored")  # where the data is: free on resume
     src_lang: str = recipe("en")
     tgt_lang: str = recipe("de")
     train_prefix: str = recipe("train")
     valid_prefix: str = recipe("val")
-    test_prefix: Optional[str] = recipe("test_2016_flickr")
+    test_prefix: str | None = recipe("test_2016_flickr")
     test_splits: list[str] = recipe(factory=lambda: ["test_2016_flickr", "test_2017_flickr", "test_2017_mscoco",
                                                      "test_2018_flickr"])
     download: bool = rule(True, resume="free", grouping="ignored")
@@ -222,13 +222,13 @@ class DataConfig:
     max_target_positions: int = recipe(256)
     # training pairs whose target has more than N subword tokens (EOS not counted) are removed, the
     # validation and test sets kept whole: a length-generalization study's training length L; null = none
-    train_max_target_tokens: Optional[int] = recipe(None)
+    train_max_target_tokens: int | None = recipe(None)
     bleu_tokenize: str = recipe("13a")  # sacreBLEU tokenizer; "none" for the pre-tokenized multi30k_tok_*
     lowercase: bool = recipe(False)
     # binarized data: <cache_dir>/<name>-<key>/ (default ~/.cache/transformer_zoo/cache)
-    cache_dir: Optional[str] = rule(None, resume="free", grouping="ignored")
+    cache_dir: str | None = rule(None, resume="free", grouping="ignored")
     # a folder written by scripts/preprocess.py: read it, no raw file needed
-    binarized: Optional[str] = rule(None, resume="free", grouping="ignored")
+    binarized: str | None = rule(None, resume="free", grouping="ignored")
     spm_input_sentence_size: int = recipe(2_000_000)  # SentencePiece trains on a random sample of this many lines
     # encoding processes when binarizing; 0 = one per CPU
     preprocess_workers: int = rule(0, resume="free", grouping="ignored")
@@ -246,7 +246,7 @@ class OptimConfig:
     betas: tuple[float, float] = recipe((0.9, 0.98))
     eps: float = recipe(1e-9)
     weight_decay: float = recipe(0.0)
-    fused: Optional[bool] = recipe(None)  # None: fused on CUDA, foreach elsewhere
+    fused: bool | None = recipe(None)  # None: fused on CUDA, foreach elsewhere
 
 
 @dataclass
@@ -292,7 +292,7 @@ class GenerationConfig:
 def _overrides_of(cls: type) -> type:
     """A dataclass with the fields of ``cls``, each optional and null by default."""
     hints = get_type_hints(cls)
-    return make_dataclass(f"{cls.__name__[: -len('Config')]}Overrides", [(f.name, Optional[hints[f.name]], None) for f in fields(cls)])
+    return make_dataclass(f"{cls.__name__[: -len('Config')]}Overrides", [(f.name, Optional[hints[f.name]], None) for f in fields(cls)])  # noqa: UP045 (a runtime type: typing's Optional of any hint)
 
 
 GenerationOverrides = _overrides_of(GenerationConfig)
@@ -322,7 +322,9 @@ class TrainConfig:
     # round batch widths up to a multiple and keep each batch within one rounded length, so an epoch
     # has a few dozen (rows, length) shapes (transformer/data/batching.py); 1 = greedy packing, no rounding
     # (runs recorded before this field read as 1: transformer.config.convert.upgrade_config)
-    pad_to_multiple: int = recipe(1)
+    # auto = by device and precision (transformer.data.batching.AUTO_PAD_TO_MULTIPLE: 1 for fp32 on a CPU,
+    # 8 for bf16 on a CPU and on CUDA); the run records the number it resolved to
+    pad_to_multiple: Any = recipe("auto")
     update_freq: int = recipe(1)
     clip_norm: float = recipe(0.0)
     # when to stop: a resume may train longer (or stop sooner); the budget still tells configurations apart
@@ -330,7 +332,7 @@ class TrainConfig:
     max_epochs: int = rule(0, resume="free", grouping="defines")
     # seconds of training; null (the default) = DEFAULT_TIME_BUDGET_S when neither max_updates nor
     # max_epochs is set, else no limit (an explicit update budget replaces the default time budget); 0 = no limit
-    max_time: Optional[float] = rule(None, resume="free", grouping="defines")
+    max_time: float | None = rule(None, resume="free", grouping="defines")
     precision: str = recipe("auto")  # auto (bf16 where the device has fast bf16, else fp32) | fp32 | bf16 | fp16
     compile: bool = rule(False, resume="free", grouping="defines")  # how it computes, not what
     # the machine: free on resume; the device kind is compared from results.json, not from here
@@ -339,7 +341,7 @@ class TrainConfig:
     # CPU: keep freed tensor memory in the process (glibc mallopt)
     tune_malloc: bool = rule(True, resume="free", grouping="defines")
     # CPU: oneDNN primitive cache entries (ONEDNN_PRIMITIVE_CACHE_CAPACITY) for bf16 matmuls; null = oneDNN's 1024
-    onednn_cache_capacity: Optional[int] = rule(64, resume="free", grouping="ignored")
+    onednn_cache_capacity: int | None = rule(64, resume="free", grouping="ignored")
     validate_every: int = recipe(500)
     valid_bleu: bool = recipe(True)
     valid_bleu_subset: int = recipe(200)  # the first N validation pairs are translated for BLEU; 0 = the whole set
@@ -355,11 +357,11 @@ class TrainConfig:
     # | auto: as true, and a run that is already complete is left as it is (nothing trained or written)
     resume: Any = rule(False, resume="always", grouping="ignored")
     # continue from this checkpoint (a checkpoint_* file or stem, any folder) instead; implies resume
-    resume_from: Optional[str] = rule(None, resume="always", grouping="defines")
+    resume_from: str | None = rule(None, resume="always", grouping="defines")
     # a folder of finished runs' small files (e.g. docs/results/ladder/runs): a job whose run folder holds
     # no checkpoint and whose twin <finished_runs>/<run folder name>/results.json trained the same
     # config is not trained again (transformer/training/finished_runs.py); null = not looked for
-    finished_runs: Optional[str] = rule(None, resume="free", grouping="ignored")
+    finished_runs: str | None = rule(None, resume="free", grouping="ignored")
     log_every: int = rule(50, resume="free", grouping="ignored")  # what to show
     progress: bool = rule(True, resume="free", grouping="ignored")
     # signals that stop training politely: finish the update, save checkpoint_last, exit with status 75
@@ -395,7 +397,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     logger: LoggerConfig = rule(factory=LoggerConfig, resume="free", grouping="ignored")  # what to show, where
     seed: int = rule(1, resume="fixed", grouping="ignored")  # a configuration's runs are its seeds
-    run_dir: Optional[str] = rule(None, resume="always", grouping="ignored")
+    run_dir: str | None = rule(None, resume="always", grouping="ignored")
     # the study a run was launched by (and its default output folder), not what it computes: a branch
     # study's runs (branches) share one table with the ladder runs they branch off (ladder)
     experiment_name: str = rule("default", resume="fixed", grouping="ignored")

@@ -33,7 +33,8 @@ Item length (the positions one example occupies):
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,6 +65,36 @@ def item_lengths(src_lengths: Sequence[int] | np.ndarray, tgt_lengths: Sequence[
     if arch == "encoder_decoder":
         return np.maximum(src, tgt) + 1
     return src + 1 + tgt
+
+
+AUTO_PAD_TO_MULTIPLE: dict[tuple[str, str], int] = {
+    ("cpu", "fp32"): 1,
+    ("cpu", "bf16"): 8,
+    ("cpu", "fp16"): 8,
+    ("cuda", "fp32"): 8,
+    ("cuda", "bf16"): 8,
+    ("cuda", "fp16"): 8,
+}
+"""``(device type, resolved precision) -> multiple`` that ``train.pad_to_multiple=auto`` takes; any
+other device takes 8. Chosen by measurement where one was made (docs/results/default_run/README.md,
+"Bounded batch shapes"): fp32 on a CPU does not use oneDNN's primitive cache and rounding only adds
+compute (1); bf16 on a CPU builds a oneDNN primitive per shape; on CUDA every shape is a
+``torch.compile`` graph specialisation and a CUDA graph, and 8 keeps tensor-core-friendly widths
+(fairseq's ``--pad-to-multiple 8``)."""
+
+
+def resolve_pad_to_multiple(value: int | str, device_type: str, precision: str) -> int:
+    """``train.pad_to_multiple`` as a number: ``value`` itself when it is one, else (``"auto"``) the
+    :data:`AUTO_PAD_TO_MULTIPLE` entry of the device type and the run's resolved precision.
+
+    Raises:
+        ValueError: ``value`` is neither ``"auto"`` nor an integer >= 1.
+    """
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return AUTO_PAD_TO_MULTIPLE.get((device_type, precision), 8)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"train.pad_to_multiple={value!r} must be auto or an integer >= 1 (1 = no rounding)")
+    return value
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:
@@ -279,4 +310,4 @@ class TokenBatchSampler:
         self.epoch, self.position = epoch, position
 
 
-__all__ = ["ARCHS", "TokenBatchSampler", "item_lengths"]
+__all__ = ["ARCHS", "AUTO_PAD_TO_MULTIPLE", "TokenBatchSampler", "item_lengths", "resolve_pad_to_multiple"]

@@ -17,16 +17,24 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from transformer.hydra_record import job_choices, recorded_choices
-from transformer.run_folder import has_checkpoint
 from transformer.config import Config, ConfigError, budget_sentence, config_dict, resume_mode, to_config
 from transformer.data.dataset import load_translation_data
+from transformer.hydra_record import job_choices, recorded_choices
 from transformer.io import FolderLock, atomic_write_text, check_unlocked
 from transformer.models import count_parameters
-from transformer.plugins import (Plugin, import_plugins, import_recorded, kept_recorded_paths, plugins_named,
-                                 record_plugins, set_user_choice, untrusted)
+from transformer.plugins import (
+    Plugin,
+    import_plugins,
+    import_recorded,
+    kept_recorded_paths,
+    plugins_named,
+    record_plugins,
+    set_user_choice,
+    untrusted,
+)
+from transformer.run_folder import has_checkpoint
 from transformer.training.allocator import limit_onednn_cache, tune_cpu_allocator
-from transformer.training.checkpoint import CheckpointError, CheckpointManager, remove_stale_temporaries
+from transformer.training.checkpoint import CheckpointError, remove_stale_temporaries
 from transformer.training.distributed import setup_distributed, shutdown_distributed
 from transformer.training.finished_runs import skip_if_finished_elsewhere
 from transformer.training.loggers import build_loggers
@@ -180,6 +188,7 @@ def _train(cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Pat
     log = RunLog(run_dir, dist_info.is_main)
     data = load_translation_data(cfg.data, log=log)
     run_dir.mkdir(parents=True, exist_ok=True)
+    asked_multiple = t.pad_to_multiple  # auto resolves by device in the Trainer; config.yaml records the number
     trainer = Trainer(cfg, data, dist_info, run_dir)
     trainer.log = log
     choices = job_choices()
@@ -209,7 +218,8 @@ def _train(cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Pat
     log(f"budget: training stops at {budget_sentence(t)}")
     shapes = trainer.sampler.shapes()
     log(f"batches: {len(shapes)} distinct (rows x length) shapes per epoch, {len(trainer.sampler)} batches "
-        f"(train.pad_to_multiple={t.pad_to_multiple}, train.max_tokens={t.max_tokens})")
+        f"(train.pad_to_multiple={'auto: ' if asked_multiple != t.pad_to_multiple else ''}{t.pad_to_multiple}, "
+        f"train.max_tokens={t.max_tokens})")
     loggers = build_loggers(cfg.logger, run_dir, run_name(cfg, choices), config_dict(cfg), dist_info.is_main)
     with GracefulStop(t.stop_signals, announce=dist_info.is_main) as stopping:
         trainer.stopping = stopping

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from transformer.config import Config, time_budget
-from transformer.data.batching import TokenBatchSampler
+from transformer.data.batching import TokenBatchSampler, resolve_pad_to_multiple
 from transformer.data.collate import Batch, collate
 from transformer.data.dataset import TranslationData
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SEP_ID
@@ -78,6 +78,7 @@ class Trainer:
         self.features = torch.compile(self.model.features, dynamic=True) if t.compile else None
         self.criterion = LabelSmoothedCrossEntropy(cfg.criterion.label_smoothing, ignore_index=PAD_ID)
         self.precision = resolve_precision(t.precision, self.device)
+        t.pad_to_multiple = resolve_pad_to_multiple(t.pad_to_multiple, self.device.type, self.precision)  # auto: by device
         self.autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
         # DDP or FSDP2 under torchrun; before the optimizer, since FSDP2 replaces parameters by shards
         self.parallel = DataParallel(
