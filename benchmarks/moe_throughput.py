@@ -41,8 +41,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import torch  # noqa: E402
-
 from train_throughput import LABEL_SMOOTHING, VOCAB, make_batch, make_optimizer, preset, time_steps  # noqa: E402
+
 from transformer.config import model_sizes  # noqa: E402
 from transformer.models import build_model, count_parameters, moe_blocks  # noqa: E402
 from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss  # noqa: E402

@@ -20,7 +20,8 @@ benchmark can take its memory baseline after module imports.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

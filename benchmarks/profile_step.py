@@ -20,13 +20,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import peers  # noqa: E402
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
-
-import peers  # noqa: E402
 from train_throughput import (  # noqa: E402
-    SIZES, SRC_LEN, TGT_LEN, VOCAB, Ours, dims, make_batch, make_optimizer, preset, time_steps,
+    SIZES,
+    SRC_LEN,
+    TGT_LEN,
+    VOCAB,
+    Ours,
+    dims,
+    make_batch,
+    make_optimizer,
+    preset,
+    time_steps,
 )
+
 from transformer.training.allocator import tune_cpu_allocator  # noqa: E402
 
 

@@ -68,13 +68,35 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import torch  # noqa: E402
-
 from train_step import (  # noqa: E402,F401  (re-exported: the names other benchmarks import from here)
-    DEVICE_PEAKS, DTYPES, LABEL_SMOOTHING, PRESET_OVERRIDES, SIZES, SRC_LEN, TGT_LEN, VOCAB, Ours, _p, cpu_name,
-    cuda_matmul_peak, device_peak, dims, make_batch, make_optimizer, matmul_peak, measure_on_cuda,
-    model_under_test, our_dropout, preset, synchronize, time_steps, train_flops, worker,
+    DEVICE_PEAKS,
+    DTYPES,
+    LABEL_SMOOTHING,
+    PRESET_OVERRIDES,
+    SIZES,
+    SRC_LEN,
+    TGT_LEN,
+    VOCAB,
+    Ours,
+    _p,
+    cpu_name,
+    cuda_matmul_peak,
+    device_peak,
+    dims,
+    make_batch,
+    make_optimizer,
+    matmul_peak,
+    measure_on_cuda,
+    model_under_test,
+    our_dropout,
+    preset,
+    synchronize,
+    time_steps,
+    train_flops,
+    worker,
 )
 from train_throughput_report import markdown  # noqa: E402
+
 from transformer.models.flops import kv_cache_bytes_per_token  # noqa: E402
 from transformer.training.precision import cpu_has_fast_bf16  # noqa: E402
 
@@ -130,7 +152,7 @@ def run_rounds(specs: list[tuple[str, dict[str, Any]]], tokens: int, args: argpa
             i = (rnd + j) % n
             per[i].append(run_one(specs[i][0], specs[i][1], tokens, args))
     out = []
-    for (name, _), runs in zip(specs, per):
+    for runs in per:
         ok = [r for r in runs if "tok_s" in r]
         if not ok:
             out.append(runs[0])

@@ -17,12 +17,11 @@ one-line message on stderr for bad data (naming file and line), 2 for an invalid
 
 from __future__ import annotations
 
-import json
 import importlib.util
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 if importlib.util.find_spec("transformer") is None:  # a checkout without an install (an installed package is used as installed)
@@ -42,7 +41,7 @@ class PreprocessConfig:
     """Schema of ``configs/preprocess.yaml``: the training ``data`` config and the splits to build."""
 
     data: DataConfig = field(default_factory=DataConfig)
-    splits: Optional[list[str]] = None
+    splits: list[str] | None = None
 
 
 ConfigStore.instance().store(name="base_preprocess", node=PreprocessConfig)

@@ -63,7 +63,7 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
-def tiny_model_config(**overrides) -> "OmegaConf":
+def tiny_model_config(**overrides) -> OmegaConf:
     """A 2+2-layer, width-32 model config (dropout 0) as a DictConfig; dotted keys allowed."""
     cfg = OmegaConf.structured(
         ModelConfig(n_encoder_layers=2, n_decoder_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0)

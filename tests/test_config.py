@@ -11,7 +11,14 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO_ROOT
-from transformer.config import ConfigError, GenerationConfig, model_sizes, register_configs, validate_config, validate_model_config
+from transformer.config import (
+    ConfigError,
+    GenerationConfig,
+    model_sizes,
+    register_configs,
+    validate_config,
+    validate_model_config,
+)
 from transformer.models import build_model
 from transformer.modules.attention import ATTENTION_KINDS
 from transformer.modules.ffn import FFNS

@@ -10,7 +10,15 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.recipes import FIXTURES, RECIPES, REPO_ROOT, compose_recipe
-from transformer.config import Config, budget_sentence, config_dict, time_budget, to_config, upgrade_config, validate_config
+from transformer.config import (
+    Config,
+    budget_sentence,
+    config_dict,
+    time_budget,
+    to_config,
+    upgrade_config,
+    validate_config,
+)
 
 
 def _flat(tree, prefix=""):

@@ -75,18 +75,17 @@ DEVICE_CHOICES: dict[str, str] = {
 def _calls() -> list[tuple[str, str, int, ast.Call]]:
     """``(file, function qualname, line, call)`` of every call in the package."""
     out = []
+
+    def visit(rel: str, node: ast.AST, scope: tuple[str, ...]) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            scope = (*scope, node.name)
+        if isinstance(node, ast.Call):
+            out.append((rel, ".".join(scope), node.lineno, node))
+        for child in ast.iter_child_nodes(node):
+            visit(rel, child, scope)
+
     for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE).as_posix()
-
-        def visit(node: ast.AST, scope: tuple[str, ...]) -> None:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                scope = (*scope, node.name)
-            if isinstance(node, ast.Call):
-                out.append((rel, ".".join(scope), node.lineno, node))
-            for child in ast.iter_child_nodes(node):
-                visit(child, scope)
-
-        visit(ast.parse(path.read_text(encoding="utf-8")), ())
+        visit(path.relative_to(PACKAGE).as_posix(), ast.parse(path.read_text(encoding="utf-8")), ())
     return out
 
 

@@ -22,9 +22,8 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
-
 import unicodedata
+from pathlib import Path
 
 import pytest
 

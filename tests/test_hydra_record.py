@@ -10,7 +10,14 @@ import sys
 import time
 
 from tests.conftest import REPO_ROOT
-from transformer.hydra_record import RESUME_RECORD, forget_record, job_choices, job_run_dir, record_subdir, recorded_choices
+from transformer.hydra_record import (
+    RESUME_RECORD,
+    forget_record,
+    job_choices,
+    job_run_dir,
+    record_subdir,
+    recorded_choices,
+)
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": ""}
 

@@ -262,7 +262,7 @@ class FolderLock:
         self.path = self.folder / LOCK_NAME
         self._fd: int | None = None
 
-    def acquire(self) -> "FolderLock":
+    def acquire(self) -> FolderLock:
         """Take the lock, or raise :class:`FolderLocked` at once (never waits)."""
         existed = self.path.exists()
         if not existed:
@@ -286,7 +286,7 @@ class FolderLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "FolderLock":
+    def __enter__(self) -> FolderLock:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:

@@ -9,8 +9,9 @@ import datetime
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from train_step import device_peak

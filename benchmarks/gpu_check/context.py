@@ -70,7 +70,7 @@ def device_description(device: torch.device) -> dict[str, Any]:
     return {"device": "cpu", "device_name": cpu_model_name()}
 
 
-def section_environment(sec: dict[str, Any], ctx: "Context") -> None:
+def section_environment(sec: dict[str, Any], ctx: Context) -> None:
     """Versions, flags and what is missing."""
     r = sec["results"]
     r.update(device_description(ctx.device))

@@ -34,7 +34,8 @@ import gc
 import statistics
 import time
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import peers
 import torch

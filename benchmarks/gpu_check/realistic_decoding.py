@@ -21,7 +21,8 @@ import contextlib
 import gc
 import importlib.util
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import traceback
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +54,7 @@ class SdpaRecorder:
         self.handles: list[Any] = []
         self.original = F.scaled_dot_product_attention
 
-    def __enter__(self) -> "SdpaRecorder":
+    def __enter__(self) -> SdpaRecorder:
         def enter(name: str) -> Callable[..., None]:
             def hook(module: Any, args: Any) -> None:
                 self.stack.append(name)

@@ -23,7 +23,7 @@ def no_matplotlib(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
 
 
-def test_compare_and_write_prints_the_table_and_what_it_wrote(sweep, tmp_path, capsys):
+def test_compare_and_write_prints_the_table_and_what_it_wrote(sweep, tmp_path, capsys):  # noqa: F811 (the fixture imported above)
     paths = compare_and_write([sweep], tmp_path / "out", n_bootstrap=20)
     assert {p.name for p in (tmp_path / "out").iterdir()} == TABLES | PLOTS
     out = capsys.readouterr()
@@ -34,7 +34,7 @@ def test_compare_and_write_prints_the_table_and_what_it_wrote(sweep, tmp_path, c
     assert err[7:] == ["warning: 2 run(s) without results (listed above)"]
 
 
-def test_the_default_output_folder_is_in_the_first_sweep(sweep, capsys):
+def test_the_default_output_folder_is_in_the_first_sweep(sweep, capsys):  # noqa: F811 (the fixture imported above)
     compare_and_write([sweep], n_bootstrap=0)
     assert {p.name for p in (sweep / "comparison").iterdir()} == TABLES | PLOTS
 
@@ -47,7 +47,7 @@ def test_no_finished_run_is_raised_after_the_outputs_are_written(tmp_path, corpu
     assert "## Runs without results (1)" in (tmp_path / "out" / "comparison.md").read_text()
 
 
-def test_without_matplotlib_the_tables_are_written_with_one_warning(sweep, tmp_path, capsys, no_matplotlib):
+def test_without_matplotlib_the_tables_are_written_with_one_warning(sweep, tmp_path, capsys, no_matplotlib):  # noqa: F811 (the fixture imported above)
     assert matplotlib_missing() == 'matplotlib is not installed (pip install -e ".[plots]")'
     paths = compare_and_write([sweep], tmp_path / "out", n_bootstrap=0)
     assert {p.name for p in (tmp_path / "out").iterdir()} == TABLES
@@ -60,7 +60,7 @@ def test_without_matplotlib_the_tables_are_written_with_one_warning(sweep, tmp_p
     assert warnings == ['warning: plots skipped: matplotlib is not installed (pip install -e ".[plots]")']
 
 
-def test_asking_for_plots_without_matplotlib_names_the_extra(sweep, tmp_path, no_matplotlib):
+def test_asking_for_plots_without_matplotlib_names_the_extra(sweep, tmp_path, no_matplotlib):  # noqa: F811 (the fixture imported above)
     comparison = compare_sweeps([sweep], n_bootstrap=0)
     with pytest.raises(PlotsUnavailable, match=r'pip install -e "\.\[plots\]"'):
         write_outputs(comparison, tmp_path / "out", plots=True)
@@ -75,7 +75,7 @@ def test_the_extra_the_message_names_provides_matplotlib():
         assert any(r.startswith("matplotlib") for r in extras[extra]), extra
 
 
-def test_the_script_without_matplotlib_exits_0_with_one_warning_line(sweep, tmp_path):
+def test_the_script_without_matplotlib_exits_0_with_one_warning_line(sweep, tmp_path):  # noqa: F811 (the fixture imported above)
     """In a real process: ``scripts/compare.py`` with matplotlib hidden, as a user without [plots] runs it."""
     code = ("import sys, runpy; sys.modules['matplotlib'] = None; sys.argv = ['scripts/compare.py', *sys.argv[1:]]; "
             "runpy.run_path('scripts/compare.py', run_name='__main__')")

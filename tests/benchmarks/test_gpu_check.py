@@ -121,10 +121,13 @@ def test_a_calls_gpu_annotation_does_not_hide_its_cpu_ops():
         calls = [{}, {}]
 
         class Prof:
-            def events(self):
-                return order
+            def __init__(self, events):
+                self._events = events
 
-        attribute_backends(Prof(), calls)
+            def events(self):
+                return self._events
+
+        attribute_backends(Prof(order), calls)
         assert calls[0] == {"backend": "memory-efficient", "kernels": ["fmha_cutlassF_f32_aligned_64x64_rf_sm80"]}
         assert calls[1] == {"backend": "unidentified", "kernels": []}  # a call the profile never saw
 

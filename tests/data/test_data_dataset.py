@@ -8,14 +8,13 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from tests.data.conftest import toy_data_config, write_toy_corpus
 from transformer.config import DataConfig
 from transformer.data.batching import TokenBatchSampler
 from transformer.data.collate import collate
 from transformer.data.corpus import DataError, read_lines
 from transformer.data.dataset import load_translation_data
 from transformer.data.tokenizer import SPECIAL_IDS
-
-from tests.data.conftest import toy_data_config, write_toy_corpus
 
 
 def test_real_multi30k_en_de(en_de_data, data_dir: Path) -> None:

@@ -7,8 +7,8 @@ import gzip
 import http.server
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

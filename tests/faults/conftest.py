@@ -13,8 +13,8 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -43,7 +43,7 @@ def deadline(seconds: int) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def gappy_corpus(small_corpus, tmp_path_factory) -> Path:
+def gappy_corpus(small_corpus, tmp_path_factory) -> Path:  # noqa: F811 (the fixture imported above)
     """:func:`small_corpus` with an empty source line in the validation and the test split."""
     root = tmp_path_factory.mktemp("gappy")
     for f in small_corpus.iterdir():

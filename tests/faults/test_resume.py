@@ -20,7 +20,6 @@ from tests.faults.conftest import run_script, small_cli_args, small_config
 from transformer.training.run import train
 
 
-
 def _snapshot(run: Path) -> dict[str, bytes]:
     return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
 

@@ -7,7 +7,8 @@ EOS by itself, so beam searches can be compared hypothesis for hypothesis.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch

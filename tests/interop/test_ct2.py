@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 
+import transformer.interop.ct2 as ct2_module
 from tests.conftest import tiny_model_config
 from tests.generation.helpers import make_run_dir
 from tests.interop.helpers import LLAMA
 from transformer.config import GenerationConfig
 from transformer.generation import translate_sentences
 from transformer.interop import ExportError, export_run
-import transformer.interop.ct2 as ct2_module
 from transformer.interop.ct2 import ct2_translate, ct2_unsupported, load_ct2
 from transformer.modules.ffn import FFNS, FFNChoice, GatedFeedForward
 from transformer.plugins import plugin_of

@@ -6,8 +6,7 @@ import pytest
 
 from tests.conftest import tiny_model_config
 from tests.generation.helpers import make_run_dir
-from transformer.interop import ExportError, export_run, unsupported
-from transformer.interop import hf_marian
+from transformer.interop import ExportError, export_run, hf_marian, unsupported
 from transformer.interop.export_common import staging_dir
 
 

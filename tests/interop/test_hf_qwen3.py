@@ -17,7 +17,13 @@ from tests.interop.helpers import LLAMA, perturbed
 from transformer.config import register_configs
 from transformer.interop import ExportError, export_run
 from transformer.interop.ct2 import ct2_unsupported
-from transformer.interop.hf_llama import from_hf_llama, hf_llama_state, llama_unsupported, qwen3_unsupported, to_hf_llama
+from transformer.interop.hf_llama import (
+    from_hf_llama,
+    hf_llama_state,
+    llama_unsupported,
+    qwen3_unsupported,
+    to_hf_llama,
+)
 from transformer.interop.hf_marian import marian_unsupported
 from transformer.models import build_model
 

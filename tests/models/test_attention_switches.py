@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model_config
-from tests.generation.helpers import Recorder, RecomputeModel, make_model, make_src
+from tests.generation.helpers import RecomputeModel, Recorder, make_model, make_src
 from tests.interop.helpers import LLAMA, perturbed
 from transformer.config import layer_windows
 from transformer.generation import beam_search, greedy_search

@@ -8,9 +8,8 @@ import sys
 import pytest
 import torch
 
-from tests.generation.helpers import REPO_ROOT, make_run_dir
+from tests.generation.helpers import REPO_ROOT, load_script, make_run_dir
 from tests.generation.helpers import compose_script_config as _cfg
-from tests.generation.helpers import load_script
 from tests.interop.helpers import LLAMA
 from transformer.generation import load_run
 

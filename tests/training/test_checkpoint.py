@@ -10,7 +10,6 @@ import torch
 from safetensors.torch import load_file
 
 import transformer.io
-
 from transformer.training.checkpoint import (
     CheckpointError,
     CheckpointManager,

@@ -14,11 +14,12 @@ because its rows hold source and target, so ``train.max_tokens`` may differ betw
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
-from transformer.analysis.grouping import IGNORED_KEYS, Configuration, flatten_config, is_ignored, with_defaults
 from transformer.analysis.collect import Run
+from transformer.analysis.grouping import IGNORED_KEYS, Configuration, flatten_config, is_ignored, with_defaults
 
 __all__ = ["COUPLED", "SWITCH_PREFIXES", "MixedField", "MixedRunsError", "mixed_fields", "mixed_runs_message", "recipe_of",
            "repeated_seeds"]
@@ -74,6 +75,11 @@ def _name(run: Run) -> str:
     return run.run_dir.name if run.run_dir.name not in ("", ".") else str(run.run_dir)
 
 
+def _value_text(recipe: dict, key: str) -> str:
+    """A recipe's value of ``key`` as text, ``"missing"`` when it has none."""
+    return "missing" if key not in recipe else str(recipe[key])
+
+
 def mixed_fields(configs: Sequence[Configuration], ignore: Sequence[str] = IGNORED_KEYS) -> list[MixedField]:
     """The recipe keys in which the finished runs of ``configs`` differ (beyond :data:`COUPLED` ones).
 
@@ -90,19 +96,16 @@ def mixed_fields(configs: Sequence[Configuration], ignore: Sequence[str] = IGNOR
     keys = sorted({k for _, rec in recipes for k in rec})
     mixed = []
     for key in keys:
-        def text(rec: dict) -> str:
-            return "missing" if key not in rec else str(rec[key])
-
         groups: dict[str, list[str]] = {}
         for run, rec in recipes:
-            groups.setdefault(text(rec), []).append(_name(run))
+            groups.setdefault(_value_text(rec, key), []).append(_name(run))
         if len(groups) < 2:
             continue
         coupled = COUPLED.get(key)
         if coupled is not None:  # allowed when the value is a function of the coupled switch
             by_switch: dict[str, set[str]] = {}
             for run, rec in recipes:
-                by_switch.setdefault(str(flats[id(run)].get(coupled)), set()).add(text(rec))
+                by_switch.setdefault(str(flats[id(run)].get(coupled)), set()).add(_value_text(rec, key))
             if all(len(v) == 1 for v in by_switch.values()):
                 continue
         mixed.append(MixedField(key, groups))

@@ -33,10 +33,11 @@ the operating system and torch report them) and is listed in :attr:`Comparison.m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
+from transformer.analysis.collect import Run, find_run_dirs, load_run, never_started
 from transformer.analysis.comparability import (
     MixedField,
     MixedRunsError,
@@ -47,7 +48,6 @@ from transformer.analysis.comparability import (
 )
 from transformer.analysis.grouping import IGNORED_KEYS, Configuration, group_runs
 from transformer.analysis.length import DEFAULT_BUCKETS, Bucket, LengthTable, length_table, parse_buckets
-from transformer.analysis.collect import Run, find_run_dirs, load_run, never_started
 from transformer.analysis.stats import (
     first_result,
     holm_bonferroni,

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from transformer.analysis.collect import Run, natural_key
 from transformer.config import Config, config_dict, keys_with, upgrade_config

@@ -35,13 +35,13 @@ by concatenating their hypotheses and references (:func:`length_table`, ``splits
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
-from transformer.analysis.grouping import Configuration
 from transformer.analysis.collect import Run, natural_key
+from transformer.analysis.grouping import Configuration
 from transformer.analysis.stats import mean, references
 from transformer.evaluation.metrics import scorers
 

@@ -68,7 +68,7 @@ def _colors(n: int) -> list:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
-def validation_curves_figure(comparison: Comparison) -> "Figure":
+def validation_curves_figure(comparison: Comparison) -> Figure:
     """Validation NLL (and validation BLEU when logged) against updates, one colour per
     configuration: thin lines per seed, a thick line for the mean over the seeds at each update.
 
@@ -130,7 +130,7 @@ def plot_validation_curves(comparison: Comparison, path: str | Path) -> Path:
     return path
 
 
-def bleu_bars_figure(comparison: Comparison) -> "Figure":
+def bleu_bars_figure(comparison: Comparison) -> Figure:
     """Test BLEU per configuration: bar = mean over seeds, error bar = sample std, dots = seeds;
     the baseline bar is hatched and significant differences (p < 0.05) are starred.
 
@@ -189,7 +189,7 @@ def plot_bleu_bars(comparison: Comparison, path: str | Path) -> Path:
     return path
 
 
-def bleu_by_length_figure(comparison: Comparison) -> "Figure":
+def bleu_by_length_figure(comparison: Comparison) -> Figure:
     """Test BLEU against the bucket of reference length, one line per configuration (the mean over
     its seeds), error bars = the 95% bootstrap interval (:mod:`transformer.analysis.length`); the
     baseline's line is dashed. Lines are shifted sideways a little so that their bars do not overlap.

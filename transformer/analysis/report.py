@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import csv
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
+from transformer.analysis.collect import Run
 from transformer.analysis.compare import CSV_COLUMNS, Comparison, compare_sweeps, describe_machine
 from transformer.analysis.length import DEFAULT_BUCKETS, LENGTH_COLUMNS, Bucket, LengthTable
 from transformer.analysis.plots import matplotlib_missing, plot_bleu_bars, plot_bleu_by_length, plot_validation_curves
-from transformer.analysis.collect import Run
 
 __all__ = ["NoFinishedRun", "compare_and_write", "length_markdown", "to_markdown", "write_csv", "write_length_csv",
            "write_outputs"]

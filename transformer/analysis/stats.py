@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from omegaconf import OmegaConf
 
-from transformer.analysis.grouping import IGNORED_KEYS, Configuration, is_ignored, with_defaults
 from transformer.analysis.collect import Run
+from transformer.analysis.grouping import IGNORED_KEYS, Configuration, is_ignored, with_defaults
 from transformer.data.corpus import read_parallel, resolve_split_files
 from transformer.evaluation.metrics import paired_bootstrap
 from transformer.models.flops import kv_cache_bytes_per_token

@@ -31,7 +31,14 @@ from transformer.config.checks import (
     validate_optim_config,
     validate_option_fields,
 )
-from transformer.config.convert import FLAT_ATTENTION_FIELDS, config_dict, to_config, to_generation_config, typed_config, upgrade_config
+from transformer.config.convert import (
+    FLAT_ATTENTION_FIELDS,
+    config_dict,
+    to_config,
+    to_generation_config,
+    typed_config,
+    upgrade_config,
+)
 from transformer.config.diff import config_differences
 from transformer.config.options import (
     GROUPS,
@@ -45,6 +52,18 @@ from transformer.config.options import (
     store_plugin_option,
     structured_config,
 )
+from transformer.config.rules import (
+    GROUPINGS,
+    RESUMES,
+    FieldRule,
+    field_rule,
+    keys_with,
+    recipe,
+    rule,
+    rule_table,
+    undeclared,
+)
+from transformer.config.runtime import DEFAULT_TIME_BUDGET_S, RESUME_MODES, budget_sentence, resume_mode, time_budget
 from transformer.config.schema import (
     AttentionConfig,
     Config,
@@ -65,8 +84,6 @@ from transformer.config.schema import (
     SchedulerConfig,
     TrainConfig,
 )
-from transformer.config.rules import GROUPINGS, RESUMES, FieldRule, field_rule, keys_with, recipe, rule, rule_table, undeclared
-from transformer.config.runtime import DEFAULT_TIME_BUDGET_S, RESUME_MODES, budget_sentence, resume_mode, time_budget
 from transformer.config.sizes import (
     LatentSizes,
     ModelSizes,

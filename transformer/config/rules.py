@@ -28,8 +28,9 @@ plugin's need declare nothing (:mod:`transformer.registry`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, Field
-from typing import Any, Callable, NamedTuple, Sequence, get_type_hints
+from typing import Any, NamedTuple, get_type_hints
 
 __all__ = ["GROUPINGS", "RESUMES", "FieldRule", "field_rule", "keys_with", "recipe", "rule", "rule_table", "undeclared"]
 

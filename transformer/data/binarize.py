@@ -36,8 +36,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import sentencepiece as spm
@@ -116,7 +117,7 @@ class TokenSequences(Sequence[list[int]]):
             self._lengths = d[self.rows] if self.rows is not None else d
         return self._lengths
 
-    def subset(self, indices: Sequence[int] | np.ndarray) -> "TokenSequences":
+    def subset(self, indices: Sequence[int] | np.ndarray) -> TokenSequences:
         """A view of the sequences ``indices`` (in that order); tokens are shared, not copied.
 
         Args:

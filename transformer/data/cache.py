@@ -23,8 +23,9 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import sentencepiece as spm
 

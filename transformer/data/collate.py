@@ -19,8 +19,9 @@ is taken on the source (``loss_mask = target != PAD``). All tensors are right-pa
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils.data
@@ -60,7 +61,7 @@ class Batch:
         """``(B, T)`` / ``(B, L)`` bool, true where a loss is taken (``target != PAD``)."""
         return self.target.ne(PAD_ID)
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """Move every tensor to ``device``.
 
         Args:
@@ -80,7 +81,7 @@ class Batch:
             nsentences=self.nsentences,
         )
 
-    def pin_memory(self) -> "Batch":
+    def pin_memory(self) -> Batch:
         """Pin every tensor (called by a DataLoader with ``pin_memory=True``).
 
         Returns:
@@ -210,7 +211,7 @@ def collate_decoder_only(
     )
 
 
-def collate(dataset: "ParallelDataset", indices: Sequence[int], arch: str, *, with_target: bool = True,
+def collate(dataset: ParallelDataset, indices: Sequence[int], arch: str, *, with_target: bool = True,
             pad_to_multiple: int = 1) -> Batch:
     """Collate examples of a dataset for ``arch``.
 
@@ -250,13 +251,13 @@ class _IndexDataset(torch.utils.data.Dataset):
         return i
 
 
-def _collate_indices(dataset: "ParallelDataset", arch: str, with_target: bool, indices: list[int]) -> Batch:
+def _collate_indices(dataset: ParallelDataset, arch: str, with_target: bool, indices: list[int]) -> Batch:
     return collate(dataset, indices, arch, with_target=with_target)
 
 
 def make_dataloader(
-    dataset: "ParallelDataset",
-    sampler: "TokenBatchSampler",
+    dataset: ParallelDataset,
+    sampler: TokenBatchSampler,
     arch: str,
     *,
     num_workers: int = 0,

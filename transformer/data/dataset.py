@@ -25,9 +25,10 @@ way to train on a corpus preprocessed once.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -79,7 +80,7 @@ class ParallelDataset:
         """``(n,)`` int64 target lengths in pieces (no specials)."""
         return self._lengths(self.tgt)
 
-    def subset(self, indices: Sequence[int] | np.ndarray, name: str | None = None) -> "ParallelDataset":
+    def subset(self, indices: Sequence[int] | np.ndarray, name: str | None = None) -> ParallelDataset:
         """A new dataset with the examples ``indices`` (in that order).
 
         Args:

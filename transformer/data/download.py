@@ -26,8 +26,8 @@ import hashlib
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from transformer.data.errors import DataError
 from transformer.io import atomic_write_bytes

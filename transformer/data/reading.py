@@ -17,9 +17,10 @@ import gzip
 import io
 import os
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from transformer.data.errors import DataError
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import sentencepiece as spm
 
@@ -146,7 +147,7 @@ class Tokenizer:
         input_sentence_size: int = 2_000_000,
         max_sentence_length: int = 4192,
         seed: int = 17,
-    ) -> "Tokenizer":
+    ) -> Tokenizer:
         """Train a SentencePiece model and write ``{model_prefix}.model`` / ``.vocab``.
 
         Training is deterministic for given inputs: a fixed random seed for SentencePiece's

@@ -12,6 +12,7 @@ Typical use::
 or stdin, line by line, into a file or stdout.
 """
 
+from transformer.generation.ensemble import EnsembleModel, EnsembleState, load_models
 from transformer.generation.loading import (
     LoadedRun,
     LoadError,
@@ -21,7 +22,8 @@ from transformer.generation.loading import (
     merge_generation,
     resolve_device,
 )
-from transformer.generation.ensemble import EnsembleModel, EnsembleState, load_models
+from transformer.generation.overrides import TEST_TIME_FIELDS, test_time_overrides, test_time_refusal
+from transformer.generation.prepare import PreparedDecoding, prepare_decoding
 from transformer.generation.search import (
     Hypothesis,
     SearchLimits,
@@ -34,8 +36,6 @@ from transformer.generation.search import (
     sample,
     top_k_top_p_filter,
 )
-from transformer.generation.prepare import PreparedDecoding, prepare_decoding
-from transformer.generation.overrides import TEST_TIME_FIELDS, test_time_overrides, test_time_refusal
 from transformer.generation.translate import (
     batches_by_tokens,
     detokenize,

@@ -25,9 +25,10 @@ tokenizer whose vocabulary does not match the embedding matrices. An averaged fi
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from omegaconf import DictConfig, OmegaConf

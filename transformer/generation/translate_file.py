@@ -16,8 +16,9 @@ import gzip
 import io
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 from tqdm import tqdm
 

@@ -13,7 +13,7 @@ at the end. The optional packages come with ``pip install -e '.[interop]'``. ``r
 the work of ``scripts/export.py``.
 """
 
-from transformer.interop.export_common import ExportError
 from transformer.interop.export import FORMATS, export_run, import_hf_llama, run_export, unsupported
+from transformer.interop.export_common import ExportError
 
 __all__ = ["FORMATS", "ExportError", "export_run", "import_hf_llama", "run_export", "unsupported"]

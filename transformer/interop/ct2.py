@@ -24,8 +24,9 @@ included), biases on or off, tied or untied embeddings and the ``sqrt(d_model)``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F

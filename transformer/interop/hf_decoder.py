@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from torch import nn
 
-from transformer.config import Config, ConfigError, rope_scaling, typed_config
+from transformer.config import ConfigError, rope_scaling, typed_config
 from transformer.interop.export_common import readable_run_config
 
 __all__ = [

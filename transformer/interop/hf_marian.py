@@ -21,15 +21,23 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from transformer.config import resolve_n_kv_heads
-from transformer.interop.export_common import KV_HEAD_KINDS, ExportError, attention_unsupported, refuse, state_dict_fp32, vocabulary
+from transformer.interop.export_common import (
+    KV_HEAD_KINDS,
+    ExportError,
+    attention_unsupported,
+    refuse,
+    state_dict_fp32,
+    vocabulary,
+)
 from transformer.interop.hf_decoder import ZOO_CONFIG
 
 __all__ = ["marian_generate", "marian_permutation", "marian_state", "marian_unsupported", "save_marian", "to_marian"]

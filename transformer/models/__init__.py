@@ -8,7 +8,13 @@ training loop reads them through the model package.
 from transformer.models.builder import build_model
 from transformer.models.decoder_only import DecoderOnlyModel
 from transformer.models.encoder_decoder import EncoderDecoderModel
-from transformer.models.flops import count_parameters, ffn_flops_per_token, forward_flops, kv_cache_bytes, kv_cache_bytes_per_token
+from transformer.models.flops import (
+    count_parameters,
+    ffn_flops_per_token,
+    forward_flops,
+    kv_cache_bytes,
+    kv_cache_bytes_per_token,
+)
 from transformer.models.state import DecodingState
 from transformer.modules.moe_losses import RouterLosses, moe_blocks, router_losses, update_expert_biases
 

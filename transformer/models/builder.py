@@ -17,7 +17,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from transformer.config import LatentSizes, layer_windows, model_sizes, option_config, rope_scaling, validate_model_config
+from transformer.config import (
+    LatentSizes,
+    layer_windows,
+    model_sizes,
+    option_config,
+    rope_scaling,
+    validate_model_config,
+)
 from transformer.models.decoder_only import DecoderOnlyModel
 from transformer.models.encoder_decoder import EncoderDecoderModel
 from transformer.modules.attention import ATTENTION_KINDS, Attention, MultiHeadLatentAttention

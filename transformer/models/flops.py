@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from transformer.config import ModelSizes, head_dim, kv_cache_values, layer_windows, model_sizes, resolve_n_kv_heads
+from transformer.config import ModelSizes, kv_cache_values, layer_windows, model_sizes
 from transformer.modules.attention import ATTENTION_KINDS
 from transformer.modules.moe_losses import moe_blocks
 

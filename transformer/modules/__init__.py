@@ -26,10 +26,10 @@ from transformer.modules.attention import (
 )
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.ffn import FFNS, FeedForward, GatedFeedForward, glu_hidden_size
+from transformer.modules.layers import TransformerLayer, TransformerStack
 from transformer.modules.moe import ROUTER_SCORES, GroupedExperts, MixtureOfExperts, TopKRouter
 from transformer.modules.moe_losses import router_losses
 from transformer.modules.norms import NORMS, RMSNorm
-from transformer.modules.layers import TransformerLayer, TransformerStack
 from transformer.modules.positions import (
     POSITIONS,
     ALiBi,

@@ -13,8 +13,9 @@ re-exported here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch.nn.functional as F
 from einops import rearrange

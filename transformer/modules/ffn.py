@@ -10,8 +10,9 @@ experts are the blocks of another entry, named by ``model.ffn.expert``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import torch.nn.functional as F
 from torch import Tensor, nn

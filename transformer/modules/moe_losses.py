@@ -11,8 +11,8 @@ DeepSeek-V3's bias update (:mod:`transformer.modules.moe` holds the blocks).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 from torch import Tensor, nn

@@ -10,9 +10,9 @@ import importlib
 import importlib.util
 import sys
 import traceback
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 

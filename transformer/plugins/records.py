@@ -4,12 +4,22 @@ user names, or, with ``plugins_trust=true`` on the command line, from the run fo
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from transformer.io import atomic_write_bytes
-from transformer.plugins.core import (_LOADED, _USER, Plugin, PluginError, _locate, _name_of, _sha256, import_plugin,
-                                      plugin_files)
+from transformer.plugins.core import (
+    _LOADED,
+    _USER,
+    Plugin,
+    PluginError,
+    _locate,
+    _name_of,
+    _sha256,
+    import_plugin,
+    plugin_files,
+)
 
 __all__ = ["RUN_SUBDIR", "import_recorded", "kept_recorded_paths", "record_plugins", "untrusted"]
 

@@ -32,7 +32,7 @@ only), scaled by the batch's target tokens like the summed loss, so that after t
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -9,8 +9,8 @@ Validation and the final test run with the averaged weights swapped in (:meth:`E
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -73,7 +73,7 @@ class EMA:
         for i, n in enumerate(self.names):
             self.shadow[i] = state[n].detach().to(self.shadow[i].device, torch.float32).clone()
 
-    def to(self, device: torch.device | str) -> "EMA":
+    def to(self, device: torch.device | str) -> EMA:
         """Move the averages to ``device``; returns self."""
         self.shadow = [t.to(device) for t in self.shadow]
         return self

@@ -53,7 +53,7 @@ class MetricsLogger:
     def close(self) -> None:
         """Flush and release resources; further :meth:`log` calls are not allowed."""
 
-    def __enter__(self) -> "MetricsLogger":
+    def __enter__(self) -> MetricsLogger:
         return self
 
     def __exit__(self, *exc: Any) -> None:

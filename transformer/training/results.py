@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
-from transformer.hydra_record import job_run_dir
-from transformer.run_folder import BEST, weights_path
 from transformer.config import Config, config_dict
 from transformer.data.dataset import TranslationData
+from transformer.hydra_record import job_run_dir
 from transformer.io import atomic_write_text
 from transformer.models import forward_flops
+from transformer.run_folder import BEST, weights_path
 from transformer.training.checkpoint import load_checkpoint, save_run_average
 from transformer.training.precision import describe_hardware
 

@@ -32,9 +32,16 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from transformer.config import Config, ConfigError, config_differences, keys_with, resume_mode, typed_config, validate_config
+from transformer.config import (
+    Config,
+    ConfigError,
+    config_differences,
+    keys_with,
+    resume_mode,
+    typed_config,
+    validate_config,
+)
 from transformer.hydra_record import recorded_choices
 from transformer.run_folder import checkpoint_stem, has_checkpoint
 from transformer.training.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, numbered_checkpoints

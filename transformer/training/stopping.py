@@ -23,7 +23,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from transformer.config import signal_number, time_budget
 
@@ -66,7 +67,7 @@ class GracefulStop:
         self._previous: dict[signal.Signals, Any] = {}  # installed over, restored on exit
         self._handed: dict[signal.Signals, Any] = {}  # the same, kept for hand_over after exit
 
-    def __enter__(self) -> "GracefulStop":
+    def __enter__(self) -> GracefulStop:
         if threading.current_thread() is not threading.main_thread():
             return self
         for sig in self.signals:

@@ -19,8 +19,9 @@ each half holds whole RoPE rotation pairs, so each half's scores depend on relat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from einops import rearrange

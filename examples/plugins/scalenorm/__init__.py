@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -29,7 +29,7 @@ class ScaleNormConfig(NormConfig):
     """``model/norm=scalenorm``: the fields every norm has (``eps``), and the gain's first value."""
 
     name: str = "scalenorm"
-    scale_init: Optional[float] = None  # g at initialisation; null: sqrt(width), the paper's
+    scale_init: float | None = None  # g at initialisation; null: sqrt(width), the paper's
 
     def validate(self) -> None:
         """Called with the option's node before anything is built."""
@@ -55,7 +55,7 @@ class ScaleNorm(nn.Module):
         self.scale = nn.Parameter(torch.tensor(math.sqrt(width) if scale_init is None else float(scale_init)))
 
     @classmethod
-    def from_sizes(cls, *, width: int, eps: float, config: Any) -> "ScaleNorm":
+    def from_sizes(cls, *, width: int, eps: float, config: Any) -> ScaleNorm:
         """The contract of ``transformer.registry``: ``config`` is the ``model.norm`` node."""
         return cls(width, eps=eps, scale_init=config.scale_init)
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import sys
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from torch import Tensor
 
-from transformer.run_folder import AVERAGE, CONFIG_NAMES, FORMAT, WEIGHTS_SUFFIX, checkpoint_stem
 from transformer.io import write_safetensors
+from transformer.run_folder import AVERAGE, CONFIG_NAMES, FORMAT, WEIGHTS_SUFFIX, checkpoint_stem
 from transformer.training.checkpoint.files import average_checkpoints
 from transformer.training.checkpoint.manager import numbered_checkpoints
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from torch import Tensor
 
+from transformer.io import atomic_write_all
 from transformer.run_folder import BEST, LAST
 from transformer.run_folder import numbered as numbered_name
-from transformer.io import atomic_write_all
 from transformer.training.checkpoint.files import save_checkpoint
 from transformer.training.checkpoint.format import (
     META_SUFFIX,
