@@ -35,12 +35,15 @@ FIXED = ["train.max_time=0", "train.validate_every=100000", "train.valid_bleu=fa
          "train.progress=false"]
 
 
-def run_once(variant: str, updates: int, data_root: str, workdir: Path) -> dict:
-    """One training process of ``variant`` (space-separated overrides); its measurements."""
+def run_once(variant: str, updates: int, data_root: str, workdir: Path, root: Path = ROOT) -> dict:
+    """One training process of ``variant`` (space-separated overrides) with the checkout ``root``
+    (its ``scripts/train.py`` and its ``transformer`` package, ahead of any installed one); its
+    measurements."""
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
-    cmd = ["/usr/bin/time", "-f", "maxrss_kb=%M", sys.executable, str(ROOT / "scripts" / "train.py"),
+    cmd = ["/usr/bin/time", "-f", "maxrss_kb=%M", sys.executable, str(root / "scripts" / "train.py"),
            f"train.max_updates={updates}", *FIXED, *variant.split(), f"hydra.run.dir={run_dir}"]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TRANSFORMER_DATA_DIR": data_root})
+    env = {**os.environ, "TRANSFORMER_DATA_DIR": data_root, "PYTHONPATH": str(root)}
+    out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{variant}: exit {out.returncode}: {out.stderr[-2000:]}")
     results = json.loads((run_dir / "results.json").read_text())
@@ -73,13 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--updates", type=int, default=150)
     p.add_argument("--data-root", default=os.environ.get("TRANSFORMER_DATA_DIR", "../shared/data"))
     p.add_argument("--out", type=Path, default=None, help="folder for batch_shapes.json / .md")
+    p.add_argument("--root", type=Path, default=ROOT, help="the checkout to run (default: this one)")
     args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for r in range(args.rounds):
             order = args.variants if r % 2 == 0 else list(reversed(args.variants))
             for v in order:
-                rows.append({**run_once(v, args.updates, args.data_root, Path(work)), "round": r})
+                rows.append({**run_once(v, args.updates, args.data_root, Path(work), root=args.root.resolve()), "round": r})
                 print(json.dumps(rows[-1]), flush=True)
     table = markdown(rows, args.variants)
     print(table)

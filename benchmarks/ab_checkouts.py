@@ -1,0 +1,86 @@
+"""Interleaved A/B of the README default command between two checkouts of this repository (e.g. main
+before and after a change), each run a fresh ``scripts/train.py`` process under ``/usr/bin/time``.
+
+    git worktree add /tmp/before <commit>; git worktree add /tmp/after HEAD
+    flock /tmp/cpu.lock python benchmarks/ab_checkouts.py /tmp/before /tmp/after --pairs 3 --updates 150 \\
+        --out docs/benchmarks/ab_default_run
+
+Every process trains the default model on Multi30k for ``--updates`` updates with the default
+configuration of its own checkout (whatever ``train.pad_to_multiple``, precision or cache capacity
+that checkout defaults to), no validation and no test (the measuring command of
+``benchmarks/batch_shapes.py``); the order within a pair alternates (A B, B A, ...), as a shared
+machine's speed drifts. Per run: target tokens/s (``results.json``), the peak resident memory
+(``/usr/bin/time -f %M``), the batch shapes and the precision. The table gives each pair's ratio
+B / A and their median. Run it alone (``flock /tmp/cpu.lock``): timing beside other work measures
+the other work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.batch_shapes import run_once  # noqa: E402
+from transformer.io import atomic_write_text  # noqa: E402
+
+
+def markdown(rows: list[dict], names: tuple[str, str]) -> str:
+    """Per pair: A's and B's tok/s and max RSS, and B / A; then the medians."""
+    lines = ["| pair | A tok/s | B tok/s | B / A | A max RSS MB | B max RSS MB |", "|---:|---:|---:|---:|---:|---:|"]
+    ratios = []
+    for pair in sorted({r["pair"] for r in rows}):
+        a, b = (next(r for r in rows if r["pair"] == pair and r["side"] == s) for s in ("A", "B"))
+        ratios.append(b["tok_s"] / a["tok_s"])
+        lines.append(f"| {pair + 1} | {a['tok_s']:,.0f} | {b['tok_s']:,.0f} | {ratios[-1]:.3f} | "
+                     f"{a['rss_mb']:,.0f} | {b['rss_mb']:,.0f} |")
+    med = {s: statistics.median(r["tok_s"] for r in rows if r["side"] == s) for s in ("A", "B")}
+    rss = {s: statistics.median(r["rss_mb"] for r in rows if r["side"] == s) for s in ("A", "B")}
+    lines.append(f"| median | {med['A']:,.0f} | {med['B']:,.0f} | {statistics.median(ratios):.3f} | "
+                 f"{rss['A']:,.0f} | {rss['B']:,.0f} |")
+    first = {s: next(r for r in rows if r["side"] == s) for s in ("A", "B")}
+    notes = [f"A = {names[0]} ({first['A']['precision']}, {first['A']['shapes']} batch shapes), "
+             f"B = {names[1]} ({first['B']['precision']}, {first['B']['shapes']} batch shapes); CPU {first['A']['cpu']}."]
+    return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line (see the module docstring)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("a", type=Path, help="checkout A (e.g. before)")
+    p.add_argument("b", type=Path, help="checkout B (e.g. after)")
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--updates", type=int, default=150)
+    p.add_argument("--extra", default="", help="overrides given to both sides (space-separated)")
+    p.add_argument("--data-root", default=os.environ.get("TRANSFORMER_DATA_DIR", "../shared/data"))
+    p.add_argument("--out", type=Path, default=None, help="folder for ab_checkouts.json / .md")
+    args = p.parse_args(argv)
+    for side in (args.a, args.b):
+        if not (side / "scripts" / "train.py").is_file():
+            p.error(f"{side} is not a checkout of this repository (no scripts/train.py)")
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        for pair in range(args.pairs):
+            order = [("A", args.a), ("B", args.b)] if pair % 2 == 0 else [("B", args.b), ("A", args.a)]
+            for side, root in order:
+                row = run_once(args.extra, args.updates, args.data_root, Path(work), root=root.resolve())
+                rows.append({**row, "pair": pair, "side": side, "checkout": str(root)})
+                print(json.dumps(rows[-1]), flush=True)
+    table = markdown(rows, (str(args.a), str(args.b)))
+    print(table)
+    if args.out is not None:
+        atomic_write_text(args.out / "ab_checkouts.json", json.dumps(rows, indent=1) + "\n")
+        atomic_write_text(args.out / "ab_checkouts.md", table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
