@@ -6,15 +6,16 @@ class) or called with the part. A plugin folder's ``__init__.py`` calls them at 
 built-in one (``model/attention=diff``), validated, sized, built, trained, resumed, swept and
 compared by the same code. An option with fields of its own passes ``config=``, a dataclass
 subclassing the group's (e.g. :class:`~transformer.config.AttentionConfig`) whose ``name`` defaults
-to the option: its fields live under the group's node (``model.attention.lambda_init``,
-``lr_scheduler.decay_fraction``), typed and checked like a built-in option's, and ``<group>=<name>``
-selects it without a YAML file. The dataclass may check them, before anything is built or written,
-with two optional methods whose ``ValueError`` refuses the command in one line (``<group>=<name>:
-<message>``, exit status 2; :func:`transformer.config.validate_option_fields`): ``validate(self)``,
-called with the option's node, and ``validate_config(self, cfg)``, called with the node and the
-whole config (``cfg.train.max_updates``, ``cfg.model.d_model``, ...) to refuse a combination with
-other fields. Those fields
-follow one rule (:mod:`transformer.config.rules`), whatever their metadata says: they define the
+to the option (a RoPE scaling's ``rope_type``): its fields live under the group's node
+(``model.attention.lambda_init``, ``lr_scheduler.decay_fraction``), typed and checked like a
+built-in option's, and ``<group>=<name>`` selects it without a YAML file
+(``+model/position/rope_scaling=<name>`` for a RoPE scaling). The dataclass may check them, before
+anything is built or written, with two optional methods whose ``ValueError`` refuses the command in
+one line (``<group>=<name>: <message>``, exit status 2;
+:func:`transformer.config.validate_option_fields`): ``validate(self)``, called with the option's
+node, and ``validate_config(self, cfg)``, called with the node and the whole config
+(``cfg.train.max_updates``, ``cfg.model.d_model``, ...) to refuse a combination with other fields.
+Those fields follow one rule (:mod:`transformer.config.rules`), whatever their metadata says: they define the
 configuration (runs that differ in them are different rows of ``compare.py``, and a finished twin of
 ``train.finished_runs`` must have their values) and are fixed on resume (a command line naming
 another value is refused), like a built-in option's own fields (``recipe``).
@@ -52,10 +53,17 @@ dataclass; an option without one gets the group's base fields) is said per group
   subclass answering ``embed`` / ``rotary`` / ``score_bias``, built by its ``from_sizes(*, d_model,
   n_heads, max_positions, rope_theta, rotary_dim, rope_scaling[, config])`` (``config``: the
   ``model.position`` node).
-- **RoPE scaling** (:func:`register_rope_scaling`): ``(head_dim, theta, RopeScaling) -> (inv_freq
-  (head_dim / 2,), attention_factor)``, reading the ``model.position.rope_scaling`` fields.
+- **RoPE scaling** (:func:`register_rope_scaling`): gives ``(inv_freq (head_dim // 2,), attention_factor)``
+  for the rotated width ``head_dim`` and base ``theta``: a class with a classmethod ``from_sizes(*, head_dim,
+  theta, scaling[, config])`` (``scaling``: the
+  :class:`~transformer.modules.rope_scaling.RopeScaling` of the built-in fields; ``config``: the
+  ``model.position.rope_scaling`` node), or a plain function ``fn(head_dim, theta, scaling)``. Chosen
+  with ``model.position.rope_scaling.rope_type=<name>``, or, to set fields of its own on the command
+  line, ``+model/position/rope_scaling=<name>`` (Hydra's append: the group has no entry in the
+  defaults list).
 - **MoE router** (:func:`register_router`): ``scores((N, E) fp32 logits) -> (N, E) scores``
-  (``model.ffn.router`` is a name: a router has no fields of its own).
+  (``model.ffn.router`` is a name inside ``model.ffn``, not a group with a node: a router has no
+  fields of its own; one that needs a setting takes it as a constant of its plugin).
 - **learning-rate schedule** (:func:`register_lr_scheduler`): ``schedule(update, cfg, base_lr,
   d_model, max_updates) -> lr`` (updates numbered from 1; ``cfg`` holds every ``lr_scheduler.*``
   field, the option's own included, as plain values). It must be a pure function of its arguments
@@ -64,7 +72,9 @@ dataclass; an option without one gets the group's base fields) is said per group
 
 An exception a plugin's code raises while a run is built or trains (outside ``validate``) ends
 ``scripts/train.py`` in one line naming the plugin, its file and line (exit status 2); a run that
-trained nothing leaves no folder behind.
+trained nothing leaves no folder behind. ``scripts/translate.py``, ``evaluate.py`` and ``export.py``
+end the same way when a plugin's code raises as they build or run the model
+(:func:`transformer.cli.plugin_failure`).
 
 Every function raises :class:`~transformer.config.ConfigError` for a name a built-in option (or
 another plugin) already holds, naming both.
@@ -72,7 +82,8 @@ another plugin) already holds, naming both.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
@@ -85,7 +96,7 @@ from transformer.modules.norms import NORMS
 from transformer.modules.positions import POSITIONS, PositionEncoding
 from transformer.modules.rope_scaling import ROPE_SCALINGS
 from transformer.plugins import ORIGINS, current_plugin
-from transformer.training.schedules import SCHEDULES
+from transformer.training.step.schedules import SCHEDULES
 
 __all__ = ["register_attention", "register_ffn", "register_lr_scheduler", "register_norm", "register_position",
            "register_rope_scaling", "register_router"]
@@ -218,11 +229,30 @@ def register_position(name: str, cls: type[PositionEncoding] | None = None, *, c
     return _decorate(register, cls)
 
 
-def register_rope_scaling(name: str, fn: Callable | None = None) -> Any:
-    """Register ``fn(head_dim, theta, RopeScaling) -> (inv_freq, attention_factor)`` as
-    ``model.position.rope_scaling.rope_type=<name>``."""
+def register_rope_scaling(name: str, fn: Callable | None = None, *, config: type | None = None) -> Any:
+    """Register a RoPE scaling as ``model.position.rope_scaling.rope_type=<name>``: a class whose
+    classmethod ``from_sizes(*, head_dim, theta, scaling[, config])`` gives ``(inv_freq,
+    attention_factor)``, or a function ``fn(head_dim, theta, scaling)`` giving the same
+    (:func:`~transformer.modules.rope_scaling.rope_inv_freq`).
+
+    Args:
+        name: the option.
+        fn: the class or function (omit to use this as a decorator).
+        config: its own fields (a dataclass subclassing :class:`~transformer.config.RopeScalingConfig`
+            whose ``rope_type`` defaults to ``name``), given to ``from_sizes`` as ``config``.
+
+    Raises:
+        ConfigError: a taken name, ``config`` without a class that has ``from_sizes(..., config)``
+            to receive it, or ``config`` not fitting the group.
+    """
     def register(obj: Any) -> None:
+        if config is not None and not callable(getattr(obj, "from_sizes", None)):
+            raise ConfigError(f"model/position/rope_scaling={name}: {obj!r} has fields of its own (config=) and needs "
+                              "a classmethod from_sizes(*, head_dim, theta, scaling, config) to receive them")
+        if not callable(obj):
+            raise ConfigError(f"model/position/rope_scaling={name}: {obj!r} is neither a function nor a class")
         _claim("model/position/rope_scaling", name, ROPE_SCALINGS)
+        _options("model/position/rope_scaling", name, config)
         ROPE_SCALINGS[name] = obj
 
     return _decorate(register, fn)

@@ -133,7 +133,8 @@ def kv_cache_values(model: Any) -> int:
 def rope_scaling(model: Any) -> RopeScaling | None:
     """The :class:`~transformer.modules.rope_scaling.RopeScaling` of ``model.position.rope_scaling``
     (None for ``rope_type=default`` or a config without the field); ``dynamic`` without
-    ``original_max_position_embeddings`` takes ``model.max_positions``."""
+    ``original_max_position_embeddings`` takes ``model.max_positions``. Its ``config`` is the node
+    itself: a plugin scaling's own fields reach its ``from_sizes`` (:mod:`transformer.registry`)."""
     rs = getattr(model.position, "rope_scaling", None)
     if rs is None or rs.rope_type == "default":
         return None
@@ -145,7 +146,7 @@ def rope_scaling(model: Any) -> RopeScaling | None:
         original_max_position_embeddings=None if original is None else int(original),
         low_freq_factor=float(rs.low_freq_factor), high_freq_factor=float(rs.high_freq_factor),
         beta_fast=float(rs.beta_fast), beta_slow=float(rs.beta_slow),
-        attention_factor=None if rs.attention_factor is None else float(rs.attention_factor),
+        attention_factor=None if rs.attention_factor is None else float(rs.attention_factor), config=rs,
     )
 
 

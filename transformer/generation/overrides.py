@@ -27,7 +27,9 @@ def test_time_overrides(script_cfg: Any) -> list[str]:
 
     ``translate.yaml`` and ``evaluate.yaml`` hold the nodes of :data:`TEST_TIME_FIELDS` (e.g.
     ``model.position.rope_scaling``, :class:`~transformer.config.RopeScalingOverrides`) with every
-    field null; a field set on the command line becomes ``"<dotted field>=<value>"``.
+    field null; a field set on the command line becomes ``"<dotted field>=<value>"``. A plugin RoPE
+    scaling's own field, which that node lacks, is appended with Hydra's ``+``
+    (``+model.position.rope_scaling.stretch=4``) and becomes an override the same way.
 
     Args:
         script_cfg: the script's composed config (a DictConfig or dict); one without a ``model``

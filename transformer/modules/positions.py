@@ -184,7 +184,8 @@ class RotaryEmbedding(PositionEncoding):
     Args:
         head_dim: per-head width rotated (even).
         rope_theta: the base (10000 in Llama 2, 500000 in Llama 3).
-        scaling: RoPE scaling (``linear``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``), or None.
+        scaling: RoPE scaling (``linear``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``, or a plugin's,
+            which receives its own fields from ``scaling.config``), or None.
 
     Raises:
         ValueError: if ``head_dim`` is odd or the scaling unknown.

@@ -19,13 +19,19 @@ checks by value:
   rotations over the original length, attention factor ``0.1 ln(factor) + 1``.
 * ``llama3``: Llama 3.1 (Meta 2024): low frequencies divided by ``factor``, high ones kept, a
   smooth ramp between the wavelengths ``L0 / low_freq_factor`` and ``L0 / high_freq_factor``.
+
+A plugin's scaling (:func:`transformer.registry.register_rope_scaling`) is either such a function or
+a class whose classmethod ``from_sizes(*, head_dim, theta, scaling[, config])`` gives the same pair;
+``config`` is :attr:`RopeScaling.config`, the option's own fields.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -45,6 +51,9 @@ class RopeScaling:
         low_freq_factor, high_freq_factor: ``llama3``'s wavelength bounds (1 and 4 in Llama 3.1).
         beta_fast, beta_slow: ``yarn``'s ramp bounds in rotations (32 and 1 in the paper).
         attention_factor: ``yarn``'s factor on cos/sin; None = ``0.1 ln(factor) + 1``.
+        config: the ``model.position.rope_scaling`` node the scaling was read from (a plugin
+            option's own fields, which its ``from_sizes`` receives as ``config``), or None; not
+            compared (two scalings with the same fields above are equal).
     """
 
     rope_type: str = "default"
@@ -55,6 +64,7 @@ class RopeScaling:
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     attention_factor: float | None = None
+    config: Any = field(default=None, compare=False, repr=False)
 
 
 def unscaled_inv_freq(head_dim: int, theta: float) -> Tensor:
@@ -106,8 +116,9 @@ def _llama3(head_dim: int, theta: float, s: RopeScaling) -> tuple[Tensor, float]
 
 # model.position.rope_scaling.rope_type=<name> -> (head_dim, rope_theta, RopeScaling) ->
 # (inverse frequencies fp64 (head_dim // 2,), factor on cos/sin); `dynamic` starts unscaled and is
-# rescaled per forward pass by dynamic_inv_freq
-ROPE_SCALINGS: dict[str, Callable[[int, float, RopeScaling], tuple[Tensor, float]]] = {
+# rescaled per forward pass by dynamic_inv_freq. A plugin's entry may instead be a class with
+# from_sizes(*, head_dim, theta, scaling[, config]) (rope_inv_freq calls it)
+ROPE_SCALINGS: dict[str, Callable[..., Any]] = {
     "default": _default,  # unscaled (Su et al. 2021)
     "linear": _linear,  # position interpolation (Chen et al. 2023)
     "ntk": _ntk,  # static NTK-aware base (bloc97 2023)
@@ -119,6 +130,11 @@ ROPE_SCALINGS: dict[str, Callable[[int, float, RopeScaling], tuple[Tensor, float
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> tuple[Tensor, float]:
     """The inverse frequencies (fp32 ``(head_dim // 2,)``) and cos/sin factor of a RoPE scaling.
+
+    The :data:`ROPE_SCALINGS` entry of ``scaling.rope_type`` is called as ``fn(head_dim, theta,
+    scaling)``, or, when it has a classmethod ``from_sizes`` (a plugin's class), as
+    ``from_sizes(head_dim=, theta=, scaling=[, config=scaling.config])``: ``config`` is passed when
+    ``from_sizes`` names it.
 
     Args:
         head_dim: the rotated width (even).
@@ -132,8 +148,15 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = Non
     fn = ROPE_SCALINGS.get(scaling.rope_type)
     if fn is None:
         raise ValueError(f"rope_type={scaling.rope_type!r} is not one of {', '.join(ROPE_SCALINGS)}")
-    inv_freq, attention = fn(head_dim, theta, scaling)
-    return inv_freq.float(), attention
+    from_sizes = getattr(fn, "from_sizes", None)
+    if callable(from_sizes):
+        kwargs: dict[str, Any] = {"head_dim": head_dim, "theta": theta, "scaling": scaling}
+        if "config" in inspect.signature(from_sizes).parameters:
+            kwargs["config"] = scaling.config
+        inv_freq, attention = from_sizes(**kwargs)
+    else:
+        inv_freq, attention = fn(head_dim, theta, scaling)
+    return torch.as_tensor(inv_freq).float(), float(attention)
 
 
 def dynamic_inv_freq(head_dim: int, theta: float, scaling: RopeScaling, positions: Tensor) -> Tensor:
