@@ -34,7 +34,9 @@ baseline: in files mode the first of ``hyps`` is the baseline; in checkpoint mod
 compares the checkpoint's output of the one requested split with that file.
 
 Exit status 2 with a one-line message for a missing/foreign checkpoint, a tokenizer that does not
-match it, ensemble members with different vocabularies, missing data or invalid settings.
+match it, ensemble members with different vocabularies, missing data, invalid settings, or a
+plugin's code raising (its constructor or forward: the line names the plugin, file and line; no
+score is written).
 
 The work is :func:`transformer.evaluation.command.evaluate` (``command`` here); this file parses the
 config and reports errors (:func:`transformer.cli.user_errors`).
@@ -54,11 +56,11 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from transformer.cli import user_errors  # noqa: E402
-from transformer.plugins import set_user_choice  # noqa: E402
 from transformer.config import ConfigError, register_configs  # noqa: E402
 from transformer.data.corpus import DataError  # noqa: E402
 from transformer.evaluation.command import evaluate  # noqa: E402
 from transformer.generation import LoadError  # noqa: E402
+from transformer.plugins import set_user_choice  # noqa: E402
 
 register_configs()  # generation_overrides, the schema of the generation.* fields
 
@@ -70,7 +72,7 @@ ERRORS = {(LoadError, ConfigError, DataError, FileNotFoundError): 2}
 @hydra.main(version_base="1.3", config_path=str(ROOT / "configs"), config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     """Entry point: evaluate as ``cfg`` says; a user error is one line on stderr and exit status 2."""
-    with user_errors(ERRORS):
+    with user_errors(ERRORS, plugins=2):
         set_user_choice(cfg.plugins, cfg.plugins_trust)  # a run trained with plugins: where they are, or trust its copy
         evaluate(cfg)
 

@@ -13,7 +13,9 @@ a CTranslate2 model folder for either family; ``format=zoo`` reads a Llama, Qwen
 DeepSeek-V3 folder back into a run folder. A model the
 target cannot represent is refused with a sentence naming the switch, before anything is written;
 output is written into a temporary folder and renamed when complete. Exit status 2 with a
-one-line message on stderr for refused exports, missing packages or unloadable checkpoints.
+one-line message on stderr for refused exports, missing packages, unloadable checkpoints or a
+plugin's code raising (e.g. its constructor while the run is loaded: the line names the plugin,
+file and line).
 
 The work is :func:`transformer.interop.run_export` (``run`` here); this file parses the config and
 reports errors (:func:`transformer.cli.user_errors`).
@@ -34,10 +36,9 @@ from omegaconf import DictConfig  # noqa: E402
 
 from transformer.cli import user_errors  # noqa: E402
 from transformer.config import ConfigError  # noqa: E402
-from transformer.plugins import set_user_choice  # noqa: E402
 from transformer.generation import LoadError  # noqa: E402
 from transformer.interop import ExportError, run_export  # noqa: E402
-from transformer.plugins import PluginError  # noqa: E402
+from transformer.plugins import PluginError, set_user_choice  # noqa: E402
 
 run = run_export  # the script's work (what main calls; tests call it in-process)
 ERRORS = {(ExportError, LoadError, ConfigError, PluginError, FileNotFoundError): 2}
@@ -47,7 +48,7 @@ ERRORS = {(ExportError, LoadError, ConfigError, PluginError, FileNotFoundError):
 @hydra.main(version_base="1.3", config_path=str(ROOT / "configs"), config_name="export")
 def main(cfg: DictConfig) -> None:
     """Entry point: export (or import) as ``cfg`` says; a user error is one line on stderr and exit status 2."""
-    with user_errors(ERRORS):
+    with user_errors(ERRORS, plugins=2):
         set_user_choice(cfg.plugins, cfg.plugins_trust)  # a run trained with plugins: where they are, or trust its copy
         run_export(cfg)
 

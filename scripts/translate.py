@@ -19,7 +19,9 @@ averages their log-probabilities at each step (:mod:`transformer.generation.ense
 one's generation settings apply. ``model.position.rope_scaling.*`` (null: the run's) decodes a run
 trained with RoPE with a RoPE scaling applied at test time only.
 Exit status 2 with a one-line message on stderr for a missing or foreign checkpoint, a tokenizer
-that does not match it, checkpoints of an ensemble with different vocabularies, or invalid settings.
+that does not match it, checkpoints of an ensemble with different vocabularies, invalid settings,
+or a plugin's code raising (its constructor or forward: the line names the plugin, file and line;
+a line is then never left empty in silence).
 
 The work is :func:`transformer.generation.translate_file` (``run`` here); this file parses the
 config and reports errors (:func:`transformer.cli.user_errors`).
@@ -39,9 +41,9 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from transformer.cli import user_errors  # noqa: E402
-from transformer.plugins import set_user_choice  # noqa: E402
 from transformer.config import ConfigError, register_configs  # noqa: E402
 from transformer.generation import LinesFailed, LoadError, translate_file  # noqa: E402
+from transformer.plugins import set_user_choice  # noqa: E402
 
 register_configs()  # generation_overrides, the schema of the generation.* fields
 
@@ -54,7 +56,7 @@ ERRORS = {(LoadError, ConfigError, FileNotFoundError): 2, LinesFailed: 1}
 def main(cfg: DictConfig) -> None:
     """Entry point: translate as ``cfg`` says; a user error is one line on stderr and exit status 2
     (1 when some lines could not be translated); a closed stdout (e.g. piped into head) exits 0."""
-    with user_errors(ERRORS, broken_pipe=0):
+    with user_errors(ERRORS, broken_pipe=0, plugins=2):
         set_user_choice(cfg.plugins, cfg.plugins_trust)  # a run trained with plugins: where they are, or trust its copy
         translate_file(cfg)
 

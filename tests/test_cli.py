@@ -138,3 +138,26 @@ def test_a_closed_stdout_exits_quietly_only_when_asked(capsys):
     with pytest.raises(BrokenPipeError):
         with cli.user_errors({_Config: 2}):
             raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_an_error_raised_in_a_plugins_code_is_one_line_naming_it_where_asked(tmp_path, capsys):
+    """``user_errors(..., plugins=2)``: what a loaded plugin's code raises (not a listed user error)
+    names the plugin, its file and line; without ``plugins=``, and outside a plugin's code, it passes."""
+    from transformer.plugins import import_plugins
+
+    folder = tmp_path / "cli_bug_probe"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("def fail(err):\n    raise err\n")
+    (plugin,) = import_plugins([folder])
+    fail = sys.modules[plugin.module].fail
+    status, err = _exit_status(lambda: fail(RuntimeError("my bug\n  here")), capsys, plugins=2)
+    assert (status, err) == (2, [f"error: the plugin cli_bug_probe failed at {folder / '__init__.py'}:2: "
+                                 "RuntimeError: my bug here"])
+    assert _exit_status(lambda: fail(_Data("a listed error")), capsys, plugins=2) == (1, ["error: a listed error"])
+    with pytest.raises(RuntimeError, match="my bug"):
+        with cli.user_errors({_Config: 2}):
+            fail(RuntimeError("my bug"))
+    with pytest.raises(KeyError):
+        with cli.user_errors({_Config: 2}, plugins=2):
+            raise KeyError("the zoo's own bug: its traceback is shown")
+    assert capsys.readouterr().err == ""

@@ -13,7 +13,10 @@ Every script reports a user error the same way, through :func:`user_errors`: one
 ``error: ...`` on stderr and the script's exit status for that kind of error (the traceback only
 with ``HYDRA_FULL_ERROR=1``); inside a Hydra multirun (``-m``) the failed job raises
 :class:`RunFailed` instead of exiting, so that the sweep's other jobs still run. Each script names
-its own errors and statuses (e.g. ``scripts/train.py``: ``ConfigError`` 2, ``DataError`` 1).
+its own errors and statuses (e.g. ``scripts/train.py``: ``ConfigError`` 2, ``DataError`` 1). An
+exception raised inside a plugin's code (:mod:`transformer.plugins`: its constructor, forward or
+schedule failing) is one line naming the plugin, its file and line (:func:`plugin_failure`), with the
+status the script gives ``plugins=`` (2 in every script).
 """
 
 from __future__ import annotations
@@ -23,13 +26,17 @@ import importlib.util
 import os
 import re
 import sys
-from typing import Callable, Iterator, Mapping, NoReturn, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import NoReturn
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
+from transformer.plugins import PluginError, loaded_plugins
+
 __all__ = ["HYDRA_PLUGINS", "MissingPlugin", "RunFailed", "check_hydra_plugins", "check_sweep_objective", "in_multirun",
-           "one_line", "sweep_objective", "sweeper_direction", "user_errors"]
+           "one_line", "plugin_failure", "sweep_objective", "sweeper_direction", "user_errors"]
 
 HYDRA_PLUGINS: dict[tuple[str, str], tuple[str, str, str]] = {
     # (group, option): (module that registers it, distribution, this project's extra)
@@ -146,6 +153,41 @@ def one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
 
 
+def plugin_failure(err: BaseException) -> PluginError | None:
+    """The error to report for ``err`` when a loaded plugin's code raised it: the innermost frame of
+    its traceback (or of what it was raised from) that lies in a loaded plugin's folder
+    (:func:`~transformer.plugins.loaded_plugins`) names the plugin, its file and line.
+
+    Args:
+        err: any exception.
+
+    Returns:
+        A :class:`~transformer.plugins.PluginError` ``the plugin <name> failed at <file>:<line>:
+        <type>: <message>`` (one line), or None when no plugin's code is in the traceback.
+    """
+    roots = [(p.name, p.root.resolve()) for p in loaded_plugins()]
+    if not roots:
+        return None
+    seen: set[int] = set()
+    chain: BaseException | None = err
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        where = None
+        tb = chain.__traceback__
+        while tb is not None:
+            file = Path(tb.tb_frame.f_code.co_filename).resolve()
+            owner = next((name for name, root in roots if file == root or root in file.parents), None)
+            if owner is not None:
+                where = (owner, file, tb.tb_lineno)
+            tb = tb.tb_next
+        if where is not None:
+            owner, file, line = where
+            return PluginError(f"the plugin {owner} failed at {file}:{line}: "
+                               + " ".join(f"{type(chain).__name__}: {chain}".split()))
+        chain = chain.__cause__ or chain.__context__
+    return None
+
+
 def _status(err: BaseException, statuses: Mapping[type | tuple[type, ...], int]) -> int | None:
     """The status of the first key of ``statuses`` that ``err`` is an instance of, else None."""
     for kinds, status in statuses.items():
@@ -173,6 +215,7 @@ def user_errors(
     prefix: str = "error: ",
     on_error: Callable[[BaseException], None] | None = None,
     broken_pipe: int | None = None,
+    plugins: int | None = None,
 ) -> Iterator[None]:
     """Turn the user errors raised in the block into one line on stderr and an exit status.
 
@@ -195,6 +238,9 @@ def user_errors(
             ``HYDRA_FULL_ERROR=1`` and in a multirun), e.g. to remove what a refused run wrote.
         broken_pipe: the exit status for a ``BrokenPipeError`` (stdout closed early, e.g. piped
             into ``head``), without a message; None lets it pass through.
+        plugins: the exit status for any other ``Exception`` raised inside a loaded plugin's code,
+            reported as :func:`plugin_failure`'s line (under ``HYDRA_FULL_ERROR=1`` that error is
+            raised from the plugin's); None lets it pass through.
 
     Yields:
         Nothing; the block runs inside.
@@ -212,6 +258,11 @@ def user_errors(
         sys.exit(broken_pipe)
     except BaseException as err:
         status = _status(err, statuses)
+        if status is None and plugins is not None and isinstance(err, Exception):
+            failed = plugin_failure(err)
+            if failed is not None:
+                failed.__cause__ = err
+                err, status = failed, plugins
         if status is None:
             raise
         if on_error is not None:

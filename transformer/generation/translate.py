@@ -7,11 +7,13 @@ Used by the trainer (validation BLEU, final test), ``scripts/translate.py`` and
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
+from transformer.cli import plugin_failure
 from transformer.config import GenerationConfig, to_generation_config
 from transformer.generation.common import Hypothesis, learned_positions
 from transformer.generation.search import generate
@@ -134,7 +136,8 @@ def translate_sentences(
         errors: None to raise on the first sentence that cannot be translated; a dict to go on:
             such a sentence (a source longer than the model's learned positions, or one whose
             decoding raises; its batch is then retried one sentence at a time) gets no hypotheses,
-            and ``errors[index]`` says why.
+            and ``errors[index]`` says why. An exception raised inside a loaded plugin's code is
+            raised all the same (:func:`transformer.cli.plugin_failure`: a bug, not a sentence's).
         progress: a tqdm progress bar of sentences on stderr: True for a new one (closed at the
             end), an existing bar to update, or False.
         desc: the label of a new bar.
@@ -145,7 +148,7 @@ def translate_sentences(
 
     Raises:
         ValueError: a source longer than the model's learned positions, when ``errors`` is None.
-        Whatever decoding raises, when ``errors`` is None.
+        Whatever decoding raises, when ``errors`` is None or it was raised in a plugin's code.
     """
     arch = arch or model.arch
     g = to_generation_config(cfg)
@@ -187,12 +190,14 @@ def translate_sentences(
             try:
                 decode(idx)
             except Exception as e:  # noqa: BLE001 - reported per sentence below
-                if errors is None:
+                if errors is None or plugin_failure(e) is not None:  # a plugin's bug is the command's error
                     raise
                 for i in idx if len(idx) > 1 else ():
                     try:
                         decode([i])
                     except Exception as e1:  # noqa: BLE001
+                        if plugin_failure(e1) is not None:
+                            raise
                         errors[i] = f"{type(e1).__name__}: {e1}"
                 if len(idx) == 1:
                     errors[idx[0]] = f"{type(e).__name__}: {e}"

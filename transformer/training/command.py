@@ -11,8 +11,7 @@ behind and a refused resume leaves its folder as it was.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 from omegaconf import DictConfig
 
@@ -22,6 +21,7 @@ from transformer.cli import (
     check_hydra_plugins,
     check_sweep_objective,
     in_multirun,
+    plugin_failure,
     sweep_objective,
     sweeper_direction,
     user_errors,
@@ -30,14 +30,14 @@ from transformer.config import ConfigError, flat_group_override, to_config, vali
 from transformer.data.corpus import DataError
 from transformer.hydra_record import forget_record, job_run_dir
 from transformer.io import LOCK_NAME, FolderLocked
-from transformer.plugins import PluginError, command_line_plugins, import_plugins, loaded_plugins
+from transformer.plugins import PluginError, command_line_plugins, import_plugins
 from transformer.run_folder import HYDRA_RECORD
 from transformer.training.checkpoint import CheckpointError
-from transformer.training.run import train
+from transformer.training.errors import TrainingError
+from transformer.training.job.training_run import train
 from transformer.training.stopping import StopRequested
-from transformer.training.trainer import TrainingError
 
-__all__ = ["RUN_ERRORS", "plugin_failure", "prepare_command_line", "train_job"]
+__all__ = ["RUN_ERRORS", "prepare_command_line", "train_job"]
 
 RUN_ERRORS = {(ConfigError, PluginError): 2, (TrainingError, CheckpointError, DataError, FileNotFoundError, FolderLocked): 1}
 """The user errors of a run and their exit statuses (one line on stderr each)."""
@@ -73,31 +73,6 @@ def prepare_command_line(argv: Sequence[str]) -> list[str]:
 def _forget_if_untouched(err: BaseException) -> None:
     if getattr(err, "run_folder_untouched", False):
         forget_record()
-
-
-def plugin_failure(err: BaseException) -> PluginError | None:
-    """The error to report for ``err`` when a loaded plugin's code raised it (the innermost frame of its
-    traceback, or of what it was raised from, in a plugin's files): one line naming the plugin, its
-    file and line, and the error; None when no plugin's code is in the traceback."""
-    roots = [(p.name, p.root.resolve()) for p in loaded_plugins()]
-    seen: set[int] = set()
-    chain: BaseException | None = err
-    while chain is not None and id(chain) not in seen:
-        seen.add(id(chain))
-        where = None
-        tb = chain.__traceback__
-        while tb is not None:
-            file = Path(tb.tb_frame.f_code.co_filename).resolve()
-            owner = next((name for name, root in roots if file == root or root in file.parents), None)
-            if owner is not None:
-                where = (owner, file, tb.tb_lineno)
-            tb = tb.tb_next
-        if where is not None:
-            owner, file, line = where
-            return PluginError(f"the plugin {owner} failed at {file}:{line}: "
-                               + " ".join(f"{type(chain).__name__}: {chain}".split()))
-        chain = chain.__cause__ or chain.__context__
-    return None
 
 
 def _untrained_folder_taken_back() -> bool:
