@@ -397,3 +397,150 @@ def test_a_norms_from_sizes_gets_the_norm_node_and_qk_norm_the_same_or_the_defau
     model, _ = tiny_model("decoder_only", {"model/norm": "rmsnorm"}, qk_norm="scalenorm")
     scales = {name: float(p.detach()) for name, p in model.named_parameters() if name.endswith(".scale")}
     assert scales and all(v == pytest.approx(8 ** 0.5) for v in scales.values())  # the option's default: sqrt(head_dim)
+
+
+# ---------------------------------------------------------------- issue 43: RoPE scalings' fields, failures at run time
+
+PROBE_ROPE = '''"""A RoPE scaling with a field of its own that says what its from_sizes received (transformer.registry)."""
+import sys
+from dataclasses import dataclass
+
+from transformer.config import RopeScalingConfig
+from transformer.modules.rope_scaling import unscaled_inv_freq
+from transformer.registry import register_rope_scaling
+
+
+@dataclass
+class ProbeRopeConfig(RopeScalingConfig):
+    rope_type: str = "probe_rope"
+    stretch: float = 2.0
+
+    def validate(self):
+        if not self.stretch >= 1.0:
+            raise ValueError(f"model.position.rope_scaling.stretch={self.stretch} must be >= 1")
+
+
+@register_rope_scaling("probe_rope", config=ProbeRopeConfig)
+class ProbeRope:
+    @classmethod
+    def from_sizes(cls, *, head_dim, theta, scaling, config):
+        print(f"probe_rope built: head_dim={head_dim} stretch={config.stretch}", file=sys.stderr)
+        return unscaled_inv_freq(head_dim, theta) / config.stretch, 1.0
+'''
+
+FAILING_NORM = '''"""A norm whose code raises where FAILING_NORM says: build (its from_sizes) or forward."""
+import os
+
+from torch import nn
+
+from transformer.registry import register_norm
+
+
+@register_norm("failing_norm")
+class FailingNorm(nn.LayerNorm):
+    @classmethod
+    def from_sizes(cls, *, width, eps):
+        if os.environ.get("FAILING_NORM") == "build":
+            raise RuntimeError("my norm's constructor bug")
+        return cls(width, eps=eps)
+
+    def forward(self, x):
+        if os.environ.get("FAILING_NORM") == "forward":
+            raise RuntimeError("my norm's forward bug")
+        return super().forward(x)
+'''
+
+
+def test_a_plugin_rope_scalings_field_reaches_its_from_sizes_in_training_resume_and_translate(user):
+    """Chosen with ``+model/position/rope_scaling=<name>`` (the group has no entry in the defaults list)."""
+    probe = user["root"] / "rope_ideas" / "probe_rope"
+    if not probe.exists():
+        _plugin(probe, PROBE_ROPE)
+    run_dir = user["root"] / "probe_rope_run"
+    args = _plain_args(user, run_dir, [probe], "model/position=rope", "+model/position/rope_scaling=probe_rope",
+                       "model.position.rope_scaling.stretch=3")
+    out = _run(user, "train.py", *args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "probe_rope built: head_dim=8 stretch=3.0" in out.stderr  # d_model 32 / 4 heads
+    assert "rope_type: probe_rope" in (run_dir / "config.yaml").read_text()
+    assert "stretch: 3.0" in (run_dir / "config.yaml").read_text()
+    # the field is fixed on resume: the run's value is built, another one refused in one line
+    out = _run(user, "train.py", *args[:-1], "train.max_updates=6", "train.resume=true")
+    assert out.returncode == 0 and "probe_rope built: head_dim=8 stretch=3.0" in out.stderr, out.stderr[-3000:]
+    _one_error_line(_run(user, "train.py", *args[:-1], "model.position.rope_scaling.stretch=4", "train.resume=true"),
+                    "model.position.rope_scaling.stretch")
+    src = user["root"] / "probe_rope.txt"
+    src.write_text("A man rides a bike.\n", encoding="utf-8")
+    out = _run(user, "translate.py", f"checkpoint={run_dir}", f"input={src}", "progress=false")
+    assert out.returncode == 0 and len(out.stdout.splitlines()) == 1, out.stderr[-2000:]
+    assert "probe_rope built: head_dim=8 stretch=3.0" in out.stderr
+    # at test time its own field is appended with "+" (translate.yaml's node holds the built-in fields)
+    out = _run(user, "translate.py", f"checkpoint={run_dir}", f"input={src}", "progress=false",
+               "+model.position.rope_scaling.stretch=4")
+    assert out.returncode == 0 and "probe_rope built: head_dim=8 stretch=4.0" in out.stderr, out.stderr[-2000:]
+    # an invalid value: one line naming the option and the field, no run folder
+    refused = user["root"] / "probe_rope_refused"
+    out = _run(user, "train.py", *_plain_args(user, refused, [probe], "model/position=rope",
+                                              "+model/position/rope_scaling=probe_rope",
+                                              "model.position.rope_scaling.stretch=0.5"))
+    _one_error_line(out, "model/position/rope_scaling=probe_rope: model.position.rope_scaling.stretch=0.5 must be >= 1")
+    assert not refused.exists()
+
+
+def test_a_rope_scaling_is_a_function_or_a_class_whose_from_sizes_gets_the_node(monkeypatch):
+    import torch
+
+    from transformer.config import ConfigError
+    from transformer.modules.rope_scaling import ROPE_SCALINGS, RopeScaling, rope_inv_freq, unscaled_inv_freq
+    from transformer.registry import register_rope_scaling
+
+    seen = {}
+
+    class Halved:
+        @classmethod
+        def from_sizes(cls, *, head_dim, theta, scaling, config):
+            seen.update(head_dim=head_dim, theta=theta, config=config)
+            return unscaled_inv_freq(head_dim, theta) / config["stretch"], 2.0
+
+    monkeypatch.setitem(ROPE_SCALINGS, "t43_halved", Halved)
+    monkeypatch.setitem(ROPE_SCALINGS, "t43_plain", lambda head_dim, theta, s: (unscaled_inv_freq(head_dim, theta) / 4, 1.0))
+    inv_freq, factor = rope_inv_freq(8, 10000.0, RopeScaling(rope_type="t43_halved", config={"stretch": 2.0}))
+    assert torch.allclose(inv_freq, torch.tensor([1.0, 0.1, 0.01, 0.001]) / 2) and factor == 2.0
+    assert seen == {"head_dim": 8, "theta": 10000.0, "config": {"stretch": 2.0}}
+    inv_freq, factor = rope_inv_freq(8, 10000.0, RopeScaling(rope_type="t43_plain"))
+    assert torch.allclose(inv_freq, torch.tensor([1.0, 0.1, 0.01, 0.001]) / 4) and factor == 1.0
+    assert RopeScaling(rope_type="linear", config={"a": 1}) == RopeScaling(rope_type="linear")  # not compared
+    with pytest.raises(ConfigError, match=r"model/position/rope_scaling=t43_fields: .* needs a classmethod from_sizes"):
+        register_rope_scaling("t43_fields", lambda head_dim, theta, s: None, config=object)
+    assert "t43_fields" not in ROPE_SCALINGS
+
+
+def test_a_plugins_code_failing_in_translate_evaluate_and_export_ends_in_one_line(user):
+    failing = user["root"] / "failing_ideas" / "failing_norm"
+    if not failing.exists():
+        _plugin(failing, FAILING_NORM)
+    run_dir = user["root"] / "failing_norm_run"
+    out = _run(user, "train.py", *_plain_args(user, run_dir, [failing], "model/norm=failing_norm"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    src = user["root"] / "failing.txt"
+    src.write_text("A man rides a bike.\n", encoding="utf-8")
+    where = str(failing / "__init__.py")
+
+    def fails(stage: str, script: str, *args: str) -> str:
+        out = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / script), *args], cwd=user["root"],
+                             env={**user["env"], "FAILING_NORM": stage}, capture_output=True, text=True, timeout=900)
+        errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error: ")]
+        assert out.returncode == 2 and len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+        assert errors[0].startswith(f"error: the plugin failing_norm failed at {where}:"), errors[0]
+        return errors[0]
+
+    forward = "RuntimeError: my norm's forward bug"
+    assert fails("forward", "translate.py", f"checkpoint={run_dir}", f"input={src}", "progress=false").endswith(
+        f"{where}:19: {forward}")  # not a line left empty: the plugin's bug
+    assert fails("forward", "evaluate.py", f"checkpoint={run_dir}", "progress=false").endswith(f":19: {forward}")
+    assert not (run_dir / "eval").exists()  # no score of a model that never ran
+    built = "RuntimeError: my norm's constructor bug"
+    assert fails("build", "translate.py", f"checkpoint={run_dir}", f"input={src}").endswith(f":14: {built}")
+    assert fails("build", "export.py", f"run={run_dir}", f"out={user['root'] / 'failing_hf'}", "format=hf").endswith(
+        f":14: {built}")
+    assert not (user["root"] / "failing_hf").exists()
