@@ -45,7 +45,7 @@ from train_throughput import LABEL_SMOOTHING, VOCAB, make_batch, make_optimizer,
 
 from transformer.config import model_sizes  # noqa: E402
 from transformer.models import build_model, count_parameters, moe_blocks  # noqa: E402
-from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss  # noqa: E402
+from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss  # noqa: E402
 
 
 class OursMoE(torch.nn.Module):

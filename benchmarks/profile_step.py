@@ -36,7 +36,7 @@ from train_throughput import (  # noqa: E402
     time_steps,
 )
 
-from transformer.training.allocator import tune_cpu_allocator  # noqa: E402
+from transformer.training.job.allocator import tune_cpu_allocator  # noqa: E402
 
 
 def main() -> None:

@@ -29,10 +29,10 @@ import torch  # noqa: E402
 from transformer.models import build_model  # noqa: E402
 from transformer.models.flops import forward_flops  # noqa: E402
 from transformer.modules.ffn import glu_hidden_size  # noqa: E402
-from transformer.training.allocator import tune_cpu_allocator  # noqa: E402
-from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss  # noqa: E402
-from transformer.training.optim import build_optimizer  # noqa: E402
-from transformer.training.precision import cpu_has_fast_bf16  # noqa: E402
+from transformer.training.job.allocator import tune_cpu_allocator  # noqa: E402
+from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss  # noqa: E402
+from transformer.training.step.optim import build_optimizer  # noqa: E402
+from transformer.training.step.precision import cpu_has_fast_bf16  # noqa: E402
 
 VOCAB = 8000
 SRC_LEN = TGT_LEN = 24

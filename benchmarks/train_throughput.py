@@ -38,7 +38,7 @@ What is measured (``--threads`` intra-op threads, synthetic uniform tokens, no p
   model was built (after the imports, the peer's package included, and one tiny warm-up step that
   starts torch's runtime): weights, gradients, optimizer state, activations and allocator caching.
 * **allocator**: ``--malloc tuned`` (default) applies
-  ``transformer.training.allocator.tune_cpu_allocator`` (glibc ``mallopt``: freed large tensors
+  ``transformer.training.job.allocator.tune_cpu_allocator`` (glibc ``mallopt``: freed large tensors
   stay in the heap instead of being unmapped and faulted in again every step) in every worker
   before its model is built; ``--malloc default`` leaves glibc as it is. Same for every model.
 * **KV cache**: bytes per generated token for MHA, GQA and MQA at Llama base dims.
@@ -98,7 +98,7 @@ from train_step import (  # noqa: E402,F401  (re-exported: the names other bench
 from train_throughput_report import markdown  # noqa: E402
 
 from transformer.models.flops import kv_cache_bytes_per_token  # noqa: E402
-from transformer.training.precision import cpu_has_fast_bf16  # noqa: E402
+from transformer.training.step.precision import cpu_has_fast_bf16  # noqa: E402
 
 # ----------------------------------------------------------------------------- one row per fresh process
 

@@ -16,7 +16,7 @@ def _skip_cell(r: dict[str, Any]) -> str:
 def markdown(res: dict[str, Any]) -> str:
     """The report of one run of the benchmark (``res``: what ``train_throughput.main`` collected)."""
     m = res["machine"]
-    malloc = ("tuned for every model (`transformer.training.allocator.tune_cpu_allocator`: glibc `mallopt` "
+    malloc = ("tuned for every model (`transformer.training.job.allocator.tune_cpu_allocator`: glibc `mallopt` "
               "mmap and trim thresholds raised)" if m["malloc"] == "tuned" else "default for every model")
     rows = [r for block in res["throughput"] for r in block["results"]]
     rows += [r for part in (res.get("scaling") or {}).values() for r in part]

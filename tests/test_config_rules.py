@@ -24,7 +24,7 @@ from transformer.config import (
     schema,
     undeclared,
 )
-from transformer.training.resume import _ALWAYS_FROM_COMMAND_LINE, RESUME_OVERRIDES
+from transformer.training.job.resume import _ALWAYS_FROM_COMMAND_LINE, RESUME_OVERRIDES
 
 # The lists as they were written by hand before they were derived from the fields: the derivation
 # must not change what a resume accepts nor how runs are grouped.

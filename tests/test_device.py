@@ -23,7 +23,8 @@ import transformer
 from tests.conftest import REPO_ROOT
 from transformer.device import resolve_device
 from transformer.generation import loading
-from transformer.training import distributed, finished_runs
+from transformer.training.distributed import process_group
+from transformer.training.job import finished_runs
 
 PACKAGE = Path(transformer.__file__).parent
 
@@ -65,7 +66,7 @@ HOST_MODULES: dict[str, str] = {
 
 DEVICE_CHOICES: dict[str, str] = {
     "device.py": "resolve_device: the one place that picks a device from a name",
-    "training/precision.py": "asks whether the GPU does bf16 (cuda_has_fast_bf16), picks no device",
+    "training/step/precision.py": "asks whether the GPU does bf16 (cuda_has_fast_bf16), picks no device",
     "training/checkpoint/rng.py": "saves and restores the GPU's generator states when there is one",
 }
 """Files under ``transformer/`` that may call ``torch.cuda.is_available()``, and why."""
@@ -151,7 +152,7 @@ def test_a_cuda_device_where_torch_sees_none_is_refused_in_one_line(monkeypatch:
     from transformer.device import unavailable
     from transformer.evaluation.command import evaluate_checkpoint
     from transformer.generation import translate_file
-    from transformer.training.distributed import setup_distributed
+    from transformer.training.distributed.process_group import setup_distributed
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert unavailable(torch.device("cpu"), "device") is None
@@ -171,7 +172,7 @@ def test_trainer_decoding_and_loaders_use_resolve_device() -> None:
     """The trainer's device (``setup_distributed``), a finished run's, ``translate.py``'s and
     ``evaluate.py``'s (``transformer.generation.resolve_device``) and ``load_run``'s come from it."""
     assert loading.resolve_device is resolve_device
-    for module in (distributed, finished_runs, loading):
+    for module in (process_group, finished_runs, loading):
         assert "resolve_device(" in Path(module.__file__).read_text(encoding="utf-8"), module.__name__
-    source = (REPO_ROOT / "transformer" / "training" / "distributed.py").read_text(encoding="utf-8")
+    source = (REPO_ROOT / "transformer" / "training" / "distributed" / "process_group.py").read_text(encoding="utf-8")
     assert "torch.device(" not in source

@@ -129,7 +129,7 @@ def _stated_order() -> list[tuple[str, set[str]]]:
 
 def test_the_graph_finder_sees_every_module_and_a_known_edge():
     graph, _ = _graph()
-    assert {"transformer.models.builder", "transformer.kernels.rotary", "transformer.training.trainer"} <= set(graph)
+    assert {"transformer.models.builder", "transformer.kernels.rotary", "transformer.training.loop.trainer"} <= set(graph)
     assert "transformer.kernels.rotary" in graph["transformer.modules.attention"]
     assert "transformer.config" in graph["transformer.models.builder"]
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
@@ -176,3 +176,62 @@ def test_every_name_a_module_exports_exists():
     missing = [f"{name}.{attr}" for name in sorted(_modules()) for attr in getattr(importlib.import_module(name), "__all__", ())
                if not hasattr(importlib.import_module(name), attr)]
     assert missing == [], "names in __all__ that the module does not define: " + ", ".join(missing)
+
+
+TRAINING_ROOMS = ["errors", "stopping", "step", "checkpoint", "distributed", "monitoring", "loop", "job", "command"]
+"""The rooms of ``transformer.training`` (its sub-packages and top modules), lowest first: a room
+imports only rooms before it (``transformer/training/__init__.py`` states the same order)."""
+
+TRAINING_SHIMS = {"trainer", "run"}
+"""Modules left at their old paths after a move, each re-exporting the new home's names (docs/contributing.md, "Moved modules")."""
+
+
+def _room(module: str) -> str | None:
+    """``transformer.training.step.ema`` -> ``step``; None outside ``transformer.training`` rooms."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["transformer", "training"] else None
+
+
+def test_the_training_rooms_import_in_their_order():
+    graph = _graph()[0]
+    rooms = {_room(m) for m in graph if _room(m)}
+    assert rooms == set(TRAINING_ROOMS) | TRAINING_SHIMS, f"rooms not in the order list: {rooms - set(TRAINING_ROOMS)}"
+    order = {room: i for i, room in enumerate(TRAINING_ROOMS)}
+    upward = []
+    for module, imports in graph.items():
+        room = _room(module)
+        if room is None or room in TRAINING_SHIMS:
+            continue
+        for target in imports:
+            other = _room(target)
+            assert other not in TRAINING_SHIMS, f"{module} imports the shim {target}: import the new home"
+            if other is not None and other != room and order[other] > order[room]:
+                upward.append(f"{module} -> {target}")
+    assert upward == [], "a training room imports one after it: " + ", ".join(upward)
+    folded: dict[str, set[str]] = {}
+    for module, imports in graph.items():
+        if _room(module):
+            folded.setdefault(_room(module), set()).update(
+                r for r in map(_room, imports) if r and r != _room(module))
+    assert _cycle(folded) is None
+
+
+def test_the_shims_only_re_export_their_new_home():
+    graph = _graph()[0]
+    for shim in TRAINING_SHIMS:
+        module = importlib.import_module(f"transformer.training.{shim}")
+        imported = {m for m in graph[module.__name__] if _room(m)}
+        new_homes = {m for m in imported if not any(o.startswith(m + ".") for o in imported)}  # not the packages above
+        assert len(new_homes) == 1, (shim, new_homes)
+        home = importlib.import_module(new_homes.pop())
+        assert all(getattr(module, name) is getattr(home, name) for name in module.__all__), shim
+
+
+def test_no_training_room_is_too_big_without_sub_rooms():
+    """A room over ~2,500 lines is split into sub-rooms (issue 45)."""
+    sizes: dict[str, int] = {}
+    for path in (PACKAGE / "training").rglob("*.py"):
+        parts = path.relative_to(PACKAGE / "training").parts
+        room = parts[0].removesuffix(".py")
+        sizes[room] = sizes.get(room, 0) + len(path.read_text(encoding="utf-8").splitlines())
+    assert max(sizes.values()) <= 2500, sizes

@@ -46,8 +46,8 @@ from transformer.config import GROUPS, typed_config, validate_config, validate_m
 from transformer.generation import beam_search, greedy_search
 from transformer.models import build_model
 from transformer.plugins import ORIGINS, PluginError, import_plugins
-from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss
-from transformer.training.schedules import build_scheduler
+from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss
+from transformer.training.step.schedules import build_scheduler
 
 __all__ = ["ARCHS", "CHECKED", "CHECKS", "MODULES", "check_bf16", "check_causality", "check_compiles", "check_gradients",
            "check_incremental_decoding", "check_model", "check_option", "check_padding", "check_schedule",
@@ -266,7 +266,7 @@ def _training_batch(model: nn.Module) -> tuple[dict[str, Tensor], Tensor]:
 
 def check_compiles(model: nn.Module) -> None:
     """``torch.compile(fullgraph=True)`` traces, each in one graph (no graph break), the training
-    step's forward and loss (:func:`~transformer.training.criterion.model_loss`: the fused output
+    step's forward and loss (:func:`~transformer.training.step.criterion.model_loss`: the fused output
     layer and label-smoothed loss, a mixture of experts' router losses; an ``autograd.Function``'s
     backward is traced with it) and decoding's per-step function (``decode_step`` with the KV
     cache; the encoder-decoder's first step, which fills the cross-attention caches, and its

@@ -30,7 +30,7 @@ checks that did not hold, and the others still run; ``--skip NAME`` records one 
   batch 64, ours beside HF ``generate`` and CTranslate2 (:mod:`.realistic_decoding`); judged against
   the targets of :mod:`.targets`. Rows run in priority order, each guarded (an error or an OOM is
   recorded in its row), within ``--realistic-budget-s`` (GPU default 300 s) and the check's budget.
-* ``training``: the project's own loop (:meth:`transformer.training.trainer.Trainer.fit`, the loop
+* ``training``: the project's own loop (:meth:`transformer.training.loop.trainer.Trainer.fit`, the loop
   behind ``scripts/train.py``) on Multi30k en-de with ``transformer_tiny`` (dropout 0, so that the
   CPU and the GPU draw no random numbers), ``train.precision`` fp32 and bf16 with ``train.compile``
   off: losses finite and falling; the first update's loss against the same config's first update on

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from train_step import device_peak
 
-from transformer.training.precision import cpu_model_name
+from transformer.training.step.precision import cpu_model_name
 
 from . import REPO, REQUIRED, missing_packages
 from .context import (

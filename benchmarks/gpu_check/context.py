@@ -1,7 +1,7 @@
 """What the sections of the GPU check (``benchmarks/gpu_check/``) share, and the ``environment`` section: the
 :class:`Context` (arguments, device, data, CPU references, the trained model), the runs' configs
 (``transformer_tiny`` / ``llama_style_tiny`` on Multi30k, a slice of it with ``--quick``) and one
-training run with :meth:`~transformer.training.trainer.Trainer.fit` (:func:`fit_run`)."""
+training run with :meth:`~transformer.training.loop.trainer.Trainer.fit` (:func:`fit_run`)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from train_step import device_peak
 
 from transformer.config import register_configs, to_config, validate_config
 from transformer.data.dataset import load_translation_data
-from transformer.training.distributed import DistInfo
-from transformer.training.precision import cpu_model_name, describe_hardware
-from transformer.training.trainer import Trainer
+from transformer.training.distributed.process_group import DistInfo
+from transformer.training.loop.trainer import Trainer
+from transformer.training.step.precision import cpu_model_name, describe_hardware
 
 from .report import Budget, check, git_commit
 
@@ -218,7 +218,7 @@ class Collect:
 
 
 def make_trainer(cfg: Any, data: Any, device: torch.device) -> Any:
-    """A :class:`~transformer.training.trainer.Trainer` for one process on ``device``."""
+    """A :class:`~transformer.training.loop.trainer.Trainer` for one process on ``device``."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(cfg, data, DistInfo(0, 1, device), run_dir)

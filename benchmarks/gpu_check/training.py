@@ -16,7 +16,7 @@ import torch
 
 from transformer.config import GenerationConfig
 from transformer.generation import translate_sentences
-from transformer.training.precision import cpu_has_fast_bf16
+from transformer.training.step.precision import cpu_has_fast_bf16
 
 from .context import (
     QUICK_SLICE,

@@ -17,7 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.faults.conftest import run_script, small_cli_args, small_config
-from transformer.training.run import train
+from transformer.training.job.training_run import train
 
 
 def _snapshot(run: Path) -> dict[str, bytes]:
@@ -116,7 +116,7 @@ def test_resume_may_change_how_the_run_computes_but_not_what(trained_run, gappy_
     workers) may change on resume; a field of the optimisation is an error naming it."""
     from transformer.config import ConfigError
     from transformer.training.checkpoint import load_checkpoint
-    from transformer.training.resume import resume_config
+    from transformer.training.job.resume import resume_config
 
     saved = load_checkpoint(trained_run, "checkpoint_last")[1]["config"]
     common = ("train.save_every=2", "train.keep_last=0", "train.resume=true", "train.max_updates=8")

@@ -10,8 +10,8 @@ import shutil
 import pytest
 
 from tests.faults.conftest import small_config
-from transformer.training.run import train
-from transformer.training.trainer import TrainingError
+from transformer.training.job.training_run import train
+from transformer.training.loop.trainer import TrainingError
 
 MAX_POSITIONS = 24
 

@@ -9,7 +9,7 @@ import torch
 
 import transformer.kernels.fused_loss as fused_loss
 from transformer.kernels.fused_loss import linear_label_smoothed_loss
-from transformer.training.criterion import label_smoothed_nll_loss, linear_label_smoothed_nll_loss
+from transformer.training.step.criterion import label_smoothed_nll_loss, linear_label_smoothed_nll_loss
 
 PAD = 0
 

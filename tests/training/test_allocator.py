@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from transformer.training.allocator import ONEDNN_CACHE_ENV, limit_onednn_cache, tune_cpu_allocator
+from transformer.training.job.allocator import ONEDNN_CACHE_ENV, limit_onednn_cache, tune_cpu_allocator
 
 
 def _rss_mb() -> float:

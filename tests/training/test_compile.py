@@ -15,9 +15,9 @@ import torch
 
 from tests.training.conftest import small_config
 from transformer.data.dataset import load_translation_data
-from transformer.training import compiled
-from transformer.training.distributed import DistInfo
-from transformer.training.trainer import Trainer
+from transformer.training.distributed.process_group import DistInfo
+from transformer.training.loop.trainer import Trainer
+from transformer.training.step import compiled
 
 CASES = {
     "encoder_decoder": (),

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.training.criterion import LabelSmoothedCrossEntropy, label_smoothed_nll_loss, perplexity
+from transformer.training.step.criterion import LabelSmoothedCrossEntropy, label_smoothed_nll_loss, perplexity
 
 PAD = 1
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.training.conftest import small_cli_args
-from transformer.training.distributed import export_submitit_environment
+from transformer.training.distributed.process_group import export_submitit_environment
 
 TORCHRUN_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 

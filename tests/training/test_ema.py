@@ -1,4 +1,4 @@
-"""Exponential moving average of the weights (transformer.training.ema)."""
+"""Exponential moving average of the weights (transformer.training.step.ema)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from transformer.config import ConfigError, validate_config
 from transformer.data.dataset import load_translation_data
 from transformer.models import build_model
 from transformer.training.checkpoint import load_checkpoint
-from transformer.training.distributed import DistInfo
-from transformer.training.ema import EMA
-from transformer.training.run import train
-from transformer.training.trainer import Trainer
+from transformer.training.distributed.process_group import DistInfo
+from transformer.training.job.training_run import train
+from transformer.training.loop.trainer import Trainer
+from transformer.training.step.ema import EMA
 
 
 def _metrics(run_dir, split: str = "train") -> list[dict]:

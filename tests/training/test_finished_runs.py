@@ -1,5 +1,5 @@
 """``train.finished_runs``: a run finished on another machine is recognised only when it trained
-exactly this job (transformer/training/finished_runs.py). The sweep-level behaviour (a fresh sweep
+exactly this job (transformer/training/job/finished_runs.py). The sweep-level behaviour (a fresh sweep
 folder skips the finished runs and trains the rest exactly) is in ``test_study_resume.py``."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from transformer.config import Config, ConfigError, config_dict, to_config
-from transformer.training.finished_runs import finished_twin, skip_if_finished_elsewhere
+from transformer.training.job.finished_runs import finished_twin, skip_if_finished_elsewhere
 
 
 def _config(finished: Path, **train) -> Config:

@@ -6,7 +6,7 @@ import torch
 
 from tests.conftest import tiny_model_config
 from transformer.models import build_model
-from transformer.training.criterion import (
+from transformer.training.step.criterion import (
     LabelSmoothedCrossEntropy,
     linear_label_smoothed_nll_loss,
     model_loss,

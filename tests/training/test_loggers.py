@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from transformer.config import LoggerConfig
-from transformer.training.loggers import JsonlLogger, MultiLogger, TensorboardLogger, WandbLogger, build_loggers
+from transformer.training.monitoring.loggers import (
+    JsonlLogger,
+    MultiLogger,
+    TensorboardLogger,
+    WandbLogger,
+    build_loggers,
+)
 
 
 def _rows(run_dir):

@@ -22,11 +22,11 @@ from tests.training.test_trainer import _run_train, _torchrun, _weights
 from transformer.data.collate import collate_decoder_only, collate_encoder_decoder
 from transformer.models import build_model, moe_blocks
 from transformer.training.checkpoint import load_checkpoint
-from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss
-from transformer.training.distributed import DistInfo
-from transformer.training.parallel import DataParallel, TrainingLoss, checkpoint_layers
-from transformer.training.routing import RoutingMonitor, read_routing
-from transformer.training.run import train
+from transformer.training.distributed.parallel import DataParallel, TrainingLoss, checkpoint_layers
+from transformer.training.distributed.process_group import DistInfo
+from transformer.training.job.training_run import train
+from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss
+from transformer.training.step.routing import RoutingMonitor, read_routing
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func  # noqa: E402

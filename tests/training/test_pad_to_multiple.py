@@ -10,7 +10,7 @@ import torch
 from tests.conftest import tiny_model_config
 from transformer.data.collate import collate_decoder_only, collate_encoder_decoder
 from transformer.models import build_model
-from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss
+from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss
 
 SRC = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18]]
 TGT = [[20, 21, 22], [23, 24, 25, 26, 27, 28], [29]]

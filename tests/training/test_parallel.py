@@ -17,9 +17,9 @@ from transformer.config import ConfigError, validate_config
 from transformer.data.collate import collate_decoder_only, collate_encoder_decoder
 from transformer.generation.translate import translate_sentences
 from transformer.models import build_model
-from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss
-from transformer.training.distributed import DistInfo
-from transformer.training.parallel import DataParallel, TrainingLoss, checkpoint_layers, transformer_layers
+from transformer.training.distributed.parallel import DataParallel, TrainingLoss, checkpoint_layers, transformer_layers
+from transformer.training.distributed.process_group import DistInfo
+from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss
 
 VOCAB = 60
 ARCHS = {

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from transformer.training import precision as P
+from transformer.training.step import precision as P
 
 
 @pytest.mark.parametrize("amx,avx512_bf16,expected", [(True, False, "bf16"), (False, True, "bf16"), (False, False, "fp32")])
@@ -40,7 +40,7 @@ import json  # noqa: E402
 
 from tests.training.conftest import small_config  # noqa: E402
 from transformer.training.checkpoint import load_checkpoint  # noqa: E402
-from transformer.training.run import train  # noqa: E402
+from transformer.training.job.training_run import train  # noqa: E402
 
 
 def _train_losses(run_dir):

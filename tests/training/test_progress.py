@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from transformer.training.progress import TrainingBar
+from transformer.training.monitoring.progress import TrainingBar
 
 
 def _bar(**kw) -> tuple[TrainingBar, io.StringIO]:

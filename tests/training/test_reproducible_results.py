@@ -22,7 +22,7 @@ from tests.conftest import REPO_ROOT
 from tests.training.conftest import small_config
 from transformer.generation import find_checkpoint, load_run
 from transformer.training.checkpoint import average_checkpoints
-from transformer.training.run import train
+from transformer.training.job.training_run import train
 
 SPLIT = "test_2016_flickr"
 

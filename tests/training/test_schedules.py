@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from transformer.config import OptimConfig, SchedulerConfig
-from transformer.training.optim import build_optimizer
-from transformer.training.schedules import build_scheduler, lr_at
+from transformer.training.step.optim import build_optimizer
+from transformer.training.step.schedules import build_scheduler, lr_at
 
 
 def _cfg(**kw):

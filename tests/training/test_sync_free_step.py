@@ -14,10 +14,10 @@ import torch
 from tests.training.conftest import small_config
 from transformer.data.dataset import load_translation_data
 from transformer.training.checkpoint import load_checkpoint
-from transformer.training.distributed import DistInfo
-from transformer.training.divergence import DivergenceWatch
-from transformer.training.run import train
-from transformer.training.trainer import Trainer, TrainingError
+from transformer.training.distributed.process_group import DistInfo
+from transformer.training.job.training_run import train
+from transformer.training.loop.trainer import Trainer, TrainingError
+from transformer.training.step.divergence import DivergenceWatch
 
 
 def _reference_step(self: Trainer, batches: list) -> dict[str, Any]:
@@ -95,7 +95,7 @@ def test_the_update_logs_the_numbers_it_logged_before(small_corpus, tmp_path, mo
         torch.set_rng_state(rng)
         with monkeypatch.context() as m:
             if device_path:
-                m.setattr("transformer.training.criterion._on_host", lambda t: False)
+                m.setattr("transformer.training.step.criterion._on_host", lambda t: False)
             stats = new.train_step([next(new_batches) for _ in range(cfg.train.update_freq)])
         assert isinstance(stats["ntokens"], torch.Tensor) == device_path
         got = Trainer.read_stats(stats)

@@ -1,12 +1,12 @@
-"""Which validation pairs the loss covers (learned positions), in transformer.training.validation."""
+"""Which validation pairs the loss covers (learned positions), in transformer.training.loop.validation."""
 
 from dataclasses import dataclass
 
 import pytest
 
 from tests.conftest import tiny_model_config
-from transformer.training.trainer import TrainingError
-from transformer.training.validation import scorable_pairs
+from transformer.training.loop.trainer import TrainingError
+from transformer.training.loop.validation import scorable_pairs
 
 
 @dataclass

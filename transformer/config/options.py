@@ -83,7 +83,7 @@ GROUPS: dict[str, OptionGroup] = {
 
 LR_SCHEDULERS: list[str] = ["inverse_sqrt", "cosine", "constant"]
 """The ``lr_scheduler.name`` options validation accepts: the built-in schedules
-(``transformer.training.schedules``), then those plugins register."""
+(``transformer.training.step.schedules``), then those plugins register."""
 
 
 def option_config(switch: str, name: str) -> type:

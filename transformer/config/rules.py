@@ -3,7 +3,7 @@
 Every field of the schema (:mod:`transformer.config.schema`) says two things in its dataclass
 field's metadata:
 
-* **resume**: what a resumed run (:mod:`transformer.training.resume`) takes from the command line:
+* **resume**: what a resumed run (:mod:`transformer.training.job.resume`) takes from the command line:
   ``fixed``, nothing (the run's saved value; naming another one is an error); ``free``, the command
   line's value when the command line names it (when to stop, what to show, where the run and its data
   are); ``always``, the command line's value, named or not (what to resume, and where).
@@ -15,7 +15,7 @@ Most fields are what a run computes: ``name: str = recipe("relu")`` declares ``f
 ``defines``; any other pair is spelled out, ``device: str = rule("auto", resume="free",
 grouping="ignored")``. A rule on a field holding a dataclass (``logger``) covers every field below
 it. The lists the code reads are derived from the declarations (:func:`keys_with`):
-:data:`~transformer.training.resume.RESUME_OVERRIDES` and ``_ALWAYS_FROM_COMMAND_LINE`` there, and
+:data:`~transformer.training.job.resume.RESUME_OVERRIDES` and ``_ALWAYS_FROM_COMMAND_LINE`` there, and
 :data:`~transformer.analysis.grouping.IGNORED_KEYS`; ``tests/test_config_rules.py`` fails, naming
 the field, when a field of the schema declares no rule (:func:`undeclared`).
 

@@ -360,7 +360,7 @@ class TrainConfig:
     resume_from: str | None = rule(None, resume="always", grouping="defines")
     # a folder of finished runs' small files (e.g. docs/results/ladder/runs): a job whose run folder holds
     # no checkpoint and whose twin <finished_runs>/<run folder name>/results.json trained the same
-    # config is not trained again (transformer/training/finished_runs.py); null = not looked for
+    # config is not trained again (transformer/training/job/finished_runs.py); null = not looked for
     finished_runs: str | None = rule(None, resume="free", grouping="ignored")
     log_every: int = rule(50, resume="free", grouping="ignored")  # what to show
     progress: bool = rule(True, resume="free", grouping="ignored")

@@ -13,7 +13,7 @@ does not apply (``torch.compile``, other devices, other dtypes), as each module 
 * :mod:`.rotary` — RoPE's rotation ``x cos + rotate_half(x) sin`` (Su et al. 2021), used by
   :class:`transformer.modules.attention.Attention`;
 * :mod:`.fused_loss` — the output layer fused with the label-smoothed cross entropy (Liger-Kernel,
-  Hsu et al. 2024), used by :mod:`transformer.training.criterion`.
+  Hsu et al. 2024), used by :mod:`transformer.training.step.criterion`.
 
 This package imports nothing else from :mod:`transformer`: modules and training import it.
 """

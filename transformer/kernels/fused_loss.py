@@ -3,7 +3,7 @@ entropy, Hsu et al. 2024): ``sum_i loss_i(hidden_i @ weight.T)`` without the ``(
 
 The textbook formula, per row ``i`` with logits ``z_i = hidden_i @ weight.T`` and ``log p_i =
 log_softmax(z_i)``, is ``(1 - eps) * (-log p_i[y_i]) + eps * mean_c(-log p_i[c])`` (the definition of
-:mod:`transformer.training.criterion`, where the arguments are checked). Ignored positions are either
+:mod:`transformer.training.step.criterion`, where the arguments are checked). Ignored positions are either
 dropped by the caller (eager CPU) or masked here (``keep``: every shape fixed, no host sync).
 """
 

@@ -60,7 +60,7 @@ class DecoderOnlyModel(nn.Module):
         """:meth:`forward` without the output layer: the final hidden states ``(batch, seq_len, d_model)``.
 
         The training loss applies ``output_proj`` at the target positions only (no logits over the
-        source), see :meth:`~transformer.training.criterion.LabelSmoothedCrossEntropy.from_hidden`.
+        source), see :meth:`~transformer.training.step.criterion.LabelSmoothedCrossEntropy.from_hidden`.
         The mixture-of-experts layers leave the row's padding (after ``source <sep> target``) out of
         their statistics (:func:`real_token_mask`).
         """

@@ -87,7 +87,7 @@ class EncoderDecoderModel(nn.Module):
         """:meth:`forward` without the output layer: the decoder's final hidden states.
 
         The training loss applies ``output_proj`` itself, at the target positions only
-        (:meth:`~transformer.training.criterion.LabelSmoothedCrossEntropy.from_hidden`). The
+        (:meth:`~transformer.training.step.criterion.LabelSmoothedCrossEntropy.from_hidden`). The
         mixture-of-experts layers leave the padding out of their statistics: the source's in the
         encoder, ``prev_output_tokens``' in the decoder (:func:`real_token_mask`).
 

@@ -8,7 +8,7 @@ such a signal; so does this project.
 
 :class:`GracefulStop` installs a handler for each of ``train.stop_signals`` that only records the
 signal. The trainer looks at it after every update (all ranks agree under torchrun: one rank
-receiving the signal is enough, see :meth:`~transformer.training.parallel.DataParallel.any_rank`),
+receiving the signal is enough, see :meth:`~transformer.training.distributed.parallel.DataParallel.any_rank`),
 finishes the update in progress (and the validation in progress, if one is running), saves
 ``checkpoint_last`` (atomically, as every save) and raises :class:`StopRequested`. The run then
 logs where it stopped and how to continue, and ends with exit status :data:`STOP_EXIT_STATUS`.
@@ -141,7 +141,7 @@ def stop_if_signalled(trainer: Any) -> None:
     :class:`StopRequested`. A collective under torchrun (every rank calls it after every update).
 
     Args:
-        trainer: the :class:`~transformer.training.trainer.Trainer` (``parallel``, ``stopping``,
+        trainer: the :class:`~transformer.training.loop.trainer.Trainer` (``parallel``, ``stopping``,
             ``last_saved``, ``save``, ``update``, ``run_dir``).
     """
     stopping = trainer.stopping

@@ -1,26 +1,53 @@
 """A trainer's training state: what a checkpoint's ``.pt`` file holds besides the weights
 (optimizer, scheduler, grad scaler, RNG states, sampler position, counters, the moving average's
-training weights and the config), and how a resumed :class:`~transformer.training.trainer.Trainer`
-takes it back (:meth:`~transformer.training.trainer.Trainer.train_state` and
-:meth:`~transformer.training.trainer.Trainer.load_state` call these)."""
+training weights and the config), and how a resumed :class:`~transformer.training.loop.trainer.Trainer`
+takes it back (:meth:`~transformer.training.loop.trainer.Trainer.train_state` and
+:meth:`~transformer.training.loop.trainer.Trainer.load_state` call these).
+
+The functions read and set the attributes :class:`TrainerParts` names, so this module does not
+import the trainer's (which imports this one).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from transformer.config import config_dict
+from transformer.config import Config, config_dict
 from transformer.training.checkpoint import get_rng_state, set_rng_state
-from transformer.training.ema import EMA
-
-if TYPE_CHECKING:
-    from transformer.training.trainer import Trainer
-
-__all__ = ["load_train_state", "train_state"]
+from transformer.training.step.ema import EMA
 
 
-def train_state(trainer: Trainer) -> dict[str, Any]:
+class TrainerParts(Protocol):
+    """What the training state is made of: the attributes of a
+    :class:`~transformer.training.loop.trainer.Trainer` that :func:`train_state` reads and
+    :func:`load_train_state` sets."""
+
+    cfg: Config
+    model: torch.nn.Module
+    ema: EMA | None
+    parallel: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: Any
+    sampler: Any
+    update: int
+    epoch: int
+    best_metric: float | None
+    bad_validations: int
+    train_tokens: int
+    train_time: float
+    wall_time_before: float
+    last_routing: dict[str, Any]
+
+    def wall_time(self) -> float: ...
+
+
+__all__ = ["TrainerParts", "load_train_state", "train_state"]
+
+
+def train_state(trainer: TrainerParts) -> dict[str, Any]:
     """Everything but the saved weights needed to continue exactly (loadable with weights_only).
 
     With ``train.ema_decay > 0`` the checkpoint's weights file holds the moving average (the
@@ -48,8 +75,8 @@ def train_state(trainer: Trainer) -> dict[str, Any]:
     }
 
 
-def load_train_state(trainer: Trainer, model_state: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
-    """Restore weights and training state saved by :meth:`~transformer.training.trainer.Trainer.save`
+def load_train_state(trainer: TrainerParts, model_state: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+    """Restore weights and training state saved by :meth:`~transformer.training.loop.trainer.Trainer.save`
     (every rank loads the same files).
 
     A checkpoint written with a moving average restores the training weights from the state and

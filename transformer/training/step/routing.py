@@ -1,6 +1,6 @@
 """The training loop's bookkeeping of mixture-of-experts routing (``model/ffn=moe``).
 
-Per update, :class:`RoutingMonitor` adds up what :func:`~transformer.training.criterion.model_loss`
+Per update, :class:`RoutingMonitor` adds up what :func:`~transformer.training.step.criterion.model_loss`
 returns for each micro-batch (router losses, tokens per expert), sums the expert loads over the
 ranks, moves DeepSeek-V3's selection biases after the optimizer step
 (:func:`~transformer.models.update_expert_biases`; a no-op unless ``model.ffn.bias_update_speed > 0``)
@@ -44,7 +44,7 @@ class RoutingMonitor:
         self.dropped = 0
 
     def add(self, out: dict[str, Any]) -> None:
-        """Record one micro-batch's :func:`~transformer.training.criterion.model_loss` output (a
+        """Record one micro-batch's :func:`~transformer.training.step.criterion.model_loss` output (a
         dense model's has no router entries: nothing happens). Reads nothing on the host."""
         if "moe_load" not in out:
             return

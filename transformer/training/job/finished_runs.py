@@ -31,7 +31,7 @@ import torch
 from transformer.analysis.grouping import IGNORED_KEYS, is_ignored, with_defaults
 from transformer.config import Config, ConfigError, config_dict
 from transformer.device import resolve_device
-from transformer.training.precision import resolve_precision
+from transformer.training.step.precision import resolve_precision
 
 __all__ = ["finished_runs_folder", "finished_twin", "skip_if_finished_elsewhere"]
 

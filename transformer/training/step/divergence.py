@@ -112,8 +112,8 @@ def nonfinite_weights(model: nn.Module, ema: Any, parallel: Any) -> list[str]:
 
     Args:
         model: the trained model (DTensor shards under FSDP).
-        ema: the :class:`~transformer.training.ema.EMA` of its weights, or None.
-        parallel: the run's :class:`~transformer.training.parallel.DataParallel` (``global_sums``).
+        ema: the :class:`~transformer.training.step.ema.EMA` of its weights, or None.
+        parallel: the run's :class:`~transformer.training.distributed.parallel.DataParallel` (``global_sums``).
 
     Returns:
         The names found on this rank, or one entry counting those found on other ranks; empty when

@@ -1,5 +1,5 @@
 """The numbers the trainer logs for an update, read from the device values of
-:meth:`~transformer.training.trainer.Trainer.train_step` in one host sync (every ``train.log_every``
+:meth:`~transformer.training.loop.trainer.Trainer.train_step` in one host sync (every ``train.log_every``
 updates: the updates in between read nothing)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from transformer.training.routing import read_routing
+from transformer.training.step.routing import read_routing
 
 __all__ = ["host_values", "read_stats"]
 
@@ -26,13 +26,13 @@ def read_stats(stats: dict[str, Any], window_tokens: Any = None) -> dict[str, An
     experts' routing).
 
     Args:
-        stats: what :meth:`~transformer.training.trainer.Trainer.train_step` returned.
+        stats: what :meth:`~transformer.training.loop.trainer.Trainer.train_step` returned.
         window_tokens: optional token count (an int or a device tensor) to read in the same sync.
 
     Returns:
         ``loss`` and ``nll_loss`` per target token (base e, this rank's batches), ``ntokens`` (all
         ranks), ``lr``, ``grad_norm``, a mixture of experts' routing metrics
-        (:func:`~transformer.training.routing.read_routing`), and ``window_tokens`` when given.
+        (:func:`~transformer.training.step.routing.read_routing`), and ``window_tokens`` when given.
     """
     names = ["loss_sum", "nll_sum", "local_tokens", "ntokens", "grad_norm"]
     values = [stats[k] for k in names] + ([window_tokens] if window_tokens is not None else [])

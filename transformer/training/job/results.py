@@ -30,7 +30,7 @@ from transformer.io import atomic_write_text
 from transformer.models import forward_flops
 from transformer.run_folder import BEST, weights_path
 from transformer.training.checkpoint import load_checkpoint, save_run_average
-from transformer.training.precision import describe_hardware
+from transformer.training.step.precision import describe_hardware
 
 __all__ = [
     "build_results",
@@ -209,7 +209,7 @@ def load_final_weights(trainer: Any) -> tuple[str, str | None]:
     average in memory.
 
     Args:
-        trainer: the :class:`~transformer.training.trainer.Trainer` of the run.
+        trainer: the :class:`~transformer.training.loop.trainer.Trainer` of the run.
 
     Returns:
         ``(which, file)``: which weights, ``"average of checkpoint_..., ..."``, ``"checkpoint_best"``
@@ -253,7 +253,7 @@ def final_test(
     ``test_weights`` names the file that holds the tested weights.
 
     Args:
-        trainer: the :class:`~transformer.training.trainer.Trainer` of the run (rank 0).
+        trainer: the :class:`~transformer.training.loop.trainer.Trainer` of the run (rank 0).
         choices: Hydra's config-group choices, recorded in the results.
         params: the model's parameter count.
         start: ``time.time()`` when the run started.

@@ -16,7 +16,7 @@ __all__ = ["TrainingBar"]
 
 
 class TrainingBar:
-    """One bar for :meth:`~transformer.training.trainer.Trainer.fit` (a no-op when ``enabled`` is False).
+    """One bar for :meth:`~transformer.training.loop.trainer.Trainer.fit` (a no-op when ``enabled`` is False).
 
     Args:
         max_updates: ``train.max_updates`` (0: none).

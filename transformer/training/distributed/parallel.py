@@ -41,8 +41,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from transformer.training.criterion import model_loss
-from transformer.training.distributed import DistInfo
+from transformer.training.distributed.process_group import DistInfo
+from transformer.training.step.criterion import model_loss
 
 __all__ = ["DISTRIBUTED", "DataParallel", "TrainingLoss", "checkpoint_layers", "transformer_layers"]
 
@@ -54,7 +54,7 @@ class TrainingLoss(nn.Module):
 
     Args:
         model: an encoder-decoder or decoder-only model.
-        criterion: a :class:`~transformer.training.criterion.LabelSmoothedCrossEntropy`.
+        criterion: a :class:`~transformer.training.step.criterion.LabelSmoothedCrossEntropy`.
         features: optional replacement of ``model.features`` (e.g. a ``torch.compile`` d one).
     """
 
@@ -66,7 +66,7 @@ class TrainingLoss(nn.Module):
 
     def forward(self, net_input: dict[str, Tensor], target: Tensor) -> dict[str, Tensor | int]:
         """``{"loss", "nll_loss", "ntokens"}`` sums of one batch (see
-        :func:`~transformer.training.criterion.model_loss`); ``target`` is ``(batch, seq_len)``."""
+        :func:`~transformer.training.step.criterion.model_loss`); ``target`` is ``(batch, seq_len)``."""
         return model_loss(self.model, self.criterion, net_input, target, features=self.features)
 
 
@@ -152,7 +152,7 @@ class DataParallel:
 
     def release(self) -> None:
         """Drop the DistributedDataParallel wrapper (and its ``Reducer``) at the end of a run,
-        before the process group is destroyed (:func:`~transformer.training.distributed.shutdown_distributed`);
+        before the process group is destroyed (:func:`~transformer.training.distributed.process_group.shutdown_distributed`);
         the loss module stays usable on this rank."""
         self.engine = self.loss_module
 

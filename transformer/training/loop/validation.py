@@ -1,8 +1,8 @@
 """Scoring a model during training: which validation pairs its loss can cover, the teacher-forced
 loss per target token over them, and BLEU/chrF of a translated split against its raw references.
 
-The :class:`~transformer.training.trainer.Trainer` calls these with its own parts
-(:meth:`~transformer.training.trainer.Trainer.valid_loss`, :meth:`~transformer.training.trainer.Trainer.bleu`);
+The :class:`~transformer.training.loop.trainer.Trainer` calls these with its own parts
+(:meth:`~transformer.training.loop.trainer.Trainer.valid_loss`, :meth:`~transformer.training.loop.trainer.Trainer.bleu`);
 they take the model, the data and the settings explicitly.
 """
 
@@ -23,8 +23,8 @@ from transformer.data.tokenizer import Tokenizer
 from transformer.evaluation.metrics import corpus_scores
 from transformer.generation.translate import translate_dataset
 from transformer.io import atomic_write_text
-from transformer.training.criterion import LabelSmoothedCrossEntropy, model_loss, perplexity
 from transformer.training.errors import TrainingError
+from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss, perplexity
 
 __all__ = ["scorable_pairs", "teacher_forced_loss", "translate_and_score"]
 
@@ -76,7 +76,7 @@ def teacher_forced_loss(
 ) -> dict[str, float]:
     """Teacher-forced loss / nll / perplexity per target token of ``model`` over ``dataset``, in
     eval mode (the model's mode is restored). The cross entropy only: a mixture of experts' router
-    losses are training terms and are left out (:func:`~transformer.training.criterion.model_loss`).
+    losses are training terms and are left out (:func:`~transformer.training.step.criterion.model_loss`).
 
     Args:
         model: an encoder-decoder or decoder-only model.

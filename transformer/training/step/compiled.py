@@ -1,7 +1,7 @@
 """``train.compile=true``: the training step's forward, loss and backward as compiled graphs.
 
 :func:`compile_training_step` compiles the module the trainer calls for each micro-batch (the
-model and its loss, :class:`~transformer.training.parallel.TrainingLoss`, or the DDP / FSDP2
+model and its loss, :class:`~transformer.training.distributed.parallel.TrainingLoss`, or the DDP / FSDP2
 engine around it): the embeddings, every layer, the output layer fused with the label-smoothed
 loss and a mixture of experts' router losses are one graph (``torch.compile``'s AOTAutograd then
 compiles their backward as one graph too). No option of any group breaks it
@@ -36,14 +36,14 @@ forward and backward, without code generation)."""
 
 
 def compile_training_step(parallel: Any, backend: str | None = None) -> nn.Module:
-    """Replace ``parallel.engine`` (what :class:`~transformer.training.parallel.DataParallel` calls
+    """Replace ``parallel.engine`` (what :class:`~transformer.training.distributed.parallel.DataParallel` calls
     per micro-batch) by its compiled version, with dynamic shapes.
 
     The compiled module forwards attribute access to the original (DDP's ``no_sync`` keeps working);
     ``DataParallel.release`` drops it with the engine.
 
     Args:
-        parallel: the trainer's :class:`~transformer.training.parallel.DataParallel`.
+        parallel: the trainer's :class:`~transformer.training.distributed.parallel.DataParallel`.
         backend: a ``torch.compile`` backend; None: :data:`BACKEND`.
 
     Returns:

@@ -5,7 +5,7 @@ A run launched by ``torchrun --nproc_per_node=N scripts/train.py`` has ``WORLD_S
 gloo on CPU). A SLURM job started by ``hydra/launcher=submitit_slurm`` (one task per GPU, no torchrun)
 takes the same variables from submitit's job environment (:func:`export_submitit_environment`). How gradients are shared (DistributedDataParallel or FSDP2, summed and divided by
 the global number of target tokens, so N ranks compute the same update as one rank with
-``update_freq=N``) is :mod:`transformer.training.parallel`.
+``update_freq=N``) is :mod:`transformer.training.distributed.parallel`.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def shutdown_distributed(parallel: Any = None) -> None:
     """Wait for every rank, then leave the process group (nothing to do without one).
 
     Args:
-        parallel: the run's :class:`~transformer.training.parallel.DataParallel`; its
+        parallel: the run's :class:`~transformer.training.distributed.parallel.DataParallel`; its
             DistributedDataParallel wrapper is released first.
 
     The order avoids a deadlock seen under load with gloo (a rank hung at exit after its run had

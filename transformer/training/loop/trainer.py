@@ -1,0 +1,426 @@
+"""The training loop behind ``scripts/train.py``: one call trains, validates, tests and reports.
+
+Gradients are normalised per target token over the whole update (all accumulation steps and all
+ranks), as in fairseq: each micro-batch contributes its *summed* loss, gradients are summed across
+ranks by DistributedDataParallel or FSDP2 (``train.distributed``, see
+:mod:`transformer.training.distributed.parallel`), then divided by the global number of target tokens. A
+2-process run is therefore the same computation as a 1-process run with ``update_freq=2`` (up to
+summation order).
+
+An update reads nothing on the host: its loss sums, token counts, gradient norm and finiteness
+check (:class:`~transformer.training.step.divergence.DivergenceWatch`) stay on the device until the host
+reads them, every ``train.log_every`` updates, before validating, before saving and at the end.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from transformer.config import Config, time_budget
+from transformer.data.batching import TokenBatchSampler, resolve_pad_to_multiple
+from transformer.data.collate import Batch, collate
+from transformer.data.dataset import TranslationData
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SEP_ID
+from transformer.models import build_model
+from transformer.training.checkpoint import CheckpointManager
+from transformer.training.distributed.parallel import DataParallel, TrainingLoss, checkpoint_layers
+from transformer.training.distributed.process_group import DistInfo, broadcast_from_main
+from transformer.training.errors import TrainingError
+from transformer.training.loop.train_state import load_train_state, train_state
+from transformer.training.loop.validation import scorable_pairs, teacher_forced_loss, translate_and_score
+from transformer.training.monitoring.memory import PhaseMemory
+from transformer.training.monitoring.progress import TrainingBar
+from transformer.training.step.compiled import compile_training_step
+from transformer.training.step.criterion import LabelSmoothedCrossEntropy, perplexity
+from transformer.training.step.divergence import DivergenceWatch, divergence_message, nonfinite_weights
+from transformer.training.step.ema import EMA
+from transformer.training.step.optim import build_optimizer
+from transformer.training.step.precision import resolve_precision
+from transformer.training.step.routing import RoutingMonitor, read_routing
+from transformer.training.step.schedules import build_scheduler
+from transformer.training.step.update_stats import read_stats
+from transformer.training.stopping import GracefulStop, budget_reached, stop_if_signalled
+
+__all__ = ["Trainer", "TrainingError"]
+
+
+class Trainer:
+    """Owns the model, optimiser, data order and checkpoints of one run.
+
+    Args:
+        cfg: the resolved :class:`~transformer.config.Config` (validated by the caller).
+        data: the loaded corpus (tokenizers and splits).
+        dist_info: rank / world size / device.
+        run_dir: the run folder (checkpoints, metrics.jsonl, results.json).
+    """
+
+    read_stats = staticmethod(read_stats)  # the logged numbers of train_step's device values
+
+    def __init__(self, cfg: Config, data: TranslationData, dist_info: DistInfo, run_dir: Path) -> None:
+        self.cfg, self.data, self.dist, self.run_dir = cfg, data, dist_info, run_dir
+        t = cfg.train
+        self.device = dist_info.device
+        self.arch = cfg.model.arch
+        torch.manual_seed(cfg.seed)
+        self.model = self._build_model()
+        if t.activation_checkpointing:
+            checkpoint_layers(self.model)
+        # train.compile: validation's teacher-forced loss runs the compiled layers; training compiles
+        # the whole step (forward, fused loss, backward) below
+        self.features = torch.compile(self.model.features, dynamic=True) if t.compile else None
+        self.criterion = LabelSmoothedCrossEntropy(cfg.criterion.label_smoothing, ignore_index=PAD_ID)
+        self.precision = resolve_precision(t.precision, self.device)
+        t.pad_to_multiple = resolve_pad_to_multiple(t.pad_to_multiple, self.device.type, self.precision)  # auto: by device
+        self.autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
+        # DDP or FSDP2 under torchrun; before the optimizer, since FSDP2 replaces parameters by shards
+        self.parallel = DataParallel(
+            TrainingLoss(self.model, self.criterion), t.distributed, dist_info,
+            param_dtype=self.autocast_dtype if self.precision == "bf16" else None,
+        )
+        if t.compile:
+            compile_training_step(self.parallel)  # one graph per micro-batch, dynamic shapes
+        self._replica: nn.Module | None = None  # FSDP: an unsharded copy on rank 0 for evaluation
+        self.routing = RoutingMonitor(self.model, self.parallel.mode != "none")  # MoE: router stats, bias update
+        self._routing: dict[str, Any] = {}  # MoE: the last update's routing, read (last_routing) or on the device
+        self.optimizer = build_optimizer(self.model, cfg.optim, self.device.type)
+        self.scheduler = build_scheduler(self.optimizer, cfg.lr_scheduler, cfg.optim.lr, cfg.model.d_model, t.max_updates)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        train = data.splits["train"]
+        self.train_set = train
+        self.sampler = TokenBatchSampler(
+            train.src_lengths, train.tgt_lengths, t.max_tokens, arch=self.arch, shuffle=True,
+            seed=cfg.seed, rank=dist_info.rank, world_size=dist_info.world_size, bucket_multiple=t.pad_to_multiple,
+        )
+        self.update = 0
+        self.epoch = 1
+        self.best_metric: float | None = None
+        self.bad_validations = 0
+        self.train_tokens = 0  # a property: the host count plus the updates' device counts not read yet
+        self.train_time = 0.0
+        self.wall_time_before = 0.0  # wall seconds of the earlier processes of this run (resumes)
+        self.started = time.time()
+        self.memory = PhaseMemory(self.device)  # peak memory per phase (training, validation, test)
+        self.checkpoints = CheckpointManager(run_dir, keep_last=t.keep_last) if dist_info.is_main else None
+        # fp32 moving average of the weights; validation, checkpoints' weights and the test use it
+        self.ema = EMA(self.model, t.ema_decay) if t.ema_decay > 0 else None
+        self.last_saved: tuple[Path, int] | None = None  # newest finite checkpoint (stem, update)
+        self.valid_set = scorable_pairs(data.splits["valid"], cfg.model)  # (pairs the model can score, a note to log once)
+        self.log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if dist_info.is_main else (lambda msg: None)
+        self.stopping: GracefulStop | None = None  # set by training.run: the polite stop on train.stop_signals
+        self.divergence = DivergenceWatch(self.device)  # the first non-finite loss / gradient norm
+
+    @property
+    def train_tokens(self) -> int:
+        """Target tokens trained on so far (all ranks); reading it folds in the device counts (a host sync)."""
+        self._train_tokens, self._new_tokens = self._train_tokens + int(self._new_tokens), 0
+        return self._train_tokens
+
+    @train_tokens.setter
+    def train_tokens(self, value: int) -> None:
+        self._train_tokens, self._new_tokens = int(value), 0
+
+    @property
+    def last_routing(self) -> dict[str, Any]:
+        """A mixture of experts' routing metrics of the last update, read on first access ({}: dense)."""
+        if "moe_counts" in self._routing:
+            self._routing = read_routing(self._routing)
+        return self._routing
+
+    @last_routing.setter
+    def last_routing(self, value: dict[str, Any]) -> None:
+        self._routing = dict(value)
+
+    def _build_model(self) -> nn.Module:
+        joint = self.data.joint_vocab
+        return build_model(
+            self.cfg.model, len(self.data.src_tokenizer), None if joint else len(self.data.tgt_tokenizer),
+            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, sep_id=SEP_ID,
+        ).to(self.device)
+
+    # ------------------------------------------------------------------ state
+
+    def train_state(self) -> dict[str, Any]:
+        """Everything but the saved weights needed to continue exactly (loadable with weights_only):
+        :func:`~transformer.training.loop.train_state.train_state`."""
+        return train_state(self)
+
+    def load_state(self, model_state: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+        """Restore weights and training state saved by :meth:`save` (every rank loads the same
+        files): :func:`~transformer.training.loop.train_state.load_train_state`."""
+        load_train_state(self, model_state, state)
+
+    def wall_time(self) -> float:
+        """Wall-clock seconds of the whole run: its earlier processes (until their last save) and this one."""
+        return self.wall_time_before + (time.time() - self.started)
+
+    def save(self, is_best: bool = False, numbered: bool = False) -> None:
+        """Atomically write ``checkpoint_last`` (and best / numbered) on rank 0: full weights in
+        safetensors, even under FSDP (where every rank takes part in gathering them).
+
+        Raises:
+            TrainingError: a non-finite loss, gradient norm or weight (nothing written; every rank raises).
+        """
+        self.divergence.check(self.last_saved)
+        bad = nonfinite_weights(self.model, self.ema, self.parallel)
+        if bad:
+            raise TrainingError(divergence_message(f"non-finite weights ({', '.join(bad[:3])})", self.update, self.last_saved))
+        if self.checkpoints is not None or self.parallel.mode == "fsdp":
+            weights, state = self.parallel.full_state_dict(), self.train_state()
+            if self.checkpoints is not None:
+                if self.ema is not None:
+                    weights = self.ema.state_dict()
+                self.checkpoints.save(self.update, weights, state, is_best=is_best, numbered=numbered)
+        self.last_saved = (self.run_dir / CheckpointManager.LAST, self.update)  # on every rank: the same stop message
+
+    def eval_model(self) -> nn.Module | None:
+        """A model rank 0 can evaluate alone: the model itself, or under FSDP an unsharded copy
+        loaded with the gathered weights (a collective: every rank calls it; others get None)."""
+        if self.parallel.mode != "fsdp":
+            return self.model
+        weights = self.parallel.full_state_dict()
+        if not self.dist.is_main:
+            return None
+        if self._replica is None:
+            self._replica = self._build_model()
+        self._replica.load_state_dict(weights, strict=True)
+        return self._replica
+
+    # ------------------------------------------------------------------ steps
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _loss(self, batch: Batch) -> dict[str, torch.Tensor]:
+        # through DDP / FSDP2 (or the bare model); the output layer is fused with the loss
+        with self._autocast():
+            return self.parallel(batch.net_input, batch.target)
+
+    def _batches(self) -> Iterator[Batch]:
+        """This rank's training batches, epoch after epoch, from the sampler's saved position."""
+        while True:
+            self.sampler.set_epoch(self.epoch)  # keeps the saved position within the same epoch
+            for indices in self.sampler:
+                yield collate(self.train_set, indices, self.arch, pad_to_multiple=self.cfg.train.pad_to_multiple).to(self.device)
+            self.epoch += 1
+
+    @property
+    def epochs_done(self) -> int:
+        """Complete passes over the training data (this rank's shard)."""
+        finished = self.sampler.epoch == self.epoch and self.sampler.position >= len(self.sampler)
+        return self.epoch - 1 + int(finished)
+
+    def train_step(self, batches: list[Batch]) -> dict[str, Any]:
+        """One update over ``update_freq`` micro-batches, reading nothing on the host.
+
+        Returns:
+            The update's statistics as they stand on the device, for
+            :func:`~transformer.training.step.update_stats.read_stats` (a host sync): ``loss_sum`` and
+            ``nll_sum`` (fp64 sums over this rank's batches), ``local_tokens`` (this rank's target tokens), ``ntokens`` (all ranks), ``lr``
+            (a float), ``grad_norm``, and for a mixture of experts, which backpropagates
+            ``router_loss`` too (:func:`~transformer.training.step.criterion.model_loss`), ``routing``
+            (:meth:`RoutingMonitor.finish`: the selection biases then have moved). Token counts:
+            ints where the loss counts them on the host (eager CPU), else device tensors.
+
+        Raises:
+            TrainingError: on the CPU, when the loss or the gradient norm is not finite (names the
+                update and the last finite checkpoint); on an accelerator that is found later, by
+                :meth:`DivergenceWatch.check`. fp16 leaves overflowing gradients to the GradScaler.
+        """
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = nll_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # fp64, as the floats they replace
+        ntokens: torch.Tensor | int = 0
+        for i, batch in enumerate(batches):
+            with self.parallel.accumulate(last=i == len(batches) - 1):  # gradients summed over ranks
+                out = self._loss(batch)
+                objective = out["loss"] + out["router_loss"] if "router_loss" in out else out["loss"]
+                self.scaler.scale(objective).backward()
+            self.routing.add(out)
+            loss_sum = loss_sum + out["loss"].detach().double()
+            nll_sum = nll_sum + out["nll_loss"].detach().double()
+            ntokens = ntokens + out["ntokens"]
+        local_tokens = ntokens
+        self.scaler.unscale_(self.optimizer)
+        ntokens, global_loss = self.parallel.global_sums(ntokens, loss_sum)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        self.parallel.normalise(params, ntokens)  # per target token of the whole update
+        clip = self.cfg.train.clip_norm
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor of partial norms
+            grad_norm = grad_norm.full_tensor()
+        # a finite loss can come with NaN gradients; fp16 leaves overflowing gradients to the GradScaler
+        self.divergence.record(self.update + 1, global_loss, grad_norm if self.precision != "fp16" else None,
+                               self.last_saved)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        routing = self.routing.finish()  # MoE: loads over all ranks, DeepSeek-V3 bias update
+        self._routing = routing or self._routing
+        if self.ema is not None:
+            self.ema.update(self.model)
+        with warnings.catch_warnings():
+            # fp16: the GradScaler skips the optimizer step of an update whose gradients overflowed;
+            # the update still counts and the schedule advances (torch warns about that order)
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+            self.scheduler.step()
+        self.update += 1
+        self._new_tokens = self._new_tokens + ntokens
+        return dict(loss_sum=loss_sum, nll_sum=nll_sum, local_tokens=local_tokens, ntokens=ntokens, lr=lr,
+                    grad_norm=grad_norm, routing=routing)
+
+    # ------------------------------------------------------------------ evaluation
+
+    def valid_loss(self, model: nn.Module | None = None) -> dict[str, float]:
+        """Teacher-forced loss / nll / perplexity per target token on the validation pairs the model
+        can score (:func:`~transformer.training.loop.validation.scorable_pairs`), of ``model`` (default:
+        the trained model; see :meth:`eval_model`)."""
+        model = self.model if model is None else model
+        valid, note = self.valid_set
+        if note:
+            self.log(note)
+            self.valid_set = (valid, None)
+        return teacher_forced_loss(model, valid, self.criterion, arch=self.arch, max_tokens=self.cfg.train.max_tokens,
+                                   device=self.device, autocast=self._autocast,
+                                   features=self.features if model is self.model else None)
+
+    def bleu(self, split: str, subset: int = 0, hyp_file: Path | None = None, model: nn.Module | None = None) -> dict[str, Any]:
+        """Translate ``split`` (its first ``subset`` pairs when set) with ``cfg.generation`` and
+        ``model`` (default: the trained model) and score it against the raw references; see
+        :func:`~transformer.training.loop.validation.translate_and_score`."""
+        dataset = self.data.splits[split]
+        if subset and subset < len(dataset):
+            dataset = dataset.subset(range(subset))
+        return translate_and_score(
+            self.model if model is None else model, dataset, self.data.tgt_tokenizer, self.cfg.generation, self.device,
+            split=split, tokenize=self.cfg.data.bleu_tokenize, lowercase=self.cfg.data.lowercase,
+            progress=bool(self.cfg.train.progress), log=self.log, hyp_file=hyp_file,
+        )
+
+    def validate(self, logger: Any) -> bool:
+        """Validation loss (+ BLEU), with the moving average when on; returns True when this is the
+        best result so far."""
+        self.memory.enter("validation")
+        try:
+            return self._validate(logger)
+        finally:
+            self.memory.enter("training")
+
+    def _validate(self, logger: Any) -> bool:
+        t = self.cfg.train
+        metrics: dict[str, Any] = {}
+        model = self.eval_model()  # FSDP: gathers the weights (every rank)
+        if self.dist.is_main:
+            with self.ema.swapped(model) if self.ema is not None else nullcontext():
+                metrics = self.valid_loss(model)
+                if t.valid_bleu:
+                    scores = self.bleu("valid", subset=t.valid_bleu_subset, model=model)
+                    metrics.update(bleu=scores["bleu"], chrf=scores["chrf"])
+        metrics = broadcast_from_main(metrics, self.dist)  # every rank takes the same best/patience decisions
+        if t.best_metric == "bleu" and "bleu" in metrics:
+            value, better = metrics["bleu"], lambda a, b: a > b
+        else:
+            value, better = metrics["loss"], lambda a, b: a < b
+        is_best = self.best_metric is None or better(value, self.best_metric)
+        if is_best:
+            self.best_metric, self.bad_validations = value, 0
+        else:
+            self.bad_validations += 1
+        metrics["best"] = self.best_metric
+        logger.log(metrics, step=self.update, split="valid")
+        if self.dist.is_main:
+            shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float))
+            self.log(f"[valid] update {self.update}: {shown}")
+        return is_best
+
+    # ------------------------------------------------------------------ the loop
+
+    def stop_reason(self) -> str | None:
+        """Why training stops now (a sentence naming the ``train.*`` limit reached), or None; see
+        :func:`~transformer.training.stopping.budget_reached`."""
+        return budget_reached(self.cfg.train, update=self.update, epochs_done=self.epochs_done,
+                              train_time=self.train_time, bad_validations=self.bad_validations)
+
+    def fit(self, logger: Any) -> str:
+        """Train until a ``train.*`` limit is reached: updates of ``update_freq`` micro-batches,
+        training metrics every ``log_every`` updates, validation every ``validate_every`` (and at
+        the end), checkpoints after each validation and every ``save_every`` updates. The host reads
+        the device's losses, counts and finiteness state only at those points; the progress bar
+        shows the last logged update's values.
+
+        Args:
+            logger: a :class:`~transformer.training.monitoring.loggers.MetricsLogger` (``log(metrics, step, split)``).
+
+        Returns:
+            The reason training stopped (see :meth:`stop_reason`).
+
+        Raises:
+            TrainingError: on a non-finite loss or gradient norm (the last good checkpoint stays; on
+                an accelerator found up to ``log_every`` updates later, see
+                :class:`~transformer.training.step.divergence.DivergenceWatch`).
+        """
+        t = self.cfg.train
+        progress = TrainingBar(max_updates=t.max_updates, max_time=time_budget(t), update=self.update, train_time=self.train_time,
+                               desc=f"train {self.precision}", enabled=self.dist.is_main and bool(t.progress))
+        batches = self._batches()
+        self.memory.enter("training")
+        stop = self.stop_reason()
+        # target tokens since the last log (a device tensor off the eager CPU path)
+        window_tokens, window_start, shown = 0, time.time(), {"loss": "-", "tok_s": "-"}
+        try:
+            while stop is None:
+                step_start = time.time()
+                stats = self.train_step([next(batches) for _ in range(t.update_freq)])
+                self.train_time += time.time() - step_start
+                window_tokens = window_tokens + stats["ntokens"]
+                stop = self.stop_reason()
+                if self.update % t.log_every == 0 or self.update == 1 or stop is not None:  # and the last update
+                    self.divergence.check(self.last_saved)  # the host reads the device's state here
+                    logged = self.read_stats(stats, window_tokens)
+                    elapsed = max(time.time() - window_start, 1e-9)
+                    logged.update(tokens_per_s=logged.pop("window_tokens") / elapsed, epoch=self.epoch,
+                                  ppl=perplexity(logged["nll_loss"]))
+                    logger.log(logged, step=self.update, split="train")
+                    window_tokens, window_start = 0, time.time()
+                    shown = {"loss": f"{logged['loss']:.3f}", "tok_s": f"{logged['tokens_per_s']:.0f}"}
+                # the last logged loss and tokens/s (reading every update's would stall an accelerator)
+                progress.step(time.time() - step_start, self.update, loss=shown["loss"], lr=f"{stats['lr']:.2e}",
+                              tok_s=shown["tok_s"])
+                validate_now = t.validate_every > 0 and self.update % t.validate_every == 0
+                if validate_now or stop is not None:
+                    self.divergence.check(self.last_saved)
+                    is_best = self.validate(logger)
+                    stop = self.stop_reason()
+                    self.save(is_best=is_best, numbered=t.save_every > 0 and self.update % t.save_every == 0)
+                elif t.save_every > 0 and self.update % t.save_every == 0:
+                    self.save(numbered=True)
+                if stop is None:
+                    stop_if_signalled(self)
+        finally:
+            progress.close()
+        return stop
+
+    def progress(self) -> dict[str, Any]:
+        """The run's counters as recorded in ``results.json``; ``routing``: a mixture of experts'
+        metrics of the last update (:meth:`RoutingMonitor.finish`; ``{}`` for a dense model)."""
+        return {
+            "updates": self.update,
+            "epochs": self.epoch,
+            "best_valid": self.best_metric,
+            "train_time_s": self.train_time,
+            "train_tokens": self.train_tokens,
+            "precision": self.precision,
+            "world_size": self.dist.world_size,
+            "peak_memory_mb_by_phase": self.memory.as_dict(),
+            "routing": self.last_routing,
+        }
