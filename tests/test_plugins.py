@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -69,7 +70,8 @@ def _train_args(user: dict, run_dir: Path, *extra: str) -> list[str]:
 
 
 def _one_error_line(out: subprocess.CompletedProcess, *words: str) -> str:
-    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    # the line saying which weights a run folder resolves to (run_weights.find_checkpoint) may come first
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip() and not re.search(r": loading checkpoint_\w+\.safetensors", ln)]
     assert out.returncode == 2, out.stderr[-3000:]
     assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-3000:]
     assert all(w in lines[0] for w in words), lines[0]

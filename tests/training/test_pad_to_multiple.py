@@ -38,7 +38,7 @@ def test_the_loss_of_a_batch_does_not_see_the_extra_padding(arch, ffn):
                                    atol=1e-5, rtol=1e-5, msg=key)
 
 
-@pytest.mark.parametrize("device,precision,expected", [("cpu", "fp32", 1), ("cpu", "bf16", 8), ("cuda", "bf16", 8),
+@pytest.mark.parametrize("device,precision,expected", [("cpu", "fp32", 1), ("cpu", "bf16", 1), ("cuda", "bf16", 8),
                                                        ("cuda", "fp32", 8), ("mps", "fp32", 8)])
 def test_auto_takes_the_measured_multiple_of_the_device_and_precision(device, precision, expected):
     from transformer.data.batching import AUTO_PAD_TO_MULTIPLE, resolve_pad_to_multiple

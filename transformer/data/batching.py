@@ -69,16 +69,17 @@ def item_lengths(src_lengths: Sequence[int] | np.ndarray, tgt_lengths: Sequence[
 
 AUTO_PAD_TO_MULTIPLE: dict[tuple[str, str], int] = {
     ("cpu", "fp32"): 1,
-    ("cpu", "bf16"): 8,
-    ("cpu", "fp16"): 8,
+    ("cpu", "bf16"): 1,
+    ("cpu", "fp16"): 1,
     ("cuda", "fp32"): 8,
     ("cuda", "bf16"): 8,
     ("cuda", "fp16"): 8,
 }
 """``(device type, resolved precision) -> multiple`` that ``train.pad_to_multiple=auto`` takes; any
 other device takes 8. Chosen by measurement where one was made (docs/results/default_run/README.md,
-"Bounded batch shapes"): fp32 on a CPU does not use oneDNN's primitive cache and rounding only adds
-compute (1); bf16 on a CPU builds a oneDNN primitive per shape; on CUDA every shape is a
+"Bounded batch shapes"): on a CPU rounding only adds compute: fp32 on AVX2, 8 was 0.92x the tok/s of
+1; bf16 on AMX, 8 was 0.93x and 16 0.83x with oneDNN's whole primitive cache, and a smaller cache
+costs more than fewer shapes save (1). Not measured on CUDA: there every shape is a
 ``torch.compile`` graph specialisation and a CUDA graph, and 8 keeps tensor-core-friendly widths
 (fairseq's ``--pad-to-multiple 8``)."""
 
