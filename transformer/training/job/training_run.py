@@ -18,7 +18,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from transformer.config import Config, ConfigError, budget_sentence, config_dict, resume_mode, to_config
+from transformer.data.batching import resolve_pad_to_multiple
 from transformer.data.dataset import load_translation_data
+from transformer.device import resolve_device, unavailable
 from transformer.hydra_record import job_choices, recorded_choices
 from transformer.io import FolderLock, atomic_write_text, check_unlocked
 from transformer.models import count_parameters
@@ -47,6 +49,7 @@ from transformer.training.job.results import (
 from transformer.training.job.resume import ResumePoint, checkpoint_names, completed_results, prepare_resume
 from transformer.training.loop.trainer import Trainer
 from transformer.training.monitoring.loggers import build_loggers
+from transformer.training.step.precision import resolve_precision
 from transformer.training.stopping import GracefulStop, StopRequested
 
 __all__ = ["restore", "train"]
@@ -90,6 +93,7 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
     run_dir = run_dir_for(command_line)
     check_unlocked(run_dir)  # another process writes this folder: stop before reading or writing anything
     command_line = _requeued_job_resumes(command_line, run_dir)
+    command_line, auto_multiple = _resolve_auto_batching(command_line)
     recorded_plugins = _import_plugins(command_line, run_dir)
     try:
         resume = prepare_resume(command_line, run_dir, torch.device("cpu"))  # reads and checks; writes nothing
@@ -115,7 +119,7 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
     dist_info = setup_distributed(t.device)
     lock = FolderLock(run_dir).acquire() if dist_info.is_main else None  # one writer per run folder (rank 0)
     try:
-        return _train(cfg, resume, dist_info, run_dir, start)
+        return _train(cfg, resume, dist_info, run_dir, start, auto_multiple and resume is None)
     finally:
         if lock is not None:
             lock.release()
@@ -178,7 +182,31 @@ def _requeued_job_resumes(command_line: DictConfig, run_dir: Path) -> DictConfig
     return command_line
 
 
-def _train(cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Path, start: float) -> dict[str, Any]:
+def _resolve_auto_batching(command_line: DictConfig) -> tuple[DictConfig, bool]:
+    """``train.pad_to_multiple=auto`` resolved to the number of this machine's device and precision
+    (:func:`~transformer.data.batching.resolve_pad_to_multiple`) before anything compares the command
+    line with a run (a resume, ``train.finished_runs``), so that both read a number; a resumed run
+    keeps its own number unless the command line names another. Returns the config (a copy when
+    changed) and whether ``auto`` was resolved. A device that is not here is left to the device
+    check (the Trainer resolves ``auto`` itself too)."""
+    t = command_line.train
+    if str(t.get("pad_to_multiple")) != "auto":
+        return command_line, False
+    try:
+        device = resolve_device(t.get("device", "auto"))
+    except RuntimeError:  # not a device torch knows: named by the device check
+        return command_line, False
+    if unavailable(device, "train.device") is not None:
+        return command_line, False
+    command_line = command_line.copy()
+    with open_dict(command_line):
+        command_line.train.pad_to_multiple = resolve_pad_to_multiple(
+            "auto", device.type, resolve_precision(t.get("precision", "auto"), device))
+    return command_line, True
+
+
+def _train(cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Path, start: float,
+           auto_multiple: bool = False) -> dict[str, Any]:
     """The part of :func:`train` that writes the run folder (under its lock on rank 0)."""
     t = cfg.train
     if dist_info.device.type == "cpu":
@@ -188,7 +216,6 @@ def _train(cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Pat
     log = RunLog(run_dir, dist_info.is_main)
     data = load_translation_data(cfg.data, log=log)
     run_dir.mkdir(parents=True, exist_ok=True)
-    asked_multiple = t.pad_to_multiple  # auto resolves by device in the Trainer; config.yaml records the number
     trainer = Trainer(cfg, data, dist_info, run_dir)
     trainer.log = log
     choices = job_choices()
@@ -218,7 +245,7 @@ def _train(cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Pat
     log(f"budget: training stops at {budget_sentence(t)}")
     shapes = trainer.sampler.shapes()
     log(f"batches: {len(shapes)} distinct (rows x length) shapes per epoch, {len(trainer.sampler)} batches "
-        f"(train.pad_to_multiple={'auto: ' if asked_multiple != t.pad_to_multiple else ''}{t.pad_to_multiple}, "
+        f"(train.pad_to_multiple={'auto: ' if auto_multiple else ''}{t.pad_to_multiple}, "
         f"train.max_tokens={t.max_tokens})")
     loggers = build_loggers(cfg.logger, run_dir, run_name(cfg, choices), config_dict(cfg), dist_info.is_main)
     with GracefulStop(t.stop_signals, announce=dist_info.is_main) as stopping:
