@@ -60,7 +60,10 @@ HOST_FACTORIES: dict[tuple[str, str], str] = {
 """(file under ``transformer/``, function) -> why its tensor factories need no ``device=``."""
 
 HOST_MODULES: dict[str, str] = {
-    "testing.py": "the module-check kit: tiny CPU models fed inputs it makes on the host (not a GPU path)",
+    "testing/models.py": "the module-check kit: tiny CPU models fed inputs it makes on the host (not a GPU path)",
+    "testing/checks.py": "the module-check kit: tiny CPU models fed inputs it makes on the host (not a GPU path)",
+    "testing/compiles.py": "the module-check kit: tiny CPU models fed inputs it makes on the host (not a GPU path)",
+    "testing/schedules.py": "the module-check kit: tiny CPU models fed inputs it makes on the host (not a GPU path)",
 }
 """Files under ``transformer/`` whose tensors are all made on the host on purpose, and why."""
 

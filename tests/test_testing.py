@@ -1,4 +1,4 @@
-"""The module-check kit (transformer/testing.py) over every built-in option of every group and both
+"""The module-check kit (transformer/testing/) over every built-in option of every group and both
 plugin examples: one set of checks for ours and the users' options; and the kit catches what it
 claims to (a deliberately broken attention fails the check it breaks)."""
 

@@ -1,7 +1,7 @@
 """Model behaviour beyond the kit: fully padded rows, beam reordering and shared cross-attention rows.
 
 Causality, padding, incremental (KV-cache) decoding, batched search, gradients and bf16 for every
-option of every group run through the module-check kit (``transformer/testing.py``,
+option of every group run through the module-check kit (``transformer/testing/``,
 ``tests/test_testing.py``), the same checks a plugin's options pass."""
 
 import itertools

@@ -77,7 +77,7 @@ def test_state_dict_names_and_dense_models_unchanged():
 @pytest.mark.parametrize("arch,router", [(a, r) for a in ARCHS for r in ("softmax", "sigmoid")])
 def test_kv_cache_decoding_equals_full_forward_through_routed_layers(arch, router):
     model = build_model(_cfg(arch, ffn__router=router, ffn__routed_scaling_factor=1.5), V).eval()
-    check_model(model, ["incremental_decoding"])  # the kit's check (transformer/testing.py), through routed layers
+    check_model(model, ["incremental_decoding"])  # the kit's check (transformer/testing/), through routed layers
 
 
 def _masks_seen(model) -> tuple[list, list]:
