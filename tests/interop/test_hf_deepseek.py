@@ -1,6 +1,6 @@
 """Decoder-only ``model/attention=mla`` models <-> Hugging Face DeepseekV3ForCausalLM
-(transformer.interop.hf_moe): the deepseek_style_tiny preset's logits on copied weights (sigmoid
-routing, shared expert, selection bias), variants (dense MLA included), DeepSeek's interleaved RoPE
+(transformer.interop.hf_moe, .hf_moe_import): the deepseek_style_tiny preset's logits on copied weights
+(sigmoid routing, shared expert, selection bias), variants (dense MLA included), DeepSeek's interleaved RoPE
 layout on import, the export folder (HF generate = our greedy search) and refusals by name."""
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from transformer.interop.hf_moe import (
     DEEPSEEK_TARGET,
     MIXTRAL_TARGET,
     deepseek_unsupported,
-    from_hf_moe,
     hf_moe_state,
     to_hf_moe,
 )
+from transformer.interop.hf_moe_import import from_hf_moe
 from transformer.models import build_model
 
 transformers = pytest.importorskip("transformers")

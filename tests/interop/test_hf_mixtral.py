@@ -1,5 +1,5 @@
-"""Decoder-only ``model/ffn=moe`` models <-> Hugging Face MixtralForCausalLM (transformer.interop.hf_moe):
-the mixtral_style_tiny preset's logits on copied weights past its sliding window, variants, the
+"""Decoder-only ``model/ffn=moe`` models <-> Hugging Face MixtralForCausalLM (transformer.interop.hf_moe,
+.hf_moe_import): the mixtral_style_tiny preset's logits on copied weights past its sliding window, variants, the
 export folder (HF generate = our greedy search), the import back, and refusals by name."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from tests.interop.helpers import LLAMA, assert_moe_export_refuses, perturbed, r
 from transformer.config import GenerationConfig, register_configs
 from transformer.generation import load_run, translate_sentences
 from transformer.interop import ExportError, export_run, import_hf_llama, unsupported
-from transformer.interop.hf_moe import MIXTRAL_TARGET, from_hf_moe, hf_moe_state, mixtral_unsupported, to_hf_moe
+from transformer.interop.hf_moe import MIXTRAL_TARGET, hf_moe_state, mixtral_unsupported, to_hf_moe
+from transformer.interop.hf_moe_import import from_hf_moe
 from transformer.models import build_model
 
 transformers = pytest.importorskip("transformers")

@@ -1,7 +1,8 @@
 """Interoperability: export runs to Hugging Face (``LlamaForCausalLM``, ``Qwen3ForCausalLM``,
 ``MixtralForCausalLM``, ``DeepseekV3ForCausalLM``, ``MarianMTModel``) and CTranslate2 model folders,
 and import the decoder-only HF folders back (``hf_llama.py``: Llama, Qwen3; ``hf_moe.py``: Mixtral,
-DeepSeek-V3; ``hf_decoder.py``: what they share; ``export_common.py``: what every exporter shares).
+DeepSeek-V3, imported by ``hf_moe_import.py``; ``hf_decoder.py``: what they share;
+``export_common.py``: what every exporter shares).
 
     from transformer.interop import export_run, import_hf_llama
     export_run("outputs/RUN", "ctranslate2", "exports/run_ct2")         # or "hf"

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from transformer.data.tokenizer import Tokenizer
 from transformer.generation import load_run
-from transformer.interop import ct2, hf_llama, hf_marian, hf_moe
+from transformer.interop import ct2, hf_llama, hf_marian, hf_moe, hf_moe_import
 from transformer.interop.export_common import ExportError, plugin_options_unsupported, refuse, staging_dir
 from transformer.plugins import import_plugins
 from transformer.run_folder import BEST
@@ -162,7 +162,7 @@ def import_hf_llama(folder: str | Path, out: str | Path, *, force: bool = False)
         tok = Tokenizer(spm_file)
     except ValueError as e:
         raise ExportError(f"{spm_file} is not a tokenizer of this project: {e}") from e
-    importer = hf_moe.from_hf_moe if _model_type(folder) in hf_moe.MODEL_TYPES else hf_llama.from_hf_llama
+    importer = hf_moe_import.from_hf_moe if _model_type(folder) in hf_moe_import.MODEL_TYPES else hf_llama.from_hf_llama
     model, run_cfg = importer(folder)
     rows = model.embed.embedding.weight.shape[0]
     if rows != len(tok):
