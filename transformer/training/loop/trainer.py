@@ -33,10 +33,11 @@ from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SEP_ID
 from transformer.models import build_model
 from transformer.training.checkpoint import CheckpointManager
 from transformer.training.distributed.parallel import DataParallel, TrainingLoss, checkpoint_layers
-from transformer.training.distributed.process_group import DistInfo, broadcast_from_main
+from transformer.training.distributed.process_group import DistInfo
 from transformer.training.errors import TrainingError
 from transformer.training.loop.train_state import load_train_state, train_state
 from transformer.training.loop.validation import scorable_pairs, teacher_forced_loss, translate_and_score
+from transformer.training.loop.validation_round import validation_round
 from transformer.training.monitoring.memory import PhaseMemory
 from transformer.training.monitoring.progress import TrainingBar
 from transformer.training.step.compiled import compile_training_step
@@ -308,40 +309,14 @@ class Trainer:
         )
 
     def validate(self, logger: Any) -> bool:
-        """Validation loss (+ BLEU), with the moving average when on; returns True when this is the
-        best result so far."""
+        """Validation loss (+ BLEU), with the moving average when on
+        (:func:`~transformer.training.loop.validation_round.validation_round`); returns True when this
+        is the best result so far."""
         self.memory.enter("validation")
         try:
-            return self._validate(logger)
+            return validation_round(self, logger)
         finally:
             self.memory.enter("training")
-
-    def _validate(self, logger: Any) -> bool:
-        t = self.cfg.train
-        metrics: dict[str, Any] = {}
-        model = self.eval_model()  # FSDP: gathers the weights (every rank)
-        if self.dist.is_main:
-            with self.ema.swapped(model) if self.ema is not None else nullcontext():
-                metrics = self.valid_loss(model)
-                if t.valid_bleu:
-                    scores = self.bleu("valid", subset=t.valid_bleu_subset, model=model)
-                    metrics.update(bleu=scores["bleu"], chrf=scores["chrf"])
-        metrics = broadcast_from_main(metrics, self.dist)  # every rank takes the same best/patience decisions
-        if t.best_metric == "bleu" and "bleu" in metrics:
-            value, better = metrics["bleu"], lambda a, b: a > b
-        else:
-            value, better = metrics["loss"], lambda a, b: a < b
-        is_best = self.best_metric is None or better(value, self.best_metric)
-        if is_best:
-            self.best_metric, self.bad_validations = value, 0
-        else:
-            self.bad_validations += 1
-        metrics["best"] = self.best_metric
-        logger.log(metrics, step=self.update, split="valid")
-        if self.dist.is_main:
-            shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float))
-            self.log(f"[valid] update {self.update}: {shown}")
-        return is_best
 
     # ------------------------------------------------------------------ the loop
 
