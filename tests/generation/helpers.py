@@ -58,7 +58,7 @@ class _PrefixState:
         self.src = src
         self.prefix = torch.empty(src.shape[0], 0, dtype=torch.long)
 
-    def reorder(self, index: Tensor) -> None:
+    def reorder(self, index: Tensor, host_index=None) -> None:
         self.src = self.src.index_select(0, index)
         self.prefix = self.prefix.index_select(0, index)
 

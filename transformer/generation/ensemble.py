@@ -34,10 +34,16 @@ class EnsembleState:
     def __init__(self, states: Sequence[Any]) -> None:
         self.states = list(states)
 
-    def reorder(self, index: Tensor) -> None:
-        """Select (and repeat) rows of every member's state. Args: index ``(new_batch,)`` long."""
+    def reorder(self, index: Tensor, host_index: Sequence[int] | None = None) -> None:
+        """Select (and repeat) rows of every member's state.
+
+        Args:
+            index: ``(new_batch,)`` long tensor of row indices.
+            host_index: the same indices on the host, when the caller has them (see
+                :meth:`transformer.models.state.DecodingState.reorder`).
+        """
         for state in self.states:
-            state.reorder(index)
+            state.reorder(index, host_index)
 
     @property
     def batch_size(self) -> int:

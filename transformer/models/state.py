@@ -3,6 +3,7 @@ token mask of the padding that their mixture-of-experts layers read."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -43,11 +44,14 @@ class DecodingState:
     memory_mask: Tensor | None = None
     group: int = 1
 
-    def reorder(self, index: Tensor) -> None:
+    def reorder(self, index: Tensor, host_index: Sequence[int] | None = None) -> None:
         """Select (and repeat) batch rows in place, e.g. expand to beams or follow surviving beams.
 
         Args:
             index: ``(new_batch,)`` long tensor of row indices.
+            host_index: the same indices on the host, when the caller has them (the searches do):
+                the cross-attention side then follows without reading ``index`` back (a host sync
+                on an accelerator).
         """
         rows = self.positions.shape[0]
         for cache in self.self_caches:
@@ -57,35 +61,54 @@ class DecodingState:
         if self.self_pad_mask is not None:
             self.self_pad_mask = self.self_pad_mask.index_select(0, index)
         if self.cross_caches is not None:
-            self._reorder_sources(index, rows // self.group)
+            self._reorder_sources(index, rows // self.group, host_index)
 
-    def _reorder_sources(self, index: Tensor, n_sources: int) -> None:
+    def _reorder_sources(self, index: Tensor, n_sources: int, host_index: Sequence[int] | None) -> None:
         """Follow ``index`` on the cross-attention side, which has one row per source.
 
         When the new rows come in equal runs that each read one source (beams expanded, reordered
         within their sentence, or finished sentences dropped), the sources are selected once per
         run, and not at all when they stay the same; otherwise every new row gets its own copy
-        (``group`` 1).
+        (``group`` 1). Decided on the host, from ``host_index`` (else from one read of ``index``).
         """
-        src = torch.div(index, self.group, rounding_mode="floor")  # (new_batch,) source row of each new row
-        sources, counts = torch.unique_consecutive(src, return_counts=True)
-        group = index.numel() // max(sources.numel(), 1)
-        if sources.numel() * group != index.numel() or not bool(counts.eq(group).all()):
-            sources, group = src, 1  # irregular runs: one source row per decoder row
+        host = index.tolist() if host_index is None else host_index
+        sources, group = source_runs([i // self.group for i in host])
         self.group = group
-        if sources.numel() == n_sources and bool(sources.eq(torch.arange(n_sources, device=src.device)).all()):
+        if sources == list(range(n_sources)):
             return  # the same sources in the same order: nothing to copy
+        rows = torch.tensor(sources, dtype=torch.long).to(index.device, non_blocking=True)
         for cache in self.cross_caches or ():
-            cache.reorder(sources)
+            cache.reorder(rows)
         if self.memory is not None:
-            self.memory = self.memory.index_select(0, sources)
+            self.memory = self.memory.index_select(0, rows)
         if self.memory_mask is not None:
-            self.memory_mask = self.memory_mask.index_select(0, sources)
+            self.memory_mask = self.memory_mask.index_select(0, rows)
 
     @property
     def batch_size(self) -> int:
         """Number of rows (sentences × beams)."""
         return self.positions.shape[0]
+
+
+def source_runs(src: list[int]) -> tuple[list[int], int]:
+    """The sources of new decoder rows that read source rows ``src``, and the rows per source.
+
+    Returns:
+        ``(sources, group)``: one source per run and the run length when ``src`` comes in equal
+        runs of consecutive rows (``[4, 4, 0, 0]`` -> ``([4, 0], 2)``), else ``(src, 1)``.
+    """
+    sources: list[int] = []
+    counts: list[int] = []
+    for s in src:
+        if sources and sources[-1] == s:
+            counts[-1] += 1
+        else:
+            sources.append(s)
+            counts.append(1)
+    group = len(src) // max(len(sources), 1)
+    if len(sources) * group != len(src) or any(c != group for c in counts):
+        return list(src), 1  # irregular runs: one source row per decoder row
+    return sources, group
 
 
 def real_token_mask(tokens: Tensor, pad_id: int, stack: TransformerStack) -> Tensor | None:
