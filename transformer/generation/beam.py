@@ -22,8 +22,10 @@ from transformer.generation.common import (
     max_lengths,
     nonfinite_rows,
     position_limits,
+    to_device,
     warn_nonfinite,
 )
+from transformer.generation.finished import Finished
 
 __all__ = ["beam_search"]
 
@@ -87,6 +89,10 @@ def _beam_search(
     K: int,
     nbest: int,
 ) -> list[list[Hypothesis]]:
+    """The search of :func:`beam_search`. Host reads: the longest ``max_len`` once, then one packed
+    read per step (which sentences are done, which met non-finite output, each new beam's parent),
+    and the finished hypotheses once at the end (:class:`~transformer.generation.finished.Finished`
+    keeps them on the device)."""
     alpha = limits.length_penalty_alpha
     device = src_tokens.device
     bsz = src_tokens.shape[0]
@@ -98,10 +104,15 @@ def _beam_search(
     if cap is not None:
         max_len = torch.minimum(max_len, cap)
     last_step = int(max_len.max()) if bsz else 0  # EOS is forced there: no sentence runs longer
-    state.reorder(torch.arange(bsz, device=device).repeat_interleave(K))  # (bsz * K) rows
+    expand = [b for b in range(bsz) for _ in range(K)]
+    state.reorder(to_device(expand, device), expand)  # (bsz * K) rows
+    # lp(t) for t = 1 .. last_step + 2 at index t, computed on the host (the Python floats the scores divide by)
+    penalties = torch.tensor([1.0] + [float(limits.penalty(float(t))) for t in range(1, last_step + 3)],
+                             dtype=torch.float64)
+    penalties = penalties.to(device, non_blocking=True)
 
     n = bsz  # active sentences
-    sent_ids = torch.arange(bsz, device=device)  # (n,) original index of each active sentence
+    sent_ids = list(range(bsz))  # original index of each active sentence
     bound_pen = None  # lp(max_len + 1) per sentence, for the termination bound
     if alpha != 0:
         bound_pen = limits.penalty(max_len.double() + 1.0)  # (n,)
@@ -109,8 +120,7 @@ def _beam_search(
     scores[:, 0] = 0.0
     history = torch.empty(n * K, 0, dtype=torch.long, device=device)  # (n * K, step)
     prev = torch.full((n * K, 1), model.decoder_start_token_id, dtype=torch.long, device=device)
-    kth_finished = torch.full((n,), ninf, dtype=torch.float64, device=device)  # nbest-th finished score
-    finished: list[list[Hypothesis]] = [[] for _ in range(bsz)]
+    finished = Finished(bsz, K, last_step + 1, device)
     row_base = torch.arange(n, device=device)[:, None] * K  # (n, 1)
 
     nonfinite: set[int] = set()  # sentences whose live beams met NaN/inf model output
@@ -122,9 +132,8 @@ def _beam_search(
             log_probs(logits), step, max_len.repeat_interleave(K), history, limits, pad_id=pad, eos_id=eos
         )  # (n * K, V)
         bad = nonfinite_rows(logits) & (scores.view(-1) > ninf)  # (n * K,) live beams with NaN/inf output
-        if bool(bad.any()):  # a diverged model: those beams die (NaN scores would never end the search)
-            lprobs[bad] = ninf
-            nonfinite.update(sent_ids[bad.view(n, K).any(1)].tolist())
+        # a diverged model: those beams die (NaN scores would never end the search)
+        lprobs.masked_fill_(bad[:, None], ninf)
         cand = (scores.view(-1, 1) + lprobs).view(n, K * vocab)  # (n, K * V)
         n_cand = min(2 * K, K * vocab)
         cand_scores, cand_idx = cand.topk(n_cand, dim=1)  # (n, 2K), sorted best first
@@ -132,28 +141,11 @@ def _beam_search(
         cand_tok = cand_idx % vocab  # (n, 2K)
         alive = cand_scores > ninf
         is_eos = cand_tok.eq(eos)
-        length = step + 1  # tokens of a hypothesis finishing now (EOS included)
 
         # finished hypotheses: EOS candidates with a finite score among the K best (fairseq);
         # an EOS ranked below K non-EOS candidates is not a beam-search result
-        fin = is_eos & alive  # (n, 2K)
-        fin[:, K:] = False
-        if bool(fin.any()):
-            lp = limits.penalty(float(length))
-            s_idx, c_idx = fin.nonzero(as_tuple=True)
-            rows = (row_base[s_idx, 0] + cand_beam[s_idx, c_idx])  # (m,)
-            toks = history[rows].tolist()
-            lps = cand_scores[s_idx, c_idx].tolist()
-            touched = {}
-            for s, sid, t, l in zip(s_idx.tolist(), sent_ids[s_idx].tolist(), toks, lps):
-                finished[sid].append(Hypothesis(tokens=t + [eos], score=l / lp, logprob=l))
-                touched[s] = sid
-            for s, sid in touched.items():
-                hyps = finished[sid]
-                hyps.sort(key=lambda h: h.score, reverse=True)  # stable: earlier (shorter) first on ties
-                del hyps[K:]
-                if len(hyps) >= nbest:
-                    kth_finished[s] = hyps[nbest - 1].score
+        fin = (is_eos & alive)[:, :K]  # (n, K)
+        finished.add(fin, cand_scores[:, :K], penalties[step + 1], history.view(n, K, step), cand_beam[:, :K], step, eos)
 
         # running beams: the first K non-EOS candidates (there are at least K among 2K)
         key = torch.arange(n_cand, device=device)[None, :] + is_eos.long() * n_cand  # (n, 2K)
@@ -171,32 +163,42 @@ def _beam_search(
         # termination: can the best running beam still beat the nbest-th finished hypothesis?
         best_running = new_scores[:, 0].double()  # (n,), sorted descending
         if alpha != 0:
-            pen = torch.maximum(bound_pen, bound_pen.new_tensor(limits.penalty(float(length + 1))))
-            best_running = best_running / pen
-        done = best_running <= kth_finished  # (n,); -inf (all beams dead) is always done
-        if bool(done.all()) or step >= last_step:
+            best_running = best_running / torch.maximum(bound_pen, penalties[step + 2])
+        done = best_running <= finished.kth(nbest)  # (n,); -inf (all beams dead) is always done
+        # the step's one host read: done sentences, sentences with a dying beam, each new beam's parent
+        status = torch.cat((done.long(), bad.view(n, K).any(1).long(), new_beam.view(-1))).cpu()
+        done_h, bad_h, parents = status[:n].bool(), status[n : 2 * n].bool(), status[2 * n :].view(n, K)
+        nonfinite.update(sent_ids[s] for s in bad_h.nonzero().squeeze(1).tolist())
+        if bool(done_h.all()) or step >= last_step:
             break
         step += 1
         rows = (row_base + new_beam).view(-1)  # (n * K,) parent row of each new beam
-        if bool(done.any()):
-            keep = (~done).nonzero().squeeze(1)  # (n',)
-            rows = rows.view(n, K)[keep].view(-1)
-            new_scores, new_tok = new_scores[keep], new_tok[keep]
-            sent_ids, max_len, kth_finished = sent_ids[keep], max_len[keep], kth_finished[keep]
+        host_rows = torch.arange(n)[:, None] * K + parents  # the same, on the host
+        if bool(done_h.any()):
+            kept = (~done_h).nonzero().squeeze(1)  # (n',)
+            finished.store(done_h.nonzero().squeeze(1).tolist(), [sent_ids[s] for s in done_h.nonzero().squeeze(1).tolist()])
+            keep = to_device(kept.tolist(), device)
+            rows = rows.view(n, K).index_select(0, keep).view(-1)
+            host_rows = host_rows[kept]
+            new_scores, new_tok, max_len = (t.index_select(0, keep) for t in (new_scores, new_tok, max_len))
+            finished.select(keep)
+            sent_ids = [sent_ids[s] for s in kept.tolist()]
             if bound_pen is not None:
-                bound_pen = bound_pen[keep]
-            n = keep.numel()
+                bound_pen = bound_pen.index_select(0, keep)
+            n = len(sent_ids)
             row_base = torch.arange(n, device=device)[:, None] * K
-        state.reorder(rows)
-        history = torch.cat((history[rows], new_tok.view(-1, 1)), dim=1)  # (n * K, step)
+        state.reorder(rows, host_rows.view(-1).tolist())
+        history = torch.cat((history.index_select(0, rows), new_tok.view(-1, 1)), dim=1)  # (n * K, step)
         scores = new_scores
         prev = new_tok.view(-1, 1)
 
+    finished.store(list(range(n)), sent_ids)
+    found = finished.read(nbest)  # the search's last host read
     out = []
-    for sid, hyps in enumerate(finished):
+    for sid, hyps in enumerate(found):
         if not hyps and sid not in nonfinite:  # a model that gives -inf to every token, EOS included
             hyps = [Hypothesis(tokens=[eos], score=ninf, logprob=ninf)]
-        out.append(hyps[:nbest])
+        out.append(hyps)
     if nonfinite:
-        warn_nonfinite(sum(1 for sid in nonfinite if not finished[sid]) or len(nonfinite))
+        warn_nonfinite(sum(1 for sid in nonfinite if not found[sid]) or len(nonfinite))
     return out

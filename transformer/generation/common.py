@@ -56,6 +56,7 @@ __all__ = [
     "max_lengths",
     "nonfinite_rows",
     "position_limits",
+    "to_device",
     "warn_nonfinite",
 ]
 
@@ -233,6 +234,9 @@ def constrain(
 ) -> Tensor:
     """Apply PAD ban, ``min_len``, ``no_repeat_ngram_size`` and the forced EOS at max length in place.
 
+    Reads nothing back on the host: every mask is computed on the device from ``step`` (which the
+    host knows), ``max_len`` and ``history``.
+
     Args:
         lprobs: ``(rows, vocab)`` log-probabilities (or logits) of the next token.
         step: number of tokens each row has generated so far.
@@ -258,14 +262,18 @@ def constrain(
             windows = history.unfold(1, n, 1)  # (rows, step - n + 1, n)
             suffix = history[:, step - n + 1 :]  # (rows, n - 1)
             hit = (windows[:, :, :-1] == suffix[:, None, :]).all(-1)  # (rows, W)
-            rows, cols = hit.nonzero(as_tuple=True)
-            if rows.numel():
-                lprobs[rows, windows[rows, cols, -1]] = ninf
-    forced = max_len <= step  # (rows,)
-    if bool(forced.any()):
-        lprobs[forced] = ninf
-        lprobs[forced, eos_id] = eos_lp[forced]
+            # ban the token ending each matching window; the others write -inf to PAD, banned already
+            lprobs.scatter_(1, windows[:, :, -1].masked_fill(~hit, pad_id), ninf)
+    forced = (max_len <= step)[:, None]  # (rows, 1): EOS with the model's own score, nothing else
+    lprobs.masked_fill_(forced, ninf)
+    lprobs[:, eos_id] = torch.where(forced[:, 0], eos_lp, lprobs[:, eos_id])
     return lprobs
+
+
+def to_device(values: list[int], device: torch.device) -> Tensor:
+    """``values`` (host ints) as a long tensor on ``device``, copied without waiting for the device
+    (a copy from pageable memory that is not ``non_blocking`` synchronizes the stream)."""
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
 
 
 def log_probs(logits: Tensor) -> Tensor:

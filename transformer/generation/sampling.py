@@ -22,6 +22,7 @@ from transformer.generation.common import (
     max_lengths,
     nonfinite_rows,
     position_limits,
+    to_device,
     warn_nonfinite,
 )
 
@@ -138,7 +139,13 @@ def _greedy_or_sample(
     top_p: float,
     seed: int,
 ) -> list[list[Hypothesis]]:
-    """Shared loop of greedy search (``temperature == 0``) and sampling; rows = batch x n_samples."""
+    """Shared loop of greedy search (``temperature == 0``) and sampling; rows = batch x n_samples.
+
+    One host read per step: which rows ended (EOS) and which met non-finite output, read together
+    (sampling reads the non-finite rows once more before it draws: a row's draw depends on the rows
+    drawn with it). The tokens and log-probabilities of finished rows stay on the device until
+    the end (one read); which rows remain is known on the host, so nothing else is read.
+    """
     device = src_tokens.device
     bsz = src_tokens.shape[0]
     eos, pad = model.eos_id, model.pad_id
@@ -149,9 +156,10 @@ def _greedy_or_sample(
         max_len = torch.minimum(max_len, cap)
     max_len = max_len.repeat_interleave(n_samples)  # (rows,)
     if n_samples > 1:
-        state.reorder(torch.arange(bsz, device=device).repeat_interleave(n_samples))
+        expand = [b for b in range(bsz) for _ in range(n_samples)]
+        state.reorder(to_device(expand, device), expand)
     rows = bsz * n_samples
-    row_ids = torch.arange(rows, device=device)  # original row of each active row
+    row_ids = list(range(rows))  # original row of each active row
     history = torch.empty(rows, 0, dtype=torch.long, device=device)
     logprob = torch.zeros(rows, device=device)
     prev = torch.full((rows, 1), model.decoder_start_token_id, dtype=torch.long, device=device)
@@ -159,19 +167,21 @@ def _greedy_or_sample(
     if temperature > 0:
         gen = torch.Generator(device=device)
         gen.manual_seed(int(seed))
-    results: list[Hypothesis | None] = [None] * rows
+    ended: list[tuple[list[int], int, Tensor, Tensor]] = []  # (rows, length, tokens, logprobs), on the device
     failed: set[int] = set()  # rows that met non-finite model output
     step = 0
     while True:
         logits = model.decode_step(prev, state).float()  # (rows, V)
         bad = nonfinite_rows(logits)  # (rows,)
-        if bool(bad.any()):  # a diverged model: these rows end without a hypothesis
-            failed.update(row_ids[bad].tolist())
+        if gen is not None and bool(bad.any()):  # sampling: drop them before the draw
             keep = (~bad).nonzero().squeeze(1)
+            failed.update(row_ids[i] for i in bad.nonzero().squeeze(1).tolist())
             if keep.numel() == 0:
                 break
-            state.reorder(keep)
-            row_ids, max_len, history, logprob, logits = (t[keep] for t in (row_ids, max_len, history, logprob, logits))
+            kept = keep.tolist()
+            state.reorder(keep, kept)
+            row_ids = [row_ids[i] for i in kept]
+            max_len, history, logprob, logits, bad = (t[keep] for t in (max_len, history, logprob, logits, bad))
         forced = max_len <= step  # (rows,) EOS is the only choice, whatever the model says of it
         lprobs = constrain(log_probs(logits), step, max_len, history, limits, pad_id=pad, eos_id=eos)  # (rows, V)
         if temperature > 0:
@@ -179,7 +189,7 @@ def _greedy_or_sample(
             # the same constraints, on the scaled logits
             scaled = constrain(scaled, step, max_len, history, limits, pad_id=pad, eos_id=eos)
             scaled = top_k_top_p_filter(scaled, top_k, top_p)
-            scaled[forced, eos] = 0.0  # a finite EOS logit even where the model gives EOS -inf
+            scaled[:, eos] = scaled[:, eos].masked_fill(forced, 0.0)  # a finite EOS logit even where the model gives EOS -inf
             nxt = torch.multinomial(scaled.softmax(-1), 1, generator=gen).squeeze(1)  # (rows,)
         else:
             nxt = lprobs.argmax(-1)  # (rows,)
@@ -187,22 +197,48 @@ def _greedy_or_sample(
         logprob = logprob + lprobs.gather(1, nxt[:, None]).squeeze(1)
         history = torch.cat((history, nxt[:, None]), dim=1)  # (rows, step + 1)
         step += 1
-        done = nxt.eq(eos)
-        if bool(done.any()):
-            lp = limits.penalty(float(step))
-            for i, toks, score in zip(row_ids[done].tolist(), history[done].tolist(), logprob[done].tolist()):
-                results[i] = Hypothesis(tokens=toks, score=score / lp, logprob=score)
-            keep = (~done).nonzero().squeeze(1)
-            if keep.numel() == 0:
+        status = torch.stack((nxt.eq(eos) & ~bad, bad)).cpu()  # (2, rows): the step's one host read
+        done, bad_rows = status[0].nonzero().squeeze(1).tolist(), status[1].nonzero().squeeze(1).tolist()
+        if done:
+            idx = to_device(done, device)
+            ended.append(([row_ids[i] for i in done], step, history.index_select(0, idx), logprob.index_select(0, idx)))
+        if bad_rows:  # a diverged model: these rows end without a hypothesis
+            failed.update(row_ids[i] for i in bad_rows)
+        if done or bad_rows:
+            kept = (~(status[0] | status[1])).nonzero().squeeze(1).tolist()
+            if not kept:
                 break
-            state.reorder(keep)
-            row_ids, max_len, history, logprob, nxt = (t[keep] for t in (row_ids, max_len, history, logprob, nxt))
+            keep = to_device(kept, device)
+            state.reorder(keep, kept)
+            row_ids = [row_ids[i] for i in kept]
+            max_len, history, logprob, nxt = (t.index_select(0, keep) for t in (max_len, history, logprob, nxt))
         prev = nxt[:, None]
     if failed:
         warn_nonfinite(len({i // n_samples for i in failed}))
+    results = _hypotheses(ended, rows, limits)
     out: list[list[Hypothesis]] = []
     for b in range(bsz):
         hyps = [h for h in results[b * n_samples : (b + 1) * n_samples] if h is not None]
         hyps.sort(key=lambda h: h.score, reverse=True)
         out.append(hyps)
     return out
+
+
+def _hypotheses(ended: list[tuple[list[int], int, Tensor, Tensor]], rows: int, limits: SearchLimits) -> list[Hypothesis | None]:
+    """The finished rows' hypotheses by original row (None for rows without one), from one host
+    read: every finished row's tokens, then the bits of their float32 log-probabilities."""
+    results: list[Hypothesis | None] = [None] * rows
+    if not ended:
+        return results
+    tokens = torch.cat([t.reshape(-1) for _, _, t, _ in ended])
+    logprobs = torch.cat([lp for _, _, _, lp in ended])
+    packed = torch.cat((tokens, logprobs.view(torch.int32).long())).cpu()
+    tokens, logprobs = packed[: tokens.numel()].tolist(), packed[tokens.numel() :].int().view(torch.float32).tolist()
+    at, k = 0, 0
+    for ids, length, _, _ in ended:
+        lp = limits.penalty(float(length))
+        for i in ids:
+            score = logprobs[k]
+            results[i] = Hypothesis(tokens=tokens[at : at + length], score=score / lp, logprob=score)
+            at, k = at + length, k + 1
+    return results

@@ -3,7 +3,8 @@ picks one from the generation settings.
 
 One decoding path serves both model families: every strategy only uses
 ``model.start_decoding(src_tokens) -> state``, ``model.decode_step(tokens, state) -> logits`` and
-``state.reorder(index)`` (see :mod:`transformer.models.state`). The encoder (or the decoder-only
+``state.reorder(index, host_index)`` (see :mod:`transformer.models.state`; ``host_index`` is the
+same indices on the host, which the searches always know, so a state never reads them back). The encoder (or the decoder-only
 source prefix) runs once per batch; cached self- and cross-attention keys/values follow the beams
 through ``state.reorder``.
 
@@ -14,7 +15,12 @@ Where things are:
   constraints applied at each step, and the conventions all strategies share.
 * :mod:`transformer.generation.sampling`: :func:`greedy_search`, :func:`sample`,
   :func:`top_k_top_p_filter`.
-* :mod:`transformer.generation.beam`: :func:`beam_search`.
+* :mod:`transformer.generation.beam`: :func:`beam_search`; :mod:`transformer.generation.finished`
+  its finished hypotheses, kept on the device.
+
+Host reads: one per step (greedy: which rows ended or met non-finite output; beam: the same for
+sentences, with each new beam's parent), and once or twice per search (beam: the longest length;
+both: the hypotheses at the end); sampling also reads the non-finite rows before it draws.
 
 The names are re-exported here and from :mod:`transformer.generation`.
 """
