@@ -33,11 +33,16 @@ UPDATE_SYNCS_ALLOWED = {
     ("transformer/modules/moe.py", "for e, rows in enumerate(x.split(counts.tolist())):"),
 }
 """Host syncs a training update that neither logs, validates nor saves may still make: (file, source line)."""
-DECODE_SYNCS_PER_STEP = {"greedy": 16.0, "beam": 33.5}
-"""The most host reads per decoding step (per generated token) any decoding case makes today, each
-scalar of a ``tolist`` counted (beam 2, two steps: the per-search reads are spread over few steps).
-A ceiling against regressions, not issue 44's target (at most one check per step), which the
-searches in ``transformer/generation`` do not meet yet."""
+DECODE_SYNCS_PER_STEP = {"greedy": 8.0, "beam": 8.5}
+"""The most host reads per decoding step (per generated token) any decoding case makes, all of them
+counted, per-search ones included (beam 2, two steps: those weigh half a read each). Before issue 44
+item 4: greedy 16, beam 33.5. What remains above the searches' own reads is the model's: a
+mixture of experts' eager expert loop (``transformer/modules/moe.py``, as in training) in every
+step, and the decoder-only model's padding check once per search."""
+SEARCH_READS = {"greedy": 1, "beam": 2}
+"""The searches' own host reads (lines of ``transformer/generation``), beyond one per step: greedy
+reads every finished row once at the end; beam search reads the longest ``max_len`` at the start
+and the finished hypotheses at the end."""
 
 
 @pytest.fixture(scope="module")
@@ -181,17 +186,23 @@ def test_a_training_update_reads_nothing_on_the_host(results: dict[str, Any], al
 
 
 def test_decoding_host_syncs_per_generated_token_are_reported(results: dict[str, Any], all_cases: list[Case]) -> None:
-    """Greedy and beam search on the fake GPU: the host reads per ``decode_step`` call, for every
-    decoding case, at most :data:`DECODE_SYNCS_PER_STEP` (the table is the failure message)."""
+    """Greedy and beam search on the fake GPU, for every decoding case: the searches read the host
+    once per step (issue 44 item 4: one packed status read) plus :data:`SEARCH_READS` per search, and
+    all host reads per ``decode_step`` call stay within :data:`DECODE_SYNCS_PER_STEP` (the table,
+    with the reads made between the first and the last step per step, is the failure message)."""
     rows, over = [], []
     for case in all_cases:
         for precision in case.decoding:
             run = results[case.name]["runs"][precision]
             for strategy, ceiling in DECODE_SYNCS_PER_STEP.items():
                 steps = run["decode_steps"][strategy]
-                assert steps > 0, (case.name, precision, strategy)
-                per_step = sum(run["syncs"].get(strategy, {}).values()) / steps
-                rows.append(f"{case.name} [{precision}] {strategy}: {per_step:.1f} per step over {steps} steps")
-                if per_step > ceiling:
+                assert steps > 1, (case.name, precision, strategy)
+                syncs = run["syncs"].get(strategy, {})
+                per_step = sum(syncs.values()) / steps
+                own = sum(n for key, n in syncs.items() if parse_sync(key)[1].startswith("transformer/generation/"))
+                loop = run["decode_syncs"][strategy]["per_step"]
+                rows.append(f"{case.name} [{precision}] {strategy}: {per_step:.1f} per step over {steps} steps "
+                            f"({loop:.1f} per step between the first and the last; the search's own {own})")
+                if per_step > ceiling or own > steps + SEARCH_READS[strategy]:
                     over.append(rows[-1])
     assert rows and not over, "host syncs per decoding step above the ceiling:\n" + "\n".join(rows)

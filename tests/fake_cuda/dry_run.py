@@ -344,16 +344,22 @@ def decode_valid(fc: FakeCuda, trainer: Trainer, data: TranslationData, result: 
     model = trainer.model
     for strategy in ("greedy", "beam"):
         fc.phase(strategy)
+        fc.host.calls.clear()  # the answers to a search's reads count from its start
         gen = GenerationConfig(strategy=strategy, beam_size=2, max_len_a=0.0, max_len_b=1)
-        steps = [0]
+        marks: list[int] = []  # host syncs recorded so far, at each decode_step call
 
         def counted(*args: Any, _step: Any = type(model).decode_step, **kwargs: Any) -> Any:
-            steps[0] += 1
+            marks.append(len(fc.host.syncs))
             return _step(model, *args, **kwargs)
 
+        start = len(fc.host.syncs)
         with mock.patch.object(model, "decode_step", counted):
             hyps = translate_sentences(model, src, gen, trainer.device)
-        result.setdefault("decode_steps", {})[strategy] = steps[0]  # decode_step calls (one per generated token)
+        result.setdefault("decode_steps", {})[strategy] = len(marks)  # decode_step calls (one per generated token)
+        # the loop's reads: those between the first decode_step call and the last, per step in between
+        per_step = (marks[-1] - marks[0]) / (len(marks) - 1) if len(marks) > 1 else float("nan")
+        result.setdefault("decode_syncs", {})[strategy] = {
+            "per_step": per_step, "per_search": len(fc.host.syncs) - start - per_step * len(marks)}
         if len(hyps) != len(src) or not all(hyps):
             result["problems"].append(f"{strategy}: {sum(map(bool, hyps))} of {len(src)} sentences got a hypothesis")
     placement(result, module_tensors(trainer.model), fc, "after decoding")

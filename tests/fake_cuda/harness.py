@@ -59,15 +59,12 @@ aten = torch.ops.aten
 ANSWERS: dict[tuple[str, str], list[Any]] = {
     # training: no update diverged (DivergenceWatch's one read: update 0 = none)
     ("check", "update, is_loss, value = self.found.tolist()"): [0.0],
-    # decoding: the model's logits are finite; greedy rows finish at the second step, all at once
-    ("_greedy_or_sample", "if bool(bad.any()):  # a diverged model: these rows end without a hypothesis"): [False],
-    ("_greedy_or_sample", "if bool(done.any()):"): [False, True],
-    ("_greedy_or_sample", "keep = (~done).nonzero().squeeze(1)"): ["none"],
-    # beam search: finite logits; after the first step one sentence is done and one goes on
-    ("_beam_search", "if bool(bad.any()):  # a diverged model: those beams die (NaN scores would never end the search)"): [False],
-    ("_beam_search", "if bool(done.all()) or step >= last_step:"): [False],
-    ("_beam_search", "if bool(done.any()):"): [True],
-    ("_beam_search", "keep = (~done).nonzero().squeeze(1)  # (n',)"): [1],
+    # decoding (the answers count from the start of each search, see dry_run.decode_valid): greedy's
+    # one read per step (rows ended, rows with non-finite logits): none at the first step, all
+    # rows at the second (where EOS is forced); beam search's (done sentences, dying beams,
+    # parents) is zeros: nothing ends before the length bound, which the host knows
+    ("_greedy_or_sample", "status = torch.stack((nxt.eq(eos) & ~bad, bad)).cpu()  # (2, rows): the step's one host read"):
+        [[[False], [False]], [[True], [False]]],
 }
 DEFAULTS = {torch.bool: True, "int": 0, "float": 1.0, "rows": "all"}
 _PRIM_DEVICE = torch.ops.prim.device.default
@@ -232,6 +229,10 @@ class HostSide(TorchDispatchMode):
                 self.fed[id(a)] = (a, f"{func.overloadpacket.__name__} at {(project_frame() or ('<torch>',))[0]}")
         if func.overloadpacket is aten.to and not fake:  # under inference_mode `to` arrives whole, and
             func, args, kwargs = _as_to_copy(func, args, kwargs)  # FakeTensorMode keeps only _to_copy off the device
+        if func.overloadpacket is aten.to and fake and func is not aten.to.other:  # a copy to the host (`.cpu()`) too
+            _, copy_args, copy_kwargs = _as_to_copy(func, args, kwargs)
+            if copy_kwargs.get("device") is not None and torch.device(copy_kwargs["device"]).type == "cpu":
+                return self._read_tensor(copy_args[0], copy_kwargs)
         if func in (aten._local_scalar_dense.default, aten.is_nonzero.default, aten.item.default):
             return self._read_scalar(func, args[0])
         if func is aten._to_copy.default and fake and device is not None and torch.device(device).type == "cpu":
@@ -256,12 +257,17 @@ class HostSide(TorchDispatchMode):
         return self._answer(f"item ({t.dtype})", DEFAULTS[kind])
 
     def _read_tensor(self, t: Tensor, kwargs: dict) -> Tensor:
-        """A copy of a fake tensor to the host: its planned values, else zeros."""
+        """A copy of a fake tensor to the host: its planned values, else the answer (a nested list
+        broadcast to the tensor's shape, e.g. ``[[True], [False]]`` for ``(2, rows)``), else zeros."""
         plan = self._plan(t)
-        self._answer("to_cpu", "zeros" if plan is None else "values")
+        answer = self._answer("to_cpu", "zeros" if plan is None else "values")
         with unset_fake_temporarily():
             dtype = kwargs.get("dtype") or t.dtype
-            return torch.zeros(t.shape, dtype=dtype) if plan is None else plan.to(dtype, copy=True)
+            if plan is not None:
+                return plan.to(dtype, copy=True)
+            if isinstance(answer, list):
+                return torch.tensor(answer, dtype=dtype).expand(t.shape).clone()
+            return torch.zeros(t.shape, dtype=dtype)
 
     def _synthetic_mask(self, mask: Tensor, name: str) -> Tensor:
         """Host values for a boolean tensor the model computed: the first ``rows`` elements true
