@@ -47,7 +47,7 @@ HOST_FACTORIES: dict[tuple[str, str], str] = {
     ("interop/hf_marian.py", "marian_state"): "an export, on the host",
     ("interop/hf_marian.py", "marian_state.linear"): "an export, on the host",
     ("interop/hf_moe_import.py", "_half_split"): "an export, on the host",
-    ("modules/moe.py", "TopKRouter.__init__"): "a buffer made at construction, moved with the module",
+    ("modules/moe_router.py", "TopKRouter.__init__"): "a buffer made at construction, moved with the module",
     ("modules/moe.py", "GroupedExperts.__init__"): "parameters made at construction, moved with the module",
     ("modules/positions.py", "LearnedPositionalEmbedding.__init__"): "a parameter made at construction, moved with the module",
     ("modules/positions.py", "sinusoidal_table"): "an fp32 table made at construction: PositionEncoding._fp32 "

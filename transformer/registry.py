@@ -91,7 +91,7 @@ from transformer.config import ConfigError, register_option_config
 from transformer.config.options import LR_SCHEDULERS, store_plugin_option
 from transformer.modules.attention import ATTENTION_KINDS, AttentionKind
 from transformer.modules.ffn import FFNS, FFNChoice
-from transformer.modules.moe import ROUTER_SCORES, RouterScoring
+from transformer.modules.moe_router import ROUTER_SCORES, RouterScoring
 from transformer.modules.norms import NORMS
 from transformer.modules.positions import POSITIONS, PositionEncoding
 from transformer.modules.rope_scaling import ROPE_SCALINGS

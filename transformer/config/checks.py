@@ -16,7 +16,7 @@ from transformer.config.schema import ConfigError
 from transformer.config.sizes import model_sizes
 from transformer.modules.attention import ATTENTION_KINDS
 from transformer.modules.ffn import FFNS
-from transformer.modules.moe import ROUTER_SCORES
+from transformer.modules.moe_router import ROUTER_SCORES
 from transformer.modules.norms import NORMS
 from transformer.modules.positions import POSITIONS
 from transformer.modules.residual import RESIDUALS

@@ -2,7 +2,7 @@
 
 Each switch has one table beside the classes it names: ``NORMS`` (norms.py), ``FFNS`` (ffn.py; its
 ``moe`` entry is :class:`~transformer.modules.moe.MixtureOfExperts`, whose router scores are
-``ROUTER_SCORES`` in moe.py, its losses in moe_losses.py), ``POSITIONS`` (positions.py),
+``ROUTER_SCORES`` in moe_router.py, its losses in moe_losses.py), ``POSITIONS`` (positions.py),
 ``ROPE_SCALINGS`` (rope_scaling.py), ``RESIDUALS`` (residual.py) and ``ATTENTION_KINDS``
 (attention.py; multi-head latent attention in mla.py). The KV cache (a rolling buffer for
 sliding-window layers), the mask builder and :class:`AttentionInputs` live in attention_core.py.
@@ -27,8 +27,9 @@ from transformer.modules.attention import (
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.ffn import FFNS, FeedForward, GatedFeedForward, glu_hidden_size
 from transformer.modules.layers import TransformerLayer, TransformerStack
-from transformer.modules.moe import ROUTER_SCORES, GroupedExperts, MixtureOfExperts, TopKRouter
+from transformer.modules.moe import GroupedExperts, MixtureOfExperts
 from transformer.modules.moe_losses import router_losses
+from transformer.modules.moe_router import ROUTER_SCORES, TopKRouter
 from transformer.modules.norms import NORMS, RMSNorm
 from transformer.modules.positions import (
     POSITIONS,
