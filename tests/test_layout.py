@@ -1,13 +1,17 @@
 """The repository's layout: small files (no Python file in ``transformer/`` or ``benchmarks/`` is
 longer than :data:`MAX_LINES` lines, docs/contributing.md, "How the code is laid out"; a longer one
 is split along a seam of what it does), and every test file that the pages, the code and the
-scripts name exists."""
+scripts name exists.
+
+The limit counts lines as ``ruff format`` (line length 120) lays them out: the formatter puts a long
+call's arguments one per line, so the same code takes more lines than hand-wrapped code did (420
+before the formatter; 500 after it: the files that stood near 420 come out near 500)."""
 
 import re
 
 from tests.conftest import REPO_ROOT
 
-MAX_LINES = 420
+MAX_LINES = 500  # lines in the formatter's layout (ruff format writes long calls vertically)
 FOLDERS = ("transformer", "benchmarks")
 
 
