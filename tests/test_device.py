@@ -36,6 +36,13 @@ FACTORIES = {
 """``torch.<name>(...)`` calls that make a tensor (or a generator) on the default device unless given ``device=``."""
 
 HOST_FACTORIES: dict[tuple[str, str], str] = {
+    ("generation/beam.py", "_beam_search"): "length penalties and parent rows made on the host from host values, then "
+                                            "copied to the device without waiting (one read a step)",
+    ("generation/common.py", "to_device"): "host ints to a device tensor: made on the host, copied non_blocking",
+    ("models/state.py", "DecodingState._reorder_sources"): "the rows to keep, from the host's index copy, then "
+                                                           "copied to the index's device non_blocking",
+    ("modules/rope_scaling.py", "rope_inv_freq"): "the RoPE frequency table, built at construction and moved "
+                                                  "with the module (a plugin's from_sizes returns host values)",
     ("data/batching.py", "TokenBatchSampler._epoch"): "the data order, drawn on the host",
     ("data/collate.py", "pad_sequences"): "batches are built on the host, then Batch.to(device)",
     ("data/collate.py", "_ids_tensor"): "batches are built on the host, then Batch.to(device)",
