@@ -40,15 +40,21 @@ def markdown(rows: list[dict], names: tuple[str, str]) -> str:
     for pair in sorted({r["pair"] for r in rows}):
         a, b = (next(r for r in rows if r["pair"] == pair and r["side"] == s) for s in ("A", "B"))
         ratios.append(b["tok_s"] / a["tok_s"])
-        lines.append(f"| {pair + 1} | {a['tok_s']:,.0f} | {b['tok_s']:,.0f} | {ratios[-1]:.3f} | "
-                     f"{a['rss_mb']:,.0f} | {b['rss_mb']:,.0f} |")
+        lines.append(
+            f"| {pair + 1} | {a['tok_s']:,.0f} | {b['tok_s']:,.0f} | {ratios[-1]:.3f} | "
+            f"{a['rss_mb']:,.0f} | {b['rss_mb']:,.0f} |"
+        )
     med = {s: statistics.median(r["tok_s"] for r in rows if r["side"] == s) for s in ("A", "B")}
     rss = {s: statistics.median(r["rss_mb"] for r in rows if r["side"] == s) for s in ("A", "B")}
-    lines.append(f"| median | {med['A']:,.0f} | {med['B']:,.0f} | {statistics.median(ratios):.3f} | "
-                 f"{rss['A']:,.0f} | {rss['B']:,.0f} |")
+    lines.append(
+        f"| median | {med['A']:,.0f} | {med['B']:,.0f} | {statistics.median(ratios):.3f} | "
+        f"{rss['A']:,.0f} | {rss['B']:,.0f} |"
+    )
     first = {s: next(r for r in rows if r["side"] == s) for s in ("A", "B")}
-    notes = [f"A = {names[0]} ({first['A']['precision']}, {first['A']['shapes']} batch shapes), "
-             f"B = {names[1]} ({first['B']['precision']}, {first['B']['shapes']} batch shapes); CPU {first['A']['cpu']}."]
+    notes = [
+        f"A = {names[0]} ({first['A']['precision']}, {first['A']['shapes']} batch shapes), "
+        f"B = {names[1]} ({first['B']['precision']}, {first['B']['shapes']} batch shapes); CPU {first['A']['cpu']}."
+    ]
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
 
 

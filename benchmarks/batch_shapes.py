@@ -31,8 +31,13 @@ if str(ROOT) not in sys.path:
 
 from transformer.io import atomic_write_text  # noqa: E402
 
-FIXED = ["train.max_time=0", "train.validate_every=100000", "train.valid_bleu=false", "data.test_splits=[]",
-         "train.progress=false"]
+FIXED = [
+    "train.max_time=0",
+    "train.validate_every=100000",
+    "train.valid_bleu=false",
+    "data.test_splits=[]",
+    "train.progress=false",
+]
 
 
 def run_once(variant: str, updates: int, data_root: str, workdir: Path, root: Path = ROOT) -> dict:
@@ -40,31 +45,50 @@ def run_once(variant: str, updates: int, data_root: str, workdir: Path, root: Pa
     (its ``scripts/train.py`` and its ``transformer`` package, ahead of any installed one); its
     measurements."""
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
-    cmd = ["/usr/bin/time", "-f", "maxrss_kb=%M", sys.executable, str(root / "scripts" / "train.py"),
-           f"train.max_updates={updates}", *FIXED, *variant.split(), f"hydra.run.dir={run_dir}"]
+    cmd = [
+        "/usr/bin/time",
+        "-f",
+        "maxrss_kb=%M",
+        sys.executable,
+        str(root / "scripts" / "train.py"),
+        f"train.max_updates={updates}",
+        *FIXED,
+        *variant.split(),
+        f"hydra.run.dir={run_dir}",
+    ]
     env = {**os.environ, "TRANSFORMER_DATA_DIR": data_root, "PYTHONPATH": str(root)}
     out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{variant}: exit {out.returncode}: {out.stderr[-2000:]}")
     results = json.loads((run_dir / "results.json").read_text())
     shapes = re.search(r"batches: (\d+) distinct", out.stderr)
-    return {"variant": variant, "tok_s": results["train_tokens_per_s"], "updates": results["updates"],
-            "rss_mb": int(re.search(r"maxrss_kb=(\d+)", out.stderr).group(1)) / 1024,
-            "peak_memory_mb": results.get("peak_memory_mb"), "shapes": int(shapes.group(1)) if shapes else None,
-            "precision": results.get("precision"), "cpu": (results.get("hardware") or {}).get("cpu_capability")}
+    return {
+        "variant": variant,
+        "tok_s": results["train_tokens_per_s"],
+        "updates": results["updates"],
+        "rss_mb": int(re.search(r"maxrss_kb=(\d+)", out.stderr).group(1)) / 1024,
+        "peak_memory_mb": results.get("peak_memory_mb"),
+        "shapes": int(shapes.group(1)) if shapes else None,
+        "precision": results.get("precision"),
+        "cpu": (results.get("hardware") or {}).get("cpu_capability"),
+    }
 
 
 def markdown(rows: list[dict], variants: list[str]) -> str:
     """The table: per variant the median tok/s and RSS, the rounds, and the ratio to the first."""
     base = statistics.median(r["tok_s"] for r in rows if r["variant"] == variants[0])
-    lines = ["| variant | batch shapes | tok/s (median) | rounds | ratio to first | max RSS MB (median) | precision |",
-             "|---|---:|---:|---|---:|---:|---|"]
+    lines = [
+        "| variant | batch shapes | tok/s (median) | rounds | ratio to first | max RSS MB (median) | precision |",
+        "|---|---:|---:|---|---:|---:|---|",
+    ]
     for v in variants:
         mine = [r for r in rows if r["variant"] == v]
         med = statistics.median(r["tok_s"] for r in mine)
         rounds = " / ".join(format(r["tok_s"], ",.0f") for r in mine)
-        lines.append(f"| `{v}` | {mine[0]['shapes']} | {med:,.0f} | {rounds} | "
-                     f"{med / base:.3f} | {statistics.median(r['rss_mb'] for r in mine):,.0f} | {mine[0]['precision']} |")
+        lines.append(
+            f"| `{v}` | {mine[0]['shapes']} | {med:,.0f} | {rounds} | "
+            f"{med / base:.3f} | {statistics.median(r['rss_mb'] for r in mine):,.0f} | {mine[0]['precision']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -83,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             order = args.variants if r % 2 == 0 else list(reversed(args.variants))
             for v in order:
-                rows.append({**run_once(v, args.updates, args.data_root, Path(work), root=args.root.resolve()), "round": r})
+                rows.append(
+                    {**run_once(v, args.updates, args.data_root, Path(work), root=args.root.resolve()), "round": r}
+                )
                 print(json.dumps(rows[-1]), flush=True)
     table = markdown(rows, args.variants)
     print(table)

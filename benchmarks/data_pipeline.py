@@ -74,7 +74,9 @@ def make_synthetic_corpus(folder: Path, n_pairs: int, data_dir: Path, seed: int 
     sources = {"train": ["train"], "valid": ["val"], "test": ["test_2016_flickr", "test_2017_flickr"]}
     sizes = {"train": n_pairs, "valid": 3000, "test": 3003}
     for split, n in sizes.items():
-        lines = {lang: [x for s in sources[split] for x in read_lines(m30k / f"{s}.{lang}.gz")] for lang in ("en", "de")}
+        lines = {
+            lang: [x for s in sources[split] for x in read_lines(m30k / f"{s}.{lang}.gz")] for lang in ("en", "de")
+        }
         files = {lang: open(folder / f"{split}.{lang}", "w", encoding="utf-8") for lang in lines}
         for start in range(0, n, 200_000):
             k = min(200_000, n - start)
@@ -90,10 +92,19 @@ def make_synthetic_corpus(folder: Path, n_pairs: int, data_dir: Path, seed: int 
 
 def synthetic_overrides(corpus: Path, cache: Path, vocab_size: int, workers: int) -> list[str]:
     """The ``data.*`` overrides of the synthetic corpus (shared by preprocess and the probes)."""
-    return ["data=parallel_text", f"data.root={corpus}", "data.src_lang=en", "data.tgt_lang=de",
-            "data.train_prefix=train", "data.valid_prefix=valid", "data.test_prefix=test",
-            f"data.vocab_size={vocab_size}", f"data.cache_dir={cache}", f"data.preprocess_workers={workers}",
-            "data.name=synthetic"]
+    return [
+        "data=parallel_text",
+        f"data.root={corpus}",
+        "data.src_lang=en",
+        "data.tgt_lang=de",
+        "data.train_prefix=train",
+        "data.valid_prefix=valid",
+        "data.test_prefix=test",
+        f"data.vocab_size={vocab_size}",
+        f"data.cache_dir={cache}",
+        f"data.preprocess_workers={workers}",
+        "data.name=synthetic",
+    ]
 
 
 # ----------------------------------------------------------------------------- start-up probe
@@ -124,7 +135,9 @@ def probe(overrides: list[str], max_tokens: int, rank: int, world_size: int) -> 
     data = load_translation_data(cfg.data, log=None)
     t_load = time.perf_counter()
     train = data.splits["train"]
-    sampler = TokenBatchSampler(train.src_lengths, train.tgt_lengths, max_tokens, seed=1, rank=rank, world_size=world_size)
+    sampler = TokenBatchSampler(
+        train.src_lengths, train.tgt_lengths, max_tokens, seed=1, rank=rank, world_size=world_size
+    )
     sampler.set_epoch(1)
     batch = collate(train, next(iter(sampler)), "encoder_decoder")
     t_ready = time.perf_counter()
@@ -132,15 +145,33 @@ def probe(overrides: list[str], max_tokens: int, rank: int, world_size: int) -> 
     tokens = int(sum(ds.src_lengths.sum() + ds.tgt_lengths.sum() for ds in data.splits.values()))
 
     def report(phase: str, mem: dict[str, int], **extra: Any) -> None:
-        print(json.dumps({"phase": phase, "rank": rank, "data_rss_mb": round((mem["Rss"] - base["Rss"]) / 1024, 1),
-                          "data_pss_mb": round((mem["Pss"] - base["Pss"]) / 1024, 1),
-                          "data_anon_mb": round((mem["RssAnon"] - base["RssAnon"]) / 1024, 1),
-                          "rss_mb": round(mem["Rss"] / 1024, 1), **extra}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "phase": phase,
+                    "rank": rank,
+                    "data_rss_mb": round((mem["Rss"] - base["Rss"]) / 1024, 1),
+                    "data_pss_mb": round((mem["Pss"] - base["Pss"]) / 1024, 1),
+                    "data_anon_mb": round((mem["RssAnon"] - base["RssAnon"]) / 1024, 1),
+                    "rss_mb": round(mem["Rss"] / 1024, 1),
+                    **extra,
+                }
+            ),
+            flush=True,
+        )
 
-    report("ready", ready, import_s=round(t_import - t_start, 2), load_s=round(t_load - t_import, 2),
-           sampler_and_batch_s=round(t_ready - t_load, 2), in_process_s=round(t_ready - t_start, 2),
-           batches_per_epoch=len(sampler), batch_shape=list(batch.net_input["src_tokens"].shape),
-           tokens=tokens, cache=data.stats["cache"])
+    report(
+        "ready",
+        ready,
+        import_s=round(t_import - t_start, 2),
+        load_s=round(t_load - t_import, 2),
+        sampler_and_batch_s=round(t_ready - t_load, 2),
+        in_process_s=round(t_ready - t_start, 2),
+        batches_per_epoch=len(sampler),
+        batch_shape=list(batch.net_input["src_tokens"].shape),
+        tokens=tokens,
+        cache=data.stats["cache"],
+    )
     checksum = 0
     for ds in data.splits.values():  # read every page of every token array once
         for seqs in (ds.src, ds.tgt):
@@ -158,10 +189,27 @@ def run_ranks(overrides: list[str], max_tokens: int, world_size: int) -> list[di
     procs, starts = [], []
     for rank in range(world_size):
         starts.append(time.perf_counter())
-        procs.append(subprocess.Popen(
-            [sys.executable, __file__, "--probe", json.dumps(overrides), "--max-tokens", str(max_tokens),
-             "--rank", str(rank), "--world-size", str(world_size)],
-            cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--probe",
+                    json.dumps(overrides),
+                    "--max-tokens",
+                    str(max_tokens),
+                    "--rank",
+                    str(rank),
+                    "--world-size",
+                    str(world_size),
+                ],
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
     reports: list[dict[str, Any]] = [{} for _ in procs]
     for rank, p in enumerate(procs):
         ready = json.loads(p.stdout.readline())
@@ -189,8 +237,11 @@ def synthetic(args: argparse.Namespace) -> dict[str, Any]:
         if cache.exists():
             shutil.rmtree(cache)
         gen = make_synthetic_corpus(corpus, args.synthetic_pairs, Path(args.data_dir))
-        print(f"corpus            {args.synthetic_pairs:,} train pairs, {gen['bytes'] / MB:.0f} MB of text "
-              f"(generated in {gen['seconds']}s) in {corpus}", flush=True)
+        print(
+            f"corpus            {args.synthetic_pairs:,} train pairs, {gen['bytes'] / MB:.0f} MB of text "
+            f"(generated in {gen['seconds']}s) in {corpus}",
+            flush=True,
+        )
         overrides = synthetic_overrides(corpus, cache, args.vocab_size, args.workers)
         cmd = [sys.executable, "scripts/preprocess.py", *overrides]
         first = run_monitored(cmd)
@@ -201,28 +252,50 @@ def synthetic(args: argparse.Namespace) -> dict[str, Any]:
         train_manifest = json.loads((folder / manifest["splits"]["train"] / "manifest.json").read_text())
         counts = train_manifest["counts"]
         pre = {k: first[k] for k in ("wall_s", "peak_tree_rss_mb", "peak_tree_pss_mb", "peak_main_rss_mb", "processes")}
-        print(f"preprocess        {pre['wall_s']:.1f} s wall, peak memory {pre['peak_tree_pss_mb']:.0f} MB PSS / "
-              f"{pre['peak_tree_rss_mb']:.0f} MB RSS (process tree of {pre['processes']}), main process "
-              f"{pre['peak_main_rss_mb']:.0f} MB; {disk / MB:.0f} MB on disk; second run (cache hit) {second['wall_s']:.1f} s")
-        print(f"train tokens      {counts['src_tokens']:,} + {counts['tgt_tokens']:,} "
-              f"({(counts['src_tokens'] + counts['tgt_tokens']) / counts['pairs']:.1f} per pair), "
-              f"dtype {train_manifest['files']['src.bin']['dtype']}", flush=True)
+        print(
+            f"preprocess        {pre['wall_s']:.1f} s wall, peak memory {pre['peak_tree_pss_mb']:.0f} MB PSS / "
+            f"{pre['peak_tree_rss_mb']:.0f} MB RSS (process tree of {pre['processes']}), main process "
+            f"{pre['peak_main_rss_mb']:.0f} MB; {disk / MB:.0f} MB on disk; second run (cache hit) {second['wall_s']:.1f} s"
+        )
+        print(
+            f"train tokens      {counts['src_tokens']:,} + {counts['tgt_tokens']:,} "
+            f"({(counts['src_tokens'] + counts['tgt_tokens']) / counts['pairs']:.1f} per pair), "
+            f"dtype {train_manifest['files']['src.bin']['dtype']}",
+            flush=True,
+        )
         startup = {}
-        for label, extra, ranks in (("cache", [], 1), ("binarized", [f"data.binarized={folder}"], 1),
-                                    ("binarized", [f"data.binarized={folder}"], 2)):
+        for label, extra, ranks in (
+            ("cache", [], 1),
+            ("binarized", [f"data.binarized={folder}"], 1),
+            ("binarized", [f"data.binarized={folder}"], 2),
+        ):
             reports = run_ranks(overrides + extra, args.max_tokens, ranks)
             startup[f"{label}_{ranks}rank"] = reports
             for r in reports:
                 ready, touched, measured = r["ready"], r["touched"], r["measured"]
-                print(f"start-up {label:<9} rank {ready['rank']}/{ranks}: {ready['startup_s']:.1f} s to the first batch "
-                      f"(import {ready['import_s']}s, load {ready['load_s']}s, sampler+batch {ready['sampler_and_batch_s']}s); "
-                      f"data RSS {ready['data_rss_mb']:.0f} MB at start, {touched['data_rss_mb']:.0f} MB with every token "
-                      f"page read ({measured['bytes_per_token']} B/token), PSS {measured['data_pss_mb']:.0f} MB", flush=True)
-        return {"synthetic_pairs": args.synthetic_pairs, "vocab_size": args.vocab_size, "workers": args.workers,
-                "cpus": len(os.sched_getaffinity(0)), "corpus": gen, "preprocess": pre,
-                "preprocess_cache_hit_s": second["wall_s"], "disk_mb": round(disk / MB, 1), "train_counts": counts,
-                "train_dtype": train_manifest["files"]["src.bin"]["dtype"], "startup": startup,
-                "max_tokens": args.max_tokens, "date": time.strftime("%Y-%m-%d"), "commit": _commit()}
+                print(
+                    f"start-up {label:<9} rank {ready['rank']}/{ranks}: {ready['startup_s']:.1f} s to the first batch "
+                    f"(import {ready['import_s']}s, load {ready['load_s']}s, sampler+batch {ready['sampler_and_batch_s']}s); "
+                    f"data RSS {ready['data_rss_mb']:.0f} MB at start, {touched['data_rss_mb']:.0f} MB with every token "
+                    f"page read ({measured['bytes_per_token']} B/token), PSS {measured['data_pss_mb']:.0f} MB",
+                    flush=True,
+                )
+        return {
+            "synthetic_pairs": args.synthetic_pairs,
+            "vocab_size": args.vocab_size,
+            "workers": args.workers,
+            "cpus": len(os.sched_getaffinity(0)),
+            "corpus": gen,
+            "preprocess": pre,
+            "preprocess_cache_hit_s": second["wall_s"],
+            "disk_mb": round(disk / MB, 1),
+            "train_counts": counts,
+            "train_dtype": train_manifest["files"]["src.bin"]["dtype"],
+            "startup": startup,
+            "max_tokens": args.max_tokens,
+            "date": time.strftime("%Y-%m-%d"),
+            "commit": _commit(),
+        }
     finally:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
@@ -244,12 +317,22 @@ def padding_figures(train, max_tokens: int, arch: str) -> dict[str, float]:
     t = time.perf_counter()
     for b in batches:
         batch = collate(train, b, arch)
-        tensors = [batch.net_input["src_tokens"], batch.net_input["prev_output_tokens"]] if arch == "encoder_decoder" else [batch.net_input["tokens"]]
+        tensors = (
+            [batch.net_input["src_tokens"], batch.net_input["prev_output_tokens"]]
+            if arch == "encoder_decoder"
+            else [batch.net_input["tokens"]]
+        )
         t_real += sum(int(x.ne(0).sum()) for x in tensors)
         t_all += sum(x.numel() for x in tensors)
-    return {"batches": len(batches), "sentences_per_batch": len(train) / len(batches), "tokens_per_batch": cost / len(batches),
-            "padding_cost_model": 1 - real / cost, "padding_tensors": 1 - t_real / t_all, "epoch_build_s": build,
-            "collate_epoch_s": time.perf_counter() - t}
+    return {
+        "batches": len(batches),
+        "sentences_per_batch": len(train) / len(batches),
+        "tokens_per_batch": cost / len(batches),
+        "padding_cost_model": 1 - real / cost,
+        "padding_tensors": 1 - t_real / t_all,
+        "epoch_build_s": build,
+        "collate_epoch_s": time.perf_counter() - t,
+    }
 
 
 def multi30k(args: argparse.Namespace) -> dict[str, Any]:
@@ -259,7 +342,9 @@ def multi30k(args: argparse.Namespace) -> dict[str, Any]:
     from transformer.config import DataConfig
     from transformer.data import load_translation_data
 
-    cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(REPO / "configs" / "data" / f"{args.config}.yaml"))
+    cfg = OmegaConf.merge(
+        OmegaConf.structured(DataConfig), OmegaConf.load(REPO / "configs" / "data" / f"{args.config}.yaml")
+    )
     cfg.root = args.data_dir
     cfg.preprocess_workers = args.workers
     if args.vocab_size:
@@ -278,19 +363,25 @@ def multi30k(args: argparse.Namespace) -> dict[str, Any]:
         n_src, n_tgt = int(train.src_lengths.sum()), int(train.tgt_lengths.sum())
         print(f"corpus            {cfg.name} ({cfg.corpus} {cfg.src_lang}->{cfg.tgt_lang}), root {cfg.root}")
         print("splits            " + ", ".join(f"{k} {v}" for k, v in data.stats["sizes"].items()))
-        print(f"vocabulary        {cfg.spm_model_type}, {len(data.src_tokenizer)} pieces, {'joint' if data.joint_vocab else 'separate'}")
-        print(f"train pieces      src {n_src} ({n_src / len(train):.1f}/sent), tgt {n_tgt} ({n_tgt / len(train):.1f}/sent)")
+        print(
+            f"vocabulary        {cfg.spm_model_type}, {len(data.src_tokenizer)} pieces, {'joint' if data.joint_vocab else 'separate'}"
+        )
+        print(
+            f"train pieces      src {n_src} ({n_src / len(train):.1f}/sent), tgt {n_tgt} ({n_tgt / len(train):.1f}/sent)"
+        )
         print(f"from scratch      {scratch:.2f} s  (train SentencePiece + binarize all splits)")
         print(f"from cache        {warm:.2f} s  (hash inputs + map the binarized splits)")
         out: dict[str, Any] = {"scratch_s": scratch, "cache_s": warm}
         for arch in ("encoder_decoder", "decoder_only"):
             f = padding_figures(train, args.max_tokens, arch)
             out[arch] = f
-            print(f"{arch:<17} max_tokens {args.max_tokens}: {f['batches']} batches/epoch, "
-                  f"{f['sentences_per_batch']:.1f} sent/batch, {f['tokens_per_batch']:.0f} padded tokens/batch, "
-                  f"padding {100 * f['padding_cost_model']:.2f}% (cost model), "
-                  f"{100 * f['padding_tensors']:.2f}% (tensors); epoch order {f['epoch_build_s'] * 1000:.0f} ms, "
-                  f"collate epoch {f['collate_epoch_s']:.2f} s")
+            print(
+                f"{arch:<17} max_tokens {args.max_tokens}: {f['batches']} batches/epoch, "
+                f"{f['sentences_per_batch']:.1f} sent/batch, {f['tokens_per_batch']:.0f} padded tokens/batch, "
+                f"padding {100 * f['padding_cost_model']:.2f}% (cost model), "
+                f"{100 * f['padding_tensors']:.2f}% (tensors); epoch order {f['epoch_build_s'] * 1000:.0f} ms, "
+                f"collate epoch {f['collate_epoch_s']:.2f} s"
+            )
         return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -302,7 +393,9 @@ TARGETS = "Targets at 4.5M pairs on 2 cores: preprocess <= 300 s with peak memor
 def render_markdown(folder: Path) -> str:
     """A table of every ``data_pipeline_*.json`` (synthetic mode) in ``folder``."""
     rows = []
-    for path in sorted(folder.glob("data_pipeline_*.json"), key=lambda p: json.loads(p.read_text()).get("synthetic_pairs", 0)):
+    for path in sorted(
+        folder.glob("data_pipeline_*.json"), key=lambda p: json.loads(p.read_text()).get("synthetic_pairs", 0)
+    ):
         r = json.loads(path.read_text())
         if "synthetic_pairs" not in r:
             continue
@@ -316,21 +409,28 @@ def render_markdown(folder: Path) -> str:
             f"{r['disk_mb']:,.0f} MB | {r['preprocess_cache_hit_s']:.1f} s | "
             f"{cache['ready']['startup_s']:.1f} s / {one['ready']['startup_s']:.1f} s | "
             f"{one['ready']['data_rss_mb']:,.0f} MB -> {one['touched']['data_rss_mb']:,.0f} MB ({one['measured']['bytes_per_token']} B/token) | "
-            f"{pss_two} MB | {r['date']}, `{r['commit']}` |")
-    return "\n".join([
-        "# Data pipeline at WMT scale (generated by `benchmarks/data_pipeline.py --synthetic-pairs N --out ...`)",
-        "",
-        "Synthetic corpus: real Multi30k pairs concatenated two at a time (WMT-like lengths), joint BPE,",
-        f"`scripts/preprocess.py` with one encoding worker per CPU. {TARGETS}.",
-        "",
-        "| train pairs | train tokens | preprocess wall | preprocess peak PSS / RSS (tree) | on disk | cache hit | start-up cache / binarized | data RSS per rank: start -> all pages read | data PSS, 2 ranks | measured |",
-        "|---:|---:|---:|---|---:|---:|---|---|---|---|",
-        *rows, ""])
+            f"{pss_two} MB | {r['date']}, `{r['commit']}` |"
+        )
+    return "\n".join(
+        [
+            "# Data pipeline at WMT scale (generated by `benchmarks/data_pipeline.py --synthetic-pairs N --out ...`)",
+            "",
+            "Synthetic corpus: real Multi30k pairs concatenated two at a time (WMT-like lengths), joint BPE,",
+            f"`scripts/preprocess.py` with one encoding worker per CPU. {TARGETS}.",
+            "",
+            "| train pairs | train tokens | preprocess wall | preprocess peak PSS / RSS (tree) | on disk | cache hit | start-up cache / binarized | data RSS per rank: start -> all pages read | data PSS, 2 ranks | measured |",
+            "|---:|---:|---:|---|---:|---:|---|---|---|---|",
+            *rows,
+            "",
+        ]
+    )
 
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         return ""
 
@@ -340,11 +440,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="multi30k_en_de", help="a configs/data/*.yaml name (Multi30k mode)")
     ap.add_argument("--data-dir", default=os.environ.get("TRANSFORMER_DATA_DIR", str(REPO.parent / "shared" / "data")))
-    ap.add_argument("--synthetic-pairs", type=int, default=0, help="N > 0: the synthetic WMT-size mode with N training pairs")
+    ap.add_argument(
+        "--synthetic-pairs", type=int, default=0, help="N > 0: the synthetic WMT-size mode with N training pairs"
+    )
     ap.add_argument("--vocab-size", type=int, default=None, help="default: the config's (Multi30k), 32000 (synthetic)")
     ap.add_argument("--workers", type=int, default=0, help="data.preprocess_workers (0 = one per CPU)")
     ap.add_argument("--max-tokens", type=int, default=4096)
-    ap.add_argument("--work-dir", default=None, help="synthetic mode: keep the corpus and cache here (default: a removed temp folder)")
+    ap.add_argument(
+        "--work-dir",
+        default=None,
+        help="synthetic mode: keep the corpus and cache here (default: a removed temp folder)",
+    )
     ap.add_argument("--out", default=None, help="write the figures as JSON")
     ap.add_argument("--probe", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)

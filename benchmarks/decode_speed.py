@@ -96,9 +96,17 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         src_lines, refs = src_lines[: args.limit], refs[: args.limit]
     src_ids = toks.src.encode_batch(src_lines)
     beam = args.beam if args.strategy == "beam" else 1
-    gen = GenerationConfig(strategy=args.strategy, beam_size=beam, length_penalty=args.lenpen,
-                           length_penalty_form="fairseq", max_len_a=0.0, max_len_b=args.max_len, min_len=1, nbest=1,
-                           max_tokens=args.max_tokens)
+    gen = GenerationConfig(
+        strategy=args.strategy,
+        beam_size=beam,
+        length_penalty=args.lenpen,
+        length_penalty_form="fairseq",
+        max_len_a=0.0,
+        max_len_b=args.max_len,
+        min_len=1,
+        nbest=1,
+        max_tokens=args.max_tokens,
+    )
     arch, eos = model.arch, model.eos_id
     hf = engine = None
     if args.system.startswith("hf"):
@@ -125,7 +133,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         return out
 
     def run_ct2(ids: list[list[int]]) -> list[list[int]]:
-        rows = ct2_translate(engine, ids, gen, toks.src, toks.tgt, arch, max_batch_tokens=max(1, args.max_tokens // beam))
+        rows = ct2_translate(
+            engine, ids, gen, toks.src, toks.tgt, arch, max_batch_tokens=max(1, args.max_tokens // beam)
+        )
         return [r if not r or r[-1] == eos else r + [eos] for r in rows]  # the EOS ours forces at the maximum
 
     def run_ours(ids: list[list[int]]) -> list[list[int]]:
@@ -145,11 +155,19 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     out_file.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     (out_file.with_suffix(".ids.json")).write_text(json.dumps(outputs))
     return {
-        "system": args.system, "strategy": args.strategy, "beam": beam, "sentences": len(src_ids),
-        "seconds": seconds, "sentences_per_s": len(src_ids) / seconds,
+        "system": args.system,
+        "strategy": args.strategy,
+        "beam": beam,
+        "sentences": len(src_ids),
+        "seconds": seconds,
+        "sentences_per_s": len(src_ids) / seconds,
         "tokens_per_s": sum(len(t) for t in outputs) / seconds,
-        "peak_mb": _peak_mb(device), "base_mb": base_mb, "hyp_file": str(out_file), "device": str(device),
-        "threads": args.threads, "compute_type": {"ct2": "float32", "ct2_int8": "int8"}.get(args.system),
+        "peak_mb": _peak_mb(device),
+        "base_mb": base_mb,
+        "hyp_file": str(out_file),
+        "device": str(device),
+        "threads": args.threads,
+        "compute_type": {"ct2": "float32", "ct2_int8": "int8"}.get(args.system),
     }
 
 
@@ -161,9 +179,18 @@ def ensure_checkpoint(args: argparse.Namespace) -> None:
     run = Path(args.run)
     if (run / "checkpoint_best.safetensors").is_file() or (run / "checkpoint_last.safetensors").is_file():
         return
-    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), f"run_dir={run}", "model=transformer_tiny",
-           f"train.max_time={args.train_seconds}", "train.validate_every=1000", "train.valid_bleu_subset=100",
-           f"train.num_threads={args.threads}", "train.progress=false", "data.test_splits=[test_2016_flickr]"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / "train.py"),
+        f"run_dir={run}",
+        "model=transformer_tiny",
+        f"train.max_time={args.train_seconds}",
+        "train.validate_every=1000",
+        "train.valid_bleu_subset=100",
+        f"train.num_threads={args.threads}",
+        "train.progress=false",
+        "data.test_splits=[test_2016_flickr]",
+    ]
     if args.data_root:
         cmd.append(f"data.root={args.data_root}")
     print(f"no checkpoint in {run}: training one ({args.train_seconds}s): {' '.join(cmd)}", file=sys.stderr)
@@ -183,8 +210,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument("--strategies", default="greedy,beam")
-    p.add_argument("--systems", default="ours,hf,hf_early,ct2,ct2_int8",
-                   help="ours, hf (early_stopping=never), hf_early, ct2 (CTranslate2 fp32), ct2_int8")
+    p.add_argument(
+        "--systems",
+        default="ours,hf,hf_early,ct2,ct2_int8",
+        help="ours, hf (early_stopping=never), hf_early, ct2 (CTranslate2 fp32), ct2_int8",
+    )
     p.add_argument("--train-seconds", type=int, default=600)
     p.add_argument("--out", default=None, help="JSON results (default: <run>/decode_speed.json)")
     p.add_argument("--workdir", default=None, help="hypothesis files (default: <run>/decode_speed)")
@@ -232,7 +262,8 @@ def main() -> None:
             if system == "hf_early" and strategy != "beam":
                 continue
             cmd = [sys.executable, __file__, "--worker", f"--system={system}", f"--strategy={strategy}"] + [
-                f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+                f"--{k.replace('_', '-')}={v}"
+                for k, v in vars(args).items()
                 if k not in ("worker", "system", "strategy", "strategies", "systems", "out") and v is not None
             ]
             res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -240,7 +271,7 @@ def main() -> None:
             if res.returncode != 0 or not line:
                 print(res.stdout[-2000:], res.stderr[-4000:], file=sys.stderr)
                 raise SystemExit(f"worker {system}/{strategy} failed")
-            r = json.loads(line[0][len("RESULT "):])
+            r = json.loads(line[0][len("RESULT ") :])
             print(f"  {system:9s} {strategy:6s} {r['sentences_per_s']:8.1f} sent/s  {r['peak_mb']:7.0f} MB", flush=True)
             results.append(r)
 
@@ -251,8 +282,11 @@ def main() -> None:
         cfg.data.root = args.data_root
     _, refs, _ = read_parallel(*resolve_split_files(cfg.data, args.split))
     refs = refs[: args.limit] if args.limit else refs
-    ours_ids = {r["strategy"]: json.loads(Path(r["hyp_file"]).with_suffix(".ids.json").read_text())
-                for r in results if r["system"] == "ours"}
+    ours_ids = {
+        r["strategy"]: json.loads(Path(r["hyp_file"]).with_suffix(".ids.json").read_text())
+        for r in results
+        if r["system"] == "ours"
+    }
     for r in results:
         hyps = Path(r["hyp_file"]).read_text(encoding="utf-8").splitlines()
         r["bleu"] = corpus_scores(hyps, refs)["bleu"]
@@ -261,20 +295,29 @@ def main() -> None:
         r["same_as_ours"] = None if mine is None else sum(a == b for a, b in zip(ids, mine)) / len(ids)
 
     dev = results[0]["device"]
-    print(f"\nDecoding {args.split} ({results[0]['sentences']} sentences) on {dev} with {args.threads} threads; "
-          f"model {cfg.model.n_encoder_layers}+{cfg.model.n_decoder_layers} layers, d_model {cfg.model.d_model}, "
-          f"vocab {len(toks.tgt)}; length penalty len^{args.lenpen}, max {args.max_len} tokens + EOS, "
-          f"max_tokens {args.max_tokens}\n")
+    print(
+        f"\nDecoding {args.split} ({results[0]['sentences']} sentences) on {dev} with {args.threads} threads; "
+        f"model {cfg.model.n_encoder_layers}+{cfg.model.n_decoder_layers} layers, d_model {cfg.model.d_model}, "
+        f"vocab {len(toks.tgt)}; length penalty len^{args.lenpen}, max {args.max_len} tokens + EOS, "
+        f"max_tokens {args.max_tokens}\n"
+    )
     head = f"| {'system':<28} | {'search':<7} | {'sent/s':>7} | {'tok/s':>7} | {'peak MB':>8} | {'BLEU':>6} | {'= ours':>6} |"
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
-    names = {"ours": "ours (KV cache)", "hf": "HF generate (never)", "hf_early": "HF generate (early_stop)",
-             "ct2": "CTranslate2 fp32", "ct2_int8": "CTranslate2 int8"}
+    names = {
+        "ours": "ours (KV cache)",
+        "hf": "HF generate (never)",
+        "hf_early": "HF generate (early_stop)",
+        "ct2": "CTranslate2 fp32",
+        "ct2_int8": "CTranslate2 int8",
+    }
     for r in results:
         same = "" if r["same_as_ours"] is None else f"{100 * r['same_as_ours']:.1f}%"
         search = "greedy" if r["strategy"] == "greedy" else f"beam {r['beam']}"
-        print(f"| {names[r['system']]:<28} | {search:<7} | {r['sentences_per_s']:7.1f} | {r['tokens_per_s']:7.0f} "
-              f"| {r['peak_mb']:8.0f} | {r['bleu']:6.2f} | {same:>6} |")
+        print(
+            f"| {names[r['system']]:<28} | {search:<7} | {r['sentences_per_s']:7.1f} | {r['tokens_per_s']:7.0f} "
+            f"| {r['peak_mb']:8.0f} | {r['bleu']:6.2f} | {same:>6} |"
+        )
     print()
     by = {(r["system"], r["strategy"]): r for r in results}
     for strategy in args.strategies.split(","):
@@ -282,16 +325,22 @@ def main() -> None:
         for system in ("hf", "hf_early", "ct2", "ct2_int8"):
             other = by.get((system, strategy))
             if ours and other:
-                print(f"speed-up ours / {names[system]} ({strategy}): "
-                      f"{ours['sentences_per_s'] / other['sentences_per_s']:.2f}x")
+                print(
+                    f"speed-up ours / {names[system]} ({strategy}): "
+                    f"{ours['sentences_per_s'] / other['sentences_per_s']:.2f}x"
+                )
     ours_beam, ct2_beam = by.get(("ours", "beam")), by.get(("ct2", "beam"))
     if ours_beam and ct2_beam:
         ratio = ours_beam["sentences_per_s"] / ct2_beam["sentences_per_s"]
-        print(f"goal (issue #15): ours >= 0.5x CTranslate2 fp32 at beam {args.beam}: {ratio:.2f}x, "
-              f"{'met' if ratio >= 0.5 else 'missed'}")
+        print(
+            f"goal (issue #15): ours >= 0.5x CTranslate2 fp32 at beam {args.beam}: {ratio:.2f}x, "
+            f"{'met' if ratio >= 0.5 else 'missed'}"
+        )
     if ("ours", "greedy") in by and ("ours", "beam") in by:
-        print(f"ours: greedy / beam {args.beam}: "
-              f"{by[('ours', 'greedy')]['sentences_per_s'] / by[('ours', 'beam')]['sentences_per_s']:.2f}x")
+        print(
+            f"ours: greedy / beam {args.beam}: "
+            f"{by[('ours', 'greedy')]['sentences_per_s'] / by[('ours', 'beam')]['sentences_per_s']:.2f}x"
+        )
     out = Path(args.out) if args.out else Path(args.run) / "decode_speed.json"
     out.write_text(json.dumps({"args": vars(args), "parity_max_abs_diff": diff, "results": results}, indent=2) + "\n")
     print(f"\nwrote {out}")

@@ -36,9 +36,15 @@ VARIANTS: list[tuple[str, list[str]]] = [
     ("GQA (2 KV heads, the preset)", []),
     ("MQA", ["model/attention=mqa"]),
     ("MLA (derived: kv_lora_rank 4 hd, rope hd/2)", ["model/attention=mla"]),
-    ("MLA (kv_lora_rank 2 hd, rope hd/4)", ["model/attention=mla", "model.attention.kv_lora_rank={2hd}", "model.attention.qk_rope_head_dim={q}"]),
+    (
+        "MLA (kv_lora_rank 2 hd, rope hd/4)",
+        ["model/attention=mla", "model.attention.kv_lora_rank={2hd}", "model.attention.qk_rope_head_dim={q}"],
+    ),
     ("GQA + window 1024 (Mistral: all layers)", ["model.attention_window=1024"]),
-    ("GQA + window 1024, every 6th layer global (Gemma 3)", ["model.attention_window=1024", "model.attention_window_pattern=6"]),
+    (
+        "GQA + window 1024, every 6th layer global (Gemma 3)",
+        ["model.attention_window=1024", "model.attention_window_pattern=6"],
+    ),
     ("MLA + window 1024", ["model/attention=mla", "model.attention_window=1024"]),
 ]
 SEQUENCE = 4096
@@ -76,10 +82,17 @@ def table(preset: str) -> list[dict[str, Any]]:
         per_token = kv_cache_bytes_per_token(cfg)
         measured = measured_bytes_per_token(cfg)
         assert measured == per_token, (name, measured, per_token)
-        rows.append({"attention": name, "overrides": " ".join(overrides) or "(none)",
-                     "values_per_layer": model_sizes(cfg).kv_cache_values, "layers": layers,
-                     "fp32": per_token, "bf16": kv_cache_bytes_per_token(cfg, 2),
-                     "sequence": kv_cache_bytes(cfg, SEQUENCE, 2)})
+        rows.append(
+            {
+                "attention": name,
+                "overrides": " ".join(overrides) or "(none)",
+                "values_per_layer": model_sizes(cfg).kv_cache_values,
+                "layers": layers,
+                "fp32": per_token,
+                "bf16": kv_cache_bytes_per_token(cfg, 2),
+                "sequence": kv_cache_bytes(cfg, SEQUENCE, 2),
+            }
+        )
     mha = rows[0]["fp32"]
     for r in rows:
         r["ratio"] = r["fp32"] / mha
@@ -102,8 +115,10 @@ def markdown(preset: str, rows: list[dict[str, Any]]) -> str:
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['attention']} | `{r['overrides']}` | {r['values_per_layer']} | {r['fp32']:,} | {r['bf16']:,} | "
-                     f"{r['ratio']:.3f} | {r['sequence'] / 2**20:.1f} MiB |")
+        lines.append(
+            f"| {r['attention']} | `{r['overrides']}` | {r['values_per_layer']} | {r['fp32']:,} | {r['bf16']:,} | "
+            f"{r['ratio']:.3f} | {r['sequence'] / 2**20:.1f} MiB |"
+        )
     lines += [
         "",
         "MLA caches `kv_lora_rank + qk_rope_head_dim` values per layer (the latent and the one rotated key shared by "

@@ -67,15 +67,27 @@ def moe_dims(cfg: Any) -> dict[str, Any]:
     """The sizes :class:`peers.HFMixtralPeer` needs to match our config."""
     sizes = model_sizes(cfg)
     return {
-        "d_model": cfg.d_model, "n_heads": cfg.n_heads, "n_kv_heads": sizes.n_kv_heads, "ffn_hidden": sizes.ffn_hidden,
-        "dec_layers": cfg.n_encoder_layers + cfg.n_decoder_layers, "experts": sizes.n_experts, "top_k": sizes.top_k,
-        "aux_coef": cfg.ffn.router_aux_loss_coef, "norm_eps": cfg.norm.eps, "rope_theta": cfg.position.rope_theta,
+        "d_model": cfg.d_model,
+        "n_heads": cfg.n_heads,
+        "n_kv_heads": sizes.n_kv_heads,
+        "ffn_hidden": sizes.ffn_hidden,
+        "dec_layers": cfg.n_encoder_layers + cfg.n_decoder_layers,
+        "experts": sizes.n_experts,
+        "top_k": sizes.top_k,
+        "aux_coef": cfg.ffn.router_aux_loss_coef,
+        "norm_eps": cfg.norm.eps,
+        "rope_theta": cfg.position.rope_theta,
     }
 
 
 def build_rows(args: argparse.Namespace) -> list[tuple[str, Any]]:
     """``(name, constructor)`` of every model measured."""
-    overrides = ["model/ffn=moe", "model.dropout=0.0", f"model.ffn.n_experts={args.experts}", f"model.ffn.top_k={args.top_k}"]
+    overrides = [
+        "model/ffn=moe",
+        "model.dropout=0.0",
+        f"model.ffn.n_experts={args.experts}",
+        f"model.ffn.top_k={args.top_k}",
+    ]
     if args.layers:
         overrides.append(f"model.n_decoder_layers={args.layers}")
     cfg, optim_cfg = preset(args.preset, overrides + list(args.override))
@@ -111,20 +123,32 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         for j in range(len(models)):  # interleaved: round r starts with model r
             name, model, opt = models[(rnd + j) % len(models)]
             per_round[name].append(time_steps(model, batch, opt, args.warmup, args.steps)["step_s"])
-        print(f"  round {rnd + 1}/{args.rounds}: " + ", ".join(f"{n} {per_round[n][-1] * 1e3:.0f} ms" for n in per_round), flush=True)
+        print(
+            f"  round {rnd + 1}/{args.rounds}: " + ", ".join(f"{n} {per_round[n][-1] * 1e3:.0f} ms" for n in per_round),
+            flush=True,
+        )
     out = []
     for name, model, _ in models:
         step_s = statistics.median(per_round[name])
         inner = getattr(model, "model", getattr(model, "core", model))
-        out.append({"name": name, "tok_s": tokens / step_s, "step_s": step_s, "round_step_s": per_round[name],
-                    "params": count_parameters(inner), "active_params": count_parameters(inner, active_only=True)
-                    if name.startswith("ours") else None})
+        out.append(
+            {
+                "name": name,
+                "tok_s": tokens / step_s,
+                "step_s": step_s,
+                "round_step_s": per_round[name],
+                "params": count_parameters(inner),
+                "active_params": count_parameters(inner, active_only=True) if name.startswith("ours") else None,
+            }
+        )
     base = out[0]["tok_s"]
     for r in out:
         r["ratio"] = r["tok_s"] / base
-    print(f"\n{args.preset} + model/ffn=moe: {cfg.n_encoder_layers + cfg.n_decoder_layers} layers, d_model {cfg.d_model}, "
-          f"{args.experts} experts (top-{args.top_k}, width {model_sizes(cfg).ffn_hidden}), batch {args.rows} x "
-          f"({args.src_len} + {args.tgt_len}) tokens, {args.threads} threads, fp32\n")
+    print(
+        f"\n{args.preset} + model/ffn=moe: {cfg.n_encoder_layers + cfg.n_decoder_layers} layers, d_model {cfg.d_model}, "
+        f"{args.experts} experts (top-{args.top_k}, width {model_sizes(cfg).ffn_hidden}), batch {args.rows} x "
+        f"({args.src_len} + {args.tgt_len}) tokens, {args.threads} threads, fp32\n"
+    )
     print("| model | target tok/s | step ms | vs ours | params (active) |\n|---|---:|---:|---:|---:|")
     for r in out:
         params = f"{r['params']:,}" + (f" ({r['active_params']:,})" if r["active_params"] else "")
@@ -133,12 +157,16 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--preset", default="llama_style_tiny", help="a decoder-only model preset (configs/model/)")
     p.add_argument("--experts", type=int, default=8)
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--layers", type=int, default=0, help="decoder layers (0: the preset's)")
-    p.add_argument("--override", nargs="*", default=[], help="more Hydra overrides of the model, e.g. model.ffn.n_shared_experts=1")
+    p.add_argument(
+        "--override", nargs="*", default=[], help="more Hydra overrides of the model, e.g. model.ffn.n_shared_experts=1"
+    )
     p.add_argument("--rows", type=int, default=96)
     p.add_argument("--src-len", type=int, default=24)
     p.add_argument("--tgt-len", type=int, default=24)
@@ -155,7 +183,9 @@ def main() -> None:
         args.layers, args.rows, args.warmup, args.steps, args.rounds = 2, 8, 1, 2, 1
     rows = run(args)
     if args.out is not None:
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=2) + "\n")
+        args.out.write_text(
+            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

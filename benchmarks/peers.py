@@ -66,10 +66,15 @@ class TorchTransformerPeer(nn.Module):
         t = batch["prev"].shape[1]
         mask = nn.Transformer.generate_square_subsequent_mask(t, device=batch["prev"].device)
         h = self.core(
-            self._embed(batch["src"]), self._embed(batch["prev"]), tgt_mask=mask, tgt_is_causal=True,
+            self._embed(batch["src"]),
+            self._embed(batch["prev"]),
+            tgt_mask=mask,
+            tgt_is_causal=True,
         )
         logits = self.out(h)
-        return F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), ignore_index=PAD, label_smoothing=self.eps)
+        return F.cross_entropy(
+            logits.flatten(0, 1), batch["target"].flatten(), ignore_index=PAD, label_smoothing=self.eps
+        )
 
 
 class HFSeq2SeqPeer(nn.Module):
@@ -80,11 +85,23 @@ class HFSeq2SeqPeer(nn.Module):
         import transformers
 
         common = dict(
-            vocab_size=vocab, d_model=d["d_model"], encoder_layers=d["enc_layers"], decoder_layers=d["dec_layers"],
-            encoder_attention_heads=d["n_heads"], decoder_attention_heads=d["n_heads"],
-            encoder_ffn_dim=d["d_ff"], decoder_ffn_dim=d["d_ff"], dropout=d["dropout"], attention_dropout=0.0,
-            activation_dropout=0.0, activation_function="relu", max_position_embeddings=1024,
-            pad_token_id=PAD, eos_token_id=3, decoder_start_token_id=2, scale_embedding=True,
+            vocab_size=vocab,
+            d_model=d["d_model"],
+            encoder_layers=d["enc_layers"],
+            decoder_layers=d["dec_layers"],
+            encoder_attention_heads=d["n_heads"],
+            decoder_attention_heads=d["n_heads"],
+            encoder_ffn_dim=d["d_ff"],
+            decoder_ffn_dim=d["d_ff"],
+            dropout=d["dropout"],
+            attention_dropout=0.0,
+            activation_dropout=0.0,
+            activation_function="relu",
+            max_position_embeddings=1024,
+            pad_token_id=PAD,
+            eos_token_id=3,
+            decoder_start_token_id=2,
+            scale_embedding=True,
         )
         if kind == "marian":
             cfg = transformers.MarianConfig(**common, share_encoder_decoder_embeddings=True)
@@ -110,9 +127,16 @@ class HFLlamaPeer(nn.Module):
         import transformers
 
         cfg = transformers.LlamaConfig(
-            vocab_size=vocab, hidden_size=d["d_model"], intermediate_size=d["ffn_hidden"],
-            num_hidden_layers=d["dec_layers"], num_attention_heads=d["n_heads"], num_key_value_heads=d["n_kv_heads"],
-            max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False, pad_token_id=PAD,
+            vocab_size=vocab,
+            hidden_size=d["d_model"],
+            intermediate_size=d["ffn_hidden"],
+            num_hidden_layers=d["dec_layers"],
+            num_attention_heads=d["n_heads"],
+            num_key_value_heads=d["n_kv_heads"],
+            max_position_embeddings=1024,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            pad_token_id=PAD,
             attn_implementation="sdpa",
         )
         self.core = transformers.LlamaForCausalLM(cfg)
@@ -138,12 +162,23 @@ class HFMixtralPeer(nn.Module):
         import transformers
 
         cfg = transformers.MixtralConfig(
-            vocab_size=vocab, hidden_size=d["d_model"], intermediate_size=d["ffn_hidden"],
-            num_hidden_layers=d["dec_layers"], num_attention_heads=d["n_heads"], num_key_value_heads=d["n_kv_heads"],
-            num_local_experts=d["experts"], num_experts_per_tok=d["top_k"], router_aux_loss_coef=d["aux_coef"],
-            output_router_logits=True, router_jitter_noise=0.0, max_position_embeddings=1024, rms_norm_eps=d["norm_eps"],
+            vocab_size=vocab,
+            hidden_size=d["d_model"],
+            intermediate_size=d["ffn_hidden"],
+            num_hidden_layers=d["dec_layers"],
+            num_attention_heads=d["n_heads"],
+            num_key_value_heads=d["n_kv_heads"],
+            num_local_experts=d["experts"],
+            num_experts_per_tok=d["top_k"],
+            router_aux_loss_coef=d["aux_coef"],
+            output_router_logits=True,
+            router_jitter_noise=0.0,
+            max_position_embeddings=1024,
+            rms_norm_eps=d["norm_eps"],
             rope_parameters={"rope_type": "default", "rope_theta": d["rope_theta"]},
-            tie_word_embeddings=False, pad_token_id=PAD, attn_implementation="sdpa",
+            tie_word_embeddings=False,
+            pad_token_id=PAD,
+            attn_implementation="sdpa",
             experts_implementation=experts_implementation,
         )
         self.core = transformers.MixtralForCausalLM(cfg)
@@ -164,28 +199,49 @@ class XTransformersEncDecPeer(nn.Module):
         from x_transformers import Decoder, Encoder, TransformerWrapper
 
         emb_dropout, ff_dropout = d["dropout"], d["dropout"]
-        layer = dict(dim=d["d_model"], heads=d["n_heads"], ff_mult=d["d_ff"] / d["d_model"],
-                     ff_custom_activation=nn.ReLU(),  # x-transformers defaults to GELU
-                     pre_norm=False, layer_dropout=0.0, attn_dropout=0.0, ff_dropout=ff_dropout,
-                     attn_flash=True, attn_dim_head=d["d_model"] // d["n_heads"])
+        layer = dict(
+            dim=d["d_model"],
+            heads=d["n_heads"],
+            ff_mult=d["d_ff"] / d["d_model"],
+            ff_custom_activation=nn.ReLU(),  # x-transformers defaults to GELU
+            pre_norm=False,
+            layer_dropout=0.0,
+            attn_dropout=0.0,
+            ff_dropout=ff_dropout,
+            attn_flash=True,
+            attn_dim_head=d["d_model"] // d["n_heads"],
+        )
         self.encoder = TransformerWrapper(
-            num_tokens=vocab, max_seq_len=1024, return_only_embed=True, scaled_sinu_pos_emb=True,
-            emb_dropout=emb_dropout, attn_layers=Encoder(depth=d["enc_layers"], **layer),
+            num_tokens=vocab,
+            max_seq_len=1024,
+            return_only_embed=True,
+            scaled_sinu_pos_emb=True,
+            emb_dropout=emb_dropout,
+            attn_layers=Encoder(depth=d["enc_layers"], **layer),
         )
         self.decoder = TransformerWrapper(
-            num_tokens=vocab, max_seq_len=1024, emb_dropout=emb_dropout, scaled_sinu_pos_emb=True,
-            tie_embedding=True, attn_layers=Decoder(depth=d["dec_layers"], cross_attend=True, **layer),
+            num_tokens=vocab,
+            max_seq_len=1024,
+            emb_dropout=emb_dropout,
+            scaled_sinu_pos_emb=True,
+            tie_embedding=True,
+            attn_layers=Decoder(depth=d["dec_layers"], cross_attend=True, **layer),
         )
         self.decoder.token_emb = self.encoder.token_emb  # one table for source, target and output
         self.eps = d["label_smoothing"]
         # x-transformers drops the embeddings and the FFN hidden units, not the residual branches
-        self.dropout_desc = f"{_p(emb_dropout)} (emb, ff)" if emb_dropout == ff_dropout else \
-            f"emb {_p(emb_dropout)}, ff {_p(ff_dropout)}"
+        self.dropout_desc = (
+            f"{_p(emb_dropout)} (emb, ff)"
+            if emb_dropout == ff_dropout
+            else f"emb {_p(emb_dropout)}, ff {_p(ff_dropout)}"
+        )
 
     def step_loss(self, batch: dict[str, Tensor]) -> Tensor:
         enc = self.encoder(batch["src"], return_embeddings=True)
         logits = self.decoder(batch["prev"], context=enc)
-        return F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), ignore_index=PAD, label_smoothing=self.eps)
+        return F.cross_entropy(
+            logits.flatten(0, 1), batch["target"].flatten(), ignore_index=PAD, label_smoothing=self.eps
+        )
 
 
 class XTransformersDecoderPeer(nn.Module):
@@ -197,12 +253,25 @@ class XTransformersDecoderPeer(nn.Module):
 
         emb_dropout = attn_dropout = ff_dropout = 0.0  # as LlamaForCausalLM: no dropout
         self.core = TransformerWrapper(
-            num_tokens=vocab, max_seq_len=1024, use_abs_pos_emb=False, emb_dropout=emb_dropout,
+            num_tokens=vocab,
+            max_seq_len=1024,
+            use_abs_pos_emb=False,
+            emb_dropout=emb_dropout,
             attn_layers=Decoder(
-                dim=d["d_model"], depth=d["dec_layers"], heads=d["n_heads"], attn_kv_heads=d["n_kv_heads"],
-                rotary_pos_emb=True, use_rmsnorm=True, ff_glu=True, ff_swish=True, ff_no_bias=True,
-                attn_flash=True, attn_dim_head=d["d_model"] // d["n_heads"], ff_mult=d["ffn_hidden"] / d["d_model"],
-                attn_dropout=attn_dropout, ff_dropout=ff_dropout,
+                dim=d["d_model"],
+                depth=d["dec_layers"],
+                heads=d["n_heads"],
+                attn_kv_heads=d["n_kv_heads"],
+                rotary_pos_emb=True,
+                use_rmsnorm=True,
+                ff_glu=True,
+                ff_swish=True,
+                ff_no_bias=True,
+                attn_flash=True,
+                attn_dim_head=d["d_model"] // d["n_heads"],
+                ff_mult=d["ffn_hidden"] / d["d_model"],
+                attn_dropout=attn_dropout,
+                ff_dropout=ff_dropout,
             ),
         )
         self.eps = d["label_smoothing"]
@@ -210,7 +279,9 @@ class XTransformersDecoderPeer(nn.Module):
 
     def step_loss(self, batch: dict[str, Tensor]) -> Tensor:
         logits = self.core(batch["tokens"])
-        return F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), ignore_index=PAD, label_smoothing=self.eps)
+        return F.cross_entropy(
+            logits.flatten(0, 1), batch["target"].flatten(), ignore_index=PAD, label_smoothing=self.eps
+        )
 
 
 def encdec_peers() -> dict[str, Callable[[dict[str, Any], int], nn.Module]]:

@@ -71,6 +71,12 @@ def run_monitored(cmd: list[str], env: dict[str, str] | None = None, interval: f
     thread.join()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-3000:]}")
-    return {"wall_s": round(wall, 2), "peak_tree_rss_mb": round(peaks["tree_rss"] / 1024, 1),
-            "peak_tree_pss_mb": round(peaks["tree_pss"] / 1024, 1), "peak_main_rss_mb": round(peaks["main_rss"] / 1024, 1),
-            "processes": peaks["processes"], "stdout": stdout, "stderr": stderr}
+    return {
+        "wall_s": round(wall, 2),
+        "peak_tree_rss_mb": round(peaks["tree_rss"] / 1024, 1),
+        "peak_tree_pss_mb": round(peaks["tree_pss"] / 1024, 1),
+        "peak_main_rss_mb": round(peaks["main_rss"] / 1024, 1),
+        "processes": peaks["processes"],
+        "stdout": stdout,
+        "stderr": stderr,
+    }

@@ -68,8 +68,10 @@ def main() -> None:
     optimizer = make_optimizer(model, optim_cfg)
     batch = make_batch(cfg.arch, rows, SRC_LEN, TGT_LEN)
     median = time_steps(model, batch, optimizer, warmup=2, steps=args.steps)["step_s"]
-    print(f"{args.model} {args.preset} {rows}x{TGT_LEN}: median step {median * 1e3:.1f} ms, "
-          f"{rows * TGT_LEN / median:,.0f} target tok/s ({args.threads} threads, malloc {args.malloc})")
+    print(
+        f"{args.model} {args.preset} {rows}x{TGT_LEN}: median step {median * 1e3:.1f} ms, "
+        f"{rows * TGT_LEN / median:,.0f} target tok/s ({args.threads} threads, malloc {args.malloc})"
+    )
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         time_steps(model, batch, optimizer, warmup=0, steps=args.profile_steps)
     print(f"operators over {args.profile_steps} steps (self CPU time):")

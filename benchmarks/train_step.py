@@ -84,9 +84,15 @@ def dims(cfg: Any) -> dict[str, Any]:
 
     hidden = glu_hidden_size(cfg.d_model * 0 + cfg.d_ff, cfg.ffn.multiple_of) if cfg.ffn.glu_match_params else cfg.d_ff
     return {
-        "d_model": cfg.d_model, "n_heads": cfg.n_heads, "n_kv_heads": resolve_n_kv_heads(cfg), "d_ff": cfg.d_ff,
-        "ffn_hidden": hidden, "enc_layers": cfg.n_encoder_layers, "dec_layers": cfg.n_decoder_layers,
-        "dropout": cfg.dropout, "label_smoothing": LABEL_SMOOTHING,
+        "d_model": cfg.d_model,
+        "n_heads": cfg.n_heads,
+        "n_kv_heads": resolve_n_kv_heads(cfg),
+        "d_ff": cfg.d_ff,
+        "ffn_hidden": hidden,
+        "enc_layers": cfg.n_encoder_layers,
+        "dec_layers": cfg.n_decoder_layers,
+        "dropout": cfg.dropout,
+        "label_smoothing": LABEL_SMOOTHING,
     }
 
 
@@ -154,8 +160,15 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_steps(model: torch.nn.Module, batch: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer,
-               warmup: int, steps: int, precision: str = "fp32", device: torch.device | None = None) -> dict[str, Any]:
+def time_steps(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    warmup: int,
+    steps: int,
+    precision: str = "fp32",
+    device: torch.device | None = None,
+) -> dict[str, Any]:
     """Median and best step time (s) of ``steps`` steps after ``warmup``; the warmup step times.
 
     ``precision="bf16"`` runs the forward and loss under ``torch.autocast(<device type>, bfloat16)``
@@ -218,6 +231,7 @@ def model_under_test(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, torch.Te
     cfg, optim_cfg = preset(spec["preset"], spec.get("overrides"))
     batch = make_batch(cfg.arch, spec["rows"], spec["src_len"], spec["tgt_len"])
     if spec["model"] == "ours":
+
         def ctor() -> torch.nn.Module:
             return Ours(cfg, compile_model=spec.get("compile", False), fused_loss=spec.get("fused_loss", True))
     else:
@@ -229,6 +243,7 @@ def model_under_test(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, torch.Te
 
         def ctor() -> torch.nn.Module:
             return pctor(d, VOCAB)
+
     return cfg, optim_cfg, batch, ctor
 
 
@@ -250,9 +265,12 @@ def measure_on_cuda(spec: dict[str, Any], device: torch.device) -> dict[str, Any
     r = time_steps(model, batch, opt, spec["warmup"], spec["steps"], spec.get("precision", "fp32"), device)
     synchronize(device)
     peak = torch.cuda.max_memory_allocated(device)
-    r.update(mem_mb=(peak - before) / 2**20, params=sum(p.numel() for p in model.parameters()),
-             dropout=our_dropout(cfg) if spec["model"] == "ours" else getattr(model, "dropout_desc", "?"),
-             device=torch.cuda.get_device_name(device))
+    r.update(
+        mem_mb=(peak - before) / 2**20,
+        params=sum(p.numel() for p in model.parameters()),
+        dropout=our_dropout(cfg) if spec["model"] == "ours" else getattr(model, "dropout_desc", "?"),
+        device=torch.cuda.get_device_name(device),
+    )
     if spec.get("compile"):
         r["compile_s"] = r["warmup_s"][0]
     del model, opt, batch
@@ -283,9 +301,14 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     opt = make_optimizer(model, optim_cfg)
     r = time_steps(model, batch, opt, spec["warmup"], spec["steps"], spec.get("precision", "fp32"))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    r.update(mem_mb=peak - before, rss_before_mb=before, peak_rss_mb=peak, malloc_tuned=tuned,
-             params=sum(p.numel() for p in model.parameters()),
-             dropout=our_dropout(cfg) if spec["model"] == "ours" else getattr(model, "dropout_desc", "?"))
+    r.update(
+        mem_mb=peak - before,
+        rss_before_mb=before,
+        peak_rss_mb=peak,
+        malloc_tuned=tuned,
+        params=sum(p.numel() for p in model.parameters()),
+        dropout=our_dropout(cfg) if spec["model"] == "ours" else getattr(model, "dropout_desc", "?"),
+    )
     if spec.get("compile"):
         r["compile_s"] = r["warmup_s"][0]  # the first step traces and compiles
     return r

@@ -128,12 +128,16 @@ def run_one(name: str, spec: dict[str, Any], tokens: int, args: argparse.Namespa
     r["tok_s"] = tokens / r["step_s"]
     r["name"] = name
     r["spec"] = spec
-    print(f"  {name:<24s} {r['tok_s']:9.0f} tok/s  step {r['step_s'] * 1e3:7.1f} ms  mem +{r['mem_mb']:.0f} MiB", flush=True)
+    print(
+        f"  {name:<24s} {r['tok_s']:9.0f} tok/s  step {r['step_s'] * 1e3:7.1f} ms  mem +{r['mem_mb']:.0f} MiB",
+        flush=True,
+    )
     return r
 
 
-def run_rounds(specs: list[tuple[str, dict[str, Any]]], tokens: int, args: argparse.Namespace,
-               n_rounds: int | None = None) -> list[dict[str, Any]]:
+def run_rounds(
+    specs: list[tuple[str, dict[str, Any]]], tokens: int, args: argparse.Namespace, n_rounds: int | None = None
+) -> list[dict[str, Any]]:
     """Measure every spec ``n_rounds`` (default ``args.rounds``) times, interleaved (round r starts at spec r), one worker each.
 
     The speed of a shared or throttled machine drifts by up to 2x within minutes; measuring the
@@ -165,6 +169,7 @@ def run_rounds(specs: list[tuple[str, dict[str, Any]]], tokens: int, args: argpa
         out.append(best)
     return out
 
+
 # ----------------------------------------------------------------------------- sections
 
 
@@ -172,9 +177,11 @@ def bf16_skip_reason(args: argparse.Namespace, peaks: dict[str, float]) -> str:
     """Why bf16 rows are not run on this machine ("" when they are)."""
     if args.force_bf16 or getattr(args, "device", "cpu") == "cuda" or cpu_has_fast_bf16():
         return ""
-    return (f"no fast bf16 on this CPU ({cpu_name()}: no AMX / AVX512-BF16, torch capability "
-            f"{torch.backends.cpu.get_cpu_capability()}); bf16 matmul {peaks['bf16'] / 1e9:.1f} GFLOP/s vs fp32 "
-            f"{peaks['fp32'] / 1e9:.0f}; --force-bf16 runs them anyway")
+    return (
+        f"no fast bf16 on this CPU ({cpu_name()}: no AMX / AVX512-BF16, torch capability "
+        f"{torch.backends.cpu.get_cpu_capability()}); bf16 matmul {peaks['bf16'] / 1e9:.1f} GFLOP/s vs fp32 "
+        f"{peaks['fp32'] / 1e9:.0f}; --force-bf16 runs them anyway"
+    )
 
 
 def throughput(args: argparse.Namespace, peaks: dict[str, float]) -> list[dict[str, Any]]:
@@ -189,20 +196,33 @@ def throughput(args: argparse.Namespace, peaks: dict[str, float]) -> list[dict[s
         if device == "cuda":
             rows = args.cuda_rows
         for family, preset_name, peers in (
-            ("encoder-decoder", ed_name, encdec_peers()), ("decoder-only", do_name, decoder_only_peers()),
+            ("encoder-decoder", ed_name, encdec_peers()),
+            ("decoder-only", do_name, decoder_only_peers()),
         ):
             size_over = PRESET_OVERRIDES.get((size, family), [])
             cfg, _ = preset(preset_name, size_over)
             tokens = rows * TGT_LEN
             flops = train_flops(cfg, rows, SRC_LEN, TGT_LEN)
-            print(f"[{size} {family}] {preset_name}, batch {rows}x{TGT_LEN}, {flops / rows / TGT_LEN / 1e6:.1f} "
-                  "MFLOP per target token", flush=True)
+            print(
+                f"[{size} {family}] {preset_name}, batch {rows}x{TGT_LEN}, {flops / rows / TGT_LEN / 1e6:.1f} "
+                "MFLOP per target token",
+                flush=True,
+            )
             w, s = args.warmup, (args.steps if size == "tiny" else args.base_steps)
             specs, skipped = [], []
             for prec in args.precision:
                 tag = f" [{prec}]" if several else ""
-                base = {"preset": preset_name, "rows": rows, "src_len": SRC_LEN, "tgt_len": TGT_LEN,
-                        "warmup": w, "steps": s, "precision": prec, "device": device, "overrides": size_over}
+                base = {
+                    "preset": preset_name,
+                    "rows": rows,
+                    "src_len": SRC_LEN,
+                    "tgt_len": TGT_LEN,
+                    "warmup": w,
+                    "steps": s,
+                    "precision": prec,
+                    "device": device,
+                    "overrides": size_over,
+                }
                 # decoder-only peers have no dropout: our reference row gets none either
                 ours_over = size_over + (["model.dropout=0.0"] if family == "decoder-only" else [])
                 ours_spec = {**base, "model": "ours", "overrides": ours_over}
@@ -220,8 +240,11 @@ def throughput(args: argparse.Namespace, peaks: dict[str, float]) -> list[dict[s
                 else:
                     specs += these
             results = run_rounds(specs, tokens, args, args.rounds if size == "tiny" else args.base_rounds)
-            ours = {r["spec"]["precision"]: r for r in results if r["spec"]["model"] == "ours"
-                    and r["name"].split(" [")[0] == "ours"}
+            ours = {
+                r["spec"]["precision"]: r
+                for r in results
+                if r["spec"]["model"] == "ours" and r["name"].split(" [")[0] == "ours"
+            }
             for r in results:
                 prec = r["spec"]["precision"]
                 r["precision"] = prec
@@ -234,8 +257,16 @@ def throughput(args: argparse.Namespace, peaks: dict[str, float]) -> list[dict[s
                     r["speedup_vs_ours_fp32"] = r["tok_s"] / ours["fp32"]["tok_s"]
             for r in skipped:
                 r["precision"] = r["spec"]["precision"]
-            rows_out.append({"size": size, "family": family, "preset": preset_name, "batch": [rows, TGT_LEN],
-                             "train_flops_per_step": flops, "results": results + skipped})
+            rows_out.append(
+                {
+                    "size": size,
+                    "family": family,
+                    "preset": preset_name,
+                    "batch": [rows, TGT_LEN],
+                    "train_flops_per_step": flops,
+                    "results": results + skipped,
+                }
+            )
     return rows_out
 
 
@@ -245,8 +276,14 @@ def kv_cache() -> list[dict[str, Any]]:
         cfg, _ = preset("llama_style", [f"model/attention={attn}"])
         from transformer.config import resolve_n_kv_heads
 
-        out.append({"attention": attn, "n_heads": cfg.n_heads, "n_kv_heads": resolve_n_kv_heads(cfg),
-                    "bytes_per_token": kv_cache_bytes_per_token(cfg)})
+        out.append(
+            {
+                "attention": attn,
+                "n_heads": cfg.n_heads,
+                "n_kv_heads": resolve_n_kv_heads(cfg),
+                "bytes_per_token": kv_cache_bytes_per_token(cfg),
+            }
+        )
     mha = out[0]["bytes_per_token"]
     for r in out:
         r["ratio_to_mha"] = r["bytes_per_token"] / mha
@@ -262,8 +299,16 @@ def scaling(args: argparse.Namespace, peak: float) -> dict[str, list[dict[str, A
     points += [("batch_tokens", 32, rows) for rows in args.scaling_rows]
     for key, length, rows in points:
         label = f"len {length} x {rows} rows" if key == "seq_len" else f"{rows} rows x len 32"
-        spec = {"model": "ours", "preset": name, "rows": rows, "src_len": length, "tgt_len": length, "warmup": 1,
-                "steps": args.scaling_steps, "device": getattr(args, "device", "cpu")}
+        spec = {
+            "model": "ours",
+            "preset": name,
+            "rows": rows,
+            "src_len": length,
+            "tgt_len": length,
+            "warmup": 1,
+            "steps": args.scaling_steps,
+            "device": getattr(args, "device", "cpu"),
+        }
         r = run_one(label, spec, rows * length, args)
         r.update(seq_len=length, rows=rows, batch_tokens=rows * length)
         if "step_s" in r:
@@ -283,26 +328,53 @@ def decode_rows(path: Path) -> dict[str, Any]:
     rows = []
     for r in data["results"]:
         base = ours.get(r["strategy"])
-        rows.append({
-            "system": r["system"], "strategy": r["strategy"], "beam": r["beam"], "sentences": r["sentences"],
-            "sentences_per_s": r["sentences_per_s"], "tokens_per_s": r["tokens_per_s"],
-            "ratio_to_ours": r["sentences_per_s"] / base["sentences_per_s"] if base else None,
-            "peak_mb": r["peak_mb"], "bleu": r["bleu"], "same_as_ours": r.get("same_as_ours"),
-        })
-    return {"file": str(path), "run": data["args"]["run"], "split": data["args"]["split"],
-            "threads": data["args"]["threads"], "device": data["args"]["device"], "rows": rows}
+        rows.append(
+            {
+                "system": r["system"],
+                "strategy": r["strategy"],
+                "beam": r["beam"],
+                "sentences": r["sentences"],
+                "sentences_per_s": r["sentences_per_s"],
+                "tokens_per_s": r["tokens_per_s"],
+                "ratio_to_ours": r["sentences_per_s"] / base["sentences_per_s"] if base else None,
+                "peak_mb": r["peak_mb"],
+                "bleu": r["bleu"],
+                "same_as_ours": r.get("same_as_ours"),
+            }
+        )
+    return {
+        "file": str(path),
+        "run": data["args"]["run"],
+        "split": data["args"]["split"],
+        "threads": data["args"]["threads"],
+        "device": data["args"]["device"],
+        "rows": rows,
+    }
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", nargs="+", default=["tiny", "base"], choices=list(SIZES))
-    p.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=list(DTYPES),
-                   help="precisions to measure every model at (bf16: autocast for ours and peers alike)")
-    p.add_argument("--force-bf16", action="store_true",
-                   help="run bf16 rows even on a CPU without AMX / AVX512-BF16 (emulated, very slow)")
+    p.add_argument(
+        "--precision",
+        nargs="+",
+        default=["fp32", "bf16"],
+        choices=list(DTYPES),
+        help="precisions to measure every model at (bf16: autocast for ours and peers alike)",
+    )
+    p.add_argument(
+        "--force-bf16",
+        action="store_true",
+        help="run bf16 rows even on a CPU without AMX / AVX512-BF16 (emulated, very slow)",
+    )
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="cuda: every row on the GPU (one fresh process each, torch.cuda.max_memory_allocated; "
-                        "MFU against the datasheet peak of DEVICE_PEAKS, or a matmul probe for an unknown GPU)")
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cuda: every row on the GPU (one fresh process each, torch.cuda.max_memory_allocated; "
+        "MFU against the datasheet peak of DEVICE_PEAKS, or a matmul probe for an unknown GPU)",
+    )
     p.add_argument("--cuda-rows", type=int, default=256, help="batch rows of every size on CUDA (x 24 target tokens)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5, help="measured steps at tiny size (median reported)")
@@ -310,8 +382,12 @@ def main() -> None:
     p.add_argument("--no-peers", action="store_true")
     p.add_argument("--compile", action="store_true", help="add tiny rows with torch.compile on")
     p.add_argument("--compile-base", action="store_true", help="torch.compile rows at base size too")
-    p.add_argument("--malloc", choices=["tuned", "default"], default="tuned",
-                   help="glibc malloc in every worker: tune_cpu_allocator() (default) or as it is")
+    p.add_argument(
+        "--malloc",
+        choices=["tuned", "default"],
+        default="tuned",
+        help="glibc malloc in every worker: tune_cpu_allocator() (default) or as it is",
+    )
     p.add_argument("--worker-timeout", type=float, default=3600, help="seconds before a model's process is given up")
     p.add_argument("--no-ablation", action="store_true", help="leave out the 'ours, unfused loss' row")
     p.add_argument("--no-scaling", action="store_true")
@@ -319,10 +395,17 @@ def main() -> None:
     p.add_argument("--scaling-tokens", type=int, default=4096)
     p.add_argument("--scaling-rows", type=int, nargs="+", default=[16, 64, 256])
     p.add_argument("--scaling-steps", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=5, help="interleaved measurements per model at tiny size (median round reported)")
+    p.add_argument(
+        "--rounds", type=int, default=5, help="interleaved measurements per model at tiny size (median round reported)"
+    )
     p.add_argument("--base-rounds", type=int, default=3, help="interleaved measurements per model at base size")
-    p.add_argument("--decode", type=Path, default=None, metavar="JSON",
-                   help="fold in a benchmarks/decode_speed.py results file (<run>/decode_speed.json)")
+    p.add_argument(
+        "--decode",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="fold in a benchmarks/decode_speed.py results file (<run>/decode_speed.json)",
+    )
     p.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "train_throughput.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one model in this process (a JSON spec)
     args = p.parse_args()
@@ -346,8 +429,9 @@ def main() -> None:
         print(f"{prec} matmul peak: {value / 1e9:.1f} GFLOP/s ({gpu or f'{args.threads} threads'})", flush=True)
     peak = peaks["fp32"]
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         commit = "?"
     res: dict[str, Any] = {
@@ -357,10 +441,19 @@ def main() -> None:
         "date": datetime.date.today().isoformat(),
         "commit": commit,
         "precision": args.precision,
-        "machine": {"cpu": cpu_name(), "gpu": gpu, "device": args.device, "threads": args.threads, "torch": torch.__version__,
-                    "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_fast_bf16": cpu_has_fast_bf16(),
-                    "peaks_gflops": {k: v / 1e9 for k, v in peaks.items()}, "peak_gflops": peak / 1e9,
-                    "malloc": args.malloc, "process_per_model": True},
+        "machine": {
+            "cpu": cpu_name(),
+            "gpu": gpu,
+            "device": args.device,
+            "threads": args.threads,
+            "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_fast_bf16": cpu_has_fast_bf16(),
+            "peaks_gflops": {k: v / 1e9 for k, v in peaks.items()},
+            "peak_gflops": peak / 1e9,
+            "malloc": args.malloc,
+            "process_per_model": True,
+        },
     }
     res["throughput"] = throughput(args, peaks)
     res["kv_cache"] = kv_cache()

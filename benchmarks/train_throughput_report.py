@@ -16,8 +16,12 @@ def _skip_cell(r: dict[str, Any]) -> str:
 def markdown(res: dict[str, Any]) -> str:
     """The report of one run of the benchmark (``res``: what ``train_throughput.main`` collected)."""
     m = res["machine"]
-    malloc = ("tuned for every model (`transformer.training.job.allocator.tune_cpu_allocator`: glibc `mallopt` "
-              "mmap and trim thresholds raised)" if m["malloc"] == "tuned" else "default for every model")
+    malloc = (
+        "tuned for every model (`transformer.training.job.allocator.tune_cpu_allocator`: glibc `mallopt` "
+        "mmap and trim thresholds raised)"
+        if m["malloc"] == "tuned"
+        else "default for every model"
+    )
     rows = [r for block in res["throughput"] for r in block["results"]]
     rows += [r for part in (res.get("scaling") or {}).values() for r in part]
     untuned = [r["name"] for r in rows if m["malloc"] == "tuned" and "malloc_tuned" in r and not r["malloc_tuned"]]
@@ -29,17 +33,24 @@ def markdown(res: dict[str, Any]) -> str:
         f"Command: `{res['command']}`  ",
         f"Date: {res['date']}; commit `{res['commit']}`  ",
         f"Machine: {m['cpu']}, {m['threads']} torch threads, torch {m['torch']}"
-        + (f"; **GPU: {m['gpu']}** (every row on the GPU; peaks: datasheet, else a matmul probe)" if m.get("gpu") else "") + "; "
+        + (
+            f"; **GPU: {m['gpu']}** (every row on the GPU; peaks: datasheet, else a matmul probe)"
+            if m.get("gpu")
+            else ""
+        )
+        + "; "
         "Matmul peak measured in this run (best `torch.mm` over square and FFN shapes), at the start / at the end: "
-        + "; ".join(f"{prec} **{m['peaks_gflops'][prec]:.1f}** / {m.get('peaks_gflops_end', {}).get(prec, float('nan')):.1f} GFLOP/s"
-                    for prec in m["peaks_gflops"])
+        + "; ".join(
+            f"{prec} **{m['peaks_gflops'][prec]:.1f}** / {m.get('peaks_gflops_end', {}).get(prec, float('nan')):.1f} GFLOP/s"
+            for prec in m["peaks_gflops"]
+        )
         + "; MFU uses the higher of the row's dtype. "
         f"Step times: median over {res.get('rounds', 1)} (tiny) / {res.get('base_rounds', 1)} (base) interleaved rounds per model "
         "of the median step of each round.  ",
         f"glibc malloc: {malloc}.",
         "",
         "Target tokens/s of a full training step (forward, loss, backward, Adam step) at the row's precision "
-        "(bf16 = `torch.autocast(\"cpu\", bfloat16)` around forward and loss for every model), vocabulary "
+        '(bf16 = `torch.autocast("cpu", bfloat16)` around forward and loss for every model), vocabulary '
         f"{VOCAB}, uniform random tokens without padding; each model in a fresh process; ratio = peer / ours at the "
         "same precision; bf16/fp32 = ours in bf16 over ours in fp32; "
         "MFU = 3 x forward FLOPs (output layer at loss positions only) / step time / measured peak. "
@@ -56,8 +67,12 @@ def markdown(res: dict[str, Any]) -> str:
         "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     compiled = []
-    bf16_skips = {r["skipped"] for block in res["throughput"] for r in block["results"]
-                  if r.get("precision") == "bf16" and r.get("skipped", "").startswith("no fast bf16")}
+    bf16_skips = {
+        r["skipped"]
+        for block in res["throughput"]
+        for r in block["results"]
+        if r.get("precision") == "bf16" and r.get("skipped", "").startswith("no fast bf16")
+    }
     for block in res["throughput"]:
         size = f"{block['size']} ({block['batch'][0]}x{block['batch'][1]})"
         for r in block["results"]:
@@ -80,33 +95,52 @@ def markdown(res: dict[str, Any]) -> str:
         lines += ["", "torch.compile rows: first (compiling) step, not in the step time: " + "; ".join(compiled) + "."]
     for reason in sorted(bf16_skips):
         lines += ["", f"bf16 rows not run: {reason}."]
-    lines += ["", "## KV cache per generated token (Llama-style base, fp32, all layers)", "",
-              "| attention | n_heads | n_kv_heads | bytes/token | ratio to MHA |", "|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "## KV cache per generated token (Llama-style base, fp32, all layers)",
+        "",
+        "| attention | n_heads | n_kv_heads | bytes/token | ratio to MHA |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for r in res["kv_cache"]:
-        lines.append(f"| {r['attention']} | {r['n_heads']} | {r['n_kv_heads']} | {r['bytes_per_token']:,} | "
-                     f"{r['ratio_to_mha']:.3f} |")
+        lines.append(
+            f"| {r['attention']} | {r['n_heads']} | {r['n_kv_heads']} | {r['bytes_per_token']:,} | "
+            f"{r['ratio_to_mha']:.3f} |"
+        )
     if res.get("scaling"):
         for key, head in (("seq_len", "sequence length"), ("batch_tokens", "batch tokens (len 32)")):
             if key == "seq_len":
                 lines += ["", "## Scaling (ours, tiny encoder-decoder, one process per point)"]
-            lines += ["", f"| {head} | rows | tokens/s | step ms | MFU | memory MiB |",
-                      "|---:|---:|---:|---:|---:|---:|"]
+            lines += [
+                "",
+                f"| {head} | rows | tokens/s | step ms | MFU | memory MiB |",
+                "|---:|---:|---:|---:|---:|---:|",
+            ]
             for r in res["scaling"][key]:
                 if "tok_s" not in r:
                     lines.append(f"| {r[key]} | {r['rows']} | {_skip_cell(r)} | | | |")
                     continue
-                lines.append(f"| {r[key]} | {r['rows']} | {r['tok_s']:,.0f} | {1e3 * r['step_s']:.0f} | "
-                             f"{100 * r['mfu']:.0f}% | {r['mem_mb']:.0f} |")
+                lines.append(
+                    f"| {r[key]} | {r['rows']} | {r['tok_s']:,.0f} | {1e3 * r['step_s']:.0f} | "
+                    f"{100 * r['mfu']:.0f}% | {r['mem_mb']:.0f} |"
+                )
     if res.get("decode"):
         d = res["decode"]
-        lines += ["", f"## Decoding ({d['split']}, {d['device']}, {d['threads']} threads; from `{d['file']}`)", "",
-                  "Same checkpoint in both systems (ours copied into a same-size HF Marian); ratio = system / ours.", "",
-                  "| system | search | sentences/s | target tok/s | ratio to ours | peak MiB | BLEU | same output as ours |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            f"## Decoding ({d['split']}, {d['device']}, {d['threads']} threads; from `{d['file']}`)",
+            "",
+            "Same checkpoint in both systems (ours copied into a same-size HF Marian); ratio = system / ours.",
+            "",
+            "| system | search | sentences/s | target tok/s | ratio to ours | peak MiB | BLEU | same output as ours |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in d["rows"]:
             ratio = "" if r["ratio_to_ours"] is None else f"{r['ratio_to_ours']:.2f}"
             same = "" if r["same_as_ours"] is None else f"{100 * r['same_as_ours']:.1f}%"
             search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
-            lines.append(f"| {r['system']} | {search} | {r['sentences_per_s']:.1f} | {r['tokens_per_s']:,.0f} | {ratio} | "
-                         f"{r['peak_mb']:.0f} | {r['bleu']:.2f} | {same} |")
+            lines.append(
+                f"| {r['system']} | {search} | {r['sentences_per_s']:.1f} | {r['tokens_per_s']:,.0f} | {ratio} | "
+                f"{r['peak_mb']:.0f} | {r['bleu']:.2f} | {same} |"
+            )
     return "\n".join(lines) + "\n"

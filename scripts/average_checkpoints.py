@@ -29,7 +29,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if importlib.util.find_spec("transformer") is None:  # a checkout without an install (an installed package is used as installed)
+if (
+    importlib.util.find_spec("transformer") is None
+):  # a checkout without an install (an installed package is used as installed)
     sys.path.insert(0, str(ROOT))
 
 from transformer.cli import user_errors  # noqa: E402
@@ -61,8 +63,13 @@ def main(argv: list[str] | None = None) -> Path:
 def build_parser() -> argparse.ArgumentParser:
     """The command line of this script (the README's command lines are parsed with it in a test)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--inputs", nargs="+", type=Path, required=True,
-                        help="a folder of checkpoint_{update} files, or checkpoint files/stems")
+    parser.add_argument(
+        "--inputs",
+        nargs="+",
+        type=Path,
+        required=True,
+        help="a folder of checkpoint_{update} files, or checkpoint files/stems",
+    )
     parser.add_argument("--num-last", type=int, default=None, help="average only the last N checkpoints")
     parser.add_argument("--output", type=Path, required=True, help="the .safetensors file to write")
     return parser

@@ -41,7 +41,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if importlib.util.find_spec("transformer") is None:  # a checkout without an install (an installed package is used as installed)
+if (
+    importlib.util.find_spec("transformer") is None
+):  # a checkout without an install (an installed package is used as installed)
     sys.path.insert(0, str(ROOT))
 
 from transformer.analysis import DEFAULT_BUCKETS, NoFinishedRun, compare_and_write  # noqa: E402
@@ -68,10 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     with user_errors(ERRORS):
-        compare_and_write(args.sweep_dirs, args.out, baseline=args.baseline, n_bootstrap=args.bootstrap,
-                          bootstrap_seed=args.bootstrap_seed, allow_mixed=args.allow_mixed,
-                          compare_prev=not args.no_prev, length_buckets=args.length_buckets,
-                          length_splits=args.length_splits)
+        compare_and_write(
+            args.sweep_dirs,
+            args.out,
+            baseline=args.baseline,
+            n_bootstrap=args.bootstrap,
+            bootstrap_seed=args.bootstrap_seed,
+            allow_mixed=args.allow_mixed,
+            compare_prev=not args.no_prev,
+            length_buckets=args.length_buckets,
+            length_splits=args.length_splits,
+        )
     return 0
 
 
@@ -80,22 +89,39 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dirs", nargs="+", type=Path, help="multirun folders (or run folders)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: <first sweep>/comparison)")
-    parser.add_argument("--baseline", default=None,
-                        help="baseline configuration label or unique substring (default: the first, in ladder order)")
-    parser.add_argument("--bootstrap", type=int, default=1000, help="paired-bootstrap resamples; 0 to skip (default 1000)")
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="baseline configuration label or unique substring (default: the first, in ladder order)",
+    )
+    parser.add_argument(
+        "--bootstrap", type=int, default=1000, help="paired-bootstrap resamples; 0 to skip (default 1000)"
+    )
     parser.add_argument("--bootstrap-seed", type=int, default=12345, help="resampling seed (default 12345)")
-    parser.add_argument("--allow-mixed", action="store_true",
-                        help="compare runs that differ in more than the switches and the seed (precision, budget, "
-                             "data, torch version); the differences are shown in the table")
-    parser.add_argument("--no-prev", action="store_true",
-                        help="no comparison with the row above (Δ prev): each configuration is tested against the "
-                             "baseline only, for branches off one baseline")
-    parser.add_argument("--length-buckets", default=DEFAULT_BUCKETS,
-                        help="buckets of reference length in words, ascending and not overlapping, only the last "
-                             f"open (default {DEFAULT_BUCKETS})")
-    parser.add_argument("--length-splits", default=None,
-                        help="test splits of the length table, pooled: 'all' (every test split all runs have "
-                             "hypotheses for) or names joined by commas (default: the runs' own test split)")
+    parser.add_argument(
+        "--allow-mixed",
+        action="store_true",
+        help="compare runs that differ in more than the switches and the seed (precision, budget, "
+        "data, torch version); the differences are shown in the table",
+    )
+    parser.add_argument(
+        "--no-prev",
+        action="store_true",
+        help="no comparison with the row above (Δ prev): each configuration is tested against the "
+        "baseline only, for branches off one baseline",
+    )
+    parser.add_argument(
+        "--length-buckets",
+        default=DEFAULT_BUCKETS,
+        help="buckets of reference length in words, ascending and not overlapping, only the last "
+        f"open (default {DEFAULT_BUCKETS})",
+    )
+    parser.add_argument(
+        "--length-splits",
+        default=None,
+        help="test splits of the length table, pooled: 'all' (every test split all runs have "
+        "hypotheses for) or names joined by commas (default: the runs' own test split)",
+    )
     return parser
 
 

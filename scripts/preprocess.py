@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if importlib.util.find_spec("transformer") is None:  # a checkout without an install (an installed package is used as installed)
+if (
+    importlib.util.find_spec("transformer") is None
+):  # a checkout without an install (an installed package is used as installed)
     sys.path.insert(0, str(ROOT))
 
 import hydra  # noqa: E402
@@ -60,9 +62,11 @@ def run(cfg: DictConfig) -> dict:
         manifest = read_manifest(folder)
         size = sum(p.stat().st_size for p in Path(folder).iterdir())
         c = manifest["counts"]
-        print(f"{name:<18} {c['pairs']:>10,} pairs  {c['src_tokens']:>12,} + {c['tgt_tokens']:>12,} tokens  "
-              f"{manifest['dropped']['empty_side']:>7,} dropped (empty side)  {size / 2**20:9.1f} MB  "
-              f"{stats['split_cache'][name]}  {Path(folder).name}")
+        print(
+            f"{name:<18} {c['pairs']:>10,} pairs  {c['src_tokens']:>12,} + {c['tgt_tokens']:>12,} tokens  "
+            f"{manifest['dropped']['empty_side']:>7,} dropped (empty side)  {size / 2**20:9.1f} MB  "
+            f"{stats['split_cache'][name]}  {Path(folder).name}"
+        )
     print(f"binarized data: {stats['cache_dir']}")
     print(json.dumps({"cache": stats["cache"], "seconds": stats["seconds"]}))
     return stats

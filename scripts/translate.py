@@ -34,7 +34,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if importlib.util.find_spec("transformer") is None:  # a checkout without an install (an installed package is used as installed)
+if (
+    importlib.util.find_spec("transformer") is None
+):  # a checkout without an install (an installed package is used as installed)
     sys.path.insert(0, str(ROOT))
 
 import hydra  # noqa: E402

@@ -17,8 +17,16 @@ SHARED_DATA = Path(os.environ.get("TRANSFORMER_DATA_DIR", REPO_ROOT.parent / "sh
 
 torch.set_num_threads(1)  # tiny models gain nothing from more; avoids oversubscription
 
-CALLER_VARIABLES = ("HYDRA_FULL_ERROR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                    "MASTER_ADDR", "MASTER_PORT")
+CALLER_VARIABLES = (
+    "HYDRA_FULL_ERROR",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 """Variables of the caller's shell that change what the code under test does (the traceback instead of
 the one-line error, a torchrun rank); removed for the whole session, with every ``WANDB_*``,
 ``SLURM_*``, ``SUBMITIT_*`` and ``TORCHELASTIC_*`` variable. A test that needs one sets it itself."""
@@ -55,7 +63,9 @@ def _example_plugins_imported() -> None:
     options skip the ones :data:`transformer.plugins.ORIGINS` names."""
     from transformer.plugins import import_plugins
 
-    import_plugins([REPO_ROOT / "examples" / "plugins" / "diff_attention", REPO_ROOT / "examples" / "plugins" / "reglu"])
+    import_plugins(
+        [REPO_ROOT / "examples" / "plugins" / "diff_attention", REPO_ROOT / "examples" / "plugins" / "reglu"]
+    )
 
 
 @pytest.fixture(autouse=True)

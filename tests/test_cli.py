@@ -13,8 +13,11 @@ from transformer import cli
 
 def test_a_missing_launcher_plugin_names_its_pip_install(monkeypatch):
     monkeypatch.setattr(cli, "_installed", lambda module: False)
-    with pytest.raises(cli.MissingPlugin, match=r'hydra/launcher=submitit_slurm needs the hydra-submitit-launcher '
-                                                 r'package, which is not installed: pip install -e "\.\[slurm\]"'):
+    with pytest.raises(
+        cli.MissingPlugin,
+        match=r"hydra/launcher=submitit_slurm needs the hydra-submitit-launcher "
+        r'package, which is not installed: pip install -e "\.\[slurm\]"',
+    ):
         cli.check_hydra_plugins(["experiment=ladder", "hydra/launcher=submitit_slurm"])
     with pytest.raises(cli.MissingPlugin, match=r"hydra/sweeper=optuna needs the hydra-optuna-sweeper .*\[sweep\]"):
         cli.check_hydra_plugins(["hydra/sweeper=optuna"])
@@ -32,14 +35,22 @@ def test_train_script_refuses_a_missing_plugin_with_one_line(tmp_path):
     fake = tmp_path / "hydra_plugins"
     fake.mkdir()
     (fake / "__init__.py").write_text("")
-    code = ("import sys, runpy; sys.path.insert(0, sys.argv.pop(1)); sys.argv[0] = 'scripts/train.py'; "
-            "runpy.run_path('scripts/train.py', run_name='__main__')")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path), "hydra/launcher=joblib", "-m"], cwd=REPO_ROOT,
-                         capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys, runpy; sys.path.insert(0, sys.argv.pop(1)); sys.argv[0] = 'scripts/train.py'; "
+        "runpy.run_path('scripts/train.py', run_name='__main__')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path), "hydra/launcher=joblib", "-m"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines() == [
-        'error: hydra/launcher=joblib needs the hydra-joblib-launcher package, which is not installed: '
-        'pip install -e ".[sweep]" (or pip install hydra-joblib-launcher)']
+        "error: hydra/launcher=joblib needs the hydra-joblib-launcher package, which is not installed: "
+        'pip install -e ".[sweep]" (or pip install hydra-joblib-launcher)'
+    ]
 
 
 # ----------------------------------------------------------------------------- user_errors
@@ -65,6 +76,7 @@ def _exit_status(block, capsys, **kwargs) -> tuple[int, list[str]]:
 def _raise(err: BaseException):
     def block():
         raise err
+
     return block
 
 
@@ -151,8 +163,10 @@ def test_an_error_raised_in_a_plugins_code_is_one_line_naming_it_where_asked(tmp
     (plugin,) = import_plugins([folder])
     fail = sys.modules[plugin.module].fail
     status, err = _exit_status(lambda: fail(RuntimeError("my bug\n  here")), capsys, plugins=2)
-    assert (status, err) == (2, [f"error: the plugin cli_bug_probe failed at {folder / '__init__.py'}:2: "
-                                 "RuntimeError: my bug here"])
+    assert (status, err) == (
+        2,
+        [f"error: the plugin cli_bug_probe failed at {folder / '__init__.py'}:2: RuntimeError: my bug here"],
+    )
     assert _exit_status(lambda: fail(_Data("a listed error")), capsys, plugins=2) == (1, ["error: a listed error"])
     with pytest.raises(RuntimeError, match="my bug"):
         with cli.user_errors({_Config: 2}):

@@ -40,7 +40,10 @@ SWITCHES = {
     "model/ffn=geglu": ("model.ffn.name", "geglu"),
     "model/ffn=gelu": ("model.ffn.name", "gelu"),
     "model/ffn=moe": ("model.ffn.name", "moe"),
-    "model=llama_style_tiny model/ffn=moe model.ffn.n_experts=4 model.ffn.router=sigmoid": ("model.ffn.router", "sigmoid"),
+    "model=llama_style_tiny model/ffn=moe model.ffn.n_experts=4 model.ffn.router=sigmoid": (
+        "model.ffn.router",
+        "sigmoid",
+    ),
     "model/position=rope": ("model.position.name", "rope"),
     "model/position=alibi": ("model.position.name", "alibi"),
     "model/position=learned": ("model.position.name", "learned"),
@@ -54,12 +57,20 @@ SWITCHES = {
     "model=deepseek_style_tiny": ("model.attention.name", "mla"),
     "model/attention=mla": ("model.attention.name", "mla"),
     "model=llama_style_tiny model/attention=mla model.attention.kv_lora_rank=64 model.attention.q_lora_rank=48": (
-        "model.attention.kv_lora_rank", 64),
+        "model.attention.kv_lora_rank",
+        64,
+    ),
     "model.qk_norm=rmsnorm": ("model.qk_norm", "rmsnorm"),
     "model.attention_window=16": ("model.attention_window", 16),
-    "model=llama_style_tiny model.attention_window=16 model.attention_window_pattern=2": ("model.attention_window_pattern", 2),
+    "model=llama_style_tiny model.attention_window=16 model.attention_window_pattern=2": (
+        "model.attention_window_pattern",
+        2,
+    ),
     "model=llama_style_tiny model.position.rope_scaling.rope_type=llama3 model.position.rope_scaling.factor=8 "
-    "model.position.rope_scaling.original_max_position_embeddings=256": ("model.position.rope_scaling.rope_type", "llama3"),
+    "model.position.rope_scaling.original_max_position_embeddings=256": (
+        "model.position.rope_scaling.rope_type",
+        "llama3",
+    ),
 }
 
 
@@ -110,7 +121,12 @@ def test_bad_moe_combinations_fail_before_anything_is_built_naming_the_fields(ov
 
 def test_moe_switch_composes_with_its_defaults_and_only_sets_its_name():
     cfg = _compose(["model/ffn=moe"])
-    assert (cfg.model.ffn.n_experts, cfg.model.ffn.top_k, cfg.model.ffn.expert, cfg.model.ffn.router) == (8, 2, "swiglu", "softmax")
+    assert (cfg.model.ffn.n_experts, cfg.model.ffn.top_k, cfg.model.ffn.expert, cfg.model.ffn.router) == (
+        8,
+        2,
+        "swiglu",
+        "softmax",
+    )
     option = OmegaConf.load(REPO_ROOT / "configs" / "model" / "ffn" / "moe.yaml")
     assert set(option) == {"name"}  # every other field defaults in FFNConfig
     # the expert fields do nothing for a dense block
@@ -126,7 +142,10 @@ def test_invalid_schedule_is_rejected():
 def test_cfg_job_prints_resolved_config_without_training():
     out = subprocess.run(
         [sys.executable, "scripts/train.py", "model/position=rope", "model/ffn=swiglu", "--cfg", "job"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     printed = OmegaConf.create(out.stdout)
@@ -136,7 +155,10 @@ def test_cfg_job_prints_resolved_config_without_training():
 def test_invalid_config_exits_nonzero_before_training(tmp_path):
     out = subprocess.run(
         [sys.executable, "scripts/train.py", "model.n_heads=3", f"hydra.run.dir={tmp_path}/run"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 2
     assert "model.d_model=256 is not divisible by model.n_heads=3" in out.stderr
@@ -154,13 +176,41 @@ def test_root_config_values_override_group_defaults_and_experiments_override_bot
 # Each ladder step = the step before it + one switch; Hydra's recorded group choices (results.json
 # "choices", the wandb run name) must name every switch the step has reached.
 LADDER = [
-    ("step0_vaswani2017", {"model/norm": "layernorm", "model/ffn": "relu", "model/position": "sinusoidal", "model/attention": "mha"}, ("post", "encoder_decoder")),
-    ("step1_pre_ln", {"model/norm": "layernorm", "model/ffn": "relu", "model/position": "sinusoidal", "model/attention": "mha"}, ("pre", "encoder_decoder")),
-    ("step2_rmsnorm", {"model/norm": "rmsnorm", "model/ffn": "relu", "model/position": "sinusoidal", "model/attention": "mha"}, ("pre", "encoder_decoder")),
-    ("step3_swiglu", {"model/norm": "rmsnorm", "model/ffn": "swiglu", "model/position": "sinusoidal", "model/attention": "mha"}, ("pre", "encoder_decoder")),
-    ("step4_rope", {"model/norm": "rmsnorm", "model/ffn": "swiglu", "model/position": "rope", "model/attention": "mha"}, ("pre", "encoder_decoder")),
-    ("step5_gqa", {"model/norm": "rmsnorm", "model/ffn": "swiglu", "model/position": "rope", "model/attention": "gqa"}, ("pre", "encoder_decoder")),
-    ("step6_decoder_only", {"model/norm": "rmsnorm", "model/ffn": "swiglu", "model/position": "rope", "model/attention": "gqa"}, ("pre", "decoder_only")),
+    (
+        "step0_vaswani2017",
+        {"model/norm": "layernorm", "model/ffn": "relu", "model/position": "sinusoidal", "model/attention": "mha"},
+        ("post", "encoder_decoder"),
+    ),
+    (
+        "step1_pre_ln",
+        {"model/norm": "layernorm", "model/ffn": "relu", "model/position": "sinusoidal", "model/attention": "mha"},
+        ("pre", "encoder_decoder"),
+    ),
+    (
+        "step2_rmsnorm",
+        {"model/norm": "rmsnorm", "model/ffn": "relu", "model/position": "sinusoidal", "model/attention": "mha"},
+        ("pre", "encoder_decoder"),
+    ),
+    (
+        "step3_swiglu",
+        {"model/norm": "rmsnorm", "model/ffn": "swiglu", "model/position": "sinusoidal", "model/attention": "mha"},
+        ("pre", "encoder_decoder"),
+    ),
+    (
+        "step4_rope",
+        {"model/norm": "rmsnorm", "model/ffn": "swiglu", "model/position": "rope", "model/attention": "mha"},
+        ("pre", "encoder_decoder"),
+    ),
+    (
+        "step5_gqa",
+        {"model/norm": "rmsnorm", "model/ffn": "swiglu", "model/position": "rope", "model/attention": "gqa"},
+        ("pre", "encoder_decoder"),
+    ),
+    (
+        "step6_decoder_only",
+        {"model/norm": "rmsnorm", "model/ffn": "swiglu", "model/position": "rope", "model/attention": "gqa"},
+        ("pre", "decoder_only"),
+    ),
 ]
 
 
@@ -197,7 +247,9 @@ def test_each_switch_has_one_table_and_its_options_are_the_yaml_files(group):
     for name in files:  # each option file selects its own table entry
         assert OmegaConf.select(_compose([f"model/{group}={name}"]), key) == name
     with pytest.raises(ConfigError, match=f"{re.escape(key)}='bogus' is not one of {', '.join(table)}"):
-        validate_model_config(OmegaConf.merge(_compose([]).model, OmegaConf.from_dotlist([f"{key[len('model.'):]}=bogus"])))
+        validate_model_config(
+            OmegaConf.merge(_compose([]).model, OmegaConf.from_dotlist([f"{key[len('model.') :]}=bogus"]))
+        )
 
 
 def test_norm_position_options_are_the_residual_table():
@@ -225,7 +277,11 @@ def test_model_sizes_are_derived_in_one_place_and_match_the_built_model(override
     attn, ffn = layer.self_attn.sublayer, layer.ffn.sublayer
     if sizes.latent is not None:  # MLA: the latent sizes, derived from head_dim in DeepSeek-V2's proportions
         assert (attn.kv_lora_rank, attn.qk_nope_head_dim, attn.qk_rope_head_dim, attn.v_head_dim) == (
-            4 * sizes.head_dim, sizes.head_dim, sizes.head_dim // 2, sizes.head_dim)
+            4 * sizes.head_dim,
+            sizes.head_dim,
+            sizes.head_dim // 2,
+            sizes.head_dim,
+        )
     else:
         assert (attn.head_dim, attn.n_kv_heads) == (sizes.head_dim, sizes.n_kv_heads)
     assert ffn.w2.in_features == sizes.ffn_hidden
@@ -262,14 +318,19 @@ def test_presets_are_their_parent_plus_their_own_lines(child, parent):
     for group in ("norm", "ffn", "position", "attention"):  # the parent's switches, still switchable
         if group in own and group == "attention":  # the preset sets its option's own fields (MLA's latent sizes)
             continue
-        assert OmegaConf.select(_compose([f"model={child}", f"model/{group}={next(iter(SWITCH_TABLES[group][0]))}"]),
-                                SWITCH_TABLES[group][1]) == next(iter(SWITCH_TABLES[group][0]))
+        assert OmegaConf.select(
+            _compose([f"model={child}", f"model/{group}={next(iter(SWITCH_TABLES[group][0]))}"]),
+            SWITCH_TABLES[group][1],
+        ) == next(iter(SWITCH_TABLES[group][0]))
 
 
-@pytest.mark.parametrize("preset,choices", [
-    ("mixtral_style_tiny", {"model/ffn": "moe", "model/attention": "gqa"}),
-    ("deepseek_style_tiny", {"model/ffn": "moe", "model/attention": "mla"}),
-])
+@pytest.mark.parametrize(
+    "preset,choices",
+    [
+        ("mixtral_style_tiny", {"model/ffn": "moe", "model/attention": "gqa"}),
+        ("deepseek_style_tiny", {"model/ffn": "moe", "model/attention": "mla"}),
+    ],
+)
 def test_moe_presets_record_their_group_choices_and_sizes(preset, choices):
     """Hydra records the options a preset overrides (results.json's ``choices``, the run names), and
     the sizes are the ones its file states."""

@@ -65,8 +65,11 @@ def test_group_option_files_hold_only_values_that_apply():
             node = node.get(part, {}) if isinstance(node, dict) else {}
         for f in sorted(group_dir.glob("*.yaml")):
             values = OmegaConf.to_container(OmegaConf.load(f)) or {}
-            copies += [f"{f.relative_to(REPO_ROOT)}: {key}: {value!r} is the default" for key, value in values.items()
-                       if key not in ("name", "defaults") and key in node and value == node[key]]
+            copies += [
+                f"{f.relative_to(REPO_ROOT)}: {key}: {value!r} is the default"
+                for key, value in values.items()
+                if key not in ("name", "defaults") and key in node and value == node[key]
+            ]
     assert copies == []
 
 
@@ -94,8 +97,11 @@ def test_cosine_from_the_default_config_names_what_it_needs():
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
-        with pytest.raises(ConfigError, match=r"lr_scheduler=cosine needs train.max_updates > 0 .* e.g. "
-                                              r"lr_scheduler=cosine train.max_updates=4000"):
+        with pytest.raises(
+            ConfigError,
+            match=r"lr_scheduler=cosine needs train.max_updates > 0 .* e.g. "
+            r"lr_scheduler=cosine train.max_updates=4000",
+        ):
             validate_config(compose(config_name="train", overrides=["lr_scheduler=cosine"]))
         ok = compose(config_name="train", overrides=["lr_scheduler=cosine", "train.max_updates=4000"])
     validate_config(ok)

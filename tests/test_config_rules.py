@@ -29,22 +29,54 @@ from transformer.training.job.resume import _ALWAYS_FROM_COMMAND_LINE, RESUME_OV
 # The lists as they were written by hand before they were derived from the fields: the derivation
 # must not change what a resume accepts nor how runs are grouped.
 PINNED_RESUME_OVERRIDES = {
-    "train.max_updates", "train.max_epochs", "train.max_time", "train.patience",
+    "train.max_updates",
+    "train.max_epochs",
+    "train.max_time",
+    "train.patience",
     "train.ema_decay",
-    "train.log_every", "train.progress", "logger",
-    "train.num_threads", "train.tune_malloc", "train.onednn_cache_capacity", "train.device",
-    "train.distributed", "train.activation_checkpointing", "train.compile",
-    "data.root", "data.cache_dir", "data.binarized", "data.download", "data.preprocess_workers",
-    "train.resume", "train.resume_from", "train.finished_runs", "run_dir",
-    "plugins", "plugins_trust",
+    "train.log_every",
+    "train.progress",
+    "logger",
+    "train.num_threads",
+    "train.tune_malloc",
+    "train.onednn_cache_capacity",
+    "train.device",
+    "train.distributed",
+    "train.activation_checkpointing",
+    "train.compile",
+    "data.root",
+    "data.cache_dir",
+    "data.binarized",
+    "data.download",
+    "data.preprocess_workers",
+    "train.resume",
+    "train.resume_from",
+    "train.finished_runs",
+    "run_dir",
+    "plugins",
+    "plugins_trust",
 }
 PINNED_ALWAYS_FROM_COMMAND_LINE = {"train.resume", "train.resume_from", "run_dir"}
 PINNED_IGNORED_KEYS = {
-    "seed", "experiment_name", "run_dir",
-    "data.root", "data.cache_dir", "data.download", "data.binarized", "data.preprocess_workers",
-    "train.stop_signals", "train.device", "train.num_threads", "train.onednn_cache_capacity", "train.progress",
-    "train.resume", "train.finished_runs", "train.log_every",
-    "logger", "plugins", "plugins_trust",
+    "seed",
+    "experiment_name",
+    "run_dir",
+    "data.root",
+    "data.cache_dir",
+    "data.download",
+    "data.binarized",
+    "data.preprocess_workers",
+    "train.stop_signals",
+    "train.device",
+    "train.num_threads",
+    "train.onednn_cache_capacity",
+    "train.progress",
+    "train.resume",
+    "train.finished_runs",
+    "train.log_every",
+    "logger",
+    "plugins",
+    "plugins_trust",
 }
 
 
@@ -64,7 +96,8 @@ def test_every_field_of_the_schema_declares_its_rule():
     assert missing == [], (
         "fields without a rule: " + ", ".join(missing) + ". Declare one where the field is declared: "
         "`recipe(default)` (fixed on resume, defines the configuration) or `rule(default, resume=..., "
-        "grouping=...)` (transformer/config/rules.py)")
+        "grouping=...)` (transformer/config/rules.py)"
+    )
 
 
 def test_a_new_field_without_a_rule_is_named():
@@ -109,6 +142,6 @@ def test_the_resume_page_lists_the_fields_a_resume_may_change():
     """docs/runs.md names them (``logger.*`` for the node), so the page follows the declarations."""
     text = " ".join((REPO_ROOT / "docs" / "runs.md").read_text(encoding="utf-8").split())
     start = text.index("Each field declares whether a resume may change it")
-    sentence = text[start: text.index("may change on resume", start)]
+    sentence = text[start : text.index("may change on resume", start)]
     listed = {name.removesuffix(".*") for name in re.findall(r"`([a-z_.*]+)`", sentence)}
     assert listed == set(RESUME_OVERRIDES) - set(_ALWAYS_FROM_COMMAND_LINE)

@@ -137,22 +137,26 @@ def undeclared(imports: dict[str, list[str]], installed_by_ci: set[str], extras:
                 problems.append(f"{top} ({where}) is optional but {dist} is not in the [{extra}] extra")
             continue
         if name in INDIRECT and INDIRECT[name] not in installed_by_ci:
-            problems.append(f"{name} ({where}) needs {INDIRECT[name]}, which neither the core dependencies nor [dev] list")
+            problems.append(
+                f"{name} ({where}) needs {INDIRECT[name]}, which neither the core dependencies nor [dev] list"
+            )
         if "." in name:
             continue  # the top-level module is checked on its own entry
         dists = _distributions_of(top)
         if not dists:
             problems.append(f"{top} ({where}) is not installed: no distribution provides it; list it in pyproject.toml")
         elif not dists & installed_by_ci:
-            problems.append(f"{top} ({where}) comes from {', '.join(sorted(dists))}, which neither the core "
-                            "dependencies nor the [dev] extra of pyproject.toml list")
+            problems.append(
+                f"{top} ({where}) comes from {', '.join(sorted(dists))}, which neither the core "
+                "dependencies nor the [dev] extra of pyproject.toml list"
+            )
     return problems
 
 
 def test_every_imported_module_comes_from_a_declared_distribution():
     installed_by_ci, extras = declared()
     problems = undeclared(third_party_imports(_sources(), _first_party()), installed_by_ci, extras)
-    assert not problems, "imports not covered by `pip install -e \".[dev]\"`:\n" + "\n".join(problems)
+    assert not problems, 'imports not covered by `pip install -e ".[dev]"`:\n' + "\n".join(problems)
 
 
 def test_the_check_names_an_undeclared_module_and_its_file(tmp_path):
@@ -170,9 +174,13 @@ def test_the_check_names_an_undeclared_module_and_its_file(tmp_path):
 def test_every_selected_hydra_plugin_is_installed_by_dev():
     installed_by_ci, _ = declared()
     pattern = re.compile(r"hydra/(launcher|sweeper)=([A-Za-z0-9_]+)")
-    files = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md")),
-             *(REPO_ROOT / "configs").rglob("*.yaml"), *(REPO_ROOT / "scripts").glob("*"),
-             *(p for p, _ in _sources())]
+    files = [
+        REPO_ROOT / "README.md",
+        *sorted((REPO_ROOT / "docs").rglob("*.md")),
+        *(REPO_ROOT / "configs").rglob("*.yaml"),
+        *(REPO_ROOT / "scripts").glob("*"),
+        *(p for p, _ in _sources()),
+    ]
     problems = []
     for path in files:
         if not path.is_file():

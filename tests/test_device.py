@@ -29,26 +29,48 @@ from transformer.training.job import finished_runs
 PACKAGE = Path(transformer.__file__).parent
 
 FACTORIES = {
-    "arange", "as_tensor", "empty", "empty_strided", "eye", "from_numpy", "frombuffer", "full", "Generator",
-    "linspace", "logspace", "normal", "ones", "rand", "randint", "randn", "randperm", "scalar_tensor", "tensor",
-    "tril_indices", "triu_indices", "zeros",
+    "arange",
+    "as_tensor",
+    "empty",
+    "empty_strided",
+    "eye",
+    "from_numpy",
+    "frombuffer",
+    "full",
+    "Generator",
+    "linspace",
+    "logspace",
+    "normal",
+    "ones",
+    "rand",
+    "randint",
+    "randn",
+    "randperm",
+    "scalar_tensor",
+    "tensor",
+    "tril_indices",
+    "triu_indices",
+    "zeros",
 }
 """``torch.<name>(...)`` calls that make a tensor (or a generator) on the default device unless given ``device=``."""
 
 HOST_FACTORIES: dict[tuple[str, str], str] = {
     ("generation/beam.py", "_beam_search"): "length penalties and parent rows made on the host from host values, then "
-                                            "copied to the device without waiting (one read a step)",
+    "copied to the device without waiting (one read a step)",
     ("generation/common.py", "to_device"): "host ints to a device tensor: made on the host, copied non_blocking",
     ("models/state.py", "DecodingState._reorder_sources"): "the rows to keep, from the host's index copy, then "
-                                                           "copied to the index's device non_blocking",
+    "copied to the index's device non_blocking",
     ("modules/rope_scaling.py", "rope_inv_freq"): "the RoPE frequency table, built at construction and moved "
-                                                  "with the module (a plugin's from_sizes returns host values)",
+    "with the module (a plugin's from_sizes returns host values)",
     ("data/batching.py", "TokenBatchSampler._epoch"): "the data order, drawn on the host",
     ("data/collate.py", "pad_sequences"): "batches are built on the host, then Batch.to(device)",
     ("data/collate.py", "_ids_tensor"): "batches are built on the host, then Batch.to(device)",
     ("data/collate.py", "collate_encoder_decoder"): "batches are built on the host, then Batch.to(device)",
     ("data/collate.py", "collate_decoder_only"): "batches are built on the host, then Batch.to(device)",
-    ("generation/translate.py", "make_src_tokens"): "the source batch is built on the host, then moved with one .to(device)",
+    (
+        "generation/translate.py",
+        "make_src_tokens",
+    ): "the source batch is built on the host, then moved with one .to(device)",
     ("interop/ct2.py", "_position_table"): "an export, on the host",
     ("interop/hf_marian.py", "marian_permutation"): "an export, on the host",
     ("interop/hf_marian.py", "marian_state"): "an export, on the host",
@@ -56,11 +78,17 @@ HOST_FACTORIES: dict[tuple[str, str], str] = {
     ("interop/hf_moe_import.py", "_half_split"): "an export, on the host",
     ("modules/moe_router.py", "TopKRouter.__init__"): "a buffer made at construction, moved with the module",
     ("modules/moe.py", "GroupedExperts.__init__"): "parameters made at construction, moved with the module",
-    ("modules/positions.py", "LearnedPositionalEmbedding.__init__"): "a parameter made at construction, moved with the module",
+    (
+        "modules/positions.py",
+        "LearnedPositionalEmbedding.__init__",
+    ): "a parameter made at construction, moved with the module",
     ("modules/positions.py", "sinusoidal_table"): "an fp32 table made at construction: PositionEncoding._fp32 "
-                                                  "moves it on first use, a grown one goes to the old one's device",
+    "moves it on first use, a grown one goes to the old one's device",
     ("modules/positions.py", "alibi_slopes"): "an fp32 table made at construction (PositionEncoding._fp32 moves it)",
-    ("modules/rope_scaling.py", "unscaled_inv_freq"): "RoPE frequencies made at construction (PositionEncoding._fp32 moves them)",
+    (
+        "modules/rope_scaling.py",
+        "unscaled_inv_freq",
+    ): "RoPE frequencies made at construction (PositionEncoding._fp32 moves them)",
     ("modules/rope_scaling.py", "_yarn"): "RoPE frequencies made at construction (PositionEncoding._fp32 moves them)",
     ("training/checkpoint/rng.py", "get_rng_state"): "the host's generator states, saved in the training state",
 }
@@ -105,8 +133,12 @@ def _torch_call(call: ast.Call) -> str | None:
     f = call.func
     if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "torch":
         return f.attr
-    if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Attribute) and isinstance(f.value.value, ast.Name)
-            and f.value.value.id == "torch"):
+    if (
+        isinstance(f, ast.Attribute)
+        and isinstance(f.value, ast.Attribute)
+        and isinstance(f.value.value, ast.Name)
+        and f.value.value.id == "torch"
+    ):
         return f"{f.value.attr}.{f.attr}"
     return None
 
@@ -123,19 +155,24 @@ def test_every_tensor_factory_names_its_device_outside_host_functions() -> None:
     assert not unexplained, (
         "tensors made without device= (on the CPU, whatever device the inputs are on); pass "
         "device=<an input>.device (or use x.new_*/torch.*_like), or, for a tensor made on the host on "
-        "purpose, list the function in HOST_FACTORIES with the reason:\n" + "\n".join(unexplained))
+        "purpose, list the function in HOST_FACTORIES with the reason:\n" + "\n".join(unexplained)
+    )
     stale = sorted(set(HOST_FACTORIES) - set(found))
     assert not stale, f"HOST_FACTORIES entries that make no tensor without device= any more: {stale}"
 
 
 def test_no_module_moves_tensors_with_cuda_or_picks_a_device_itself() -> None:
-    cuda_calls = [f"transformer/{rel}:{line}" for rel, _, line, call in _calls()
-                  if isinstance(call.func, ast.Attribute) and call.func.attr == "cuda" and not call.args]
+    cuda_calls = [
+        f"transformer/{rel}:{line}"
+        for rel, _, line, call in _calls()
+        if isinstance(call.func, ast.Attribute) and call.func.attr == "cuda" and not call.args
+    ]
     assert not cuda_calls, f".cuda() moves to the current GPU whatever train.device says; use .to(device): {cuda_calls}"
     asking = {rel for rel, _, _, call in _calls() if _torch_call(call) == "cuda.is_available"}
     assert asking <= set(DEVICE_CHOICES), (
         f"modules asking torch.cuda.is_available() to choose a device: {sorted(asking - set(DEVICE_CHOICES))}; "
-        "use transformer.device.resolve_device")
+        "use transformer.device.resolve_device"
+    )
     assert {"device.py"} <= asking
 
 
@@ -167,7 +204,8 @@ def test_a_cuda_device_where_torch_sees_none_is_refused_in_one_line(monkeypatch:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert unavailable(torch.device("cpu"), "device") is None
     assert unavailable(torch.device("cuda", 0), "train.device").startswith(
-        "train.device=cuda: torch sees no CUDA device on this machine")
+        "train.device=cuda: torch sees no CUDA device on this machine"
+    )
     missing = tmp_path / "not_loaded"  # never read: the device is refused first
     for run, script in ((translate_file, "translate"), (evaluate_checkpoint, "evaluate")):
         with pytest.raises(ConfigError, match=r"^device=cuda: torch sees no CUDA device .* use device=cpu"):

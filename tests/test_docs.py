@@ -38,7 +38,7 @@ _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 def _nav_pages() -> list[str]:
     """The pages of ``mkdocs.yml``'s ``nav`` (its last section), in order."""
     text = (REPO_ROOT / "mkdocs.yml").read_text(encoding="utf-8")
-    nav = text[text.index("\nnav:"):]
+    nav = text[text.index("\nnav:") :]
     return re.findall(r"^\s*-\s+(?:[^:\n]+:\s+)?(\S+\.md)\s*$", nav, flags=re.M)
 
 
@@ -59,13 +59,28 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
         raise AssertionError(f"{err.name} is not installed: pip install -e '.[docs]'") from err
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(REPO_ROOT / "mkdocs.yml"),
-         "--site-dir", str(tmp_path / "site")],
-        cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(REPO_ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(tmp_path / "site"),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     output = proc.stdout + proc.stderr
     warnings = [line for line in output.splitlines() if "WARNING" in line or "ERROR" in line]
     assert proc.returncode == 0 and not warnings, "mkdocs build --strict failed:\n" + (
-        "\n".join(warnings) or output[-3000:])
+        "\n".join(warnings) or output[-3000:]
+    )
     for page in ("index.html", "switches/index.html", "api/index.html", "results/ladder/index.html"):
         assert (tmp_path / "site" / page).is_file(), page
 
@@ -123,12 +138,15 @@ def _table(text: str, header_start: str) -> list[str]:
 def test_the_readme_ladder_table_is_the_one_compare_py_wrote():
     committed = _table(COMPARISON.read_text(encoding="utf-8"), "| Configuration |")
     assert _table(README, "| Configuration |") == committed, (
-        "the README's ladder table differs from docs/results/ladder/comparison.md's: copy it from there")
+        "the README's ladder table differs from docs/results/ladder/comparison.md's: copy it from there"
+    )
 
 
 def test_the_studies_ladder_table_holds_the_committed_numbers():
-    committed = {row.split("|")[1].strip().split()[0].split("_")[0]: row
-                 for row in _table(COMPARISON.read_text(encoding="utf-8"), "| Configuration |")[2:]}
+    committed = {
+        row.split("|")[1].strip().split()[0].split("_")[0]: row
+        for row in _table(COMPARISON.read_text(encoding="utf-8"), "| Configuration |")[2:]
+    }
     rows = _table((DOCS / "studies.md").read_text(encoding="utf-8"), "| ladder step |")[2:]
     assert len(rows) == len(committed) == 7
     for row in rows:
@@ -153,10 +171,15 @@ def test_the_readme_stays_a_short_map_and_no_table_row_is_a_page():
     lines = README.splitlines()
     assert len(lines) <= 200, f"README.md has {len(lines)} lines: move the detail to a page under docs/"
     pages = [REPO_ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
-    long_rows = [f"{p.name}: {len(line)} characters: {line[:60]}" for p in pages
-                 for line in p.read_text(encoding="utf-8").splitlines() if line.startswith("|") and len(line) > 500]
+    long_rows = [
+        f"{p.name}: {len(line)} characters: {line[:60]}"
+        for p in pages
+        for line in p.read_text(encoding="utf-8").splitlines()
+        if line.startswith("|") and len(line) > 500
+    ]
     assert long_rows == [], "table rows over 500 characters (split the row or move the prose below the table):\n" + (
-        "\n".join(long_rows))
+        "\n".join(long_rows)
+    )
 
 
 @pytest.mark.parametrize("page", ["studies.md", "index.md"])

@@ -66,8 +66,16 @@ def results(shim: Path, all_cases: list[Case], tmp_path_factory: pytest.TempPath
     """Every case, plus the cheapest decoder-only preset with a CPU-made attention mask injected
     (:func:`tests.fake_cuda.dry_run.inject_cpu_mask`), in one child process."""
     plan = [c.as_dict() for c in all_cases]
-    injected = dict(next(p for p in plan if p["name"] == "preset:llama_style"), name=INJECTED, inject="cpu_mask",
-                    precisions=["bf16"], fit=[], resume=[], decoding=[], compose=None)
+    injected = dict(
+        next(p for p in plan if p["name"] == "preset:llama_style"),
+        name=INJECTED,
+        inject="cpu_mask",
+        precisions=["bf16"],
+        fit=[],
+        resume=[],
+        decoding=[],
+        compose=None,
+    )
     return run_plan([*plan, injected], tmp_path_factory.mktemp("fake_cuda_run"), shim)
 
 
@@ -75,9 +83,21 @@ def run_plan(plan: list[dict[str, Any]], folder: Path, shim: Path) -> dict[str, 
     """Run the cases in ``python -m tests.fake_cuda.runner``; returns its results by case name."""
     (folder / "plan.json").write_text(json.dumps({"cases": plan}), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "tests.fake_cuda.runner", str(shim), str(folder / "plan.json"),
-                           str(folder / "results.json")], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.fake_cuda.runner",
+            str(shim),
+            str(folder / "plan.json"),
+            str(folder / "results.json"),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, f"the dry-run process failed:\n{done.stderr[-5000:]}"
     return json.loads((folder / "results.json").read_text(encoding="utf-8"))["cases"]
 
@@ -109,8 +129,13 @@ def test_cases_cover_every_option_of_every_group(all_cases: list[Case]) -> None:
         if case.name.startswith("preset:"):
             assert case.precisions == PRECISIONS, case.name
     # every precision meets both families, a mixture of experts, MLA and sliding windows
-    for key, option in (("model.arch", "encoder_decoder"), ("model.arch", "decoder_only"), ("FFNS", "moe"),
-                        ("ATTENTION_KINDS", "mla"), ("model.attention_window", "local")):
+    for key, option in (
+        ("model.arch", "encoder_decoder"),
+        ("model.arch", "decoder_only"),
+        ("FFNS", "moe"),
+        ("ATTENTION_KINDS", "mla"),
+        ("model.attention_window", "local"),
+    ):
         ran = {p for c in all_cases if c.covers.get(key) == option for p in c.precisions}
         assert ran == set(PRECISIONS), (key, option, ran)
     # decoding runs with every option of the groups that change it
@@ -201,8 +226,10 @@ def test_decoding_host_syncs_per_generated_token_are_reported(results: dict[str,
                 per_step = sum(syncs.values()) / steps
                 own = sum(n for key, n in syncs.items() if parse_sync(key)[1].startswith("transformer/generation/"))
                 loop = run["decode_syncs"][strategy]["per_step"]
-                rows.append(f"{case.name} [{precision}] {strategy}: {per_step:.1f} per step over {steps} steps "
-                            f"({loop:.1f} per step between the first and the last; the search's own {own})")
+                rows.append(
+                    f"{case.name} [{precision}] {strategy}: {per_step:.1f} per step over {steps} steps "
+                    f"({loop:.1f} per step between the first and the last; the search's own {own})"
+                )
                 if per_step > ceiling or own > steps + SEARCH_READS[strategy]:
                     over.append(rows[-1])
     assert rows and not over, "host syncs per decoding step above the ceiling:\n" + "\n".join(rows)

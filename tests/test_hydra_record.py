@@ -23,8 +23,14 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": ""}
 
 
 def _train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "train.py"), *args], cwd=REPO_ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), *args],
+        cwd=REPO_ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_a_refused_run_leaves_no_folder_and_one_that_held_files_keeps_them(tmp_path):
@@ -35,7 +41,8 @@ def test_a_refused_run_leaves_no_folder_and_one_that_held_files_keeps_them(tmp_p
         proc = _train("model.n_heads=3", "train.max_updates=1", f"hydra.run.dir={folder}")
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.strip().splitlines() == [
-            "error: invalid configuration: model.d_model=256 is not divisible by model.n_heads=3"]
+            "error: invalid configuration: model.d_model=256 is not divisible by model.n_heads=3"
+        ]
     assert not fresh.exists()
     assert (used / "notes.txt").read_text() == "mine\n"
 
@@ -53,9 +60,9 @@ def test_record_names_and_reading_back(tmp_path):
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "hydra.yaml").write_text(
         "hydra:\n  runtime:\n    choices:\n      model: transformer_tiny\n      model/ffn: relu\n"
-        "      hydra/launcher: basic\n      data: null\n")
+        "      hydra/launcher: basic\n      data: null\n"
+    )
     assert recorded_choices(tmp_path) == {"model": "transformer_tiny", "model/ffn": "relu"}
     assert recorded_choices(tmp_path / "missing") is None
     # outside a Hydra job: no run folder, no choices, nothing to take back
     assert job_run_dir() is None and job_choices() == {} and forget_record() is None
-

@@ -88,7 +88,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         path.pop()
@@ -104,6 +104,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     """The module graph folded onto the package's top-level packages and modules (``config``,
     ``io``, ...): which of them the modules of each import (``transformer`` itself left out)."""
+
     def top(module: str) -> str:
         return module.split(".")[1] if "." in module else ""
 
@@ -129,7 +130,9 @@ def _stated_order() -> list[tuple[str, set[str]]]:
 
 def test_the_graph_finder_sees_every_module_and_a_known_edge():
     graph, _ = _graph()
-    assert {"transformer.models.builder", "transformer.kernels.rotary", "transformer.training.loop.trainer"} <= set(graph)
+    assert {"transformer.models.builder", "transformer.kernels.rotary", "transformer.training.loop.trainer"} <= set(
+        graph
+    )
     assert "transformer.kernels.rotary" in graph["transformer.modules.attention"]
     assert "transformer.config" in graph["transformer.models.builder"]
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
@@ -143,10 +146,12 @@ def test_the_import_order_the_docs_state_is_the_import_graph():
     assert len(names) == len(set(names)) and names, names
     real = _package_graph(graph)
     assert set(names) == set(real), (
-        f"packages the page lists but the package lacks: {set(names) - set(real)}; unlisted: {set(real) - set(names)}")
+        f"packages the page lists but the package lacks: {set(names) - set(real)}; unlisted: {set(real) - set(names)}"
+    )
     for package, imports in stated:
         assert imports == real[package], (
-            f"docs/contributing.md says `{package}` imports {sorted(imports)}; it imports {sorted(real[package])}")
+            f"docs/contributing.md says `{package}` imports {sorted(imports)}; it imports {sorted(real[package])}"
+        )
     for i, (package, imports) in enumerate(stated):
         below = imports - set(names[:i])
         assert not below, f"`{package}` imports {sorted(below)}, listed below it"
@@ -166,15 +171,21 @@ def test_no_module_imports_the_package_inside_a_function():
 def test_every_module_imports_in_a_fresh_interpreter():
     names = sorted(_modules(), reverse=True)  # submodules before their packages: none relies on import order
     code = "import importlib, sys\nfor n in sys.argv[1:]:\n    importlib.import_module(n)\n"
-    proc = subprocess.run([sys.executable, "-c", code, *names], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *names], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_every_name_a_module_exports_exists():
     """``from transformer.<module> import *`` works: each name in a module's ``__all__`` is defined
     there (a package's ``__all__`` that gathers its submodules' lists must import every name)."""
-    missing = [f"{name}.{attr}" for name in sorted(_modules()) for attr in getattr(importlib.import_module(name), "__all__", ())
-               if not hasattr(importlib.import_module(name), attr)]
+    missing = [
+        f"{name}.{attr}"
+        for name in sorted(_modules())
+        for attr in getattr(importlib.import_module(name), "__all__", ())
+        if not hasattr(importlib.import_module(name), attr)
+    ]
     assert missing == [], "names in __all__ that the module does not define: " + ", ".join(missing)
 
 
@@ -211,8 +222,7 @@ def test_the_training_rooms_import_in_their_order():
     folded: dict[str, set[str]] = {}
     for module, imports in graph.items():
         if _room(module):
-            folded.setdefault(_room(module), set()).update(
-                r for r in map(_room, imports) if r and r != _room(module))
+            folded.setdefault(_room(module), set()).update(r for r in map(_room, imports) if r and r != _room(module))
     assert _cycle(folded) is None
 
 

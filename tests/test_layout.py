@@ -26,21 +26,32 @@ def _line_counts() -> dict[str, int]:
 
 def test_the_counter_sees_the_files():
     counts = _line_counts()
-    assert {"transformer/config/schema.py", "transformer/training/loop/trainer.py", "benchmarks/gpu_check/cli.py"} <= set(counts)
+    assert {
+        "transformer/config/schema.py",
+        "transformer/training/loop/trainer.py",
+        "benchmarks/gpu_check/cli.py",
+    } <= set(counts)
     assert all(n > 0 for n in counts.values())
 
 
 def test_no_file_is_longer_than_the_limit():
     long = {path: n for path, n in _line_counts().items() if n > MAX_LINES}
     assert long == {}, f"files over {MAX_LINES} lines (split them along a seam): " + ", ".join(
-        f"{path} ({n})" for path, n in sorted(long.items(), key=lambda item: -item[1]))
+        f"{path} ({n})" for path, n in sorted(long.items(), key=lambda item: -item[1])
+    )
 
 
 def test_every_test_file_named_exists():
     named: dict[str, set[str]] = {}
     files = [REPO_ROOT / "README.md", *(REPO_ROOT / "docs").rglob("*.md")]
-    for folder, pattern in (("transformer", "*.py"), ("benchmarks", "*.py"), ("scripts", "*"), ("tests", "*.py"),
-                            ("configs", "*.yaml"), ("examples", "*")):
+    for folder, pattern in (
+        ("transformer", "*.py"),
+        ("benchmarks", "*.py"),
+        ("scripts", "*"),
+        ("tests", "*.py"),
+        ("configs", "*.yaml"),
+        ("examples", "*"),
+    ):
         files += [p for p in (REPO_ROOT / folder).rglob(pattern) if p.is_file()]
     for path in files:
         for name in re.findall(r"tests/[\w/]+\.py", path.read_text(encoding="utf-8", errors="replace")):

@@ -12,8 +12,9 @@ from tests.conftest import REPO_ROOT
 
 def _ruff(*args: str) -> subprocess.CompletedProcess:
     """``python -m ruff <args>`` in the repository root (the environment's ruff, its pyproject.toml settings)."""
-    return subprocess.run([sys.executable, "-m", "ruff", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_ruff_is_installed_with_dev():

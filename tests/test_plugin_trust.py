@@ -55,20 +55,50 @@ def home(tmp_path_factory) -> dict:
 
 def _train_args(home: dict, run_dir: Path, *extra: str) -> list[str]:
     c = home["corpus"]
-    return [f"plugins=[{home['probe']}]", "data=parallel_text", f"data.root={c}", "data.src_lang=en",
-            "data.tgt_lang=de", "data.train_prefix=train", "data.valid_prefix=val", "data.test_prefix=test_2016_flickr",
-            "data.test_splits=[test_2016_flickr]", "data.vocab_size=200", f"data.cache_dir={c}/cache",
-            "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_model=32", "model.n_heads=4",
-            "model.d_ff=64", "train.max_tokens=400", "train.max_updates=2", "train.max_time=0",
-            "train.validate_every=2", "train.valid_bleu=false", "train.save_every=2", "train.progress=false",
-            "train.num_threads=1", "train.precision=fp32", "lr_scheduler.warmup_updates=1",
-            "generation.beam_size=1", "generation.max_len_b=4", f"hydra.run.dir={run_dir}", *extra]
+    return [
+        f"plugins=[{home['probe']}]",
+        "data=parallel_text",
+        f"data.root={c}",
+        "data.src_lang=en",
+        "data.tgt_lang=de",
+        "data.train_prefix=train",
+        "data.valid_prefix=val",
+        "data.test_prefix=test_2016_flickr",
+        "data.test_splits=[test_2016_flickr]",
+        "data.vocab_size=200",
+        f"data.cache_dir={c}/cache",
+        "model.n_encoder_layers=1",
+        "model.n_decoder_layers=1",
+        "model.d_model=32",
+        "model.n_heads=4",
+        "model.d_ff=64",
+        "train.max_tokens=400",
+        "train.max_updates=2",
+        "train.max_time=0",
+        "train.validate_every=2",
+        "train.valid_bleu=false",
+        "train.save_every=2",
+        "train.progress=false",
+        "train.num_threads=1",
+        "train.precision=fp32",
+        "lr_scheduler.warmup_updates=1",
+        "generation.beam_size=1",
+        "generation.max_len_b=4",
+        f"hydra.run.dir={run_dir}",
+        *extra,
+    ]
 
 
 def _run(home: dict, script: str, *args: str) -> subprocess.CompletedProcess:
     home["marker"].unlink(missing_ok=True)
-    return subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / script), *args], cwd=home["root"],
-                          env=home["env"], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / script), *args],
+        cwd=home["root"],
+        env=home["env"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def _refused(home: dict, out: subprocess.CompletedProcess, *words: str) -> None:
@@ -110,8 +140,14 @@ def test_a_run_folder_that_trusts_itself_is_refused_and_the_command_line_decides
         translate = ("translate.py", f"checkpoint={run}", f"input={src}", "progress=false")
         evaluate = ("evaluate.py", f"checkpoint={run}", f"output_dir={tmp_path / 'eval'}", "progress=false")
         export = ("export.py", f"run={run}", "format=hf")
-        resume = ("train.py", *[a for a in _train_args(home, run, "train.max_updates=3", "train.resume=true")
-                                if not a.startswith("plugins=")])
+        resume = (
+            "train.py",
+            *[
+                a
+                for a in _train_args(home, run, "train.max_updates=3", "train.resume=true")
+                if not a.startswith("plugins=")
+            ],
+        )
         for command in (translate, evaluate, (*export, f"out={tmp_path / 'hf_refused'}"), resume):
             _refused(home, _run(home, *command), *words)
         assert not (tmp_path / "hf_refused").exists()
@@ -141,7 +177,11 @@ def test_a_trusted_resume_keeps_the_recorded_path_and_records_no_trust(home, tmp
     moved = tmp_path / "moved_away"
     shutil.move(home["probe"], moved)
     try:
-        args = [a for a in _train_args(home, run, "train.max_updates=3", "train.resume=true") if not a.startswith("plugins=")]
+        args = [
+            a
+            for a in _train_args(home, run, "train.max_updates=3", "train.resume=true")
+            if not a.startswith("plugins=")
+        ]
         _refused(home, _run(home, "train.py", *args), "is not there any more", "plugins_trust=true")
         _imported(home, _run(home, "train.py", *args, "plugins_trust=true"))
         saved = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"))

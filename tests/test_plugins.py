@@ -33,8 +33,23 @@ def user(tmp_path_factory) -> dict:
         shutil.copy(REPO_ROOT / name, src / name)
     shutil.copytree(REPO_ROOT / "transformer", src / "transformer", ignore=shutil.ignore_patterns("__pycache__"))
     site = root / "site"
-    out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                          "--target", str(site), str(src)], capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     corpus = root / "corpus"
     corpus.mkdir()
@@ -46,32 +61,72 @@ def user(tmp_path_factory) -> dict:
     for name in ("diff_attention", "reglu"):
         shutil.copytree(EXAMPLES / name, ideas / name, ignore=shutil.ignore_patterns("__pycache__"))
     env = {**os.environ, "PYTHONPATH": str(site)}
-    which = subprocess.run([sys.executable, "-c", "import transformer; print(transformer.__file__)"],
-                           env=env, cwd=root, capture_output=True, text=True)
+    which = subprocess.run(
+        [sys.executable, "-c", "import transformer; print(transformer.__file__)"],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     assert which.stdout.strip() == str(site / "transformer" / "__init__.py"), which
     return {"root": root, "corpus": corpus, "ideas": ideas, "env": env}
 
 
 def _run(user: dict, script: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / script), *args], cwd=user["root"],
-                          env=user["env"], capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / script), *args],
+        cwd=user["root"],
+        env=user["env"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def _train_args(user: dict, run_dir: Path, *extra: str) -> list[str]:
     c = user["corpus"]
-    return [f"plugins=[{user['ideas'] / 'diff_attention'},{user['ideas'] / 'reglu'}]", *OPTIONS,
-            "data=parallel_text", f"data.root={c}", "data.src_lang=en", "data.tgt_lang=de", "data.train_prefix=train",
-            "data.valid_prefix=val", "data.test_prefix=test_2016_flickr", "data.test_splits=[test_2016_flickr]",
-            "data.vocab_size=250", f"data.cache_dir={c}/cache", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
-            "model.d_model=32", "model.n_heads=4", "model.d_ff=64", "train.max_tokens=500", "train.max_updates=4",
-            "train.max_time=0", "train.validate_every=4", "train.valid_bleu=false", "train.save_every=2",
-            "train.progress=false", "train.num_threads=1", "train.precision=fp32", "lr_scheduler.warmup_updates=2",
-            "generation.beam_size=2", "generation.max_len_b=5", f"hydra.run.dir={run_dir}", *extra]
+    return [
+        f"plugins=[{user['ideas'] / 'diff_attention'},{user['ideas'] / 'reglu'}]",
+        *OPTIONS,
+        "data=parallel_text",
+        f"data.root={c}",
+        "data.src_lang=en",
+        "data.tgt_lang=de",
+        "data.train_prefix=train",
+        "data.valid_prefix=val",
+        "data.test_prefix=test_2016_flickr",
+        "data.test_splits=[test_2016_flickr]",
+        "data.vocab_size=250",
+        f"data.cache_dir={c}/cache",
+        "model.n_encoder_layers=1",
+        "model.n_decoder_layers=1",
+        "model.d_model=32",
+        "model.n_heads=4",
+        "model.d_ff=64",
+        "train.max_tokens=500",
+        "train.max_updates=4",
+        "train.max_time=0",
+        "train.validate_every=4",
+        "train.valid_bleu=false",
+        "train.save_every=2",
+        "train.progress=false",
+        "train.num_threads=1",
+        "train.precision=fp32",
+        "lr_scheduler.warmup_updates=2",
+        "generation.beam_size=2",
+        "generation.max_len_b=5",
+        f"hydra.run.dir={run_dir}",
+        *extra,
+    ]
 
 
 def _one_error_line(out: subprocess.CompletedProcess, *words: str) -> str:
     # the line saying which weights a run folder resolves to (run_weights.find_checkpoint) may come first
-    lines = [ln for ln in out.stderr.splitlines() if ln.strip() and not re.search(r": loading checkpoint_\w+\.safetensors", ln)]
+    lines = [
+        ln
+        for ln in out.stderr.splitlines()
+        if ln.strip() and not re.search(r": loading checkpoint_\w+\.safetensors", ln)
+    ]
     assert out.returncode == 2, out.stderr[-3000:]
     assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-3000:]
     assert all(w in lines[0] for w in words), lines[0]
@@ -94,7 +149,8 @@ def test_a_plugin_run_records_its_files_and_trains_and_resumes(user, run):
     assert set(files) >= {"diff_attention/__init__.py", "reglu/__init__.py", "reglu/configs/ladder/step5_reglu.yaml"}
     assert results["config"]["plugins"] == [str(user["ideas"] / "diff_attention"), str(user["ideas"] / "reglu")]
     assert (run / "plugins" / "diff_attention" / "__init__.py").read_bytes() == (
-        user["ideas"] / "diff_attention" / "__init__.py").read_bytes()
+        user["ideas"] / "diff_attention" / "__init__.py"
+    ).read_bytes()
     assert results["flops_per_token"] > 0 and results["params"] > 0  # the plugin gives its cost
     out = _run(user, "train.py", *_train_args(user, run, "train.max_updates=6", "train.resume=true"))
     assert out.returncode == 0 and "resumed from" in out.stderr, out.stderr[-3000:]
@@ -102,21 +158,40 @@ def test_a_plugin_run_records_its_files_and_trains_and_resumes(user, run):
 
 
 def test_a_plugin_step_composes_from_the_plugins_configs_folder(user):
-    out = _run(user, "train.py", f"plugins=[{user['ideas'] / 'reglu'}]", "experiment=branches", "ladder=step5_reglu",
-               "--cfg", "job")
+    out = _run(
+        user,
+        "train.py",
+        f"plugins=[{user['ideas'] / 'reglu'}]",
+        "experiment=branches",
+        "ladder=step5_reglu",
+        "--cfg",
+        "job",
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "name: reglu" in out.stdout and "name: gqa" in out.stdout  # step5 + the plugin's FFN
 
 
 def test_a_sweep_over_a_plugin_option_and_a_builtin_one(user):
     sweep = user["root"] / "sweep"
-    args = [a for a in _train_args(user, sweep / "x") if not a.startswith(("hydra.run.dir", "model/attention",
-                                                                          "model.attention"))]
-    out = _run(user, "train.py", "-m", *args, "model/attention=diff,gqa", "train.max_updates=2",
-               f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}")
+    args = [
+        a
+        for a in _train_args(user, sweep / "x")
+        if not a.startswith(("hydra.run.dir", "model/attention", "model.attention"))
+    ]
+    out = _run(
+        user,
+        "train.py",
+        "-m",
+        *args,
+        "model/attention=diff,gqa",
+        "train.max_updates=2",
+        f"hydra.sweep.dir={sweep}",
+        "hydra.sweep.subdir=${hydra.job.num}",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert [json.loads((sweep / n / "results.json").read_text())["config"]["model"]["attention"]["name"]
-            for n in ("0", "1")] == ["diff", "gqa"]
+    assert [
+        json.loads((sweep / n / "results.json").read_text())["config"]["model"]["attention"]["name"] for n in ("0", "1")
+    ] == ["diff", "gqa"]
     compared = _run(user, "compare.py", str(sweep), "--out", str(sweep / "cmp"), "--bootstrap", "0")
     assert compared.returncode == 0, compared.stderr[-3000:]
     table = (sweep / "cmp" / "comparison.md").read_text()
@@ -129,8 +204,15 @@ def test_translate_average_compare_and_export_a_plugin_run(user, run):
     out = _run(user, "translate.py", f"checkpoint={run}", f"input={src}", "progress=false")
     assert out.returncode == 0 and len(out.stdout.splitlines()) == 2, out.stderr[-2000:]
     avg = user["root"] / "avg" / "avg.safetensors"
-    out = _run(user, "average_checkpoints.py", "--inputs", str(run / "checkpoint_2.safetensors"),
-               str(run / "checkpoint_4.safetensors"), "--output", str(avg))
+    out = _run(
+        user,
+        "average_checkpoints.py",
+        "--inputs",
+        str(run / "checkpoint_2.safetensors"),
+        str(run / "checkpoint_4.safetensors"),
+        "--output",
+        str(avg),
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     out = _run(user, "translate.py", f"checkpoint={avg}", f"input={src}", "progress=false")
     assert out.returncode == 0 and len(out.stdout.splitlines()) == 2, out.stderr[-2000:]
@@ -138,8 +220,11 @@ def test_translate_average_compare_and_export_a_plugin_run(user, run):
     assert out.returncode == 0, out.stderr[-2000:]
     for fmt in ("hf", "ctranslate2"):
         out = _run(user, "export.py", f"run={run}", f"out={user['root'] / fmt}", f"format={fmt}")
-        _one_error_line(out, "model/attention=diff: an option of the plugin diff_attention",
-                        "model/ffn=reglu: an option of the plugin reglu")
+        _one_error_line(
+            out,
+            "model/attention=diff: an option of the plugin diff_attention",
+            "model/ffn=reglu: an option of the plugin reglu",
+        )
         assert not (user["root"] / fmt).exists()
 
 
@@ -150,13 +235,20 @@ def test_a_moved_plugin_is_imported_only_when_trusted_or_named(user, run):
     shutil.move(user["ideas"], moved)
     try:
         out = _run(user, "translate.py", f"checkpoint={run}", f"input={src}", "progress=false")
-        line = _one_error_line(out, "was trained with the plugin", str(run / "plugins" / "diff_attention"),
-                               "plugins_trust=true")
+        line = _one_error_line(
+            out, "was trained with the plugin", str(run / "plugins" / "diff_attention"), "plugins_trust=true"
+        )
         assert "__init__.py" in line
         out = _run(user, "translate.py", f"checkpoint={run}", f"input={src}", "progress=false", "plugins_trust=true")
         assert out.returncode == 0 and len(out.stdout.splitlines()) == 1, out.stderr[-2000:]
-        out = _run(user, "translate.py", f"checkpoint={run}", f"input={src}", "progress=false",
-                   f"plugins=[{moved / 'diff_attention'},{moved / 'reglu'}]")
+        out = _run(
+            user,
+            "translate.py",
+            f"checkpoint={run}",
+            f"input={src}",
+            "progress=false",
+            f"plugins=[{moved / 'diff_attention'},{moved / 'reglu'}]",
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         (run / "plugins" / "reglu" / "__init__.py").write_text("raise SystemExit('not the recorded file')\n")
         out = _run(user, "translate.py", f"checkpoint={run}", f"input={src}", "progress=false", "plugins_trust=true")
@@ -177,12 +269,18 @@ def test_a_changed_plugin_does_not_resume(user, run):
         init.write_text(original)
 
 
-@pytest.mark.parametrize("body,words", [
-    ("import torch\nraise RuntimeError('my bug')\n", ["failed to import", "__init__.py:2", "RuntimeError: my bug"]),
-    ("def f(:\n", ["failed to import", "SyntaxError"]),
-    ("from transformer.modules.ffn import GatedFeedForward\nfrom transformer.registry import register_ffn\n"
-     "register_ffn('swiglu', GatedFeedForward)\n", ["model/ffn=swiglu is a built-in option already", "broken"]),
-])
+@pytest.mark.parametrize(
+    "body,words",
+    [
+        ("import torch\nraise RuntimeError('my bug')\n", ["failed to import", "__init__.py:2", "RuntimeError: my bug"]),
+        ("def f(:\n", ["failed to import", "SyntaxError"]),
+        (
+            "from transformer.modules.ffn import GatedFeedForward\nfrom transformer.registry import register_ffn\n"
+            "register_ffn('swiglu', GatedFeedForward)\n",
+            ["model/ffn=swiglu is a built-in option already", "broken"],
+        ),
+    ],
+)
 def test_bad_plugins_end_in_one_line(user, body, words):
     bad = user["root"] / "bad" / "broken"
     bad.mkdir(parents=True, exist_ok=True)
@@ -207,9 +305,12 @@ def test_an_import_error_names_the_plugins_own_file_and_line(tmp_path):
     bad = _plugin(tmp_path / "syntax_bad", "x = 1\ndef f(:\n")
     with pytest.raises(PluginError, match=rf"{bad / '__init__.py'}:2: SyntaxError: invalid syntax"):
         import_plugin(bad)
-    clash = _plugin(tmp_path / "clash_bad", "from transformer.modules.ffn import GatedFeedForward\n"
-                                            "from transformer.registry import register_ffn\n"
-                                            "register_ffn('swiglu', GatedFeedForward)\n")
+    clash = _plugin(
+        tmp_path / "clash_bad",
+        "from transformer.modules.ffn import GatedFeedForward\n"
+        "from transformer.registry import register_ffn\n"
+        "register_ffn('swiglu', GatedFeedForward)\n",
+    )
     with pytest.raises(PluginError, match=rf"{clash / '__init__.py'}:3: ConfigError: model/ffn=swiglu is a built-in"):
         import_plugin(clash)  # the line that registered the name, not the registry's
 
@@ -218,8 +319,10 @@ def test_a_recorded_plugin_says_whether_it_changed_or_was_renamed(tmp_path):
     from transformer.plugins import PluginError, import_recorded, plugin_files, set_user_choice
 
     original = _plugin(tmp_path / "mine" / "squared_relu", "# registers nothing\n")
-    config = {"plugins": [str(original)], "plugin_files": {f"squared_relu/{k}": v
-                                                           for k, v in plugin_files(original).items()}}
+    config = {
+        "plugins": [str(original)],
+        "plugin_files": {f"squared_relu/{k}": v for k, v in plugin_files(original).items()},
+    }
     run = tmp_path / "run"
     shutil.copytree(original, run / "plugins" / "squared_relu")
     renamed = tmp_path / "moved" / "primer"
@@ -229,8 +332,11 @@ def test_a_recorded_plugin_says_whether_it_changed_or_was_renamed(tmp_path):
         with pytest.raises(PluginError, match=r"has changed since the run \(__init__.py\); .*plugins_trust=true"):
             import_recorded(run, config)
         set_user_choice([str(renamed)])
-        with pytest.raises(PluginError, match=rf"{renamed} holds the files of the plugin squared_relu .* name the "
-                                              "folder squared_relu"):
+        with pytest.raises(
+            PluginError,
+            match=rf"{renamed} holds the files of the plugin squared_relu .* name the "
+            "folder squared_relu",
+        ):
             import_recorded(run, config)
         shutil.rmtree(original)
         set_user_choice([])
@@ -266,13 +372,13 @@ class ProbeNorm(nn.LayerNorm):
         return cls(width, eps=eps)
 '''
 
-BROKEN_SCHEDULE = '''from transformer.registry import register_lr_scheduler
+BROKEN_SCHEDULE = """from transformer.registry import register_lr_scheduler
 
 
 @register_lr_scheduler("broken_sched")
 def broken(update, cfg, base_lr, d_model, max_updates):
     raise RuntimeError("my schedule bug")
-'''
+"""
 
 
 def _other_plugins(user: dict) -> Path:
@@ -296,8 +402,15 @@ def _plain_args(user: dict, run_dir: Path, plugins: list[Path], *extra: str) -> 
 def test_a_plugin_norms_field_reaches_its_constructor_in_training_resume_and_translate(user):
     more = _other_plugins(user)
     run_dir = user["root"] / "probe_run"
-    args = _plain_args(user, run_dir, [more / "probe_norm"], "model/norm=probe_norm", "model.norm.tag=hello",
-                       "model.qk_norm=probe_norm", "model.norm_position=pre")
+    args = _plain_args(
+        user,
+        run_dir,
+        [more / "probe_norm"],
+        "model/norm=probe_norm",
+        "model.norm.tag=hello",
+        "model.qk_norm=probe_norm",
+        "model.norm_position=pre",
+    )
     out = _run(user, "train.py", *args)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "probe_norm built: width=32 tag=hello" in out.stderr  # model.norm, over d_model
@@ -313,15 +426,24 @@ def test_a_plugin_norms_field_reaches_its_constructor_in_training_resume_and_tra
     assert "probe_norm built: width=32 tag=hello" in out.stderr
 
 
-@pytest.mark.parametrize("extra,words", [
-    (["lr_scheduler=wsd", "lr_scheduler.decay_fraction=1.5"],
-     ["lr_scheduler=wsd: lr_scheduler.decay_fraction=1.5 must be in (0, 1]"]),  # validate(self)
-    (["lr_scheduler=wsd", "lr_scheduler.decay_fraction=0.9"],  # validate_config(self, cfg): warmup 2 + 4 > 4
-     ["lr_scheduler=wsd: lr_scheduler.warmup_updates=2 plus the decay's 4 updates", "train.max_updates=4"]),
-    (["model/norm=scalenorm", "model.norm.scale_init=-1"], ["model/norm=scalenorm: model.norm.scale_init=-1"]),
-    (["lr_scheduler=broken_sched"],  # the plugin's own code fails when the run is built
-     ["the plugin broken_sched failed at", "broken_sched/__init__.py:6", "RuntimeError: my schedule bug"]),
-])
+@pytest.mark.parametrize(
+    "extra,words",
+    [
+        (
+            ["lr_scheduler=wsd", "lr_scheduler.decay_fraction=1.5"],
+            ["lr_scheduler=wsd: lr_scheduler.decay_fraction=1.5 must be in (0, 1]"],
+        ),  # validate(self)
+        (
+            ["lr_scheduler=wsd", "lr_scheduler.decay_fraction=0.9"],  # validate_config(self, cfg): warmup 2 + 4 > 4
+            ["lr_scheduler=wsd: lr_scheduler.warmup_updates=2 plus the decay's 4 updates", "train.max_updates=4"],
+        ),
+        (["model/norm=scalenorm", "model.norm.scale_init=-1"], ["model/norm=scalenorm: model.norm.scale_init=-1"]),
+        (
+            ["lr_scheduler=broken_sched"],  # the plugin's own code fails when the run is built
+            ["the plugin broken_sched failed at", "broken_sched/__init__.py:6", "RuntimeError: my schedule bug"],
+        ),
+    ],
+)
 def test_a_plugin_option_refused_or_failing_ends_in_one_line_and_leaves_no_folder(user, extra, words):
     more = _other_plugins(user)
     run_dir = user["root"] / "refused_run"
@@ -338,9 +460,20 @@ def test_a_run_with_a_plugin_schedule_exports_and_imports_back(user):
     pytest.importorskip("transformers")
     more = _other_plugins(user)
     run_dir = user["root"] / "wsd_run"
-    out = _run(user, "train.py", *_plain_args(user, run_dir, [more / "wsd_schedule"], "model=llama_style",
-                                              "data.joint_vocab=true", "lr_scheduler=wsd",
-                                              "lr_scheduler.decay_fraction=0.5", "lr_scheduler.warmup_updates=1"))
+    out = _run(
+        user,
+        "train.py",
+        *_plain_args(
+            user,
+            run_dir,
+            [more / "wsd_schedule"],
+            "model=llama_style",
+            "data.joint_vocab=true",
+            "lr_scheduler=wsd",
+            "lr_scheduler.decay_fraction=0.5",
+            "lr_scheduler.warmup_updates=1",
+        ),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     hf = user["root"] / "wsd_hf"
     out = _run(user, "export.py", f"run={run_dir}", f"out={hf}", "format=hf")
@@ -365,8 +498,11 @@ def test_a_run_with_a_plugin_schedule_exports_and_imports_back(user):
         assert out.returncode == 0 and len(out.stdout.splitlines()) == 1, out.stderr[-2000:]
     # a run config beside the model that does not fit the schema: one line, exit status 2
     (hf / "transformer_zoo.yaml").write_text("lr_scheduler:\n  warmup_updates: many\n")
-    _one_error_line(_run(user, "export.py", f"run={hf}", f"out={user['root'] / 'bad_back'}", "format=zoo"),
-                    str(hf / "transformer_zoo.yaml"), "'many'")
+    _one_error_line(
+        _run(user, "export.py", f"run={hf}", f"out={user['root'] / 'bad_back'}", "format=zoo"),
+        str(hf / "transformer_zoo.yaml"),
+        "'many'",
+    )
 
 
 def test_validate_and_validate_config_run_for_a_schedule_and_name_it():
@@ -374,8 +510,9 @@ def test_validate_and_validate_config_run_for_a_schedule_and_name_it():
     from transformer.plugins import import_plugins
 
     import_plugins([EXAMPLES / "wsd_schedule"])
-    cfg = typed_config({"lr_scheduler": {"name": "wsd", "decay_fraction": 0.25, "warmup_updates": 10},
-                        "train": {"max_updates": 100}})
+    cfg = typed_config(
+        {"lr_scheduler": {"name": "wsd", "decay_fraction": 0.25, "warmup_updates": 10}, "train": {"max_updates": 100}}
+    )
     validate_config(cfg)  # fits: 10 + 25 <= 100
     cfg.lr_scheduler.decay_fraction = 1.5
     with pytest.raises(ConfigError, match=r"^lr_scheduler=wsd: lr_scheduler.decay_fraction=1.5 must be in \(0, 1\]$"):
@@ -392,13 +529,15 @@ def test_a_norms_from_sizes_gets_the_norm_node_and_qk_norm_the_same_or_the_defau
     from transformer.testing import tiny_model
 
     import_plugins([EXAMPLES / "scalenorm"])
-    model, _ = tiny_model("decoder_only", {"model/norm": "scalenorm"}, **{"norm.scale_init": 3.0, "qk_norm": "scalenorm"})
+    model, _ = tiny_model(
+        "decoder_only", {"model/norm": "scalenorm"}, **{"norm.scale_init": 3.0, "qk_norm": "scalenorm"}
+    )
     scales = {name: float(p.detach()) for name, p in model.named_parameters() if name.endswith(".scale")}
     assert scales and all(v == 3.0 for v in scales.values())  # the stacks' norms and the QK-norms: the node's field
     assert any("q_norm" in name for name in scales)
     model, _ = tiny_model("decoder_only", {"model/norm": "rmsnorm"}, qk_norm="scalenorm")
     scales = {name: float(p.detach()) for name, p in model.named_parameters() if name.endswith(".scale")}
-    assert scales and all(v == pytest.approx(8 ** 0.5) for v in scales.values())  # the option's default: sqrt(head_dim)
+    assert scales and all(v == pytest.approx(8**0.5) for v in scales.values())  # the option's default: sqrt(head_dim)
 
 
 # ---------------------------------------------------------------- issue 43: RoPE scalings' fields, failures at run time
@@ -459,8 +598,14 @@ def test_a_plugin_rope_scalings_field_reaches_its_from_sizes_in_training_resume_
     if not probe.exists():
         _plugin(probe, PROBE_ROPE)
     run_dir = user["root"] / "probe_rope_run"
-    args = _plain_args(user, run_dir, [probe], "model/position=rope", "+model/position/rope_scaling=probe_rope",
-                       "model.position.rope_scaling.stretch=3")
+    args = _plain_args(
+        user,
+        run_dir,
+        [probe],
+        "model/position=rope",
+        "+model/position/rope_scaling=probe_rope",
+        "model.position.rope_scaling.stretch=3",
+    )
     out = _run(user, "train.py", *args)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "probe_rope built: head_dim=8 stretch=3.0" in out.stderr  # d_model 32 / 4 heads
@@ -469,22 +614,39 @@ def test_a_plugin_rope_scalings_field_reaches_its_from_sizes_in_training_resume_
     # the field is fixed on resume: the run's value is built, another one refused in one line
     out = _run(user, "train.py", *args[:-1], "train.max_updates=6", "train.resume=true")
     assert out.returncode == 0 and "probe_rope built: head_dim=8 stretch=3.0" in out.stderr, out.stderr[-3000:]
-    _one_error_line(_run(user, "train.py", *args[:-1], "model.position.rope_scaling.stretch=4", "train.resume=true"),
-                    "model.position.rope_scaling.stretch")
+    _one_error_line(
+        _run(user, "train.py", *args[:-1], "model.position.rope_scaling.stretch=4", "train.resume=true"),
+        "model.position.rope_scaling.stretch",
+    )
     src = user["root"] / "probe_rope.txt"
     src.write_text("A man rides a bike.\n", encoding="utf-8")
     out = _run(user, "translate.py", f"checkpoint={run_dir}", f"input={src}", "progress=false")
     assert out.returncode == 0 and len(out.stdout.splitlines()) == 1, out.stderr[-2000:]
     assert "probe_rope built: head_dim=8 stretch=3.0" in out.stderr
     # at test time its own field is appended with "+" (translate.yaml's node holds the built-in fields)
-    out = _run(user, "translate.py", f"checkpoint={run_dir}", f"input={src}", "progress=false",
-               "+model.position.rope_scaling.stretch=4")
+    out = _run(
+        user,
+        "translate.py",
+        f"checkpoint={run_dir}",
+        f"input={src}",
+        "progress=false",
+        "+model.position.rope_scaling.stretch=4",
+    )
     assert out.returncode == 0 and "probe_rope built: head_dim=8 stretch=4.0" in out.stderr, out.stderr[-2000:]
     # an invalid value: one line naming the option and the field, no run folder
     refused = user["root"] / "probe_rope_refused"
-    out = _run(user, "train.py", *_plain_args(user, refused, [probe], "model/position=rope",
-                                              "+model/position/rope_scaling=probe_rope",
-                                              "model.position.rope_scaling.stretch=0.5"))
+    out = _run(
+        user,
+        "train.py",
+        *_plain_args(
+            user,
+            refused,
+            [probe],
+            "model/position=rope",
+            "+model/position/rope_scaling=probe_rope",
+            "model.position.rope_scaling.stretch=0.5",
+        ),
+    )
     _one_error_line(out, "model/position/rope_scaling=probe_rope: model.position.rope_scaling.stretch=0.5 must be >= 1")
     assert not refused.exists()
 
@@ -505,7 +667,9 @@ def test_a_rope_scaling_is_a_function_or_a_class_whose_from_sizes_gets_the_node(
             return unscaled_inv_freq(head_dim, theta) / config["stretch"], 2.0
 
     monkeypatch.setitem(ROPE_SCALINGS, "t43_halved", Halved)
-    monkeypatch.setitem(ROPE_SCALINGS, "t43_plain", lambda head_dim, theta, s: (unscaled_inv_freq(head_dim, theta) / 4, 1.0))
+    monkeypatch.setitem(
+        ROPE_SCALINGS, "t43_plain", lambda head_dim, theta, s: (unscaled_inv_freq(head_dim, theta) / 4, 1.0)
+    )
     inv_freq, factor = rope_inv_freq(8, 10000.0, RopeScaling(rope_type="t43_halved", config={"stretch": 2.0}))
     assert torch.allclose(inv_freq, torch.tensor([1.0, 0.1, 0.01, 0.001]) / 2) and factor == 2.0
     assert seen == {"head_dim": 8, "theta": 10000.0, "config": {"stretch": 2.0}}
@@ -529,8 +693,14 @@ def test_a_plugins_code_failing_in_translate_evaluate_and_export_ends_in_one_lin
     where = str(failing / "__init__.py")
 
     def fails(stage: str, script: str, *args: str) -> str:
-        out = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / script), *args], cwd=user["root"],
-                             env={**user["env"], "FAILING_NORM": stage}, capture_output=True, text=True, timeout=900)
+        out = subprocess.run(
+            [sys.executable, str(REPO_ROOT / "scripts" / script), *args],
+            cwd=user["root"],
+            env={**user["env"], "FAILING_NORM": stage},
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error: ")]
         assert out.returncode == 2 and len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
         assert errors[0].startswith(f"error: the plugin failing_norm failed at {where}:"), errors[0]
@@ -538,11 +708,13 @@ def test_a_plugins_code_failing_in_translate_evaluate_and_export_ends_in_one_lin
 
     forward = "RuntimeError: my norm's forward bug"
     assert fails("forward", "translate.py", f"checkpoint={run_dir}", f"input={src}", "progress=false").endswith(
-        f"{where}:19: {forward}")  # not a line left empty: the plugin's bug
+        f"{where}:19: {forward}"
+    )  # not a line left empty: the plugin's bug
     assert fails("forward", "evaluate.py", f"checkpoint={run_dir}", "progress=false").endswith(f":19: {forward}")
     assert not (run_dir / "eval").exists()  # no score of a model that never ran
     built = "RuntimeError: my norm's constructor bug"
     assert fails("build", "translate.py", f"checkpoint={run_dir}", f"input={src}").endswith(f":14: {built}")
     assert fails("build", "export.py", f"run={run_dir}", f"out={user['root'] / 'failing_hf'}", "format=hf").endswith(
-        f":14: {built}")
+        f":14: {built}"
+    )
     assert not (user["root"] / "failing_hf").exists()

@@ -38,7 +38,8 @@ from transformer.plugins import command_line_plugins
 PAGES: list[Path] = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 """The README and the pages of the documentation site (``mkdocs.yml``'s ``docs_dir``)."""
 COMMAND_PAGES: list[Path] = PAGES + sorted(
-    p for p in (REPO_ROOT / "docs").rglob("*.md") if p.parent != REPO_ROOT / "docs" and "runs" not in p.parts)
+    p for p in (REPO_ROOT / "docs").rglob("*.md") if p.parent != REPO_ROOT / "docs" and "runs" not in p.parts
+)
 """Pages whose command lines are checked: :data:`PAGES` and the READMEs of the results and benchmarks."""
 DOCS = REPO_ROOT / "docs"
 
@@ -49,8 +50,15 @@ def _rel(page: Path) -> str:
 
 def _text(page: Path) -> str:
     return page.read_text(encoding="utf-8")
-HYDRA_SCRIPTS = {"train": "train", "translate": "translate", "evaluate": "evaluate", "export": "export",
-                 "preprocess": "preprocess"}
+
+
+HYDRA_SCRIPTS = {
+    "train": "train",
+    "translate": "translate",
+    "evaluate": "evaluate",
+    "export": "export",
+    "preprocess": "preprocess",
+}
 ARGPARSE_SCRIPTS = ("compare", "average_checkpoints")
 
 
@@ -104,7 +112,7 @@ def script_commands(text: str) -> list[tuple[str, list[str], str]]:
                 for i, w in enumerate(segment):
                     m = re.fullmatch(r"(?:\./)?scripts/(\w+)\.py", w)
                     if m and m.group(1) in (*HYDRA_SCRIPTS, *ARGPARSE_SCRIPTS):
-                        found.append((m.group(1), segment[i + 1:], line))
+                        found.append((m.group(1), segment[i + 1 :], line))
                         break
                 segment = []
             else:
@@ -119,7 +127,8 @@ def _first_job(overrides: list[str]) -> list[str]:
         return overrides
     sweeps = [o for o in parsed if o.is_sweep_override()]
     if any(o.value_type is not None and "GLOB" in str(o.value_type) for o in sweeps) or any(
-            "interval" in o.input_line or "tag(" in o.input_line for o in sweeps):
+        "interval" in o.input_line or "tag(" in o.input_line for o in sweeps
+    ):
         return [o.input_line for o in parsed if not o.is_sweep_override()]
     return list(BasicSweeper.split_arguments(parsed, None)[0][0])
 
@@ -134,7 +143,9 @@ def _compose_script(name: str, args: list[str]):
         return compose(config_name=HYDRA_SCRIPTS[name], overrides=_first_job(overrides), return_hydra_config=True)
 
 
-COMMANDS = [(_rel(page), name, args, line) for page in COMMAND_PAGES for name, args, line in script_commands(_text(page))]
+COMMANDS = [
+    (_rel(page), name, args, line) for page in COMMAND_PAGES for name, args, line in script_commands(_text(page))
+]
 
 
 def test_the_pages_have_commands_for_every_script():
@@ -150,8 +161,9 @@ def test_the_readme_has_a_command_to_train_translate_evaluate_run_the_ladder_and
     assert any(name == "train" and "experiment=ladder" in args for name, args in readme), readme
 
 
-@pytest.mark.parametrize(("page", "name", "args", "line"), COMMANDS,
-                         ids=[f"{p}:{n}:{i}" for i, (p, n, _, _) in enumerate(COMMANDS)])
+@pytest.mark.parametrize(
+    ("page", "name", "args", "line"), COMMANDS, ids=[f"{p}:{n}:{i}" for i, (p, n, _, _) in enumerate(COMMANDS)]
+)
 def test_every_command_composes(page, name, args, line):
     if name in ARGPARSE_SCRIPTS:
         parser = load_script(name).build_parser()
@@ -183,8 +195,12 @@ def schema_fields(cls: type = Config, prefix: str = "") -> list[str]:
 
 
 def _table_rows() -> list[str]:
-    return [line for page in PAGES for line in _text(page).splitlines()
-            if line.startswith("|") and not set(line) <= set("|-: ")]
+    return [
+        line
+        for page in PAGES
+        for line in _text(page).splitlines()
+        if line.startswith("|") and not set(line) <= set("|-: ")
+    ]
 
 
 def _documented(field: str, rows: list[str]) -> bool:
@@ -201,8 +217,11 @@ def _documented(field: str, rows: list[str]) -> bool:
                 return True
             if leaf == "name" and re.search(rf"(?<![\w.]){re.escape(parent.replace('.', '/'))}=", text):
                 return True
-            if parent and any(n.startswith(f"{parent}.") for n in names) and any(
-                    re.fullmatch(rf"{re.escape(leaf)}(=.*)?", n) for n in names):
+            if (
+                parent
+                and any(n.startswith(f"{parent}.") for n in names)
+                and any(re.fullmatch(rf"{re.escape(leaf)}(=.*)?", n) for n in names)
+            ):
                 return True
     return False
 
@@ -260,8 +279,16 @@ def _same(value: str, default) -> bool:
         return list(parsed) == list(default) if isinstance(parsed, list) and isinstance(default, list) else False
     if isinstance(default, dict):
         return parsed == default or (parsed == {} and default == {})
-    return parsed == default and type(parsed) is type(default) or (
-        isinstance(parsed, (int, float)) and not isinstance(parsed, bool) and isinstance(default, float) and parsed == default)
+    return (
+        parsed == default
+        and type(parsed) is type(default)
+        or (
+            isinstance(parsed, (int, float))
+            and not isinstance(parsed, bool)
+            and isinstance(default, float)
+            and parsed == default
+        )
+    )
 
 
 def test_first_column_values_are_defaults_or_marked_as_examples():

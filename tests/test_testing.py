@@ -29,13 +29,21 @@ SCALING = {"position.rope_scaling.factor": 2.0, "position.rope_scaling.original_
 
 # one case per built-in option of every group: (id, options, fields); the table test below holds it complete
 CASES = [
-    *[(f"attention={n}", {"model/attention": n, **(ROPE if n == "mla" else {})},
-       {"attention.n_kv_heads": 2} if n == "gqa" else {}) for n in ("mha", "gqa", "mqa", "mla")],
+    *[
+        (
+            f"attention={n}",
+            {"model/attention": n, **(ROPE if n == "mla" else {})},
+            {"attention.n_kv_heads": 2} if n == "gqa" else {},
+        )
+        for n in ("mha", "gqa", "mqa", "mla")
+    ],
     *[(f"ffn={n}", {"model/ffn": n}, MOE if n == "moe" else {}) for n in ("relu", "gelu", "swiglu", "geglu", "moe")],
     *[(f"norm={n}", {"model/norm": n}, {}) for n in ("layernorm", "rmsnorm")],
     *[(f"position={n}", {"model/position": n}, {}) for n in ("sinusoidal", "learned", "rope", "alibi", "none")],
-    *[(f"rope_scaling={n}", ROPE, {"position.rope_scaling.rope_type": n, **(SCALING if n != "default" else {})})
-      for n in ("default", "linear", "ntk", "dynamic", "yarn", "llama3")],
+    *[
+        (f"rope_scaling={n}", ROPE, {"position.rope_scaling.rope_type": n, **(SCALING if n != "default" else {})})
+        for n in ("default", "linear", "ntk", "dynamic", "yarn", "llama3")
+    ],
     *[(f"norm_position={n}", {}, {"norm_position": n}) for n in ("post", "pre")],
     *[(f"router={n}", {"model/ffn": "moe"}, {**MOE, "ffn.router": n}) for n in ("softmax", "sigmoid")],
     *[(f"qk_norm={n}", {}, {"qk_norm": n}) for n in ("layernorm", "rmsnorm")],
@@ -45,8 +53,15 @@ CASES = [
 
 def test_the_cases_cover_every_option_of_every_table():
     covered = {case_id for case_id, _, _ in CASES}
-    tables = {"attention": ATTENTION_KINDS, "ffn": FFNS, "norm": NORMS, "position": POSITIONS,
-              "rope_scaling": ROPE_SCALINGS, "norm_position": RESIDUALS, "router": ROUTER_SCORES}
+    tables = {
+        "attention": ATTENTION_KINDS,
+        "ffn": FFNS,
+        "norm": NORMS,
+        "position": POSITIONS,
+        "rope_scaling": ROPE_SCALINGS,
+        "norm_position": RESIDUALS,
+        "router": ROUTER_SCORES,
+    }
     plugin_options = {option for _, option in ORIGINS}  # the example plugins' (tests/conftest.py)
     builtin = {f"{group}={name}" for group, table in tables.items() for name in table if name not in plugin_options}
     builtin |= {f"qk_norm={name}" for name in NORMS if name not in plugin_options}
@@ -58,8 +73,9 @@ def test_every_builtin_option_passes_the_kit(case_id, options, fields):
     check_option(options=options, checks=WITHOUT_COMPILE, **fields)  # compiling: COMPILE_COMBINATIONS below
 
 
-@pytest.mark.parametrize("plugin,switch,option", [("diff_attention", "model/attention", "diff"),
-                                                  ("reglu", "model/ffn", "reglu")])
+@pytest.mark.parametrize(
+    "plugin,switch,option", [("diff_attention", "model/attention", "diff"), ("reglu", "model/ffn", "reglu")]
+)
 def test_the_plugin_examples_pass_the_kit(plugin, switch, option):
     check_option(switch, option, plugins=[EXAMPLES / plugin], checks=WITHOUT_COMPILE)
 
@@ -68,13 +84,30 @@ ONE_LAYER_ARGS = ("model.n_encoder_layers=1", "model.n_decoder_layers=1")  # eve
 
 
 def test_the_command_line_runs_the_kit_on_a_plugin():
-    out = subprocess.run([sys.executable, "-m", "transformer.testing", f"plugins=[{EXAMPLES / 'diff_attention'}]",
-                          "model/attention=diff", "model.attention.lambda_init=0.5", *ONE_LAYER_ARGS],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "transformer.testing",
+            f"plugins=[{EXAMPLES / 'diff_attention'}]",
+            "model/attention=diff",
+            "model.attention.lambda_init=0.5",
+            *ONE_LAYER_ARGS,
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("passed (model/attention=diff)") == 2
-    out = subprocess.run([sys.executable, "-m", "transformer.testing", f"plugins=[{EXAMPLES / 'reglu'}]", *ONE_LAYER_ARGS],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "transformer.testing", f"plugins=[{EXAMPLES / 'reglu'}]", *ONE_LAYER_ARGS],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0 and out.stdout.count("passed (model/ffn=reglu)") == 2, out.stderr  # its options
 
 
@@ -84,9 +117,14 @@ def test_the_command_line_refuses_in_one_line(capsys):
     assert main(["model/ffn=swiglu", "model.d_ff=abc"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "d_ff" in err
-    assert main([f"plugins=[{EXAMPLES / 'diff_attention'}]", "model/attention=diff", "model.attention.lambda_init=1.5"]) == 2
-    assert capsys.readouterr().err == ("error: model/attention=diff: model.attention.lambda_init=1.5 must be in [0, 1) "
-                                       "(the paper's schedule gives 0.2 to 0.8)\n")  # the plugin's own validate()
+    assert (
+        main([f"plugins=[{EXAMPLES / 'diff_attention'}]", "model/attention=diff", "model.attention.lambda_init=1.5"])
+        == 2
+    )
+    assert capsys.readouterr().err == (
+        "error: model/attention=diff: model.attention.lambda_init=1.5 must be in [0, 1) "
+        "(the paper's schedule gives 0.2 to 0.8)\n"
+    )  # the plugin's own validate()
 
 
 class _PeekingAttention(Attention):
@@ -101,8 +139,13 @@ class _PeekingAttention(Attention):
 def _with_peeking_self_attention(model: nn.Module) -> nn.Module:
     for layer in model.decoder.layers:
         attn = layer.self_attn.sublayer
-        peeking = _PeekingAttention(n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, head_dim=attn.head_dim,
-                                    in_proj=attn.in_proj, out_proj=attn.out_proj)
+        peeking = _PeekingAttention(
+            n_heads=attn.n_heads,
+            n_kv_heads=attn.n_kv_heads,
+            head_dim=attn.head_dim,
+            in_proj=attn.in_proj,
+            out_proj=attn.out_proj,
+        )
         layer.self_attn.sublayer = peeking
     return model
 
@@ -124,35 +167,73 @@ def test_the_kit_catches_a_non_finite_gradient():
         check_model(model, ["gradients"])
 
 
-
 # ---------------------------------------------------------------- schedules (issue 43)
 
-@pytest.mark.parametrize("name,fields", [("inverse_sqrt", {}), ("inverse_sqrt", {"form": "noam"}), ("cosine", {}),
-                                         ("cosine", {"min_lr": 1e-5, "warmup_init_lr": 1e-7}),
-                                         ("constant", {"warmup_updates": 0})])
+
+@pytest.mark.parametrize(
+    "name,fields",
+    [
+        ("inverse_sqrt", {}),
+        ("inverse_sqrt", {"form": "noam"}),
+        ("cosine", {}),
+        ("cosine", {"min_lr": 1e-5, "warmup_init_lr": 1e-7}),
+        ("constant", {"warmup_updates": 0}),
+    ],
+)
 def test_every_builtin_schedule_passes_the_kit(name, fields):
     check_option("lr_scheduler", name, **fields)
 
 
 def test_the_command_line_checks_a_schedule(capsys):
     assert main(["lr_scheduler=cosine"]) == 0  # was an IndexError
-    assert capsys.readouterr().out == "lr_scheduler=cosine: finite rates >= 0, a rising warmup, a pure function: passed\n"
+    assert (
+        capsys.readouterr().out == "lr_scheduler=cosine: finite rates >= 0, a rising warmup, a pure function: passed\n"
+    )
     assert main(["lr_scheduler=cosine", "lr_scheduler.warmup_updates=50"]) == 2  # as training refuses it
     assert capsys.readouterr().err.startswith("error: lr_scheduler=cosine needs train.max_updates (40) > ")
 
 
 def test_the_command_line_checks_every_option_a_plugin_registers_schedules_included():
-    out = subprocess.run([sys.executable, "-m", "transformer.testing", f"plugins=[{EXAMPLES / 'wsd_schedule'}]"],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0 and out.stdout == ("lr_scheduler=wsd: finite rates >= 0, a rising warmup, a pure "
-                                                  "function: passed\n"), out.stderr
-    out = subprocess.run([sys.executable, "-m", "transformer.testing", f"plugins=[{EXAMPLES / 'wsd_schedule'}]",
-                          "lr_scheduler=wsd", "lr_scheduler.decay_fraction=1.5"],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 2 and out.stderr == ("error: lr_scheduler=wsd: lr_scheduler.decay_fraction=1.5 must be "
-                                                  "in (0, 1]\n")  # the plugin's own validate()
-    out = subprocess.run([sys.executable, "-m", "transformer.testing", f"plugins=[{EXAMPLES / 'scalenorm'}]",
-                          "model.norm.scale_init=2.0"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "transformer.testing", f"plugins=[{EXAMPLES / 'wsd_schedule'}]"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0 and out.stdout == (
+        "lr_scheduler=wsd: finite rates >= 0, a rising warmup, a pure function: passed\n"
+    ), out.stderr
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "transformer.testing",
+            f"plugins=[{EXAMPLES / 'wsd_schedule'}]",
+            "lr_scheduler=wsd",
+            "lr_scheduler.decay_fraction=1.5",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 2 and out.stderr == (
+        "error: lr_scheduler=wsd: lr_scheduler.decay_fraction=1.5 must be in (0, 1]\n"
+    )  # the plugin's own validate()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "transformer.testing",
+            f"plugins=[{EXAMPLES / 'scalenorm'}]",
+            "model.norm.scale_init=2.0",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0 and out.stdout.count("passed (model/norm=scalenorm)") == 2, out.stderr
 
 
@@ -164,12 +245,19 @@ def _impure(update, cfg, base_lr, d_model, max_updates):
     return base_lr * min(1.0, update / cfg.warmup_updates) * (1.0 + 1e-3 * (_CALLS["n"] % 3))
 
 
-@pytest.mark.parametrize("name,schedule,words", [
-    ("kit_negative_sched", lambda u, cfg, lr, d, n: lr * (1 - 2 * u / n), "the rate of update 21 is -5.0"),
-    ("kit_nan_sched", lambda u, cfg, lr, d, n: float("nan") if u == 7 else lr, "the rate of update 7 is nan"),
-    ("kit_falling_sched", lambda u, cfg, lr, d, n: lr / u, "the warmup (lr_scheduler.warmup_updates=5) does not rise"),
-    ("kit_impure_sched", _impure, "is not a pure function of its arguments"),
-])
+@pytest.mark.parametrize(
+    "name,schedule,words",
+    [
+        ("kit_negative_sched", lambda u, cfg, lr, d, n: lr * (1 - 2 * u / n), "the rate of update 21 is -5.0"),
+        ("kit_nan_sched", lambda u, cfg, lr, d, n: float("nan") if u == 7 else lr, "the rate of update 7 is nan"),
+        (
+            "kit_falling_sched",
+            lambda u, cfg, lr, d, n: lr / u,
+            "the warmup (lr_scheduler.warmup_updates=5) does not rise",
+        ),
+        ("kit_impure_sched", _impure, "is not a pure function of its arguments"),
+    ],
+)
 def test_the_kit_catches_a_broken_schedule(name, schedule, words):
     from transformer.registry import register_lr_scheduler
     from transformer.testing import check_schedule
@@ -185,8 +273,10 @@ def test_the_kit_catches_a_broken_schedule(name, schedule, words):
 # per-option runs above leave it out (a compiled model takes seconds to trace, a combination covers several options)
 COMPILE_COMBINATIONS = [
     ("encoder_decoder", ("attention=mha", "ffn=relu", "norm=layernorm", "position=sinusoidal", "norm_position=post")),
-    ("decoder_only", ("attention=gqa", "ffn=gelu", "norm=rmsnorm", "position=learned", "norm_position=pre",
-                      "qk_norm=layernorm")),
+    (
+        "decoder_only",
+        ("attention=gqa", "ffn=gelu", "norm=rmsnorm", "position=learned", "norm_position=pre", "qk_norm=layernorm"),
+    ),
     ("encoder_decoder", ("attention=mqa", "ffn=swiglu", "position=alibi", "qk_norm=rmsnorm")),
     ("decoder_only", ("attention=mla", "ffn=geglu", "rope_scaling=default")),
     ("encoder_decoder", ("ffn=moe", "router=softmax", "position=none")),
@@ -224,8 +314,10 @@ def test_every_builtin_option_compiles_without_graph_breaks(arch, case_ids):
     check_option(options=options, archs=[arch], checks=["compiles"], **fields)
 
 
-@pytest.mark.parametrize("plugin,switch,option,arch", [("diff_attention", "model/attention", "diff", "encoder_decoder"),
-                                                       ("reglu", "model/ffn", "reglu", "decoder_only")])
+@pytest.mark.parametrize(
+    "plugin,switch,option,arch",
+    [("diff_attention", "model/attention", "diff", "encoder_decoder"), ("reglu", "model/ffn", "reglu", "decoder_only")],
+)
 def test_the_plugin_examples_compile_without_graph_breaks(plugin, switch, option, arch):
     check_option(switch, option, plugins=[EXAMPLES / plugin], archs=[arch], checks=["compiles"], **ONE_LAYER)
 
@@ -235,6 +327,9 @@ def test_the_kit_catches_a_graph_break(monkeypatch):
     be traced; the kit names the function that fails."""
     model, _ = tiny_model("decoder_only", {"model/ffn": "moe"}, **MOE, **ONE_LAYER)
     monkeypatch.setattr(GroupedExperts, "path", lambda self, x: "loop")
-    with pytest.raises(AssertionError, match=r"\[compiles, decoder_only\] the training loss \(model_loss\) does not "
-                                             r"compile in one graph"):
+    with pytest.raises(
+        AssertionError,
+        match=r"\[compiles, decoder_only\] the training loss \(model_loss\) does not "
+        r"compile in one graph",
+    ):
         check_model(model, ["compiles"])

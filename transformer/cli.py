@@ -35,8 +35,19 @@ from hydra.types import RunMode
 
 from transformer.plugins import PluginError, loaded_plugins
 
-__all__ = ["HYDRA_PLUGINS", "MissingPlugin", "RunFailed", "check_hydra_plugins", "check_sweep_objective", "in_multirun",
-           "one_line", "plugin_failure", "sweep_objective", "sweeper_direction", "user_errors"]
+__all__ = [
+    "HYDRA_PLUGINS",
+    "MissingPlugin",
+    "RunFailed",
+    "check_hydra_plugins",
+    "check_sweep_objective",
+    "in_multirun",
+    "one_line",
+    "plugin_failure",
+    "sweep_objective",
+    "sweeper_direction",
+    "user_errors",
+]
 
 HYDRA_PLUGINS: dict[tuple[str, str], tuple[str, str, str]] = {
     # (group, option): (module that registers it, distribution, this project's extra)
@@ -78,7 +89,7 @@ def check_hydra_plugins(argv: Sequence[str]) -> None:
         if not _installed(module):
             raise MissingPlugin(
                 f"hydra/{match.group(1)}={match.group(2)} needs the {dist} package, which is not installed: "
-                f"pip install -e \".[{extra}]\" (or pip install {dist})"
+                f'pip install -e ".[{extra}]" (or pip install {dist})'
             )
 
 
@@ -102,15 +113,21 @@ def check_sweep_objective(train_cfg, direction: str | list | None) -> None:
     if direction is None:
         return
     if not isinstance(direction, str):
-        raise ValueError(f"hydra.sweeper.direction={direction}: scripts/train.py returns one objective "
-                         "(the best validation train.best_metric); give one direction")
+        raise ValueError(
+            f"hydra.sweeper.direction={direction}: scripts/train.py returns one objective "
+            "(the best validation train.best_metric); give one direction"
+        )
     want = "maximize" if train_cfg.best_metric == "bleu" else "minimize"
     if direction.lower() != want:
-        raise ValueError(f"hydra.sweeper.direction={direction} but train.best_metric={train_cfg.best_metric} "
-                         f"(the objective each trial returns) is optimised by {want}")
+        raise ValueError(
+            f"hydra.sweeper.direction={direction} but train.best_metric={train_cfg.best_metric} "
+            f"(the objective each trial returns) is optimised by {want}"
+        )
     if train_cfg.best_metric == "bleu" and not train_cfg.valid_bleu:
-        raise ValueError("train.best_metric=bleu is the sweep's objective, but train.valid_bleu=false computes no "
-                         "validation BLEU; set train.valid_bleu=true or train.best_metric=loss")
+        raise ValueError(
+            "train.best_metric=bleu is the sweep's objective, but train.valid_bleu=false computes no "
+            "validation BLEU; set train.valid_bleu=true or train.best_metric=loss"
+        )
 
 
 def sweep_objective(results: dict) -> float | None:
@@ -182,8 +199,9 @@ def plugin_failure(err: BaseException) -> PluginError | None:
             tb = tb.tb_next
         if where is not None:
             owner, file, line = where
-            return PluginError(f"the plugin {owner} failed at {file}:{line}: "
-                               + " ".join(f"{type(chain).__name__}: {chain}".split()))
+            return PluginError(
+                f"the plugin {owner} failed at {file}:{line}: " + " ".join(f"{type(chain).__name__}: {chain}".split())
+            )
         chain = chain.__cause__ or chain.__context__
     return None
 

@@ -55,6 +55,8 @@ def unavailable(device: torch.device, field: str) -> str | None:
         field: the setting that chose it (``train.device``, ``device``), named in the sentence.
     """
     if device.type == "cuda" and not torch.cuda.is_available():
-        return (f"{field}={device.type}: torch sees no CUDA device on this machine (torch.cuda.is_available() is "
-                f"False, torch {torch.__version__}); use {field}=cpu, or {field}=auto to take a GPU when there is one")
+        return (
+            f"{field}={device.type}: torch sees no CUDA device on this machine (torch.cuda.is_available() is "
+            f"False, torch {torch.__version__}); use {field}=cpu, or {field}=auto to take a GPU when there is one"
+        )
     return None

@@ -45,8 +45,11 @@ def record_subdir(resuming: bool, output_dir: str | Path | None = None) -> str |
         is never overwritten), None (no record) when another live process holds the folder's lock
         (:class:`~transformer.io.FolderLock`): the job then stops naming it, having written nothing.
     """
-    if output_dir is not None and str(output_dir).lower() not in ("", "none", "null") \
-            and folder_locked_by_other(str(output_dir)):
+    if (
+        output_dir is not None
+        and str(output_dir).lower() not in ("", "none", "null")
+        and folder_locked_by_other(str(output_dir))
+    ):
         return None
     return RESUME_RECORD + time.strftime("%Y-%m-%d_%H-%M-%S") if resuming else HYDRA_RECORD
 

@@ -301,8 +301,10 @@ def check_unlocked(folder: str | os.PathLike) -> None:
 
 
 def _locked_message(folder: Path) -> str:
-    return (f"{folder} is in use by {_holder(folder / LOCK_NAME)}: one process writes a run folder at a time. "
-            "Wait for it to finish (or stop it), or give this run another folder (hydra.run.dir=...)")
+    return (
+        f"{folder} is in use by {_holder(folder / LOCK_NAME)}: one process writes a run folder at a time. "
+        "Wait for it to finish (or stop it), or give this run another folder (hydra.run.dir=...)"
+    )
 
 
 def folder_locked_by_other(folder: str | os.PathLike) -> bool:

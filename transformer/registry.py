@@ -98,8 +98,15 @@ from transformer.modules.rope_scaling import ROPE_SCALINGS
 from transformer.plugins import ORIGINS, current_plugin
 from transformer.training.step.schedules import SCHEDULES
 
-__all__ = ["register_attention", "register_ffn", "register_lr_scheduler", "register_norm", "register_position",
-           "register_rope_scaling", "register_router"]
+__all__ = [
+    "register_attention",
+    "register_ffn",
+    "register_lr_scheduler",
+    "register_norm",
+    "register_position",
+    "register_rope_scaling",
+    "register_router",
+]
 
 
 def _claim(switch: str, name: str, taken: Any) -> None:
@@ -109,8 +116,10 @@ def _claim(switch: str, name: str, taken: Any) -> None:
     if name in taken:
         owner = ORIGINS.get((switch, name))
         what = f"the plugin {owner}'s" if owner else "a built-in"
-        raise ConfigError(f"{switch}={name} is {what} option already; the plugin {current_plugin() or '(none)'} "
-                          "must register its option under another name")
+        raise ConfigError(
+            f"{switch}={name} is {what} option already; the plugin {current_plugin() or '(none)'} "
+            "must register its option under another name"
+        )
     ORIGINS[(switch, name)] = current_plugin() or "(registered outside a plugin)"
 
 
@@ -124,9 +133,11 @@ def _options(switch: str, name: str, config: type | None) -> None:
 
 def _decorate(register: Callable[[Any], None], part: Any) -> Any:
     if part is None:
+
         def decorator(obj: Any) -> Any:
             register(obj)
             return obj
+
         return decorator
     register(part)
     return part
@@ -141,10 +152,15 @@ def _default_kv_heads(n_heads: int, n_kv_heads: int | None) -> int:
     return kv
 
 
-def register_attention(name: str, cls: type[nn.Module] | None = None, *, config: type | None = None,
-                       kv_heads: Callable[[int, int | None], int] | None = None,
-                       cache_values: Callable[[int, int, int, Any], int] | None = None,
-                       cost: Callable[[int, int, int, int, Any], tuple[int, int, int]] | None = None) -> Any:
+def register_attention(
+    name: str,
+    cls: type[nn.Module] | None = None,
+    *,
+    config: type | None = None,
+    kv_heads: Callable[[int, int | None], int] | None = None,
+    cache_values: Callable[[int, int, int, Any], int] | None = None,
+    cost: Callable[[int, int, int, int, Any], tuple[int, int, int]] | None = None,
+) -> Any:
     """Register a self-attention class as ``model/attention=<name>`` (contract in the module docstring).
 
     Args:
@@ -161,10 +177,13 @@ def register_attention(name: str, cls: type[nn.Module] | None = None, *, config:
     Raises:
         ConfigError: a taken name, a class without ``from_sizes``, or ``config`` not fitting the group.
     """
+
     def register(obj: Any) -> None:
         if not callable(getattr(obj, "from_sizes", None)):
-            raise ConfigError(f"model/attention={name}: {obj!r} needs a classmethod from_sizes(*, d_model, n_heads, "
-                              "n_kv_heads, head_dim, bias, dropout, qk_norm, config)")
+            raise ConfigError(
+                f"model/attention={name}: {obj!r} needs a classmethod from_sizes(*, d_model, n_heads, "
+                "n_kv_heads, head_dim, bias, dropout, qk_norm, config)"
+            )
         _claim("model/attention", name, ATTENTION_KINDS)
         _options("model/attention", name, config)
         ATTENTION_KINDS[name] = AttentionKind(kv_heads or _default_kv_heads, obj, cache_values, cost)
@@ -172,8 +191,9 @@ def register_attention(name: str, cls: type[nn.Module] | None = None, *, config:
     return _decorate(register, cls)
 
 
-def register_ffn(name: str, block: type[nn.Module] | None = None, *, activation: Callable | None = None,
-                 config: type | None = None) -> Any:
+def register_ffn(
+    name: str, block: type[nn.Module] | None = None, *, activation: Callable | None = None, config: type | None = None
+) -> Any:
     """Register a feed-forward block as ``model/ffn=<name>``: a block class (contract in the module
     docstring) with the activation it applies (e.g. ``GatedFeedForward`` with ``F.relu``: ReGLU).
 
@@ -181,6 +201,7 @@ def register_ffn(name: str, block: type[nn.Module] | None = None, *, activation:
         ConfigError: a taken name, a block missing ``from_sizes`` / ``hidden_size`` / ``n_matrices``,
             or ``config`` not fitting the group.
     """
+
     def register(obj: Any) -> None:
         missing = [a for a in ("from_sizes", "hidden_size", "n_matrices") if not hasattr(obj, a)]
         if missing:
@@ -206,10 +227,13 @@ def register_norm(name: str, cls: type[nn.Module] | None = None, *, config: type
         ConfigError: a taken name, ``config`` without a class that has ``from_sizes(..., config)``
             to receive it, or ``config`` not fitting the group.
     """
+
     def register(obj: Any) -> None:
         if config is not None and not callable(getattr(obj, "from_sizes", None)):
-            raise ConfigError(f"model/norm={name}: {obj!r} has fields of its own (config=) and needs a classmethod "
-                              "from_sizes(*, width, eps, config) to receive them")
+            raise ConfigError(
+                f"model/norm={name}: {obj!r} has fields of its own (config=) and needs a classmethod "
+                "from_sizes(*, width, eps, config) to receive them"
+            )
         _claim("model/norm", name, NORMS)
         _options("model/norm", name, config)
         NORMS[name] = obj
@@ -219,6 +243,7 @@ def register_norm(name: str, cls: type[nn.Module] | None = None, *, config: type
 
 def register_position(name: str, cls: type[PositionEncoding] | None = None, *, config: type | None = None) -> Any:
     """Register a :class:`~transformer.modules.positions.PositionEncoding` subclass as ``model/position=<name>``."""
+
     def register(obj: Any) -> None:
         if not (isinstance(obj, type) and issubclass(obj, PositionEncoding)):
             raise ConfigError(f"model/position={name}: {obj!r} is not a PositionEncoding subclass")
@@ -245,10 +270,13 @@ def register_rope_scaling(name: str, fn: Callable | None = None, *, config: type
         ConfigError: a taken name, ``config`` without a class that has ``from_sizes(..., config)``
             to receive it, or ``config`` not fitting the group.
     """
+
     def register(obj: Any) -> None:
         if config is not None and not callable(getattr(obj, "from_sizes", None)):
-            raise ConfigError(f"model/position/rope_scaling={name}: {obj!r} has fields of its own (config=) and needs "
-                              "a classmethod from_sizes(*, head_dim, theta, scaling, config) to receive them")
+            raise ConfigError(
+                f"model/position/rope_scaling={name}: {obj!r} has fields of its own (config=) and needs "
+                "a classmethod from_sizes(*, head_dim, theta, scaling, config) to receive them"
+            )
         if not callable(obj):
             raise ConfigError(f"model/position/rope_scaling={name}: {obj!r} is neither a function nor a class")
         _claim("model/position/rope_scaling", name, ROPE_SCALINGS)
@@ -261,6 +289,7 @@ def register_rope_scaling(name: str, fn: Callable | None = None, *, config: type
 def register_router(name: str, scores: Callable | None = None, *, sums_to_one: bool = False) -> Any:
     """Register ``scores(logits) -> scores`` as ``model.ffn.router=<name>``; ``sums_to_one``: whether a
     token's scores already sum to 1 (else the balance loss normalises them, DeepSeek-V3 eq. 19)."""
+
     def register(obj: Any) -> None:
         _claim("model.ffn.router", name, ROUTER_SCORES)
         ROUTER_SCORES[name] = RouterScoring(obj, sums_to_one=sums_to_one)
@@ -280,6 +309,7 @@ def register_lr_scheduler(name: str, schedule: Callable | None = None, *, config
     Raises:
         ConfigError: a taken name, or ``config`` not fitting the group.
     """
+
     def register(obj: Any) -> None:
         _claim("lr_scheduler", name, LR_SCHEDULERS)
         _options("lr_scheduler", name, config)

@@ -59,8 +59,7 @@ def read_weights(path: Path | str, device: str = "cpu") -> tuple[dict[str, Tenso
         return read_safetensors(path, device)
     except SafetensorsReadError as e:
         raise CheckpointError(
-            f"{path} is not a safetensors weights file ({e}); expected the "
-            "checkpoint_*.safetensors written by training"
+            f"{path} is not a safetensors weights file ({e}); expected the checkpoint_*.safetensors written by training"
         ) from e
 
 
@@ -93,8 +92,11 @@ def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
         for name in CHECKPOINT_NAMES:
             if has_checkpoint(p, name):
                 if why:  # a folder without results.json reports no numbers: nothing to tell apart
-                    print(f"{p}: loading {name}{WEIGHTS_SUFFIX}, the best checkpoint else the last: {why}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"{p}: loading {name}{WEIGHTS_SUFFIX}, the best checkpoint else the last: {why}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 return p, weights_path(p / name)
         found = sorted(x.name for x in p.glob(f"*{WEIGHTS_SUFFIX}"))
         hint = f"; it holds {', '.join(found)} (pass one of them)" if found else ""
@@ -129,8 +131,7 @@ def _tested_weights(run_dir: Path) -> tuple[Path | None, str]:
     if not isinstance(named, str) or not named:
         if "test_weights" in results:  # written by this version: the tested weights were never saved
             return None, f"results.json's test scores came from weights never saved as a file, {tested}"
-        return None, (f"results.json, older than its test_weights record, says its test scores came "
-                      f"from {tested}")
+        return None, (f"results.json, older than its test_weights record, says its test scores came from {tested}")
     f = run_dir / named
     if Path(named).name != named or not named.endswith(WEIGHTS_SUFFIX):
         return None, f"results.json's test_weights {named!r} is not a weights file name in the run folder"

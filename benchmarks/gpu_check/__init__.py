@@ -85,8 +85,15 @@ for _path in (REPO, REPO / "benchmarks"):  # the package (transformer) and the s
         sys.path.insert(0, str(_path))
 
 REQUIRED = {  # module: distribution (what pip install -e . brings)
-    "torch": "torch", "numpy": "numpy", "hydra": "hydra-core", "omegaconf": "omegaconf", "einops": "einops",
-    "sentencepiece": "sentencepiece", "sacrebleu": "sacrebleu", "safetensors": "safetensors", "tqdm": "tqdm",
+    "torch": "torch",
+    "numpy": "numpy",
+    "hydra": "hydra-core",
+    "omegaconf": "omegaconf",
+    "einops": "einops",
+    "sentencepiece": "sentencepiece",
+    "sacrebleu": "sacrebleu",
+    "safetensors": "safetensors",
+    "tqdm": "tqdm",
 }
 
 

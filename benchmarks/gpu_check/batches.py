@@ -50,8 +50,9 @@ def representative_batch(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_t
     """
     if len(src_lengths) == 0:
         raise ValueError("no training pairs to take lengths from")
-    sampler = TokenBatchSampler(src_lengths, tgt_lengths, max_tokens, arch=arch, shuffle=False,
-                                bucket_multiple=MULTIPLE)
+    sampler = TokenBatchSampler(
+        src_lengths, tgt_lengths, max_tokens, arch=arch, shuffle=False, bucket_multiple=MULTIPLE
+    )
     batches = sampler.global_batches()
     item = sampler.padded_lengths(sampler.lengths)
     longest = [int(item[b].max()) for b in batches]
@@ -75,10 +76,15 @@ def make_tensors(lb: LengthBatch, arch: str, vocab: int, seed: int = 0) -> dict[
     src = [torch.randint(5, vocab, (int(n),), generator=g).tolist() for n in lb.src]
     tgt = [torch.randint(5, vocab, (int(n),), generator=g).tolist() for n in lb.tgt]
     if arch == "encoder_decoder":
-        return {"src": _pad([s + [EOS] for s in src]), "prev": _pad([[BOS] + t for t in tgt]),
-                "target": _pad([t + [EOS] for t in tgt])}
-    return {"tokens": _pad([s + [SEP] + t for s, t in zip(src, tgt)]),
-            "target": _pad([[PAD] * len(s) + t + [EOS] for s, t in zip(src, tgt)])}
+        return {
+            "src": _pad([s + [EOS] for s in src]),
+            "prev": _pad([[BOS] + t for t in tgt]),
+            "target": _pad([t + [EOS] for t in tgt]),
+        }
+    return {
+        "tokens": _pad([s + [SEP] + t for s, t in zip(src, tgt)]),
+        "target": _pad([[PAD] * len(s) + t + [EOS] for s, t in zip(src, tgt)]),
+    }
 
 
 def real_train_flops(cfg: Any, lb: LengthBatch, vocab: int) -> float:
@@ -100,6 +106,13 @@ def describe(lb: LengthBatch, tensors: dict[str, torch.Tensor]) -> dict[str, Any
     """Rows, padded shapes, real target tokens and the share of padding (of the target for an
     encoder-decoder, of the whole sequence for a decoder-only model)."""
     main = tensors.get("tokens", tensors["target"])
-    return {"max_tokens": lb.max_tokens, "rows": lb.rows, "shape": {k: list(v.shape) for k, v in tensors.items()},
-            "target_tokens": lb.target_tokens, "mean_src_len": float(lb.src.mean()), "mean_tgt_len": float(lb.tgt.mean()),
-            "padding": 1 - int(main.ne(PAD).sum()) / main.numel(), "batches_in_epoch": lb.batches_in_epoch}
+    return {
+        "max_tokens": lb.max_tokens,
+        "rows": lb.rows,
+        "shape": {k: list(v.shape) for k, v in tensors.items()},
+        "target_tokens": lb.target_tokens,
+        "mean_src_len": float(lb.src.mean()),
+        "mean_tgt_len": float(lb.tgt.mean()),
+        "padding": 1 - int(main.ne(PAD).sum()) / main.numel(),
+        "batches_in_epoch": lb.batches_in_epoch,
+    }

@@ -1,7 +1,6 @@
 """The command line of the GPU check (``python -m benchmarks.gpu_check``) and the order its sections
 run in; what each section does: the package's docstring (``benchmarks/gpu_check/__init__.py``)."""
 
-
 from __future__ import annotations
 
 import argparse
@@ -42,8 +41,24 @@ from .sdpa import section_sdpa
 from .throughput import section_throughput
 from .training import section_decoding, section_training, section_training_compile
 
-__all__ = ["OPTIONAL", "REQUIRED", "SECTIONS", "Budget", "Context", "OutOfTime", "Report", "Stopped", "apply_defaults",
-           "build_parser", "check", "device_peak", "main", "markdown", "missing_packages", "study_summary"]
+__all__ = [
+    "OPTIONAL",
+    "REQUIRED",
+    "SECTIONS",
+    "Budget",
+    "Context",
+    "OutOfTime",
+    "Report",
+    "Stopped",
+    "apply_defaults",
+    "build_parser",
+    "check",
+    "device_peak",
+    "main",
+    "markdown",
+    "missing_packages",
+    "study_summary",
+]
 
 # ----------------------------------------------------------------------------- main
 
@@ -53,43 +68,95 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--quick", action="store_true", help="tiny sizes and few steps: the CPU smoke mode (seconds)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="results folder (default docs/benchmarks/gpu/ on cuda, runs/gpu_check_cpu/ on cpu)")
-    p.add_argument("--work", type=Path, default=REPO / "runs" / "gpu_check_work",
-                   help="checkpoints, data cache, smoke corpus (not results)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default docs/benchmarks/gpu/ on cuda, runs/gpu_check_cpu/ on cpu)",
+    )
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=REPO / "runs" / "gpu_check_work",
+        help="checkpoints, data cache, smoke corpus (not results)",
+    )
     p.add_argument("--budget-s", type=float, default=None, help="* seconds for everything (440; --quick: no limit)")
     p.add_argument("--skip", nargs="*", default=[], choices=list(SECTIONS[1:]), help="sections recorded as skipped")
     p.add_argument("--updates", type=int, default=None, help="* updates of the bf16 and compile runs (40; --quick 8)")
-    p.add_argument("--decode-updates", type=int, default=None,
-                   help="* updates of the fp32 run, the decoding model (300; --quick 8)")
-    p.add_argument("--compile-precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"],
-                   help="precisions of the training_compile section")
+    p.add_argument(
+        "--decode-updates",
+        type=int,
+        default=None,
+        help="* updates of the fp32 run, the decoding model (300; --quick 8)",
+    )
+    p.add_argument(
+        "--compile-precision",
+        nargs="+",
+        default=["fp32", "bf16"],
+        choices=["fp32", "bf16"],
+        help="precisions of the training_compile section",
+    )
     p.add_argument("--cpu-ref-steps", type=int, default=None, help="* updates of each CPU reference (3; --quick 2)")
     p.add_argument("--sentences", type=int, default=50, help="test sentences of the decoding check")
-    p.add_argument("--sizes", nargs="+", default=None, choices=["tiny", "small", "base"],
-                   help="* throughput sizes (tiny small base; --quick tiny)")
+    p.add_argument(
+        "--sizes",
+        nargs="+",
+        default=None,
+        choices=["tiny", "small", "base"],
+        help="* throughput sizes (tiny small base; --quick tiny)",
+    )
     p.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     p.add_argument("--rows", type=int, default=None, help="* throughput batch rows x 24 target tokens (256; --quick 4)")
     p.add_argument("--warmup", type=int, default=None, help="* throughput warm-up steps (3; --quick 1)")
     p.add_argument("--steps", type=int, default=None, help="* throughput measured steps, median (10; --quick 2)")
-    p.add_argument("--encdec-peers", nargs="*", default=["HF Marian"], help="encoder-decoder peers (benchmarks/peers.py)")
+    p.add_argument(
+        "--encdec-peers", nargs="*", default=["HF Marian"], help="encoder-decoder peers (benchmarks/peers.py)"
+    )
     p.add_argument("--decoder-peers", nargs="*", default=["HF Llama"], help="decoder-only peers")
-    p.add_argument("--realistic-models", nargs="+", default=["base", "big", "llama100m"],
-                   choices=["base", "big", "llama100m"], help="realistic section: models (presets.py)")
-    p.add_argument("--realistic-tokens", nargs="+", type=int, default=None,
-                   help="* realistic section: max tokens per batch, the first first (16384 8192 32768; --quick 256)")
-    p.add_argument("--realistic-modes", nargs="+", default=None, choices=["eager", "compiled", "cudagraphs"],
-                   help="* realistic section: modes (all three; --quick eager compiled; cudagraphs on CUDA only)")
-    p.add_argument("--realistic-vocab", type=int, default=None, help="* realistic section: vocabulary (32000; --quick 300)")
+    p.add_argument(
+        "--realistic-models",
+        nargs="+",
+        default=["base", "big", "llama100m"],
+        choices=["base", "big", "llama100m"],
+        help="realistic section: models (presets.py)",
+    )
+    p.add_argument(
+        "--realistic-tokens",
+        nargs="+",
+        type=int,
+        default=None,
+        help="* realistic section: max tokens per batch, the first first (16384 8192 32768; --quick 256)",
+    )
+    p.add_argument(
+        "--realistic-modes",
+        nargs="+",
+        default=None,
+        choices=["eager", "compiled", "cudagraphs"],
+        help="* realistic section: modes (all three; --quick eager compiled; cudagraphs on CUDA only)",
+    )
+    p.add_argument(
+        "--realistic-vocab", type=int, default=None, help="* realistic section: vocabulary (32000; --quick 300)"
+    )
     p.add_argument("--realistic-warmup", type=int, default=None, help="* realistic warm-up steps (3; --quick 1)")
-    p.add_argument("--realistic-steps", type=int, default=None, help="* realistic measured steps, median (10; --quick 2)")
+    p.add_argument(
+        "--realistic-steps", type=int, default=None, help="* realistic measured steps, median (10; --quick 2)"
+    )
     p.add_argument("--realistic-sentences", type=int, default=None, help="* sentences decoded (1000; --quick 48)")
     p.add_argument("--decode-batch", type=int, default=None, help="* sentences per decoding batch (64; --quick 16)")
-    p.add_argument("--realistic-budget-s", type=float, default=None,
-                   help="* seconds for the realistic section (300; --quick: no limit of its own)")
+    p.add_argument(
+        "--realistic-budget-s",
+        type=float,
+        default=None,
+        help="* seconds for the realistic section (300; --quick: no limit of its own)",
+    )
     p.add_argument("--threads", type=int, default=None, help="* torch CPU threads (all cores; --quick 1)")
-    p.add_argument("--study-summary", type=Path, default=None, metavar="RUNS_DIR",
-                   help="summarise a results_gpu.sh study's run folders into --out instead")
+    p.add_argument(
+        "--study-summary",
+        type=Path,
+        default=None,
+        metavar="RUNS_DIR",
+        help="summarise a results_gpu.sh study's run folders into --out instead",
+    )
     p.add_argument("--study-note", default="", help="a sentence for the study summary (time cap, ...)")
     return p
 
@@ -97,16 +164,25 @@ def build_parser() -> argparse.ArgumentParser:
 def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
     """Fill the *-marked options from ``--quick`` and ``--device``."""
     q = args.quick
-    for name, normal, quick in (("budget_s", 440.0, 0.0), ("updates", 40, 8), ("decode_updates", 300, 8),
-                                ("cpu_ref_steps", 3, 2), ("sizes", ["tiny", "small", "base"], ["tiny"]),
-                                ("rows", 256, 4), ("warmup", 3, 1), ("steps", 10, 2),
-                                ("realistic_tokens", [16384, 8192, 32768], [256]),
-                                ("realistic_modes", ["eager", "compiled", "cudagraphs"], ["eager", "compiled"]),
-                                ("realistic_vocab", 32000, 300), ("realistic_warmup", 3, 1), ("realistic_steps", 10, 2),
-                                ("realistic_sentences", 1000, 48), ("decode_batch", 64, 16),
-                                ("realistic_budget_s", 300.0, 0.0),
-                                ("threads", len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else
-                                 os.cpu_count() or 1, 1)):
+    for name, normal, quick in (
+        ("budget_s", 440.0, 0.0),
+        ("updates", 40, 8),
+        ("decode_updates", 300, 8),
+        ("cpu_ref_steps", 3, 2),
+        ("sizes", ["tiny", "small", "base"], ["tiny"]),
+        ("rows", 256, 4),
+        ("warmup", 3, 1),
+        ("steps", 10, 2),
+        ("realistic_tokens", [16384, 8192, 32768], [256]),
+        ("realistic_modes", ["eager", "compiled", "cudagraphs"], ["eager", "compiled"]),
+        ("realistic_vocab", 32000, 300),
+        ("realistic_warmup", 3, 1),
+        ("realistic_steps", 10, 2),
+        ("realistic_sentences", 1000, 48),
+        ("decode_batch", 64, 16),
+        ("realistic_budget_s", 300.0, 0.0),
+        ("threads", len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 1),
+    ):
         if getattr(args, name) is None:
             setattr(args, name, quick if q else normal)
     if args.out is None:
@@ -123,15 +199,30 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
-        print(f"gpu_check: --device cuda but torch {torch.__version__} sees no CUDA device "
-              f"(torch.version.cuda={torch.version.cuda})", file=sys.stderr)
-    device = torch.device("cuda", 0) if args.device == "cuda" and torch.cuda.is_available() else torch.device(args.device)
-    desc = device_description(device) if device.type == "cpu" or torch.cuda.is_available() else {
-        "device": "cuda", "device_name": "no CUDA device"}
-    meta = {"command": "python -m benchmarks.gpu_check " + " ".join(sys.argv[1:] if argv is None else argv),
-            "date": datetime.date.today().isoformat(), "commit": git_commit(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "quick": args.quick, "budget_s": args.budget_s, **desc,
-            "args": {k: str(v) for k, v in vars(args).items()}}
+        print(
+            f"gpu_check: --device cuda but torch {torch.__version__} sees no CUDA device "
+            f"(torch.version.cuda={torch.version.cuda})",
+            file=sys.stderr,
+        )
+    device = (
+        torch.device("cuda", 0) if args.device == "cuda" and torch.cuda.is_available() else torch.device(args.device)
+    )
+    desc = (
+        device_description(device)
+        if device.type == "cpu" or torch.cuda.is_available()
+        else {"device": "cuda", "device_name": "no CUDA device"}
+    )
+    meta = {
+        "command": "python -m benchmarks.gpu_check " + " ".join(sys.argv[1:] if argv is None else argv),
+        "date": datetime.date.today().isoformat(),
+        "commit": git_commit(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "quick": args.quick,
+        "budget_s": args.budget_s,
+        **desc,
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
     report = Report(args.out, meta)
     ctx = Context(args=args, device=device, budget=Budget(args.budget_s), data_dir=find_data_dir(), work=args.work)
     ctx.meta_device = desc["device_name"]

@@ -38,7 +38,6 @@ OPTIONAL = {  # module: what is lost without it
 }
 
 
-
 # ----------------------------------------------------------------------------- environment
 
 
@@ -64,9 +63,13 @@ def device_description(device: torch.device) -> dict[str, Any]:
     """What the results are from: the device's name (the GPU's, or the CPU's), memory, capability."""
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        return {"device": "cuda", "device_name": torch.cuda.get_device_name(device),
-                "capability": ".".join(map(str, torch.cuda.get_device_capability(device))),
-                "memory_gib": round(props.total_memory / 2**30, 1), "multiprocessors": props.multi_processor_count}
+        return {
+            "device": "cuda",
+            "device_name": torch.cuda.get_device_name(device),
+            "capability": ".".join(map(str, torch.cuda.get_device_capability(device))),
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "multiprocessors": props.multi_processor_count,
+        }
     return {"device": "cpu", "device_name": cpu_model_name()}
 
 
@@ -75,36 +78,63 @@ def section_environment(sec: dict[str, Any], ctx: Context) -> None:
     r = sec["results"]
     r.update(device_description(ctx.device))
     hw = describe_hardware()
-    r.update(torch=hw["torch"], cuda=torch.version.cuda, python=platform.python_version(), cpu=hw["cpu"],
-             cpu_count=hw["cpu_count"], torch_threads=hw["torch_threads"], cuda_available=torch.cuda.is_available(),
-             transformers=version("transformers"), triton=version("triton") or version("pytorch-triton"),
-             data_dir=str(ctx.data_dir) if ctx.data_dir else None, commit=git_commit())
-    missing_opt = [f"{m} ({why})" for m, why in OPTIONAL.items() if importlib.util.find_spec(m) is None
-                   and (m != "triton" or ctx.device.type == "cuda")]
+    r.update(
+        torch=hw["torch"],
+        cuda=torch.version.cuda,
+        python=platform.python_version(),
+        cpu=hw["cpu"],
+        cpu_count=hw["cpu_count"],
+        torch_threads=hw["torch_threads"],
+        cuda_available=torch.cuda.is_available(),
+        transformers=version("transformers"),
+        triton=version("triton") or version("pytorch-triton"),
+        data_dir=str(ctx.data_dir) if ctx.data_dir else None,
+        commit=git_commit(),
+    )
+    missing_opt = [
+        f"{m} ({why})"
+        for m, why in OPTIONAL.items()
+        if importlib.util.find_spec(m) is None and (m != "triton" or ctx.device.type == "cuda")
+    ]
     r["missing_optional"] = missing_opt
     if ctx.device.type == "cuda":
-        r.update(cudnn=torch.backends.cudnn.version(), gpu_count=torch.cuda.device_count(),
-                 matmul_allow_tf32=torch.backends.cuda.matmul.allow_tf32,
-                 cudnn_allow_tf32=torch.backends.cudnn.allow_tf32,
-                 float32_matmul_precision=torch.get_float32_matmul_precision(),
-                 sdpa_enabled={"flash": torch.backends.cuda.flash_sdp_enabled(),
-                               "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
-                               "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
-                               "math": torch.backends.cuda.math_sdp_enabled()},
-                 peak_table_bf16=device_peak(r["device_name"], "bf16"))
+        r.update(
+            cudnn=torch.backends.cudnn.version(),
+            gpu_count=torch.cuda.device_count(),
+            matmul_allow_tf32=torch.backends.cuda.matmul.allow_tf32,
+            cudnn_allow_tf32=torch.backends.cudnn.allow_tf32,
+            float32_matmul_precision=torch.get_float32_matmul_precision(),
+            sdpa_enabled={
+                "flash": torch.backends.cuda.flash_sdp_enabled(),
+                "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+                "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
+                "math": torch.backends.cuda.math_sdp_enabled(),
+            },
+            peak_table_bf16=device_peak(r["device_name"], "bf16"),
+        )
         try:
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
-                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+            smi = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
             r["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
         except (OSError, subprocess.SubprocessError) as err:
             r["nvidia_smi"] = f"not run: {err}"
     for m in missing_opt:
         sec["notes"].append(f"missing (optional): {m}")
     if ctx.data_dir is None:
-        sec["notes"].append("no Multi30k found ($TRANSFORMER_DATA_DIR, <repo>/shared/data, <repo>/../shared/data): "
-                            "the training, decoding and sdpa sections fail; copy the data folder next to the repo")
-    check(sec, "device usable", ctx.device.type == "cpu" or torch.cuda.is_available(),
-          f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuda available {torch.cuda.is_available()}")
+        sec["notes"].append(
+            "no Multi30k found ($TRANSFORMER_DATA_DIR, <repo>/shared/data, <repo>/../shared/data): "
+            "the training, decoding and sdpa sections fail; copy the data folder next to the repo"
+        )
+    check(
+        sec,
+        "device usable",
+        ctx.device.type == "cpu" or torch.cuda.is_available(),
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuda available {torch.cuda.is_available()}",
+    )
     check(sec, "Multi30k found", ctx.data_dir is not None, str(ctx.data_dir))
 
 
@@ -112,8 +142,13 @@ def section_environment(sec: dict[str, Any], ctx: Context) -> None:
 
 
 QUICK_SLICE = {"train": 600, "val": 40, "test_2016_flickr": 60}
-QUICK_MODEL = ["model.n_encoder_layers=2", "model.n_decoder_layers=2", "model.d_model=32", "model.n_heads=4",
-               "model.d_ff=64"]
+QUICK_MODEL = [
+    "model.n_encoder_layers=2",
+    "model.n_decoder_layers=2",
+    "model.d_model=32",
+    "model.n_heads=4",
+    "model.d_ff=64",
+]
 
 
 @dataclasses.dataclass
@@ -152,9 +187,18 @@ def data_overrides(ctx: Context) -> list[str]:
     cache = ctx.work / "cache"
     if ctx.args.quick:
         corpus = slice_corpus(ctx.data_dir, ctx.work / "corpus")
-        return ["data=parallel_text", f"data.root={corpus}", "data.src_lang=en", "data.tgt_lang=de",
-                "data.train_prefix=train", "data.valid_prefix=val", "data.test_prefix=test_2016_flickr",
-                "data.test_splits=[test_2016_flickr]", "data.vocab_size=300", f"data.cache_dir={cache}"]
+        return [
+            "data=parallel_text",
+            f"data.root={corpus}",
+            "data.src_lang=en",
+            "data.tgt_lang=de",
+            "data.train_prefix=train",
+            "data.valid_prefix=val",
+            "data.test_prefix=test_2016_flickr",
+            "data.test_splits=[test_2016_flickr]",
+            "data.vocab_size=300",
+            f"data.cache_dir={cache}",
+        ]
     # the default data cache (keyed by the training files' contents): results_gpu.sh's preprocessing
     # of multi30k_en_de after the check then finds it built
     return ["data=multi30k_en_de", f"data.root={ctx.data_dir}", "data.test_splits=[test_2016_flickr]"]
@@ -166,7 +210,10 @@ def model_overrides(ctx: Context, family: str) -> list[str]:
         over = ["model=transformer_tiny"] + (QUICK_MODEL if ctx.args.quick else [])
     else:
         over = ["model=llama_style_tiny"] + (
-            ["model.n_decoder_layers=2", "model.d_model=32", "model.n_heads=4", "model.d_ff=64"] if ctx.args.quick else [])
+            ["model.n_decoder_layers=2", "model.d_model=32", "model.n_heads=4", "model.d_ff=64"]
+            if ctx.args.quick
+            else []
+        )
     return over + ["model.dropout=0.0"]
 
 
@@ -179,18 +226,33 @@ def compose_config(overrides: list[str]) -> Any:
     return to_config(cfg)
 
 
-def run_config(ctx: Context, name: str, family: str, precision: str, compile_on: bool, updates: int,
-               device: str) -> Any:
+def run_config(
+    ctx: Context, name: str, family: str, precision: str, compile_on: bool, updates: int, device: str
+) -> Any:
     """One training run's config: the family's model, Multi30k, ``updates`` updates, no validation
     until the end, no BLEU, every update logged, run folder ``<work>/runs/<name>``."""
     q = ctx.args.quick
-    over = model_overrides(ctx, family) + data_overrides(ctx) + [
-        f"train.max_tokens={600 if q else 4096}", f"train.max_updates={updates}", "train.max_time=0",
-        "train.validate_every=0", "train.valid_bleu=false", "train.log_every=1", "train.progress=false",
-        "train.save_every=0", f"train.precision={precision}", f"train.compile={str(compile_on).lower()}",
-        f"train.device={device}", f"optim.lr={3e-3 if q else 5e-3}", f"lr_scheduler.warmup_updates={4 if q else 100}",
-        "seed=1", f"run_dir={ctx.work / 'runs' / name}",
-    ]
+    over = (
+        model_overrides(ctx, family)
+        + data_overrides(ctx)
+        + [
+            f"train.max_tokens={600 if q else 4096}",
+            f"train.max_updates={updates}",
+            "train.max_time=0",
+            "train.validate_every=0",
+            "train.valid_bleu=false",
+            "train.log_every=1",
+            "train.progress=false",
+            "train.save_every=0",
+            f"train.precision={precision}",
+            f"train.compile={str(compile_on).lower()}",
+            f"train.device={device}",
+            f"optim.lr={3e-3 if q else 5e-3}",
+            f"lr_scheduler.warmup_updates={4 if q else 100}",
+            "seed=1",
+            f"run_dir={ctx.work / 'runs' / name}",
+        ]
+    )
     return compose_config(over)
 
 
@@ -210,8 +272,9 @@ class Collect:
 
     def log(self, metrics: dict[str, Any], step: int, split: str) -> None:
         """Keep the numbers of one record."""
-        self.rows.append({"split": split, "update": step,
-                          **{k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}})
+        self.rows.append(
+            {"split": split, "update": step, **{k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}}
+        )
 
     def close(self) -> None:
         """Nothing to release."""
@@ -240,12 +303,17 @@ def fit_run(ctx: Context, cfg: Any) -> tuple[Any, dict[str, Any]]:
     train_rows = [r for r in sink.rows if r["split"] == "train"]
     rates = [r["tokens_per_s"] for r in train_rows if "tokens_per_s" in r]
     first_s = train_rows[0]["ntokens"] / train_rows[0]["tokens_per_s"] if rates else None
-    later = rates[len(rates) // 2:] or rates
+    later = rates[len(rates) // 2 :] or rates
     out = {
-        "updates": trainer.update, "stop": stop, "precision": trainer.precision, "compile": cfg.train.compile,
-        "losses": [r["loss"] for r in train_rows], "ntokens": [int(r["ntokens"]) for r in train_rows],
+        "updates": trainer.update,
+        "stop": stop,
+        "precision": trainer.precision,
+        "compile": cfg.train.compile,
+        "losses": [r["loss"] for r in train_rows],
+        "ntokens": [int(r["ntokens"]) for r in train_rows],
         "valid_loss": next((r["loss"] for r in sink.rows if r["split"] == "valid"), None),
-        "wall_s": wall, "first_update_s": first_s,
+        "wall_s": wall,
+        "first_update_s": first_s,
         "tokens_per_s_median_2nd_half": statistics.median(later) if later else None,
         "tokens_per_s_overall": trainer.train_tokens / max(trainer.train_time, 1e-9),
         "peak_memory_mb_by_phase": trainer.memory.as_dict(),

@@ -10,12 +10,22 @@ from train_step import preset
 MODELS: dict[str, tuple[str, list[str], str]] = {  # name: (preset, overrides, family)
     "base": ("transformer_2017_base", [], "encoder-decoder"),
     "big": ("transformer_2017_big", [], "encoder-decoder"),
-    "llama100m": ("llama_style", ["model.d_model=640", "model.n_heads=10", "model.d_ff=2560",
-                                  "model.n_decoder_layers=12", "model.dropout=0.0"], "decoder-only"),
+    "llama100m": (
+        "llama_style",
+        ["model.d_model=640", "model.n_heads=10", "model.d_ff=2560", "model.n_decoder_layers=12", "model.dropout=0.0"],
+        "decoder-only",
+    ),
 }
-QUICK_DIMS = {"encoder-decoder": ["model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_model=32",
-                                  "model.n_heads=4", "model.d_ff=64"],
-              "decoder-only": ["model.n_decoder_layers=2", "model.d_model=32", "model.n_heads=4", "model.d_ff=64"]}
+QUICK_DIMS = {
+    "encoder-decoder": [
+        "model.n_encoder_layers=1",
+        "model.n_decoder_layers=1",
+        "model.d_model=32",
+        "model.n_heads=4",
+        "model.d_ff=64",
+    ],
+    "decoder-only": ["model.n_decoder_layers=2", "model.d_model=32", "model.n_heads=4", "model.d_ff=64"],
+}
 
 
 def model_config(name: str, quick: bool, extra: list[str] | None = None) -> tuple[Any, Any, list[str]]:

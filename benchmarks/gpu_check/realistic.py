@@ -83,8 +83,12 @@ def plan(models: list[str], tokens: list[int], modes: list[str], systems: dict[s
 def _masked_seq2seq_loss(self: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """HF Marian's loss with the source padding mask (what an HF training loop passes)."""
     labels = batch["target"].masked_fill(batch["target"].eq(peers.PAD), -100)
-    return self.core(input_ids=batch["src"], attention_mask=batch["src"].ne(peers.PAD),
-                     decoder_input_ids=batch["prev"], labels=labels).loss
+    return self.core(
+        input_ids=batch["src"],
+        attention_mask=batch["src"].ne(peers.PAD),
+        decoder_input_ids=batch["prev"],
+        labels=labels,
+    ).loss
 
 
 def build(system: str, cfg: Any, vocab: int) -> torch.nn.Module:
@@ -108,8 +112,16 @@ def loss_fn(module: torch.nn.Module, mode: str, backend: str) -> Callable[[dict[
     return torch.compile(module.step_loss, backend=backend, **kwargs)
 
 
-def time_row(module: torch.nn.Module, fn: Callable, batch: dict[str, torch.Tensor], opt: Any, warmup: int,
-             steps: int, device: torch.device, cudagraphs: bool) -> dict[str, Any]:
+def time_row(
+    module: torch.nn.Module,
+    fn: Callable,
+    batch: dict[str, torch.Tensor],
+    opt: Any,
+    warmup: int,
+    steps: int,
+    device: torch.device,
+    cudagraphs: bool,
+) -> dict[str, Any]:
     """Step times (s): the warm-up steps' (the first compiles) and the median and best of ``steps``."""
     module.train()
 
@@ -131,7 +143,9 @@ def time_row(module: torch.nn.Module, fn: Callable, batch: dict[str, torch.Tenso
     return {"step_s": statistics.median(times), "best_s": times[0], "warmup_s": warm}
 
 
-def measure(name: str, system: str, mode: str, max_tokens: int, ctx: Context, lengths: dict[str, Any]) -> dict[str, Any]:
+def measure(
+    name: str, system: str, mode: str, max_tokens: int, ctx: Context, lengths: dict[str, Any]
+) -> dict[str, Any]:
     """One training row (see the module docstring); raises what the row raised."""
     a, dev = ctx.args, ctx.device
     cfg, optim_cfg, over = model_config(name, a.quick)
@@ -155,14 +169,23 @@ def measure(name: str, system: str, mode: str, max_tokens: int, ctx: Context, le
         fn = loss_fn(module, mode, backend)
         if mode != "eager":
             from torch._dynamo.utils import counters
+
             counters.clear()
         r = time_row(module, fn, batch, opt, a.realistic_warmup, a.realistic_steps, dev, mode == "cudagraphs")
-        row.update(r, params=sum(p.numel() for p in module.parameters()), train_flops=flops,
-                   tok_s=lb.target_tokens / r["step_s"], first_step_s=r["warmup_s"][0],
-                   dropout=our_dropout(cfg) if system == "ours" else getattr(module, "dropout_desc", "?"))
+        row.update(
+            r,
+            params=sum(p.numel() for p in module.parameters()),
+            train_flops=flops,
+            tok_s=lb.target_tokens / r["step_s"],
+            first_step_s=r["warmup_s"][0],
+            dropout=our_dropout(cfg) if system == "ours" else getattr(module, "dropout_desc", "?"),
+        )
         if mode != "eager":
-            row.update(backend=backend, graphs=int(counters["stats"].get("unique_graphs", 0)),
-                       graph_breaks=int(sum(counters["graph_break"].values())))
+            row.update(
+                backend=backend,
+                graphs=int(counters["stats"].get("unique_graphs", 0)),
+                graph_breaks=int(sum(counters["graph_break"].values())),
+            )
         if dev.type == "cuda":
             row["mem_mb"] = (torch.cuda.max_memory_allocated(dev) - before) / 2**20
         return row
@@ -200,10 +223,20 @@ def section_realistic(sec: dict[str, Any], ctx: Context, report: Report) -> None
     peak, source = bf16_peak(ctx)
     systems = {"encoder-decoder": ["ours", *a.encdec_peers], "decoder-only": ["ours", *a.decoder_peers]}
     modes = [m for m in a.realistic_modes if dev.type == "cuda" or m != "cudagraphs"]
-    r.update(device_name=ctx.meta_device, peak_bf16_tflops=peak / 1e12, peak_source=source, vocab=a.realistic_vocab,
-             precision="bf16 autocast", warmup=a.realistic_warmup, steps=a.realistic_steps, budget_s=a.realistic_budget_s,
-             lengths_from=f"{len(train)} training pairs of {'a slice of ' if a.quick else ''}Multi30k en-de "
-                          f"(vocabulary {len(data.src_tokenizer)})", rows=[], decoding=[])
+    r.update(
+        device_name=ctx.meta_device,
+        peak_bf16_tflops=peak / 1e12,
+        peak_source=source,
+        vocab=a.realistic_vocab,
+        precision="bf16 autocast",
+        warmup=a.realistic_warmup,
+        steps=a.realistic_steps,
+        budget_s=a.realistic_budget_s,
+        lengths_from=f"{len(train)} training pairs of {'a slice of ' if a.quick else ''}Multi30k en-de "
+        f"(vocabulary {len(data.src_tokenizer)})",
+        rows=[],
+        decoding=[],
+    )
     if len(modes) < len(a.realistic_modes):
         sec["notes"].append("cudagraphs rows not run: CUDA graphs need a CUDA device")
     report.write()
@@ -213,8 +246,13 @@ def section_realistic(sec: dict[str, Any], ctx: Context, report: Report) -> None
             decode_jobs(sec, ctx, report, data, budget)
             continue
         _, name, tokens, mode, system = job
-        row: dict[str, Any] = {"model": name, "family": MODELS[name][2], "system": system, "mode": mode,
-                               "max_tokens": tokens}
+        row: dict[str, Any] = {
+            "model": name,
+            "family": MODELS[name][2],
+            "system": system,
+            "mode": mode,
+            "max_tokens": tokens,
+        }
         try:
             what = f"{name} {system} {mode} {tokens}"
             budget.need(need[mode], what)

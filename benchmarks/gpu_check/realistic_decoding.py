@@ -34,8 +34,14 @@ from transformer.models import build_model
 from .presets import model_config
 from .report import Budget, OutOfTime, Report, Stopped
 
-JOBS = (("ours", "beam5"), ("HF generate", "beam5"), ("ours", "greedy"), ("HF generate", "greedy"),
-        ("CTranslate2", "beam5"), ("CTranslate2", "greedy"))
+JOBS = (
+    ("ours", "beam5"),
+    ("HF generate", "beam5"),
+    ("ours", "greedy"),
+    ("HF generate", "greedy"),
+    ("CTranslate2", "beam5"),
+    ("CTranslate2", "greedy"),
+)
 NEED_S = 30  # seconds a decoding row needs on a GPU (HF beam search is the slowest)
 
 
@@ -56,16 +62,32 @@ def _setup(ctx: Any, data: Any) -> dict[str, Any]:
     n = min(a.realistic_sentences, len(split))
     src = [list(split.src[i]) for i in range(n)]
     order = sorted(range(n), key=lambda i: len(src[i]))
-    chunks = [[src[i] for i in order[j:j + a.decode_batch]] for j in range(0, n, a.decode_batch)]
+    chunks = [[src[i] for i in order[j : j + a.decode_batch]] for j in range(0, n, a.decode_batch)]
     max_len = int(round(float(split.tgt_lengths[:n].mean())))
-    return {"cfg": cfg, "overrides": over, "model": model, "tokenizers": (src_tok, tgt_tok), "chunks": chunks,
-            "sentences": n, "max_len": max_len, "split": split.name}
+    return {
+        "cfg": cfg,
+        "overrides": over,
+        "model": model,
+        "tokenizers": (src_tok, tgt_tok),
+        "chunks": chunks,
+        "sentences": n,
+        "max_len": max_len,
+        "split": split.name,
+    }
 
 
 def _search(strategy: str, max_len: int) -> GenerationConfig:
-    return GenerationConfig(strategy="beam" if strategy == "beam5" else "greedy", beam_size=5 if strategy == "beam5" else 1,
-                            length_penalty=0.6, length_penalty_form="fairseq", max_len_a=0.0, max_len_b=max_len,
-                            min_len=1, nbest=1, max_tokens=10**9)
+    return GenerationConfig(
+        strategy="beam" if strategy == "beam5" else "greedy",
+        beam_size=5 if strategy == "beam5" else 1,
+        length_penalty=0.6,
+        length_penalty_form="fairseq",
+        max_len_a=0.0,
+        max_len_b=max_len,
+        min_len=1,
+        nbest=1,
+        max_tokens=10**9,
+    )
 
 
 def _decoder(system: str, setup: dict[str, Any], device: torch.device, work: Any) -> tuple[Callable, Any]:
@@ -117,8 +139,13 @@ def decode_row(system: str, strategy: str, setup: dict[str, Any], ctx: Any) -> d
             _sync(dev)
             seconds = time.perf_counter() - t
         n = setup["sentences"]
-        row = {"seconds": seconds, "sentences_per_s": n / seconds, "tokens_per_s": sum(map(len, outputs)) / seconds,
-               "mean_output_len": sum(map(len, outputs)) / n, "outputs": outputs}
+        row = {
+            "seconds": seconds,
+            "sentences_per_s": n / seconds,
+            "tokens_per_s": sum(map(len, outputs)) / seconds,
+            "mean_output_len": sum(map(len, outputs)) / n,
+            "outputs": outputs,
+        }
         if dev.type == "cuda":
             row["peak_mb"] = torch.cuda.max_memory_allocated(dev) / 2**20
         return row
@@ -140,9 +167,14 @@ def decode_jobs(sec: dict[str, Any], ctx: Any, report: Report, data: Any, budget
         report.write()
         return
     sec["results"]["decoding_setup"] = {
-        "model": "transformer_2017_base (random weights, seed 0)", "overrides": setup["overrides"],
-        "split": setup["split"], "sentences": setup["sentences"], "batch": ctx.args.decode_batch,
-        "max_len": setup["max_len"], "precision": "bf16" if ctx.device.type == "cuda" else "fp32"}
+        "model": "transformer_2017_base (random weights, seed 0)",
+        "overrides": setup["overrides"],
+        "split": setup["split"],
+        "sentences": setup["sentences"],
+        "batch": ctx.args.decode_batch,
+        "max_len": setup["max_len"],
+        "precision": "bf16" if ctx.device.type == "cuda" else "fp32",
+    }
     ours: dict[str, list[list[int]]] = {}
     for system, strategy in JOBS:
         row: dict[str, Any] = {"system": system, "strategy": strategy}

@@ -17,9 +17,12 @@ def _why(x: dict[str, Any]) -> str:
 
 def render_realistic(r: dict[str, Any]) -> list[str]:
     """The section's results as Markdown lines."""
-    out = [f"bf16 autocast, vocabulary {r.get('vocab')}, lengths from {r.get('lengths_from')}; "
-           f"{r.get('warmup')} warm-up + {r.get('steps')} measured steps (median); MFU against "
-           f"{_f(r.get('peak_bf16_tflops'), '{:.4g}')} TFLOP/s ({r.get('peak_source')}), real tokens only.", ""]
+    out = [
+        f"bf16 autocast, vocabulary {r.get('vocab')}, lengths from {r.get('lengths_from')}; "
+        f"{r.get('warmup')} warm-up + {r.get('steps')} measured steps (median); MFU against "
+        f"{_f(r.get('peak_bf16_tflops'), '{:.4g}')} TFLOP/s ({r.get('peak_source')}), real tokens only.",
+        "",
+    ]
     if r.get("targets"):
         out += ["| target | bound | value | status | detail |", "|---|---:|---:|---|---|"]
         for t in r["targets"]:
@@ -30,9 +33,11 @@ def render_realistic(r: dict[str, Any]) -> list[str]:
         out.append("")
     rows = r.get("rows", [])
     peer = {(x["model"], x["mode"], x["max_tokens"]): x for x in rows if x["system"] != "ours" and "tok_s" in x}
-    out += ["| model | system | mode | max tokens | rows x src x tgt | target tokens | padding | target tok/s | "
-            "ours / peer | MFU | step ms | first step s | peak MiB | params | graphs / breaks |",
-            "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    out += [
+        "| model | system | mode | max tokens | rows x src x tgt | target tokens | padding | target tok/s | "
+        "ours / peer | MFU | step ms | first step s | peak MiB | params | graphs / breaks |",
+        "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for x in rows:
         head = f"| {x['model']} | {x['system']} | {x['mode']} | {x['max_tokens']} |"
         if "tok_s" not in x:
@@ -40,22 +45,33 @@ def render_realistic(r: dict[str, Any]) -> list[str]:
             continue
         b = x["batch"]
         shape = b["shape"].get("src") or b["shape"]["tokens"]
-        dims = f"{b['rows']} x {shape[1]} x {b['shape']['target'][1]}" if "src" in b["shape"] else \
-            f"{b['rows']} x {shape[1]} (one sequence)"
+        dims = (
+            f"{b['rows']} x {shape[1]} x {b['shape']['target'][1]}"
+            if "src" in b["shape"]
+            else f"{b['rows']} x {shape[1]} (one sequence)"
+        )
         other = peer.get((x["model"], x["mode"], x["max_tokens"])) if x["system"] == "ours" else None
         graphs = f"{x['graphs']} / {x['graph_breaks']}" if "graphs" in x else ""
-        out.append(f"{head} {dims} | {b['target_tokens']:,} | {100 * b['padding']:.0f}% | {x['tok_s']:,.0f} | "
-                   f"{_f(other and x['tok_s'] / other['tok_s'], '{:.2f}x')} | {100 * x['mfu']:.1f}% | "
-                   f"{1e3 * x['step_s']:.1f} | {x['first_step_s']:.1f} | {_f(x.get('mem_mb'), '{:,.0f}')} | "
-                   f"{x['params'] / 1e6:.3g}M | {graphs} |")
+        out.append(
+            f"{head} {dims} | {b['target_tokens']:,} | {100 * b['padding']:.0f}% | {x['tok_s']:,.0f} | "
+            f"{_f(other and x['tok_s'] / other['tok_s'], '{:.2f}x')} | {100 * x['mfu']:.1f}% | "
+            f"{1e3 * x['step_s']:.1f} | {x['first_step_s']:.1f} | {_f(x.get('mem_mb'), '{:,.0f}')} | "
+            f"{x['params'] / 1e6:.3g}M | {graphs} |"
+        )
     setup = r.get("decoding_setup")
     if setup or r.get("decoding"):
         out += [""]
         if setup:
-            out += [f"Decoding: {setup['model']}, {setup['sentences']} sentences of {setup['split']} in batches of "
-                    f"{setup['batch']}, every output at most {setup['max_len']} tokens + EOS, {setup['precision']}.", ""]
-        out += ["| system | search | seconds | sentences/s | tokens/s | ours / system | mean output length | "
-                "equal to ours | peak MiB |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+            out += [
+                f"Decoding: {setup['model']}, {setup['sentences']} sentences of {setup['split']} in batches of "
+                f"{setup['batch']}, every output at most {setup['max_len']} tokens + EOS, {setup['precision']}.",
+                "",
+            ]
+        out += [
+            "| system | search | seconds | sentences/s | tokens/s | ours / system | mean output length | "
+            "equal to ours | peak MiB |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         ours = {x["strategy"]: x for x in r.get("decoding", []) if x["system"] == "ours" and "seconds" in x}
         for x in r.get("decoding", []):
             head = f"| {x['system']} | {x['strategy']} |"
@@ -64,7 +80,9 @@ def render_realistic(r: dict[str, Any]) -> list[str]:
                 continue
             mine = ours.get(x["strategy"])
             ratio = mine["sentences_per_s"] / x["sentences_per_s"] if mine and x["system"] != "ours" else None
-            out.append(f"{head} {x['seconds']:.2f} | {x['sentences_per_s']:,.1f} | {x['tokens_per_s']:,.0f} | "
-                       f"{_f(ratio, '{:.2f}x')} | {x['mean_output_len']:.1f} | "
-                       f"{_f(x.get('equal_to_ours'), '{:.0%}')} | {_f(x.get('peak_mb'), '{:,.0f}')} |")
+            out.append(
+                f"{head} {x['seconds']:.2f} | {x['sentences_per_s']:,.1f} | {x['tokens_per_s']:,.0f} | "
+                f"{_f(ratio, '{:.2f}x')} | {x['mean_output_len']:.1f} | "
+                f"{_f(x.get('equal_to_ours'), '{:.0%}')} | {_f(x.get('peak_mb'), '{:,.0f}')} |"
+            )
     return out

@@ -58,6 +58,7 @@ class SdpaRecorder:
         def enter(name: str) -> Callable[..., None]:
             def hook(module: Any, args: Any) -> None:
                 self.stack.append(name)
+
             return hook
 
         def leave(module: Any, args: Any, output: Any) -> None:  # returns None: the output is unchanged
@@ -74,24 +75,47 @@ class SdpaRecorder:
             if attn_mask is None:
                 mask = "none"
             else:
-                mask = f"{'bool' if attn_mask.dtype == torch.bool else str(attn_mask.dtype).replace('torch.', '')} " \
-                       f"{tuple(attn_mask.shape)}"
-            desc = {"module": module, "role": attention_role(module), "q": tuple(q.shape), "k": tuple(k.shape),
-                    "dtype": str(q.dtype).replace("torch.", ""), "mask": mask, "is_causal": bool(is_causal),
-                    "dropout_p": float(dropout_p), "enable_gqa": bool(enable_gqa), "requires_grad": q.requires_grad}
-            key = json.dumps({k2: desc[k2] for k2 in ("role", "dtype", "is_causal", "enable_gqa", "requires_grad")}
-                             | {"mask": mask.split(" ")[0], "q1": q.shape[2] == 1})
+                mask = (
+                    f"{'bool' if attn_mask.dtype == torch.bool else str(attn_mask.dtype).replace('torch.', '')} "
+                    f"{tuple(attn_mask.shape)}"
+                )
+            desc = {
+                "module": module,
+                "role": attention_role(module),
+                "q": tuple(q.shape),
+                "k": tuple(k.shape),
+                "dtype": str(q.dtype).replace("torch.", ""),
+                "mask": mask,
+                "is_causal": bool(is_causal),
+                "dropout_p": float(dropout_p),
+                "enable_gqa": bool(enable_gqa),
+                "requires_grad": q.requires_grad,
+            }
+            key = json.dumps(
+                {k2: desc[k2] for k2 in ("role", "dtype", "is_causal", "enable_gqa", "requires_grad")}
+                | {"mask": mask.split(" ")[0], "q1": q.shape[2] == 1}
+            )
             desc["key"] = key
             i = len(self.calls)
             self.calls.append(desc)
             if key not in self.samples:  # detached copies; q, k, v keep whether they needed gradients
                 self.samples[key] = tuple(
                     x.detach().clone().requires_grad_(x.requires_grad and x.is_floating_point())
-                    if isinstance(x, torch.Tensor) else x
-                    for x in (q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa))
+                    if isinstance(x, torch.Tensor)
+                    else x
+                    for x in (q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+                )
             with torch.profiler.record_function(f"sdpa_call#{i}"):
-                return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                                enable_gqa=enable_gqa)
+                return original(
+                    q,
+                    k,
+                    v,
+                    attn_mask=attn_mask,
+                    dropout_p=dropout_p,
+                    is_causal=is_causal,
+                    scale=scale,
+                    enable_gqa=enable_gqa,
+                )
 
         torch.nn.functional.scaled_dot_product_attention = wrapper
         return self
@@ -158,8 +182,9 @@ def eligible_backends(sample: tuple, device: torch.device) -> tuple[list[str], d
             warnings.simplefilter("always")
             try:
                 with sdpa_kernel([b]):
-                    F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
-                                                   scale=scale, enable_gqa=gqa)
+                    F.scaled_dot_product_attention(
+                        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=gqa
+                    )
                 ok.append(name)
             except Exception as err:  # RuntimeError: no available kernel
                 reasons: list[str] = []
@@ -171,14 +196,29 @@ def eligible_backends(sample: tuple, device: torch.device) -> tuple[list[str], d
     return ok, why
 
 
-def summarise_calls(calls: list[dict[str, Any]], samples: dict[str, tuple], device: torch.device) -> list[dict[str, Any]]:
+def summarise_calls(
+    calls: list[dict[str, Any]], samples: dict[str, tuple], device: torch.device
+) -> list[dict[str, Any]]:
     """One row per distinct kind of call: count, backends that ran, eligibility and reasons."""
     rows: dict[str, dict[str, Any]] = {}
     for c in calls:
-        row = rows.setdefault(c["key"], {
-            "role": c["role"], "dtype": c["dtype"], "mask": c["mask"].split(" ")[0], "mask_example": c["mask"],
-            "is_causal": c["is_causal"], "enable_gqa": c["enable_gqa"], "q_example": c["q"], "k_example": c["k"],
-            "requires_grad": c["requires_grad"], "calls": 0, "backends": {}, "kernels": set()})
+        row = rows.setdefault(
+            c["key"],
+            {
+                "role": c["role"],
+                "dtype": c["dtype"],
+                "mask": c["mask"].split(" ")[0],
+                "mask_example": c["mask"],
+                "is_causal": c["is_causal"],
+                "enable_gqa": c["enable_gqa"],
+                "q_example": c["q"],
+                "k_example": c["k"],
+                "requires_grad": c["requires_grad"],
+                "calls": 0,
+                "backends": {},
+                "kernels": set(),
+            },
+        )
         row["calls"] += 1
         row["backends"][c.get("backend", "unidentified")] = row["backends"].get(c.get("backend", "unidentified"), 0) + 1
         row["kernels"].update(c.get("kernels", []))
@@ -210,8 +250,12 @@ def profile_sdpa(ctx: Context, family: str, precision: str, phases: list[str]) -
             else:
                 trainer.model.eval()
                 # a few steps are enough: every step after the first calls SDPA the same way
-                gen = GenerationConfig(strategy="greedy" if phase == "greedy decoding" else "beam",
-                                       beam_size=1 if phase == "greedy decoding" else 5, max_len_a=0.0, max_len_b=6)
+                gen = GenerationConfig(
+                    strategy="greedy" if phase == "greedy decoding" else "beam",
+                    beam_size=1 if phase == "greedy decoding" else 5,
+                    max_len_a=0.0,
+                    max_len_b=6,
+                )
                 with torch.inference_mode():
                     translate_sentences(trainer.model, src, gen, ctx.device)
             if ctx.device.type == "cuda":
@@ -259,11 +303,19 @@ def section_sdpa(sec: dict[str, Any], ctx: Context, report: Report) -> None:
             r["calls"] = found
             report.write()
     unknown = [f"{x['family']} {x['phase']} {x['role']}" for x in found if "unidentified" in x["backends"]]
-    check(sec, "a backend identified for every SDPA call", not unknown and bool(found),
-          "; ".join(unknown[:5]) or f"{sum(x['calls'] for x in found)} calls")
+    check(
+        sec,
+        "a backend identified for every SDPA call",
+        not unknown and bool(found),
+        "; ".join(unknown[:5]) or f"{sum(x['calls'] for x in found)} calls",
+    )
     if ctx.device.type == "cpu":
-        check(sec, "CPU backends only", all(set(x["backends"]) <= {"flash (CPU)", "math"} for x in found),
-              ", ".join(sorted({b for x in found for b in x["backends"]})))
+        check(
+            sec,
+            "CPU backends only",
+            all(set(x["backends"]) <= {"flash (CPU)", "math"} for x in found),
+            ", ".join(sorted({b for x in found for b in x["backends"]})),
+        )
 
 
 SDPA_RULES = (

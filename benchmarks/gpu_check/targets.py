@@ -23,8 +23,9 @@ def _judge(value: float | None, bound: float) -> str:
     return "not measured" if value is None else "met" if value >= bound else "missed"
 
 
-def evaluate_targets(rows: list[dict[str, Any]], decoding: list[dict[str, Any]], min_tokens: int = 16384
-                     ) -> list[dict[str, Any]]:
+def evaluate_targets(
+    rows: list[dict[str, Any]], decoding: list[dict[str, Any]], min_tokens: int = 16384
+) -> list[dict[str, Any]]:
     """One record per :data:`TARGETS` entry: ``value``, ``status`` and ``detail`` (the rows it read).
 
     MFU targets take our best row (any mode) of the model at a batch of ``min_tokens`` or more; the
@@ -59,6 +60,15 @@ def evaluate_targets(rows: list[dict[str, Any]], decoding: list[dict[str, Any]],
             if ("ours", "beam5") in speed and ("HF generate", "beam5") in speed:
                 value = speed[("ours", "beam5")] / speed[("HF generate", "beam5")]
                 detail = f"ours {speed[('ours', 'beam5')]:.1f} vs HF {speed[('HF generate', 'beam5')]:.1f} sentences/s"
-        out.append({"target": key, "what": what, "bound": bound, "unit": unit, "value": value,
-                    "status": _judge(value, bound), "detail": detail})
+        out.append(
+            {
+                "target": key,
+                "what": what,
+                "bound": bound,
+                "unit": unit,
+                "value": value,
+                "status": _judge(value, bound),
+                "detail": detail,
+            }
+        )
     return out

@@ -42,11 +42,18 @@ def section_throughput(sec: dict[str, Any], ctx: Context, report: Report) -> Non
         else:
             peaks[prec], source[prec] = matmul_peak(reps=2, dtype=dtype), "measured (best torch.mm, CPU)"
     if dev.type == "cuda":  # the probe beside the table, to see how close the table is
-        r["measured_matmul_tflops"] = {p: cuda_matmul_peak(dev, d) / 1e12 for p, d in
-                                       (("bf16", torch.bfloat16), ("fp32", torch.float32))}
-    r.update(device_name=ctx.meta_device, peaks_tflops={k: v / 1e12 for k, v in peaks.items()}, peak_source=source,
-             batch={"rows": a.rows, "src_len": SRC_LEN, "tgt_len": TGT_LEN}, warmup=a.warmup, steps=a.steps,
-             rows=[])
+        r["measured_matmul_tflops"] = {
+            p: cuda_matmul_peak(dev, d) / 1e12 for p, d in (("bf16", torch.bfloat16), ("fp32", torch.float32))
+        }
+    r.update(
+        device_name=ctx.meta_device,
+        peaks_tflops={k: v / 1e12 for k, v in peaks.items()},
+        peak_source=source,
+        batch={"rows": a.rows, "src_len": SRC_LEN, "tgt_len": TGT_LEN},
+        warmup=a.warmup,
+        steps=a.steps,
+        rows=[],
+    )
     report.write()
     peers = {"encoder-decoder": a.encdec_peers, "decoder-only": a.decoder_peers}
     for size in a.sizes:
@@ -58,20 +65,41 @@ def section_throughput(sec: dict[str, Any], ctx: Context, report: Report) -> Non
             for prec in a.precision:
                 ours_row = None
                 for model in ["ours", *peers[family]]:
-                    spec = {"model": model, "preset": preset_name, "rows": a.rows, "src_len": SRC_LEN, "tgt_len": TGT_LEN,
-                            "warmup": a.warmup, "steps": a.steps, "precision": prec,
-                            "overrides": over + (["model.dropout=0.0"] if family == "decoder-only" and model == "ours"
-                                                 else [])}
-                    row = {"size": size, "family": family, "model": model, "precision": prec, "preset": preset_name,
-                           "overrides": over}
+                    spec = {
+                        "model": model,
+                        "preset": preset_name,
+                        "rows": a.rows,
+                        "src_len": SRC_LEN,
+                        "tgt_len": TGT_LEN,
+                        "warmup": a.warmup,
+                        "steps": a.steps,
+                        "precision": prec,
+                        "overrides": over
+                        + (["model.dropout=0.0"] if family == "decoder-only" and model == "ours" else []),
+                    }
+                    row = {
+                        "size": size,
+                        "family": family,
+                        "model": model,
+                        "precision": prec,
+                        "preset": preset_name,
+                        "overrides": over,
+                    }
                     try:
                         ctx.budget.need(10 if a.quick else 12, f"{size} {family} {model} {prec}")
                         m = measure(spec, dev)
                         tok_s = a.rows * TGT_LEN / m["step_s"]
-                        row.update(tok_s=tok_s, step_ms=1e3 * m["step_s"], best_ms=1e3 * m["best_s"],
-                                   mfu_vs_bf16_peak=flops / m["step_s"] / peaks["bf16"],
-                                   mfu_vs_dtype_peak=flops / m["step_s"] / peaks[prec], mem_mb=m.get("mem_mb"),
-                                   params=m["params"], dropout=m["dropout"], train_flops_per_step=flops)
+                        row.update(
+                            tok_s=tok_s,
+                            step_ms=1e3 * m["step_s"],
+                            best_ms=1e3 * m["best_s"],
+                            mfu_vs_bf16_peak=flops / m["step_s"] / peaks["bf16"],
+                            mfu_vs_dtype_peak=flops / m["step_s"] / peaks[prec],
+                            mem_mb=m.get("mem_mb"),
+                            params=m["params"],
+                            dropout=m["dropout"],
+                            train_flops_per_step=flops,
+                        )
                         if model == "ours":
                             ours_row = row
                         elif ours_row is not None:
@@ -98,6 +126,9 @@ def measure(spec: dict[str, Any], device: torch.device) -> dict[str, Any]:
     model = ctor()
     opt = make_optimizer(model, optim_cfg)
     r = time_steps(model, batch, opt, spec["warmup"], spec["steps"], spec["precision"])
-    r.update(params=sum(p.numel() for p in model.parameters()), mem_mb=None,
-             dropout=our_dropout(cfg) if spec["model"] == "ours" else getattr(model, "dropout_desc", "?"))
+    r.update(
+        params=sum(p.numel() for p in model.parameters()),
+        mem_mb=None,
+        dropout=our_dropout(cfg) if spec["model"] == "ours" else getattr(model, "dropout_desc", "?"),
+    )
     return r

@@ -38,8 +38,10 @@ def cpu_reference(ctx: Context, family: str, precision: str, steps: int) -> dict
     ref_precision, note = precision, ""
     if precision == "bf16" and not (cpu_has_fast_bf16() or ctx.args.quick):
         ref_precision = "fp32"
-        note = ("this CPU has no fast bf16 (AMX / AVX512-BF16): bf16 would be emulated, ~100x slower, so the "
-                "bf16 run is compared with the fp32 CPU loss")
+        note = (
+            "this CPU has no fast bf16 (AMX / AVX512-BF16): bf16 would be emulated, ~100x slower, so the "
+            "bf16 run is compared with the fp32 CPU loss"
+        )
     if ref_precision != precision:
         ref = dict(cpu_reference(ctx, family, ref_precision, steps))
         ref["note"] = note
@@ -50,8 +52,13 @@ def cpu_reference(ctx: Context, family: str, precision: str, steps: int) -> dict
     batches = trainer._batches()  # the trainer's own batch order (the sampler seeded by cfg.seed)
     t = time.time()
     losses = [trainer.read_stats(trainer.train_step([next(batches)]))["loss"] for _ in range(steps)]
-    ref = {"precision": ref_precision, "losses": losses, "seconds": time.time() - t, "threads": torch.get_num_threads(),
-           "note": note}
+    ref = {
+        "precision": ref_precision,
+        "losses": losses,
+        "seconds": time.time() - t,
+        "threads": torch.get_num_threads(),
+        "note": note,
+    }
     ctx.cpu_refs[key] = ref
     return ref
 
@@ -67,18 +74,36 @@ def judge_run(sec: dict[str, Any], name: str, run: dict[str, Any], ref: dict[str
     tol = 1e-4 if precision == "fp32" else 1e-2
     cpu_first = ref["losses"][0]
     rel = abs(losses[0] - cpu_first) / abs(cpu_first) if losses else math.inf
-    run.update(first_loss=losses[0] if losses else None, last_loss=losses[-1] if losses else None,
-               cpu_first_loss=cpu_first, cpu_precision=ref["precision"], first_loss_rel_diff=rel, tolerance=tol)
+    run.update(
+        first_loss=losses[0] if losses else None,
+        last_loss=losses[-1] if losses else None,
+        cpu_first_loss=cpu_first,
+        cpu_precision=ref["precision"],
+        first_loss_rel_diff=rel,
+        tolerance=tol,
+    )
     n = min(len(ref["losses"]), len(losses))
     run["cpu_loss_rel_diff_by_update"] = [abs(a - b) / abs(b) for a, b in zip(losses[:n], ref["losses"][:n])]
     check(sec, f"{name}: losses finite", finite, f"{len(losses)} updates")
     check(sec, f"{name}: losses falling", falling, f"mean of first {k} {head:.4f} -> last {k} {tail:.4f}")
-    check(sec, f"{name}: first-update loss = CPU's (rel. tol {tol:g})", rel <= tol,
-          f"{losses[0]:.6f} vs CPU {ref['precision']} {cpu_first:.6f}: rel diff {rel:.2e}" if losses else "no loss")
+    check(
+        sec,
+        f"{name}: first-update loss = CPU's (rel. tol {tol:g})",
+        rel <= tol,
+        f"{losses[0]:.6f} vs CPU {ref['precision']} {cpu_first:.6f}: rel diff {rel:.2e}" if losses else "no loss",
+    )
 
 
-def train_and_judge(ctx: Context, sec: dict[str, Any], report: Report, name: str, precision: str, compile_on: bool,
-                    updates: int, need_s: float) -> Any:
+def train_and_judge(
+    ctx: Context,
+    sec: dict[str, Any],
+    report: Report,
+    name: str,
+    precision: str,
+    compile_on: bool,
+    updates: int,
+    need_s: float,
+) -> Any:
     """One device run + its CPU reference, recorded in ``sec`` as soon as it is done; a run that
     raises is recorded with its error (a failed check) and the section goes on."""
     runs = sec["results"].setdefault("runs", {})
@@ -92,8 +117,11 @@ def train_and_judge(ctx: Context, sec: dict[str, Any], report: Report, name: str
         raise
     except Exception as err:  # OutOfTime, or the run failed
         what = str(err) if isinstance(err, OutOfTime) else f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"
-        runs[name] = {"skipped": what} if isinstance(err, OutOfTime) else {
-            "error": what, "traceback": traceback.format_exc(limit=12)[-3000:]}
+        runs[name] = (
+            {"skipped": what}
+            if isinstance(err, OutOfTime)
+            else {"error": what, "traceback": traceback.format_exc(limit=12)[-3000:]}
+        )
         check(sec, f"{name}: run", False, what)
         report.write()
         return None
@@ -110,9 +138,13 @@ def train_and_judge(ctx: Context, sec: dict[str, Any], report: Report, name: str
 def section_training(sec: dict[str, Any], ctx: Context, report: Report) -> None:
     """fp32 and bf16, compile off (the fp32 run is the decoding model)."""
     a = ctx.args
-    sec["results"]["config"] = {"model": model_overrides(ctx, "encoder-decoder"), "data": "Multi30k en-de" + (
-        f" (first {QUICK_SLICE['train']} training pairs)" if a.quick else ""), "max_tokens": 600 if a.quick else 4096,
-        "updates": {"fp32": a.decode_updates, "bf16": a.updates}, "cpu_reference_updates": a.cpu_ref_steps}
+    sec["results"]["config"] = {
+        "model": model_overrides(ctx, "encoder-decoder"),
+        "data": "Multi30k en-de" + (f" (first {QUICK_SLICE['train']} training pairs)" if a.quick else ""),
+        "max_tokens": 600 if a.quick else 4096,
+        "updates": {"fp32": a.decode_updates, "bf16": a.updates},
+        "cpu_reference_updates": a.cpu_ref_steps,
+    }
     trainer = train_and_judge(ctx, sec, report, "fp32", "fp32", False, a.decode_updates, 30)
     if trainer is not None:
         ctx.decode_trainer = trainer
@@ -148,8 +180,13 @@ def section_decoding(sec: dict[str, Any], ctx: Context, report: Report) -> None:
     src = [list(split.src[i]) for i in range(n)]
     tok = data.tgt_tokenizer
     r = sec["results"]
-    r.update(sentences=n, split=split.name, model_updates=ctx.decode_trainer.update, device_name=ctx.meta_device,
-             precision="fp32")
+    r.update(
+        sentences=n,
+        split=split.name,
+        model_updates=ctx.decode_trainer.update,
+        device_name=ctx.meta_device,
+        precision="fp32",
+    )
     for search, beam in (("greedy", 1), ("beam", 5)):
         gen = GenerationConfig(strategy=search, beam_size=beam)
         out: dict[str, Any] = {}
@@ -163,15 +200,28 @@ def section_decoding(sec: dict[str, Any], ctx: Context, report: Report) -> None:
             out[f"{name}_s"] = time.time() - t
         a, b = hyp_tokens(hyps["device"]), hyp_tokens(hyps["cpu"])
         diff = [i for i in range(n) if a[i] != b[i]]
-        out.update(equal=n - len(diff), of=n, mean_len=statistics.mean(len(x) for x in a) if a else 0,
-                   first_lines=[tok.decode(x) for x in a[:3]])
-        out["differing"] = [{
-            "line": i, "source": split.src_text[i].rstrip("\n") if split.src_text else None,
-            "device": tok.decode(a[i]), "cpu": tok.decode(b[i]),
-            "device_score": hyps["device"][i][0].score if hyps["device"][i] else None,
-            "cpu_score": hyps["cpu"][i][0].score if hyps["cpu"][i] else None,
-        } for i in diff[:5]]
+        out.update(
+            equal=n - len(diff),
+            of=n,
+            mean_len=statistics.mean(len(x) for x in a) if a else 0,
+            first_lines=[tok.decode(x) for x in a[:3]],
+        )
+        out["differing"] = [
+            {
+                "line": i,
+                "source": split.src_text[i].rstrip("\n") if split.src_text else None,
+                "device": tok.decode(a[i]),
+                "cpu": tok.decode(b[i]),
+                "device_score": hyps["device"][i][0].score if hyps["device"][i] else None,
+                "cpu_score": hyps["cpu"][i][0].score if hyps["cpu"][i] else None,
+            }
+            for i in diff[:5]
+        ]
         r[f"beam{beam}" if beam > 1 else "greedy"] = out
-        check(sec, f"{search}{'' if beam == 1 else f' {beam}'}: device = CPU", not diff,
-              f"{n - len(diff)}/{n} hypotheses equal")
+        check(
+            sec,
+            f"{search}{'' if beam == 1 else f' {beam}'}: device = CPU",
+            not diff,
+            f"{n - len(diff)}/{n} hypotheses equal",
+        )
         report.write()

@@ -37,8 +37,10 @@ def test_the_study_name_neither_splits_a_configuration_nor_mixes_a_table(tmp_pat
     refs = _refs(corpus)
     make_run(tmp_path / "ladder" / "step5_gqa_seed1", corpus, "step5_gqa", 1, refs, bleu=40.0)
     make_run(tmp_path / "ladder" / "step5_gqa_seed2", corpus, "step5_gqa", 2, refs, bleu=41.0)
-    as_branch(make_run(tmp_path / "branches" / "step5_qk_norm_seed1", corpus, "step5_qk_norm", 1, refs, bleu=42.0),
-              qk_norm="rmsnorm")
+    as_branch(
+        make_run(tmp_path / "branches" / "step5_qk_norm_seed1", corpus, "step5_qk_norm", 1, refs, bleu=42.0),
+        qk_norm="rmsnorm",
+    )
     # the baseline re-run by the branch study: the same configuration as the ladder's, a third seed
     as_branch(make_run(tmp_path / "branches" / "step5_gqa_seed3", corpus, "step5_gqa", 3, refs, bleu=39.0))
     comp = compare_sweeps([tmp_path / "ladder", tmp_path / "branches"], n_bootstrap=0)
@@ -65,10 +67,13 @@ def test_no_prev_tests_each_configuration_against_the_baseline_only(tmp_path, co
 
     refs = _refs(corpus)
     make_run(tmp_path / "s" / "0", corpus, "step5_gqa", 1, _degrade(refs, 0.9, 1), bleu=10.0)
-    as_branch(make_run(tmp_path / "s" / "1", corpus, "step5_mla", 1, _degrade(refs, 0.05, 1), bleu=20.0),
-              attention={"name": "mla", "kv_lora_rank": 16})
-    as_branch(make_run(tmp_path / "s" / "2", corpus, "step5_qk_norm", 1, _degrade(refs, 0.5, 1), bleu=30.0),
-              qk_norm="rmsnorm")
+    as_branch(
+        make_run(tmp_path / "s" / "1", corpus, "step5_mla", 1, _degrade(refs, 0.05, 1), bleu=20.0),
+        attention={"name": "mla", "kv_lora_rank": 16},
+    )
+    as_branch(
+        make_run(tmp_path / "s" / "2", corpus, "step5_qk_norm", 1, _degrade(refs, 0.5, 1), bleu=30.0), qk_norm="rmsnorm"
+    )
     with_prev = compare_sweeps([tmp_path / "s"], n_bootstrap=100)
     comp = compare_sweeps([tmp_path / "s"], n_bootstrap=100, compare_prev=False)
     assert not comp.compare_prev and [r["label"] for r in comp.rows] == ["step5_gqa", "step5_mla", "step5_qk_norm"]
@@ -97,10 +102,22 @@ def test_a_branch_study_on_the_committed_ladder_runs(tmp_path):
         as_branch(branch, "step5_qk_norm", qk_norm="rmsnorm")
     out = tmp_path / "cmp"
     proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "compare.py"), str(ladder / "step5_gqa_seed1"),
-         str(ladder / "step5_gqa_seed2"), str(tmp_path / "branches"), "--out", str(out), "--bootstrap", "50",
-         "--no-prev"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "TRANSFORMER_DATA_DIR": str(SHARED_DATA)},
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "compare.py"),
+            str(ladder / "step5_gqa_seed1"),
+            str(ladder / "step5_gqa_seed2"),
+            str(tmp_path / "branches"),
+            "--out",
+            str(out),
+            "--bootstrap",
+            "50",
+            "--no-prev",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TRANSFORMER_DATA_DIR": str(SHARED_DATA)},
     )
     assert proc.returncode == 0, proc.stderr
     assert "| step5_gqa (baseline) | 2/2 |" in proc.stdout and "| step5_qk_norm | 2/2 |" in proc.stdout
@@ -109,8 +126,12 @@ def test_a_branch_study_on_the_committed_ladder_runs(tmp_path):
     assert "--length-buckets): 1-10, 11-15, 16-20, 21-30, 31+. Test sentences: `test_2016_flickr`" in proc.stdout
     rows = list(csv.DictReader((out / "length_buckets.csv").open()))
     assert [r["label"] for r in rows] == ["step5_gqa"] * 5 + ["step5_qk_norm"] * 5
-    refs = [line for line in gzip.open(SHARED_DATA / "multi30k" / "test_2016_flickr.de.gz", "rt", encoding="utf-8")
-            .read().splitlines()]
+    refs = [
+        line
+        for line in gzip.open(SHARED_DATA / "multi30k" / "test_2016_flickr.de.gz", "rt", encoding="utf-8")
+        .read()
+        .splitlines()
+    ]
     assert sum(int(r["n_sentences"]) for r in rows[:5]) == len(refs) == 1000
     short = [i for i, r in enumerate(refs) if 1 <= len(r.split()) <= 10]
     assert int(rows[5]["n_sentences"]) == len(short)

@@ -48,14 +48,29 @@ def _config(corpus: Path, step: str, seed: int) -> dict:
         "run_dir": None,
         "experiment_name": "ladder",
         "model": {
-            "arch": "encoder_decoder", "n_encoder_layers": 2, "n_decoder_layers": 2, "d_model": 32,
-            "n_heads": 4, "n_kv_heads": None, "attention": "mha", "norm_position": norm_position,
+            "arch": "encoder_decoder",
+            "n_encoder_layers": 2,
+            "n_decoder_layers": 2,
+            "d_model": 32,
+            "n_heads": 4,
+            "n_kv_heads": None,
+            "attention": "mha",
+            "norm_position": norm_position,
             "norm": {"name": "layernorm" if step[:5] in ("step0", "step1") else "rmsnorm"},
         },
         "data": {
-            "name": "parallel_text", "corpus": "parallel_text", "root": str(corpus), "src_lang": "en",
-            "tgt_lang": "de", "train_prefix": "train", "valid_prefix": "val", "test_prefix": "test",
-            "test_splits": ["test"], "download": False, "bleu_tokenize": "13a", "lowercase": False,
+            "name": "parallel_text",
+            "corpus": "parallel_text",
+            "root": str(corpus),
+            "src_lang": "en",
+            "tgt_lang": "de",
+            "train_prefix": "train",
+            "valid_prefix": "val",
+            "test_prefix": "test",
+            "test_splits": ["test"],
+            "download": False,
+            "bleu_tokenize": "13a",
+            "lowercase": False,
             "cache_dir": str(corpus / f"cache{seed}"),
         },
         "train": {"max_updates": 10, "num_threads": seed, "progress": False},
@@ -63,8 +78,18 @@ def _config(corpus: Path, step: str, seed: int) -> dict:
     }
 
 
-def make_run(run_dir: Path, corpus: Path, step: str, seed: int, hyps: list[str] | None, *, bleu: float | None = None,
-             finished: bool = True, params: int = 1000, active_params: int | None = None) -> Path:
+def make_run(
+    run_dir: Path,
+    corpus: Path,
+    step: str,
+    seed: int,
+    hyps: list[str] | None,
+    *,
+    bleu: float | None = None,
+    finished: bool = True,
+    params: int = 1000,
+    active_params: int | None = None,
+) -> Path:
     """A run folder as scripts/train.py writes it (results.json only when ``finished``; without
     ``active_params`` as runs from before the key)."""
     run_dir.mkdir(parents=True)
@@ -76,18 +101,37 @@ def make_run(run_dir: Path, corpus: Path, step: str, seed: int, hyps: list[str] 
     with (run_dir / "metrics.jsonl").open("w") as f:
         for u in (5, 10) if finished else (5,):
             f.write(json.dumps({"split": "train", "update": u, "loss": 5.0 - u / 10}) + "\n")
-            f.write(json.dumps({"split": "valid", "update": u, "loss": 4.5 - u / 10 - seed / 100,
-                                "nll_loss": 4.0 - u / 10 - seed / 100, "bleu": u + seed}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "split": "valid",
+                        "update": u,
+                        "loss": 4.5 - u / 10 - seed / 100,
+                        "nll_loss": 4.0 - u / 10 - seed / 100,
+                        "bleu": u + seed,
+                    }
+                )
+                + "\n"
+            )
         if not finished:
             f.write('{"split": "train", "upd')  # torn by the crash
     if finished:
         (run_dir / "hyps").mkdir()
         (run_dir / "hyps" / "test.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
         results = {
-            "bleu": bleu, "chrf": 2 * bleu, "sacrebleu_signature": "nrefs:1|tok:13a", "chrf_signature": "nrefs:1|nc:6",
-            "test_split": "test", "params": params, "flops_per_token": 2.0e6, "updates": 10,
-            "best_valid": 3.0, "train_tokens_per_s": 1000.0 * seed, "peak_memory_mb": 100.0 + seed,
-            "choices": choices, "config": cfg,
+            "bleu": bleu,
+            "chrf": 2 * bleu,
+            "sacrebleu_signature": "nrefs:1|tok:13a",
+            "chrf_signature": "nrefs:1|nc:6",
+            "test_split": "test",
+            "params": params,
+            "flops_per_token": 2.0e6,
+            "updates": 10,
+            "best_valid": 3.0,
+            "train_tokens_per_s": 1000.0 * seed,
+            "peak_memory_mb": 100.0 + seed,
+            "choices": choices,
+            "config": cfg,
         }
         if active_params is not None:
             results["active_params"] = active_params
@@ -106,7 +150,9 @@ def sweep(tmp_path, corpus) -> Path:
     for step in ("step1_pre_ln", "step0_vaswani2017"):
         for i, seed in enumerate((1, 2, 3)):
             frac = 0.9 if step.startswith("step0") else 0.05
-            make_run(root / str(n), corpus, step, seed, _degrade(refs, frac, seed), bleu=bleus[step][i], params=1000 + n // 3)
+            make_run(
+                root / str(n), corpus, step, seed, _degrade(refs, frac, seed), bleu=bleus[step][i], params=1000 + n // 3
+            )
             n += 1
     make_run(root / str(n), corpus, "step1_pre_ln", 4, None, finished=False)
     (root / "7" / ".hydra").mkdir(parents=True)
@@ -194,8 +240,10 @@ def test_never_started_jobs_of_a_multirun_are_listed(tmp_path, corpus):
     )
     jobs = expected_jobs(root)
     assert [[o for o in j if o.startswith(("ladder", "seed"))] for j in jobs] == [
-        ["ladder=step0_vaswani2017", "seed=1"], ["ladder=step0_vaswani2017", "seed=2"],
-        ["ladder=step1_pre_ln", "seed=1"], ["ladder=step1_pre_ln", "seed=2"],
+        ["ladder=step0_vaswani2017", "seed=1"],
+        ["ladder=step0_vaswani2017", "seed=2"],
+        ["ladder=step1_pre_ln", "seed=1"],
+        ["ladder=step1_pre_ln", "seed=2"],
     ]
     comp = compare_sweeps([root], n_bootstrap=0)
     assert [(r.run_dir.name, r.reason) for r in comp.missing] == [("3", "job folder missing (never started)")]
@@ -212,7 +260,10 @@ def test_labels_from_config_values_when_no_choice_differs(tmp_path, corpus):
         res["config"]["model"]["d_model"] = width
         (run_dir / "results.json").write_text(json.dumps(res))
     comp = compare_sweeps([tmp_path / "s"], n_bootstrap=0)
-    assert [c.label for c in comp.configurations] == ["step1_pre_ln, model.d_model=32", "step1_pre_ln, model.d_model=64"]
+    assert [c.label for c in comp.configurations] == [
+        "step1_pre_ln, model.d_model=32",
+        "step1_pre_ln, model.d_model=64",
+    ]
 
 
 def test_outputs_markdown_csv_plots(sweep, tmp_path):
@@ -245,14 +296,26 @@ def test_cli(sweep, tmp_path):
     out = tmp_path / "cli"
     proc = subprocess.run(
         [sys.executable, str(REPO_ROOT / "scripts" / "compare.py"), str(sweep), "--out", str(out), "--bootstrap", "50"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert "| step1_pre_ln | 3/4 |" in proc.stdout
     assert "2 run(s) without results" in proc.stderr
-    assert {p.name for p in out.iterdir()} >= {"comparison.md", "comparison.csv", "runs.csv", "valid_curves.png", "bleu_bars.png"}
-    bad = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "compare.py"), str(sweep), "--baseline", "zzz"],
-                         capture_output=True, text=True, timeout=120)
+    assert {p.name for p in out.iterdir()} >= {
+        "comparison.md",
+        "comparison.csv",
+        "runs.csv",
+        "valid_curves.png",
+        "bleu_bars.png",
+    }
+    bad = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "compare.py"), str(sweep), "--baseline", "zzz"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "matches no configuration" in bad.stderr
 
 
@@ -284,15 +347,25 @@ def test_active_parameters_are_reported_beside_the_total(tmp_path, corpus):
     had ``active_params``, counts its total, and a table of dense runs only reads as before."""
     refs = _refs(corpus)
     make_run(tmp_path / "s" / "0", corpus, "step0_vaswani2017", 1, _degrade(refs, 0.9, 1), bleu=10.0, params=2_165_760)
-    make_run(tmp_path / "s" / "1", corpus, "step1_pre_ln", 1, _degrade(refs, 0.05, 1), bleu=20.0, params=3_811_584,
-             active_params=2_174_976)
+    make_run(
+        tmp_path / "s" / "1",
+        corpus,
+        "step1_pre_ln",
+        1,
+        _degrade(refs, 0.05, 1),
+        bleu=20.0,
+        params=3_811_584,
+        active_params=2_174_976,
+    )
     comp = compare_sweeps([tmp_path / "s"], n_bootstrap=0)
     assert [(r["params"], r["active_params"]) for r in comp.rows] == [(2_165_760, 2_165_760), (3_811_584, 2_174_976)]
     paths = write_outputs(comp, tmp_path / "out")
     rows = list(csv.DictReader(paths["csv"].open()))
     assert [(r["params"], r["active_params"]) for r in rows] == [("2165760", "2165760"), ("3811584", "2174976")]
     md = paths["markdown"].read_text()
-    assert "| 2.17M | 2.00M |" in md and "| 3.81M (2.17M active) | 2.00M |" in md and "(active) those one token uses" in md
+    assert (
+        "| 2.17M | 2.00M |" in md and "| 3.81M (2.17M active) | 2.00M |" in md and "(active) those one token uses" in md
+    )
     dense = compare_sweeps([tmp_path / "s"], n_bootstrap=0)
     dense.rows[1]["active_params"] = dense.rows[1]["params"]
     md = write_outputs(dense, tmp_path / "dense")["markdown"].read_text()
@@ -303,11 +376,22 @@ def test_machines_come_from_the_runs_results(tmp_path, corpus):
     refs = _refs(corpus)
     run = make_run(tmp_path / "s" / "0", corpus, "step0_vaswani2017", 1, refs, bleu=10.0)
     results = json.loads((run / "results.json").read_text())
-    results.update(precision="fp32", device="cpu", hardware={
-        "cpu": "Example CPU 9000", "cpu_count": 2, "cpu_capability": "AVX2", "torch_threads": 1, "torch": "2.13.0"})
+    results.update(
+        precision="fp32",
+        device="cpu",
+        hardware={
+            "cpu": "Example CPU 9000",
+            "cpu_count": 2,
+            "cpu_capability": "AVX2",
+            "torch_threads": 1,
+            "torch": "2.13.0",
+        },
+    )
     (run / "results.json").write_text(json.dumps(results))
     comp = compare_sweeps([tmp_path / "s"], n_bootstrap=0)
-    assert comp.machines == ["Example CPU 9000 (2 cores, AVX2), torch 2.13.0 with 1 thread(s), fp32 precision, device cpu"]
+    assert comp.machines == [
+        "Example CPU 9000 (2 cores, AVX2), torch 2.13.0 with 1 thread(s), fp32 precision, device cpu"
+    ]
     md = (write_outputs(comp, tmp_path / "out")["markdown"]).read_text()
     assert "- trained on: Example CPU 9000" in md
     results["hardware"]["cpu_count"] = 1  # a run pinned to one core (taskset -c 0)
@@ -318,8 +402,12 @@ def test_speed_and_memory_are_not_averaged_over_different_machines(tmp_path, cor
     """Seeds of one configuration trained on a GPU and on a CPU core: their tokens/s do not average."""
     refs = _refs(corpus)
     cpu = {"cpu": "Example CPU 9000", "cpu_count": 1, "cpu_capability": "AVX2", "torch_threads": 1, "torch": "2.13.0"}
-    for name, step, seed, hardware in [("a1", "step0_vaswani2017", 1, cpu), ("a2", "step0_vaswani2017", 2, cpu),
-                                       ("b1", "step1_pre_ln", 1, cpu), ("b2", "step1_pre_ln", 2, {**cpu, "gpu": "H200"})]:
+    for name, step, seed, hardware in [
+        ("a1", "step0_vaswani2017", 1, cpu),
+        ("a2", "step0_vaswani2017", 2, cpu),
+        ("b1", "step1_pre_ln", 1, cpu),
+        ("b2", "step1_pre_ln", 2, {**cpu, "gpu": "H200"}),
+    ]:
         run = make_run(tmp_path / "s" / name, corpus, step, seed, refs, bleu=10.0 + seed)
         results = json.loads((run / "results.json").read_text())
         results.update(precision="fp32", device="cuda:0" if "gpu" in hardware else "cpu", hardware=hardware)
@@ -330,7 +418,10 @@ def test_speed_and_memory_are_not_averaged_over_different_machines(tmp_path, cor
     assert (two["machines"], two["train_tokens_per_s"], two["peak_memory_mb"]) == (2, None, None)
     md = write_outputs(comp, tmp_path / "out")["markdown"].read_text()
     assert "| 1.50K | 102 |" in md and "| mixed | mixed |" in md
-    assert "Train tok/s and Peak MB are shown only for a configuration whose runs trained on one machine and software" in md
+    assert (
+        "Train tok/s and Peak MB are shown only for a configuration whose runs trained on one machine and software"
+        in md
+    )
     runs = {r["run_dir"].rsplit("/", 1)[-1]: r for r in csv.DictReader((tmp_path / "out" / "runs.csv").open())}
     assert runs["b2"]["train_tokens_per_s"] == "2000.0" and runs["b2"]["machine"].startswith("H200 + Example CPU")
     assert runs["b1"]["machine"].startswith("Example CPU 9000 (1 core, AVX2)")
@@ -342,7 +433,12 @@ def test_holm_bonferroni_by_value():
 
     adjusted = holm_bonferroni({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005, "e": None})
     assert adjusted["e"] is None
-    assert {k: round(v, 10) for k, v in adjusted.items() if v is not None} == {"a": 0.03, "b": 0.06, "c": 0.06, "d": 0.02}
+    assert {k: round(v, 10) for k, v in adjusted.items() if v is not None} == {
+        "a": 0.03,
+        "b": 0.06,
+        "c": 0.06,
+        "d": 0.02,
+    }
     assert holm_bonferroni({"x": 0.6, "y": 0.7}) == {"x": 1.0, "y": 1.0}  # capped at 1
 
 
@@ -350,8 +446,14 @@ def test_noise_floor_is_the_baselines_seed_spread(sweep, tmp_path):
     comp = compare_sweeps([sweep], n_bootstrap=0)
     # pooled over step0 [20, 22, 24] (variance 4) and step1 [30, 31, 35] (variance 7), 2 dof each:
     # sqrt((2 * 4 + 2 * 7) / 4) = sqrt(5.5); step1's crashed seed-4 run adds nothing
-    assert comp.noise_floor == {"label": "step0_vaswani2017", "n_seeds": 3, "std": pytest.approx(2.0), "range": 4.0,
-                                "pooled_std": pytest.approx(5.5 ** 0.5), "pooled_configs": 2}
+    assert comp.noise_floor == {
+        "label": "step0_vaswani2017",
+        "n_seeds": 3,
+        "std": pytest.approx(2.0),
+        "range": 4.0,
+        "pooled_std": pytest.approx(5.5**0.5),
+        "pooled_configs": 2,
+    }
     step0, step1 = comp.rows
     assert step1["delta_bleu"] == pytest.approx(10.0) and step1["within_noise"] is False
     md = write_outputs(comp, tmp_path / "out")["markdown"].read_text()
@@ -413,9 +515,25 @@ def test_runs_that_differ_beyond_the_switches_are_refused_naming_runs_and_fields
     assert rows["step0_vaswani2017"]["mixed"] == "torch=2.13.0+cpu/2.14.0+cpu train.max_updates=10 train.precision=fp32"
     md = write_outputs(comp, tmp_path / "out")["markdown"].read_text()
     assert "| Differs in |" in md and "runs trained differently are compared (--allow-mixed)" in md
-    cli = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "compare.py"), str(tmp_path / "s"), "--out",
-                          str(tmp_path / "cli"), "--bootstrap", "0"], capture_output=True, text=True, timeout=120)
-    assert cli.returncode == 2 and cli.stderr.startswith("error: the runs of this table differ") and "Traceback" not in cli.stderr
+    cli = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "compare.py"),
+            str(tmp_path / "s"),
+            "--out",
+            str(tmp_path / "cli"),
+            "--bootstrap",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        cli.returncode == 2
+        and cli.stderr.startswith("error: the runs of this table differ")
+        and "Traceback" not in cli.stderr
+    )
 
 
 def test_a_plugin_run_is_compared_with_built_in_runs_and_its_code_tells_configurations_apart(tmp_path, corpus):

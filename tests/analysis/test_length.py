@@ -91,8 +91,9 @@ def sweep(tmp_path, corpus) -> Path:
     hypotheses (step1: perfect; step0: last three words dropped)."""
     refs, refs2 = _refs(corpus), _refs(corpus, "test2")
     for seed in (1, 2):
-        base = make_run(tmp_path / "s" / f"step0_seed{seed}", corpus, "step0_vaswani2017", seed, _hyps_base(refs),
-                        bleu=20.0)
+        base = make_run(
+            tmp_path / "s" / f"step0_seed{seed}", corpus, "step0_vaswani2017", seed, _hyps_base(refs), bleu=20.0
+        )
         _with_split(base, "test2", _drop_last(refs2))
         a = make_run(tmp_path / "s" / f"step1_seed{seed}", corpus, "step1_pre_ln", seed, _hyps_a(refs, seed), bleu=30.0)
         _with_split(a, "test2", refs2)
@@ -119,13 +120,15 @@ def test_buckets_parse_and_are_checked_with_one_line_errors():
     assert [b.label for b in parse_buckets("1-10,11-15,16-20,21-30,31+")] == ["1-10", "11-15", "16-20", "21-30", "31+"]
     assert parse_buckets(" 1-5 , 6 , 8+ ") == [Bucket(1, 5), Bucket(6, 6), Bucket(8, None)]  # a gap at 7
     assert parse_buckets([Bucket(1, 10), Bucket(11)]) == [Bucket(1, 10), Bucket(11, None)]
-    for spec, why in (("1-10,5-15", "5-15 starts at or below 10, where 1-10 ends"),
-                      ("11-15,1-10", "1-10 starts at or below 15, where 11-15 ends"),
-                      ("1-10,10-20", "10-20 starts at or below 10"),
-                      ("15-11", "15-11 ends before it starts"),
-                      ("1-10,11+,20-30", "11+ has no upper end, so it must be the last bucket"),
-                      ("1-10,short", "'short' is not LOW-HIGH, LOW+ or N words"),
-                      ("", "no bucket given")):
+    for spec, why in (
+        ("1-10,5-15", "5-15 starts at or below 10, where 1-10 ends"),
+        ("11-15,1-10", "1-10 starts at or below 15, where 11-15 ends"),
+        ("1-10,10-20", "10-20 starts at or below 10"),
+        ("15-11", "15-11 ends before it starts"),
+        ("1-10,11+,20-30", "11+ has no upper end, so it must be the last bucket"),
+        ("1-10,short", "'short' is not LOW-HIGH, LOW+ or N words"),
+        ("", "no bucket given"),
+    ):
         with pytest.raises(ValueError, match="^length buckets ") as err:
             parse_buckets(spec)
         assert why in str(err.value) and "\n" not in str(err.value), str(err.value)
@@ -188,7 +191,9 @@ def test_the_change_with_length_is_each_buckets_bleu_minus_the_first_and_is_comp
     for cells in (a, base):
         assert cells["1-10"]["change_bleu"] is None  # the first bucket is the reference
         for bucket in ("11-15", "16-20", "21-30", "31+"):
-            assert cells[bucket]["change_bleu"] == pytest.approx(cells[bucket]["bleu_mean"] - cells["1-10"]["bleu_mean"])
+            assert cells[bucket]["change_bleu"] == pytest.approx(
+                cells[bucket]["bleu_mean"] - cells["1-10"]["bleu_mean"]
+            )
     assert base["31+"]["delta_change_bleu"] is None and a["1-10"]["delta_change_bleu"] is None
     assert a["11-15"]["delta_change_bleu"] == pytest.approx(a["11-15"]["change_bleu"] - base["11-15"]["change_bleu"])
     # 31+: both have the same hypotheses there, so step1 "loses more with length" by exactly its lead on 1-10
@@ -197,10 +202,12 @@ def test_the_change_with_length_is_each_buckets_bleu_minus_the_first_and_is_comp
     a, base = _cells(with_ci, "step1_pre_ln"), _cells(with_ci, "step0_vaswani2017")
     # step1's 1-10 bucket scores 100 in every resample, so its change is its bucket's resampled BLEU minus 100
     assert (a["11-15"]["change_bleu_ci_low"], a["11-15"]["change_bleu_ci_high"]) == pytest.approx(
-        (a["11-15"]["bleu_ci_low"] - 100.0, a["11-15"]["bleu_ci_high"] - 100.0))
+        (a["11-15"]["bleu_ci_low"] - 100.0, a["11-15"]["bleu_ci_high"] - 100.0)
+    )
     # and paired against the baseline's change over the same resamples: on 31+ it mirrors the 1-10 difference
     assert (a["31+"]["delta_change_bleu_ci_low"], a["31+"]["delta_change_bleu_ci_high"]) == pytest.approx(
-        (-a["1-10"]["delta_bleu_ci_high"], -a["1-10"]["delta_bleu_ci_low"]))
+        (-a["1-10"]["delta_bleu_ci_high"], -a["1-10"]["delta_bleu_ci_low"])
+    )
     assert base["16-20"]["change_bleu_ci_low"] < base["16-20"]["change_bleu"] < base["16-20"]["change_bleu_ci_high"]
 
 
@@ -228,10 +235,10 @@ def test_a_resamples_score_is_sacrebleus_on_the_resampled_sentences(corpus):
     counts = np.array([[float(draws.count(i)) for i in idx], [1.0] * len(idx)])  # and the identity resample
     metrics = scorers("13a", False)
     out = _scores([hyps], refs, [idx], [counts], metrics)
-    (seeds, values), = out["bleu"]
+    ((seeds, values),) = out["bleu"]
     assert seeds == [pytest.approx(_bleu(hyps, refs, idx))]
     assert values[0] == pytest.approx(_bleu(hyps, refs, draws)) and values[1] == pytest.approx(seeds[0])
-    (_, chrf_values), = out["chrf"]
+    ((_, chrf_values),) = out["chrf"]
     assert chrf_values[0] == pytest.approx(_chrf(hyps, refs, draws))
 
 
@@ -267,7 +274,8 @@ def test_a_split_some_runs_lack_is_not_pooled_with_all_and_leaves_them_out_when_
     (sweep / "step1_seed2" / "hyps" / "test2.txt").unlink()
     pooled = compare_sweeps([sweep], n_bootstrap=0, length_splits="all")
     assert pooled.length.splits == ["test"] and pooled.length.notes == [
-        "test splits not scored by every run, not pooled: test2"]
+        "test splits not scored by every run, not pooled: test2"
+    ]
     named = compare_sweeps([sweep], n_bootstrap=0, length_splits="test2")
     assert _cells(named, "step1_pre_ln")["1-10"]["seeds"] == "1"
     assert any("step1_seed2: left out of the length table (no hypotheses of test2)" in n for n in named.length.notes)
@@ -281,27 +289,53 @@ def test_outputs_have_the_length_section_csv_and_plot(sweep, tmp_path):
     paths = write_outputs(comp, tmp_path / "out")
     md = paths["markdown"].read_text()
     assert "## BLEU by reference length" in md
-    assert ("Buckets of reference length in words (whitespace-separated tokens of the detokenized reference; "
-            "--length-buckets): 1-10, 11-20, 21+. Test sentences: `test` (20 sentences).") in md
+    assert (
+        "Buckets of reference length in words (whitespace-separated tokens of the detokenized reference; "
+        "--length-buckets): 1-10, 11-20, 21+. Test sentences: `test` (20 sentences)."
+    ) in md
     assert "| Configuration | 1-10 (n=6) | 11-20 (n=9) | 21+ (n=5) |" in md
     assert "| step1_pre_ln | 100.00 [100.00, 100.00] |" in md
     assert md.count("## BLEU by reference length") == 1 and "![bleu_by_length](bleu_by_length.png)" in md
-    assert "BLEU change from the shortest bucket with sentences (1-10), how BLEU falls with length [95% interval]:" in md
-    assert "That change against the baseline's (+: loses less with length than the baseline) [paired 95% interval]:" in md
+    assert (
+        "BLEU change from the shortest bucket with sentences (1-10), how BLEU falls with length [95% interval]:" in md
+    )
+    assert (
+        "That change against the baseline's (+: loses less with length than the baseline) [paired 95% interval]:" in md
+    )
     rows = list(csv.DictReader(paths["length_csv"].open()))
     assert rows[4]["change_bleu"] != "" and rows[3]["change_bleu"] == "" and rows[1]["delta_change_bleu"] == ""
     assert [(r["label"], r["bucket"], r["n_sentences"]) for r in rows] == [
-        ("step0_vaswani2017", "1-10", "6"), ("step0_vaswani2017", "11-20", "9"), ("step0_vaswani2017", "21+", "5"),
-        ("step1_pre_ln", "1-10", "6"), ("step1_pre_ln", "11-20", "9"), ("step1_pre_ln", "21+", "5")]
+        ("step0_vaswani2017", "1-10", "6"),
+        ("step0_vaswani2017", "11-20", "9"),
+        ("step0_vaswani2017", "21+", "5"),
+        ("step1_pre_ln", "1-10", "6"),
+        ("step1_pre_ln", "11-20", "9"),
+        ("step1_pre_ln", "21+", "5"),
+    ]
     assert rows[5]["max_words"] == "" and rows[3]["delta_bleu"] != "" and rows[0]["delta_bleu"] == ""
     assert paths["bleu_by_length"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert compare_sweeps([sweep], n_bootstrap=0, length_buckets=None).length is None
 
 
 def test_the_cli_refuses_bad_buckets_with_one_line(sweep, tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "compare.py"), str(sweep), "--out",
-                           str(tmp_path / "out"), "--bootstrap", "0", "--length-buckets", "1-10,5-15"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "compare.py"),
+            str(sweep),
+            "--out",
+            str(tmp_path / "out"),
+            "--bootstrap",
+            "0",
+            "--length-buckets",
+            "1-10,5-15",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.startswith("error: length buckets '1-10,5-15': 5-15 starts at or below 10") and \
-        len(proc.stderr.strip().splitlines()) == 1
+    assert (
+        proc.stderr.startswith("error: length buckets '1-10,5-15': 5-15 starts at or below 10")
+        and len(proc.stderr.strip().splitlines()) == 1
+    )

@@ -43,8 +43,15 @@ def real_sweep(tmp_path_factory) -> Path:
             with gzip.open(SHARED_DATA / "multi30k" / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
                 (corpus / f"{split}.{lang}").write_text("".join(next(f) for _ in range(n)), encoding="utf-8")
     sweep = tmp_path_factory.mktemp("multirun") / "ladder"
-    cmd = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), "-m", "experiment=ladder", "seed=1,2",
-           f"ladder={','.join(STEPS)}", *_sweep_args(corpus, sweep)]
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / "scripts" / "train.py"),
+        "-m",
+        "experiment=ladder",
+        "seed=1,2",
+        f"ladder={','.join(STEPS)}",
+        *_sweep_args(corpus, sweep),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(), cwd=REPO_ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(list(sweep.glob("*/results.json"))) == 4, proc.stderr[-3000:]
@@ -54,8 +61,19 @@ def real_sweep(tmp_path_factory) -> Path:
 def test_compare_cli_on_a_real_sweep(real_sweep, tmp_path):
     out = tmp_path / "cmp"
     proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "compare.py"), str(real_sweep), "--out", str(out), "--bootstrap", "100"],
-        capture_output=True, text=True, timeout=120, env=_env(),
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "compare.py"),
+            str(real_sweep),
+            "--out",
+            str(out),
+            "--bootstrap",
+            "100",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
     )
     assert proc.returncode == 0, proc.stderr
     rows = list(csv.DictReader((out / "comparison.csv").open()))
@@ -78,11 +96,17 @@ def test_notebook_runs_on_a_real_sweep(real_sweep, tmp_path, monkeypatch):
     assert "from transformer.analysis import" in text and "def compare_sweeps" not in text  # no copied code
     out = tmp_path / "nb_out"
     branches = tmp_path / "branches_out"  # the branch section reads the committed branch runs, writes here
-    for key, value in {"SWEEP_DIR": str(real_sweep), "COMPARE_OUT": str(out), "BRANCH_OUT": str(branches),
-                       "N_BOOTSTRAP": "100", **_env()}.items():
+    for key, value in {
+        "SWEEP_DIR": str(real_sweep),
+        "COMPARE_OUT": str(out),
+        "BRANCH_OUT": str(branches),
+        "N_BOOTSTRAP": "100",
+        **_env(),
+    }.items():
         monkeypatch.setenv(key, value)  # the kernel inherits the environment
-    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
-                                     resources={"metadata": {"path": str(REPO_ROOT / "notebooks")}})
+    client = nbclient.NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO_ROOT / "notebooks")}}
+    )
     client.execute()
     nbformat.write(nb, tmp_path / "executed.ipynb")  # kept for inspection when a later assert fails
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]

@@ -29,8 +29,10 @@ def test_compare_and_write_prints_the_table_and_what_it_wrote(sweep, tmp_path, c
     out = capsys.readouterr()
     assert out.out == paths["markdown"].read_text(encoding="utf-8") + "\n"
     err = out.err.splitlines()
-    assert err[:7] == [f"wrote {k}: {paths[k]}" for k in (
-        "valid_curves", "bleu_bars", "bleu_by_length", "csv", "runs_csv", "length_csv", "markdown")]
+    assert err[:7] == [
+        f"wrote {k}: {paths[k]}"
+        for k in ("valid_curves", "bleu_bars", "bleu_by_length", "csv", "runs_csv", "length_csv", "markdown")
+    ]
     assert err[7:] == ["warning: 2 run(s) without results (listed above)"]
 
 
@@ -43,7 +45,9 @@ def test_no_finished_run_is_raised_after_the_outputs_are_written(tmp_path, corpu
     make_run(tmp_path / "s" / "0", corpus, "step0_vaswani2017", 1, None, finished=False)
     with pytest.raises(NoFinishedRun, match="^no finished run found$"):
         compare_and_write([tmp_path / "s"], tmp_path / "out", n_bootstrap=0)
-    assert {p.name for p in (tmp_path / "out").iterdir()} == TABLES - {"length_buckets.csv"}  # listing the unfinished run
+    assert {p.name for p in (tmp_path / "out").iterdir()} == TABLES - {
+        "length_buckets.csv"
+    }  # listing the unfinished run
     assert "## Runs without results (1)" in (tmp_path / "out" / "comparison.md").read_text()
 
 
@@ -64,7 +68,12 @@ def test_asking_for_plots_without_matplotlib_names_the_extra(sweep, tmp_path, no
     comparison = compare_sweeps([sweep], n_bootstrap=0)
     with pytest.raises(PlotsUnavailable, match=r'pip install -e "\.\[plots\]"'):
         write_outputs(comparison, tmp_path / "out", plots=True)
-    assert set(write_outputs(comparison, tmp_path / "out2", plots=False)) == {"csv", "runs_csv", "length_csv", "markdown"}
+    assert set(write_outputs(comparison, tmp_path / "out2", plots=False)) == {
+        "csv",
+        "runs_csv",
+        "length_csv",
+        "markdown",
+    }
 
 
 def test_the_extra_the_message_names_provides_matplotlib():
@@ -77,12 +86,20 @@ def test_the_extra_the_message_names_provides_matplotlib():
 
 def test_the_script_without_matplotlib_exits_0_with_one_warning_line(sweep, tmp_path):  # noqa: F811 (the fixture imported above)
     """In a real process: ``scripts/compare.py`` with matplotlib hidden, as a user without [plots] runs it."""
-    code = ("import sys, runpy; sys.modules['matplotlib'] = None; sys.argv = ['scripts/compare.py', *sys.argv[1:]]; "
-            "runpy.run_path('scripts/compare.py', run_name='__main__')")
-    proc = subprocess.run([sys.executable, "-c", code, str(sweep), "--out", str(tmp_path / "out"), "--bootstrap", "0"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys, runpy; sys.modules['matplotlib'] = None; sys.argv = ['scripts/compare.py', *sys.argv[1:]]; "
+        "runpy.run_path('scripts/compare.py', run_name='__main__')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(sweep), "--out", str(tmp_path / "out"), "--bootstrap", "0"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr and "| step1_pre_ln | 3/4 |" in proc.stdout
     assert [line for line in proc.stderr.splitlines() if line.startswith("warning: plots")] == [
-        'warning: plots skipped: matplotlib is not installed (pip install -e ".[plots]")']
+        'warning: plots skipped: matplotlib is not installed (pip install -e ".[plots]")'
+    ]
     assert {p.name for p in (tmp_path / "out").iterdir()} == TABLES

@@ -49,10 +49,30 @@ def quick_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gpu_check")
     out = tmp / "out"
     proc = subprocess.run(
-        [*COMMAND, "--device", "cpu", "--quick", "--out", str(out), "--work", str(tmp / "work"),
-         "--skip", "training_compile", "--realistic-models", "base", "llama100m",
-         "--realistic-modes", "eager", "compiled", "cudagraphs"],
-        capture_output=True, text=True, env=_env(), timeout=900, cwd=REPO_ROOT,
+        [
+            *COMMAND,
+            "--device",
+            "cpu",
+            "--quick",
+            "--out",
+            str(out),
+            "--work",
+            str(tmp / "work"),
+            "--skip",
+            "training_compile",
+            "--realistic-models",
+            "base",
+            "llama100m",
+            "--realistic-modes",
+            "eager",
+            "compiled",
+            "cudagraphs",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=900,
+        cwd=REPO_ROOT,
     )
     assert (out / "gpu_check.json").is_file(), proc.stderr[-3000:]
     return proc, json.loads((out / "gpu_check.json").read_text()), (out / "gpu_check.md").read_text()
@@ -114,10 +134,15 @@ def test_a_calls_gpu_annotation_does_not_hide_its_cpu_ops():
         def __init__(self, name, children=(), kernels=()):
             self.name, self.cpu_children, self.kernels = name, list(children), list(kernels)
 
-    op = Event("aten::_scaled_dot_product_efficient_attention", [Event("aten::_efficient_attention_forward")],
-               [Event("fmha_cutlassF_f32_aligned_64x64_rf_sm80")])
-    for order in ([Event("sdpa_call#0", [op]), Event("sdpa_call#0")],
-                  [Event("sdpa_call#0"), Event("sdpa_call#0", [op])]):
+    op = Event(
+        "aten::_scaled_dot_product_efficient_attention",
+        [Event("aten::_efficient_attention_forward")],
+        [Event("fmha_cutlassF_f32_aligned_64x64_rf_sm80")],
+    )
+    for order in (
+        [Event("sdpa_call#0", [op]), Event("sdpa_call#0")],
+        [Event("sdpa_call#0"), Event("sdpa_call#0", [op])],
+    ):
         calls = [{}, {}]
 
         class Prof:
@@ -138,14 +163,20 @@ def test_sdpa_section_names_a_cpu_backend_for_every_call(quick_run):
     assert {r["family"] for r in rows} == {"encoder-decoder", "decoder-only"}
     assert {r["phase"] for r in rows} == {"train forward", "greedy decoding", "beam decoding"}
     assert {r["role"] for r in rows if r["family"] == "encoder-decoder"} == {
-        "encoder self-attention", "decoder self-attention", "cross-attention"}
+        "encoder self-attention",
+        "decoder self-attention",
+        "cross-attention",
+    }
     for r in rows:
         assert set(r["backends"]) <= {"flash (CPU)", "math"} and r["backends"], r
         assert set(r["eligible"]) <= {"flash", "math"} and r["eligible"], r
     # the encoder's padding mask is a bool mask; the training decoder passes is_causal without one
     enc = next(r for r in rows if r["role"] == "encoder self-attention")
-    dec = next(r for r in rows if r["role"] == "decoder self-attention" and r["phase"] == "train forward"
-               and r["family"] == "encoder-decoder")
+    dec = next(
+        r
+        for r in rows
+        if r["role"] == "decoder self-attention" and r["phase"] == "train forward" and r["family"] == "encoder-decoder"
+    )
     assert enc["mask"] == "bool" and dec["mask"] == "none" and dec["is_causal"] is True
     assert "flash (CPU)" in md
 
@@ -155,7 +186,8 @@ def test_throughput_rows_have_ours_and_the_peers_or_a_reason(quick_run):
     r = data["sections"]["throughput"]["results"]
     rows = r["rows"]
     assert {(x["family"], x["precision"]) for x in rows if x["model"] == "ours" and x.get("tok_s", 0) > 0} == {
-        (f, p) for f in ("encoder-decoder", "decoder-only") for p in ("fp32", "bf16")}
+        (f, p) for f in ("encoder-decoder", "decoder-only") for p in ("fp32", "bf16")
+    }
     for x in rows:
         assert "tok_s" in x or x.get("skipped"), x
         if "tok_s" in x:
@@ -169,14 +201,19 @@ def test_realistic_section_measures_every_planned_row_and_decodes(quick_run):
     sec = data["sections"]["realistic"]
     r = sec["results"]
     rows = {(x["model"], x["system"], x["mode"]): x for x in r["rows"]}
-    assert set(rows) == {(m, s, mode) for m, s in (("base", "ours"), ("base", "HF Marian"), ("llama100m", "ours"),
-                                                   ("llama100m", "HF Llama")) for mode in ("eager", "compiled")}
+    assert set(rows) == {
+        (m, s, mode)
+        for m, s in (("base", "ours"), ("base", "HF Marian"), ("llama100m", "ours"), ("llama100m", "HF Llama"))
+        for mode in ("eager", "compiled")
+    }
     assert [x["mode"] for x in r["rows"]][:4] == ["eager"] * 4  # eager first: the priority order
     for x in r["rows"]:
         assert "error" not in x and "skipped" not in x, x
         assert x["tok_s"] == pytest.approx(x["batch"]["target_tokens"] / x["step_s"]) and 0 < x["mfu"]
         assert x["max_tokens"] == 256 and x["batch"]["rows"] * max(x["batch"]["shape"]["target"][1], 1) > 0
-    assert rows[("base", "ours", "compiled")]["backend"] == "eager" and rows[("base", "ours", "compiled")]["graphs"] >= 1
+    assert (
+        rows[("base", "ours", "compiled")]["backend"] == "eager" and rows[("base", "ours", "compiled")]["graphs"] >= 1
+    )
     assert "cudagraphs rows not run: CUDA graphs need a CUDA device" in sec["notes"]
     decoding = {(x["system"], x["strategy"]): x for x in r["decoding"]}
     assert set(decoding) == {(s, k) for s in ("ours", "HF generate", "CTranslate2") for k in ("greedy", "beam5")}
@@ -198,10 +235,18 @@ def _realistic_ctx(tmp_path):
     from benchmarks.gpu_check.context import Context
     from benchmarks.gpu_check.report import Budget
 
-    a = argparse.Namespace(quick=True, realistic_models=["base", "llama100m"], realistic_tokens=[64, 128],
-                           realistic_modes=["eager", "compiled"], realistic_vocab=50, realistic_warmup=1,
-                           realistic_steps=1, realistic_budget_s=0.0, encdec_peers=["HF Marian"],
-                           decoder_peers=["HF Llama"])
+    a = argparse.Namespace(
+        quick=True,
+        realistic_models=["base", "llama100m"],
+        realistic_tokens=[64, 128],
+        realistic_modes=["eager", "compiled"],
+        realistic_vocab=50,
+        realistic_warmup=1,
+        realistic_steps=1,
+        realistic_budget_s=0.0,
+        encdec_peers=["HF Marian"],
+        decoder_peers=["HF Llama"],
+    )
     return Context(args=a, device=torch.device("cpu"), budget=Budget(0), data_dir=None, work=tmp_path)
 
 
@@ -209,17 +254,38 @@ def test_a_failing_or_oom_row_is_recorded_and_the_next_rows_run(tmp_path, monkey
     from benchmarks.gpu_check import realistic
 
     gc = load_gpu_check()
-    report = gc.Report(tmp_path, {"device": "cpu", "device_name": "test CPU", "command": "x", "date": "d",
-                                  "commit": "c", "torch": "t", "quick": True, "budget_s": 0})
+    report = gc.Report(
+        tmp_path,
+        {
+            "device": "cpu",
+            "device_name": "test CPU",
+            "command": "x",
+            "date": "d",
+            "commit": "c",
+            "torch": "t",
+            "quick": True,
+            "budget_s": 0,
+        },
+    )
     ran = []
 
     def fake_measure(name, system, mode, tokens, ctx, lengths):
         ran.append((name, system, mode, tokens))
         if (name, system, mode) == ("base", "ours", "compiled"):
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return {"step_s": 0.5, "train_flops": 1e12, "tok_s": 100.0, "first_step_s": 1.0, "params": 10,
-                "batch": {"rows": 2, "shape": {"src": [2, 8], "prev": [2, 8], "target": [2, 8]}, "target_tokens": 10,
-                          "padding": 0.375}}
+        return {
+            "step_s": 0.5,
+            "train_flops": 1e12,
+            "tok_s": 100.0,
+            "first_step_s": 1.0,
+            "params": 10,
+            "batch": {
+                "rows": 2,
+                "shape": {"src": [2, 8], "prev": [2, 8], "target": [2, 8]},
+                "target_tokens": 10,
+                "padding": 0.375,
+            },
+        }
 
     monkeypatch.setattr(realistic, "measure", fake_measure)
     monkeypatch.setattr(realistic, "bf16_peak", lambda ctx: (4e12, "test"))
@@ -257,8 +323,19 @@ def test_rows_past_the_sections_budget_are_recorded_as_skipped(tmp_path, monkeyp
     from benchmarks.gpu_check import realistic
 
     gc = load_gpu_check()
-    report = gc.Report(tmp_path, {"device": "cpu", "device_name": "test CPU", "command": "x", "date": "d",
-                                  "commit": "c", "torch": "t", "quick": True, "budget_s": 0})
+    report = gc.Report(
+        tmp_path,
+        {
+            "device": "cpu",
+            "device_name": "test CPU",
+            "command": "x",
+            "date": "d",
+            "commit": "c",
+            "torch": "t",
+            "quick": True,
+            "budget_s": 0,
+        },
+    )
     monkeypatch.setattr(realistic, "bf16_peak", lambda ctx: (4e12, "test"))
     monkeypatch.setattr(realistic, "decode_jobs", lambda *a: None)
     monkeypatch.setattr(realistic, "load_data", lambda ctx: _fake_data())
@@ -277,13 +354,23 @@ def test_the_plan_runs_what_is_needed_most_first():
 
     systems = {"encoder-decoder": ["ours", "HF Marian"], "decoder-only": ["ours", "HF Llama"]}
     rows = plan(["base", "big", "llama100m"], [16384, 8192], ["eager", "compiled", "cudagraphs"], systems)
-    assert rows[:7] == [("train", "base", 16384, "eager", "ours"), ("train", "base", 16384, "eager", "HF Marian"),
-                        ("train", "big", 16384, "eager", "ours"), ("train", "big", 16384, "eager", "HF Marian"),
-                        ("train", "llama100m", 16384, "eager", "ours"), ("train", "llama100m", 16384, "eager", "HF Llama"),
-                        ("decode",)]
-    assert rows[7:11] == [("train", "base", 16384, m, s) for m in ("compiled", "cudagraphs") for s in ("ours", "HF Marian")]
-    assert rows[15:21] == [("train", m, 8192, "eager", s) for m, p in (("base", "HF Marian"), ("big", "HF Marian"),
-                                                                        ("llama100m", "HF Llama")) for s in ("ours", p)]
+    assert rows[:7] == [
+        ("train", "base", 16384, "eager", "ours"),
+        ("train", "base", 16384, "eager", "HF Marian"),
+        ("train", "big", 16384, "eager", "ours"),
+        ("train", "big", 16384, "eager", "HF Marian"),
+        ("train", "llama100m", 16384, "eager", "ours"),
+        ("train", "llama100m", 16384, "eager", "HF Llama"),
+        ("decode",),
+    ]
+    assert rows[7:11] == [
+        ("train", "base", 16384, m, s) for m in ("compiled", "cudagraphs") for s in ("ours", "HF Marian")
+    ]
+    assert rows[15:21] == [
+        ("train", m, 8192, "eager", s)
+        for m, p in (("base", "HF Marian"), ("big", "HF Marian"), ("llama100m", "HF Llama"))
+        for s in ("ours", p)
+    ]
     assert len(rows) == 3 * 2 * 3 * 2 + 1 and len(set(rows)) == len(rows)
 
 
@@ -303,7 +390,9 @@ def test_the_batch_is_the_median_full_batch_of_the_projects_batching():
     assert t["src"].shape == (8, 16) and t["prev"].shape == t["target"].shape == (8, 16)
     assert (t["src"][:, 10] == 3).all() and (t["prev"][:, 0] == 2).all() and (t["target"][:, 12] == 3).all()
     assert (t["prev"][:, 1:13] == t["target"][:, :12]).all() and (t["target"][:, 13:] == 0).all()
-    d = representative_batch(src, tgt, 256, "decoder_only")  # items 3 + 1 + 4 = 8, 23 -> 24, 51 -> 56: full 24 x 3, 56 x 2
+    d = representative_batch(
+        src, tgt, 256, "decoder_only"
+    )  # items 3 + 1 + 4 = 8, 23 -> 24, 51 -> 56: full 24 x 3, 56 x 2
     t = make_tensors(d, "decoder_only", vocab=50)
     assert d.rows == 10 and t["tokens"].shape == t["target"].shape == (10, 24)
     assert (t["tokens"][:, 10] == 4).all() and (t["target"][:, :10] == 0).all() and (t["target"][:, 22] == 3).all()
@@ -323,7 +412,9 @@ def test_the_flops_count_real_tokens_only():
     assert real_train_flops(cfg, lb, 50) == pytest.approx(expected)
     dec, _, _ = model_config("llama100m", quick=True)
     one = LengthBatch(64, np.array([3]), np.array([4]), 1)  # 3 + 1 + 4 positions, logits at the last 5
-    assert real_train_flops(dec, one, 50) == pytest.approx(3 * (forward_flops(dec, 50, 3, 4)["total"] - 2 * 3 * 32 * 50))
+    assert real_train_flops(dec, one, 50) == pytest.approx(
+        3 * (forward_flops(dec, 50, 3, 4)["total"] - 2 * 3 * 32 * 50)
+    )
 
 
 def test_the_targets_read_the_best_rows():
@@ -332,17 +423,26 @@ def test_the_targets_read_the_best_rows():
     def row(model, system, mode, tokens, tok_s, mfu):
         return {"model": model, "system": system, "mode": mode, "max_tokens": tokens, "tok_s": tok_s, "mfu": mfu}
 
-    rows = [row("base", "ours", "eager", 16384, 100.0, 0.30), row("base", "ours", "compiled", 16384, 140.0, 0.40),
-            row("base", "HF Marian", "eager", 16384, 90.0, 0.2), row("base", "HF Marian", "compiled", 16384, 100.0, 0.2),
-            row("base", "ours", "eager", 8192, 80.0, 0.5), row("base", "HF Marian", "eager", 8192, 50.0, 0.1),
-            {"model": "big", "system": "ours", "mode": "eager", "max_tokens": 16384, "error": "OOM"}]
-    decoding = [{"system": "ours", "strategy": "beam5", "sentences_per_s": 60.0},
-                {"system": "HF generate", "strategy": "beam5", "sentences_per_s": 20.0}]
+    rows = [
+        row("base", "ours", "eager", 16384, 100.0, 0.30),
+        row("base", "ours", "compiled", 16384, 140.0, 0.40),
+        row("base", "HF Marian", "eager", 16384, 90.0, 0.2),
+        row("base", "HF Marian", "compiled", 16384, 100.0, 0.2),
+        row("base", "ours", "eager", 8192, 80.0, 0.5),
+        row("base", "HF Marian", "eager", 8192, 50.0, 0.1),
+        {"model": "big", "system": "ours", "mode": "eager", "max_tokens": 16384, "error": "OOM"},
+    ]
+    decoding = [
+        {"system": "ours", "strategy": "beam5", "sentences_per_s": 60.0},
+        {"system": "HF generate", "strategy": "beam5", "sentences_per_s": 20.0},
+    ]
     t = {x["target"]: x for x in evaluate_targets(rows, decoding)}
     assert (t["base_mfu"]["value"], t["base_mfu"]["status"]) == (0.40, "met")  # 8192 tokens is below the bound
     assert t["base_vs_marian"]["value"] == pytest.approx(1.4) and t["base_vs_marian"]["status"] == "met"
-    assert "8192: 1.60x (ours eager / Marian eager); 16384: 1.40x (ours compiled / Marian compiled)" == \
-        t["base_vs_marian"]["detail"]
+    assert (
+        "8192: 1.60x (ours eager / Marian eager); 16384: 1.40x (ours compiled / Marian compiled)"
+        == t["base_vs_marian"]["detail"]
+    )
     assert (t["big_mfu"]["value"], t["big_mfu"]["status"]) == (None, "not measured")
     assert (t["beam_vs_hf"]["value"], t["beam_vs_hf"]["status"]) == (3.0, "missed")
 
@@ -352,8 +452,19 @@ def test_the_targets_read_the_best_rows():
 
 def test_a_failing_section_is_recorded_and_the_next_one_runs(tmp_path):
     gc = load_gpu_check()
-    report = gc.Report(tmp_path, {"device": "cpu", "device_name": "test CPU", "command": "x", "date": "d",
-                                  "commit": "c", "torch": "t", "quick": True, "budget_s": 0})
+    report = gc.Report(
+        tmp_path,
+        {
+            "device": "cpu",
+            "device_name": "test CPU",
+            "command": "x",
+            "date": "d",
+            "commit": "c",
+            "torch": "t",
+            "quick": True,
+            "budget_s": 0,
+        },
+    )
     seen = {}
 
     def broken(sec):
@@ -403,14 +514,27 @@ def test_study_summary_reads_run_folders(tmp_path):
     run = tmp_path / "runs" / "ladder" / "step0_vaswani2017_seed1"
     run.mkdir(parents=True)
     (run / "metrics.jsonl").write_text(
-        json.dumps({"split": "train", "update": 200, "loss": 5.0, "tokens_per_s": 1234.0}) + "\n"
-        + json.dumps({"split": "valid", "update": 200, "loss": 4.5, "bleu": 3.2}) + "\n")
+        json.dumps({"split": "train", "update": 200, "loss": 5.0, "tokens_per_s": 1234.0})
+        + "\n"
+        + json.dumps({"split": "valid", "update": 200, "loss": 4.5, "bleu": 3.2})
+        + "\n"
+    )
     (run / "config.yaml").write_text("train:\n  precision: fp32\n  device: cuda\n  max_updates: 6000\n")
     res = gc.study_summary(tmp_path / "runs", tmp_path / "sum", "NVIDIA H200", "a note")
-    assert res["runs"] == [{"run": "ladder/step0_vaswani2017_seed1", "updates": 200, "precision": "fp32",
-                            "device": "cuda", "max_updates": 6000, "tokens_per_s": 1234.0,
-                            "last_valid": {"update": 200, "loss": 4.5, "bleu": 3.2}, "finished": False,
-                            "test_bleu": None, "wall_time_s": None}]
+    assert res["runs"] == [
+        {
+            "run": "ladder/step0_vaswani2017_seed1",
+            "updates": 200,
+            "precision": "fp32",
+            "device": "cuda",
+            "max_updates": 6000,
+            "tokens_per_s": 1234.0,
+            "last_valid": {"update": 200, "loss": 4.5, "bleu": 3.2},
+            "finished": False,
+            "test_bleu": None,
+            "wall_time_s": None,
+        }
+    ]
     md = (tmp_path / "sum" / "study_progress.md").read_text()
     assert "NVIDIA H200" in md and "| ladder/step0_vaswani2017_seed1 | cuda | fp32 | 200 / 6000 |" in md
 
@@ -422,8 +546,11 @@ def test_study_summary_names_the_device_a_finished_run_records(tmp_path):
     run.mkdir(parents=True)
     (run / "metrics.jsonl").write_text(json.dumps({"split": "train", "update": 6000, "tokens_per_s": 9.0}) + "\n")
     (run / "config.yaml").write_text("train:\n  precision: fp32\n  device: auto\n  max_updates: 6000\n")
-    (run / "results.json").write_text(json.dumps({"bleu": 32.8521778950228, "device": "cuda:0", "precision": "fp32",
-                                                  "hardware": {"gpu": "NVIDIA H200"}}))
+    (run / "results.json").write_text(
+        json.dumps(
+            {"bleu": 32.8521778950228, "device": "cuda:0", "precision": "fp32", "hardware": {"gpu": "NVIDIA H200"}}
+        )
+    )
     res = gc.study_summary(tmp_path / "runs", tmp_path / "sum", "CPU AMD EPYC", "a note")
     assert res["device_name"] == "NVIDIA H200" and res["runs"][0]["device"] == "cuda:0 (NVIDIA H200)"
     md = (tmp_path / "sum" / "study_progress.md").read_text()
@@ -433,9 +560,14 @@ def test_study_summary_names_the_device_a_finished_run_records(tmp_path):
 
 def test_gpu_check_sh_preflight_says_what_is_there(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-                          env=_env(CHECK="0", STUDY="0", OUT=str(out), WORK=str(tmp_path / "work"),
-                                   PYTHON=sys.executable))
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(CHECK="0", STUDY="0", OUT=str(out), WORK=str(tmp_path / "work"), PYTHON=sys.executable),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = (out / "preflight.txt").read_text()
     assert "required packages: all present" in text and f"Multi30k: {SHARED_DATA.resolve()}" in text
@@ -448,9 +580,14 @@ def test_gpu_check_sh_stops_when_a_package_is_missing(tmp_path):
     (fake / "python").write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')  # -S: no site-packages
     (fake / "python").chmod(0o755)
     out = tmp_path / "out"
-    proc = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-                          env=_env(OUT=str(out), WORK=str(tmp_path / "work"), PYTHON=str(fake / "python"),
-                                   WHEELS=str(tmp_path / "none")))
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(OUT=str(out), WORK=str(tmp_path / "work"), PYTHON=str(fake / "python"), WHEELS=str(tmp_path / "none")),
+    )
     assert proc.returncode == 2
     assert "MISSING required packages: torch" in (out / "preflight.txt").read_text()
     assert "stopping: required packages missing" in proc.stdout
@@ -474,26 +611,61 @@ def corpus(tmp_path_factory) -> Path:
 
 def _tiny_extra(corpus: Path, updates: int = 2) -> str:
     """EXTRA for results_gpu.sh: the corpus slice, a 1+1-layer model, ``updates`` updates, greedy."""
-    return " ".join([
-        "data=parallel_text", f"data.root={corpus}", "data.src_lang=en", "data.tgt_lang=de", "data.train_prefix=train",
-        "data.valid_prefix=val", "data.test_prefix=test_2016_flickr", "data.test_splits=[test_2016_flickr]",
-        "data.vocab_size=300", f"data.cache_dir={corpus}/cache", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
-        "model.d_model=32", "model.n_heads=4", "model.d_ff=64", "train.max_tokens=600", f"train.max_updates={updates}",
-        "train.validate_every=0", "train.valid_bleu=false", "train.save_every=0", "train.average_last=0",
-        "generation.beam_size=1", "generation.max_len_a=0", "generation.max_len_b=5",
-    ])
+    return " ".join(
+        [
+            "data=parallel_text",
+            f"data.root={corpus}",
+            "data.src_lang=en",
+            "data.tgt_lang=de",
+            "data.train_prefix=train",
+            "data.valid_prefix=val",
+            "data.test_prefix=test_2016_flickr",
+            "data.test_splits=[test_2016_flickr]",
+            "data.vocab_size=300",
+            f"data.cache_dir={corpus}/cache",
+            "model.n_encoder_layers=1",
+            "model.n_decoder_layers=1",
+            "model.d_model=32",
+            "model.n_heads=4",
+            "model.d_ff=64",
+            "train.max_tokens=600",
+            f"train.max_updates={updates}",
+            "train.validate_every=0",
+            "train.valid_bleu=false",
+            "train.save_every=0",
+            "train.average_last=0",
+            "generation.beam_size=1",
+            "generation.max_len_a=0",
+            "generation.max_len_b=5",
+        ]
+    )
 
 
 def _study_env(corpus: Path, out: Path, **extra: str) -> dict[str, str]:
-    return _env(**{"DEVICE": "cpu", "SEEDS": "1", "PREPROCESS": "0", "EXTRA": _tiny_extra(corpus), "OUT": str(out),
-                   "PYTHON": sys.executable, **extra})
+    return _env(
+        **{
+            "DEVICE": "cpu",
+            "SEEDS": "1",
+            "PREPROCESS": "0",
+            "EXTRA": _tiny_extra(corpus),
+            "OUT": str(out),
+            "PYTHON": sys.executable,
+            **extra,
+        }
+    )
 
 
 @pytest.mark.slow
 def test_results_gpu_sh_smoke_on_the_cpu(corpus, tmp_path):
     out = tmp_path / "study"
-    proc = subprocess.run(["bash", "scripts/results_gpu.sh"], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=600, env=_study_env(corpus, out, STEPS="step0_vaswani2017 step6_decoder_only", WU="1"))
+    proc = subprocess.run(
+        ["bash", "scripts/results_gpu.sh"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_study_env(corpus, out, STEPS="step0_vaswani2017 step6_decoder_only", WU="1"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "3 runs in" in proc.stderr and "0 failed" in proc.stderr
     for run in ("ladder/step0_vaswani2017_seed1", "ladder/step6_decoder_only_seed1", "wu2021_tiny/seed1"):
@@ -505,9 +677,14 @@ def test_results_gpu_sh_smoke_on_the_cpu(corpus, tmp_path):
 @pytest.mark.slow
 def test_results_gpu_sh_runs_named_length_runs_and_wu_seeds_only(corpus, tmp_path):
     out = tmp_path / "study"
-    proc = subprocess.run(["bash", "scripts/results_gpu.sh"], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=600, env=_study_env(corpus, out, STEPS="", LENGTH="alibi", SEEDS="2", WU="1",
-                                                      WU_SEEDS="2"))
+    proc = subprocess.run(
+        ["bash", "scripts/results_gpu.sh"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_study_env(corpus, out, STEPS="", LENGTH="alibi", SEEDS="2", WU="1", WU_SEEDS="2"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 runs in" in proc.stderr and "0 failed" in proc.stderr
     assert not (out / "ladder").exists()  # STEPS empty: no ladder run
@@ -520,8 +697,14 @@ def test_results_gpu_sh_runs_named_length_runs_and_wu_seeds_only(corpus, tmp_pat
 
 def test_results_gpu_sh_counts_runs_cut_by_the_time_limit(corpus, tmp_path):
     out = tmp_path / "study"
-    proc = subprocess.run(["bash", "scripts/results_gpu.sh"], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=300, env=_study_env(corpus, out, STEPS="step0_vaswani2017", WU="0", TIME_LIMIT="1"))
+    proc = subprocess.run(
+        ["bash", "scripts/results_gpu.sh"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_study_env(corpus, out, STEPS="step0_vaswani2017", WU="0", TIME_LIMIT="1"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "0 failed, 1 stopped by TIME_LIMIT" in proc.stderr
 
@@ -529,8 +712,14 @@ def test_results_gpu_sh_counts_runs_cut_by_the_time_limit(corpus, tmp_path):
 @pytest.mark.slow
 def test_gpu_check_sh_runs_the_study_and_keeps_only_small_files(corpus, tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
-    proc = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-                          env=_study_env(corpus, out, CHECK="0", WORK=str(work), STEPS="step0_vaswani2017", WU="0"))
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_study_env(corpus, out, CHECK="0", WORK=str(work), STEPS="step0_vaswani2017", WU="0"),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     copied = {p.relative_to(out / "study").as_posix() for p in (out / "study").rglob("*") if p.is_file()}
     run = "ladder/step0_vaswani2017_seed1"

@@ -55,7 +55,9 @@ def en_de_cfg(data_dir: Path, cache_dir: Path):
 
     from transformer.config import DataConfig
 
-    cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(REPO_ROOT / "configs" / "data" / "multi30k_en_de.yaml"))
+    cfg = OmegaConf.merge(
+        OmegaConf.structured(DataConfig), OmegaConf.load(REPO_ROOT / "configs" / "data" / "multi30k_en_de.yaml")
+    )
     cfg.root, cfg.cache_dir, cfg.vocab_size = str(data_dir), str(cache_dir), 1000
     return cfg
 
@@ -90,9 +92,21 @@ def toy_data_config(root: Path, cache: Path, **kw):
     """A parallel_text DataConfig over :func:`write_toy_corpus` (vocabulary 400)."""
     from transformer.config import DataConfig
 
-    base = dict(name="toy", corpus="parallel_text", root=str(root), src_lang="en", tgt_lang="de",
-                train_prefix="train", valid_prefix="dev", test_prefix="dev", test_splits=[], download=False,
-                vocab_size=400, cache_dir=str(cache), preprocess_workers=1)
+    base = dict(
+        name="toy",
+        corpus="parallel_text",
+        root=str(root),
+        src_lang="en",
+        tgt_lang="de",
+        train_prefix="train",
+        valid_prefix="dev",
+        test_prefix="dev",
+        test_splits=[],
+        download=False,
+        vocab_size=400,
+        cache_dir=str(cache),
+        preprocess_workers=1,
+    )
     base.update(kw)
     return DataConfig(**base)
 

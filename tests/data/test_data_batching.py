@@ -66,7 +66,9 @@ def test_resume_continues_the_same_order(corpus, seed) -> None:
 @given(corpora(), st.integers(0, 2**31), st.integers(1, 5))
 def test_shards_are_equal_sized_disjoint_cover(corpus, seed, world) -> None:
     src, tgt, arch, max_tokens, _ = corpus
-    ranks = [TokenBatchSampler(src, tgt, max_tokens, arch=arch, seed=seed, rank=r, world_size=world) for r in range(world)]
+    ranks = [
+        TokenBatchSampler(src, tgt, max_tokens, arch=arch, seed=seed, rank=r, world_size=world) for r in range(world)
+    ]
     for s in ranks:
         s.set_epoch(2)
     per_rank = [list(s) for s in ranks]
@@ -151,7 +153,9 @@ def test_real_corpus_bounded_shapes(en_de_data) -> None:
         shapes = set()
         for epoch in (1, 2, 3):
             s.set_epoch(epoch)
-            shapes |= {(len(b), int(-(-src_w[b].max() // m) * m), int(-(-tgt_w[b].max() // m) * m)) for b in map(np.array, s)}
+            shapes |= {
+                (len(b), int(-(-src_w[b].max() // m) * m), int(-(-tgt_w[b].max() // m) * m)) for b in map(np.array, s)
+            }
         seen[m] = (s, shapes)
     bounded, shapes = seen[8]
     rounded = {length for _, length in bounded.shapes()}
@@ -211,4 +215,6 @@ def test_real_corpus_same_batches_as_the_list_based_sampler(en_de_data) -> None:
     for arch, max_tokens in (("encoder_decoder", 4096), ("decoder_only", 8192)):
         s = TokenBatchSampler(train.src_lengths, train.tgt_lengths, max_tokens, arch=arch, seed=1)
         for epoch in (1, 2):
-            assert s.global_batches(epoch) == _reference_global_batches(src, tgt, max_tokens, arch, True, 1, epoch, None)
+            assert s.global_batches(epoch) == _reference_global_batches(
+                src, tgt, max_tokens, arch, True, 1, epoch, None
+            )

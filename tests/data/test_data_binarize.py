@@ -130,8 +130,12 @@ load_translation_data(toy_data_config(*map(__import__("pathlib").Path, sys.argv[
 
 def test_sigkill_during_preprocess_leaves_no_dataset_that_loads(toy_corpus: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_KILLED_BUILD), str(toy_corpus), str(cache)],
-                            cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_KILLED_BUILD), str(toy_corpus), str(cache)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "ready"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -172,5 +176,7 @@ def test_binarized_folder_is_read_without_raw_files(toy_corpus: Path, tmp_path: 
     assert d.splits["valid"].tgt_text == built.splits["valid"].tgt_text and d.splits["test"] is d.splits["valid"]
     with pytest.raises(DataError, match=r"data.vocab_size=400 there, 500 here"):
         load_translation_data(toy_data_config(toy_corpus, cache, binarized=folder, vocab_size=500), log=None)
-    with pytest.raises(DataError, match=r"split\(s\) newstest not in data.binarized=.*available splits: train, valid, test"):
+    with pytest.raises(
+        DataError, match=r"split\(s\) newstest not in data.binarized=.*available splits: train, valid, test"
+    ):
         load_translation_data(cfg, splits=["train", "newstest"], log=None)

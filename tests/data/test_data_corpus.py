@@ -59,8 +59,18 @@ def test_empty_lines_drop_the_pair_and_are_counted(tmp_path: Path) -> None:
 
 
 def parallel_cfg(root: Path, **kw) -> DataConfig:
-    base = dict(name="toy", corpus="parallel_text", root=str(root), src_lang="en", tgt_lang="de",
-                train_prefix="train", valid_prefix="dev", test_prefix=None, test_splits=[], download=False)
+    base = dict(
+        name="toy",
+        corpus="parallel_text",
+        root=str(root),
+        src_lang="en",
+        tgt_lang="de",
+        train_prefix="train",
+        valid_prefix="dev",
+        test_prefix=None,
+        test_splits=[],
+        download=False,
+    )
     base.update(kw)
     return DataConfig(**base)
 
@@ -88,11 +98,18 @@ def test_missing_split_lists_available_splits(tmp_path: Path) -> None:
 
 
 def test_multi30k_unavailable_split_lists_available(data_dir: Path) -> None:
-    cfg = DataConfig(corpus="multi30k", root=str(data_dir), src_lang="en", tgt_lang="cs",
-                     test_splits=["test_2016_flickr", "test_2018_flickr"])
+    cfg = DataConfig(
+        corpus="multi30k",
+        root=str(data_dir),
+        src_lang="en",
+        tgt_lang="cs",
+        test_splits=["test_2016_flickr", "test_2018_flickr"],
+    )
     names = available_splits(cfg)
     assert names == ["train", "valid", "test", "test_2016_flickr", "test_2018_flickr"]
-    with pytest.raises(DataError, match=r"test_2017_mscoco.*available splits: train, valid, test, test_2016_flickr, test_2018_flickr"):
+    with pytest.raises(
+        DataError, match=r"test_2017_mscoco.*available splits: train, valid, test, test_2016_flickr, test_2018_flickr"
+    ):
         resolve_split_files(cfg, "test_2017_mscoco")
     src, tgt = resolve_split_files(cfg, "test_2018_flickr")
     assert (src.name, tgt.name) == ("test_2018_flickr.en.gz", "test_2018_flickr.cs.gz")

@@ -19,11 +19,25 @@ from transformer.data.tokenizer import SPECIAL_IDS
 
 def test_real_multi30k_en_de(en_de_data, data_dir: Path) -> None:
     d = en_de_data
-    assert list(d.splits) == ["train", "valid", "test", "test_2016_flickr", "test_2017_flickr",
-                              "test_2017_mscoco", "test_2018_flickr"]
+    assert list(d.splits) == [
+        "train",
+        "valid",
+        "test",
+        "test_2016_flickr",
+        "test_2017_flickr",
+        "test_2017_mscoco",
+        "test_2018_flickr",
+    ]
     sizes = {k: len(v) for k, v in d.splits.items()}
-    assert sizes == {"train": 29000, "valid": 1014, "test": 1000, "test_2016_flickr": 1000,
-                     "test_2017_flickr": 1000, "test_2017_mscoco": 461, "test_2018_flickr": 1071}
+    assert sizes == {
+        "train": 29000,
+        "valid": 1014,
+        "test": 1000,
+        "test_2016_flickr": 1000,
+        "test_2017_flickr": 1000,
+        "test_2017_mscoco": 461,
+        "test_2018_flickr": 1071,
+    }
     assert d.splits["test"] is d.splits["test_2016_flickr"] and d.splits["test"].name == "test_2016_flickr"
     assert d.src_tokenizer is d.tgt_tokenizer and d.joint_vocab and len(d.src_tokenizer) == 1000
     # the raw reference lines are kept, unchanged
@@ -146,8 +160,18 @@ def test_yaml_configs_validate_against_dataclass(data_dir: Path) -> None:
 
     folder = Path(__file__).resolve().parents[2] / "configs" / "data"
     names = sorted(p.stem for p in folder.glob("*.yaml"))
-    assert names == sorted(["multi30k_en_de", "multi30k_de_en", "multi30k_en_fr", "multi30k_en_cs",
-                            "multi30k_tok_en_de", "multi30k_tok_en_fr", "parallel_text", "wmt14_en_de"])
+    assert names == sorted(
+        [
+            "multi30k_en_de",
+            "multi30k_de_en",
+            "multi30k_en_fr",
+            "multi30k_en_cs",
+            "multi30k_tok_en_de",
+            "multi30k_tok_en_fr",
+            "parallel_text",
+            "wmt14_en_de",
+        ]
+    )
     for name in names:
         cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(folder / f"{name}.yaml"))
         assert cfg.name == name
@@ -170,8 +194,11 @@ def test_empty_training_files_are_named(tmp_path: Path) -> None:
         (tmp_path / f"train.{lang}").write_text("")
         (tmp_path / f"dev.{lang}").write_text("a\n")
     cfg = _toy_cfg(tmp_path, tmp_path / "cache")
-    with pytest.raises(DataError, match=rf"no non-empty sentence pairs in the training files {tmp_path}/train\.en "
-                                        rf"and {tmp_path}/train\.de \(the files are empty\)"):
+    with pytest.raises(
+        DataError,
+        match=rf"no non-empty sentence pairs in the training files {tmp_path}/train\.en "
+        rf"and {tmp_path}/train\.de \(the files are empty\)",
+    ):
         load_translation_data(cfg, log=None)
     (tmp_path / "train.en").write_text("a\n\nc\n")
     (tmp_path / "train.de").write_text("\nb\n \n")
@@ -182,8 +209,11 @@ def test_empty_training_files_are_named(tmp_path: Path) -> None:
 def test_empty_validation_split_is_rejected_before_training(toy_corpus: Path, tmp_path: Path) -> None:
     for lang in ("en", "de"):
         (toy_corpus / f"dev.{lang}").write_text("")
-    with pytest.raises(DataError, match=rf"the validation split is empty: {toy_corpus}/dev\.en and "
-                                        rf"{toy_corpus}/dev\.de hold no sentence pair \(0 lines read\)"):
+    with pytest.raises(
+        DataError,
+        match=rf"the validation split is empty: {toy_corpus}/dev\.en and "
+        rf"{toy_corpus}/dev\.de hold no sentence pair \(0 lines read\)",
+    ):
         load_translation_data(_toy_cfg(toy_corpus, tmp_path / "cache"), log=None)
 
 

@@ -64,7 +64,10 @@ def _closed_port_url() -> str:
 
 
 def test_checksums_match_shared_sha256sums(data_dir: Path) -> None:
-    for sums, prefix in ((data_dir / "multi30k" / "SHA256SUMS", ""), (data_dir / "multi30k" / "tok" / "SHA256SUMS", "tok/")):
+    for sums, prefix in (
+        (data_dir / "multi30k" / "SHA256SUMS", ""),
+        (data_dir / "multi30k" / "tok" / "SHA256SUMS", "tok/"),
+    ):
         for line in sums.read_text().splitlines():
             digest, name = line.split()
             assert dl.MULTI30K_SHA256[prefix + name] == digest
@@ -83,7 +86,9 @@ def test_download_raw_and_tok_verified(server: tuple[str, Path], data_dir: Path,
 
 
 @pytest.mark.parametrize("tokenized", [False, True])
-def test_corrupted_download_rejected_and_not_left_behind(server: tuple[str, Path], tmp_path: Path, tokenized: bool) -> None:
+def test_corrupted_download_rejected_and_not_left_behind(
+    server: tuple[str, Path], tmp_path: Path, tokenized: bool
+) -> None:
     base, _ = server
     rel = dl.multi30k_relpath("val", "de", tokenized)
     with pytest.raises(DataError, match="checksum mismatch"):

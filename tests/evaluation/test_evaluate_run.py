@@ -47,8 +47,9 @@ def test_one_file_is_scored_without_a_bootstrap(files, capsys):
 
 def test_several_files_are_bootstrapped_against_the_first_and_saved(files, tmp_path, capsys):
     refs, worse, same = files
-    res = evaluate(_cfg(f"refs={refs}", f"hyps=[{worse},{same}]", "bootstrap_samples=50",
-                        f"output_dir={tmp_path / 'out'}"))  # no checkpoint: files mode
+    res = evaluate(
+        _cfg(f"refs={refs}", f"hyps=[{worse},{same}]", "bootstrap_samples=50", f"output_dir={tmp_path / 'out'}")
+    )  # no checkpoint: files mode
     assert list(res["bootstrap"]) == ["baseline", str(same)]  # the first file is the baseline
     assert res["bootstrap"]["baseline"]["bleu"] == pytest.approx(res["scores"][str(worse)]["bleu"])
     assert res["bootstrap"][str(same)]["bleu"] == pytest.approx(100.0)
@@ -70,8 +71,10 @@ def test_files_mode_errors(files, tmp_path):
 
 def test_the_metrics_package_does_not_load_models():
     """``transformer.evaluation`` stays metrics only (docs/contributing.md's import order); ``.run`` is imported by name."""
-    code = ("import sys, transformer.evaluation; print(sorted(m for m in sys.modules "
-            "if m.startswith(('transformer.generation', 'transformer.evaluation.command', 'torch'))))")
+    code = (
+        "import sys, transformer.evaluation; print(sorted(m for m in sys.modules "
+        "if m.startswith(('transformer.generation', 'transformer.evaluation.command', 'torch'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -94,8 +97,15 @@ def test_a_checkpoint_is_scored_on_what_it_translates(run, data_root, capsys):
     """The hypotheses are the model's greedy translations of the split, and BLEU is theirs against
     the raw references; results go to <run>/eval/checkpoint_best/."""
     run_dir, model, src_tok, tgt_tok = run
-    res = evaluate_checkpoint(_cfg(f"checkpoint={run_dir}", "splits=[test_2016_flickr]", "limit=8",
-                                   f"data.root={data_root}", "generation.strategy=greedy"))
+    res = evaluate_checkpoint(
+        _cfg(
+            f"checkpoint={run_dir}",
+            "splits=[test_2016_flickr]",
+            "limit=8",
+            f"data.root={data_root}",
+            "generation.strategy=greedy",
+        )
+    )
     src = read_lines(data_root / "multi30k" / "test_2016_flickr.en.gz")[:8]
     refs = read_lines(data_root / "multi30k" / "test_2016_flickr.de.gz")[:8]
     gen = GenerationConfig(strategy="greedy", max_len_a=1.0, max_len_b=5)
@@ -116,15 +126,29 @@ def test_a_checkpoint_is_scored_on_what_it_translates(run, data_root, capsys):
 def test_checkpoint_mode_refuses_what_it_cannot_do(run, data_root, tmp_path):
     run_dir = run[0]
     with pytest.raises(ConfigError, match="baseline=FILE compares one split, but 2 are requested"):
-        evaluate_checkpoint(_cfg(f"checkpoint={run_dir}", "splits=[test_2016_flickr,test_2017_flickr]",
-                                 f"baseline={tmp_path / 'base.txt'}", f"data.root={data_root}",
-                                 f"output_dir={tmp_path / 'e'}"))
+        evaluate_checkpoint(
+            _cfg(
+                f"checkpoint={run_dir}",
+                "splits=[test_2016_flickr,test_2017_flickr]",
+                f"baseline={tmp_path / 'base.txt'}",
+                f"data.root={data_root}",
+                f"output_dir={tmp_path / 'e'}",
+            )
+        )
     short = tmp_path / "base.txt"
     short.write_text("eins\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"baseline .*base\.txt has 1 lines but test_2016_flickr has 4"):
-        evaluate_checkpoint(_cfg(f"checkpoint={run_dir}", "splits=[test_2016_flickr]", "limit=4",
-                                 f"baseline={short}", f"data.root={data_root}", "generation.strategy=greedy",
-                                 f"output_dir={tmp_path / 'e'}"))
+        evaluate_checkpoint(
+            _cfg(
+                f"checkpoint={run_dir}",
+                "splits=[test_2016_flickr]",
+                "limit=4",
+                f"baseline={short}",
+                f"data.root={data_root}",
+                "generation.strategy=greedy",
+                f"output_dir={tmp_path / 'e'}",
+            )
+        )
 
 
 @pytest.fixture
@@ -153,37 +177,68 @@ def test_a_test_time_rope_scaling_gets_its_own_folder_and_reads_as_a_run_in_comp
     from transformer.models import build_model
 
     run_dir, model, tok, _ = make_run_dir(tmp_path / "run", position__name="rope")
-    trained = {"bleu": 1.0, "test_split": "test_2016_flickr", "params": 1234, "precision": "fp32",
-               "choices": {"ladder": "step5_gqa", "model/position": "rope"}, "config": {"seed": 1}}
+    trained = {
+        "bleu": 1.0,
+        "test_split": "test_2016_flickr",
+        "params": 1234,
+        "precision": "fp32",
+        "choices": {"ladder": "step5_gqa", "model/position": "rope"},
+        "config": {"seed": 1},
+    }
     (run_dir / "results.json").write_text(json.dumps(trained))
-    scaling = ["model.position.rope_scaling.rope_type=dynamic", "model.position.rope_scaling.factor=2",
-               "model.position.rope_scaling.original_max_position_embeddings=4"]
-    common = [f"checkpoint={run_dir}", "splits=[test_2016_flickr]", f"data.root={small_data}",
-              "generation.strategy=greedy"]
+    scaling = [
+        "model.position.rope_scaling.rope_type=dynamic",
+        "model.position.rope_scaling.factor=2",
+        "model.position.rope_scaling.original_max_position_embeddings=4",
+    ]
+    common = [
+        f"checkpoint={run_dir}",
+        "splits=[test_2016_flickr]",
+        f"data.root={small_data}",
+        "generation.strategy=greedy",
+    ]
     res = evaluate_checkpoint(_cfg(*common, *scaling))
     plain = evaluate_checkpoint(_cfg(*common))
 
     out_dir = run_dir / "eval" / "checkpoint_best+rope_dynamic_x2_L0=4"
-    reference = build_model(tiny_model_config(position__name="rope", **{
-        "position.rope_scaling.rope_type": "dynamic", "position.rope_scaling.factor": 2.0,
-        "position.rope_scaling.original_max_position_embeddings": 4}), len(tok)).eval()
+    reference = build_model(
+        tiny_model_config(
+            position__name="rope",
+            **{
+                "position.rope_scaling.rope_type": "dynamic",
+                "position.rope_scaling.factor": 2.0,
+                "position.rope_scaling.original_max_position_embeddings": 4,
+            },
+        ),
+        len(tok),
+    ).eval()
     reference.load_state_dict(model.state_dict())
     src = read_lines(small_data / "multi30k" / "test_2016_flickr.en.gz")
     gen = GenerationConfig(strategy="greedy", max_len_a=1.0, max_len_b=5)
     hyps = detokenize(translate_sentences(reference, [tok.encode(s) for s in src], gen, "cpu"), tok)
     assert (out_dir / "test_2016_flickr.txt").read_text(encoding="utf-8").split("\n")[:-1] == hyps
     assert (run_dir / "eval" / "checkpoint_best" / "test_2016_flickr.txt").is_file()  # the plain one beside it
-    assert res["test_time"] == ["model.position.rope_scaling.rope_type=dynamic", "model.position.rope_scaling.factor=2.0",
-                                "model.position.rope_scaling.original_max_position_embeddings=4"]
+    assert res["test_time"] == [
+        "model.position.rope_scaling.rope_type=dynamic",
+        "model.position.rope_scaling.factor=2.0",
+        "model.position.rope_scaling.original_max_position_embeddings=4",
+    ]
     assert plain["test_time"] == [] and res["limit"] == 0
     assert res["config"]["model"]["position"]["rope_scaling"]["rope_type"] == "dynamic"
     assert res["config"]["generation"]["strategy"] == "greedy"  # the settings it was evaluated with
-    assert res["trained"] == {"params": 1234, "precision": "fp32", "choices": {"ladder": "step5_gqa", "model/position": "rope"}}
+    assert res["trained"] == {
+        "params": 1234,
+        "precision": "fp32",
+        "choices": {"ladder": "step5_gqa", "model/position": "rope"},
+    }
     assert "  at test time: model.position.rope_scaling.rope_type=dynamic" in capsys.readouterr().out
 
     scaled_run, plain_run = load_run(out_dir), load_run(run_dir / "eval" / "checkpoint_best")
     assert scaled_run.ok and scaled_run.evaluation and scaled_run.reason is None
-    assert scaled_run.test_split == "test_2016_flickr" and scaled_run.results["bleu"] == res["splits"]["test_2016_flickr"]["bleu"]
+    assert (
+        scaled_run.test_split == "test_2016_flickr"
+        and scaled_run.results["bleu"] == res["splits"]["test_2016_flickr"]["bleu"]
+    )
     assert scaled_run.hyps_path() == out_dir / "test_2016_flickr.txt"
     assert scaled_run.results["params"] == 1234 and scaled_run.choices["model/position"] == "rope"
     assert scaled_run.test_time == res["test_time"] and plain_run.test_time == []
@@ -195,11 +250,16 @@ def test_a_test_time_rope_scaling_gets_its_own_folder_and_reads_as_a_run_in_comp
     evaluate_checkpoint(_cfg(*common, f"output_dir={sweep / 'b_plain'}"))
     comparison = compare_sweeps([sweep], n_bootstrap=20)
     assert comparison.baseline == "step5_gqa"
-    assert [r["bleu_mean"] for r in comparison.rows] == [res["splits"]["test_2016_flickr"]["bleu"],
-                                                         plain["splits"]["test_2016_flickr"]["bleu"]]
+    assert [r["bleu_mean"] for r in comparison.rows] == [
+        res["splits"]["test_2016_flickr"]["bleu"],
+        plain["splits"]["test_2016_flickr"]["bleu"],
+    ]
     evaluate_checkpoint(_cfg(*common, f"output_dir={sweep / 'c_plain_again'}"))  # one run's seed, evaluated twice
-    with pytest.raises(ValueError, match=r"'step5_gqa' has seed 1 2 times \(b_plain, c_plain_again\): a row holds "
-                                         r"one run per seed"):
+    with pytest.raises(
+        ValueError,
+        match=r"'step5_gqa' has seed 1 2 times \(b_plain, c_plain_again\): a row holds "
+        r"one run per seed",
+    ):
         compare_sweeps([sweep], n_bootstrap=0)
 
     limited = evaluate_checkpoint(_cfg(*common, "limit=3", f"output_dir={tmp_path / 'limited'}"))
@@ -218,15 +278,39 @@ def test_a_bad_split_stops_an_evaluation_before_it_writes_anything(run, data_roo
 
     run_dir = run[0]
     out = tmp_path / "e"
-    first = evaluate_checkpoint(_cfg(f"checkpoint={run_dir}", "splits=[test_2016_flickr]", "limit=4",
-                                     f"data.root={data_root}", "generation.strategy=greedy", f"output_dir={out}"))
+    first = evaluate_checkpoint(
+        _cfg(
+            f"checkpoint={run_dir}",
+            "splits=[test_2016_flickr]",
+            "limit=4",
+            f"data.root={data_root}",
+            "generation.strategy=greedy",
+            f"output_dir={out}",
+        )
+    )
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     with pytest.raises(DataError, match="split 'nosuch' is not available"):
-        evaluate_checkpoint(_cfg(f"checkpoint={run_dir}", "splits=[test_2016_flickr,nosuch]", "limit=2",
-                                 f"data.root={data_root}", "generation.strategy=greedy", f"output_dir={out}"))
+        evaluate_checkpoint(
+            _cfg(
+                f"checkpoint={run_dir}",
+                "splits=[test_2016_flickr,nosuch]",
+                "limit=2",
+                f"data.root={data_root}",
+                "generation.strategy=greedy",
+                f"output_dir={out}",
+            )
+        )
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before and first["limit"] == 4
     with pytest.raises(FileNotFoundError, match="missing.txt"):
-        evaluate_checkpoint(_cfg(f"checkpoint={run_dir}", "splits=[test_2016_flickr]", "limit=2",
-                                 f"baseline={tmp_path / 'missing.txt'}", f"data.root={data_root}",
-                                 "generation.strategy=greedy", f"output_dir={tmp_path / 'never'}"))
+        evaluate_checkpoint(
+            _cfg(
+                f"checkpoint={run_dir}",
+                "splits=[test_2016_flickr]",
+                "limit=2",
+                f"baseline={tmp_path / 'missing.txt'}",
+                f"data.root={data_root}",
+                "generation.strategy=greedy",
+                f"output_dir={tmp_path / 'never'}",
+            )
+        )
     assert not (tmp_path / "never").exists()

@@ -52,8 +52,23 @@ def build_shim(cache_dir: Path) -> Path:
         raise ShimUnavailable("no C++ compiler (set CXX, or install g++ / clang++)")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [cxx, "-shared", "-fPIC", "-std=c++17", "-O0", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-           f"-I{include}", str(SOURCE), f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-o", str(tmp)]
+    cmd = [
+        cxx,
+        "-shared",
+        "-fPIC",
+        "-std=c++17",
+        "-O0",
+        "-w",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        f"-I{include}",
+        str(SOURCE),
+        f"-L{lib}",
+        "-lc10",
+        "-ltorch_cpu",
+        f"-Wl,-rpath,{lib}",
+        "-o",
+        str(tmp),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise ShimUnavailable(f"compiling {SOURCE.name} failed:\n{' '.join(cmd)}\n{done.stderr[-3000:]}")

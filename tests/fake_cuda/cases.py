@@ -24,8 +24,9 @@ from __future__ import annotations
 import copy
 import functools
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -42,14 +43,32 @@ from transformer.plugins import ORIGINS
 
 CONFIGS = REPO_ROOT / "configs"
 PRECISIONS = ("fp32", "bf16", "fp16")
-TINY = ("model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
-        "model.max_positions=64", "model.ffn.n_experts=2", "model.dropout=0.1")
+TINY = (
+    "model.d_model=32",
+    "model.n_heads=4",
+    "model.d_ff=64",
+    "model.n_encoder_layers=1",
+    "model.n_decoder_layers=1",
+    "model.max_positions=64",
+    "model.ffn.n_experts=2",
+    "model.dropout=0.1",
+)
 """Sizes of every case: 1+1 layers (a decoder-only model stacks both: 2), width 32, 4 heads, 2 experts,
 dropout 0.1 (so that presets differing only in size and dropout are one case)."""
-TRAIN = ("train.device=cuda", "train.max_tokens=64", "train.max_updates=100", "train.compile=false",
-         "train.progress=false", "lr_scheduler.warmup_updates=4", "data.max_source_positions=30",
-         "data.max_target_positions=30", "train.valid_bleu_subset=2", "generation.beam_size=2",
-         "generation.max_len_a=0.0", "generation.max_len_b=1")
+TRAIN = (
+    "train.device=cuda",
+    "train.max_tokens=64",
+    "train.max_updates=100",
+    "train.compile=false",
+    "train.progress=false",
+    "lr_scheduler.warmup_updates=4",
+    "data.max_source_positions=30",
+    "data.max_target_positions=30",
+    "train.valid_bleu_subset=2",
+    "generation.beam_size=2",
+    "generation.max_len_a=0.0",
+    "generation.max_len_b=1",
+)
 """Training settings of every case (the synthetic corpus has 2-6 ids per side; validation BLEU
 translates 2 sentences with beam 2, at most one token before EOS)."""
 _ONE_LAYER = "model.n_encoder_layers=0"
@@ -100,61 +119,124 @@ def groups() -> list[Group]:
     rope = ("model.position.rope_scaling.factor=2.0", "model.position.rope_scaling.original_max_position_embeddings=16")
     moe = lambda c: FFNS[c["FFNS"]].routed  # noqa: E731
     return [
-        Group("model.arch", {a: (f"model.arch={a}",) for a in ("encoder_decoder", "decoder_only")}, lambda c: c.model.arch),
-        Group("ATTENTION_KINDS", {k: (f"model/attention={k}",) for k in _built_in(ATTENTION_KINDS)}, lambda c: c.model.attention.name),
+        Group(
+            "model.arch", {a: (f"model.arch={a}",) for a in ("encoder_decoder", "decoder_only")}, lambda c: c.model.arch
+        ),
+        Group(
+            "ATTENTION_KINDS",
+            {k: (f"model/attention={k}",) for k in _built_in(ATTENTION_KINDS)},
+            lambda c: c.model.attention.name,
+        ),
         Group("FFNS", {k: (f"model/ffn={k}",) for k in ffns}, lambda c: c.model.ffn.name),
         Group("NORMS", {k: (f"model/norm={k}",) for k in _built_in(NORMS)}, lambda c: c.model.norm.name),
-        Group("POSITIONS", {k: (f"model/position={k}",) for k in _built_in(POSITIONS)}, lambda c: c.model.position.name),
+        Group(
+            "POSITIONS", {k: (f"model/position={k}",) for k in _built_in(POSITIONS)}, lambda c: c.model.position.name
+        ),
         Group("RESIDUALS", {k: (f"model.norm_position={k}",) for k in RESIDUALS}, lambda c: c.model.norm_position),
-        Group("model.qk_norm", {k: (f"model.qk_norm={k}",) for k in ("none", *_built_in(NORMS))}, lambda c: c.model.qk_norm),
-        Group("model.tie_embeddings", {k: (f"model.tie_embeddings={k}",) for k in ("none", "decoder", "all")},
-              lambda c: c.model.tie_embeddings),
+        Group(
+            "model.qk_norm",
+            {k: (f"model.qk_norm={k}",) for k in ("none", *_built_in(NORMS))},
+            lambda c: c.model.qk_norm,
+        ),
+        Group(
+            "model.tie_embeddings",
+            {k: (f"model.tie_embeddings={k}",) for k in ("none", "decoder", "all")},
+            lambda c: c.model.tie_embeddings,
+        ),
         Group("model.bias", {k: (f"model.bias={k}",) for k in ("true", "false")}, lambda c: str(c.model.bias).lower()),
-        Group("model.attention_dropout", _on_off("model.attention_dropout", "0.1"),
-              lambda c: "on" if c.model.attention_dropout else "off"),
-        Group("model.attention_window", {"global": ("model.attention_window=null",), "local": ("model.attention_window=4",)},
-              lambda c: "global" if c.model.attention_window is None else "local"),
-        Group("model.attention_window_pattern", {"all local": ("model.attention_window_pattern=0",),
-                                                 "alternating": ("model.attention_window_pattern=2",)},
-              lambda c: "alternating" if c.model.attention_window_pattern else "all local",
-              lambda c: c["model.attention_window"] == "local"),
-        Group("ROPE_SCALINGS", {k: (f"model.position.rope_scaling.rope_type={k}", *(rope if k != "default" else ()))
-                                for k in _built_in(ROPE_SCALINGS)},
-              lambda c: c.model.position.rope_scaling.rope_type, lambda c: c["POSITIONS"] == "rope"),
-        Group("ROUTER_SCORES", {k: (f"model.ffn.router={k}",) for k in _built_in(ROUTER_SCORES)}, lambda c: c.model.ffn.router, moe),
-        Group("model.ffn.expert",
-              {"plain": (f"model.ffn.expert={plain_expert}",), "gated": (f"model.ffn.expert={gated_expert}",)},
-              lambda c: "gated" if FFNS[c.model.ffn.expert].gated else "plain", moe),
-        Group("model.ffn.n_shared_experts",
-              {"none": ("model.ffn.n_shared_experts=0",), "some": ("model.ffn.n_shared_experts=1",)},
-              lambda c: "some" if c.model.ffn.n_shared_experts else "none", moe),
-        Group("model.attention.q_lora_rank", {"full": (), "low-rank": ("model.attention.q_lora_rank=16",)},
-              lambda c: "full" if c.model.attention.get("q_lora_rank") is None else "low-rank",
-              lambda c: ATTENTION_KINDS[c["ATTENTION_KINDS"]].latent),
-        Group("lr_scheduler", {k: (f"lr_scheduler={k}",) for k in _stems("lr_scheduler")}, lambda c: c.lr_scheduler.name,
-              model=False),
+        Group(
+            "model.attention_dropout",
+            _on_off("model.attention_dropout", "0.1"),
+            lambda c: "on" if c.model.attention_dropout else "off",
+        ),
+        Group(
+            "model.attention_window",
+            {"global": ("model.attention_window=null",), "local": ("model.attention_window=4",)},
+            lambda c: "global" if c.model.attention_window is None else "local",
+        ),
+        Group(
+            "model.attention_window_pattern",
+            {"all local": ("model.attention_window_pattern=0",), "alternating": ("model.attention_window_pattern=2",)},
+            lambda c: "alternating" if c.model.attention_window_pattern else "all local",
+            lambda c: c["model.attention_window"] == "local",
+        ),
+        Group(
+            "ROPE_SCALINGS",
+            {
+                k: (f"model.position.rope_scaling.rope_type={k}", *(rope if k != "default" else ()))
+                for k in _built_in(ROPE_SCALINGS)
+            },
+            lambda c: c.model.position.rope_scaling.rope_type,
+            lambda c: c["POSITIONS"] == "rope",
+        ),
+        Group(
+            "ROUTER_SCORES",
+            {k: (f"model.ffn.router={k}",) for k in _built_in(ROUTER_SCORES)},
+            lambda c: c.model.ffn.router,
+            moe,
+        ),
+        Group(
+            "model.ffn.expert",
+            {"plain": (f"model.ffn.expert={plain_expert}",), "gated": (f"model.ffn.expert={gated_expert}",)},
+            lambda c: "gated" if FFNS[c.model.ffn.expert].gated else "plain",
+            moe,
+        ),
+        Group(
+            "model.ffn.n_shared_experts",
+            {"none": ("model.ffn.n_shared_experts=0",), "some": ("model.ffn.n_shared_experts=1",)},
+            lambda c: "some" if c.model.ffn.n_shared_experts else "none",
+            moe,
+        ),
+        Group(
+            "model.attention.q_lora_rank",
+            {"full": (), "low-rank": ("model.attention.q_lora_rank=16",)},
+            lambda c: "full" if c.model.attention.get("q_lora_rank") is None else "low-rank",
+            lambda c: ATTENTION_KINDS[c["ATTENTION_KINDS"]].latent,
+        ),
+        Group(
+            "lr_scheduler",
+            {k: (f"lr_scheduler={k}",) for k in _stems("lr_scheduler")},
+            lambda c: c.lr_scheduler.name,
+            model=False,
+        ),
         Group("optim", {k: (f"optim={k}",) for k in _stems("optim")}, lambda c: c.optim.name, model=False),
-        Group("train.update_freq", {"1": ("train.update_freq=1",), "2": ("train.update_freq=2",)},
-              lambda c: str(c.train.update_freq), model=False),
-        Group("train.ema_decay", _on_off("train.ema_decay", "0.99"), lambda c: "on" if c.train.ema_decay else "off",
-              model=False),
-        Group("train.clip_norm", _on_off("train.clip_norm", "1.0"), lambda c: "on" if c.train.clip_norm else "off",
-              model=False),
-        Group("criterion.label_smoothing", _on_off("criterion.label_smoothing", "0.1"),
-              lambda c: "on" if c.criterion.label_smoothing else "off", model=False),
+        Group(
+            "train.update_freq",
+            {"1": ("train.update_freq=1",), "2": ("train.update_freq=2",)},
+            lambda c: str(c.train.update_freq),
+            model=False,
+        ),
+        Group(
+            "train.ema_decay",
+            _on_off("train.ema_decay", "0.99"),
+            lambda c: "on" if c.train.ema_decay else "off",
+            model=False,
+        ),
+        Group(
+            "train.clip_norm",
+            _on_off("train.clip_norm", "1.0"),
+            lambda c: "on" if c.train.clip_norm else "off",
+            model=False,
+        ),
+        Group(
+            "criterion.label_smoothing",
+            _on_off("criterion.label_smoothing", "0.1"),
+            lambda c: "on" if c.criterion.label_smoothing else "off",
+            model=False,
+        ),
     ]
 
 
 # ----------------------------------------------------------------------------- configs without Hydra
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def yaml_value(text: str) -> Any:
     """``"2.0"`` -> 2.0, ``"true"`` -> True, ``"null"`` -> None, ``"4"`` -> 4 (YAML's reading)."""
     return OmegaConf.to_container(OmegaConf.create(f"value: {text}"))["value"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _group_node(switch: str, option: str) -> DictConfig:
     node = OmegaConf.structured(option_config(switch, option))
     path = CONFIGS / switch / f"{option}.yaml"
@@ -170,7 +252,7 @@ def group_node(switch: str, option: str) -> DictConfig:
     return copy.deepcopy(_group_node(switch, option))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _resolve_preset(name: str) -> DictConfig:
     data = OmegaConf.load(CONFIGS / "model" / f"{name}.yaml")
     defaults = list(data.pop("defaults", []))
@@ -195,7 +277,7 @@ def resolve_preset(name: str) -> DictConfig:
     return copy.deepcopy(_resolve_preset(name))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _base(kind: str) -> DictConfig:
     return OmegaConf.structured(Config() if kind == "config" else ModelConfig())
 
@@ -232,7 +314,7 @@ def full_config(overrides: list[str]) -> DictConfig:
     return _full_config(tuple(overrides))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _full_config(overrides: tuple[str, ...]) -> DictConfig:
     return apply(copy.deepcopy(_base("config")), list(overrides))
 
@@ -287,9 +369,15 @@ class Case:
         """JSON for the runner: the whole config (:func:`full_config`), and for a preset the Hydra
         overrides that the runner composes and compares with it."""
         cfg = OmegaConf.to_container(full_config(self.all_overrides()), resolve=True)
-        return {"name": self.name, "config": cfg, "compose": self.all_overrides() if self.name.startswith("preset:") else None,
-                "precisions": list(self.precisions), "fit": list(self.fit), "resume": list(self.resume),
-                "decoding": list(self.decoding)}
+        return {
+            "name": self.name,
+            "config": cfg,
+            "compose": self.all_overrides() if self.name.startswith("preset:") else None,
+            "precisions": list(self.precisions),
+            "fit": list(self.fit),
+            "resume": list(self.resume),
+            "decoding": list(self.decoding),
+        }
 
 
 def covers(cfg: DictConfig) -> dict[str, str]:
@@ -342,7 +430,9 @@ def combo_cases(covered: list[Case] = (), max_cases: int = 40) -> list[Case]:
     while any(uncovered.values()) and len(cases) < max_cases:
         chosen: dict[str, str] = {}
         overrides: list[str] = []
-        cfg = OmegaConf.create({"model": copy.deepcopy(full_config(list(TINY)).model)})  # the model is all that is checked
+        cfg = OmegaConf.create(
+            {"model": copy.deepcopy(full_config(list(TINY)).model)}
+        )  # the model is all that is checked
         for g in all_groups:
             if g.applies is not None and not _applies(g, chosen):
                 continue
@@ -369,8 +459,9 @@ def _applies(g: Group, chosen: dict[str, str]) -> bool:
         return False
 
 
-def _ordered(g: Group, uncovered: dict[str, list[str]], all_groups: list[Group], chosen: dict[str, str],
-             rotate: int = 0) -> list[str]:
+def _ordered(
+    g: Group, uncovered: dict[str, list[str]], all_groups: list[Group], chosen: dict[str, str], rotate: int = 0
+) -> list[str]:
     """``g``'s options, best first: uncovered ones that open an uncovered dependent option, other
     uncovered ones, then the rest (in table order shifted by ``rotate``, so that combinations vary)."""
     dependents = [d for d in all_groups if d.applies is not None and uncovered[d.name]]
@@ -399,8 +490,13 @@ def cases() -> list[Case]:
     for i, case in enumerate(combos):
         case.precisions = (PRECISIONS[i % len(PRECISIONS)],)
     for arch, precision in (("encoder_decoder", "fp16"), ("decoder_only", "bf16")):
-        plain = next(c for c in presets if c.covers.get("model.arch") == arch and not FFNS[c.covers["FFNS"]].routed
-                     and not ATTENTION_KINDS[c.covers["ATTENTION_KINDS"]].latent)
+        plain = next(
+            c
+            for c in presets
+            if c.covers.get("model.arch") == arch
+            and not FFNS[c.covers["FFNS"]].routed
+            and not ATTENTION_KINDS[c.covers["ATTENTION_KINDS"]].latent
+        )
         plain.fit = plain.resume = (precision,)
     out = [*presets, *combos]
     for case in decoding_cases(out):
@@ -440,9 +536,27 @@ def coverage(all_cases: list[Case]) -> dict[str, set[str]]:
     return out
 
 
-__all__ = ["CONFIGS", "DECODING_GROUPS", "Case", "Group", "PRECISIONS", "TINY", "TRAIN", "cases", "combo_cases", "coverage",
-           "covers",
-           "apply", "decoding_cases", "decoding_options", "full_config", "groups", "preset_cases", "resolve_preset", "valid"]
+__all__ = [
+    "CONFIGS",
+    "DECODING_GROUPS",
+    "Case",
+    "Group",
+    "PRECISIONS",
+    "TINY",
+    "TRAIN",
+    "cases",
+    "combo_cases",
+    "coverage",
+    "covers",
+    "apply",
+    "decoding_cases",
+    "decoding_options",
+    "full_config",
+    "groups",
+    "preset_cases",
+    "resolve_preset",
+    "valid",
+]
 
 
 if __name__ == "__main__":  # print the cases

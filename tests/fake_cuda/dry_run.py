@@ -34,8 +34,9 @@ import tempfile
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from unittest import mock
 
 import torch
@@ -80,8 +81,9 @@ def synthetic_data(seed: int = 0) -> TranslationData:
     valid_src, valid_tgt = side(4), side(4)
     splits = {
         "train": ParallelDataset(side(24), side(24), None, None, "train"),
-        "valid": ParallelDataset(valid_src, valid_tgt, [tok.decode(s) for s in valid_src],
-                                 [tok.decode(s) for s in valid_tgt], "valid"),
+        "valid": ParallelDataset(
+            valid_src, valid_tgt, [tok.decode(s) for s in valid_src], [tok.decode(s) for s in valid_tgt], "valid"
+        ),
     }
     return TranslationData(src_tokenizer=tok, tgt_tokenizer=tok, splits=splits)
 
@@ -151,7 +153,7 @@ def step_checks(trainer: Trainer, precision: str, updates: int = 1) -> list[str]
             problems.append(f"no gradient: {name}")
         elif p.grad.dtype != p.dtype:
             problems.append(f"gradient of {name} is {p.grad.dtype}, the parameter {p.dtype}")
-    for p, state in trainer.optimizer.state.items():
+    for state in trainer.optimizer.state.values():
         if "step" not in state:
             problems.append("optimizer state without step")
             break
@@ -170,8 +172,9 @@ def host_syncs(fc: FakeCuda) -> dict[str, dict[str, int]]:
     return out
 
 
-def run(cfg: Any, precision: str, data: TranslationData, *, fit: bool = False, resume: bool = False,
-        decode: bool = False) -> dict[str, Any]:
+def run(
+    cfg: Any, precision: str, data: TranslationData, *, fit: bool = False, resume: bool = False, decode: bool = False
+) -> dict[str, Any]:
     """One case in one precision on the fake GPU.
 
     Without ``fit``: one ``Trainer.train_step`` over ``train.update_freq`` batches of
@@ -192,7 +195,9 @@ def run(cfg: Any, precision: str, data: TranslationData, *, fit: bool = False, r
     cfg = with_precision(cfg, precision)
     with tempfile.TemporaryDirectory() as tmp:
         # fit: stop after the first update; with a moving average (validated swapped in, saved as the weights)
-        train = dataclasses.replace(cfg.train, max_time=1e-6, ema_decay=cfg.train.ema_decay or 0.99) if fit else cfg.train
+        train = (
+            dataclasses.replace(cfg.train, max_time=1e-6, ema_decay=cfg.train.ema_decay or 0.99) if fit else cfg.train
+        )
         cfg = dataclasses.replace(cfg, run_dir=tmp, train=train)
         fc = FakeCuda()
         try:
@@ -309,7 +314,9 @@ def resume_on_gpu(cfg: Any, data: TranslationData, run_dir: Path, result: dict[s
     result["problems"] += [f"loaded off the CPU: {s}" for s in stray]
     try:
         torch.load(run_dir / "checkpoint_last.pt", weights_only=True)
-        result["problems"].append("checkpoint_last.pt loads without map_location: its GPU tensors were not saved as cuda")
+        result["problems"].append(
+            "checkpoint_last.pt loads without map_location: its GPU tensors were not saved as cuda"
+        )
     except RuntimeError as err:
         result["without_map_location"] = " ".join(str(err).split())[:160]
     fc = FakeCuda()
@@ -347,10 +354,7 @@ def decode_valid(fc: FakeCuda, trainer: Trainer, data: TranslationData, result: 
         fc.host.calls.clear()  # the answers to a search's reads count from its start
         gen = GenerationConfig(strategy=strategy, beam_size=2, max_len_a=0.0, max_len_b=1)
         marks: list[int] = []  # host syncs recorded so far, at each decode_step call
-
-        def counted(*args: Any, _step: Any = type(model).decode_step, **kwargs: Any) -> Any:
-            marks.append(len(fc.host.syncs))
-            return _step(model, *args, **kwargs)
+        counted = _counting_decode_step(model, fc, marks)
 
         start = len(fc.host.syncs)
         with mock.patch.object(model, "decode_step", counted):
@@ -359,7 +363,9 @@ def decode_valid(fc: FakeCuda, trainer: Trainer, data: TranslationData, result: 
         # the loop's reads: those between the first decode_step call and the last, per step in between
         per_step = (marks[-1] - marks[0]) / (len(marks) - 1) if len(marks) > 1 else float("nan")
         result.setdefault("decode_syncs", {})[strategy] = {
-            "per_step": per_step, "per_search": len(fc.host.syncs) - start - per_step * len(marks)}
+            "per_step": per_step,
+            "per_search": len(fc.host.syncs) - start - per_step * len(marks),
+        }
         if len(hyps) != len(src) or not all(hyps):
             result["problems"].append(f"{strategy}: {sum(map(bool, hyps))} of {len(src)} sentences got a hypothesis")
     placement(result, module_tensors(trainer.model), fc, "after decoding")
@@ -411,9 +417,14 @@ def run_plan(plan: dict[str, Any]) -> dict[str, Any]:
             continue
         with INJECTIONS[case["inject"]]() if case.get("inject") else contextlib.nullcontext():
             for precision in case["precisions"]:
-                res["runs"][precision] = run(cfg, precision, data, fit=precision in case.get("fit", ()),
-                                             resume=precision in case.get("resume", ()),
-                                             decode=precision in case.get("decoding", ()))
+                res["runs"][precision] = run(
+                    cfg,
+                    precision,
+                    data,
+                    fit=precision in case.get("fit", ()),
+                    resume=precision in case.get("resume", ()),
+                    decode=precision in case.get("decoding", ()),
+                )
         res["seconds"] = round(time.time() - start, 2)
     return out
 
@@ -425,10 +436,26 @@ def case_config(case: dict[str, Any]) -> Any:
     if case.get("compose"):
         register_configs()
         with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-            composed = OmegaConf.to_container(compose(config_name="train", overrides=case["compose"]).model, resolve=True)
+            composed = OmegaConf.to_container(
+                compose(config_name="train", overrides=case["compose"]).model, resolve=True
+            )
         expected = config_dict(cfg)["model"]
         if composed != expected:
             diff = {k: (expected.get(k), v) for k, v in composed.items() if expected.get(k) != v}
-            raise AssertionError(f"Hydra composes another model than the case describes ({{field: (case, Hydra)}}): {diff}")
+            raise AssertionError(
+                f"Hydra composes another model than the case describes ({{field: (case, Hydra)}}): {diff}"
+            )
     validate_config(cfg)
     return cfg
+
+
+def _counting_decode_step(model: Any, fc: Any, marks: list[int]) -> Any:
+    """``model.decode_step`` that appends the number of host syncs recorded so far to ``marks`` at
+    each call (one call per generated token)."""
+    step = type(model).decode_step
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        marks.append(len(fc.host.syncs))
+        return step(model, *args, **kwargs)
+
+    return counted

@@ -30,10 +30,11 @@ from __future__ import annotations
 import linecache
 import sys
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 from unittest import mock
 
 import torch
@@ -63,8 +64,10 @@ ANSWERS: dict[tuple[str, str], list[Any]] = {
     # one read per step (rows ended, rows with non-finite logits): none at the first step, all
     # rows at the second (where EOS is forced); beam search's (done sentences, dying beams,
     # parents) is zeros: nothing ends before the length bound, which the host knows
-    ("_greedy_or_sample", "status = torch.stack((nxt.eq(eos) & ~bad, bad)).cpu()  # (2, rows): the step's one host read"):
-        [[[False], [False]], [[True], [False]]],
+    (
+        "_greedy_or_sample",
+        "status = torch.stack((nxt.eq(eos) & ~bad, bad)).cpu()  # (2, rows): the step's one host read",
+    ): [[[False], [False]], [[True], [False]]],
 }
 DEFAULTS = {torch.bool: True, "int": 0, "float": 1.0, "rows": "all"}
 _PRIM_DEVICE = torch.ops.prim.device.default
@@ -184,8 +187,11 @@ class HostSide(TorchDispatchMode):
             return
         if func in _LIKE and isinstance(out, FakeTensor):  # the values do not depend on the input's
             with unset_fake_temporarily():
-                real = func(torch.empty(out.shape, dtype=out.dtype), *self._real(args[1:]),
-                            **{k: self._real(v) for k, v in kwargs.items()})
+                real = func(
+                    torch.empty(out.shape, dtype=out.dtype),
+                    *self._real(args[1:]),
+                    **{k: self._real(v) for k, v in kwargs.items()},
+                )
             self._set_plan(out, real)
             return
         if self._all_planned(args, kwargs):
@@ -194,7 +200,12 @@ class HostSide(TorchDispatchMode):
                 self._attach(out, real)
                 return
         for i, arg in enumerate(func._schema.arguments):
-            if arg.alias_info is not None and arg.alias_info.is_write and i < len(args) and isinstance(args[i], FakeTensor):
+            if (
+                arg.alias_info is not None
+                and arg.alias_info.is_write
+                and i < len(args)
+                and isinstance(args[i], FakeTensor)
+            ):
                 self.plans.pop(id(args[i]), None)
 
     def _even_counts(self, args: tuple, out: Any) -> bool:
@@ -252,8 +263,11 @@ class HostSide(TorchDispatchMode):
                 value = plan.item() if func is not aten.is_nonzero.default else bool(plan)
             self._record("item", value)
             return value
-        kind = torch.bool if t.dtype == torch.bool or func is aten.is_nonzero.default else (
-            "float" if t.is_floating_point() else "int")
+        kind = (
+            torch.bool
+            if t.dtype == torch.bool or func is aten.is_nonzero.default
+            else ("float" if t.is_floating_point() else "int")
+        )
         return self._answer(f"item ({t.dtype})", DEFAULTS[kind])
 
     def _read_tensor(self, t: Tensor, kwargs: dict) -> Tensor:
@@ -317,7 +331,9 @@ class HostSide(TorchDispatchMode):
             return out
         elif self._plan(args[0]) is None and isinstance(args[0], FakeTensor):
             if args[0].dtype != torch.bool and func not in (aten.unique_consecutive.default,):
-                raise NotImplementedError(f"fake-CUDA dry run: no answer for the value-dependent {func} at {project_frame()}")
+                raise NotImplementedError(
+                    f"fake-CUDA dry run: no answer for the value-dependent {func} at {project_frame()}"
+                )
             if func is aten.unique_consecutive.default:  # invented: every element distinct
                 t = args[0]
                 self._answer(name, "all distinct")
@@ -330,7 +346,9 @@ class HostSide(TorchDispatchMode):
             args = (planned, *args[1:])
         if not self._all_planned(args, kwargs):
             # the values a host read needs are known; the rest of the operator is not
-            raise NotImplementedError(f"fake-CUDA dry run: no host values for the value-dependent {func} at {project_frame()}")
+            raise NotImplementedError(
+                f"fake-CUDA dry run: no host values for the value-dependent {func} at {project_frame()}"
+            )
         if known:
             self._record(name, "host values")
         real = self._run_on_host(func, args, kwargs)
@@ -358,7 +376,9 @@ def _as_to_copy(func, args, kwargs):
     if func is aten.to.device:
         names = ("device", "dtype", "non_blocking", "copy", "memory_format")
         kwargs = {**dict(zip(names, args[1:])), **kwargs}
-    copy = {k: kwargs[k] for k in ("dtype", "layout", "device", "pin_memory", "memory_format") if kwargs.get(k) is not None}
+    copy = {
+        k: kwargs[k] for k in ("dtype", "layout", "device", "pin_memory", "memory_format") if kwargs.get(k) is not None
+    }
     return aten._to_copy.default, (args[0],), copy
 
 
@@ -405,16 +425,23 @@ class FakeCuda:
         self.host = HostSide(answers)
         self._stack: ExitStack | None = None
 
-    def __enter__(self) -> "FakeCuda":
+    def __enter__(self) -> FakeCuda:
         stack = ExitStack()
         cuda = torch.cuda
         for name, value in {
-            "is_available": lambda: True, "is_bf16_supported": lambda *a, **k: True,
-            "get_device_capability": lambda *a, **k: (9, 0), "get_device_name": lambda *a, **k: "fake CUDA device",
-            "device_count": lambda: 1, "current_device": lambda: 0, "set_device": lambda *a, **k: None,
-            "synchronize": lambda *a, **k: None, "empty_cache": lambda: None,
-            "reset_peak_memory_stats": lambda *a, **k: None, "max_memory_allocated": lambda *a, **k: 0,
-            "memory_allocated": lambda *a, **k: 0, "max_memory_reserved": lambda *a, **k: 0,
+            "is_available": lambda: True,
+            "is_bf16_supported": lambda *a, **k: True,
+            "get_device_capability": lambda *a, **k: (9, 0),
+            "get_device_name": lambda *a, **k: "fake CUDA device",
+            "device_count": lambda: 1,
+            "current_device": lambda: 0,
+            "set_device": lambda *a, **k: None,
+            "synchronize": lambda *a, **k: None,
+            "empty_cache": lambda: None,
+            "reset_peak_memory_stats": lambda *a, **k: None,
+            "max_memory_allocated": lambda *a, **k: 0,
+            "memory_allocated": lambda *a, **k: 0,
+            "max_memory_reserved": lambda *a, **k: 0,
         }.items():
             stack.enter_context(mock.patch.object(cuda, name, value))
         # the backward pass on the calling thread (as under torch.compile's tracing): no device threads
@@ -429,7 +456,7 @@ class FakeCuda:
         self._stack.close()
         self._stack = None
 
-    def phase(self, name: str) -> "FakeCuda":
+    def phase(self, name: str) -> FakeCuda:
         """Label the host syncs recorded from now on (e.g. ``train_step``, ``beam``)."""
         self.host.phase = name
         return self
@@ -492,8 +519,9 @@ def trainer_tensors(trainer: Any) -> Iterator[tuple[str, Tensor]]:
             yield f"scaler.{key}", value
 
 
-def off_device(named: Iterable[tuple[str, Tensor]], host: HostSide | None = None,
-               device: torch.device = CUDA) -> tuple[list[str], list[str]]:
+def off_device(
+    named: Iterable[tuple[str, Tensor]], host: HostSide | None = None, device: torch.device = CUDA
+) -> tuple[list[str], list[str]]:
     """The tensors not on ``device``: ``(problems, notes)``, each ``"name: device"``.
 
     A plain tensor attribute (a table) left on the host is a problem only when the GPU path read it

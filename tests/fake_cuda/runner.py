@@ -24,7 +24,9 @@ def main(argv: list[str]) -> int:
     import torch
 
     if torch._C._accelerator_getAccelerator() != torch.device("cuda"):
-        raise RuntimeError(f"the fake CUDA backend did not register (accelerator: {torch._C._accelerator_getAccelerator()})")
+        raise RuntimeError(
+            f"the fake CUDA backend did not register (accelerator: {torch._C._accelerator_getAccelerator()})"
+        )
     from tests.fake_cuda.dry_run import run_plan
 
     torch.set_num_threads(1)

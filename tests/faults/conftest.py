@@ -71,14 +71,29 @@ def script_config(name: str, *overrides: str):
     return compose_script_config(name, list(overrides))
 
 
-def run_script(name: str, *args: str, cwd: Path, env: dict | None = None, timeout: int = 300,
-               stdin: str | None = None) -> subprocess.CompletedProcess:
+def run_script(
+    name: str, *args: str, cwd: Path, env: dict | None = None, timeout: int = 300, stdin: str | None = None
+) -> subprocess.CompletedProcess:
     """``python scripts/<name>.py ARGS`` in a fresh process (as a user runs it)."""
-    return subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / f"{name}.py"), *args], cwd=cwd, env=env,
-                          input=stdin, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / f"{name}.py"), *args],
+        cwd=cwd,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 __all__ = [
-    "EMPTY_TEST_LINE", "EMPTY_VALID_LINE", "SIZES", "deadline", "load_script", "run_script", "script_config",
-    "small_cli_args", "small_config",
+    "EMPTY_TEST_LINE",
+    "EMPTY_VALID_LINE",
+    "SIZES",
+    "deadline",
+    "load_script",
+    "run_script",
+    "script_config",
+    "small_cli_args",
+    "small_config",
 ]

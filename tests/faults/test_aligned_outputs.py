@@ -32,8 +32,15 @@ def test_training_test_hypotheses_have_one_line_per_source_line(trained_run, gap
 
 
 def test_evaluate_checkpoint_scores_every_line(trained_run, gappy_corpus):
-    load_script("evaluate").run(script_config("evaluate", f"checkpoint={trained_run}", "splits=[test_2016_flickr]",
-                                              f"data.root={gappy_corpus}", "progress=false"))
+    load_script("evaluate").run(
+        script_config(
+            "evaluate",
+            f"checkpoint={trained_run}",
+            "splits=[test_2016_flickr]",
+            f"data.root={gappy_corpus}",
+            "progress=false",
+        )
+    )
     out = trained_run / "eval" / "checkpoint_best"
     hyps = (out / "test_2016_flickr.txt").read_text(encoding="utf-8").split("\n")[:-1]
     assert len(hyps) == SIZES["test_2016_flickr"] and hyps[EMPTY_TEST_LINE] == ""

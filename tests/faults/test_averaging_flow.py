@@ -23,12 +23,28 @@ def test_average_outside_the_run_folder_translates(trained_run, gappy_corpus, tm
     torch.testing.assert_close(load_file(avg)[name], sum(s[name] for s in states) / 3)
     src = gappy_corpus / "test_2016_flickr.en"
     hyps = tmp_path / "avg.de"
-    load_script("translate").run(script_config("translate", f"checkpoint={avg}", f"input={src}", f"output={hyps}",
-                                               "generation.strategy=greedy", "progress=false"))
+    load_script("translate").run(
+        script_config(
+            "translate",
+            f"checkpoint={avg}",
+            f"input={src}",
+            f"output={hyps}",
+            "generation.strategy=greedy",
+            "progress=false",
+        )
+    )
     assert len(hyps.read_text(encoding="utf-8").split("\n")[:-1]) == SIZES["test_2016_flickr"]
-    load_script("evaluate").run(script_config("evaluate", f"checkpoint={avg}", "splits=[test_2016_flickr]", "limit=5",
-                                              f"data.root={gappy_corpus}", "generation.strategy=greedy",
-                                              "progress=false"))
+    load_script("evaluate").run(
+        script_config(
+            "evaluate",
+            f"checkpoint={avg}",
+            "splits=[test_2016_flickr]",
+            "limit=5",
+            f"data.root={gappy_corpus}",
+            "generation.strategy=greedy",
+            "progress=false",
+        )
+    )
     assert (trained_run / "eval" / "avg" / "results.json").is_file()  # results go to the run it came from
 
 
@@ -37,7 +53,15 @@ def test_a_run_without_numbered_checkpoints_names_train_save_every(trained_run, 
     shutil.copytree(trained_run, run)
     for f in run.glob("checkpoint_[0-9]*"):
         f.unlink()
-    res = run_script("average_checkpoints", "--inputs", str(run), "--num-last", "5", "--output",
-                     str(tmp_path / "avg.safetensors"), cwd=tmp_path)
+    res = run_script(
+        "average_checkpoints",
+        "--inputs",
+        str(run),
+        "--num-last",
+        "5",
+        "--output",
+        str(tmp_path / "avg.safetensors"),
+        cwd=tmp_path,
+    )
     assert res.returncode != 0
     assert "train.save_every" in res.stderr and "checkpoint_last" in res.stderr and "Traceback" not in res.stderr

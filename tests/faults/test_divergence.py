@@ -38,8 +38,16 @@ def _named_checkpoint(message: str, run: Path) -> tuple[str, int]:
 
 def test_huge_learning_rate_never_saves_nan_weights(small_corpus, tmp_path):
     run = tmp_path / "run"
-    cfg = small_config(small_corpus, run, "optim.lr=1e6", "lr_scheduler=constant", "train.save_every=1",
-                       "train.validate_every=0", "train.max_updates=8", "train.keep_last=0")
+    cfg = small_config(
+        small_corpus,
+        run,
+        "optim.lr=1e6",
+        "lr_scheduler=constant",
+        "train.save_every=1",
+        "train.validate_every=0",
+        "train.max_updates=8",
+        "train.keep_last=0",
+    )
     with pytest.raises(TrainingError) as err:
         train(cfg)
     names = _all_saved_weights_finite(run)
@@ -91,13 +99,33 @@ def test_two_ranks_stop_together_and_save_nothing_non_finite(small_corpus, tmp_p
     message (none is left waiting in a collective); no saved weights are non-finite (FSDP: each rank
     checks its shards, the ranks add up what they found)."""
     run = tmp_path / "run"
-    args = small_cli_args(small_corpus, run, "optim.lr=1e6", "lr_scheduler=constant", "train.save_every=1",
-                          "train.validate_every=0", "train.max_updates=8", "train.keep_last=0",
-                          f"train.distributed={distributed}", f"hydra.run.dir={run}")
+    args = small_cli_args(
+        small_corpus,
+        run,
+        "optim.lr=1e6",
+        "lr_scheduler=constant",
+        "train.save_every=1",
+        "train.validate_every=0",
+        "train.max_updates=8",
+        "train.keep_last=0",
+        f"train.distributed={distributed}",
+        f"hydra.run.dir={run}",
+    )
     res = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-         "scripts/train.py", *args],
-        cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={free_port()}",
+            "scripts/train.py",
+            *args,
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert res.returncode != 0
     errors = re.findall(r"error: training diverged: .*? \(lower optim\.lr", res.stderr)

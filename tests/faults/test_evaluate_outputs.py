@@ -21,8 +21,13 @@ def test_evaluate_accepts_a_single_hyps_path(tmp_path):
 
 def test_results_are_named_by_checkpoint(trained_run, gappy_corpus):
     evaluate = load_script("evaluate")
-    common = ["splits=[test_2016_flickr]", "limit=6", f"data.root={gappy_corpus}", "progress=false",
-              "generation.strategy=greedy"]
+    common = [
+        "splits=[test_2016_flickr]",
+        "limit=6",
+        f"data.root={gappy_corpus}",
+        "progress=false",
+        "generation.strategy=greedy",
+    ]
     for name in ("checkpoint_2", "checkpoint_best"):
         evaluate.run(script_config("evaluate", f"checkpoint={trained_run / name}.safetensors", *common))
     first = json.loads((trained_run / "eval" / "checkpoint_2" / "results.json").read_text())
@@ -42,8 +47,16 @@ def test_decoding_progress_on_stderr_and_off_with_the_switch(trained_run, gappy_
     err = capsys.readouterr().err
     assert "line [" not in err and "line/s" not in err
     assert (tmp_path / "on.de").read_text() == (tmp_path / "off.de").read_text()
-    evaluate.run(script_config("evaluate", f"checkpoint={trained_run}", "splits=[test_2016_flickr]", "limit=10",
-                               f"data.root={gappy_corpus}", "generation.strategy=greedy",
-                               f"output_dir={tmp_path / 'e'}"))
+    evaluate.run(
+        script_config(
+            "evaluate",
+            f"checkpoint={trained_run}",
+            "splits=[test_2016_flickr]",
+            "limit=10",
+            f"data.root={gappy_corpus}",
+            "generation.strategy=greedy",
+            f"output_dir={tmp_path / 'e'}",
+        )
+    )
     err = capsys.readouterr().err
     assert "test_2016_flickr: 100%" in err and "10/10" in err

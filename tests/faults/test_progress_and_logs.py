@@ -22,8 +22,16 @@ def _train_metrics(run):
 
 def test_bar_and_metrics_show_the_last_update_below_log_every(gappy_corpus, tmp_path, capfd):
     run = tmp_path / "run"
-    train(small_config(gappy_corpus, run, "train.max_updates=3", "train.log_every=50", "train.progress=true",
-                       "train.validate_every=0"))
+    train(
+        small_config(
+            gappy_corpus,
+            run,
+            "train.max_updates=3",
+            "train.log_every=50",
+            "train.progress=true",
+            "train.validate_every=0",
+        )
+    )
     err = capfd.readouterr().err
     rows = _train_metrics(run)
     assert [r["update"] for r in rows] == [1, 3]
@@ -32,13 +40,19 @@ def test_bar_and_metrics_show_the_last_update_below_log_every(gappy_corpus, tmp_
 
 
 def test_decoding_in_training_shows_progress_and_the_switch_turns_it_off(gappy_corpus, tmp_path, capfd):
-    train(small_config(gappy_corpus, tmp_path / "on", "train.max_updates=2", "train.validate_every=2",
-                       "train.progress=true"))
+    train(
+        small_config(
+            gappy_corpus, tmp_path / "on", "train.max_updates=2", "train.validate_every=2", "train.progress=true"
+        )
+    )
     err = capfd.readouterr().err
     assert re.search(r"valid[^\n\r]*\d+/\d+ \[", err), err[-2000:]
     assert re.search(r"test_2016_flickr[^\n\r]*30/30 \[", err), err[-2000:]
-    train(small_config(gappy_corpus, tmp_path / "off", "train.max_updates=2", "train.validate_every=2",
-                       "train.progress=false"))
+    train(
+        small_config(
+            gappy_corpus, tmp_path / "off", "train.max_updates=2", "train.validate_every=2", "train.progress=false"
+        )
+    )
     err = capfd.readouterr().err
     assert "/30 [" not in err and "it/s" not in err and "sent/s" not in err
 
@@ -48,14 +62,25 @@ def test_train_log_holds_the_runs_log(gappy_corpus, tmp_path):
     train(small_config(gappy_corpus, run, "train.max_updates=2", "train.validate_every=2", "train.pad_to_multiple=8"))
     text = (run / "train.log").read_text(encoding="utf-8")
     assert "[data]" in text and "[valid] update 2" in text and "stopped:" in text and "[test]" in text
-    shapes = re.search(r"batches: (\d+) distinct \(rows x length\) shapes per epoch, (\d+) batches \(train.pad_to_multiple=8", text)
+    shapes = re.search(
+        r"batches: (\d+) distinct \(rows x length\) shapes per epoch, (\d+) batches \(train.pad_to_multiple=8", text
+    )
     assert shapes and 1 <= int(shapes.group(1)) <= int(shapes.group(2)), text[:2000]
 
 
 def test_pad_to_multiple_auto_resolves_by_device_and_the_run_records_the_number(gappy_corpus, tmp_path):
     run = tmp_path / "run"
-    train(small_config(gappy_corpus, run, "train.max_updates=1", "train.validate_every=1", "train.valid_bleu=false",
-                       "train.precision=fp32", "train.pad_to_multiple=auto"))
+    train(
+        small_config(
+            gappy_corpus,
+            run,
+            "train.max_updates=1",
+            "train.validate_every=1",
+            "train.valid_bleu=false",
+            "train.precision=fp32",
+            "train.pad_to_multiple=auto",
+        )
+    )
     text = (run / "train.log").read_text(encoding="utf-8")
     assert "(train.pad_to_multiple=auto: 1, " in text, text[:2000]  # fp32 on a CPU: no rounding (measured)
     assert OmegaConf.load(run / "config.yaml").train.pad_to_multiple == 1

@@ -28,9 +28,19 @@ def _snapshot(run: Path) -> dict[str, bytes]:
 def rope_run(gappy_corpus, tmp_path_factory) -> Path:
     """A RoPE run trained from the command line (4 updates, checkpoint_2 and checkpoint_4)."""
     run = tmp_path_factory.mktemp("rope") / "run"
-    res = run_script("train", *small_cli_args(gappy_corpus, run, "model/position=rope", f"hydra.run.dir={run}",
-                                              "train.max_updates=4", "train.save_every=2", "train.keep_last=0"),
-                     cwd=run.parent)
+    res = run_script(
+        "train",
+        *small_cli_args(
+            gappy_corpus,
+            run,
+            "model/position=rope",
+            f"hydra.run.dir={run}",
+            "train.max_updates=4",
+            "train.save_every=2",
+            "train.keep_last=0",
+        ),
+        cwd=run.parent,
+    )
     assert res.returncode == 0, res.stderr
     return run
 
@@ -39,8 +49,15 @@ def test_readme_resume_line_continues_with_the_runs_own_config(rope_run, gappy_c
     run = tmp_path / "run"
     shutil.copytree(rope_run, run)
     hydra_before = {k: v for k, v in _snapshot(run).items() if k.startswith(".hydra/")}
-    res = run_script("train", f"hydra.run.dir={run}", "train.resume=true", "train.max_updates=6",
-                     f"data.root={gappy_corpus}", "train.progress=false", cwd=tmp_path)
+    res = run_script(
+        "train",
+        f"hydra.run.dir={run}",
+        "train.resume=true",
+        "train.max_updates=6",
+        f"data.root={gappy_corpus}",
+        "train.progress=false",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     results = json.loads((run / "results.json").read_text())
     assert results["updates"] == 6
@@ -54,9 +71,20 @@ def test_a_different_model_on_resume_is_an_error_before_anything_is_written(rope
     run = tmp_path / "run"
     shutil.copytree(rope_run, run)
     before = _snapshot(run)
-    res = run_script("train", *small_cli_args(gappy_corpus, run, "model/position=sinusoidal", f"hydra.run.dir={run}",
-                                              "train.max_updates=6", "train.save_every=2", "train.keep_last=0",
-                                              "train.resume=true"), cwd=tmp_path)
+    res = run_script(
+        "train",
+        *small_cli_args(
+            gappy_corpus,
+            run,
+            "model/position=sinusoidal",
+            f"hydra.run.dir={run}",
+            "train.max_updates=6",
+            "train.save_every=2",
+            "train.keep_last=0",
+            "train.resume=true",
+        ),
+        cwd=tmp_path,
+    )
     assert res.returncode == 2
     errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "model.position.name" in errors[0] and "train.max_updates" in errors[0]
@@ -67,8 +95,11 @@ def test_a_different_model_on_resume_is_an_error_before_anything_is_written(rope
 def test_resume_with_the_same_overrides_in_process(trained_run, gappy_corpus, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained_run, run)
-    results = train(small_config(gappy_corpus, run, "train.save_every=2", "train.keep_last=0", "train.resume=true",
-                                 "train.max_updates=8"))
+    results = train(
+        small_config(
+            gappy_corpus, run, "train.save_every=2", "train.keep_last=0", "train.resume=true", "train.max_updates=8"
+        )
+    )
     assert results["updates"] == 8
 
 
@@ -87,22 +118,31 @@ def test_truncated_checkpoint_last_names_numbered_checkpoints_and_resume_from(tr
         assert name in message, message
     results = train(small_config(gappy_corpus, run, *common, f"train.resume_from={run / 'checkpoint_4'}"))
     assert results["updates"] == 8
-    updates = [json.loads(line)["update"] for line in (run / "metrics.jsonl").read_text().splitlines()
-               if json.loads(line)["split"] == "train"]
+    updates = [
+        json.loads(line)["update"]
+        for line in (run / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["split"] == "train"
+    ]
     assert updates[-4:] == [5, 6, 7, 8]
 
 
 def test_stale_temporaries_are_removed_on_start_and_on_resume(trained_run, gappy_corpus, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained_run, run)
-    stale = [run / ".checkpoint_last.safetensors.k3j9x2.tmp", run / ".checkpoint_last.pt.a1b2c3.tmp",
-             run / ".results.json.zz9.tmp"]
+    stale = [
+        run / ".checkpoint_last.safetensors.k3j9x2.tmp",
+        run / ".checkpoint_last.pt.a1b2c3.tmp",
+        run / ".results.json.zz9.tmp",
+    ]
     for p in stale:
         p.write_bytes(b"\0" * 1000)
     mine = run / "notes.tmp"
     mine.write_text("a user's file")
-    train(small_config(gappy_corpus, run, "train.save_every=2", "train.keep_last=0", "train.resume=true",
-                       "train.max_updates=7"))
+    train(
+        small_config(
+            gappy_corpus, run, "train.save_every=2", "train.keep_last=0", "train.resume=true", "train.max_updates=7"
+        )
+    )
     assert not any(p.exists() for p in stale) and mine.is_file()
     fresh = tmp_path / "fresh"
     fresh.mkdir()
@@ -120,10 +160,19 @@ def test_resume_may_change_how_the_run_computes_but_not_what(trained_run, gappy_
 
     saved = load_checkpoint(trained_run, "checkpoint_last")[1]["config"]
     common = ("train.save_every=2", "train.keep_last=0", "train.resume=true", "train.max_updates=8")
-    cfg = small_config(gappy_corpus, trained_run, *common, "train.distributed=fsdp",
-                       "train.activation_checkpointing=true", "data.preprocess_workers=2")
+    cfg = small_config(
+        gappy_corpus,
+        trained_run,
+        *common,
+        "train.distributed=fsdp",
+        "train.activation_checkpointing=true",
+        "data.preprocess_workers=2",
+    )
     run_cfg = resume_config(cfg, saved, None)  # outside Hydra every field counts as named
     assert (run_cfg.train.distributed, run_cfg.train.activation_checkpointing, run_cfg.train.max_updates) == (
-        "fsdp", True, 8)
+        "fsdp",
+        True,
+        8,
+    )
     with pytest.raises(ConfigError, match=r"train\.update_freq \(1 in the run, 2 on the command line\)"):
         resume_config(small_config(gappy_corpus, trained_run, *common, "train.update_freq=2"), saved, None)

@@ -43,8 +43,14 @@ def test_beams_that_meet_nan_die_the_others_finish():
         return lp
 
     with deadline(60), pytest.warns(RuntimeWarning, match="non-finite"):
-        hyps = beam_search(TableModel(fn), torch.ones(2, 3, dtype=torch.long), beam_size=2, max_len_a=0.0,
-                           max_len_b=6, length_penalty_alpha=0.0)
+        hyps = beam_search(
+            TableModel(fn),
+            torch.ones(2, 3, dtype=torch.long),
+            beam_size=2,
+            max_len_a=0.0,
+            max_len_b=6,
+            length_penalty_alpha=0.0,
+        )
     for hs in hyps:
         assert hs and all(7 not in h.tokens and h.tokens[-1] == EOS and math.isfinite(h.score) for h in hs)
 

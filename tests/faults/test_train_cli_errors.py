@@ -26,8 +26,12 @@ def poisoned_run(trained_run, tmp_path):
 
 
 def _resume(corpus, run, tmp_path, env=None):
-    return run_script("train", *small_cli_args(corpus, run, f"hydra.run.dir={run}", "train.resume=true",
-                                               "train.max_updates=8"), cwd=tmp_path, env=env)
+    return run_script(
+        "train",
+        *small_cli_args(corpus, run, f"hydra.run.dir={run}", "train.resume=true", "train.max_updates=8"),
+        cwd=tmp_path,
+        env=env,
+    )
 
 
 def test_unreadable_checkpoint_at_resume_is_one_line(poisoned_run, gappy_corpus, tmp_path):

@@ -17,10 +17,17 @@ def test_lines_longer_than_learned_positions_do_not_lose_the_training(gappy_corp
     """Training pairs over the limit are filtered; validation and test lines over it cannot be
     translated: they are reported, left empty, and results.json is written."""
     run = tmp_path / "run"
-    cfg = small_config(gappy_corpus, run, "model/position=learned", f"model.max_positions={MAX_POSITIONS}",
-                       f"data.max_source_positions={MAX_POSITIONS - 1}",
-                       f"data.max_target_positions={MAX_POSITIONS - 1}", "train.max_updates=2",
-                       "train.validate_every=2", "train.valid_bleu_subset=0")
+    cfg = small_config(
+        gappy_corpus,
+        run,
+        "model/position=learned",
+        f"model.max_positions={MAX_POSITIONS}",
+        f"data.max_source_positions={MAX_POSITIONS - 1}",
+        f"data.max_target_positions={MAX_POSITIONS - 1}",
+        "train.max_updates=2",
+        "train.validate_every=2",
+        "train.valid_bleu_subset=0",
+    )
     results = train(cfg)
     saved = json.loads((run / "results.json").read_text())
     assert saved["updates"] == 2 and saved["bleu"] == results["bleu"]
@@ -36,7 +43,10 @@ def test_negative_learning_rate_fails_before_the_data_is_read(tmp_path):
     cfg = small_config(tmp_path / "no_corpus", tmp_path / "run", "optim.lr=-1")
     with pytest.raises(ConfigError, match="optim.lr"):
         validate_config(cfg)
-    res = run_script("train", *small_cli_args(tmp_path / "no_corpus", tmp_path / "run", "optim.lr=-1",
-                                              f"hydra.run.dir={tmp_path / 'run'}"), cwd=tmp_path)
+    res = run_script(
+        "train",
+        *small_cli_args(tmp_path / "no_corpus", tmp_path / "run", "optim.lr=-1", f"hydra.run.dir={tmp_path / 'run'}"),
+        cwd=tmp_path,
+    )
     assert res.returncode == 2 and "optim.lr" in res.stderr and "Traceback" not in res.stderr
     assert "no_corpus" not in res.stderr  # no data was looked for

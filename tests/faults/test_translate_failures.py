@@ -14,15 +14,15 @@ from transformer.config import GenerationConfig
 from transformer.generation import translate_sentences
 
 MAX_POSITIONS = 24
-LINES = ["A man is riding a bike.", " ".join(["A dog runs in the park."] * 12), "",
-         "Two dogs play in the snow."]
+LINES = ["A man is riding a bike.", " ".join(["A dog runs in the park."] * 12), "", "Two dogs play in the snow."]
 
 
 @pytest.fixture(scope="module")
 def learned_run(tmp_path_factory):
     """A tiny run whose model has 24 learned positions."""
-    return make_run_dir(tmp_path_factory.mktemp("learned") / "run", position__name="learned",
-                        max_positions=MAX_POSITIONS)
+    return make_run_dir(
+        tmp_path_factory.mktemp("learned") / "run", position__name="learned", max_positions=MAX_POSITIONS
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,18 +57,30 @@ def test_translate_sentences_reports_the_long_sentence_and_translates_the_others
 
 def test_translate_writes_every_other_line_and_exits_1(learned_run, input_file, tmp_path):
     out = tmp_path / "out.de"
-    res = run_script("translate", f"checkpoint={learned_run[0]}", f"input={input_file}", f"output={out}",
-                     "generation.beam_size=2", "progress=false", cwd=tmp_path)
+    res = run_script(
+        "translate",
+        f"checkpoint={learned_run[0]}",
+        f"input={input_file}",
+        f"output={out}",
+        "generation.beam_size=2",
+        "progress=false",
+        cwd=tmp_path,
+    )
     assert res.returncode == 1
     assert "error: line 2:" in res.stderr and "model.max_positions" in res.stderr and "Traceback" not in res.stderr
     assert [line for line in res.stderr.splitlines() if line.startswith("error: line")] == [
-        line for line in res.stderr.splitlines() if line.startswith("error: line 2:")]
+        line for line in res.stderr.splitlines() if line.startswith("error: line 2:")
+    ]
     assert "error: 1 of 4 lines could not be translated" in res.stderr
     lines = out.read_text(encoding="utf-8").split("\n")[:-1]
     assert len(lines) == len(LINES) and lines[1] == "" and lines[2] == ""
     run_dir, model, tok, tgt = learned_run
-    expected = translate_sentences(model, [tok.encode(LINES[0]), tok.encode(LINES[3])],
-                                   GenerationConfig(beam_size=2, max_len_a=1.0, max_len_b=5), "cpu")
+    expected = translate_sentences(
+        model,
+        [tok.encode(LINES[0]), tok.encode(LINES[3])],
+        GenerationConfig(beam_size=2, max_len_a=1.0, max_len_b=5),
+        "cpu",
+    )
     assert [lines[0], lines[3]] == [tgt.decode(h[0].tokens) for h in expected]
 
 
@@ -85,9 +97,19 @@ def test_outputs_that_would_pass_the_last_position_stop_at_the_last_position(lea
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
-        cfg = compose(config_name="translate", overrides=[
-            f"checkpoint={run_dir}", f"input={p}", f"output={out}", "generation.strategy=greedy",
-            "generation.max_len_a=3", "generation.max_len_b=40", "generation.min_len=30", "progress=false"])
+        cfg = compose(
+            config_name="translate",
+            overrides=[
+                f"checkpoint={run_dir}",
+                f"input={p}",
+                f"output={out}",
+                "generation.strategy=greedy",
+                "generation.max_len_a=3",
+                "generation.max_len_b=40",
+                "generation.min_len=30",
+                "progress=false",
+            ],
+        )
     assert script.run(cfg) == 3  # no line failed
     assert len(out.read_text(encoding="utf-8").split("\n")[:-1]) == 3
     gen = GenerationConfig(strategy="greedy", max_len_a=3, max_len_b=40, min_len=30)

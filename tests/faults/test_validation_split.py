@@ -26,10 +26,19 @@ def test_no_validation_pair_within_learned_positions_fails_before_training(gappy
         lines = (corpus / f"val.{lang}").read_text(encoding="utf-8").splitlines()
         (corpus / f"val.{lang}").write_text("".join(" ".join([s or "x"] * 4) + "\n" for s in lines), encoding="utf-8")
     run = tmp_path / "run"
-    cfg = small_config(corpus, run, "model/position=learned", f"model.max_positions={MAX_POSITIONS}",
-                       f"data.max_source_positions={MAX_POSITIONS - 1}",
-                       f"data.max_target_positions={MAX_POSITIONS - 1}", "train.validate_every=2")
-    with pytest.raises(TrainingError, match=rf"none of the \d+ validation pairs fits model\.max_positions="
-                                            rf"{MAX_POSITIONS} .*data\.valid_prefix"):
+    cfg = small_config(
+        corpus,
+        run,
+        "model/position=learned",
+        f"model.max_positions={MAX_POSITIONS}",
+        f"data.max_source_positions={MAX_POSITIONS - 1}",
+        f"data.max_target_positions={MAX_POSITIONS - 1}",
+        "train.validate_every=2",
+    )
+    with pytest.raises(
+        TrainingError,
+        match=rf"none of the \d+ validation pairs fits model\.max_positions="
+        rf"{MAX_POSITIONS} .*data\.valid_prefix",
+    ):
         train(cfg)
     assert not list(run.glob("checkpoint_*"))  # refused before the first update

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -15,8 +15,15 @@ from transformer.models import build_model
 PAD, UNK, BOS, EOS, SEP = 0, 1, 2, 3, 4
 
 
-def make_model(arch: str = "encoder_decoder", vocab: int = 40, *, eos_bias: float = 0.0, scale: float = 1.0,
-               seed: int = 0, **overrides) -> nn.Module:
+def make_model(
+    arch: str = "encoder_decoder",
+    vocab: int = 40,
+    *,
+    eos_bias: float = 0.0,
+    scale: float = 1.0,
+    seed: int = 0,
+    **overrides,
+) -> nn.Module:
     """A tiny (d 32, 2+2 layers, dropout 0) model whose output layer gets a bias on EOS.
 
     ``scale`` multiplies the output matrix (peakier distributions); ``eos_bias`` is added to the EOS
@@ -180,8 +187,9 @@ def corpus_lines(n: int = 300) -> dict[str, list[str]]:
     return {"en": lines, "de": [line.upper() for line in lines]}
 
 
-def make_run_dir(root, arch: str = "encoder_decoder", vocab_size: int = 250, joint: bool = True,
-                 seed: int = 0, **model_overrides):
+def make_run_dir(
+    root, arch: str = "encoder_decoder", vocab_size: int = 250, joint: bool = True, seed: int = 0, **model_overrides
+):
     """Write a tiny run folder like training does: config.yaml, spm model(s), checkpoint_best.
 
     Returns:
@@ -218,8 +226,9 @@ def make_run_dir(root, arch: str = "encoder_decoder", vocab_size: int = 250, joi
     model = build_model(cfg.model, len(src_tok), None if joint else len(tgt_tok))
     with torch.no_grad():  # make EOS likely enough that outputs have varied lengths
         model.output_proj.weight.mul_(2.0)
-    save_checkpoint(run_dir, "checkpoint_best", model.state_dict(),
-                    {"config": OmegaConf.to_container(cfg), "update": 1})
+    save_checkpoint(
+        run_dir, "checkpoint_best", model.state_dict(), {"config": OmegaConf.to_container(cfg), "update": 1}
+    )
     return run_dir, model.eval(), src_tok, tgt_tok
 
 

@@ -15,8 +15,9 @@ import json
 import math
 import sys
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -61,32 +62,48 @@ MODELS: dict[str, Callable[[str], nn.Module]] = {
     "repeats": lambda arch: make_model(arch, 40, scale=4.0),
     "nan": _nan,
     "half_nan": _half_nan,
-    "ensemble": lambda arch: EnsembleModel([make_model(arch, 40, **MIXED[arch]), make_model(arch, 40, seed=1, **MIXED[arch])]),
+    "ensemble": lambda arch: EnsembleModel(
+        [make_model(arch, 40, **MIXED[arch]), make_model(arch, 40, seed=1, **MIXED[arch])]
+    ),
 }
 
 GREEDY = [
-    dict(max_len_b=4), dict(max_len_a=0.5, max_len_b=2, min_len=2), dict(max_len_b=12, min_len=3),
-    dict(max_len_b=12, no_repeat_ngram_size=1), dict(max_len_b=12, no_repeat_ngram_size=2),
-    dict(max_len_b=12, no_repeat_ngram_size=3), dict(max_len_b=6, length_penalty=0.6),
+    dict(max_len_b=4),
+    dict(max_len_a=0.5, max_len_b=2, min_len=2),
+    dict(max_len_b=12, min_len=3),
+    dict(max_len_b=12, no_repeat_ngram_size=1),
+    dict(max_len_b=12, no_repeat_ngram_size=2),
+    dict(max_len_b=12, no_repeat_ngram_size=3),
+    dict(max_len_b=6, length_penalty=0.6),
     dict(max_len_a=0.0, max_len_b=50, min_len=50),
 ]
 BEAM = [
-    dict(beam_size=1, max_len_b=4, length_penalty=0.0), dict(beam_size=1, max_len_b=4, length_penalty=0.0,
-                                                          length_penalty_form="fairseq"),
+    dict(beam_size=1, max_len_b=4, length_penalty=0.0),
+    dict(beam_size=1, max_len_b=4, length_penalty=0.0, length_penalty_form="fairseq"),
     dict(beam_size=4, nbest=3, length_penalty=0.6, max_len_b=3, no_repeat_ngram_size=3),
-    dict(beam_size=3, nbest=3, length_penalty=0.6, max_len_b=3), dict(beam_size=5, nbest=5, length_penalty=0.0, max_len_b=3),
-    dict(beam_size=4, nbest=2, max_len_a=0.5, max_len_b=2, min_len=2), dict(beam_size=3, max_len_b=1),
-    dict(beam_size=3, max_len_b=12, min_len=3), dict(beam_size=3, max_len_b=12, no_repeat_ngram_size=1),
-    dict(beam_size=3, max_len_b=12, no_repeat_ngram_size=2), dict(beam_size=4, nbest=2, length_penalty=1.0, max_len_b=8),
+    dict(beam_size=3, nbest=3, length_penalty=0.6, max_len_b=3),
+    dict(beam_size=5, nbest=5, length_penalty=0.0, max_len_b=3),
+    dict(beam_size=4, nbest=2, max_len_a=0.5, max_len_b=2, min_len=2),
+    dict(beam_size=3, max_len_b=1),
+    dict(beam_size=3, max_len_b=12, min_len=3),
+    dict(beam_size=3, max_len_b=12, no_repeat_ngram_size=1),
+    dict(beam_size=3, max_len_b=12, no_repeat_ngram_size=2),
+    dict(beam_size=4, nbest=2, length_penalty=1.0, max_len_b=8),
     dict(beam_size=4, nbest=2, length_penalty=2.0, length_penalty_form="fairseq", max_len_b=8),
     dict(beam_size=4, nbest=4, length_penalty=-1.0, length_penalty_form="fairseq", max_len_b=8),
-    dict(beam_size=4, nbest=2, length_penalty=-0.5, max_len_b=8), dict(beam_size=2, max_len_a=0.0, max_len_b=50, min_len=50),
+    dict(beam_size=4, nbest=2, length_penalty=-0.5, max_len_b=8),
+    dict(beam_size=2, max_len_a=0.0, max_len_b=50, min_len=50),
 ]
 SAMPLE = [
-    dict(seed=7, temperature=1.5, nbest=2, max_len_b=6), dict(seed=8, temperature=1.5, nbest=2, max_len_b=6),
-    dict(seed=3, top_k=1, max_len_b=4), dict(temperature=0.0, max_len_b=6), dict(seed=0, temperature=2.0, top_k=5, nbest=3, max_len_b=20, min_len=0),
-    dict(seed=1, top_p=0.75, max_len_b=8), dict(seed=2, temperature=0.7, top_k=10, top_p=0.9, nbest=3, max_len_b=8),
-    dict(seed=4, max_len_a=0.5, max_len_b=2, min_len=2, nbest=2), dict(seed=5, max_len_b=12, no_repeat_ngram_size=2),
+    dict(seed=7, temperature=1.5, nbest=2, max_len_b=6),
+    dict(seed=8, temperature=1.5, nbest=2, max_len_b=6),
+    dict(seed=3, top_k=1, max_len_b=4),
+    dict(temperature=0.0, max_len_b=6),
+    dict(seed=0, temperature=2.0, top_k=5, nbest=3, max_len_b=20, min_len=0),
+    dict(seed=1, top_p=0.75, max_len_b=8),
+    dict(seed=2, temperature=0.7, top_k=10, top_p=0.9, nbest=3, max_len_b=8),
+    dict(seed=4, max_len_a=0.5, max_len_b=2, min_len=2, nbest=2),
+    dict(seed=5, max_len_b=12, no_repeat_ngram_size=2),
     dict(seed=6, max_len_a=0.0, max_len_b=50, min_len=50, nbest=2),
 ]
 # which options each model runs (every model runs the first of each list; "all" runs every one)
@@ -99,7 +116,11 @@ def _table(fn_name: str) -> TableModel:
     def penalty(prefix):  # a long hypothesis wins only with a positive length penalty
         if len(prefix) == 0:
             return [-1e9, -1e9, -1e9, lp(0.5), lp(0.3), lp(0.2)]
-        return [-1e9, -1e9, -1e9, lp(0.01), lp(0.98), lp(0.01)] if len(prefix) < 6 else [-1e9, -1e9, -1e9, lp(0.98), lp(0.01), lp(0.01)]
+        return (
+            [-1e9, -1e9, -1e9, lp(0.01), lp(0.98), lp(0.01)]
+            if len(prefix) < 6
+            else [-1e9, -1e9, -1e9, lp(0.98), lp(0.01), lp(0.01)]
+        )
 
     def nan_after_7(prefix):
         if 7 in prefix:
@@ -116,15 +137,40 @@ def _table(fn_name: str) -> TableModel:
     return TableModel({"penalty": penalty, "nan_after_7": nan_after_7, "eos_never": eos_never}[fn_name])
 
 
-TABLES = [
-    ("penalty", dict(strategy="beam", beam_size=1, max_len_a=0.0, max_len_b=10, min_len=0, length_penalty=a,
-                     length_penalty_form=f)) for a, f in ((0.0, "gnmt"), (-1.0, "gnmt"), (2.0, "fairseq"))
-] + [
-    ("penalty", dict(strategy="beam", beam_size=2, max_len_a=0.0, max_len_b=10, min_len=0, length_penalty=-1.0,
-                     length_penalty_form="fairseq")),
-    ("nan_after_7", dict(strategy="beam", beam_size=2, max_len_a=0.0, max_len_b=6, length_penalty=0.0)),
-    ("nan_after_7", dict(strategy="greedy", max_len_a=0.0, max_len_b=6)),
-] + [("eos_never", dict(strategy=s, max_len_a=0.0, max_len_b=5)) for s in ("greedy", "beam", "sample")]
+TABLES = (
+    [
+        (
+            "penalty",
+            dict(
+                strategy="beam",
+                beam_size=1,
+                max_len_a=0.0,
+                max_len_b=10,
+                min_len=0,
+                length_penalty=a,
+                length_penalty_form=f,
+            ),
+        )
+        for a, f in ((0.0, "gnmt"), (-1.0, "gnmt"), (2.0, "fairseq"))
+    ]
+    + [
+        (
+            "penalty",
+            dict(
+                strategy="beam",
+                beam_size=2,
+                max_len_a=0.0,
+                max_len_b=10,
+                min_len=0,
+                length_penalty=-1.0,
+                length_penalty_form="fairseq",
+            ),
+        ),
+        ("nan_after_7", dict(strategy="beam", beam_size=2, max_len_a=0.0, max_len_b=6, length_penalty=0.0)),
+        ("nan_after_7", dict(strategy="greedy", max_len_a=0.0, max_len_b=6)),
+    ]
+    + [("eos_never", dict(strategy=s, max_len_a=0.0, max_len_b=5)) for s in ("greedy", "beam", "sample")]
+)
 
 
 def cases() -> Iterator[tuple[str, Callable[[], nn.Module], Any, dict[str, Any]]]:
@@ -135,14 +181,29 @@ def cases() -> Iterator[tuple[str, Callable[[], nn.Module], Any, dict[str, Any]]
             for strategy, options in (("greedy", GREEDY), ("beam", BEAM), ("sample", SAMPLE)):
                 chosen = options if name in EVERY else options[:1] + ([options[-1]] if name == "learned" else [])
                 for opts in chosen:
-                    yield (f"{arch}/{name}/{strategy}/{options.index(opts)}", lambda f=factory, a=arch: f(a),
-                           lambda a=arch, v=vocab: make_src(a, LENGTHS, v), dict(strategy=strategy, **opts))
+                    yield (
+                        f"{arch}/{name}/{strategy}/{options.index(opts)}",
+                        lambda f=factory, a=arch: f(a),
+                        lambda a=arch, v=vocab: make_src(a, LENGTHS, v),
+                        dict(strategy=strategy, **opts),
+                    )
         vocab, beam = (4, 16) if arch == "encoder_decoder" else (5, 48)  # a beam holding every sequence
         for a, f in ((0.0, "gnmt"), (1.0, "gnmt"), (2.0, "fairseq"), (-1.0, "fairseq"), (-0.5, "gnmt")):
-            yield (f"{arch}/wide{vocab}/{a}{f}", lambda a_=arch, v=vocab: make_model(a_, v, scale=3.0, seed=1),
-                   lambda a_=arch, v=vocab: make_src(a_, [3, 2], v, seed=1),
-                   dict(strategy="beam", beam_size=beam, nbest=5, length_penalty=a, length_penalty_form=f,
-                        max_len_a=0.0, max_len_b=3, min_len=0))
+            yield (
+                f"{arch}/wide{vocab}/{a}{f}",
+                lambda a_=arch, v=vocab: make_model(a_, v, scale=3.0, seed=1),
+                lambda a_=arch, v=vocab: make_src(a_, [3, 2], v, seed=1),
+                dict(
+                    strategy="beam",
+                    beam_size=beam,
+                    nbest=5,
+                    length_penalty=a,
+                    length_penalty_form=f,
+                    max_len_a=0.0,
+                    max_len_b=3,
+                    min_len=0,
+                ),
+            )
     for i, (fn_name, gen) in enumerate(TABLES):
         yield f"table/{fn_name}/{i}", lambda n=fn_name: _table(n), lambda: torch.ones(2, 3, dtype=torch.long), gen
 
@@ -153,8 +214,10 @@ def run_case(model_factory: Callable[[], nn.Module], src_factory: Any, gen: dict
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         hyps = generate(model, src, gen)
-    return {"hyps": [[[h.tokens, h.score, h.logprob] for h in hs] for hs in hyps],
-            "warnings": [str(w.message) for w in caught]}
+    return {
+        "hyps": [[[h.tokens, h.score, h.logprob] for h in hs] for hs in hyps],
+        "warnings": [str(w.message) for w in caught],
+    }
 
 
 def record(path: Path = OUTPUTS) -> int:

@@ -49,7 +49,9 @@ def test_every_members_cache_follows_the_beams(arch: str) -> None:
     a, b = make_model(arch, seed=1, **MIXED[arch]), make_model(arch, seed=2, **MIXED[arch])
     src = make_src(arch, LENGTHS, 40, seed=3)
     cached = beam_search(EnsembleModel([a, b]), src, beam_size=3, nbest=3, max_len_b=10)
-    reference = beam_search(EnsembleModel([RecomputeModel(a), RecomputeModel(b)]), src, beam_size=3, nbest=3, max_len_b=10)
+    reference = beam_search(
+        EnsembleModel([RecomputeModel(a), RecomputeModel(b)]), src, beam_size=3, nbest=3, max_len_b=10
+    )
     _same(cached, reference)
     greedy = greedy_search(EnsembleModel([a, b]), src, max_len_b=10)
     _same(greedy, greedy_search(EnsembleModel([RecomputeModel(a), RecomputeModel(b)]), src, max_len_b=10))
@@ -74,9 +76,14 @@ def test_load_models_builds_an_ensemble_and_refuses_another_vocabulary(runs) -> 
     assert isinstance(loaded.model, EnsembleModel) and len(loaded.model.models) == 2
     assert loaded.model.checkpoints == [a / "checkpoint_best.safetensors", b / "checkpoint_best.safetensors"]
     assert loaded.run_dir == a and loaded.cfg.generation.max_len_b == 5
-    assert not isinstance(load_models([a]).model, EnsembleModel) and not isinstance(load_models(str(a)).model, EnsembleModel)
-    with pytest.raises(LoadError, match=r"cannot join an ensemble with .*: its source vocabulary .*, \d+ pieces\) "
-                                        r"differs from .*every model needs the same SentencePiece vocabulary"):
+    assert not isinstance(load_models([a]).model, EnsembleModel) and not isinstance(
+        load_models(str(a)).model, EnsembleModel
+    )
+    with pytest.raises(
+        LoadError,
+        match=r"cannot join an ensemble with .*: its source vocabulary .*, \d+ pieces\) "
+        r"differs from .*every model needs the same SentencePiece vocabulary",
+    ):
         load_models([a, c])
     with pytest.raises(LoadError, match="names no checkpoint"):
         load_models([])

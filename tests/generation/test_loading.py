@@ -30,8 +30,13 @@ def same_logits(a, b, arch: str = "encoder_decoder") -> None:
 
 def test_load_from_folder_file_state_and_stem(run) -> None:
     run_dir, model, tok, _ = run
-    for path in (run_dir, run_dir / "checkpoint_best.safetensors", run_dir / "checkpoint_best.pt",
-                 run_dir / "checkpoint_best", str(run_dir)):
+    for path in (
+        run_dir,
+        run_dir / "checkpoint_best.safetensors",
+        run_dir / "checkpoint_best.pt",
+        run_dir / "checkpoint_best",
+        str(run_dir),
+    ):
         loaded = load_run(path)
         m, toks, cfg = loaded
         assert not m.training and loaded.run_dir == run_dir
@@ -85,7 +90,9 @@ def test_foreign_files(tmp_path, run) -> None:
     (run_dir / "checkpoint_best.safetensors").write_bytes(b"\x00garbage" * 10)
     with pytest.raises(LoadError, match="not a safetensors"):
         load_run(run_dir)
-    save_file({"bert.embeddings.word_embeddings.weight": torch.zeros(4, 4)}, str(run_dir / "checkpoint_best.safetensors"))
+    save_file(
+        {"bert.embeddings.word_embeddings.weight": torch.zeros(4, 4)}, str(run_dir / "checkpoint_best.safetensors")
+    )
     with pytest.raises(LoadError, match="not a checkpoint of this project"):
         load_run(run_dir)
     state = {k: v.clone() for k, v in run[1].state_dict().items()}
@@ -125,42 +132,88 @@ def test_a_rope_scaling_applies_at_test_time_to_a_rope_run_only(run, tmp_path) -
     from transformer.generation import test_time_overrides
     from transformer.models import build_model
 
-    script = OmegaConf.create({"model": {"position": {"rope_scaling": {
-        "rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 2, "beta_fast": None}}},
-        "generation": {"beam_size": 3}})
+    script = OmegaConf.create(
+        {
+            "model": {
+                "position": {
+                    "rope_scaling": {
+                        "rope_type": "dynamic",
+                        "factor": 2.0,
+                        "original_max_position_embeddings": 2,
+                        "beta_fast": None,
+                    }
+                }
+            },
+            "generation": {"beam_size": 3},
+        }
+    )
     overrides = test_time_overrides(script)
-    assert overrides == ["model.position.rope_scaling.rope_type=dynamic", "model.position.rope_scaling.factor=2.0",
-                         "model.position.rope_scaling.original_max_position_embeddings=2"]
+    assert overrides == [
+        "model.position.rope_scaling.rope_type=dynamic",
+        "model.position.rope_scaling.factor=2.0",
+        "model.position.rope_scaling.original_max_position_embeddings=2",
+    ]
     assert test_time_overrides(OmegaConf.create({"generation": {}})) == []
 
     run_dir, model, tok, _ = make_run_dir(tmp_path / "rope", position__name="rope")
     scaled, _, cfg = load_run(run_dir, overrides=overrides)
     assert cfg.model.position.rope_scaling.rope_type == "dynamic"
     assert cfg.model.position.rope_scaling.original_max_position_embeddings == 2
-    reference = build_model(tiny_model_config(position__name="rope", **{
-        "position.rope_scaling.rope_type": "dynamic", "position.rope_scaling.factor": 2.0,
-        "position.rope_scaling.original_max_position_embeddings": 2}), len(tok)).eval()
+    reference = build_model(
+        tiny_model_config(
+            position__name="rope",
+            **{
+                "position.rope_scaling.rope_type": "dynamic",
+                "position.rope_scaling.factor": 2.0,
+                "position.rope_scaling.original_max_position_embeddings": 2,
+            },
+        ),
+        len(tok),
+    ).eval()
     reference.load_state_dict(model.state_dict())
     same_logits(scaled, reference)
     with pytest.raises(AssertionError):  # four source tokens are past L0 = 2: the scaling changes the scores
         same_logits(scaled, model)
     same_logits(load_run(run_dir).model, model)  # without overrides, the run as trained
 
-    with pytest.raises(LoadError, match=r"model\.position\.rope_scaling\.rope_type scales RoPE at test time, but "
-                                        r".* was trained with model/position=sinusoidal"):
+    with pytest.raises(
+        LoadError,
+        match=r"model\.position\.rope_scaling\.rope_type scales RoPE at test time, but "
+        r".* was trained with model/position=sinusoidal",
+    ):
         load_run(run[0], overrides=overrides)
-    with pytest.raises(LoadError, match=r"with the test-time overrides model\.position\.rope_scaling\.rope_type=yarn "
-                                        r"is invalid: .*needs model\.position\.rope_scaling\.original_max_position_embeddings"):
+    with pytest.raises(
+        LoadError,
+        match=r"with the test-time overrides model\.position\.rope_scaling\.rope_type=yarn "
+        r"is invalid: .*needs model\.position\.rope_scaling\.original_max_position_embeddings",
+    ):
         load_run(run_dir, overrides=["model.position.rope_scaling.rope_type=yarn"])
     for nothing in (["model.position.rope_scaling.factor=2"], ["model.position.rope_scaling.rope_type=default"]):
-        with pytest.raises(LoadError, match=r"changes nothing at test time: .* has model\.position\.rope_scaling\."
-                                            r"rope_type=default, which reads no other field"):
+        with pytest.raises(
+            LoadError,
+            match=r"changes nothing at test time: .* has model\.position\.rope_scaling\."
+            r"rope_type=default, which reads no other field",
+        ):
             load_run(run_dir, overrides=nothing)
-    yarn = ["model.position.rope_scaling.rope_type=yarn", "model.position.rope_scaling.factor=4.0",
-            "model.position.rope_scaling.original_max_position_embeddings=8"]
-    yarn_dir, *_ = make_run_dir(tmp_path / "yarn", position__name="rope", **{
-        "position.rope_scaling.rope_type": "yarn", "position.rope_scaling.factor": 4.0,
-        "position.rope_scaling.original_max_position_embeddings": 8})
+    yarn = [
+        "model.position.rope_scaling.rope_type=yarn",
+        "model.position.rope_scaling.factor=4.0",
+        "model.position.rope_scaling.original_max_position_embeddings=8",
+    ]
+    yarn_dir, *_ = make_run_dir(
+        tmp_path / "yarn",
+        position__name="rope",
+        **{
+            "position.rope_scaling.rope_type": "yarn",
+            "position.rope_scaling.factor": 4.0,
+            "position.rope_scaling.original_max_position_embeddings": 8,
+        },
+    )
     with pytest.raises(LoadError, match="changes nothing at test time: .* was trained with that RoPE scaling"):
         load_run(yarn_dir, overrides=yarn)
-    assert load_run(yarn_dir, overrides=["model.position.rope_scaling.rope_type=default"]).cfg.model.position.rope_scaling.rope_type == "default"
+    assert (
+        load_run(
+            yarn_dir, overrides=["model.position.rope_scaling.rope_type=default"]
+        ).cfg.model.position.rope_scaling.rope_type
+        == "default"
+    )

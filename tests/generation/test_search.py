@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 from tests.generation.helpers import (
     EOS,
     PAD,
-    Recorder,
     RecomputeModel,
+    Recorder,
     TableModel,
     enumerate_outputs,
     make_model,
@@ -69,7 +69,9 @@ def test_beam_size_one_equals_greedy(arch: str, form: str) -> None:
     "arch,vocab,beam",
     [("encoder_decoder", 4, 16), ("decoder_only", 5, 48)],
 )
-@pytest.mark.parametrize("alpha,form", [(0.0, "gnmt"), (1.0, "gnmt"), (2.0, "fairseq"), (-1.0, "fairseq"), (-0.5, "gnmt")])
+@pytest.mark.parametrize(
+    "alpha,form", [(0.0, "gnmt"), (1.0, "gnmt"), (2.0, "fairseq"), (-1.0, "fairseq"), (-0.5, "gnmt")]
+)
 def test_wide_beam_equals_exhaustive_enumeration(arch: str, vocab: int, beam: int, alpha: float, form: str) -> None:
     """With a beam holding every sequence, beam search returns the enumeration's ranking.
 
@@ -84,8 +86,17 @@ def test_wide_beam_equals_exhaustive_enumeration(arch: str, vocab: int, beam: in
         key=lambda x: -x[0],
     )
     nbest = 5
-    got = beam_search(model, src, beam_size=beam, nbest=nbest, length_penalty_alpha=alpha,
-                      length_penalty_form=form, max_len_a=0.0, max_len_b=3, min_len=0)[0]
+    got = beam_search(
+        model,
+        src,
+        beam_size=beam,
+        nbest=nbest,
+        length_penalty_alpha=alpha,
+        length_penalty_form=form,
+        max_len_a=0.0,
+        max_len_b=3,
+        min_len=0,
+    )[0]
     assert [h.tokens for h in got] == [w for _, w in scored[:nbest]]
     for h, (score, w) in zip(got, scored):
         assert h.score == pytest.approx(score, abs=1e-4)
@@ -151,8 +162,9 @@ def test_beam_search_with_cache_equals_recomputation(arch: str, position: str) -
 def test_every_hypothesis_ends_with_exactly_one_eos_within_limits(arch: str, strategy: str) -> None:
     model = mixed_model(arch)
     src = make_src(arch, LENGTHS, 40)
-    cfg = GenerationConfig(strategy=strategy, beam_size=4, nbest=2 if strategy != "greedy" else 1,
-                           max_len_a=0.5, max_len_b=2, min_len=2)
+    cfg = GenerationConfig(
+        strategy=strategy, beam_size=4, nbest=2 if strategy != "greedy" else 1, max_len_a=0.5, max_len_b=2, min_len=2
+    )
     n_src = src.ne(PAD).sum(1).tolist()
     for hyps, n in zip(generate(model, src, cfg), n_src):
         assert len(hyps) == cfg.nbest
@@ -238,8 +250,16 @@ def test_negative_length_penalty_bound_uses_the_shortest_continuation() -> None:
     model = TableModel(fn)
     src = torch.ones(1, 3, dtype=torch.long)
     # fairseq form, alpha = -1: score = logprob * len; [EOS]: -1.20 * 1; [4, EOS]: -0.56 * 2 = -1.12
-    best = beam_search(model, src, beam_size=2, length_penalty_alpha=-1.0, length_penalty_form="fairseq",
-                       max_len_a=0.0, max_len_b=10, min_len=0)[0][0]
+    best = beam_search(
+        model,
+        src,
+        beam_size=2,
+        length_penalty_alpha=-1.0,
+        length_penalty_form="fairseq",
+        max_len_a=0.0,
+        max_len_b=10,
+        min_len=0,
+    )[0][0]
     assert best.tokens == [4, EOS]
     assert best.score == pytest.approx((lp(0.6) + lp(0.95)) * 2, abs=1e-5)
 

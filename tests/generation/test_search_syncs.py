@@ -43,8 +43,15 @@ def test_finished_keeps_the_k_best_in_order_ties_first_come() -> None:
     one = torch.tensor(1.0, dtype=torch.float64)
     hist = torch.tensor([[[7], [8]]])  # (n, K, step 1)
     fin.add(torch.tensor([[True, True]]), torch.tensor([[-2.0, -1.0]]), one, hist, torch.tensor([[0, 1]]), 1, 3)
-    fin.add(torch.tensor([[True, False]]), torch.tensor([[-1.0, -0.5]]), one, torch.tensor([[[9, 9], [8, 8]]]),
-            torch.tensor([[1, 0]]), 2, 3)
+    fin.add(
+        torch.tensor([[True, False]]),
+        torch.tensor([[-1.0, -0.5]]),
+        one,
+        torch.tensor([[[9, 9], [8, 8]]]),
+        torch.tensor([[1, 0]]),
+        2,
+        3,
+    )
     assert fin.kth(2).tolist() == [-1.0] and fin.kth(1).tolist() == [-1.0]
     fin.store([0], [0])
     got = fin.read(2)[0]

@@ -42,8 +42,9 @@ def _cfg(*overrides: str):
 def _by_hand(run, **gen) -> list[str]:
     """What translate_sentences + detokenize give for LINES (an empty line stays empty)."""
     _, model, src_tok, tgt_tok = run
-    hyps = translate_sentences(model, [src_tok.encode(s) for s in LINES], GenerationConfig(
-        **{"max_len_a": 1.0, "max_len_b": 5, **gen}), "cpu")
+    hyps = translate_sentences(
+        model, [src_tok.encode(s) for s in LINES], GenerationConfig(**{"max_len_a": 1.0, "max_len_b": 5, **gen}), "cpu"
+    )
     return detokenize(hyps, tgt_tok)
 
 
@@ -83,8 +84,12 @@ def test_an_untranslatable_line_is_reported_left_empty_and_raised_at_the_end(tmp
     with pytest.raises(LinesFailed, match=r"^1 of 3 lines could not be translated"):
         translate_file(_cfg(f"checkpoint={run[0]}", f"input={src}", f"output={out}", "generation.strategy=greedy"))
     _, model, src_tok, tgt_tok = run
-    others = translate_sentences(model, [src_tok.encode("A man."), src_tok.encode("A woman.")],
-                                 GenerationConfig(strategy="greedy", max_len_a=1.0, max_len_b=5), "cpu")
+    others = translate_sentences(
+        model,
+        [src_tok.encode("A man."), src_tok.encode("A woman.")],
+        GenerationConfig(strategy="greedy", max_len_a=1.0, max_len_b=5),
+        "cpu",
+    )
     lines = out.read_text(encoding="utf-8").split("\n")[:-1]
     assert lines == [detokenize(others, tgt_tok)[0], "", detokenize(others, tgt_tok)[1]]
     err = capsys.readouterr().err

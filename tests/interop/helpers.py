@@ -20,9 +20,21 @@ from transformer.interop import ExportError, unsupported
 from transformer.interop.hf_moe import to_hf_moe
 from transformer.models import build_model
 
-LLAMA = {"arch": "decoder_only", "n_encoder_layers": 0, "norm_position": "pre", "norm.name": "rmsnorm",
-         "ffn.name": "swiglu", "position.name": "rope", "position.rope_theta": 500.0, "attention.name": "gqa",
-         "attention.n_kv_heads": 2, "bias": False, "tie_embeddings": "none", "scale_embeddings": False, "init": "normal"}
+LLAMA = {
+    "arch": "decoder_only",
+    "n_encoder_layers": 0,
+    "norm_position": "pre",
+    "norm.name": "rmsnorm",
+    "ffn.name": "swiglu",
+    "position.name": "rope",
+    "position.rope_theta": 500.0,
+    "attention.name": "gqa",
+    "attention.n_kv_heads": 2,
+    "bias": False,
+    "tie_embeddings": "none",
+    "scale_embeddings": False,
+    "init": "normal",
+}
 
 
 def perturbed(model: nn.Module, std: float = 0.05, seed: int = 0) -> nn.Module:
@@ -74,7 +86,9 @@ def random_sources(n: int, vocab: int, seed: int = 0, lo: int = 2, hi: int = 9) 
     return [torch.randint(5, vocab, (int(k),), generator=g).tolist() for k in torch.randint(lo, hi, (n,), generator=g)]
 
 
-def assert_moe_export_refuses(cfg: Any, switch: str, judged: Callable[[Any], list[str]], target: str, hf_class: str) -> None:
+def assert_moe_export_refuses(
+    cfg: Any, switch: str, judged: Callable[[Any], list[str]], target: str, hf_class: str
+) -> None:
     """A Mixtral / DeepSeek-V3 export of ``cfg`` is refused naming ``switch``: ``judged(cfg)`` (the
     family's ``*_unsupported``) lists it, ``format=hf`` picks ``target``, and ``to_hf_moe`` raises an
     ``ExportError`` that names the Hugging Face class and the switch."""

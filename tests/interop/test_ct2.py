@@ -23,19 +23,47 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 _DEC = {k: v for k, v in LLAMA.items() if k not in ("arch", "n_encoder_layers")}
 CASES = {  # name: (arch, joint vocabulary, model overrides)
     "2017": ("encoder_decoder", True, {}),
-    "pre_rms_swiglu_gqa_learned_separate": ("encoder_decoder", False, {
-        "norm_position": "pre", "norm.name": "rmsnorm", "norm.eps": 1e-6, "ffn.name": "swiglu",
-        "position.name": "learned", "attention.name": "gqa", "attention.n_kv_heads": 2, "bias": False}),
-    "rope_mqa_encdec": ("encoder_decoder", True, {"position.name": "rope", "attention.name": "mqa", "attention.n_kv_heads": 1}),
+    "pre_rms_swiglu_gqa_learned_separate": (
+        "encoder_decoder",
+        False,
+        {
+            "norm_position": "pre",
+            "norm.name": "rmsnorm",
+            "norm.eps": 1e-6,
+            "ffn.name": "swiglu",
+            "position.name": "learned",
+            "attention.name": "gqa",
+            "attention.n_kv_heads": 2,
+            "bias": False,
+        },
+    ),
+    "rope_mqa_encdec": (
+        "encoder_decoder",
+        True,
+        {"position.name": "rope", "attention.name": "mqa", "attention.n_kv_heads": 1},
+    ),
     "llama": ("decoder_only", True, _DEC),
-    "decoder_alibi_geglu_tied": ("decoder_only", True, {"norm_position": "pre", "position.name": "alibi",
-                                                        "ffn.name": "geglu", "tie_embeddings": "all"}),
+    "decoder_alibi_geglu_tied": (
+        "decoder_only",
+        True,
+        {"norm_position": "pre", "position.name": "alibi", "ffn.name": "geglu", "tie_embeddings": "all"},
+    ),
     "decoder_post_sinusoidal": ("decoder_only", True, {}),
 }
-SOURCES = ["A man is riding a bike.", "Two dogs play in the snow.", "People.",
-           "A girl in a red dress smiles at the camera.", "A group of people stand in front of a building."]
-TARGETS = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Leute.", "Ein Mädchen lacht.",
-           "Eine Gruppe von Menschen."]
+SOURCES = [
+    "A man is riding a bike.",
+    "Two dogs play in the snow.",
+    "People.",
+    "A girl in a red dress smiles at the camera.",
+    "A group of people stand in front of a building.",
+]
+TARGETS = [
+    "Ein Mann fährt Fahrrad.",
+    "Zwei Hunde spielen im Schnee.",
+    "Leute.",
+    "Ein Mädchen lacht.",
+    "Eine Gruppe von Menschen.",
+]
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -52,13 +80,16 @@ def test_folder_holds_model_vocabulary_and_spm(exported) -> None:
     names = {p.name for p in out.iterdir()}
     assert {"model.bin", "config.json"} <= names
     if arch == "decoder_only":
-        assert json.loads((out / "vocabulary.json").read_text()) == [src_tok.id_to_piece(i) for i in range(len(src_tok))]
+        assert json.loads((out / "vocabulary.json").read_text()) == [
+            src_tok.id_to_piece(i) for i in range(len(src_tok))
+        ]
     elif src_tok is tgt_tok:
         assert {"shared_vocabulary.json", "spm.model"} <= names
     else:
         assert {"source_vocabulary.json", "target_vocabulary.json", "source.spm", "target.spm"} <= names
         assert json.loads((out / "target_vocabulary.json").read_text())[: len(tgt_tok)] == [
-            tgt_tok.id_to_piece(i) for i in range(len(tgt_tok))]
+            tgt_tok.id_to_piece(i) for i in range(len(tgt_tok))
+        ]
 
 
 def test_scores_equal_ours(exported) -> None:
@@ -71,8 +102,9 @@ def test_scores_equal_ours(exported) -> None:
         if arch == "encoder_decoder":
             results = engine.score_batch([pieces(src_tok, s) for s in srcs], [pieces(tgt_tok, t) for t in tgts])
         else:
-            results = engine.score_batch([pieces(src_tok, s + [src_tok.sep_id] + t + [src_tok.eos_id])
-                                          for s, t in zip(srcs, tgts)])
+            results = engine.score_batch(
+                [pieces(src_tok, s + [src_tok.sep_id] + t + [src_tok.eos_id]) for s, t in zip(srcs, tgts)]
+            )
         for s, t, r in zip(srcs, tgts, results):
             if arch == "encoder_decoder":
                 lp = model(torch.tensor([s + [3]]), torch.tensor([[2] + t])).log_softmax(-1)[0]
@@ -121,8 +153,9 @@ def test_an_ffn_option_without_a_ct2_activation_is_refused_by_name(monkeypatch) 
         monkeypatch.delitem(FFNS, name)
     monkeypatch.setitem(FFNS, "relu_glu", FFNChoice(GatedFeedForward, torch.relu))  # a name no example plugin holds
     cfg = tiny_model_config(**{"ffn.name": "relu_glu"})
-    assert ct2_unsupported(cfg) == ["model/ffn=relu_glu: CTranslate2 has no such activation "
-                                    "(model/ffn offers relu, gelu, swiglu, geglu)"]
+    assert ct2_unsupported(cfg) == [
+        "model/ffn=relu_glu: CTranslate2 has no such activation (model/ffn offers relu, gelu, swiglu, geglu)"
+    ]
     monkeypatch.setitem(ct2_module._ACTIVATIONS, torch.relu, "RELU")
     assert ct2_unsupported(cfg) == []
     assert ct2_module._activation(cfg) == ctranslate2.specs.common_spec.Activation.RELU

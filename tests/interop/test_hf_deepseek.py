@@ -74,12 +74,23 @@ def test_deepseek_preset_against_hf_deepseek_v3(tmp_path) -> None:
 
 VARIANTS = {
     "q_lora_shared_scaled": {**MOE, "attention.q_lora_rank": 12, "ffn.routed_scaling_factor": 2.5},
-    "no_q_lora_no_shared_tied": {**MOE, "ffn.n_shared_experts": 0, "tie_embeddings": "all",
-                                 "ffn.norm_topk_prob": False, "ffn.top_k": 1},
-    "geglu_two_shared_yarn_scaled": {**MOE, "ffn.expert": "geglu", "ffn.n_shared_experts": 2, "ffn.expert_d_ff": 24,
-                                     "scale_embeddings": True, "position.rope_scaling.rope_type": "yarn",
-                                     "position.rope_scaling.factor": 4.0,
-                                     "position.rope_scaling.original_max_position_embeddings": 4},
+    "no_q_lora_no_shared_tied": {
+        **MOE,
+        "ffn.n_shared_experts": 0,
+        "tie_embeddings": "all",
+        "ffn.norm_topk_prob": False,
+        "ffn.top_k": 1,
+    },
+    "geglu_two_shared_yarn_scaled": {
+        **MOE,
+        "ffn.expert": "geglu",
+        "ffn.n_shared_experts": 2,
+        "ffn.expert_d_ff": 24,
+        "scale_embeddings": True,
+        "position.rope_scaling.rope_type": "yarn",
+        "position.rope_scaling.factor": 4.0,
+        "position.rope_scaling.original_max_position_embeddings": 4,
+    },
     "dense_mla": {**MLA, "attention.q_lora_rank": 12},
 }
 
@@ -110,11 +121,31 @@ def test_imports_deepseeks_interleaved_rope_layout(q_lora_rank, tmp_path) -> Non
     """DeepSeek's checkpoints rotate interleaved pairs (rope_interleave=true); the import permutes
     those rows into our half-split layout, with HF's logits."""
     hf_cfg = transformers.DeepseekV3Config(
-        vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=q_lora_rank, qk_rope_head_dim=8,
-        qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, n_group=1,
-        topk_group=1, first_k_dense_replace=0, rope_interleave=True, num_mtp_layers=0, rms_norm_eps=1e-6,
-        pad_token_id=0, bos_token_id=None, eos_token_id=3, tie_word_embeddings=False,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=q_lora_rank,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=0,
+        rope_interleave=True,
+        num_mtp_layers=0,
+        rms_norm_eps=1e-6,
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=3,
+        tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 500.0},
     )
     hf = perturbed(transformers.DeepseekV3ForCausalLM(hf_cfg))
@@ -128,7 +159,9 @@ def test_imports_deepseeks_interleaved_rope_layout(q_lora_rank, tmp_path) -> Non
 @pytest.fixture(scope="module")
 def deepseek_run(tmp_path_factory):
     dec = {k: v for k, v in MOE.items() if k not in ("arch", "n_encoder_layers")}
-    return make_run_dir(tmp_path_factory.mktemp("deepseek") / "run", arch="decoder_only", **{"attention.q_lora_rank": 12}, **dec)
+    return make_run_dir(
+        tmp_path_factory.mktemp("deepseek") / "run", arch="decoder_only", **{"attention.q_lora_rank": 12}, **dec
+    )
 
 
 def test_export_folder_generates_like_ours_and_imports_back(deepseek_run, tmp_path) -> None:
@@ -140,9 +173,16 @@ def test_export_folder_generates_like_ours_and_imports_back(deepseek_run, tmp_pa
     for src in random_sources(4, len(tok), seed=3):
         ours = translate_sentences(model, [src], gen, "cpu")[0][0].tokens
         with torch.inference_mode():
-            out_ids = hf.generate(input_ids=torch.tensor([src + [tok.sep_id]]), max_new_tokens=13, do_sample=False,
-                                  num_beams=1, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
-                                  bad_words_ids=[[tok.pad_id]], forced_eos_token_id=tok.eos_id)
+            out_ids = hf.generate(
+                input_ids=torch.tensor([src + [tok.sep_id]]),
+                max_new_tokens=13,
+                do_sample=False,
+                num_beams=1,
+                eos_token_id=tok.eos_id,
+                pad_token_id=tok.pad_id,
+                bad_words_ids=[[tok.pad_id]],
+                forced_eos_token_id=tok.eos_id,
+            )
         assert out_ids[0, len(src) + 1 :].tolist() == ours
     back = load_run(import_hf_llama(out, tmp_path / "imported"))
     assert back.cfg.model.attention.name == "mla" and back.cfg.model.ffn.router == "sigmoid"
@@ -158,25 +198,42 @@ REFUSALS = [
     ({"attention_window": 4}, "model.attention_window=4"),
     ({"ffn.expert": "gelu"}, "model.ffn.expert=gelu"),
     ({"ffn.name": "relu"}, "model/ffn=relu"),
-    ({"position.rope_scaling.rope_type": "ntk", "position.rope_scaling.factor": 2.0},
-     "model.position.rope_scaling.rope_type=ntk"),
+    (
+        {"position.rope_scaling.rope_type": "ntk", "position.rope_scaling.factor": 2.0},
+        "model.position.rope_scaling.rope_type=ntk",
+    ),
     ({"norm_position": "post"}, "model.norm_position=post"),
 ]
 
 
 @pytest.mark.parametrize("override,switch", REFUSALS, ids=[r[1] for r in REFUSALS])
 def test_options_deepseek_v3_lacks_are_refused_by_name(override: dict, switch: str) -> None:
-    assert_moe_export_refuses(tiny_model_config(**{**MOE, **override}), switch, deepseek_unsupported, DEEPSEEK_TARGET, "DeepseekV3ForCausalLM")
+    assert_moe_export_refuses(
+        tiny_model_config(**{**MOE, **override}), switch, deepseek_unsupported, DEEPSEEK_TARGET, "DeepseekV3ForCausalLM"
+    )
 
 
 def test_sigmoid_moe_without_mla_is_judged_as_mixtral_and_told_so() -> None:
-    cfg = tiny_model_config(**{**{k: v for k, v in MOE.items() if not k.startswith("attention.")}, "attention.name": "gqa", "attention.n_kv_heads": 2})
-    assert any(w.startswith("model/attention=gqa: DeepseekV3ForCausalLM's attention is multi-head latent")
-               for w in deepseek_unsupported(cfg))
+    cfg = tiny_model_config(
+        **{
+            **{k: v for k, v in MOE.items() if not k.startswith("attention.")},
+            "attention.name": "gqa",
+            "attention.n_kv_heads": 2,
+        }
+    )
+    assert any(
+        w.startswith("model/attention=gqa: DeepseekV3ForCausalLM's attention is multi-head latent")
+        for w in deepseek_unsupported(cfg)
+    )
     target, why = unsupported(cfg, "hf")
     assert target == MIXTRAL_TARGET
-    assert any(w.startswith("model.ffn.router=sigmoid: Mixtral scores experts with softmax (DeepSeek-V3's sigmoid "
-                            "router exports as DeepseekV3ForCausalLM, with model/attention=mla)") for w in why), why
+    assert any(
+        w.startswith(
+            "model.ffn.router=sigmoid: Mixtral scores experts with softmax (DeepSeek-V3's sigmoid "
+            "router exports as DeepseekV3ForCausalLM, with model/attention=mla)"
+        )
+        for w in why
+    ), why
 
 
 IMPORT_REFUSALS = [
@@ -185,19 +242,47 @@ IMPORT_REFUSALS = [
     ({"attention_bias": True}, "attention_bias=true"),
     ({"rms_norm_eps": 1e-5}, "rms_norm_eps=1e-05"),
     ({"num_key_value_heads": 2}, "num_key_value_heads=2"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0, "mscale": 0, "mscale_all_dim": 1.0,
-                          "original_max_position_embeddings": 8}}, "rope_parameters mscale_all_dim=1.0"),
+    (
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 500.0,
+                "factor": 4.0,
+                "mscale": 0,
+                "mscale_all_dim": 1.0,
+                "original_max_position_embeddings": 8,
+            }
+        },
+        "rope_parameters mscale_all_dim=1.0",
+    ),
 ]
 
 
 @pytest.mark.parametrize("override,reason", IMPORT_REFUSALS, ids=[r[1] for r in IMPORT_REFUSALS])
 def test_import_refuses_what_our_model_lacks_by_name(override: dict, reason: str, tmp_path) -> None:
     hf_cfg = transformers.DeepseekV3Config(
-        vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
-        qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
-        first_k_dense_replace=0, rms_norm_eps=1e-6, num_mtp_layers=0, rope_interleave=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=None,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=0,
+        rms_norm_eps=1e-6,
+        num_mtp_layers=0,
+        rope_interleave=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+    )
     for key, value in override.items():
         setattr(hf_cfg, key, value)
     hf_cfg.save_pretrained(tmp_path / "hf")  # the config is judged before any weight is read

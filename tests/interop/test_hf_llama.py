@@ -20,9 +20,20 @@ transformers = pytest.importorskip("transformers")
 
 VARIANTS = {
     "gqa_swiglu_untied": {},
-    "mha_geglu_tied_bias": {"attention.name": "mha", "attention.n_kv_heads": None, "ffn.name": "geglu", "bias": True,
-                            "tie_embeddings": "all", "norm.eps": 1e-6},
-    "mqa_scaled_untied": {"attention.name": "mqa", "attention.n_kv_heads": 1, "scale_embeddings": True, "ffn.glu_match_params": False},
+    "mha_geglu_tied_bias": {
+        "attention.name": "mha",
+        "attention.n_kv_heads": None,
+        "ffn.name": "geglu",
+        "bias": True,
+        "tie_embeddings": "all",
+        "norm.eps": 1e-6,
+    },
+    "mqa_scaled_untied": {
+        "attention.name": "mqa",
+        "attention.n_kv_heads": 1,
+        "scale_embeddings": True,
+        "ffn.glu_match_params": False,
+    },
 }
 
 
@@ -63,16 +74,25 @@ def test_import_round_trip(variant: str, tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def llama_run(tmp_path_factory):
-    return make_run_dir(tmp_path_factory.mktemp("llama") / "run", arch="decoder_only",
-                        **{k: v for k, v in LLAMA.items() if k not in ("arch", "n_encoder_layers")})
+    return make_run_dir(
+        tmp_path_factory.mktemp("llama") / "run",
+        arch="decoder_only",
+        **{k: v for k, v in LLAMA.items() if k not in ("arch", "n_encoder_layers")},
+    )
 
 
 def test_export_folder_loads_and_generates_like_ours(llama_run, tmp_path) -> None:
     run_dir, model, tok, _ = llama_run
     out = export_run(run_dir, "hf", tmp_path / "hf")
     names = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.model",
-            "tokenizer_config.json", "transformer_zoo.yaml"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.model",
+        "tokenizer_config.json",
+        "transformer_zoo.yaml",
+    } <= names
     assert (out / "tokenizer.model").read_bytes() == (run_dir / "spm.model").read_bytes()
     assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     hf_tok = transformers.AutoTokenizer.from_pretrained(out)  # LlamaTokenizer over our SentencePiece model
@@ -88,9 +108,16 @@ def test_export_folder_loads_and_generates_like_ours(llama_run, tmp_path) -> Non
     for src in random_sources(4, len(tok), seed=3):
         ours = translate_sentences(model, [src], gen, "cpu")[0][0].tokens
         with torch.inference_mode():
-            out_ids = hf.generate(input_ids=torch.tensor([src + [tok.sep_id]]), max_new_tokens=13, do_sample=False,
-                                  num_beams=1, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
-                                  bad_words_ids=[[tok.pad_id]], forced_eos_token_id=tok.eos_id)
+            out_ids = hf.generate(
+                input_ids=torch.tensor([src + [tok.sep_id]]),
+                max_new_tokens=13,
+                do_sample=False,
+                num_beams=1,
+                eos_token_id=tok.eos_id,
+                pad_token_id=tok.pad_id,
+                bad_words_ids=[[tok.pad_id]],
+                forced_eos_token_id=tok.eos_id,
+            )
         assert out_ids[0, len(src) + 1 :].tolist() == ours
 
 
@@ -107,14 +134,17 @@ def test_import_folder_as_run(llama_run, tmp_path) -> None:
         import_hf_llama(hf_dir, tmp_path / "imported")
 
 
-@pytest.mark.parametrize("override,switch", [
-    ({"norm_position": "post"}, "model.norm_position=post"),
-    ({"norm.name": "layernorm"}, "model/norm=layernorm"),
-    ({"ffn.name": "relu"}, "model/ffn=relu"),
-    ({"position.name": "alibi"}, "model/position=alibi"),
-    ({"scale_embeddings": True, "tie_embeddings": "all"}, "model.scale_embeddings=true"),
-    ({"arch": "encoder_decoder", "n_encoder_layers": 2}, "model.arch=encoder_decoder"),
-])
+@pytest.mark.parametrize(
+    "override,switch",
+    [
+        ({"norm_position": "post"}, "model.norm_position=post"),
+        ({"norm.name": "layernorm"}, "model/norm=layernorm"),
+        ({"ffn.name": "relu"}, "model/ffn=relu"),
+        ({"position.name": "alibi"}, "model/position=alibi"),
+        ({"scale_embeddings": True, "tie_embeddings": "all"}, "model.scale_embeddings=true"),
+        ({"arch": "encoder_decoder", "n_encoder_layers": 2}, "model.arch=encoder_decoder"),
+    ],
+)
 def test_refuses_what_llama_cannot_represent(override: dict, switch: str) -> None:
     cfg = tiny_model_config(**{**LLAMA, **override})
     assert any(switch in why for why in llama_unsupported(cfg))
@@ -126,8 +156,14 @@ def test_import_refuses_rope_scaling_it_lacks(tmp_path) -> None:
     """linear/dynamic/yarn/llama3 import (tests/interop/test_hf_qwen3.py); longrope does not."""
     model, cfg = _llama("gqa_swiglu_untied")
     hf = to_hf_llama(model, cfg)
-    hf.config.rope_parameters = {"rope_type": "longrope", "factor": 2.0, "rope_theta": 500.0,
-                                 "long_factor": [1.0] * 4, "short_factor": [1.0] * 4, "original_max_position_embeddings": 64}
+    hf.config.rope_parameters = {
+        "rope_type": "longrope",
+        "factor": 2.0,
+        "rope_theta": 500.0,
+        "long_factor": [1.0] * 4,
+        "short_factor": [1.0] * 4,
+        "original_max_position_embeddings": 64,
+    }
     hf.save_pretrained(tmp_path / "hf")
     with pytest.raises(ExportError, match="rope_type='longrope'"):
         from_hf_llama(tmp_path / "hf")
@@ -138,8 +174,14 @@ def test_import_refuses_yarn_mscale_with_mscale_all_dim(tmp_path) -> None:
     be 0.1 ln(factor) + 1: such a folder is refused, not imported with other logits."""
     model, cfg = _llama("gqa_swiglu_untied")
     hf = to_hf_llama(model, cfg)
-    hf.config.rope_parameters = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 500.0, "mscale": 1.0,
-                                 "mscale_all_dim": 1.0, "original_max_position_embeddings": 8}
+    hf.config.rope_parameters = {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "rope_theta": 500.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 8,
+    }
     assert transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS["yarn"](hf.config, "cpu")[1] == 1.0
     hf.save_pretrained(tmp_path / "hf")
     with pytest.raises(ExportError, match="rope_parameters mscale with mscale_all_dim"):

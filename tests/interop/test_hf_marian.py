@@ -20,7 +20,10 @@ transformers = pytest.importorskip("transformers")
 
 VARIANTS = {  # (overrides, joint vocabulary)
     "2017_shared": ({}, True),
-    "decoder_tied_separate_vocab_gelu_nobias": ({"tie_embeddings": "decoder", "ffn.name": "gelu", "bias": False}, False),
+    "decoder_tied_separate_vocab_gelu_nobias": (
+        {"tie_embeddings": "decoder", "ffn.name": "gelu", "bias": False},
+        False,
+    ),
     "untied_unscaled": ({"tie_embeddings": "none", "scale_embeddings": False}, True),
 }
 
@@ -37,9 +40,19 @@ def _batch():
 
 def test_permutation_maps_our_sinusoids_to_marians() -> None:
     ours = sinusoidal_table(20, 16)
-    marian = transformers.MarianMTModel(transformers.MarianConfig(
-        d_model=16, max_position_embeddings=20, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, vocab_size=10, pad_token_id=0, decoder_start_token_id=0)).model.encoder.embed_positions.weight
+    marian = transformers.MarianMTModel(
+        transformers.MarianConfig(
+            d_model=16,
+            max_position_embeddings=20,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            vocab_size=10,
+            pad_token_id=0,
+            decoder_start_token_id=0,
+        )
+    ).model.encoder.embed_positions.weight
     torch.testing.assert_close(ours[:, marian_permutation(16)], marian.detach(), atol=1e-6, rtol=0)
 
 
@@ -70,8 +83,9 @@ def test_hf_generate_equals_ours(reversal, strategy: str) -> None:
     model, cfg = reversal
     hf = to_marian(model, cfg)
     ids = random_sources(12, 40, seed=5, hi=12)
-    gen = GenerationConfig(strategy=strategy, beam_size=5, length_penalty=0.6, length_penalty_form="fairseq",
-                           max_len_a=0.0, max_len_b=30)
+    gen = GenerationConfig(
+        strategy=strategy, beam_size=5, length_penalty=0.6, length_penalty_form="fairseq", max_len_a=0.0, max_len_b=30
+    )
     ours = [h[0].tokens for h in translate_sentences(model, ids, gen, "cpu", "encoder_decoder")]
     assert all(len(t) < 31 for t in ours)  # ended by the model, not by the length limit
     assert marian_generate(hf, make_src_tokens(ids, "encoder_decoder"), gen) == ours
@@ -86,8 +100,16 @@ def test_export_folder_with_tokenizer(marian_run, tmp_path) -> None:
     run_dir, model, src_tok, tgt_tok = marian_run
     out = export_run(run_dir, "hf", tmp_path / "hf")
     names = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors", "generation_config.json", "source.spm", "target.spm",
-            "vocab.json", "target_vocab.json", "tokenizer_config.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "source.spm",
+        "target.spm",
+        "vocab.json",
+        "target_vocab.json",
+        "tokenizer_config.json",
+    } <= names
     hf = transformers.MarianMTModel.from_pretrained(out).eval()
     hf_tok = transformers.MarianTokenizer.from_pretrained(out)
     lines = ["A man is riding a bike.", "Two dogs play in the snow."]
@@ -101,16 +123,19 @@ def test_export_folder_with_tokenizer(marian_run, tmp_path) -> None:
     assert texts == [tgt_tok.decode(h[0].tokens) for h in ours]
 
 
-@pytest.mark.parametrize("override,switch", [
-    ({"norm_position": "pre"}, "model.norm_position=pre"),
-    ({"norm.name": "rmsnorm"}, "model/norm=rmsnorm"),
-    ({"norm.eps": 1e-6}, "model.norm.eps=1e-06"),
-    ({"ffn.name": "swiglu"}, "model/ffn=swiglu"),
-    ({"position.name": "rope"}, "model/position=rope"),
-    ({"position.name": "learned"}, "model/position=learned"),
-    ({"attention.name": "gqa", "attention.n_kv_heads": 2}, "model/attention=gqa"),
-    ({"arch": "decoder_only"}, "model.arch=decoder_only"),
-])
+@pytest.mark.parametrize(
+    "override,switch",
+    [
+        ({"norm_position": "pre"}, "model.norm_position=pre"),
+        ({"norm.name": "rmsnorm"}, "model/norm=rmsnorm"),
+        ({"norm.eps": 1e-6}, "model.norm.eps=1e-06"),
+        ({"ffn.name": "swiglu"}, "model/ffn=swiglu"),
+        ({"position.name": "rope"}, "model/position=rope"),
+        ({"position.name": "learned"}, "model/position=learned"),
+        ({"attention.name": "gqa", "attention.n_kv_heads": 2}, "model/attention=gqa"),
+        ({"arch": "decoder_only"}, "model.arch=decoder_only"),
+    ],
+)
 def test_refuses_what_marian_cannot_represent(override: dict, switch: str) -> None:
     cfg = tiny_model_config(**override)
     assert any(switch in why for why in marian_unsupported(cfg))

@@ -53,11 +53,24 @@ def test_mixtral_preset_against_hf_mixtral(tmp_path) -> None:
 
 VARIANTS = {
     "gqa_window_untied": {"attention_window": 4},
-    "mha_geglu_tied_top3": {"attention.name": "mha", "attention.n_kv_heads": None, "ffn.expert": "geglu", "ffn.top_k": 3,
-                            "tie_embeddings": "all", "ffn.expert_d_ff": 48, "norm.eps": 1e-6},
-    "mqa_scaled_yarn": {"attention.name": "mqa", "attention.n_kv_heads": 1, "scale_embeddings": True, "ffn.glu_match_params": False,
-                        "position.rope_scaling.rope_type": "yarn", "position.rope_scaling.factor": 4.0,
-                        "position.rope_scaling.original_max_position_embeddings": 4},
+    "mha_geglu_tied_top3": {
+        "attention.name": "mha",
+        "attention.n_kv_heads": None,
+        "ffn.expert": "geglu",
+        "ffn.top_k": 3,
+        "tie_embeddings": "all",
+        "ffn.expert_d_ff": 48,
+        "norm.eps": 1e-6,
+    },
+    "mqa_scaled_yarn": {
+        "attention.name": "mqa",
+        "attention.n_kv_heads": 1,
+        "scale_embeddings": True,
+        "ffn.glu_match_params": False,
+        "position.rope_scaling.rope_type": "yarn",
+        "position.rope_scaling.factor": 4.0,
+        "position.rope_scaling.original_max_position_embeddings": 4,
+    },
 }
 
 
@@ -80,7 +93,12 @@ def test_variants_against_hf_mixtral_and_back(variant: str, tmp_path) -> None:
         torch.testing.assert_close(again[k], first[k], atol=0, rtol=0)
     m = run_cfg.model
     assert (m.ffn.name, m.ffn.router, m.ffn.n_experts, m.ffn.top_k, m.ffn.expert) == (
-        "moe", "softmax", 4, cfg.ffn.top_k, cfg.ffn.expert)
+        "moe",
+        "softmax",
+        4,
+        cfg.ffn.top_k,
+        cfg.ffn.expert,
+    )
     assert (m.attention, m.attention_window) == (cfg.attention, cfg.attention_window)
 
 
@@ -101,9 +119,16 @@ def test_export_folder_generates_like_ours_and_imports_back(mixtral_run, tmp_pat
     for src in random_sources(4, len(tok), seed=3):
         ours = translate_sentences(model, [src], gen, "cpu")[0][0].tokens
         with torch.inference_mode():
-            out_ids = hf.generate(input_ids=torch.tensor([src + [tok.sep_id]]), max_new_tokens=13, do_sample=False,
-                                  num_beams=1, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
-                                  bad_words_ids=[[tok.pad_id]], forced_eos_token_id=tok.eos_id)
+            out_ids = hf.generate(
+                input_ids=torch.tensor([src + [tok.sep_id]]),
+                max_new_tokens=13,
+                do_sample=False,
+                num_beams=1,
+                eos_token_id=tok.eos_id,
+                pad_token_id=tok.pad_id,
+                bad_words_ids=[[tok.pad_id]],
+                forced_eos_token_id=tok.eos_id,
+            )
         assert out_ids[0, len(src) + 1 :].tolist() == ours
     back = load_run(import_hf_llama(out, tmp_path / "imported"))
     assert back.cfg.model.ffn.name == "moe" and back.cfg.generation.max_len_b == 5  # transformer_zoo.yaml
@@ -122,8 +147,10 @@ REFUSALS = [
     ({"bias": True}, "model.bias=true"),
     ({"qk_norm": "rmsnorm"}, "model.qk_norm=rmsnorm"),
     ({"attention_window": 4, "attention_window_pattern": 2}, "model.attention_window_pattern=2"),
-    ({"position.rope_scaling.rope_type": "ntk", "position.rope_scaling.factor": 2.0},
-     "model.position.rope_scaling.rope_type=ntk"),
+    (
+        {"position.rope_scaling.rope_type": "ntk", "position.rope_scaling.factor": 2.0},
+        "model.position.rope_scaling.rope_type=ntk",
+    ),
     ({"norm.name": "layernorm"}, "model/norm=layernorm"),
     ({"scale_embeddings": True, "tie_embeddings": "all"}, "model.scale_embeddings=true"),
 ]
@@ -131,7 +158,9 @@ REFUSALS = [
 
 @pytest.mark.parametrize("override,switch", REFUSALS, ids=[r[1] for r in REFUSALS])
 def test_options_mixtral_lacks_are_refused_by_name(override: dict, switch: str) -> None:
-    assert_moe_export_refuses(tiny_model_config(**{**MOE, **override}), switch, mixtral_unsupported, MIXTRAL_TARGET, "MixtralForCausalLM")
+    assert_moe_export_refuses(
+        tiny_model_config(**{**MOE, **override}), switch, mixtral_unsupported, MIXTRAL_TARGET, "MixtralForCausalLM"
+    )
 
 
 def test_mla_and_dense_models_are_not_mixtral_and_a_trained_bias_is_refused() -> None:

@@ -53,15 +53,25 @@ def test_qwen3_preset_against_hf_qwen3(tmp_path) -> None:
 
 def test_local_global_pattern_against_hf_qwen3_layer_types() -> None:
     """model.attention_window_pattern=2 = Qwen3's layer_types [sliding, full, sliding, full]."""
-    cfg = tiny_model_config(**{**LLAMA, "n_decoder_layers": 4, "qk_norm": "rmsnorm", "attention_window": 3,
-                               "attention_window_pattern": 2})
+    cfg = tiny_model_config(
+        **{**LLAMA, "n_decoder_layers": 4, "qk_norm": "rmsnorm", "attention_window": 3, "attention_window_pattern": 2}
+    )
     model = perturbed(build_model(cfg, 60))
     state = hf_llama_state(model, cfg)
     hf_cfg = transformers.Qwen3Config(
-        vocab_size=60, hidden_size=32, intermediate_size=state["model.layers.0.mlp.down_proj.weight"].shape[1],
-        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=cfg.norm.eps,
-        rope_parameters={"rope_type": "default", "rope_theta": 500.0}, tie_word_embeddings=False,
-        use_sliding_window=True, sliding_window=3, max_window_layers=0,
+        vocab_size=60,
+        hidden_size=32,
+        intermediate_size=state["model.layers.0.mlp.down_proj.weight"].shape[1],
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        rms_norm_eps=cfg.norm.eps,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        tie_word_embeddings=False,
+        use_sliding_window=True,
+        sliding_window=3,
+        max_window_layers=0,
         layer_types=["sliding_attention", "full_attention"] * 2,
     )
     hf_cfg._attn_implementation = "sdpa"
@@ -73,8 +83,12 @@ def test_local_global_pattern_against_hf_qwen3_layer_types() -> None:
 
 
 def test_qwen3_run_exports_as_a_qwen3_folder(tmp_path) -> None:
-    run_dir, model, tok, _ = make_run_dir(tmp_path / "run", arch="decoder_only", qk_norm="rmsnorm",
-                                          **{k: v for k, v in LLAMA.items() if k not in ("arch", "n_encoder_layers")})
+    run_dir, model, tok, _ = make_run_dir(
+        tmp_path / "run",
+        arch="decoder_only",
+        qk_norm="rmsnorm",
+        **{k: v for k, v in LLAMA.items() if k not in ("arch", "n_encoder_layers")},
+    )
     out = export_run(run_dir, "hf", tmp_path / "hf")
     assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
@@ -84,11 +98,22 @@ def test_qwen3_run_exports_as_a_qwen3_folder(tmp_path) -> None:
 
 
 SCALINGS = {
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 4,
-               "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "original_max_position_embeddings": 4,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+    },
     "linear": {"rope_type": "linear", "factor": 2.0},
     "dynamic": {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 6},
-    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4, "beta_fast": 8.0, "beta_slow": 2.0},
+    "yarn": {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 4,
+        "beta_fast": 8.0,
+        "beta_slow": 2.0,
+    },
 }
 
 
@@ -116,11 +141,26 @@ def test_imports_a_llama_3_1_style_folder(tmp_path) -> None:
     """A random Llama-3.1-shaped config (rope_theta 500000, llama3 scaling with its published
     factors 8 / 1 / 4 / 8192) written by HF itself imports with equal logits."""
     hf_cfg = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=131072, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-        bos_token_id=None, eos_token_id=3, pad_token_id=0,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=131072,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        bos_token_id=None,
+        eos_token_id=3,
+        pad_token_id=0,
     )
     hf = perturbed(transformers.LlamaForCausalLM(hf_cfg))
     hf.save_pretrained(tmp_path / "hf")
@@ -139,8 +179,11 @@ def test_imports_a_llama_3_1_style_folder(tmp_path) -> None:
 REFUSALS = [
     ({"attention.name": "mla", "attention.n_kv_heads": None}, "model/attention=mla", ["llama", "marian", "ct2"]),
     ({"attention_window": 4}, "model.attention_window=4", ["llama", "qwen3", "marian", "ct2"]),
-    ({"position.rope_scaling.rope_type": "ntk", "position.rope_scaling.factor": 2.0},
-     "model.position.rope_scaling.rope_type=ntk", ["llama", "qwen3", "ct2"]),
+    (
+        {"position.rope_scaling.rope_type": "ntk", "position.rope_scaling.factor": 2.0},
+        "model.position.rope_scaling.rope_type=ntk",
+        ["llama", "qwen3", "ct2"],
+    ),
     ({"qk_norm": "rmsnorm"}, "model.qk_norm=rmsnorm", ["llama", "marian", "ct2"]),
     ({"qk_norm": "layernorm"}, "model.qk_norm=layernorm", ["qwen3"]),
     ({"qk_norm": "rmsnorm", "bias": True}, "model.bias=true", ["qwen3"]),
@@ -162,8 +205,13 @@ def test_defaults_add_no_refusal() -> None:
     """A config written before the new fields (no qk_norm, window or rope_scaling) is judged as before."""
     cfg = tiny_model_config(**LLAMA)
     assert llama_unsupported(cfg) == []
-    old = OmegaConf.create({k: v for k, v in OmegaConf.to_container(cfg).items()
-                            if k not in ("qk_norm", "attention_window", "attention_window_pattern")})
+    old = OmegaConf.create(
+        {
+            k: v
+            for k, v in OmegaConf.to_container(cfg).items()
+            if k not in ("qk_norm", "attention_window", "attention_window_pattern")
+        }
+    )
     del old.position["rope_scaling"]
     assert llama_unsupported(old) == [] and ct2_unsupported(old) == []
 

@@ -8,16 +8,31 @@ from transformer.interop import unsupported
 from transformer.interop.hf_llama import llama_unsupported
 from transformer.interop.hf_moe import MIXTRAL_TARGET
 
-LLAMA_LIKE = dict(norm_position="pre", norm__name="rmsnorm", position__name="rope", bias=False, tie_embeddings="none",
-                  scale_embeddings=False, ffn__name="moe")
+LLAMA_LIKE = dict(
+    norm_position="pre",
+    norm__name="rmsnorm",
+    position__name="rope",
+    bias=False,
+    tie_embeddings="none",
+    scale_embeddings=False,
+    ffn__name="moe",
+)
 
 
 @pytest.mark.parametrize(
     "arch,fmt,reason",
     [
         ("encoder_decoder", "hf", "model/ffn=moe: Marian's feed-forward block has two matrices"),
-        ("encoder_decoder", "ctranslate2", "model/ffn=moe: CTranslate2's Transformer specs have no mixture-of-experts layer"),
-        ("decoder_only", "ctranslate2", "model/ffn=moe: CTranslate2's Transformer specs have no mixture-of-experts layer"),
+        (
+            "encoder_decoder",
+            "ctranslate2",
+            "model/ffn=moe: CTranslate2's Transformer specs have no mixture-of-experts layer",
+        ),
+        (
+            "decoder_only",
+            "ctranslate2",
+            "model/ffn=moe: CTranslate2's Transformer specs have no mixture-of-experts layer",
+        ),
     ],
 )
 def test_moe_is_refused_with_a_sentence_naming_the_switch(arch, fmt, reason):

@@ -76,7 +76,7 @@ def test_bf16_sublayer_into_fp32_residual_matches_fp32_with_gradients():
     torch.testing.assert_close(out, ref, rtol=8e-3, atol=1e-2)
     g = torch.randn_like(out)
     grad_x, grad_res = torch.autograd.grad(out, (x_low, residual), g)
-    grad_x_ref, = torch.autograd.grad(ref, (x_ref,), g)
+    (grad_x_ref,) = torch.autograd.grad(ref, (x_ref,), g)
     assert grad_x.dtype == torch.bfloat16 and grad_res.dtype == torch.float32
     torch.testing.assert_close(grad_x.float(), grad_x_ref, rtol=8e-3, atol=1e-2)
     torch.testing.assert_close(grad_res, g)

@@ -18,17 +18,30 @@ from transformer.models import build_model, kv_cache_bytes, kv_cache_bytes_per_t
 ARCHS = ["encoder_decoder", "decoder_only"]
 W = 3
 OPTIONS = {
-    "mla": {"attention.name": "mla", "attention.n_kv_heads": None, "position__name": "rope", "attention.kv_lora_rank": 12, "attention.q_lora_rank": 8},
+    "mla": {
+        "attention.name": "mla",
+        "attention.n_kv_heads": None,
+        "position__name": "rope",
+        "attention.kv_lora_rank": 12,
+        "attention.q_lora_rank": 8,
+    },
     "mla_sinusoidal": {"attention.name": "mla", "attention.n_kv_heads": None, "position__name": "sinusoidal"},
     "window": {"attention.name": "gqa", "attention.n_kv_heads": 2, "position__name": "rope", "attention_window": W},
     "window_pattern_alibi": {"position__name": "alibi", "attention_window": W, "attention_window_pattern": 2},
-    "mla_window": {"attention.name": "mla", "attention.n_kv_heads": None, "position__name": "rope", "attention_window": W},
+    "mla_window": {
+        "attention.name": "mla",
+        "attention.n_kv_heads": None,
+        "position__name": "rope",
+        "attention_window": W,
+    },
     "qk_norm": {"attention.name": "gqa", "attention.n_kv_heads": 2, "position__name": "rope", "qk_norm": "rmsnorm"},
 }
 
 
 def _model(arch: str, option: str):
-    return perturbed(make_model(arch, 40, eos_bias=1.0, scale=2.0, seed=3, norm_position="pre", **OPTIONS[option]), std=0.05)
+    return perturbed(
+        make_model(arch, 40, eos_bias=1.0, scale=2.0, seed=3, norm_position="pre", **OPTIONS[option]), std=0.05
+    )
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))
@@ -82,9 +95,18 @@ def test_sliding_window_decoder_against_hf_mistral() -> None:
     state = hf_llama_state(model, cfg)  # Mistral's parameter names are Llama's
     hidden = state["model.layers.0.mlp.down_proj.weight"].shape[1]
     hf_cfg = transformers.MistralConfig(
-        vocab_size=60, hidden_size=32, intermediate_size=hidden, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, rms_norm_eps=cfg.norm.eps, rope_theta=cfg.position.rope_theta,
-        sliding_window=W, max_position_embeddings=64, tie_word_embeddings=False,
+        vocab_size=60,
+        hidden_size=32,
+        intermediate_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        rms_norm_eps=cfg.norm.eps,
+        rope_theta=cfg.position.rope_theta,
+        sliding_window=W,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
     )
     hf_cfg._attn_implementation = "sdpa"
     hf = transformers.MistralForCausalLM(hf_cfg).eval()
@@ -110,8 +132,12 @@ def test_flops_of_latent_attention_match_a_flop_counter(option: str) -> None:
     from transformer.config import model_sizes
     from transformer.models import forward_flops
 
-    kw = {"mha": {}, "mla": OPTIONS["mla"], "mla_q_lora_v6": {**OPTIONS["mla"], "attention.v_head_dim": 6},
-          "mla_sinusoidal": OPTIONS["mla_sinusoidal"]}[option]
+    kw = {
+        "mha": {},
+        "mla": OPTIONS["mla"],
+        "mla_q_lora_v6": {**OPTIONS["mla"], "attention.v_head_dim": 6},
+        "mla_sinusoidal": OPTIONS["mla_sinusoidal"],
+    }[option]
     cfg = tiny_model_config(arch="decoder_only", n_encoder_layers=0, **kw)
     model = build_model(cfg, 50).eval()
     src_len, tgt_len = 4, 4

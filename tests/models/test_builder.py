@@ -45,7 +45,10 @@ def test_tying_modes():
     assert dec.tgt_embed.embedding.weight is dec.output_proj.weight
     assert dec.src_embed.embedding.weight.shape[0] == 50 and dec.output_proj.out_features == 60
     none = build_model(tiny_model_config(tie_embeddings="none"), 50)
-    assert len({id(none.src_embed.embedding.weight), id(none.tgt_embed.embedding.weight), id(none.output_proj.weight)}) == 3
+    assert (
+        len({id(none.src_embed.embedding.weight), id(none.tgt_embed.embedding.weight), id(none.output_proj.weight)})
+        == 3
+    )
 
 
 def test_llama_style_tiny_builds_with_gqa():
@@ -71,7 +74,11 @@ def test_flops_and_kv_cache_scale():
     "overrides,joint,message",
     [
         ({"d_model": 30, "n_heads": 4}, True, "model.d_model=30 is not divisible by model.n_heads=4"),
-        ({"attention.name": "gqa", "attention.n_kv_heads": 3}, True, "model.n_heads=4 is not divisible by model.attention.n_kv_heads=3"),
+        (
+            {"attention.name": "gqa", "attention.n_kv_heads": 3},
+            True,
+            "model.n_heads=4 is not divisible by model.attention.n_kv_heads=3",
+        ),
         ({"d_model": 20, "n_heads": 4, "position.name": "rope"}, True, "= 5 is odd"),
         ({"tie_embeddings": "all"}, False, "data.joint_vocab=false"),
         ({"attention.name": "mha", "attention.n_kv_heads": 2}, True, "model/attention=mha"),

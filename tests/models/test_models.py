@@ -17,7 +17,12 @@ V, PAD, BOS, EOS, SEP = 40, 0, 2, 3, 4
 
 
 def _model(arch, position, norm_position="pre", attention="gqa", dtype=torch.float32):
-    cfg = tiny_model_config(arch=arch, norm_position=norm_position, attention__name=attention, attention__n_kv_heads=2 if attention == "gqa" else None)
+    cfg = tiny_model_config(
+        arch=arch,
+        norm_position=norm_position,
+        attention__name=attention,
+        attention__n_kv_heads=2 if attention == "gqa" else None,
+    )
     cfg.position.name = position
     return build_model(cfg, V).eval().to(dtype)
 

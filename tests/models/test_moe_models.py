@@ -24,7 +24,13 @@ def _cfg(arch: str, **overrides):
 
 def test_sizes_of_the_experts_follow_the_expert_option():
     sizes = model_sizes(_cfg("decoder_only"))  # swiglu experts at d_ff 64: GLU width 48
-    assert (sizes.ffn_hidden, sizes.ffn_matrices, sizes.n_experts, sizes.top_k, sizes.shared_hidden) == (48, 3, 4, 2, 48)
+    assert (sizes.ffn_hidden, sizes.ffn_matrices, sizes.n_experts, sizes.top_k, sizes.shared_hidden) == (
+        48,
+        3,
+        4,
+        2,
+        48,
+    )
     assert model_sizes(_cfg("decoder_only", ffn__expert_d_ff=32)).ffn_hidden == 24  # int(21.3) -> 24
     relu = model_sizes(_cfg("decoder_only", ffn__expert="relu", ffn__n_shared_experts=2))
     assert (relu.ffn_hidden, relu.ffn_matrices, relu.shared_hidden) == (64, 2, 128)
@@ -34,7 +40,10 @@ def test_sizes_of_the_experts_follow_the_expert_option():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_total_and_active_parameters_and_flops_in_closed_form(arch):
-    moe, dense = build_model(_cfg(arch), V), build_model(tiny_model_config(arch=arch, norm_position="pre", ffn__name="swiglu"), V)
+    moe, dense = (
+        build_model(_cfg(arch), V),
+        build_model(tiny_model_config(arch=arch, norm_position="pre", ffn__name="swiglu"), V),
+    )
     d, h, e, k, layers = 32, 48, 4, 2, 4
     expert = 3 * d * h + (2 * h + d)  # one SwiGLU expert with biases (tiny_model_config has model.bias=true)
     router = d * e
@@ -68,8 +77,12 @@ def test_experts_get_the_builders_init_one_expert_at_a_time(init):
 def test_state_dict_names_and_dense_models_unchanged():
     names = list(build_model(_cfg("decoder_only"), V).state_dict())
     assert "decoder.layers.0.ffn.sublayer.router.expert_bias" in names
-    assert {"decoder.layers.0.ffn.sublayer.experts.w13", "decoder.layers.0.ffn.sublayer.experts.w2",
-            "decoder.layers.0.ffn.sublayer.router.gate.weight", "decoder.layers.0.ffn.sublayer.shared_experts.w13.weight"} <= set(names)
+    assert {
+        "decoder.layers.0.ffn.sublayer.experts.w13",
+        "decoder.layers.0.ffn.sublayer.experts.w2",
+        "decoder.layers.0.ffn.sublayer.router.gate.weight",
+        "decoder.layers.0.ffn.sublayer.shared_experts.w13.weight",
+    } <= set(names)
     dense = build_model(tiny_model_config(), V)  # a dense model has no buffer: its checkpoints load as before
     assert list(dense.state_dict()) == [n for n, _ in dense.named_parameters(remove_duplicate=False)]
 
@@ -83,9 +96,15 @@ def test_kv_cache_decoding_equals_full_forward_through_routed_layers(arch, route
 def _masks_seen(model) -> tuple[list, list]:
     """Record the ``token_mask`` each MoE block of ``model`` is called with (None or a clone)."""
     seen: list = []
-    hooks = [b.register_forward_pre_hook(
-        lambda m, args, kwargs: seen.append(None if kwargs.get("token_mask") is None else kwargs["token_mask"].clone()),
-        with_kwargs=True) for b in moe_blocks(model)]
+    hooks = [
+        b.register_forward_pre_hook(
+            lambda m, args, kwargs: seen.append(
+                None if kwargs.get("token_mask") is None else kwargs["token_mask"].clone()
+            ),
+            with_kwargs=True,
+        )
+        for b in moe_blocks(model)
+    ]
     return seen, hooks
 
 
@@ -97,7 +116,11 @@ def test_the_padding_mask_reaches_every_routed_layer_and_only_when_there_is_padd
     seen, _ = _masks_seen(model)
     src = torch.tensor([[7, 8, 9, EOS], [7, 8, EOS, PAD]])
     tgt = torch.tensor([[2, 11, 12, 13, 14], [2, 11, PAD, PAD, PAD]])
-    inputs = {"src_tokens": src, "prev_output_tokens": tgt} if arch == "encoder_decoder" else {"tokens": torch.cat([src, tgt], 1)}
+    inputs = (
+        {"src_tokens": src, "prev_output_tokens": tgt}
+        if arch == "encoder_decoder"
+        else {"tokens": torch.cat([src, tgt], 1)}
+    )
     model.features(**inputs)
     expected = [src.ne(PAD)] * 2 + [tgt.ne(PAD)] * 2 if arch == "encoder_decoder" else [inputs["tokens"].ne(PAD)] * 4
     assert len(seen) == 4 and all(torch.equal(got, want) for got, want in zip(seen, expected))

@@ -68,9 +68,18 @@ def test_llama_style_matches_hf_llama():
     transformers = pytest.importorskip("transformers")
     cfg = OmegaConf.load(REPO_ROOT / "configs" / "model" / "llama_style.yaml")
     base = tiny_model_config(
-        arch="decoder_only", norm_position="pre", n_encoder_layers=0, n_decoder_layers=2, n_heads=4,
-        attention__name="gqa", attention__n_kv_heads=2, bias=False, scale_embeddings=False, tie_embeddings="none",
-        init="normal", d_ff=96,
+        arch="decoder_only",
+        norm_position="pre",
+        n_encoder_layers=0,
+        n_decoder_layers=2,
+        n_heads=4,
+        attention__name="gqa",
+        attention__n_kv_heads=2,
+        bias=False,
+        scale_embeddings=False,
+        tie_embeddings="none",
+        init="normal",
+        d_ff=96,
     )
     base.norm.name, base.norm.eps = "rmsnorm", 1e-5
     base.ffn.name, base.position.name, base.position.rope_theta = "swiglu", "rope", 10000.0
@@ -79,9 +88,18 @@ def test_llama_style_matches_hf_llama():
     ours = build_model(base, vocab).eval()
     hidden = ours.decoder.layers[0].ffn.sublayer.w2.in_features  # 2/3 * 96 = 64
     hf_cfg = transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=D, intermediate_size=hidden, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
-        max_position_embeddings=128, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+        vocab_size=vocab,
+        hidden_size=D,
+        intermediate_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
     )
     ref = transformers.LlamaForCausalLM(hf_cfg).eval()
     sd = ref.state_dict()
@@ -93,11 +111,19 @@ def test_llama_style_matches_hf_llama():
             p = f"model.layers.{i}."
             layer.self_attn.norm.weight.copy_(sd[p + "input_layernorm.weight"])
             layer.self_attn.sublayer.in_proj.weight.copy_(
-                torch.cat([sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"], sd[p + "self_attn.v_proj.weight"]])
+                torch.cat(
+                    [
+                        sd[p + "self_attn.q_proj.weight"],
+                        sd[p + "self_attn.k_proj.weight"],
+                        sd[p + "self_attn.v_proj.weight"],
+                    ]
+                )
             )
             layer.self_attn.sublayer.out_proj.weight.copy_(sd[p + "self_attn.o_proj.weight"])
             layer.ffn.norm.weight.copy_(sd[p + "post_attention_layernorm.weight"])
-            layer.ffn.sublayer.w13.weight.copy_(torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]]))
+            layer.ffn.sublayer.w13.weight.copy_(
+                torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]])
+            )
             layer.ffn.sublayer.w2.weight.copy_(sd[p + "mlp.down_proj.weight"])
     tokens = torch.randint(5, vocab, (2, 11))
     with torch.no_grad():

@@ -114,7 +114,9 @@ def test_cpu_bf16_autocast_attention_runs_in_fp32_and_matches(causal):
         out = _sdpa(q, k, v, None if causal else mask, 0.0, causal, False)
     assert out.dtype == torch.bfloat16
     ref_in = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    ref = torch.nn.functional.scaled_dot_product_attention(*ref_in, attn_mask=None if causal else mask, is_causal=causal)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        *ref_in, attn_mask=None if causal else mask, is_causal=causal
+    )
     torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
     g = torch.randn_like(ref)
     grads = torch.autograd.grad(out, (q, k, v), g.bfloat16())
@@ -189,7 +191,9 @@ def test_attention_inputs_prepare_the_bias_mask_and_rotary_tables_once(causal):
     pad = torch.tensor([[True, False, False, False], [False] * 4])
     alibi = ALiBi(n_heads=2)
     got = AttentionInputs.prepare(alibi, pos, causal=causal, key_padding_mask=pad, dtype=torch.float64)
-    want, want_causal = build_attention_mask(pad, causal, 4, 4, alibi.score_bias(pos, pos, causal=causal), torch.float64)
+    want, want_causal = build_attention_mask(
+        pad, causal, 4, 4, alibi.score_bias(pos, pos, causal=causal), torch.float64
+    )
     assert torch.equal(got.mask, want) and got.mask.dtype == torch.float64
     assert got.is_causal == want_causal and got.rotary is None
     rope = RotaryEmbedding(head_dim=8)
@@ -215,8 +219,9 @@ def test_fp32_grouped_query_attention_off_the_cpu_repeats_kv_heads(monkeypatch) 
     assert ek.shape == (2, 4, 7, 8) and ev.shape == (2, 4, 7, 6)
     assert torch.equal(ek[:, 1], k[:, 0]) and torch.equal(ek[:, 2], k[:, 1])  # head h reads kv head h // 2
     for attn_mask, causal in ((mask, False), (None, True)):
-        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
-                                                                enable_gqa=True)
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=causal, enable_gqa=True
+        )
         got = torch.nn.functional.scaled_dot_product_attention(q, ek, ev, attn_mask=attn_mask, is_causal=causal)
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(sdpa(q, k, v, attn_mask, 0.0, causal, True), want)  # the CPU: unchanged

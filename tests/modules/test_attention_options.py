@@ -25,9 +25,17 @@ def test_qk_norm_against_hf_qwen3_attention() -> None:
     transformers = pytest.importorskip("transformers")
     from transformers.models.qwen3 import modeling_qwen3 as q3
 
-    cfg = transformers.Qwen3Config(hidden_size=D, num_attention_heads=H, num_key_value_heads=HKV, head_dim=D // H,
-                                   rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-                                   attention_bias=False, max_position_embeddings=64, num_hidden_layers=1)
+    cfg = transformers.Qwen3Config(
+        hidden_size=D,
+        num_attention_heads=H,
+        num_key_value_heads=HKV,
+        head_dim=D // H,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        attention_bias=False,
+        max_position_embeddings=64,
+        num_hidden_layers=1,
+    )
     cfg._attn_implementation = "sdpa"
     hf = _perturb(q3.Qwen3Attention(cfg, 0))
     ours = build_attention(D, H, HKV, False, 0.0, qk_norm="rmsnorm", eps=1e-6).eval()
@@ -55,10 +63,13 @@ def test_qk_norm_applies_to_cross_attention_keys_before_caching() -> None:
     x, memory = torch.randn(2, 1, D), torch.randn(2, 5, D)
     cache = KVCache(static=True)
     first = attn(x, memory=memory, cache=cache)
-    k = attn.in_proj(memory)[..., H * 8: (H + HKV) * 8].reshape(2, 5, HKV, 8).transpose(1, 2)
+    k = attn.in_proj(memory)[..., H * 8 : (H + HKV) * 8].reshape(2, 5, HKV, 8).transpose(1, 2)
     torch.testing.assert_close(cache.k, attn.k_norm(k))
     torch.testing.assert_close(attn(x, cache=cache), first)
-    assert "q_norm.weight" in attn.state_dict() and "q_norm.weight" not in build_attention(D, H, HKV, True, 0.0).state_dict()
+    assert (
+        "q_norm.weight" in attn.state_dict()
+        and "q_norm.weight" not in build_attention(D, H, HKV, True, 0.0).state_dict()
+    )
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -99,7 +110,9 @@ def test_windowed_steps_over_a_rolling_cache_equal_the_full_forward(position: st
         full = attn(x, attn_mask=full_in.local_mask, rotary=full_in.rotary)
         cache, outs = KVCache(max_len=W), []
         for lo, hi in [(0, 5)] + [(t, t + 1) for t in range(5, T)]:
-            step = AttentionInputs.prepare(enc, pos[:, lo:hi], pos[:, :hi], causal=True, key_padding_mask=pad[:, :hi], window=W)
+            step = AttentionInputs.prepare(
+                enc, pos[:, lo:hi], pos[:, :hi], causal=True, key_padding_mask=pad[:, :hi], window=W
+            )
             outs.append(attn(x[:, lo:hi], attn_mask=step.local_mask, rotary=step.rotary, cache=cache))
             assert len(cache) <= W
     real = ~pad

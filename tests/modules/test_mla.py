@@ -16,8 +16,10 @@ from transformer.modules.positions import RotaryEmbedding
 from transformer.modules.rope_scaling import RopeScaling
 
 D, H = 32, 4
-SIZES = {"no_q_lora": LatentSizes(kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12),
-         "q_lora": LatentSizes(kv_lora_rank=16, q_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=8)}
+SIZES = {
+    "no_q_lora": LatentSizes(kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12),
+    "q_lora": LatentSizes(kv_lora_rank=16, q_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=8),
+}
 ROPES = {"default": None, "yarn": RopeScaling(rope_type="yarn", factor=4.0, original_max_position_embeddings=8)}
 
 
@@ -35,14 +37,33 @@ def _hf_attention(sizes: LatentSizes, bias: bool, scaling: RopeScaling | None):
 
     rope = {"rope_type": "default", "rope_theta": 10000.0}
     if scaling is not None:
-        rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": scaling.factor,
-                "original_max_position_embeddings": scaling.original_max_position_embeddings}
+        rope = {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": scaling.factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings,
+        }
     cfg = transformers.DeepseekV3Config(
-        vocab_size=50, hidden_size=D, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=1,
-        num_attention_heads=H, num_key_value_heads=H, kv_lora_rank=sizes.kv_lora_rank, q_lora_rank=sizes.q_lora_rank,
-        qk_rope_head_dim=sizes.qk_rope_head_dim, qk_nope_head_dim=sizes.qk_nope_head_dim, v_head_dim=sizes.v_head_dim,
-        rope_interleave=False, rms_norm_eps=1e-6, attention_bias=bias, max_position_embeddings=64, rope_parameters=rope,
-        n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
+        vocab_size=50,
+        hidden_size=D,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=H,
+        num_key_value_heads=H,
+        kv_lora_rank=sizes.kv_lora_rank,
+        q_lora_rank=sizes.q_lora_rank,
+        qk_rope_head_dim=sizes.qk_rope_head_dim,
+        qk_nope_head_dim=sizes.qk_nope_head_dim,
+        v_head_dim=sizes.v_head_dim,
+        rope_interleave=False,
+        rms_norm_eps=1e-6,
+        attention_bias=bias,
+        max_position_embeddings=64,
+        rope_parameters=rope,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
     )
     cfg._attn_implementation = "sdpa"
     return _perturbed(ds.DeepseekV3Attention(cfg, 0)), ds.DeepseekV3RotaryEmbedding(cfg)
@@ -82,8 +103,14 @@ def test_against_hf_deepseek_v3_attention(variant: str, bias: bool, rope: str) -
 
 
 def test_cache_holds_the_latent_and_the_rope_key_only() -> None:
-    cfg = tiny_model_config(arch="decoder_only", n_encoder_layers=0, attention__name="mla",
-                            position__name="rope", attention__kv_lora_rank=12, attention__qk_rope_head_dim=4)
+    cfg = tiny_model_config(
+        arch="decoder_only",
+        n_encoder_layers=0,
+        attention__name="mla",
+        position__name="rope",
+        attention__kv_lora_rank=12,
+        attention__qk_rope_head_dim=4,
+    )
     latent = model_sizes(cfg).latent
     model = build_model(cfg, 40).eval()
     with torch.no_grad():
@@ -106,8 +133,15 @@ def test_cached_chunks_equal_the_full_forward() -> None:
         cache, outs, start = KVCache(), [], 0
         for size in (3, 2, 1, 1):
             mask, causal = build_attention_mask(None, True, size, start + size)
-            outs.append(attn(x[:, start:start + size], attn_mask=mask, is_causal=causal,
-                             rotary=rope.rotary(pos[:, start:start + size]), cache=cache))
+            outs.append(
+                attn(
+                    x[:, start : start + size],
+                    attn_mask=mask,
+                    is_causal=causal,
+                    rotary=rope.rotary(pos[:, start : start + size]),
+                    cache=cache,
+                )
+            )
             start += size
     assert len(cache) == 7 and cache.k.shape[-1] == sizes.kv_lora_rank
     torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-5, rtol=1e-5)
@@ -117,9 +151,18 @@ def test_sizes_are_checked_and_cross_attention_is_refused() -> None:
     sizes = SIZES["no_q_lora"]
     good = build_mla(D, H, sizes, False, 0.0, 1e-6)
     with pytest.raises(ValueError, match="kv_up inputs"):
-        MultiHeadLatentAttention(n_heads=H, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12,
-                                 q_proj=good.q_proj, kv_down=nn.Linear(D, 16), kv_norm=good.kv_norm, kv_up=good.kv_up,
-                                 out_proj=good.out_proj)
+        MultiHeadLatentAttention(
+            n_heads=H,
+            kv_lora_rank=8,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=8,
+            v_head_dim=12,
+            q_proj=good.q_proj,
+            kv_down=nn.Linear(D, 16),
+            kv_norm=good.kv_norm,
+            kv_up=good.kv_up,
+            out_proj=good.out_proj,
+        )
     with pytest.raises(ValueError, match="even qk_rope_head_dim"):
         build_mla(D, H, LatentSizes(16, None, 8, 7, 12), False, 0.0, 1e-6)
     with pytest.raises(ValueError, match="self-attention only"):

@@ -21,11 +21,23 @@ from transformers.models.switch_transformers.modeling_switch_transformers import
 D, HIDDEN, E, K = 32, 48, 4, 2
 
 
-def _moe(router: str = "softmax", *, n_experts: int = E, top_k: int = K, hidden: int = HIDDEN, gated: bool = True,
-         activation=F.silu, bias: bool = False, shared: int = 0, dispatch: str = "auto", **router_kw) -> MixtureOfExperts:
+def _moe(
+    router: str = "softmax",
+    *,
+    n_experts: int = E,
+    top_k: int = K,
+    hidden: int = HIDDEN,
+    gated: bool = True,
+    activation=F.silu,
+    bias: bool = False,
+    shared: int = 0,
+    dispatch: str = "auto",
+    **router_kw,
+) -> MixtureOfExperts:
     torch.manual_seed(3)
-    experts = GroupedExperts(n_experts=n_experts, d_model=D, hidden=hidden, activation=activation, gated=gated,
-                             bias=bias, dispatch=dispatch)
+    experts = GroupedExperts(
+        n_experts=n_experts, d_model=D, hidden=hidden, activation=activation, gated=gated, bias=bias, dispatch=dispatch
+    )
     experts.reset_parameters(lambda w: nn.init.normal_(w, std=0.2))
     if bias:
         with torch.no_grad():
@@ -35,13 +47,21 @@ def _moe(router: str = "softmax", *, n_experts: int = E, top_k: int = K, hidden:
     router_mod = TopKRouter(gate=gate, scoring=ROUTER_SCORES[router], top_k=top_k, **router_kw)
     shared_block = None
     if shared:
-        shared_block = GatedFeedForward.from_sizes(d_model=D, hidden=shared * hidden, activation=F.silu, bias=False, dropout=0.0)
+        shared_block = GatedFeedForward.from_sizes(
+            d_model=D, hidden=shared * hidden, activation=F.silu, bias=False, dropout=0.0
+        )
     return MixtureOfExperts(router=router_mod, experts=experts, shared_experts=shared_block, aux_loss_coef=0.01)
 
 
 def _mixtral(ours: MixtureOfExperts) -> MixtralSparseMoeBlock:
-    cfg = transformers.MixtralConfig(hidden_size=D, intermediate_size=ours.experts.hidden, num_local_experts=ours.experts.n_experts,
-                                     num_experts_per_tok=ours.router.top_k, hidden_act="silu", router_jitter_noise=0.0)
+    cfg = transformers.MixtralConfig(
+        hidden_size=D,
+        intermediate_size=ours.experts.hidden,
+        num_local_experts=ours.experts.n_experts,
+        num_experts_per_tok=ours.router.top_k,
+        hidden_act="silu",
+        router_jitter_noise=0.0,
+    )
     ref = MixtralSparseMoeBlock(cfg)
     with torch.no_grad():
         ref.gate.weight.copy_(ours.router.gate.weight)
@@ -90,7 +110,6 @@ def test_aux_loss_and_its_gradient_equal_load_balancing_loss_func_over_several_l
     assert ours.load.shape == (2, E) and ours.load.sum().item() == 2 * 4 * 9 * K and ours.dropped == 0
 
 
-
 def _two_layers(x: torch.Tensor, token_mask: torch.Tensor | None) -> tuple[nn.ModuleList, list[torch.Tensor]]:
     """Two MoE blocks (one stack, the second router different) applied in turn to ``x`` with
     ``token_mask``; returns them (fresh, same weights each call) and their router logits."""
@@ -116,10 +135,14 @@ def test_padding_is_left_out_as_load_balancing_loss_func_with_an_attention_mask(
     ours = router_losses(blocks)
     expected = load_balancing_loss_func(tuple(logits), num_experts=E, top_k=K, attention_mask=mask)
     torch.testing.assert_close(ours.aux_loss, expected)
-    assert not torch.allclose(expected, load_balancing_loss_func(tuple(logits), num_experts=E, top_k=K))  # padding mattered
+    assert not torch.allclose(
+        expected, load_balancing_loss_func(tuple(logits), num_experts=E, top_k=K)
+    )  # padding mattered
     gates = [b.router.gate.weight for b in blocks]
-    for g, w in zip(torch.autograd.grad(ours.aux_loss, gates, retain_graph=True),
-                    torch.autograd.grad(expected, gates, retain_graph=True)):
+    for g, w in zip(
+        torch.autograd.grad(ours.aux_loss, gates, retain_graph=True),
+        torch.autograd.grad(expected, gates, retain_graph=True),
+    ):
         torch.testing.assert_close(g, w)
     real = mask.reshape(-1)
     torch.testing.assert_close(ours.z_loss, router_z_loss_func(torch.cat([lg[real] for lg in logits])[None]))
@@ -128,7 +151,10 @@ def test_padding_is_left_out_as_load_balancing_loss_func_with_an_attention_mask(
         assert torch.equal(ours.load[layer], want)
     assert ours.load.sum().item() == 2 * K * int(mask.sum()) and ours.dropped == 0
     # no mask = every position real: the same values as an all-True mask
-    unmasked, full = router_losses(_two_layers(x, None)[0]), router_losses(_two_layers(x, torch.ones(4, 9, dtype=torch.bool))[0])
+    unmasked, full = (
+        router_losses(_two_layers(x, None)[0]),
+        router_losses(_two_layers(x, torch.ones(4, 9, dtype=torch.bool))[0]),
+    )
     torch.testing.assert_close(unmasked.aux_loss, full.aux_loss)
     torch.testing.assert_close(unmasked.z_loss, full.z_loss)
     assert torch.equal(unmasked.load, full.load)
@@ -149,8 +175,9 @@ def test_extra_padding_changes_no_loss_load_or_bias_update():
     torch.testing.assert_close(a.aux_loss, b.aux_loss)
     torch.testing.assert_close(a.z_loss, b.z_loss)
     assert torch.equal(a.load, b.load)
-    grads = [torch.autograd.grad(r.weighted + r.z_loss, [blk.router.gate.weight for blk in m])
-             for r, m in zip((a, b), runs)]
+    grads = [
+        torch.autograd.grad(r.weighted + r.z_loss, [blk.router.gate.weight for blk in m]) for r, m in zip((a, b), runs)
+    ]
     for g, w in zip(*grads):
         torch.testing.assert_close(g, w)
     for r, m in zip((a, b), runs):
@@ -160,6 +187,7 @@ def test_extra_padding_changes_no_loss_load_or_bias_update():
     # counting the padding (no mask) would have moved the loss and the loads
     counted = router_losses(_two_layers(x_pad, None)[0])
     assert not torch.allclose(counted.aux_loss, a.aux_loss) and counted.load.sum() > a.load.sum()
+
 
 def test_switch_top1_aux_loss_equals_switch_transformers_formula():
     from transformers.models.switch_transformers.modeling_switch_transformers import (
@@ -177,9 +205,15 @@ def test_switch_top1_aux_loss_equals_switch_transformers_formula():
 
 def _deepseek(ours: MixtureOfExperts, n_shared: int) -> DeepseekV3MoE:
     cfg = transformers.DeepseekV3Config(
-        hidden_size=D, moe_intermediate_size=ours.experts.hidden, n_routed_experts=ours.experts.n_experts,
-        num_experts_per_tok=ours.router.top_k, n_shared_experts=n_shared, n_group=1, topk_group=1,
-        norm_topk_prob=ours.router.norm_topk_prob, routed_scaling_factor=ours.router.routed_scaling_factor,
+        hidden_size=D,
+        moe_intermediate_size=ours.experts.hidden,
+        n_routed_experts=ours.experts.n_experts,
+        num_experts_per_tok=ours.router.top_k,
+        n_shared_experts=n_shared,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=ours.router.norm_topk_prob,
+        routed_scaling_factor=ours.router.routed_scaling_factor,
         hidden_act="silu",
     )
     ref = DeepseekV3MoE(cfg)
@@ -265,7 +299,8 @@ def test_bias_update_is_deepseek_v3_sign_rule():
     torch.testing.assert_close(model[0].router.expert_bias, torch.tensor([-0.01, 0.01, 0.0, 0.01]))
     assert torch.count_nonzero(model[1].router.expert_bias) == 0
     assert "router.expert_bias" in model[0].state_dict() and not any(
-        n.endswith("expert_bias") for n, _ in model.named_parameters())
+        n.endswith("expert_bias") for n, _ in model.named_parameters()
+    )
     assert moe_blocks(model) == [model[0], model[1]]
 
 

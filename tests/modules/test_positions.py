@@ -46,9 +46,9 @@ def test_alibi_bias_values():
     alibi = ALiBi(n_heads=2)
     pos = torch.arange(4)[None]
     causal = alibi.score_bias(pos, pos, causal=True)  # (1, 2, 4, 4)
-    assert causal[0, 0, 3, 1].item() == pytest.approx(-2.0 ** -4 * 2)
+    assert causal[0, 0, 3, 1].item() == pytest.approx(-(2.0**-4) * 2)
     sym = alibi.score_bias(pos, pos, causal=False)
-    assert sym[0, 1, 1, 3].item() == pytest.approx(-2.0 ** -8 * 2)
+    assert sym[0, 1, 1, 3].item() == pytest.approx(-(2.0**-8) * 2)
 
 
 def test_rope_score_depends_only_on_offset():

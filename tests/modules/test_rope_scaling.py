@@ -17,24 +17,45 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 HEAD_DIM, THETA, L0 = 64, 500000.0, 64
 CASES = {
     "linear": RopeScaling(rope_type="linear", factor=4.0),
-    "yarn": RopeScaling(rope_type="yarn", factor=8.0, original_max_position_embeddings=L0, beta_fast=32.0, beta_slow=1.0),
-    "yarn_attention_factor": RopeScaling(rope_type="yarn", factor=4.0, original_max_position_embeddings=L0,
-                                         beta_fast=16.0, beta_slow=2.0, attention_factor=1.5),
-    "llama3": RopeScaling(rope_type="llama3", factor=8.0, original_max_position_embeddings=L0,
-                          low_freq_factor=1.0, high_freq_factor=4.0),
+    "yarn": RopeScaling(
+        rope_type="yarn", factor=8.0, original_max_position_embeddings=L0, beta_fast=32.0, beta_slow=1.0
+    ),
+    "yarn_attention_factor": RopeScaling(
+        rope_type="yarn",
+        factor=4.0,
+        original_max_position_embeddings=L0,
+        beta_fast=16.0,
+        beta_slow=2.0,
+        attention_factor=1.5,
+    ),
+    "llama3": RopeScaling(
+        rope_type="llama3", factor=8.0, original_max_position_embeddings=L0, low_freq_factor=1.0, high_freq_factor=4.0
+    ),
 }
 
 
 def _hf_config(s: RopeScaling, max_positions: int = 4 * L0):
     params = {"rope_type": s.rope_type, "rope_theta": THETA, "factor": s.factor}
     if s.rope_type == "yarn":
-        params.update(original_max_position_embeddings=s.original_max_position_embeddings, beta_fast=s.beta_fast,
-                      beta_slow=s.beta_slow, **({} if s.attention_factor is None else {"attention_factor": s.attention_factor}))
+        params.update(
+            original_max_position_embeddings=s.original_max_position_embeddings,
+            beta_fast=s.beta_fast,
+            beta_slow=s.beta_slow,
+            **({} if s.attention_factor is None else {"attention_factor": s.attention_factor}),
+        )
     if s.rope_type == "llama3":
-        params.update(original_max_position_embeddings=s.original_max_position_embeddings,
-                      low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor)
-    return transformers.LlamaConfig(hidden_size=HEAD_DIM * 4, num_attention_heads=4, head_dim=HEAD_DIM,
-                                    max_position_embeddings=max_positions, rope_parameters=params)
+        params.update(
+            original_max_position_embeddings=s.original_max_position_embeddings,
+            low_freq_factor=s.low_freq_factor,
+            high_freq_factor=s.high_freq_factor,
+        )
+    return transformers.LlamaConfig(
+        hidden_size=HEAD_DIM * 4,
+        num_attention_heads=4,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=max_positions,
+        rope_parameters=params,
+    )
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -90,7 +111,9 @@ def test_default_is_the_unscaled_table_and_every_option_is_callable() -> None:
     default = RotaryEmbedding(head_dim=16, scaling=RopeScaling()).rotary(pos)
     assert all(torch.equal(a, b) for a, b in zip(plain, default))
     for name in ROPE_SCALINGS:
-        inv, _ = rope_inv_freq(16, 10000.0, RopeScaling(rope_type=name, factor=2.0, original_max_position_embeddings=32))
+        inv, _ = rope_inv_freq(
+            16, 10000.0, RopeScaling(rope_type=name, factor=2.0, original_max_position_embeddings=32)
+        )
         assert inv.shape == (8,) and inv.dtype == torch.float32
     with pytest.raises(ValueError, match="rope_type='bogus'"):
         rope_inv_freq(16, 10000.0, RopeScaling(rope_type="bogus"))

@@ -40,7 +40,10 @@ def test_cli_folder_last_three_by_value(run_dir, tmp_path):
     out = tmp_path / "avg.safetensors"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--inputs", str(run_dir), "--num-last", "3", "--output", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert "averaged 3 checkpoints (checkpoint_20, checkpoint_30, checkpoint_40)" in proc.stdout
@@ -56,10 +59,15 @@ def test_cli_folder_last_three_by_value(run_dir, tmp_path):
 
 
 def test_explicit_files_in_process(run_dir, tmp_path):
-    out = _script().main([
-        "--inputs", str(run_dir / "checkpoint_10.safetensors"), str(run_dir / "checkpoint_40"),
-        "--output", str(tmp_path / "two.safetensors"),
-    ])
+    out = _script().main(
+        [
+            "--inputs",
+            str(run_dir / "checkpoint_10.safetensors"),
+            str(run_dir / "checkpoint_40"),
+            "--output",
+            str(tmp_path / "two.safetensors"),
+        ]
+    )
     torch.testing.assert_close(load_file(out)["embed.weight"], torch.full((2, 3), 2.5))
 
 

@@ -56,8 +56,19 @@ def test_evaluate_an_ensemble(runs, tmp_path) -> None:
         pytest.skip(f"Multi30k not found under {data_root}; set TRANSFORMER_DATA_DIR")
     script = _load_script("evaluate")
     a, b = runs[0][0], runs[1][0]
-    res = script.run(_cfg("evaluate", [f"checkpoint=[{a},{b}]", "splits=[test_2016_flickr]", "limit=6",
-                                       f"data.root={data_root}", "generation.beam_size=2", "progress=false"]))
+    res = script.run(
+        _cfg(
+            "evaluate",
+            [
+                f"checkpoint=[{a},{b}]",
+                "splits=[test_2016_flickr]",
+                "limit=6",
+                f"data.root={data_root}",
+                "generation.beam_size=2",
+                "progress=false",
+            ],
+        )
+    )
     assert res["checkpoint"] == [str(a / "checkpoint_best.safetensors"), str(b / "checkpoint_best.safetensors")]
     (out,) = (a / "eval").glob("ensemble_2_*")
     assert json.loads((out / "results.json").read_text())["splits"]["test_2016_flickr"]["sentences"] == 6

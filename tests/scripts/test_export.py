@@ -28,10 +28,20 @@ def test_export_hf_then_import_back(tmp_path) -> None:
 
 def test_refused_export_exits_2_with_one_line(tmp_path) -> None:
     run_dir = make_run_dir(tmp_path / "run", **{"position.name": "alibi"})[0]
-    res = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "export.py"), f"run={run_dir}",
-                          "format=ctranslate2", f"out={tmp_path / 'ct2'}"], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "export.py"),
+            f"run={run_dir}",
+            "format=ctranslate2",
+            f"out={tmp_path / 'ct2'}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2, res.stderr
     assert res.stderr.strip().splitlines() == [
         "error: cannot export to CTranslate2: model/position=alibi in an encoder-decoder: CTranslate2 has ALiBi "
-        "only in decoders (its encoder has no ALiBi bias)"]
+        "only in decoders (its encoder has no ALiBi bias)"
+    ]
     assert not (tmp_path / "ct2").exists()

@@ -46,8 +46,14 @@ def _wmt14_shaped(root: Path) -> Path:
 
 def _preprocess(*overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "scripts/preprocess.py", *overrides], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "scripts/preprocess.py", *overrides],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _data_cfg(*overrides: str):
@@ -109,26 +115,45 @@ def test_wmt14_base_experiment_is_the_paper_recipe() -> None:
     m, t, g = cfg.model, cfg.train, cfg.generation
     assert cfg.data.name == "wmt14_en_de" and cfg.data.vocab_size == 37000 and cfg.data.joint_vocab
     assert (m.arch, m.d_model, m.n_heads, m.d_ff, m.n_encoder_layers, m.n_decoder_layers, m.dropout) == (
-        "encoder_decoder", 512, 8, 2048, 6, 6, 0.1)
+        "encoder_decoder",
+        512,
+        8,
+        2048,
+        6,
+        6,
+        0.1,
+    )
     assert (cfg.optim.name, list(cfg.optim.betas), cfg.optim.eps) == ("adam", [0.9, 0.98], 1e-9)
-    assert (cfg.lr_scheduler.form, cfg.lr_scheduler.warmup_updates, cfg.criterion.label_smoothing) == ("noam", 4000, 0.1)
+    assert (cfg.lr_scheduler.form, cfg.lr_scheduler.warmup_updates, cfg.criterion.label_smoothing) == (
+        "noam",
+        4000,
+        0.1,
+    )
     assert t.max_tokens * t.update_freq * 8 == 25_000  # target tokens per update on 8 GPUs
     assert (t.max_updates, t.average_last, t.keep_last) == (100_000, 5, 5) and 0 < t.save_every < t.max_updates
     assert (g.strategy, g.beam_size, g.length_penalty, g.max_len_a, g.max_len_b) == ("beam", 4, 0.6, 1.0, 50)
     # the variants docs/sweeps.md shows stay valid: 1 GPU with update_freq 8, the big model sharded in bf16
     validate_config(_experiment("train.update_freq=8"))
-    big = _experiment("model=transformer_2017_big", "train.distributed=fsdp", "train.precision=bf16",
-                      "train.activation_checkpointing=true")
+    big = _experiment(
+        "model=transformer_2017_big",
+        "train.distributed=fsdp",
+        "train.precision=bf16",
+        "train.activation_checkpointing=true",
+    )
     validate_config(big)
     assert big.model.d_model == 1024 and big.train.max_tokens == 3125
 
 
-def _sbatch(tmp_path: Path, tiny: list[str], usr1_after_update: int | None = None) -> tuple[subprocess.CompletedProcess, Path, Path]:
+def _sbatch(
+    tmp_path: Path, tiny: list[str], usr1_after_update: int | None = None
+) -> tuple[subprocess.CompletedProcess, Path, Path]:
     """Preprocess a WMT14-shaped corpus, then run scripts/wmt14_en_de.sbatch with srun and scontrol
     stood in for by local commands (scontrol records its arguments); optionally send the batch shell
     USR1 (SLURM's --signal=B:USR1@300) once training has logged ``usr1_after_update``."""
     root = _wmt14_shaped(tmp_path / "wmt14")
-    out = _preprocess("data=wmt14_en_de", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=800")
+    out = _preprocess(
+        "data=wmt14_en_de", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=800"
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     folder = re.search(r"^binarized data: (.+)$", out.stdout, re.M).group(1)
     fake = tmp_path / "bin"
@@ -142,12 +167,29 @@ def _sbatch(tmp_path: Path, tiny: list[str], usr1_after_update: int | None = Non
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     run = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "SLURM_JOB_NODELIST": "localhost", "SLURM_NNODES": "1", "SLURM_JOB_ID": "77", "GPUS_PER_NODE": "2", "PORT": str(port),
-           "BINARIZED": folder, "RUN_DIR": str(run), "SLURM_SUBMIT_DIR": str(REPO_ROOT)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_NNODES": "1",
+        "SLURM_JOB_ID": "77",
+        "GPUS_PER_NODE": "2",
+        "PORT": str(port),
+        "BINARIZED": folder,
+        "RUN_DIR": str(run),
+        "SLURM_SUBMIT_DIR": str(REPO_ROOT),
+    }
     # Own process group: a timeout kills the sbatch script's torchrun and ranks too, not only bash.
-    proc = subprocess.Popen(["bash", str(REPO_ROOT / "scripts" / "wmt14_en_de.sbatch"), *tiny], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", str(REPO_ROOT / "scripts" / "wmt14_en_de.sbatch"), *tiny],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         if usr1_after_update is not None:
             deadline = time.time() + 300
@@ -165,9 +207,21 @@ def _sbatch(tmp_path: Path, tiny: list[str], usr1_after_update: int | None = Non
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), run, calls
 
 
-TINY = ["data.vocab_size=800", "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_model=32",
-        "model.n_heads=4", "model.d_ff=64", "train.validate_every=0", "train.valid_bleu=false", "train.precision=fp32",
-        "train.num_threads=1", "train.device=cpu", "generation.beam_size=2", "generation.max_len_b=2"]
+TINY = [
+    "data.vocab_size=800",
+    "model.n_encoder_layers=1",
+    "model.n_decoder_layers=1",
+    "model.d_model=32",
+    "model.n_heads=4",
+    "model.d_ff=64",
+    "train.validate_every=0",
+    "train.valid_bleu=false",
+    "train.precision=fp32",
+    "train.num_threads=1",
+    "train.device=cpu",
+    "generation.beam_size=2",
+    "generation.max_len_b=2",
+]
 
 
 def test_wmt14_recipe_preprocess_then_sbatch_script(tmp_path: Path) -> None:
@@ -177,7 +231,11 @@ def test_wmt14_recipe_preprocess_then_sbatch_script(tmp_path: Path) -> None:
     out, run, calls = _sbatch(tmp_path, [*TINY, "train.max_updates=2", "train.save_every=1", "train.average_last=2"])
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads((run / "results.json").read_text())
-    assert results["world_size"] == 2 and results["updates"] == 2 and results["choices"]["experiment"] == "wmt14_en_de_base"
+    assert (
+        results["world_size"] == 2
+        and results["updates"] == 2
+        and results["choices"]["experiment"] == "wmt14_en_de_base"
+    )
     assert "average of checkpoint_1, checkpoint_2" in out.stderr and set(results["test"]) == {"newstest2014"}
     assert "requeue" not in calls.read_text()
 
@@ -189,7 +247,9 @@ def test_sbatch_time_limit_signal_stops_politely_then_requeues(tmp_path: Path) -
     tiny = [*TINY, "train.max_updates=3000", "train.save_every=0", "train.log_every=1"]
     out, run, calls = _sbatch(tmp_path, tiny, usr1_after_update=3)
     assert "time limit near: stopping the training politely, then requeueing job 77" in out.stdout, out.stderr[-3000:]
-    stopped = re.findall(r"stopped by (?:SIGTERM|a signal on another rank) after update (\d+): checkpoint_last saved", out.stderr)
+    stopped = re.findall(
+        r"stopped by (?:SIGTERM|a signal on another rank) after update (\d+): checkpoint_last saved", out.stderr
+    )
     assert stopped and len(set(stopped)) == 1, out.stderr[-3000:]
     assert json.loads((run / "checkpoint_last.json").read_text())["update"] == int(stopped[0])
     assert calls.read_text().splitlines()[-1] == "requeue 77"

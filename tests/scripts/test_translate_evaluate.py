@@ -46,8 +46,9 @@ def expected(run, **gen) -> list:
 def test_translate_file_in_process(run, input_file, tmp_path, capsys) -> None:
     script = _load_script("translate")
     out = tmp_path / "out.txt"
-    n = script.run(_cfg("translate", [f"checkpoint={run[0]}", f"input={input_file}", f"output={out}",
-                                      "generation.beam_size=3"]))
+    n = script.run(
+        _cfg("translate", [f"checkpoint={run[0]}", f"input={input_file}", f"output={out}", "generation.beam_size=3"])
+    )
     assert n == len(SENTENCES)
     lines = out.read_text(encoding="utf-8").split("\n")[:-1]
     hyps = iter(expected(run, beam_size=3))
@@ -57,8 +58,18 @@ def test_translate_file_in_process(run, input_file, tmp_path, capsys) -> None:
 
 def test_translate_nbest_with_scores(run, input_file, capsys) -> None:
     script = _load_script("translate")
-    script.run(_cfg("translate", [f"checkpoint={run[0]}", f"input={input_file}", "generation.nbest=2",
-                                  "generation.beam_size=3", "buffer_lines=1"]))
+    script.run(
+        _cfg(
+            "translate",
+            [
+                f"checkpoint={run[0]}",
+                f"input={input_file}",
+                "generation.nbest=2",
+                "generation.beam_size=3",
+                "buffer_lines=1",
+            ],
+        )
+    )
     rows = [line.split(" ||| ") for line in capsys.readouterr().out.splitlines()]
     hyps = expected(run, beam_size=3, nbest=2)
     got_ids = [int(r[0]) for r in rows]
@@ -68,8 +79,13 @@ def test_translate_nbest_with_scores(run, input_file, capsys) -> None:
 
 
 def test_translate_cli_stdin(run, tmp_path) -> None:
-    cmd = [sys.executable, str(REPO_ROOT / "scripts" / "translate.py"), f"checkpoint={run[0]}",
-           "input=-", "generation.strategy=greedy"]
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / "scripts" / "translate.py"),
+        f"checkpoint={run[0]}",
+        "input=-",
+        "generation.strategy=greedy",
+    ]
     res = subprocess.run(cmd, input="\n".join(SENTENCES) + "\n", capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     hyps = iter(expected(run, strategy="greedy"))
@@ -99,8 +115,12 @@ def test_translate_clear_errors_in_process(run, input_file, tmp_path) -> None:
         script.run(_cfg("translate", [f"checkpoint={foreign}", f"input={input_file}"]))
     Tokenizer.train(SENTENCES * 20, tmp_path / "other", vocab_size=60)
     with pytest.raises(LoadError, match="does not match"):
-        script.run(_cfg("translate", [f"checkpoint={run[0]}", f"input={input_file}",
-                                      f"src_tokenizer={tmp_path / 'other.model'}"]))
+        script.run(
+            _cfg(
+                "translate",
+                [f"checkpoint={run[0]}", f"input={input_file}", f"src_tokenizer={tmp_path / 'other.model'}"],
+            )
+        )
     with pytest.raises(ConfigError, match="strategy"):
         script.run(_cfg("translate", [f"checkpoint={run[0]}", f"input={input_file}", "generation.strategy=viterbi"]))
 
@@ -115,9 +135,19 @@ def data_root() -> Path:
 
 def test_evaluate_checkpoint_and_bootstrap(run, data_root, tmp_path, capsys) -> None:
     script = _load_script("evaluate")
-    res = script.run(_cfg("evaluate", [f"checkpoint={run[0]}", "splits=[test_2016_flickr]", "limit=12",
-                                       f"output_dir={tmp_path / 'a'}", f"data.root={data_root}",
-                                       "generation.beam_size=2"]))
+    res = script.run(
+        _cfg(
+            "evaluate",
+            [
+                f"checkpoint={run[0]}",
+                "splits=[test_2016_flickr]",
+                "limit=12",
+                f"output_dir={tmp_path / 'a'}",
+                f"data.root={data_root}",
+                "generation.beam_size=2",
+            ],
+        )
+    )
     s = res["splits"]["test_2016_flickr"]
     assert s["sentences"] == 12 and "tok:13a" in s["bleu_signature"] and "nc:6" in s["chrf_signature"]
     saved = json.loads((tmp_path / "a" / "results.json").read_text())
@@ -125,10 +155,21 @@ def test_evaluate_checkpoint_and_bootstrap(run, data_root, tmp_path, capsys) -> 
     hyps = (tmp_path / "a" / "test_2016_flickr.txt").read_text(encoding="utf-8").splitlines()
     assert len(hyps) == 12
     # tokenized BLEU is used when asked (the run's data.bleu_tokenize for multi30k_tok_*)
-    res_tok = script.run(_cfg("evaluate", [f"checkpoint={run[0]}", "splits=[test_2016_flickr]", "limit=12",
-                                           f"output_dir={tmp_path / 'b'}", f"data.root={data_root}",
-                                           "generation.strategy=greedy", "tokenize=none",
-                                           f"baseline={tmp_path / 'a' / 'test_2016_flickr.txt'}"]))
+    res_tok = script.run(
+        _cfg(
+            "evaluate",
+            [
+                f"checkpoint={run[0]}",
+                "splits=[test_2016_flickr]",
+                "limit=12",
+                f"output_dir={tmp_path / 'b'}",
+                f"data.root={data_root}",
+                "generation.strategy=greedy",
+                "tokenize=none",
+                f"baseline={tmp_path / 'a' / 'test_2016_flickr.txt'}",
+            ],
+        )
+    )
     assert "tok:none" in res_tok["splits"]["test_2016_flickr"]["bleu_signature"]
     boot = res_tok["bootstrap"]
     assert list(boot) == ["baseline", "checkpoint"] and 0 < boot["checkpoint"]["p_value"] <= 1
@@ -170,19 +211,41 @@ def test_translate_with_a_rope_scaling_at_test_time(run, input_file, tmp_path, c
     script = _load_script("translate")
     scaling = ["model.position.rope_scaling.rope_type=linear", "model.position.rope_scaling.factor=4"]
     out = tmp_path / "out.txt"
-    script.run(_cfg("translate", [f"checkpoint={rope_dir}", f"input={input_file}", f"output={out}",
-                                  "generation.strategy=greedy", *scaling]))
-    reference = build_model(tiny_model_config(position__name="rope", **{
-        "position.rope_scaling.rope_type": "linear", "position.rope_scaling.factor": 4.0}), len(tok)).eval()
+    script.run(
+        _cfg(
+            "translate",
+            [f"checkpoint={rope_dir}", f"input={input_file}", f"output={out}", "generation.strategy=greedy", *scaling],
+        )
+    )
+    reference = build_model(
+        tiny_model_config(
+            position__name="rope", **{"position.rope_scaling.rope_type": "linear", "position.rope_scaling.factor": 4.0}
+        ),
+        len(tok),
+    ).eval()
     reference.load_state_dict(model.state_dict())
     gen = GenerationConfig(strategy="greedy", max_len_a=1.0, max_len_b=5)
     hyps = iter(translate_sentences(reference, [tok.encode(s) for s in SENTENCES if s], gen, "cpu"))
-    assert out.read_text(encoding="utf-8").split("\n")[:-1] == [tok.decode(next(hyps)[0].tokens) if s else ""
-                                                               for s in SENTENCES]
-    assert "greedy, at test time model.position.rope_scaling.rope_type=linear model.position.rope_scaling.factor=4.0)" \
+    assert out.read_text(encoding="utf-8").split("\n")[:-1] == [
+        tok.decode(next(hyps)[0].tokens) if s else "" for s in SENTENCES
+    ]
+    assert (
+        "greedy, at test time model.position.rope_scaling.rope_type=linear model.position.rope_scaling.factor=4.0)"
         in capsys.readouterr().err
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "translate.py"), f"checkpoint={run[0]}",
-                           f"input={input_file}", *scaling], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "translate.py"),
+            f"checkpoint={run[0]}",
+            f"input={input_file}",
+            *scaling,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "model.position.rope_scaling.rope_type scales RoPE at test time, but" in proc.stderr
     assert "model/position=sinusoidal" in proc.stderr

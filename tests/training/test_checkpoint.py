@@ -56,7 +56,9 @@ def test_round_trip_with_tied_weights(tmp_path):
     stem = save_checkpoint(tmp_path, "checkpoint_last", model.state_dict(), state)
     assert stem == tmp_path / "checkpoint_last"
     assert {p.name for p in tmp_path.iterdir()} == {
-        "checkpoint_last.safetensors", "checkpoint_last.pt", "checkpoint_last.json"
+        "checkpoint_last.safetensors",
+        "checkpoint_last.pt",
+        "checkpoint_last.json",
     }
     weights, loaded = load_checkpoint(tmp_path, "checkpoint_last")
     # both names of the tied weight are stored (one as a clone)
@@ -202,8 +204,9 @@ def test_manager_last_best_numbered_and_pruning(tmp_path):
     mgr = CheckpointManager(tmp_path, keep_last=2)
     assert mgr.latest() is None and mgr.best() is None and mgr.numbered() == []
     for update in (100, 200, 300, 1000):
-        mgr.save(update, {"w": torch.full((2,), float(update))}, {"update": update},
-                 is_best=update == 200, numbered=True)
+        mgr.save(
+            update, {"w": torch.full((2,), float(update))}, {"update": update}, is_best=update == 200, numbered=True
+        )
     mgr.save(1100, {"w": torch.full((2,), 1100.0)}, {"update": 1100})  # not numbered
     assert mgr.numbered() == [tmp_path / "checkpoint_300", tmp_path / "checkpoint_1000"]
     assert not (tmp_path / "checkpoint_100.pt").exists() and not (tmp_path / "checkpoint_200.json").exists()

@@ -70,9 +70,12 @@ def test_nothing_to_average_says_why(run_dir, tmp_path):
         resolve_inputs([run_dir], 0)
     for f in run_dir.glob("checkpoint_[0-9]*"):
         f.unlink()
-    with pytest.raises(ValueError, match=r"has no numbered checkpoint_<update> files "
-                                         r"\(it holds checkpoint_best, checkpoint_last\)\. "
-                                         r"Training writes them only with train\.save_every=N"):
+    with pytest.raises(
+        ValueError,
+        match=r"has no numbered checkpoint_<update> files "
+        r"\(it holds checkpoint_best, checkpoint_last\)\. "
+        r"Training writes them only with train\.save_every=N",
+    ):
         write_average([run_dir], tmp_path / "avg.safetensors")
     with pytest.raises(ValueError, match="no checkpoints to average: --inputs lists 0 checkpoints"):
         resolve_inputs([], None)

@@ -21,8 +21,15 @@ from transformer.training.step import compiled
 
 CASES = {
     "encoder_decoder": (),
-    "decoder_only_moe": ("model=llama_style_tiny", "model.n_decoder_layers=2", "model.d_model=32", "model.d_ff=64",
-                         "model/ffn=moe", "model.ffn.n_experts=4", "model.ffn.top_k=2"),
+    "decoder_only_moe": (
+        "model=llama_style_tiny",
+        "model.n_decoder_layers=2",
+        "model.d_model=32",
+        "model.d_ff=64",
+        "model/ffn=moe",
+        "model.ffn.n_experts=4",
+        "model.ffn.top_k=2",
+    ),
 }
 
 
@@ -55,8 +62,13 @@ def test_an_epoch_compiles_once_per_shape_at_most_without_graph_breaks(small_cor
                 t.model.zero_grad(set_to_none=True)
             ours, ref = trainer._loss(batch), eager._loss(batch)
             for key in ("loss", "nll_loss", "ntokens", *(("router_loss",) if "router_loss" in ref else ())):
-                torch.testing.assert_close(torch.as_tensor(ours[key]).double(), torch.as_tensor(ref[key]).double(),
-                                           rtol=1e-5, atol=1e-5, msg=key)
+                torch.testing.assert_close(
+                    torch.as_tensor(ours[key]).double(),
+                    torch.as_tensor(ref[key]).double(),
+                    rtol=1e-5,
+                    atol=1e-5,
+                    msg=key,
+                )
             ours["loss"].backward()
             ref["loss"].backward()
             for (name, a), b in zip(trainer.model.named_parameters(), eager.model.parameters()):

@@ -35,8 +35,9 @@ def test_matches_torch_cross_entropy():
     target[2, 2:] = PAD
     for eps in (0.0, 0.1, 0.3):
         loss, nll, ntokens = label_smoothed_nll_loss(logits, target, eps, PAD)
-        ref = F.cross_entropy(logits.reshape(-1, 11), target.reshape(-1), reduction="sum",
-                              label_smoothing=eps, ignore_index=PAD)
+        ref = F.cross_entropy(
+            logits.reshape(-1, 11), target.reshape(-1), reduction="sum", label_smoothing=eps, ignore_index=PAD
+        )
         ref_nll = F.cross_entropy(logits.reshape(-1, 11), target.reshape(-1), reduction="sum", ignore_index=PAD)
         torch.testing.assert_close(loss, ref)
         torch.testing.assert_close(nll, ref_nll)

@@ -26,8 +26,16 @@ def clean_env(monkeypatch):
 
 def test_slurm_task_gets_torchrun_variables(clean_env):
     """Task 5 of 8 (2 nodes x 4 tasks, on the second node) of SLURM job 4242 started by submitit."""
-    slurm = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "8", "SLURM_JOB_NUM_NODES": "2",
-             "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_PROCID": "5", "SLURM_LOCALID": "1"}
+    slurm = {
+        "SUBMITIT_EXECUTOR": "slurm",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_NTASKS": "8",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NODEID": "1",
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+        "SLURM_PROCID": "5",
+        "SLURM_LOCALID": "1",
+    }
     for key, value in slurm.items():
         clean_env.setenv(key, value)
     assert export_submitit_environment() is True
@@ -50,11 +58,21 @@ def test_submitit_local_two_tasks_train_as_two_ranks(small_corpus, tmp_path):
     """hydra/launcher=submitit_local with 2 tasks: one run folder, 2 gloo ranks (world_size 2)."""
     sweep = tmp_path / "sweep"
     args = [a for a in small_cli_args(small_corpus, tmp_path / "unused") if not a.startswith("run_dir=")]
-    cmd = [sys.executable, "scripts/train.py", "-m", *args, "train.max_updates=2", "train.validate_every=0",
-           "train.valid_bleu=false", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
-           f"hydra.sweep.dir={sweep}"]
-    out = subprocess.run(cmd, cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                         text=True, timeout=300)
+    cmd = [
+        sys.executable,
+        "scripts/train.py",
+        "-m",
+        *args,
+        "train.max_updates=2",
+        "train.validate_every=0",
+        "train.valid_bleu=false",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.tasks_per_node=2",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    out = subprocess.run(
+        cmd, cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300
+    )
     logs = "\n".join(p.read_text() for p in sorted(sweep.glob(".submitit/*/*_log.err")))
     assert out.returncode == 0, out.stderr[-2000:] + logs[-3000:]
     results = json.loads((sweep / "0" / "results.json").read_text())

@@ -99,15 +99,20 @@ def test_trainer_resumes_the_average_bit_for_bit(small_corpus, tmp_path) -> None
     train(small_config(small_corpus, full, "train.max_updates=6", "train.ema_decay=0.9"))
     train(small_config(small_corpus, split, "train.max_updates=3", "train.ema_decay=0.9"))
     train(small_config(small_corpus, split, "train.max_updates=6", "train.ema_decay=0.9", "train.resume=true"))
-    (avg_a, state_a), (avg_b, state_b) = load_checkpoint(full, "checkpoint_last"), load_checkpoint(split, "checkpoint_last")
+    (avg_a, state_a), (avg_b, state_b) = (
+        load_checkpoint(full, "checkpoint_last"),
+        load_checkpoint(split, "checkpoint_last"),
+    )
     assert state_a["ema"]["decay"] == 0.9
     for a, b in ((avg_a, avg_b), (state_a["ema"]["model"], state_b["ema"]["model"])):
         assert a.keys() == b.keys()
         for k in a:
             assert torch.equal(a[k], b[k]), k
     # the weights file holds the average, the training state the weights being trained
-    assert not torch.equal(avg_a["encoder.layers.0.ffn.sublayer.w1.weight"],
-                           state_a["ema"]["model"]["encoder.layers.0.ffn.sublayer.w1.weight"])
+    assert not torch.equal(
+        avg_a["encoder.layers.0.ffn.sublayer.w1.weight"],
+        state_a["ema"]["model"]["encoder.layers.0.ffn.sublayer.w1.weight"],
+    )
     assert [r["loss"] for r in _metrics(full)] == [r["loss"] for r in _metrics(split)]
     results = json.loads((full / "results.json").read_text())
     assert results["ema_decay"] == 0.9 and results["final_model"] == "checkpoint_best (EMA weights)"

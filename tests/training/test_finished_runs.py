@@ -27,8 +27,16 @@ def _config(finished: Path, **train) -> Config:
 def _commit(folder: Path, cfg: Config, **results) -> Path:
     """A finished run's results.json as ``scripts/train.py`` writes it (the fields read here)."""
     folder.mkdir(parents=True)
-    record = {"config": config_dict(cfg), "precision": "fp32", "updates": 6000, "bleu": 38.9, "device": "cpu",
-              "world_size": 1, "hardware": {"torch": torch.__version__}, **results}
+    record = {
+        "config": config_dict(cfg),
+        "precision": "fp32",
+        "updates": 6000,
+        "bleu": 38.9,
+        "device": "cpu",
+        "world_size": 1,
+        "hardware": {"torch": torch.__version__},
+        **results,
+    }
     (folder / "results.json").write_text(json.dumps(record))
     return folder
 
@@ -65,8 +73,10 @@ def test_a_twin_that_trained_differently_is_not_taken_and_the_sentence_names_the
     _commit(tmp_path / "ddp" / "run", cfg, world_size=2)
     assert "processes (2 there, 1 here" in finished_twin(_config(tmp_path / "ddp"), tmp_path / "run")[2]
     _commit(tmp_path / "gpu" / "run", cfg, device="cuda:0")
-    assert "device ('cuda:0' there, 'cpu' here)" in finished_twin(_config(tmp_path / "gpu", device="cpu"),
-                                                                  tmp_path / "run")[2]
+    assert (
+        "device ('cuda:0' there, 'cpu' here)"
+        in finished_twin(_config(tmp_path / "gpu", device="cpu"), tmp_path / "run")[2]
+    )
 
 
 def test_no_twin_or_an_unreadable_one_trains(tmp_path):
@@ -93,6 +103,9 @@ def test_a_folder_that_does_not_exist_is_a_config_error_naming_the_field(tmp_pat
     """A typo must not quietly train every run again."""
     monkeypatch.chdir(tmp_path)
     cfg = _config(Path("docs/results/ladder/runz"))
-    with pytest.raises(ConfigError, match=r"train.finished_runs=docs/results/ladder/runz: there is no folder "
-                                          + str(tmp_path / "docs/results/ladder/runz")):
+    with pytest.raises(
+        ConfigError,
+        match=r"train.finished_runs=docs/results/ladder/runz: there is no folder "
+        + str(tmp_path / "docs/results/ladder/runz"),
+    ):
         skip_if_finished_elsewhere(cfg, tmp_path / "run", has_checkpoint=False)

@@ -17,7 +17,9 @@ PAD = 0
 
 def test_fused_shape_and_epsilon_errors():
     with pytest.raises(ValueError):
-        linear_label_smoothed_nll_loss(torch.randn(2, 3, 4), torch.randn(5, 4), torch.zeros(2, 4, dtype=torch.long), 0.1, PAD)
+        linear_label_smoothed_nll_loss(
+            torch.randn(2, 3, 4), torch.randn(5, 4), torch.zeros(2, 4, dtype=torch.long), 0.1, PAD
+        )
     with pytest.raises(ValueError):
         linear_label_smoothed_nll_loss(torch.randn(2, 4), torch.randn(5, 4), torch.zeros(2, dtype=torch.long), 1.0, PAD)
 

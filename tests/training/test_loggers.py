@@ -50,8 +50,13 @@ def test_wandb_offline_writes_a_run_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_DISABLE_CODE", "true")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     start = time.monotonic()
-    loggers = build_loggers(LoggerConfig(name="wandb", project="zoo-test", mode="offline"), tmp_path,
-                            "tiny", {"model": {"d_model": 8}}, is_main=True)
+    loggers = build_loggers(
+        LoggerConfig(name="wandb", project="zoo-test", mode="offline"),
+        tmp_path,
+        "tiny",
+        {"model": {"d_model": 8}},
+        is_main=True,
+    )
     loggers.log({"loss": 3.0, "lr": torch.tensor(1e-3)}, step=1, split="train")
     loggers.log({"bleu": 10.0}, step=1, split="valid")
     wandb_logger = loggers.loggers[1]

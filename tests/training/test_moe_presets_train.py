@@ -15,12 +15,22 @@ from transformer.training.job.training_run import train
 
 transformers = pytest.importorskip("transformers")
 
-TINY = ("model.n_encoder_layers=0", "model.n_decoder_layers=2", "model.d_model=32", "model.d_ff=64",
-        "train.max_updates=2", "train.validate_every=2")
+TINY = (
+    "model.n_encoder_layers=0",
+    "model.n_decoder_layers=2",
+    "model.d_model=32",
+    "model.d_ff=64",
+    "train.max_updates=2",
+    "train.validate_every=2",
+)
 PRESETS = {
     "mixtral_style_tiny": ("model=mixtral_style_tiny", "model.attention_window=8"),
-    "deepseek_style_tiny": ("model=deepseek_style_tiny", "model.attention.kv_lora_rank=16", "model.attention.q_lora_rank=24",
-                            "model.ffn.expert_d_ff=32"),
+    "deepseek_style_tiny": (
+        "model=deepseek_style_tiny",
+        "model.attention.kv_lora_rank=16",
+        "model.attention.q_lora_rank=24",
+        "model.ffn.expert_d_ff=32",
+    ),
 }
 SENTENCES = ["A dog runs in the snow.", "Two young men in red shirts are playing soccer on a green field near a river."]
 
@@ -33,15 +43,31 @@ def test_preset_trains_translates_and_exports(small_corpus, tmp_path, preset):
     assert results["active_params"] < results["params"]  # 2 of 8 experts per token
     (tmp_path / "in.en").write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
     translate = load_script("translate")
-    assert translate.run(compose_script_config("translate", [
-        f"checkpoint={tmp_path / 'run'}", f"input={tmp_path / 'in.en'}", f"output={tmp_path / 'out.de'}",
-        "generation.beam_size=2", "generation.max_len_a=0", "generation.max_len_b=6", "progress=false"])) == 2
+    assert (
+        translate.run(
+            compose_script_config(
+                "translate",
+                [
+                    f"checkpoint={tmp_path / 'run'}",
+                    f"input={tmp_path / 'in.en'}",
+                    f"output={tmp_path / 'out.de'}",
+                    "generation.beam_size=2",
+                    "generation.max_len_a=0",
+                    "generation.max_len_b=6",
+                    "progress=false",
+                ],
+            )
+        )
+        == 2
+    )
     hyps = (tmp_path / "out.de").read_text(encoding="utf-8").split("\n")
     assert len(hyps) == 3 and hyps[2] == "", hyps
 
     loaded = load_run(tmp_path / "run")
     export = load_script("export")
-    hf_dir = export.run(compose_script_config("export", [f"run={tmp_path / 'run'}", "format=hf", f"out={tmp_path / 'hf'}"]))
+    hf_dir = export.run(
+        compose_script_config("export", [f"run={tmp_path / 'run'}", "format=hf", f"out={tmp_path / 'hf'}"])
+    )
     hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
     assert type(hf).__name__ == ("MixtralForCausalLM" if preset.startswith("mixtral") else "DeepseekV3ForCausalLM")
     tok = loaded.tokenizers.src
@@ -53,7 +79,21 @@ def test_preset_trains_translates_and_exports(small_corpus, tmp_path, preset):
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=tokens).logits, loaded.model(tokens), atol=1e-4, rtol=0)
     back = export.run(compose_script_config("export", [f"run={hf_dir}", "format=zoo", f"out={tmp_path / 'back'}"]))
-    assert translate.run(compose_script_config("translate", [
-        f"checkpoint={back}", f"input={tmp_path / 'in.en'}", f"output={tmp_path / 'back.de'}",
-        "generation.beam_size=2", "generation.max_len_a=0", "generation.max_len_b=6", "progress=false"])) == 2
+    assert (
+        translate.run(
+            compose_script_config(
+                "translate",
+                [
+                    f"checkpoint={back}",
+                    f"input={tmp_path / 'in.en'}",
+                    f"output={tmp_path / 'back.de'}",
+                    "generation.beam_size=2",
+                    "generation.max_len_a=0",
+                    "generation.max_len_b=6",
+                    "progress=false",
+                ],
+            )
+        )
+        == 2
+    )
     assert (tmp_path / "back.de").read_text(encoding="utf-8").split("\n") == hyps

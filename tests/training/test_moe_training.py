@@ -33,14 +33,28 @@ from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_fun
 from transformers.models.switch_transformers.modeling_switch_transformers import router_z_loss_func  # noqa: E402
 
 VOCAB = 60
-MOE = dict(ffn__name="moe", ffn__n_experts=4, ffn__top_k=2, ffn__router_aux_loss_coef=0.05, ffn__router_z_loss_coef=0.01)
+MOE = dict(
+    ffn__name="moe", ffn__n_experts=4, ffn__top_k=2, ffn__router_aux_loss_coef=0.05, ffn__router_z_loss_coef=0.01
+)
 ARCHS = {
     "encoder_decoder": dict(**MOE, norm_position="pre"),
-    "decoder_only": dict(**MOE, arch="decoder_only", n_encoder_layers=1, n_decoder_layers=1, norm_position="pre",
-                         position__name="rope", ffn__n_shared_experts=1),
+    "decoder_only": dict(
+        **MOE,
+        arch="decoder_only",
+        n_encoder_layers=1,
+        n_decoder_layers=1,
+        norm_position="pre",
+        position__name="rope",
+        ffn__n_shared_experts=1,
+    ),
 }
-MOE_CLI = ["model/ffn=moe", "model.ffn.n_experts=4", "model.ffn.top_k=2", "model.ffn.bias_update_speed=0.01",
-           "model.ffn.router_z_loss_coef=0.001"]
+MOE_CLI = [
+    "model/ffn=moe",
+    "model.ffn.n_experts=4",
+    "model.ffn.top_k=2",
+    "model.ffn.bias_update_speed=0.01",
+    "model.ffn.router_z_loss_coef=0.001",
+]
 
 
 def _batch(arch: str, seed: int = 5):
@@ -76,7 +90,9 @@ def test_router_loss_is_hfs_objective_scaled_like_the_summed_loss(arch):
     inputs = ("src_tokens", "prev_output_tokens") if arch == "encoder_decoder" else ("tokens",)
     masks = [batch.net_input[name].ne(0) for name in inputs]  # (batch, len), True at real tokens
     assert all(not m.all() for m in masks)  # both stacks see padding
-    aux = sum(load_balancing_loss_func(tuple(s), num_experts=4, top_k=2, attention_mask=m) for s, m in zip(stacks, masks))
+    aux = sum(
+        load_balancing_loss_func(tuple(s), num_experts=4, top_k=2, attention_mask=m) for s, m in zip(stacks, masks)
+    )
     z = sum(router_z_loss_func(torch.cat([lg[m.reshape(-1)] for lg in s])[None]) for s, m in zip(stacks, masks))
     torch.testing.assert_close(out["moe_aux_loss"], aux.detach())
     torch.testing.assert_close(out["moe_z_loss"], z.detach())
@@ -128,6 +144,7 @@ def test_extra_padding_changes_no_router_loss_statistic_or_bias_update(arch):
         assert torch.equal(u.router.expert_bias, v.router.expert_bias)
     assert any(torch.count_nonzero(u.router.expert_bias) for u in moe_blocks(models[0]))
 
+
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_activation_checkpointing_keeps_the_router_gradients(arch):
     model = build_model(tiny_model_config(**ARCHS[arch]), VOCAB).train()
@@ -150,9 +167,20 @@ def _metrics(run: Path, split: str) -> list[dict]:
 
 def test_moe_run_logs_routing_moves_the_biases_and_reports_active_parameters(small_corpus, tmp_path):
     run = tmp_path / "run"
-    results = train(small_config(small_corpus, run, "model=llama_style_tiny", "model.n_encoder_layers=0", "model.d_model=32",
-                                 "model.d_ff=64", *MOE_CLI, "train.max_updates=4", "train.validate_every=2",
-                                 "train.ema_decay=0.9"))
+    results = train(
+        small_config(
+            small_corpus,
+            run,
+            "model=llama_style_tiny",
+            "model.n_encoder_layers=0",
+            "model.d_model=32",
+            "model.d_ff=64",
+            *MOE_CLI,
+            "train.max_updates=4",
+            "train.validate_every=2",
+            "train.ema_decay=0.9",
+        )
+    )
     rows = _metrics(run, "train")
     assert [r["update"] for r in rows] == [1, 2, 3, 4]
     for r in rows:
@@ -191,7 +219,9 @@ def test_moe_resume_equals_uninterrupted_bit_for_bit(small_corpus, tmp_path):
     for k in a:
         assert torch.equal(a[k], b[k]), k
     keys = ("loss", "moe_aux_loss", "moe_z_loss", "moe_tokens_per_expert")
-    assert [[r[k] for k in keys] for r in _metrics(full, "train")] == [[r[k] for k in keys] for r in _metrics(split, "train")]
+    assert [[r[k] for k in keys] for r in _metrics(full, "train")] == [
+        [r[k] for k in keys] for r in _metrics(split, "train")
+    ]
     results = [json.loads((run / "results.json").read_text()) for run in (full, split)]
     # a resume with no update left (e.g. after a crash in the final test) takes them from the checkpoint
     results.append(train(small_config(small_corpus, split, *common, "train.max_updates=6", "train.resume=true")))
@@ -201,11 +231,15 @@ def test_moe_resume_equals_uninterrupted_bit_for_bit(small_corpus, tmp_path):
 def _ddp_worker(rank: int, init_file: str, out_dir: str) -> None:
     """One of two gloo ranks: 3 SGD updates of a decoder-only MoE whose expert 0 never gets a token."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=120))  # a stuck collective fails instead of hanging
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120)
+    )  # a stuck collective fails instead of hanging
     model = _blocked_model()
-    par = DataParallel(TrainingLoss(model, LabelSmoothedCrossEntropy(0.1, ignore_index=0)), "ddp",
-                       DistInfo(rank, 2, torch.device("cpu")))
+    par = DataParallel(
+        TrainingLoss(model, LabelSmoothedCrossEntropy(0.1, ignore_index=0)),
+        "ddp",
+        DistInfo(rank, 2, torch.device("cpu")),
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     missing = []
     for step in range(3):
@@ -232,8 +266,9 @@ def _blocked_model():
 def test_ddp_with_an_expert_that_gets_no_token_needs_no_unused_parameter_search(tmp_path):
     """Stacked expert weights: an expert without tokens gets a zero gradient, not none, so DDP
     (find_unused_parameters=False) reduces every parameter; 2 ranks = the summed gradients of 1."""
-    ctx = mp.start_processes(_ddp_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=False,
-                             start_method="spawn")
+    ctx = mp.start_processes(
+        _ddp_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=False, start_method="spawn"
+    )
     outputs = [tmp_path / f"rank{r}.pt" for r in (0, 1)]
     deadline, done_at = time.time() + 240, None
     while not ctx.join(timeout=2):  # raises if a rank fails
@@ -265,7 +300,9 @@ def test_ddp_with_an_expert_that_gets_no_token_needs_no_unused_parameter_search(
     for block_name in ("decoder.layers.0", "decoder.layers.1"):  # the idle expert's weights never moved
         for w in ("w13", "w2"):
             key = f"{block_name}.ffn.sublayer.experts.{w}"
-            assert torch.equal(ranks[0]["state"][key][0], start[key][0]) and not torch.equal(ranks[0]["state"][key], start[key])
+            assert torch.equal(ranks[0]["state"][key][0], start[key][0]) and not torch.equal(
+                ranks[0]["state"][key], start[key]
+            )
 
 
 @pytest.mark.parametrize("distributed", ["ddp", "fsdp"])
@@ -273,11 +310,19 @@ def test_two_ranks_equal_one_rank_with_twice_the_micro_batches(small_corpus, tmp
     """2 gloo ranks x update_freq 1 = 1 rank x update_freq 2 through scripts/train.py: the router losses
     are scaled like the loss, and the expert loads behind the bias update are summed over the ranks."""
     one, two = tmp_path / "one", tmp_path / "two"
-    common = [*MOE_CLI, "model.dropout=0.0", "train.max_updates=3", "train.validate_every=0", "train.valid_bleu=false",
-              "optim.eps=1e-6"]
+    common = [
+        *MOE_CLI,
+        "model.dropout=0.0",
+        "train.max_updates=3",
+        "train.validate_every=0",
+        "train.valid_bleu=false",
+        "optim.eps=1e-6",
+    ]
     out1 = _run_train(small_cli_args(small_corpus, one, *common, "train.update_freq=2", f"hydra.run.dir={one}"))
     assert out1.returncode == 0, out1.stderr[-2000:]
-    out2 = _torchrun(small_cli_args(small_corpus, two, *common, f"train.distributed={distributed}", f"hydra.run.dir={two}"))
+    out2 = _torchrun(
+        small_cli_args(small_corpus, two, *common, f"train.distributed={distributed}", f"hydra.run.dir={two}")
+    )
     assert out2.returncode == 0, out2.stderr[-3000:]
     a, b = _weights(one), _weights(two)
     assert a.keys() == b.keys()

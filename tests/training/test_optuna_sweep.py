@@ -25,7 +25,8 @@ def _search_config(folder: Path, direction: str, metric: str) -> Path:
     one of which (1e6) diverges. (Optuna's GridSampler would be the natural choice, but with the
     plugin's ask-and-tell loop it calls ``Study.stop`` outside an objective when the grid is done.)"""
     (folder / "hparams_search").mkdir(parents=True)
-    (folder / "hparams_search" / "test.yaml").write_text(textwrap.dedent(f"""\
+    (folder / "hparams_search" / "test.yaml").write_text(
+        textwrap.dedent(f"""\
         # @package _global_
         defaults:
           - override /hydra/sweeper: optuna
@@ -42,19 +43,30 @@ def _search_config(folder: Path, direction: str, metric: str) -> Path:
               seed: 1   # optuna 2.10's RandomSampler(seed=1) draws each of the 3 values once
             params:
               optim.lr: choice(1e-3, 3e-3, 1e6)
-        """))
+        """)
+    )
     return folder
 
 
 def _sweep(corpus: Path, tmp_path: Path, direction: str, metric: str) -> tuple[subprocess.CompletedProcess, Path]:
     sweep = tmp_path / "sweep"
-    args = [a for a in small_cli_args(corpus, sweep, "train.max_updates=3", "train.validate_every=0",
-                                      "lr_scheduler=constant") if not a.startswith("run_dir=")]
-    cmd = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), "-m", "hparams_search=test",
-           f"hydra.searchpath=[file://{_search_config(tmp_path / 'conf', direction, metric)}]",
-           f"hydra.sweep.dir={sweep}", *args]
-    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    args = [
+        a
+        for a in small_cli_args(corpus, sweep, "train.max_updates=3", "train.validate_every=0", "lr_scheduler=constant")
+        if not a.startswith("run_dir=")
+    ]
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / "scripts" / "train.py"),
+        "-m",
+        "hparams_search=test",
+        f"hydra.searchpath=[file://{_search_config(tmp_path / 'conf', direction, metric)}]",
+        f"hydra.sweep.dir={sweep}",
+        *args,
+    ]
+    res = subprocess.run(
+        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     return res, sweep
 
 
@@ -65,8 +77,9 @@ def test_optuna_optimises_the_best_validation_loss_and_records_a_diverged_trial_
     for run in sweep.iterdir():
         if (run / ".hydra" / "overrides.yaml").is_file():
             lr = next(o for o in OmegaConf.load(run / ".hydra" / "overrides.yaml") if o.startswith("optim.lr="))
-            trials[float(lr.split("=")[1])] = json.loads((run / "results.json").read_text()) if (
-                run / "results.json").is_file() else None
+            trials[float(lr.split("=")[1])] = (
+                json.loads((run / "results.json").read_text()) if (run / "results.json").is_file() else None
+            )
     assert sorted(trials) == [1e-3, 3e-3, 1e6]  # the grid: every value once
     assert trials[1e6] is None and "training diverged" in res.stderr  # the diverged trial wrote no results
     best = OmegaConf.load(sweep / "optimization_results.yaml")
@@ -82,6 +95,8 @@ def test_optuna_optimises_the_best_validation_loss_and_records_a_diverged_trial_
 def test_a_direction_that_does_not_fit_the_metric_is_refused_before_training(small_corpus, tmp_path):
     res, sweep = _sweep(small_corpus, tmp_path, "minimize", "bleu")
     assert res.returncode != 0
-    assert ("error: invalid configuration: hydra.sweeper.direction=minimize but train.best_metric=bleu (the "
-            "objective each trial returns) is optimised by maximize") in res.stderr
+    assert (
+        "error: invalid configuration: hydra.sweeper.direction=minimize but train.best_metric=bleu (the "
+        "objective each trial returns) is optimised by maximize"
+    ) in res.stderr
     assert not list(sweep.glob("*/metrics.jsonl"))  # no trial trained

@@ -19,8 +19,11 @@ TGT = [[20, 21, 22], [23, 24, 25, 26, 27, 28], [29]]
 @pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
 @pytest.mark.parametrize("ffn", ["swiglu", "moe"])
 def test_the_loss_of_a_batch_does_not_see_the_extra_padding(arch, ffn):
-    cfg = tiny_model_config(arch=arch, **{"ffn.name": ffn, "ffn.n_experts": 4, "ffn.top_k": 2},
-                            **({"n_encoder_layers": 0} if arch == "decoder_only" else {}))
+    cfg = tiny_model_config(
+        arch=arch,
+        **{"ffn.name": ffn, "ffn.n_experts": 4, "ffn.top_k": 2},
+        **({"n_encoder_layers": 0} if arch == "decoder_only" else {}),
+    )
     torch.manual_seed(0)
     model = build_model(cfg, 40).train()
     criterion = LabelSmoothedCrossEntropy(0.1, ignore_index=0)
@@ -33,13 +36,21 @@ def test_the_loss_of_a_batch_does_not_see_the_extra_padding(arch, ffn):
         out[m] = model_loss(model, criterion, batch.net_input, batch.target)
         out[m]["ntokens_batch"] = batch.ntokens
     assert out[1]["ntokens_batch"] == out[8]["ntokens_batch"] == sum(len(t) + 1 for t in TGT)
-    for key in ("loss", "nll_loss", "ntokens", *(("router_loss", "moe_aux_loss", "moe_z_loss", "moe_load") if ffn == "moe" else ())):
-        torch.testing.assert_close(torch.as_tensor(out[8][key]).float(), torch.as_tensor(out[1][key]).float(),
-                                   atol=1e-5, rtol=1e-5, msg=key)
+    for key in (
+        "loss",
+        "nll_loss",
+        "ntokens",
+        *(("router_loss", "moe_aux_loss", "moe_z_loss", "moe_load") if ffn == "moe" else ()),
+    ):
+        torch.testing.assert_close(
+            torch.as_tensor(out[8][key]).float(), torch.as_tensor(out[1][key]).float(), atol=1e-5, rtol=1e-5, msg=key
+        )
 
 
-@pytest.mark.parametrize("device,precision,expected", [("cpu", "fp32", 1), ("cpu", "bf16", 1), ("cuda", "bf16", 8),
-                                                       ("cuda", "fp32", 8), ("mps", "fp32", 8)])
+@pytest.mark.parametrize(
+    "device,precision,expected",
+    [("cpu", "fp32", 1), ("cpu", "bf16", 1), ("cuda", "bf16", 8), ("cuda", "fp32", 8), ("mps", "fp32", 8)],
+)
 def test_auto_takes_the_measured_multiple_of_the_device_and_precision(device, precision, expected):
     from transformer.data.batching import AUTO_PAD_TO_MULTIPLE, resolve_pad_to_multiple
 

@@ -24,8 +24,14 @@ from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model
 VOCAB = 60
 ARCHS = {
     "encoder_decoder": dict(dropout=0.2),
-    "decoder_only": dict(arch="decoder_only", n_encoder_layers=1, n_decoder_layers=3, dropout=0.2,
-                         norm_position="pre", position__name="rope"),
+    "decoder_only": dict(
+        arch="decoder_only",
+        n_encoder_layers=1,
+        n_decoder_layers=3,
+        dropout=0.2,
+        norm_position="pre",
+        position__name="rope",
+    ),
 }
 
 

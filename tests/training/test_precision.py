@@ -6,7 +6,9 @@ import torch
 from transformer.training.step import precision as P
 
 
-@pytest.mark.parametrize("amx,avx512_bf16,expected", [(True, False, "bf16"), (False, True, "bf16"), (False, False, "fp32")])
+@pytest.mark.parametrize(
+    "amx,avx512_bf16,expected", [(True, False, "bf16"), (False, True, "bf16"), (False, False, "fp32")]
+)
 def test_auto_on_cpu_follows_the_bf16_probes(monkeypatch, amx, avx512_bf16, expected):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
@@ -49,8 +51,13 @@ def _train_losses(run_dir):
 
 
 def test_bf16_loss_falls_like_fp32(small_corpus, tmp_path):
-    common = ("train.max_updates=12", "train.validate_every=0", "train.valid_bleu=false", "model.dropout=0.0",
-              "optim.lr=3e-3")
+    common = (
+        "train.max_updates=12",
+        "train.validate_every=0",
+        "train.valid_bleu=false",
+        "model.dropout=0.0",
+        "optim.lr=3e-3",
+    )
     train(small_config(small_corpus, tmp_path / "fp32", *common))
     results = train(small_config(small_corpus, tmp_path / "bf16", *common, "train.precision=bf16"))
     fp32, bf16 = _train_losses(tmp_path / "fp32"), _train_losses(tmp_path / "bf16")

@@ -54,14 +54,22 @@ def test_the_average_is_saved_and_named_by_results_json(averaged_run) -> None:
 
 def test_evaluate_checkpoint_run_reproduces_the_test_byte_for_byte(averaged_run, tmp_path) -> None:
     out = tmp_path / "eval"
-    cmd = [sys.executable, str(REPO_ROOT / "scripts" / "evaluate.py"), f"checkpoint={averaged_run}",
-           f"output_dir={out}", "progress=false"]
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / "scripts" / "evaluate.py"),
+        f"checkpoint={averaged_run}",
+        f"output_dir={out}",
+        "progress=false",
+    ]
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     said = [line for line in res.stderr.splitlines() if "loading" in line]
-    assert said == [f"{averaged_run}: loading checkpoint_avg.safetensors, the weights of results.json's test "
-                    "scores (average of checkpoint_4, checkpoint_6)"]
+    assert said == [
+        f"{averaged_run}: loading checkpoint_avg.safetensors, the weights of results.json's test "
+        "scores (average of checkpoint_4, checkpoint_6)"
+    ]
     trained = json.loads((averaged_run / "results.json").read_text())
     evaluated = json.loads((out / "results.json").read_text())
     assert evaluated["checkpoint"] == str(averaged_run / "checkpoint_avg.safetensors")
@@ -82,7 +90,8 @@ def test_an_older_folder_falls_back_to_its_best_checkpoint_and_says_so(averaged_
     assert find_checkpoint(old) == (old, old / "checkpoint_best.safetensors")
     assert capsys.readouterr().err == (
         f"{old}: loading checkpoint_best.safetensors, the best checkpoint else the last: results.json, older "
-        "than its test_weights record, says its test scores came from average of checkpoint_4, checkpoint_6\n")
+        "than its test_weights record, says its test scores came from average of checkpoint_4, checkpoint_6\n"
+    )
     (old / "results.json").unlink()  # a run still training reports no numbers: its best, else its last, quietly
     assert find_checkpoint(old)[1].name == "checkpoint_best.safetensors"
     assert capsys.readouterr().err == ""
@@ -95,4 +104,3 @@ def test_a_named_file_that_is_gone_falls_back_and_says_so(averaged_run, tmp_path
         (gone / name).write_bytes((averaged_run / name).read_bytes())
     assert find_checkpoint(gone)[1].name == "checkpoint_last.safetensors"
     assert "results.json's test weights checkpoint_avg.safetensors are missing" in capsys.readouterr().err
-

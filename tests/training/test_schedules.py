@@ -56,9 +56,7 @@ def test_cosine_and_constant_values():
     assert lr_at(14, cfg, base, 512, total) == pytest.approx(1e-4)
     assert lr_at(50, cfg, base, 512, total) == pytest.approx(1e-4)
     const = _cfg(name="constant", warmup_updates=4)
-    assert [lr_at(u, const, 1e-3, 512, 0) for u in (1, 4, 5, 1000)] == pytest.approx(
-        [2.5e-4, 1e-3, 1e-3, 1e-3]
-    )
+    assert [lr_at(u, const, 1e-3, 512, 0) for u in (1, 4, 5, 1000)] == pytest.approx([2.5e-4, 1e-3, 1e-3, 1e-3])
     no_warmup = _cfg(name="constant", warmup_updates=0)
     assert lr_at(1, no_warmup, 1e-3, 512, 0) == 1e-3
 
@@ -155,7 +153,10 @@ def test_adamw_excludes_biases_norms_and_embeddings_from_decay():
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
     assert [id(p) for p in decay["params"]] == [id(model.proj.weight)]
     assert {id(p) for p in no_decay["params"]} == {
-        id(model.embed.weight), id(model.proj.bias), id(model.norm.weight), id(model.norm.bias)
+        id(model.embed.weight),
+        id(model.proj.bias),
+        id(model.norm.weight),
+        id(model.norm.bias),
     }
     assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-9
     assert opt.defaults["fused"] is True  # the fused kernel on CPU too (3-5x faster than foreach there)

@@ -56,14 +56,22 @@ def test_sigterm_at_a_random_update_then_resume_equals_an_uninterrupted_run(smal
     run = tmp_path / "run"
     args = small_cli_args(small_corpus, run, "train.max_updates=10", "train.validate_every=4", f"hydra.run.dir={run}")
     when = random.Random().randint(1, 8)
-    proc = subprocess.Popen([sys.executable, str(REPO_ROOT / "scripts" / "train.py"), *args], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         metrics = run / "metrics.jsonl"
-        if metrics.is_file() and any(json.loads(line)["update"] >= when for line in metrics.read_text().splitlines()
-                                     if line.strip().endswith("}")):
+        if metrics.is_file() and any(
+            json.loads(line)["update"] >= when
+            for line in metrics.read_text().splitlines()
+            if line.strip().endswith("}")
+        ):
             break
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
@@ -71,17 +79,25 @@ def test_sigterm_at_a_random_update_then_resume_equals_an_uninterrupted_run(smal
     if proc.returncode == 0:
         pytest.skip(f"the run finished before the signal (update {when}); nothing to resume")
     assert proc.returncode == STOP_EXIT_STATUS, stderr[-2000:]
-    stopped = re.search(r"stopped by SIGTERM after update (\d+): checkpoint_last saved in (\S+); to continue, run "
-                        r"the same command with train.resume=auto", stderr)
+    stopped = re.search(
+        r"stopped by SIGTERM after update (\d+): checkpoint_last saved in (\S+); to continue, run "
+        r"the same command with train.resume=auto",
+        stderr,
+    )
     assert stopped, stderr[-2000:]
     update = int(stopped.group(1))
     assert json.loads((run / "checkpoint_last.json").read_text())["update"] == update
     assert "Traceback" not in stderr and not (run / "results.json").exists()
     assert stopped.group(0) in (run / "train.log").read_text()
 
-    res = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "train.py"), *args, "train.resume=auto"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    res = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), *args, "train.resume=auto"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"resumed from {run / 'checkpoint_last'} at update {update}" in res.stderr
     _same_run(run, uninterrupted)
@@ -105,7 +121,9 @@ def _signal_at(monkeypatch, method: str, update: int, sig: int = signal.SIGTERM,
     monkeypatch.setattr(Trainer, method, wrapped)
 
 
-def test_signal_during_validation_stops_after_it_and_resumes_exactly(small_corpus, uninterrupted, tmp_path, monkeypatch):
+def test_signal_during_validation_stops_after_it_and_resumes_exactly(
+    small_corpus, uninterrupted, tmp_path, monkeypatch
+):
     run = tmp_path / "run"
     cfg = small_config(small_corpus, run, "train.max_updates=10", "train.validate_every=4")
     _signal_at(monkeypatch, "validate", 4, times=2)  # a second signal during the stop changes nothing
@@ -130,8 +148,15 @@ def test_usr1_and_configured_signals(small_corpus, tmp_path, monkeypatch):
     previous = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     try:
         _signal_at(monkeypatch, "train_step", 2, sig=signal.SIGUSR2)
-        results = train(small_config(small_corpus, tmp_path / "run2", "train.max_updates=4", "train.validate_every=0",
-                                     "train.stop_signals=[SIGTERM]"))
+        results = train(
+            small_config(
+                small_corpus,
+                tmp_path / "run2",
+                "train.max_updates=4",
+                "train.validate_every=0",
+                "train.stop_signals=[SIGTERM]",
+            )
+        )
         assert results["updates"] == 4
     finally:
         signal.signal(signal.SIGUSR2, previous)
@@ -141,8 +166,10 @@ def test_the_previous_handler_gets_the_signal_after_the_save(small_corpus, tmp_p
     """submitit's protocol: its USR2 handler (checkpoint + requeue) runs once checkpoint_last is saved."""
     run = tmp_path / "run"
     calls = []
-    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: calls.append(
-        json.loads((run / "checkpoint_last.json").read_text())["update"]))
+    previous = signal.signal(
+        signal.SIGUSR2,
+        lambda signum, frame: calls.append(json.loads((run / "checkpoint_last.json").read_text())["update"]),
+    )
     try:
         _signal_at(monkeypatch, "train_step", 3, sig=signal.SIGUSR2)
         with pytest.raises(StopRequested):
@@ -169,12 +196,31 @@ def test_handlers_are_restored_and_bad_signal_names_are_config_errors(small_corp
 def test_two_ranks_signal_to_one_rank_both_stop_at_the_same_update(small_corpus, tmp_path):
     """torchrun, gloo: SIGTERM to rank 1 only; the ranks agree at the next update boundary."""
     run = tmp_path / "run"
-    args = small_cli_args(small_corpus, run, "train.max_updates=40", "train.validate_every=0", "train.save_every=0",
-                          f"hydra.run.dir={run}")
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-                             str(REPO_ROOT / "scripts" / "train.py"), *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                            start_new_session=True)
+    args = small_cli_args(
+        small_corpus,
+        run,
+        "train.max_updates=40",
+        "train.validate_every=0",
+        "train.save_every=0",
+        f"hydra.run.dir={run}",
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={free_port()}",
+            str(REPO_ROOT / "scripts" / "train.py"),
+            *args,
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 240
         rank1 = None

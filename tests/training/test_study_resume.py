@@ -29,29 +29,51 @@ RUNS = [f"{step}_seed{seed}" for seed in (1, 2) for step in ("step0_vaswani2017"
 
 def _command(corpus: Path, sweep: Path) -> list[str]:
     args = [a for a in small_cli_args(corpus, sweep) if not a.startswith("run_dir=")]  # each job its own folder
-    return [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), "-m", "experiment=ladder",
-            "ladder=step0_vaswani2017,step1_pre_ln", "seed=1,2", f"hydra.sweep.dir={sweep}",
-            "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *args,
-            "train.max_updates=4", "train.save_every=1", "train.validate_every=2"]
+    return [
+        sys.executable,
+        str(REPO_ROOT / "scripts" / "train.py"),
+        "-m",
+        "experiment=ladder",
+        "ladder=step0_vaswani2017,step1_pre_ln",
+        "seed=1,2",
+        f"hydra.sweep.dir={sweep}",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        *args,
+        "train.max_updates=4",
+        "train.save_every=1",
+        "train.validate_every=2",
+    ]
 
 
 def _sweep(corpus: Path, sweep: Path) -> subprocess.CompletedProcess:
-    res = subprocess.run(_command(corpus, sweep), cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    res = subprocess.run(
+        _command(corpus, sweep),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return res
 
 
 def _outcome(run: Path) -> dict:
     results = json.loads((run / "results.json").read_text())
-    return {"weights": load_file(run / "checkpoint_last.safetensors"),
-            "averaged_test": (results["bleu"], results["chrf"], results["final_model"], results["updates"]),
-            "hyps": (run / "hyps" / "test_2016_flickr.txt").read_text()}
+    return {
+        "weights": load_file(run / "checkpoint_last.safetensors"),
+        "averaged_test": (results["bleu"], results["chrf"], results["final_model"], results["updates"]),
+        "hyps": (run / "hyps" / "test_2016_flickr.txt").read_text(),
+    }
 
 
 def _files(sweep: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(sweep)): (p.stat().st_mtime_ns, p.stat().st_size)
-            for p in sweep.rglob("*") if p.is_file() and p.name != "multirun.yaml"}
+    return {
+        str(p.relative_to(sweep)): (p.stat().st_mtime_ns, p.stat().st_size)
+        for p in sweep.rglob("*")
+        if p.is_file() and p.name != "multirun.yaml"
+    }
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +86,14 @@ def reference(small_corpus, tmp_path_factory) -> Path:
 
 def test_killed_sweep_rerun_continues_every_run_exactly_and_skips_finished_ones(small_corpus, reference, tmp_path):
     sweep = tmp_path / "ladder"
-    proc = subprocess.Popen(_command(small_corpus, sweep), cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        _command(small_corpus, sweep),
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     deadline = time.time() + 300
     try:  # kill -9 the whole sweep once one run has finished and another has saved a checkpoint
         while time.time() < deadline and proc.poll() is None:
@@ -99,8 +127,11 @@ def test_killed_sweep_rerun_continues_every_run_exactly_and_skips_finished_ones(
     assert all(f"{sweep / run} is complete" in res.stderr for run in RUNS)
     assert _files(sweep) == before
     for run in finished:  # skipped twice: Hydra's record of each skipped job was removed again
-        assert sorted(p.name for p in (sweep / run / ".hydra").iterdir()) == ["config.yaml", "hydra.yaml",
-                                                                               "overrides.yaml"]
+        assert sorted(p.name for p in (sweep / run / ".hydra").iterdir()) == [
+            "config.yaml",
+            "hydra.yaml",
+            "overrides.yaml",
+        ]
 
 
 def test_a_larger_budget_continues_a_complete_run(small_corpus, reference, tmp_path):
@@ -109,10 +140,22 @@ def test_a_larger_budget_continues_a_complete_run(small_corpus, reference, tmp_p
 
     run = tmp_path / "run"
     shutil.copytree(reference / RUNS[0], run)
-    res = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "train.py"), "experiment=ladder",
-                          "ladder=step0_vaswani2017", "seed=1", f"hydra.run.dir={run}", "train.max_updates=5",
-                          *[a for a in small_cli_args(small_corpus, run) if a.startswith("data.")]],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "train.py"),
+            "experiment=ladder",
+            "ladder=step0_vaswani2017",
+            "seed=1",
+            f"hydra.run.dir={run}",
+            "train.max_updates=5",
+            *[a for a in small_cli_args(small_corpus, run) if a.startswith("data.")],
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "is complete" not in res.stderr
     assert json.loads((run / "results.json").read_text())["updates"] == 5
@@ -131,8 +174,14 @@ def test_runs_finished_on_another_machine_are_not_trained_again(small_corpus, re
         for name in ("results.json", "metrics.jsonl", "config.yaml"):
             shutil.copy(reference / run / name, finished / run / name)
     sweep = tmp_path / "fresh" / "ladder"
-    res = subprocess.run(_command(small_corpus, sweep) + [f"train.finished_runs={finished}"], cwd=REPO_ROOT,
-                         capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    res = subprocess.run(
+        _command(small_corpus, sweep) + [f"train.finished_runs={finished}"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     for run in RUNS[:-1]:
         assert f"{sweep / run} is finished in {finished / run}" in res.stderr

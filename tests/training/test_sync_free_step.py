@@ -59,14 +59,25 @@ def _reference_step(self: Trainer, batches: list) -> dict[str, Any]:
 
         update_expert_biases(self.model, load)
         mean = load.float().mean(dim=1).clamp(min=1e-9)
-        routing = {"moe_aux_loss": aux / micro, "moe_z_loss": z / micro, "moe_tokens_per_expert": load.tolist(),
-                   "moe_max_load": float((load.float().amax(dim=1) / mean).max()), "moe_dropped_tokens": 0}
+        routing = {
+            "moe_aux_loss": aux / micro,
+            "moe_z_loss": z / micro,
+            "moe_tokens_per_expert": load.tolist(),
+            "moe_max_load": float((load.float().amax(dim=1) / mean).max()),
+            "moe_dropped_tokens": 0,
+        }
     if self.ema is not None:
         self.ema.update(self.model)
     self.scheduler.step()
     self.update += 1
-    return {"loss": loss_sum / max(local_tokens, 1), "nll_loss": nll_sum / max(local_tokens, 1), "ntokens": ntokens,
-            "lr": lr, "grad_norm": float(grad_norm), **routing}
+    return {
+        "loss": loss_sum / max(local_tokens, 1),
+        "nll_loss": nll_sum / max(local_tokens, 1),
+        "ntokens": ntokens,
+        "lr": lr,
+        "grad_norm": float(grad_norm),
+        **routing,
+    }
 
 
 def _trainer(cfg, run: Path) -> Trainer:
@@ -74,11 +85,15 @@ def _trainer(cfg, run: Path) -> Trainer:
 
 
 @pytest.mark.parametrize("device_path", [False, True], ids=["cpu", "accelerator-path"])
-@pytest.mark.parametrize("overrides", [
-    ("train.update_freq=2", "train.ema_decay=0.9", "train.clip_norm=0.5"),
-    ("model=llama_style_tiny", "model.n_decoder_layers=2", "model.d_model=32", "model.d_ff=64"),
-    ("model/ffn=moe", "model.ffn.n_experts=2", "train.update_freq=2"),
-], ids=["enc-dec", "decoder-only", "moe"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("train.update_freq=2", "train.ema_decay=0.9", "train.clip_norm=0.5"),
+        ("model=llama_style_tiny", "model.n_decoder_layers=2", "model.d_model=32", "model.d_ff=64"),
+        ("model/ffn=moe", "model.ffn.n_experts=2", "train.update_freq=2"),
+    ],
+    ids=["enc-dec", "decoder-only", "moe"],
+)
 def test_the_update_logs_the_numbers_it_logged_before(small_corpus, tmp_path, monkeypatch, overrides, device_path):
     """Four updates of the device-side update (read once per update by ``read_stats``) against the
     reference that read every value as it went: the same numbers and weights, bit for bit. With
@@ -129,8 +144,11 @@ def test_logging_every_third_update_logs_the_same_numbers(small_corpus, tmp_path
     every, third = tmp_path / "every", tmp_path / "third"
     train(small_config(small_corpus, every, "train.validate_every=0"))
     train(small_config(small_corpus, third, "train.validate_every=0", "train.log_every=3"))
-    rows = {r["update"]: r for r in map(json.loads, (every / "metrics.jsonl").read_text().splitlines())
-            if r["split"] == "train"}
+    rows = {
+        r["update"]: r
+        for r in map(json.loads, (every / "metrics.jsonl").read_text().splitlines())
+        if r["split"] == "train"
+    }
     sparse = [r for r in map(json.loads, (third / "metrics.jsonl").read_text().splitlines()) if r["split"] == "train"]
     assert [r["update"] for r in sparse] == [1, 3, 6]
     for r in sparse:
@@ -153,16 +171,23 @@ def _poison_update(monkeypatch, update: int) -> None:
 
 
 @pytest.mark.parametrize("save_every, found_at_save", [(3, True), (0, False)])
-def test_deferred_divergence_names_the_update_and_never_saves_it(small_corpus, tmp_path, monkeypatch, save_every,
-                                                                 found_at_save):
+def test_deferred_divergence_names_the_update_and_never_saves_it(
+    small_corpus, tmp_path, monkeypatch, save_every, found_at_save
+):
     """The accelerator's path, run on the CPU: a NaN loss at update 5 is found at the next save
     (update 6) or log (update 8, ``log_every=4``), and the stop message names update 5 and the last
     finite checkpoint; nothing non-finite is saved."""
     monkeypatch.setattr(DivergenceWatch, "defer_on_cpu", True)
     _poison_update(monkeypatch, 5)
     run = tmp_path / "run"
-    cfg = small_config(small_corpus, run, "train.max_updates=10", f"train.save_every={save_every}",
-                       "train.validate_every=0", "train.log_every=4")
+    cfg = small_config(
+        small_corpus,
+        run,
+        "train.max_updates=10",
+        f"train.save_every={save_every}",
+        "train.validate_every=0",
+        "train.log_every=4",
+    )
     with pytest.raises(TrainingError, match=r"non-finite loss \(nan\) at update 5; ") as err:
         train(cfg)
     logged = [r["update"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
@@ -187,5 +212,7 @@ def test_deferred_watch_keeps_the_first_finding(tmp_path):
     watch.check(None)  # finite so far
     watch.record(2, torch.tensor(1.0), torch.tensor(float("nan")), None)
     watch.record(3, torch.tensor(float("inf")), torch.tensor(float("nan")), None)
-    with pytest.raises(TrainingError, match=r"non-finite gradient norm \(nan\) at update 2; .*checkpoint_last \(update 7\)"):
+    with pytest.raises(
+        TrainingError, match=r"non-finite gradient norm \(nan\) at update 2; .*checkpoint_last \(update 7\)"
+    ):
         watch.check((tmp_path / "checkpoint_last", 7))

@@ -36,8 +36,20 @@ def test_training_run_writes_results_and_artifacts(small_corpus, tmp_path):
     results = train(cfg)
     run = tmp_path / "run"
     saved = json.loads((run / "results.json").read_text())
-    for key in ("bleu", "chrf", "sacrebleu_signature", "params", "updates", "wall_time_s",
-                "train_tokens_per_s", "peak_memory_mb", "choices", "config", "precision", "hardware"):
+    for key in (
+        "bleu",
+        "chrf",
+        "sacrebleu_signature",
+        "params",
+        "updates",
+        "wall_time_s",
+        "train_tokens_per_s",
+        "peak_memory_mb",
+        "choices",
+        "config",
+        "precision",
+        "hardware",
+    ):
         assert key in saved, key
     assert saved["precision"] == "fp32" and saved["hardware"]["torch"] == torch.__version__
     assert saved["updates"] == 6 and saved["params"] == results["params"] > 0
@@ -50,8 +62,16 @@ def test_training_run_writes_results_and_artifacts(small_corpus, tmp_path):
 
 
 def test_decoder_only_trains(small_corpus, tmp_path):
-    cfg = small_config(small_corpus, tmp_path / "run", "model=llama_style_tiny", "model.n_decoder_layers=2",
-                       "model.d_model=32", "model.d_ff=64", "train.max_updates=2", "train.validate_every=2")
+    cfg = small_config(
+        small_corpus,
+        tmp_path / "run",
+        "model=llama_style_tiny",
+        "model.n_decoder_layers=2",
+        "model.d_model=32",
+        "model.d_ff=64",
+        "train.max_updates=2",
+        "train.validate_every=2",
+    )
     results = train(cfg)
     assert results["updates"] == 2 and results["bleu"] is not None
 
@@ -91,17 +111,35 @@ def test_nan_loss_stops_naming_the_update_and_keeps_last_checkpoint(small_corpus
 
 def _run_train(args: list[str], **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "scripts/train.py", *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=300, **kw)
+    return subprocess.run(
+        [sys.executable, "scripts/train.py", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kw,
+    )
 
 
 def test_sigkill_then_resume_continues_from_last_checkpoint(small_corpus, tmp_path):
     run = tmp_path / "run"
-    args = small_cli_args(small_corpus, run, "train.max_updates=100000", "train.save_every=2",
-                          "train.validate_every=0", f"hydra.run.dir={run}")
+    args = small_cli_args(
+        small_corpus,
+        run,
+        "train.max_updates=100000",
+        "train.save_every=2",
+        "train.validate_every=0",
+        f"hydra.run.dir={run}",
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "scripts/train.py", *args], cwd=REPO_ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "scripts/train.py", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 240
     while not (run / "checkpoint_6.json").exists():
         assert proc.poll() is None and time.time() < deadline, "training ended or stalled before its 3rd checkpoint"
@@ -110,8 +148,17 @@ def test_sigkill_then_resume_continues_from_last_checkpoint(small_corpus, tmp_pa
     proc.wait()
     saved = load_checkpoint(run, "checkpoint_last")[1]["update"]
     assert saved >= 6 and saved % 2 == 0
-    out = _run_train(small_cli_args(small_corpus, run, f"train.max_updates={saved + 2}", "train.save_every=2",
-                                    "train.validate_every=0", "train.resume=true", f"hydra.run.dir={run}"))
+    out = _run_train(
+        small_cli_args(
+            small_corpus,
+            run,
+            f"train.max_updates={saved + 2}",
+            "train.save_every=2",
+            "train.validate_every=0",
+            "train.resume=true",
+            f"hydra.run.dir={run}",
+        )
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"at update {saved} " in out.stderr
     assert json.loads((run / "results.json").read_text())["updates"] == saved + 2
@@ -120,8 +167,20 @@ def test_sigkill_then_resume_continues_from_last_checkpoint(small_corpus, tmp_pa
 def _torchrun(args: list[str], port: int | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port or free_port()}", "scripts/train.py", *args],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={port or free_port()}",
+            "scripts/train.py",
+            *args,
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -135,11 +194,27 @@ def test_two_process_gloo_matches_one_process_same_global_batch(small_corpus, tm
     eps 1e-6, which leaves every other parameter's update unchanged.
     """
     one, two = tmp_path / "one", tmp_path / "two"
-    common = ["model.dropout=0.0", "train.max_updates=3", "train.validate_every=0", "train.valid_bleu=false", "optim.eps=1e-6"]
-    out1 = _run_train(small_cli_args(small_corpus, one, *common, f"train.update_freq={2 * update_freq}", f"hydra.run.dir={one}"))
+    common = [
+        "model.dropout=0.0",
+        "train.max_updates=3",
+        "train.validate_every=0",
+        "train.valid_bleu=false",
+        "optim.eps=1e-6",
+    ]
+    out1 = _run_train(
+        small_cli_args(small_corpus, one, *common, f"train.update_freq={2 * update_freq}", f"hydra.run.dir={one}")
+    )
     assert out1.returncode == 0, out1.stderr[-2000:]
-    out2 = _torchrun(small_cli_args(small_corpus, two, *common, f"train.update_freq={update_freq}",
-                                    f"train.distributed={distributed}", f"hydra.run.dir={two}"))
+    out2 = _torchrun(
+        small_cli_args(
+            small_corpus,
+            two,
+            *common,
+            f"train.update_freq={update_freq}",
+            f"train.distributed={distributed}",
+            f"hydra.run.dir={two}",
+        )
+    )
     assert out2.returncode == 0, out2.stderr[-3000:]
     results = json.loads((two / "results.json").read_text())
     assert results["world_size"] == 2 and results["updates"] == 3 and results["bleu"] is not None
@@ -152,8 +227,16 @@ def test_two_process_gloo_matches_one_process_same_global_batch(small_corpus, tm
 def test_fsdp_resume_continues_from_full_weights(small_corpus, tmp_path):
     """An FSDP2 run saved at update 2 and resumed to 3 equals 1 process with update_freq 2."""
     one, two = tmp_path / "one", tmp_path / "two"
-    common = ["model.dropout=0.0", "train.validate_every=0", "train.valid_bleu=false", "train.save_every=1", "optim.eps=1e-6"]
-    out1 = _run_train(small_cli_args(small_corpus, one, *common, "train.max_updates=3", "train.update_freq=2", f"hydra.run.dir={one}"))
+    common = [
+        "model.dropout=0.0",
+        "train.validate_every=0",
+        "train.valid_bleu=false",
+        "train.save_every=1",
+        "optim.eps=1e-6",
+    ]
+    out1 = _run_train(
+        small_cli_args(small_corpus, one, *common, "train.max_updates=3", "train.update_freq=2", f"hydra.run.dir={one}")
+    )
     assert out1.returncode == 0, out1.stderr[-2000:]
     fsdp = [*common, "train.distributed=fsdp", f"hydra.run.dir={two}"]
     out2 = _torchrun(small_cli_args(small_corpus, two, *fsdp, "train.max_updates=2"))
@@ -170,8 +253,14 @@ def test_fsdp_resume_continues_from_full_weights(small_corpus, tmp_path):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_trains(small_corpus, tmp_path, precision):
-    cfg = small_config(small_corpus, tmp_path / "run", f"train.precision={precision}", "train.max_updates=2",
-                       "train.validate_every=0", "train.valid_bleu=false")
+    cfg = small_config(
+        small_corpus,
+        tmp_path / "run",
+        f"train.precision={precision}",
+        "train.max_updates=2",
+        "train.validate_every=0",
+        "train.valid_bleu=false",
+    )
     results = train(cfg)
     assert results["updates"] == 2 and results["precision"] == precision
     weights = _weights(tmp_path / "run")

@@ -20,7 +20,10 @@ class _Pairs:
 
 def test_scorable_pairs_keep_what_fits_learned_positions_and_name_the_field_when_nothing_does():
     valid = _Pairs([3, 9, 4], [5, 2, 8])
-    assert scorable_pairs(valid, tiny_model_config(**{"position.name": "sinusoidal", "max_positions": 4})) == (valid, None)
+    assert scorable_pairs(valid, tiny_model_config(**{"position.name": "sinusoidal", "max_positions": 4})) == (
+        valid,
+        None,
+    )
     enc_dec = tiny_model_config(**{"position.name": "learned", "max_positions": 9})  # max(src, tgt) + 1 <= 9
     pairs, note = scorable_pairs(valid, enc_dec)
     assert pairs == _Pairs([3, 4], [5, 8]) and note.startswith("[valid] loss over the 2 of 3 pairs")

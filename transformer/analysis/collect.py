@@ -184,8 +184,14 @@ def _evaluation_as_run(results: dict, config: dict) -> dict:
         return {**trained, **results}
     own = (config.get("data") or {}).get("test_split")
     main = own if own in splits else next(iter(splits))
-    return {**trained, **results, "test": splits, "test_split": main, "bleu": splits[main]["bleu"],
-            "chrf": splits[main].get("chrf")}
+    return {
+        **trained,
+        **results,
+        "test": splits,
+        "test_split": main,
+        "bleu": splits[main]["bleu"],
+        "chrf": splits[main].get("chrf"),
+    }
 
 
 def load_run(run_dir: str | Path) -> Run:
@@ -218,20 +224,26 @@ def load_run(run_dir: str | Path) -> Run:
     if _is_evaluation(run.results):
         run.evaluation = True
         if run.results.get("limit"):
-            problems.append(f"an evaluate.py folder of the first {run.results['limit']} sentences of each split "
-                            "(limit): a row needs whole test sets")
+            problems.append(
+                f"an evaluate.py folder of the first {run.results['limit']} sentences of each split "
+                "(limit): a row needs whole test sets"
+            )
         elif run.config is not None:
             run.results = _evaluation_as_run(run.results, run.config)
         else:
-            problems.append("an evaluate.py folder without the model's config (an ensemble, or written before "
-                            "evaluations recorded it)")
+            problems.append(
+                "an evaluate.py folder without the model's config (an ensemble, or written before "
+                "evaluations recorded it)"
+            )
     if run.results is not None and isinstance(run.results.get("choices"), dict):
         run.choices = {str(k): str(v) for k, v in run.results["choices"].items()}
     elif (hydra_dir / "hydra.yaml").is_file():
         try:
             hcfg = _load_yaml(hydra_dir / "hydra.yaml", resolve=False)
             choices = hcfg["hydra"]["runtime"]["choices"]
-            run.choices = {str(k): str(v) for k, v in choices.items() if not str(k).startswith("hydra") and v is not None}
+            run.choices = {
+                str(k): str(v) for k, v in choices.items() if not str(k).startswith("hydra") and v is not None
+            }
         except Exception:
             pass
     run.metrics = _read_metrics(run_dir / "metrics.jsonl")
@@ -241,7 +253,9 @@ def load_run(run_dir: str | Path) -> Run:
         elif not problems:
             updates = [m["update"] for m in run.metrics if isinstance(m.get("update"), int)]
             problems.append(
-                f"no results.json (last logged update {max(updates)})" if updates else "no results.json, no metrics logged"
+                f"no results.json (last logged update {max(updates)})"
+                if updates
+                else "no results.json, no metrics logged"
             )
         last = _last_log_line(run_dir)
         if last:

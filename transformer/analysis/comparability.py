@@ -21,8 +21,16 @@ from typing import Any
 from transformer.analysis.collect import Run
 from transformer.analysis.grouping import IGNORED_KEYS, Configuration, flatten_config, is_ignored, with_defaults
 
-__all__ = ["COUPLED", "SWITCH_PREFIXES", "MixedField", "MixedRunsError", "mixed_fields", "mixed_runs_message", "recipe_of",
-           "repeated_seeds"]
+__all__ = [
+    "COUPLED",
+    "SWITCH_PREFIXES",
+    "MixedField",
+    "MixedRunsError",
+    "mixed_fields",
+    "mixed_runs_message",
+    "recipe_of",
+    "repeated_seeds",
+]
 
 SWITCH_PREFIXES: tuple[str, ...] = ("model", "plugin_files")
 """Config keys the configurations of a study are meant to differ in (a key covers those below it):
@@ -64,8 +72,7 @@ def recipe_of(run: Run, ignore: Sequence[str] = IGNORED_KEYS) -> dict[str, Any]:
     (a field added to the schema after the run trained) takes its default, which by the project's
     rule is the behaviour the run had."""
     flat = with_defaults(run.trained_config or {})
-    recipe = {k: v for k, v in flat.items()
-              if not is_ignored(k, ignore) and not is_ignored(k, SWITCH_PREFIXES)}
+    recipe = {k: v for k, v in flat.items() if not is_ignored(k, ignore) and not is_ignored(k, SWITCH_PREFIXES)}
     hardware = (run.results or {}).get("hardware")
     recipe["torch"] = hardware.get("torch") if isinstance(hardware, dict) else None
     return recipe
@@ -114,10 +121,12 @@ def mixed_fields(configs: Sequence[Configuration], ignore: Sequence[str] = IGNOR
 
 def mixed_runs_message(mixed: Sequence[MixedField]) -> str:
     """The sentence :class:`MixedRunsError` carries."""
-    return ("the runs of this table differ in more than the study's switches (model.*, plugin_files) and the seed: "
-            + "; ".join(m.sentence() for m in mixed)
-            + ". Compare runs trained and decoded alike (same precision, budget, data, decoding and torch), or pass "
-              "--allow-mixed to show the differences in the table")
+    return (
+        "the runs of this table differ in more than the study's switches (model.*, plugin_files) and the seed: "
+        + "; ".join(m.sentence() for m in mixed)
+        + ". Compare runs trained and decoded alike (same precision, budget, data, decoding and torch), or pass "
+        "--allow-mixed to show the differences in the table"
+    )
 
 
 def repeated_seeds(configs: Sequence[Configuration]) -> str | None:
@@ -134,9 +143,14 @@ def repeated_seeds(configs: Sequence[Configuration]) -> str | None:
         for r in c.runs:
             if r.seed is not None:
                 by_seed.setdefault(r.seed, []).append(_name(r))
-        found += [f"{c.label!r} has seed {seed} {len(names)} times ({', '.join(names)})"
-                  for seed, names in by_seed.items() if len(names) > 1]
+        found += [
+            f"{c.label!r} has seed {seed} {len(names)} times ({', '.join(names)})"
+            for seed, names in by_seed.items()
+            if len(names) > 1
+        ]
     if not found:
         return None
-    return ("; ".join(found) + ": a row holds one run per seed. Two evaluations of one run (e.g. of two of its "
-            "checkpoints) are one seed: compare them in separate tables, or keep one")
+    return (
+        "; ".join(found) + ": a row holds one run per seed. Two evaluations of one run (e.g. of two of its "
+        "checkpoints) are one seed: compare them in separate tables, or keep one"
+    )

@@ -62,12 +62,38 @@ from transformer.analysis.stats import (
 __all__ = ["CSV_COLUMNS", "Comparison", "MixedRunsError", "compare_sweeps", "describe_machine"]
 
 CSV_COLUMNS = (
-    "label", "is_baseline", "n_runs", "n_missing", "seeds", "test_split",
-    "bleu_mean", "bleu_std", "bleu_range", "delta_bleu", "p_value", "p_value_holm", "p_value_seeds",
-    "within_noise", "delta_prev_bleu", "p_value_prev", "p_value_prev_holm", "within_noise_prev",
-    "chrf_mean", "chrf_std",
-    "chrf_p_value", "params", "active_params", "flops_per_token", "kv_cache_bytes_per_token",
-    "train_tokens_per_s", "peak_memory_mb", "machines", "best_valid_mean", "updates_mean", "mixed", "run_dirs",
+    "label",
+    "is_baseline",
+    "n_runs",
+    "n_missing",
+    "seeds",
+    "test_split",
+    "bleu_mean",
+    "bleu_std",
+    "bleu_range",
+    "delta_bleu",
+    "p_value",
+    "p_value_holm",
+    "p_value_seeds",
+    "within_noise",
+    "delta_prev_bleu",
+    "p_value_prev",
+    "p_value_prev_holm",
+    "within_noise_prev",
+    "chrf_mean",
+    "chrf_std",
+    "chrf_p_value",
+    "params",
+    "active_params",
+    "flops_per_token",
+    "kv_cache_bytes_per_token",
+    "train_tokens_per_s",
+    "peak_memory_mb",
+    "machines",
+    "best_valid_mean",
+    "updates_mean",
+    "mixed",
+    "run_dirs",
 )
 
 
@@ -120,8 +146,10 @@ def describe_machine(results: dict) -> str:
     where = f"{hw.get('cpu', '?')} ({cores} core{'' if cores == 1 else 's'}, {hw.get('cpu_capability', '?')})"
     if hw.get("gpu"):
         where = f"{hw['gpu']} + {where}"
-    return (f"{where}, torch {hw.get('torch', '?')} with {hw.get('torch_threads', '?')} thread(s), "
-            f"{results.get('precision', '?')} precision, device {results.get('device', '?')}")
+    return (
+        f"{where}, torch {hw.get('torch', '?')} with {hw.get('torch_threads', '?')} thread(s), "
+        f"{results.get('precision', '?')} precision, device {results.get('device', '?')}"
+    )
 
 
 def _pick_baseline(configs: list[Configuration], wanted: str | None) -> Configuration:
@@ -197,8 +225,17 @@ def compare_sweeps(
     notes: list[str] = []
     signatures: dict[str, str] = {}
     if not configs:
-        return Comparison(sweep_dirs, [], [], None, missing, ["no finished run found"], signatures, n_bootstrap,
-                          compare_prev=compare_prev)
+        return Comparison(
+            sweep_dirs,
+            [],
+            [],
+            None,
+            missing,
+            ["no finished run found"],
+            signatures,
+            n_bootstrap,
+            compare_prev=compare_prev,
+        )
     twice = repeated_seeds(configs)
     if twice:
         raise ValueError(twice)
@@ -226,8 +263,14 @@ def compare_sweeps(
     base_bleus = bleus_of[base.label]
     base_bleu = mean(base_bleus)
     pooled, pooled_configs = pooled_std(list(bleus_of.values()))
-    noise = {"label": base.label, "n_seeds": len(base.runs), "std": std(base_bleus), "range": seed_range(base_bleus),
-             "pooled_std": pooled, "pooled_configs": pooled_configs}
+    noise = {
+        "label": base.label,
+        "n_seeds": len(base.runs),
+        "std": std(base_bleus),
+        "range": seed_range(base_bleus),
+        "pooled_std": pooled,
+        "pooled_configs": pooled_configs,
+    }
     family: dict[tuple[str, str], float | None] = {}  # the table's comparisons, each once
     for i, c in enumerate(configs):
         if c is not base:
@@ -285,7 +328,8 @@ def compare_sweeps(
                 "flops_per_token": first_result(c.runs, "flops_per_token"),
                 "kv_cache_bytes_per_token": kv_cache_bytes(c.config),
                 "train_tokens_per_s": mean([r.results.get("train_tokens_per_s") for r in c.runs])
-                if n_machines == 1 else None,
+                if n_machines == 1
+                else None,
                 "peak_memory_mb": mean([r.results.get("peak_memory_mb") for r in c.runs]) if n_machines == 1 else None,
                 "machines": n_machines,
                 "best_valid_mean": mean([r.results.get("best_valid") for r in c.runs]),
@@ -299,15 +343,31 @@ def compare_sweeps(
         notes.append(f"configurations were tested on different splits: {', '.join(sorted(map(str, splits)))}")
     machines = sorted({describe_machine(r.results) for c in configs for r in c.runs})
     if any(row["machines"] > 1 for row in rows):
-        notes.append("Train tok/s and Peak MB are shown only for a configuration whose runs trained on one machine "
-                     "and software (\"mixed\": its seeds differ in CPU, GPU, torch build, threads or device, whose "
-                     "speeds do not average); runs.csv has each run's, with its machine")
+        notes.append(
+            "Train tok/s and Peak MB are shown only for a configuration whose runs trained on one machine "
+            'and software ("mixed": its seeds differ in CPU, GPU, torch build, threads or device, whose '
+            "speeds do not average); runs.csv has each run's, with its machine"
+        )
     if mixed:
         notes.append("runs trained differently are compared (--allow-mixed): " + "; ".join(m.sentence() for m in mixed))
-    length = (None if buckets is None
-              else length_table(configs, base, buckets, length_splits, n_bootstrap, bootstrap_seed))
-    return Comparison(sweep_dirs, configs, rows, base.label, missing, notes, signatures, n_bootstrap, machines,
-                      noise, mixed, compare_prev, length)
+    length = (
+        None if buckets is None else length_table(configs, base, buckets, length_splits, n_bootstrap, bootstrap_seed)
+    )
+    return Comparison(
+        sweep_dirs,
+        configs,
+        rows,
+        base.label,
+        missing,
+        notes,
+        signatures,
+        n_bootstrap,
+        machines,
+        noise,
+        mixed,
+        compare_prev,
+        length,
+    )
 
 
 def _mixed_values(config: Configuration, keys: Sequence[str]) -> str:

@@ -27,6 +27,7 @@ live, the machine's threads and how a run reports progress and resumes."""
 # Choices shown first when they name a configuration.
 _LABEL_CHOICES = ("ladder", "experiment", "model")
 
+
 @dataclass
 class Configuration:
     """The runs of one configuration (all seeds), finished and missing."""

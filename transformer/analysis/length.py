@@ -45,20 +45,55 @@ from transformer.analysis.grouping import Configuration
 from transformer.analysis.stats import mean, references
 from transformer.evaluation.metrics import scorers
 
-__all__ = ["CHANGE_COLUMNS", "DEFAULT_BUCKETS", "LENGTH_COLUMNS", "Bucket", "LengthTable", "bucket_indices",
-           "length_table", "parse_buckets", "reference_length"]
+__all__ = [
+    "CHANGE_COLUMNS",
+    "DEFAULT_BUCKETS",
+    "LENGTH_COLUMNS",
+    "Bucket",
+    "LengthTable",
+    "bucket_indices",
+    "length_table",
+    "parse_buckets",
+    "reference_length",
+]
 
 DEFAULT_BUCKETS = "1-10,11-15,16-20,21-30,31+"
 """The default buckets of reference length in words (``--length-buckets``)."""
 
-CHANGE_COLUMNS = ("change_bleu", "change_bleu_ci_low", "change_bleu_ci_high", "delta_change_bleu",
-                  "delta_change_bleu_ci_low", "delta_change_bleu_ci_high")
+CHANGE_COLUMNS = (
+    "change_bleu",
+    "change_bleu_ci_low",
+    "change_bleu_ci_high",
+    "delta_change_bleu",
+    "delta_change_bleu_ci_low",
+    "delta_change_bleu_ci_high",
+)
 """The change-with-length columns of ``length_buckets.csv`` (module docstring)."""
 
 LENGTH_COLUMNS = (
-    "label", "is_baseline", "bucket", "min_words", "max_words", "n_sentences", "n_runs", "seeds", "test_splits",
-    "bleu_mean", "bleu_ci_low", "bleu_ci_high", "bleu_seeds", "delta_bleu", "delta_bleu_ci_low", "delta_bleu_ci_high",
-    "chrf_mean", "chrf_ci_low", "chrf_ci_high", "delta_chrf", "delta_chrf_ci_low", "delta_chrf_ci_high", "n_bootstrap",
+    "label",
+    "is_baseline",
+    "bucket",
+    "min_words",
+    "max_words",
+    "n_sentences",
+    "n_runs",
+    "seeds",
+    "test_splits",
+    "bleu_mean",
+    "bleu_ci_low",
+    "bleu_ci_high",
+    "bleu_seeds",
+    "delta_bleu",
+    "delta_bleu_ci_low",
+    "delta_bleu_ci_high",
+    "chrf_mean",
+    "chrf_ci_low",
+    "chrf_ci_high",
+    "delta_chrf",
+    "delta_chrf_ci_low",
+    "delta_chrf_ci_high",
+    "n_bootstrap",
     *CHANGE_COLUMNS,
 )
 """The columns of ``length_buckets.csv``, one row per configuration and bucket."""
@@ -102,8 +137,10 @@ def parse_buckets(spec: str | Sequence[Bucket]) -> list[Bucket]:
     text = spec if isinstance(spec, str) else ",".join(b.label for b in spec)
 
     def error(why: str) -> ValueError:
-        return ValueError(f"length buckets {text!r}: {why} (e.g. {DEFAULT_BUCKETS}: ranges of reference words, "
-                          "ascending, not overlapping, only the last open)")
+        return ValueError(
+            f"length buckets {text!r}: {why} (e.g. {DEFAULT_BUCKETS}: ranges of reference words, "
+            "ascending, not overlapping, only the last open)"
+        )
 
     if not isinstance(spec, str):
         buckets = list(spec)
@@ -124,8 +161,10 @@ def parse_buckets(spec: str | Sequence[Bucket]) -> list[Bucket]:
         if b.high is None and i < len(buckets) - 1:
             raise error(f"{b.label} has no upper end, so it must be the last bucket")
         if i and b.low <= buckets[i - 1].high:
-            raise error(f"{b.label} starts at or below {buckets[i - 1].high}, where {buckets[i - 1].label} ends, "
-                        "so the buckets are not ascending or they overlap")
+            raise error(
+                f"{b.label} starts at or below {buckets[i - 1].high}, where {buckets[i - 1].label} ends, "
+                "so the buckets are not ascending or they overlap"
+            )
     return buckets
 
 
@@ -210,8 +249,10 @@ def _resolve_splits(runs: list[Run], base: Run, splits: str | Sequence[str] | No
         raise ValueError(f"length splits {splits!r}: no split named (e.g. all, or test_2016_flickr,test_2017_flickr)")
     unknown = [s for s in names if s not in union]
     if unknown:
-        raise ValueError(f"length splits {splits!r}: no run has hypotheses for {', '.join(unknown)}; "
-                         f"the runs' test splits: {', '.join(sorted(union, key=natural_key))}")
+        raise ValueError(
+            f"length splits {splits!r}: no run has hypotheses for {', '.join(unknown)}; "
+            f"the runs' test splits: {', '.join(sorted(union, key=natural_key))}"
+        )
     return names
 
 
@@ -299,16 +340,17 @@ def length_table(
     rng = np.random.default_rng(seed)
     counts = [_resample_counts(rng, len(i), n_bootstrap) if i and n_bootstrap > 0 else None for i in indices]
     used = {c.label: [r for r in c.runs if r.run_dir in corpora] for c in configs}
-    scores = {c.label: _scores([corpora[r.run_dir][2] for r in used[c.label]], refs, indices, counts, metrics)
-              for c in configs}
+    scores = {
+        c.label: _scores([corpora[r.run_dir][2] for r in used[c.label]], refs, indices, counts, metrics)
+        for c in configs
+    }
     table.rows = _rows(configs, baseline, table, used, scores)
     if any(table.n_sentences):  # sacreBLEU knows a signature once it has scored
         table.signatures = {m: str(metric.get_signature()) for m, metric in metrics.items()}
     return table
 
 
-def _corpora(configs: list[Configuration], baseline: Configuration, splits: Sequence[str],
-             notes: list[str]) -> dict:
+def _corpora(configs: list[Configuration], baseline: Configuration, splits: Sequence[str], notes: list[str]) -> dict:
     """``{run folder: (run, references, hypotheses)}`` of the runs that can be scored, the baseline's
     first; runs that cannot, or whose references differ from the first's, get a note instead."""
     out: dict = {}
@@ -320,15 +362,21 @@ def _corpora(configs: list[Configuration], baseline: Configuration, splits: Sequ
             continue
         first = next(iter(out.values()), None)
         if first is not None and refs != first[1]:
-            notes.append(f"{run.run_dir}: references differ from those of {first[0].run_dir}; "
-                         "left out of the length table")
+            notes.append(
+                f"{run.run_dir}: references differ from those of {first[0].run_dir}; left out of the length table"
+            )
             continue
         out[run.run_dir] = (run, refs, hyps)
     return out
 
 
-def _scores(runs_hyps: list[list[str]], refs: list[str], indices: list[list[int]], counts: list[np.ndarray | None],
-            metrics: dict) -> dict[str, list[tuple[list[float], np.ndarray | None]]]:
+def _scores(
+    runs_hyps: list[list[str]],
+    refs: list[str],
+    indices: list[list[int]],
+    counts: list[np.ndarray | None],
+    metrics: dict,
+) -> dict[str, list[tuple[list[float], np.ndarray | None]]]:
     """One configuration's scores: ``{metric: [(per-seed scores, bootstrap values of their mean) per bucket]}``
     (bootstrap values ``[n_bootstrap]``, None without resamples or sentences)."""
     out = {}
@@ -350,17 +398,26 @@ def _scores(runs_hyps: list[list[str]], refs: list[str], indices: list[list[int]
     return out
 
 
-def _rows(configs: list[Configuration], baseline: Configuration, table: LengthTable, used: dict[str, list[Run]],
-          scores: dict) -> list[dict]:
+def _rows(
+    configs: list[Configuration], baseline: Configuration, table: LengthTable, used: dict[str, list[Run]], scores: dict
+) -> list[dict]:
     """The :data:`LENGTH_COLUMNS` rows of :func:`length_table`, configuration by configuration."""
     rows = []
     for c in configs:
         runs = used[c.label]
         for b, bucket in enumerate(table.buckets):
-            row = {"label": c.label, "is_baseline": c is baseline, "bucket": bucket.label, "min_words": bucket.low,
-                   "max_words": bucket.high, "n_sentences": table.n_sentences[b], "n_runs": len(runs),
-                   "seeds": " ".join(str(r.seed) for r in runs), "test_splits": " ".join(table.splits),
-                   "n_bootstrap": table.n_bootstrap}
+            row = {
+                "label": c.label,
+                "is_baseline": c is baseline,
+                "bucket": bucket.label,
+                "min_words": bucket.low,
+                "max_words": bucket.high,
+                "n_sentences": table.n_sentences[b],
+                "n_runs": len(runs),
+                "seeds": " ".join(str(r.seed) for r in runs),
+                "test_splits": " ".join(table.splits),
+                "n_bootstrap": table.n_bootstrap,
+            }
             for m in METRICS:
                 (seeds, values), (base_seeds, base_values) = scores[c.label][m][b], scores[baseline.label][m][b]
                 row[f"{m}_mean"] = mean(seeds)
@@ -369,10 +426,12 @@ def _rows(configs: list[Configuration], baseline: Configuration, table: LengthTa
                 row[f"delta_{m}"] = mean(seeds) - mean(base_seeds) if both else None
                 paired = both and values is not None and base_values is not None
                 row[f"delta_{m}_ci_low"], row[f"delta_{m}_ci_high"] = (
-                    _interval(values - base_values) if paired else (None, None))
+                    _interval(values - base_values) if paired else (None, None)
+                )
             row["bleu_seeds"] = " ".join(f"{r.seed}:{s:.2f}" for r, s in zip(runs, scores[c.label]["bleu"][b][0]))
-            row.update(_change(scores[c.label]["bleu"], scores[baseline.label]["bleu"], b, table.reference,
-                               c is baseline))
+            row.update(
+                _change(scores[c.label]["bleu"], scores[baseline.label]["bleu"], b, table.reference, c is baseline)
+            )
             rows.append(row)
     return rows
 
@@ -397,5 +456,6 @@ def _change(own: list, base: list, b: int, ref: int | None, is_baseline: bool) -
     out["delta_change_bleu"] = out["change_bleu"] - (mean(base_seeds) - mean(base_first))
     if change is not None and base_values is not None and base_first_values is not None:
         out["delta_change_bleu_ci_low"], out["delta_change_bleu_ci_high"] = _interval(
-            change - (base_values - base_first_values))
+            change - (base_values - base_first_values)
+        )
     return out

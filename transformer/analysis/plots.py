@@ -22,8 +22,14 @@ if TYPE_CHECKING:  # matplotlib is optional (the plots extra); it is imported wh
     from matplotlib.figure import Figure
 
 __all__ = [
-    "PlotsUnavailable", "bleu_bars_figure", "bleu_by_length_figure", "matplotlib_missing", "plot_bleu_bars",
-    "plot_bleu_by_length", "plot_validation_curves", "validation_curves_figure",
+    "PlotsUnavailable",
+    "bleu_bars_figure",
+    "bleu_by_length_figure",
+    "matplotlib_missing",
+    "plot_bleu_bars",
+    "plot_bleu_by_length",
+    "plot_validation_curves",
+    "validation_curves_figure",
 ]
 
 PLOTS_EXTRA = 'pip install -e ".[plots]"'
@@ -100,11 +106,20 @@ def validation_curves_figure(comparison: Comparison) -> Figure:
             if by_update:
                 xs = sorted(by_update)
                 ys = [sum(by_update[u]) / len(by_update[u]) for u in xs]
-                ax.plot(xs, ys, color=color, linewidth=2.0, marker="o" if len(xs) < 20 else None, markersize=3,
-                        label=f"{c.label} (n={len(c.runs)})")
+                ax.plot(
+                    xs,
+                    ys,
+                    color=color,
+                    linewidth=2.0,
+                    marker="o" if len(xs) < 20 else None,
+                    markersize=3,
+                    label=f"{c.label} (n={len(c.runs)})",
+                )
         ax.set_xlabel("update")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel({"nll_loss": "validation NLL (nats/token)", "loss": "validation loss", "bleu": "validation BLEU"}[metric])
+        ax.set_ylabel(
+            {"nll_loss": "validation NLL (nats/token)", "loss": "validation loss", "bleu": "validation BLEU"}[metric]
+        )
         ax.grid(alpha=0.3)
     axes[0].set_title("Validation curves (thin: seeds, thick: mean)")
     if axes[0].get_legend_handles_labels()[0]:  # evaluation folders (scripts/evaluate.py) have no curves
@@ -160,13 +175,21 @@ def bleu_bars_figure(comparison: Comparison) -> Figure:
     for x, r in zip(xs, rows):
         p = r["p_value"]
         mark = "" if p is None or r["is_baseline"] else ("*" if p < 0.05 else "ns")
-        ax.text(x, means[x] + stds[x] + 0.02 * max(top, 1.0), f"{means[x]:.2f}{(' ' + mark) if mark else ''}",
-                ha="center", va="bottom", fontsize="small")
+        ax.text(
+            x,
+            means[x] + stds[x] + 0.02 * max(top, 1.0),
+            f"{means[x]:.2f}{(' ' + mark) if mark else ''}",
+            ha="center",
+            va="bottom",
+            fontsize="small",
+        )
     ax.set_xticks(xs, [r["label"] for r in rows], rotation=30, ha="right", fontsize="small")
     split = rows[0]["test_split"] if rows else ""
     ax.set_ylabel(f"test BLEU ({split})")
     ax.set_ylim(0, max(top * 1.15, 1.0))
-    ax.set_title(f"Test BLEU, mean ± std over seeds\nbaseline hatched; * p < 0.05 vs {comparison.baseline}", fontsize="medium")
+    ax.set_title(
+        f"Test BLEU, mean ± std over seeds\nbaseline hatched; * p < 0.05 vs {comparison.baseline}", fontsize="medium"
+    )
     ax.grid(axis="y", alpha=0.3)
     return fig
 
@@ -216,13 +239,28 @@ def bleu_by_length_figure(comparison: Comparison) -> Figure:
         shift = 0.0 if len(labels) == 1 else 0.3 * (i / (len(labels) - 1) - 0.5)  # within +-0.15 of the bucket
         xs = [position[r["bucket"]] + shift for r in rows]
         ys = [r["bleu_mean"] for r in rows]
-        err = [[y - (r["bleu_ci_low"] if r["bleu_ci_low"] is not None else y) for y, r in zip(ys, rows)],
-               [(r["bleu_ci_high"] if r["bleu_ci_high"] is not None else y) - y for y, r in zip(ys, rows)]]
+        err = [
+            [y - (r["bleu_ci_low"] if r["bleu_ci_low"] is not None else y) for y, r in zip(ys, rows)],
+            [(r["bleu_ci_high"] if r["bleu_ci_high"] is not None else y) - y for y, r in zip(ys, rows)],
+        ]
         base = bool(rows) and rows[0]["is_baseline"]
-        ax.errorbar(xs, ys, yerr=err, color=color, marker="o", markersize=4, capsize=3, linewidth=1.5,
-                    linestyle="--" if base else "-", label=f"{label}{' (baseline)' if base else ''}")
-    ax.set_xticks(range(len(table.buckets)),
-                  [f"{b.label}\n(n={n})" for b, n in zip(table.buckets, table.n_sentences)], fontsize="small")
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=err,
+            color=color,
+            marker="o",
+            markersize=4,
+            capsize=3,
+            linewidth=1.5,
+            linestyle="--" if base else "-",
+            label=f"{label}{' (baseline)' if base else ''}",
+        )
+    ax.set_xticks(
+        range(len(table.buckets)),
+        [f"{b.label}\n(n={n})" for b, n in zip(table.buckets, table.n_sentences)],
+        fontsize="small",
+    )
     ax.set_xlabel("reference length (words)")
     pooled = len(table.splits) > 1  # the split names go in the title, where a long list has room to wrap
     ax.set_ylabel(f"test BLEU ({len(table.splits)} test sets pooled)" if pooled else f"test BLEU ({table.splits[0]})")

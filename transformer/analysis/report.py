@@ -13,8 +13,15 @@ from transformer.analysis.compare import CSV_COLUMNS, Comparison, compare_sweeps
 from transformer.analysis.length import DEFAULT_BUCKETS, LENGTH_COLUMNS, Bucket, LengthTable
 from transformer.analysis.plots import matplotlib_missing, plot_bleu_bars, plot_bleu_by_length, plot_validation_curves
 
-__all__ = ["NoFinishedRun", "compare_and_write", "length_markdown", "to_markdown", "write_csv", "write_length_csv",
-           "write_outputs"]
+__all__ = [
+    "NoFinishedRun",
+    "compare_and_write",
+    "length_markdown",
+    "to_markdown",
+    "write_csv",
+    "write_length_csv",
+    "write_outputs",
+]
 
 
 class NoFinishedRun(RuntimeError):
@@ -67,13 +74,19 @@ def _noise_line(c: Comparison) -> str:
     if not n:
         return ""
     if n.get("range") is None:
-        return (f"Noise floor: not measured ({n.get('label')} has {n.get('n_seeds', 0)} seed(s); "
-                "a second seed of the baseline gives its seed-to-seed spread).")
-    line = (f"Noise floor: {n['label']}'s test BLEU over {n['n_seeds']} seeds varies by {n['range']:.2f} "
-            f"(max − min; std {n['std']:.2f}); a Δ marked ≈ is no larger than that.")
+        return (
+            f"Noise floor: not measured ({n.get('label')} has {n.get('n_seeds', 0)} seed(s); "
+            "a second seed of the baseline gives its seed-to-seed spread)."
+        )
+    line = (
+        f"Noise floor: {n['label']}'s test BLEU over {n['n_seeds']} seeds varies by {n['range']:.2f} "
+        f"(max − min; std {n['std']:.2f}); a Δ marked ≈ is no larger than that."
+    )
     if n.get("pooled_std") is not None and n.get("pooled_configs", 0) > 1:
-        line += (f" Pooled over the {n['pooled_configs']} configurations with two or more seeds, the seed std "
-                 f"of test BLEU is {n['pooled_std']:.2f}.")
+        line += (
+            f" Pooled over the {n['pooled_configs']} configurations with two or more seeds, the seed std "
+            f"of test BLEU is {n['pooled_std']:.2f}."
+        )
     return line
 
 
@@ -83,7 +96,11 @@ def _md_row(cells: Sequence[str]) -> str:
 
 
 def _missing_line(run: Run) -> str:
-    what = " ".join(o for o in run.overrides if not o.startswith(("data.", "model.", "train.", "generation.", "lr_scheduler.", "hydra.")))
+    what = " ".join(
+        o
+        for o in run.overrides
+        if not o.startswith(("data.", "model.", "train.", "generation.", "lr_scheduler.", "hydra."))
+    )
     where = f"`{run.run_dir}`"
     return f"- {where}{f' ({what})' if what else ''}: {run.reason}"
 
@@ -106,21 +123,49 @@ def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
         lines.append(noise)
     lines.append("")
     prev = ["Δ prev", "p prev Holm"] if c.compare_prev else []
-    header = (["Configuration", "Runs", "BLEU", "ΔBLEU", "p Holm", *prev, "chrF", "Params", "FLOPs/token",
-               "KV-cache B/token", "Train tok/s", "Peak MB"] + (["Differs in"] if c.mixed else []))
-    lines += [_md_row(header), "|" + "|".join(["---"] + ["---:"] * (len(header) - 1 - bool(c.mixed))
-                                              + (["---"] if c.mixed else [])) + "|"]
+    header = [
+        "Configuration",
+        "Runs",
+        "BLEU",
+        "ΔBLEU",
+        "p Holm",
+        *prev,
+        "chrF",
+        "Params",
+        "FLOPs/token",
+        "KV-cache B/token",
+        "Train tok/s",
+        "Peak MB",
+    ] + (["Differs in"] if c.mixed else [])
+    lines += [
+        _md_row(header),
+        "|" + "|".join(["---"] + ["---:"] * (len(header) - 1 - bool(c.mixed)) + (["---"] if c.mixed else [])) + "|",
+    ]
     for r in c.rows:
         mixed_machines = r.get("machines", 1) > 1
         mem = "mixed" if mixed_machines else "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
-        prev_cells = ([_delta(r.get("delta_prev_bleu"), r.get("within_noise_prev")), _p_prev(r)]
-                      if c.compare_prev else [])
-        lines.append(_md_row([
-            f"{r['label']}{' (baseline)' if r['is_baseline'] else ''}", f"{r['n_runs']}/{r['n_runs'] + r['n_missing']}",
-            _pm(r["bleu_mean"], r["bleu_std"]), _delta(r["delta_bleu"], r.get("within_noise")), _p(r), *prev_cells,
-            _pm(r["chrf_mean"], r["chrf_std"]), _params(r), _si(r["flops_per_token"]),
-            _si(r["kv_cache_bytes_per_token"]), "mixed" if mixed_machines else _si(r["train_tokens_per_s"]), mem,
-        ] + ([r.get("mixed") or ""] if c.mixed else [])))
+        prev_cells = (
+            [_delta(r.get("delta_prev_bleu"), r.get("within_noise_prev")), _p_prev(r)] if c.compare_prev else []
+        )
+        lines.append(
+            _md_row(
+                [
+                    f"{r['label']}{' (baseline)' if r['is_baseline'] else ''}",
+                    f"{r['n_runs']}/{r['n_runs'] + r['n_missing']}",
+                    _pm(r["bleu_mean"], r["bleu_std"]),
+                    _delta(r["delta_bleu"], r.get("within_noise")),
+                    _p(r),
+                    *prev_cells,
+                    _pm(r["chrf_mean"], r["chrf_std"]),
+                    _params(r),
+                    _si(r["flops_per_token"]),
+                    _si(r["kv_cache_bytes_per_token"]),
+                    "mixed" if mixed_machines else _si(r["train_tokens_per_s"]),
+                    mem,
+                ]
+                + ([r.get("mixed") or ""] if c.mixed else [])
+            )
+        )
     lines += [
         "",
         "BLEU and chrF: mean ± sample standard deviation over seeds (Runs: finished/all). "
@@ -128,15 +173,20 @@ def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
         "baseline's, per seed-matched pair of runs, the largest p over the pairs, then Holm-Bonferroni "
         "adjusted over all the comparisons of this table (* adjusted p < 0.05; the unadjusted p-values are "
         "in comparison.csv). "
-        + ("Δ prev / p prev Holm: the same against the row above (the switch this row adds, in a ladder). "
-           if c.compare_prev else "No comparison with the row above (--no-prev): the comparisons are each "
-           "configuration against the baseline. ")
+        + (
+            "Δ prev / p prev Holm: the same against the row above (the switch this row adds, in a ladder). "
+            if c.compare_prev
+            else "No comparison with the row above (--no-prev): the comparisons are each "
+            "configuration against the baseline. "
+        )
         + "FLOPs/token: forward matmul FLOPs per target token (16-token sentences); "
         "KV-cache: fp32 bytes per generated token over all decoder layers.",
     ]
     if any(r.get("active_params") not in (None, r["params"]) for r in c.rows):
-        lines[-1] += (" Params: all the model's parameters, and (active) those one token uses: in a "
-                      "mixture of experts top_k of its routed experts, the router and any shared experts.")
+        lines[-1] += (
+            " Params: all the model's parameters, and (active) those one token uses: in a "
+            "mixture of experts top_k of its routed experts, the router and any shared experts."
+        )
     if c.notes:
         lines += ["", "Notes:"] + [f"- {n}" for n in c.notes]
     if c.length is not None and c.rows:
@@ -169,12 +219,18 @@ def length_markdown(table: LengthTable) -> list[str]:
     lines = ["## BLEU by reference length", ""]
     splits = ", ".join(f"`{s}`" for s in table.splits) + (" pooled" if len(table.splits) > 1 else "")
     outside = f", {table.n_outside} of them in no bucket" if table.n_outside else ""
-    lines.append(f"Buckets of reference length in words (whitespace-separated tokens of the detokenized reference; "
-                 f"--length-buckets): {', '.join(b.label for b in table.buckets)}. Test sentences: {splits} "
-                 f"({sum(table.n_sentences) + table.n_outside} sentences{outside}).")
+    lines.append(
+        f"Buckets of reference length in words (whitespace-separated tokens of the detokenized reference; "
+        f"--length-buckets): {', '.join(b.label for b in table.buckets)}. Test sentences: {splits} "
+        f"({sum(table.n_sentences) + table.n_outside} sentences{outside})."
+    )
     if not table.rows:
-        return [*lines, "", "Not computed: no run's hypotheses and references could be read.",
-                *(f"- {n}" for n in table.notes)]
+        return [
+            *lines,
+            "",
+            "Not computed: no run's hypotheses and references could be read.",
+            *(f"- {n}" for n in table.notes),
+        ]
     by_label: dict[str, list[dict]] = {}
     for r in table.rows:
         by_label.setdefault(r["label"], []).append(r)
@@ -184,14 +240,28 @@ def length_markdown(table: LengthTable) -> list[str]:
     ref = table.reference
     first = None if ref is None else table.buckets[ref].label
     # (title, value key, interval key prefix, signed, the baseline's own row shown)
-    tables = [("BLEU", "bleu_mean", "bleu", False, True),
-              ("ΔBLEU against the baseline", "delta_bleu", "delta_bleu", True, False),
-              ("chrF", "chrf_mean", "chrf", False, True)]
+    tables = [
+        ("BLEU", "bleu_mean", "bleu", False, True),
+        ("ΔBLEU against the baseline", "delta_bleu", "delta_bleu", True, False),
+        ("chrF", "chrf_mean", "chrf", False, True),
+    ]
     if ref is not None:
-        tables += [(f"BLEU change from the shortest bucket with sentences ({first}), how BLEU falls with length",
-                    "change_bleu", "change_bleu", True, True),
-                   ("That change against the baseline's (+: loses less with length than the baseline)",
-                    "delta_change_bleu", "delta_change_bleu", True, False)]
+        tables += [
+            (
+                f"BLEU change from the shortest bucket with sentences ({first}), how BLEU falls with length",
+                "change_bleu",
+                "change_bleu",
+                True,
+                True,
+            ),
+            (
+                "That change against the baseline's (+: loses less with length than the baseline)",
+                "delta_change_bleu",
+                "delta_change_bleu",
+                True,
+                False,
+            ),
+        ]
     for title, key, ci, signed, with_baseline in tables:
         what = interval.replace("95%", "paired 95%") if signed and not with_baseline else interval
         lines += ["", f"{title}{what}:", "", _md_row(header), rule]
@@ -207,14 +277,23 @@ def length_markdown(table: LengthTable) -> list[str]:
         "",
         "Corpus BLEU and chrF (sacreBLEU, the runs' tokenizer and case) of the bucket's sentences, mean over the "
         "configuration's seeds"
-        + (f"; [low, high]: 95% bootstrap interval over {table.n_bootstrap} resamples of the bucket's sentences, the "
-           "same resamples for every configuration and seed, so the Δ intervals are paired (* a difference's or "
-           "change's interval excludes 0; not adjusted for the number of buckets). The intervals measure the sampling of test sentences, not "
-           "the seed-to-seed noise." if table.n_bootstrap else "; no intervals (--bootstrap 0).")
-        + (f" The change from {first} words is a bucket's BLEU minus that bucket's"
-           + (", whose sentences are resampled independently of it" if table.n_bootstrap else "")
-           + f"; the change against the baseline's equals the bucket's ΔBLEU minus the {first} bucket's"
-           + (", paired over the same resamples" if table.n_bootstrap else "") + "." if ref is not None else "")
+        + (
+            f"; [low, high]: 95% bootstrap interval over {table.n_bootstrap} resamples of the bucket's sentences, the "
+            "same resamples for every configuration and seed, so the Δ intervals are paired (* a difference's or "
+            "change's interval excludes 0; not adjusted for the number of buckets). The intervals measure the sampling of test sentences, not "
+            "the seed-to-seed noise."
+            if table.n_bootstrap
+            else "; no intervals (--bootstrap 0)."
+        )
+        + (
+            f" The change from {first} words is a bucket's BLEU minus that bucket's"
+            + (", whose sentences are resampled independently of it" if table.n_bootstrap else "")
+            + f"; the change against the baseline's equals the bucket's ΔBLEU minus the {first} bucket's"
+            + (", paired over the same resamples" if table.n_bootstrap else "")
+            + "."
+            if ref is not None
+            else ""
+        )
         + " Per-seed scores in length_buckets.csv.",
     ]
     lines += [f"- {name} signature: `{sig}`" for name, sig in table.signatures.items()]
@@ -247,13 +326,38 @@ def write_csv(comparison: Comparison, path: str | Path) -> Path:
     runs_path = path.with_name("runs.csv")
     with runs_path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["configuration", "seed", "status", "bleu", "chrf", "updates", "run_dir", "reason",
-                    "train_tokens_per_s", "peak_memory_mb", "machine"])
+        w.writerow(
+            [
+                "configuration",
+                "seed",
+                "status",
+                "bleu",
+                "chrf",
+                "updates",
+                "run_dir",
+                "reason",
+                "train_tokens_per_s",
+                "peak_memory_mb",
+                "machine",
+            ]
+        )
         for c in comparison.configurations:
             for r in c.runs:
-                w.writerow([c.label, r.seed, "ok", r.results["bleu"], r.results.get("chrf"), r.results.get("updates"),
-                            r.run_dir, "", r.results.get("train_tokens_per_s"), r.results.get("peak_memory_mb"),
-                            describe_machine(r.results)])
+                w.writerow(
+                    [
+                        c.label,
+                        r.seed,
+                        "ok",
+                        r.results["bleu"],
+                        r.results.get("chrf"),
+                        r.results.get("updates"),
+                        r.run_dir,
+                        "",
+                        r.results.get("train_tokens_per_s"),
+                        r.results.get("peak_memory_mb"),
+                        describe_machine(r.results),
+                    ]
+                )
         labels = {id(r): c.label for c in comparison.configurations for r in c.missing}
         for r in comparison.missing:
             w.writerow([labels.get(id(r), ""), r.seed, "missing", "", "", "", r.run_dir, r.reason, "", "", ""])
@@ -339,12 +443,20 @@ def compare_and_write(
         NoFinishedRun: after the outputs were written, when no run has results.
     """
     sweep_dirs = [Path(d) for d in sweep_dirs]
-    comparison = compare_sweeps(sweep_dirs, baseline=baseline, n_bootstrap=n_bootstrap,
-                                bootstrap_seed=bootstrap_seed, allow_mixed=allow_mixed, compare_prev=compare_prev,
-                                length_buckets=length_buckets, length_splits=length_splits)
+    comparison = compare_sweeps(
+        sweep_dirs,
+        baseline=baseline,
+        n_bootstrap=n_bootstrap,
+        bootstrap_seed=bootstrap_seed,
+        allow_mixed=allow_mixed,
+        compare_prev=compare_prev,
+        length_buckets=length_buckets,
+        length_splits=length_splits,
+    )
     skipped = matplotlib_missing() if comparison.rows else None
-    paths = write_outputs(comparison, Path(out) if out is not None else sweep_dirs[0] / "comparison",
-                          plots=skipped is None)
+    paths = write_outputs(
+        comparison, Path(out) if out is not None else sweep_dirs[0] / "comparison", plots=skipped is None
+    )
     print(paths["markdown"].read_text(encoding="utf-8"))
     for name, path in paths.items():
         print(f"wrote {name}: {path}", file=sys.stderr)

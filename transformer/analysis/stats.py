@@ -18,7 +18,14 @@ from transformer.evaluation.metrics import paired_bootstrap
 from transformer.models.flops import kv_cache_bytes_per_token
 
 __all__ = [
-    "first_result", "holm_bonferroni", "kv_cache_bytes", "mean", "pooled_std", "references", "seed_range", "significance",
+    "first_result",
+    "holm_bonferroni",
+    "kv_cache_bytes",
+    "mean",
+    "pooled_std",
+    "references",
+    "seed_range",
+    "significance",
     "std",
 ]
 
@@ -132,6 +139,7 @@ def references(run: Run, split: str | None = None) -> list[str]:
 def _same_test_set(a: Run, b: Run) -> bool:
     """Same test split of the same data (fields a run recorded before they existed at their default;
     where the files are and how they were binarized do not count)."""
+
     def data(run: Run) -> dict:
         flat = with_defaults({"data": run.config.get("data", {})})
         return {k: v for k, v in flat.items() if k.startswith("data.") and not is_ignored(k, IGNORED_KEYS)}
@@ -165,7 +173,9 @@ def significance(
         pairs = _seed_pairs(baseline.runs, c.runs)
         for b, s in pairs:
             if not _same_test_set(b, s):
-                notes.append(f"{c.label}: test set differs from the baseline's ({s.test_split} vs {b.test_split}); no p-value")
+                notes.append(
+                    f"{c.label}: test set differs from the baseline's ({s.test_split} vs {b.test_split}); no p-value"
+                )
                 break
             if s.hyps_path() is None or b.hyps_path() is None:
                 missing = s if s.hyps_path() is None else b
@@ -196,14 +206,18 @@ def significance(
         for label in [k for k, v in ok.items() if v == base_hyps]:
             # sacreBLEU counts only strictly larger resampled differences, so identical outputs
             # would get p = 1/(n+1); no difference at all is p = 1.
-            notes.append(f"{label}: test hypotheses identical to the baseline's for seed {seed_of_pair[(b_dir, label)]}; p = 1")
+            notes.append(
+                f"{label}: test hypotheses identical to the baseline's for seed {seed_of_pair[(b_dir, label)]}; p = 1"
+            )
             per_label.setdefault(label, []).append((seed_of_pair[(b_dir, label)], 1.0, 1.0))
             del ok[label]
         if not ok:
             continue
         tokenize = str(b.config["data"].get("bleu_tokenize", "13a"))
         lowercase = bool(b.config["data"].get("lowercase", False))
-        res = paired_bootstrap(base_hyps, ok, refs, n_samples=n_samples, seed=seed, tokenize=tokenize, lowercase=lowercase)
+        res = paired_bootstrap(
+            base_hyps, ok, refs, n_samples=n_samples, seed=seed, tokenize=tokenize, lowercase=lowercase
+        )
         signature = signature or res["baseline"]["signatures"]["bleu"]
         for label in ok:
             per_label.setdefault(label, []).append(

@@ -97,8 +97,17 @@ from transformer.config.sizes import (
     rope_scaling,
 )
 
-__all__ = ["MISSING", *convert.__all__, *diff.__all__, *options.__all__, *rules.__all__, *runtime.__all__, *schema.__all__,
-           *sizes.__all__, *checks.__all__]
+__all__ = [
+    "MISSING",
+    *convert.__all__,
+    *diff.__all__,
+    *options.__all__,
+    *rules.__all__,
+    *runtime.__all__,
+    *schema.__all__,
+    *sizes.__all__,
+    *checks.__all__,
+]
 
 # the structured configs the YAML files name (base_config, generation_overrides) are known to Hydra
 # as soon as the package is imported

@@ -22,8 +22,15 @@ from transformer.modules.positions import POSITIONS
 from transformer.modules.residual import RESIDUALS
 from transformer.modules.rope_scaling import ROPE_SCALINGS
 
-__all__ = ["signal_number", "validate_config", "validate_generation_config", "validate_model_config", "validate_moe_config",
-           "validate_optim_config", "validate_option_fields"]
+__all__ = [
+    "signal_number",
+    "validate_config",
+    "validate_generation_config",
+    "validate_model_config",
+    "validate_moe_config",
+    "validate_optim_config",
+    "validate_option_fields",
+]
 
 
 # the options of each switch: the tables beside the classes they name (read at each check: plugins add
@@ -54,7 +61,11 @@ def signal_number(name: str) -> signal.Signals:
     """
     text = str(name).strip().upper()
     try:
-        sig = signal.Signals(int(text)) if text.isdigit() else signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
+        sig = (
+            signal.Signals(int(text))
+            if text.isdigit()
+            else signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
+        )
     except (KeyError, ValueError):
         raise ConfigError(f"train.stop_signals: {name!r} is not a signal name (e.g. SIGTERM, SIGUSR1)") from None
     if sig.name in _UNCATCHABLE:
@@ -87,15 +98,11 @@ def validate_model_config(model: Any, joint_vocab: bool = True) -> None:
     if model.d_model <= 0 or model.n_heads <= 0 or model.d_ff <= 0:
         raise ConfigError("model.d_model, model.n_heads and model.d_ff must be positive")
     if model.d_model % model.n_heads != 0:
-        raise ConfigError(
-            f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}"
-        )
+        raise ConfigError(f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}")
     sizes = model_sizes(model)
     n_kv, head_dim = sizes.n_kv_heads, sizes.head_dim
     if n_kv <= 0 or model.n_heads % n_kv != 0:
-        raise ConfigError(
-            f"model.n_heads={model.n_heads} is not divisible by model.attention.n_kv_heads={n_kv}"
-        )
+        raise ConfigError(f"model.n_heads={model.n_heads} is not divisible by model.attention.n_kv_heads={n_kv}")
     _validate_attention_options(model, sizes)
     if model.position.name == "rope" and sizes.latent is None and head_dim % 2 != 0:
         raise ConfigError(
@@ -109,15 +116,12 @@ def validate_model_config(model: Any, joint_vocab: bool = True) -> None:
         )
     if model.arch == "decoder_only" and not joint_vocab:
         raise ConfigError(
-            "model.arch=decoder_only reads source and target in one sequence and needs "
-            "data.joint_vocab=true"
+            "model.arch=decoder_only reads source and target in one sequence and needs data.joint_vocab=true"
         )
     if model.n_encoder_layers < 0 or model.n_decoder_layers < 0:
         raise ConfigError("model.n_encoder_layers and model.n_decoder_layers must be >= 0")
     if model.arch == "encoder_decoder" and (model.n_encoder_layers == 0 or model.n_decoder_layers == 0):
-        raise ConfigError(
-            "model.arch=encoder_decoder needs model.n_encoder_layers > 0 and model.n_decoder_layers > 0"
-        )
+        raise ConfigError("model.arch=encoder_decoder needs model.n_encoder_layers > 0 and model.n_decoder_layers > 0")
     if model.arch == "decoder_only" and model.n_encoder_layers + model.n_decoder_layers == 0:
         raise ConfigError("model.arch=decoder_only needs model.n_encoder_layers + model.n_decoder_layers > 0")
     for name in ("dropout", "attention_dropout", "activation_dropout"):
@@ -219,32 +223,48 @@ def _validate_attention_options(model: Any, sizes: Any) -> None:
     latent = sizes.latent
     if latent is not None:
         a = "model.attention"
-        fields = (f"{a}.kv_lora_rank={latent.kv_lora_rank}, {a}.qk_nope_head_dim={latent.qk_nope_head_dim}, "
-                  f"{a}.qk_rope_head_dim={latent.qk_rope_head_dim}, {a}.v_head_dim={latent.v_head_dim}")
+        fields = (
+            f"{a}.kv_lora_rank={latent.kv_lora_rank}, {a}.qk_nope_head_dim={latent.qk_nope_head_dim}, "
+            f"{a}.qk_rope_head_dim={latent.qk_rope_head_dim}, {a}.v_head_dim={latent.v_head_dim}"
+        )
         if latent.kv_lora_rank <= 0 or latent.v_head_dim <= 0 or latent.qk_nope_head_dim < 0:
-            raise ConfigError(f"model/attention=mla needs {a}.kv_lora_rank > 0, {a}.v_head_dim > 0 and "
-                              f"{a}.qk_nope_head_dim >= 0, got {fields}")
+            raise ConfigError(
+                f"model/attention=mla needs {a}.kv_lora_rank > 0, {a}.v_head_dim > 0 and "
+                f"{a}.qk_nope_head_dim >= 0, got {fields}"
+            )
         if latent.q_lora_rank is not None and latent.q_lora_rank <= 0:
             raise ConfigError(f"{a}.q_lora_rank={latent.q_lora_rank} must be > 0 (or null: no query compression)")
         if model.position.name == "rope" and (latent.qk_rope_head_dim <= 0 or latent.qk_rope_head_dim % 2):
-            raise ConfigError(f"model/attention=mla with model/position=rope needs {a}.qk_rope_head_dim even and > 0 "
-                              f"(the decoupled RoPE key, DeepSeek-V2 §2.1.3), got {fields}")
+            raise ConfigError(
+                f"model/attention=mla with model/position=rope needs {a}.qk_rope_head_dim even and > 0 "
+                f"(the decoupled RoPE key, DeepSeek-V2 §2.1.3), got {fields}"
+            )
         if model.position.name != "rope" and latent.qk_rope_head_dim != 0:
-            raise ConfigError(f"{a}.qk_rope_head_dim={latent.qk_rope_head_dim} is a rotated width but "
-                              f"model/position={model.position.name}: set {a}.qk_rope_head_dim=0 or use model/position=rope")
+            raise ConfigError(
+                f"{a}.qk_rope_head_dim={latent.qk_rope_head_dim} is a rotated width but "
+                f"model/position={model.position.name}: set {a}.qk_rope_head_dim=0 or use model/position=rope"
+            )
         if latent.qk_head_dim <= 0:
-            raise ConfigError(f"model/attention=mla needs {a}.qk_nope_head_dim + {a}.qk_rope_head_dim > 0, got {fields}")
+            raise ConfigError(
+                f"model/attention=mla needs {a}.qk_nope_head_dim + {a}.qk_rope_head_dim > 0, got {fields}"
+            )
         if model.qk_norm != "none":
-            raise ConfigError(f"model.qk_norm={model.qk_norm} with model/attention=mla: MLA normalises its latent "
-                              "(kv_a_layernorm) instead; use model.qk_norm=none")
+            raise ConfigError(
+                f"model.qk_norm={model.qk_norm} with model/attention=mla: MLA normalises its latent "
+                "(kv_a_layernorm) instead; use model.qk_norm=none"
+            )
     window, every = model.attention_window, model.attention_window_pattern
     if window is not None and window < 1:
         raise ConfigError(f"model.attention_window={window} must be >= 1 (or null for global attention)")
     if every < 0 or every == 1:
-        raise ConfigError(f"model.attention_window_pattern={every} must be 0 (every layer local) or >= 2 "
-                          "(every N-th layer global); 1 would make every layer global")
+        raise ConfigError(
+            f"model.attention_window_pattern={every} must be 0 (every layer local) or >= 2 "
+            "(every N-th layer global); 1 would make every layer global"
+        )
     if every and window is None:
-        raise ConfigError(f"model.attention_window_pattern={every} needs model.attention_window (the local layers' window)")
+        raise ConfigError(
+            f"model.attention_window_pattern={every} needs model.attention_window (the local layers' window)"
+        )
     rs = model.position.rope_scaling
     if rs.rope_type != "default":
         where = f"model.position.rope_scaling.rope_type={rs.rope_type}"
@@ -253,22 +273,29 @@ def _validate_attention_options(model: Any, sizes: Any) -> None:
         if not 1.0 <= rs.factor < float("inf"):
             raise ConfigError(f"{where} needs a finite model.position.rope_scaling.factor >= 1, got {rs.factor}")
         if rs.attention_factor is not None and not 0.0 < rs.attention_factor < float("inf"):
-            raise ConfigError(f"{where} needs model.position.rope_scaling.attention_factor > 0 (or null), "
-                              f"got {rs.attention_factor}")
+            raise ConfigError(
+                f"{where} needs model.position.rope_scaling.attention_factor > 0 (or null), got {rs.attention_factor}"
+            )
         if rs.rope_type in ("yarn", "llama3") and not (rs.original_max_position_embeddings or 0) > 0:
-            raise ConfigError(f"{where} needs model.position.rope_scaling.original_max_position_embeddings "
-                              "(the trained length, > 0)")
+            raise ConfigError(
+                f"{where} needs model.position.rope_scaling.original_max_position_embeddings (the trained length, > 0)"
+            )
         if rs.original_max_position_embeddings is not None and rs.original_max_position_embeddings <= 0:
             raise ConfigError("model.position.rope_scaling.original_max_position_embeddings must be > 0")
         if rs.rope_type == "llama3" and not 0 < rs.low_freq_factor < rs.high_freq_factor:
-            raise ConfigError(f"{where} needs 0 < model.position.rope_scaling.low_freq_factor < high_freq_factor, "
-                              f"got {rs.low_freq_factor} and {rs.high_freq_factor}")
+            raise ConfigError(
+                f"{where} needs 0 < model.position.rope_scaling.low_freq_factor < high_freq_factor, "
+                f"got {rs.low_freq_factor} and {rs.high_freq_factor}"
+            )
         if rs.rope_type == "yarn" and not 0 < rs.beta_slow < rs.beta_fast:
-            raise ConfigError(f"{where} needs 0 < model.position.rope_scaling.beta_slow < beta_fast, got "
-                              f"{rs.beta_slow} and {rs.beta_fast}")
+            raise ConfigError(
+                f"{where} needs 0 < model.position.rope_scaling.beta_slow < beta_fast, got "
+                f"{rs.beta_slow} and {rs.beta_fast}"
+            )
         if rs.rope_type in ("ntk", "dynamic") and sizes.rotary_dim <= 2:
-            raise ConfigError(f"{where} needs a rotated head width > 2 (its base exponent is d / (d - 2)), "
-                              f"got {sizes.rotary_dim}")
+            raise ConfigError(
+                f"{where} needs a rotated head width > 2 (its base exponent is d / (d - 2)), got {sizes.rotary_dim}"
+            )
 
 
 def validate_config(cfg: Any) -> None:
@@ -290,18 +317,27 @@ def validate_config(cfg: Any) -> None:
     if t.distributed not in ("ddp", "fsdp"):
         raise ConfigError(f"train.distributed={t.distributed!r} is not one of ddp, fsdp")
     if t.distributed == "fsdp" and t.precision == "fp16":
-        raise ConfigError("train.distributed=fsdp does not support train.precision=fp16 (no sharded GradScaler here); use bf16 or fp32")
+        raise ConfigError(
+            "train.distributed=fsdp does not support train.precision=fp16 (no sharded GradScaler here); use bf16 or fp32"
+        )
     if t.distributed == "fsdp" and t.ema_decay > 0:
-        raise ConfigError("train.ema_decay > 0 with train.distributed=fsdp: the moving average is not sharded; use train.distributed=ddp")
+        raise ConfigError(
+            "train.ema_decay > 0 with train.distributed=fsdp: the moving average is not sharded; use train.distributed=ddp"
+        )
     if t.max_tokens <= 0:
         raise ConfigError(f"train.max_tokens={t.max_tokens} must be positive")
-    if t.pad_to_multiple != "auto" and (isinstance(t.pad_to_multiple, bool) or not isinstance(t.pad_to_multiple, int)
-                                        or t.pad_to_multiple < 1):
-        raise ConfigError(f"train.pad_to_multiple={t.pad_to_multiple} must be auto or an integer >= 1 (1 = no rounding)")
+    if t.pad_to_multiple != "auto" and (
+        isinstance(t.pad_to_multiple, bool) or not isinstance(t.pad_to_multiple, int) or t.pad_to_multiple < 1
+    ):
+        raise ConfigError(
+            f"train.pad_to_multiple={t.pad_to_multiple} must be auto or an integer >= 1 (1 = no rounding)"
+        )
     if t.update_freq < 1:
         raise ConfigError(f"train.update_freq={t.update_freq} must be >= 1")
     if t.max_time is not None and t.max_time < 0:
-        raise ConfigError(f"train.max_time={t.max_time} must be >= 0 (seconds; 0 = no limit, null = the default budget)")
+        raise ConfigError(
+            f"train.max_time={t.max_time} must be >= 0 (seconds; 0 = no limit, null = the default budget)"
+        )
     if t.max_updates <= 0 and t.max_epochs <= 0 and time_budget(t) <= 0:
         raise ConfigError("set at least one of train.max_updates, train.max_epochs, train.max_time")
     if t.best_metric not in ("bleu", "loss"):
@@ -320,10 +356,14 @@ def validate_config(cfg: Any) -> None:
         if getattr(t, name) < 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")
     if t.onednn_cache_capacity is not None and t.onednn_cache_capacity < 0:
-        raise ConfigError(f"train.onednn_cache_capacity={t.onednn_cache_capacity} must be >= 0 (0 = no cache) or null (oneDNN's default)")
+        raise ConfigError(
+            f"train.onednn_cache_capacity={t.onednn_cache_capacity} must be >= 0 (0 = no cache) or null (oneDNN's default)"
+        )
     validate_optim_config(cfg.optim)
     if cfg.data.train_max_target_tokens is not None and cfg.data.train_max_target_tokens < 1:
-        raise ConfigError(f"data.train_max_target_tokens={cfg.data.train_max_target_tokens} must be >= 1 (or null: no limit)")
+        raise ConfigError(
+            f"data.train_max_target_tokens={cfg.data.train_max_target_tokens} must be >= 1 (or null: no limit)"
+        )
     longest = max(cfg.data.max_source_positions, cfg.data.max_target_positions)
     if cfg.model.arch == "decoder_only":
         longest = cfg.data.max_source_positions + cfg.data.max_target_positions + 2
@@ -347,8 +387,10 @@ def validate_config(cfg: Any) -> None:
             "or cosine for no warmup"
         )
     if s.name == "cosine" and t.max_updates <= 0:
-        raise ConfigError("lr_scheduler=cosine needs train.max_updates > 0 (the length of the cosine), e.g. "
-                          "lr_scheduler=cosine train.max_updates=4000; the default time budget gives it no length")
+        raise ConfigError(
+            "lr_scheduler=cosine needs train.max_updates > 0 (the length of the cosine), e.g. "
+            "lr_scheduler=cosine train.max_updates=4000; the default time budget gives it no length"
+        )
     validate_generation_config(cfg.generation)
     validate_option_fields(cfg.model, cfg)  # validate(self) of lr_scheduler; validate_config(self, cfg) of every group
 
@@ -381,8 +423,7 @@ def validate_generation_config(g: Any) -> None:
         raise ConfigError(f"generation.strategy={g.strategy!r} is not one of greedy, beam, sample")
     if g.beam_size < 1 or g.nbest < 1 or (g.strategy == "beam" and g.nbest > g.beam_size):
         raise ConfigError(
-            f"generation.beam_size={g.beam_size} must be >= 1 and generation.nbest={g.nbest} between 1 "
-            "and beam_size"
+            f"generation.beam_size={g.beam_size} must be >= 1 and generation.nbest={g.nbest} between 1 and beam_size"
         )
     if g.length_penalty_form not in ("gnmt", "fairseq"):
         raise ConfigError(f"generation.length_penalty_form={g.length_penalty_form!r} is not gnmt or fairseq")

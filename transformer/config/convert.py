@@ -12,9 +12,23 @@ from omegaconf import DictConfig, OmegaConf
 from transformer.config.options import structured_config
 from transformer.config.schema import Config, ConfigError, GenerationConfig
 
-__all__ = ["FLAT_ATTENTION_FIELDS", "config_dict", "to_config", "to_generation_config", "typed_config", "upgrade_config"]
+__all__ = [
+    "FLAT_ATTENTION_FIELDS",
+    "config_dict",
+    "to_config",
+    "to_generation_config",
+    "typed_config",
+    "upgrade_config",
+]
 
-FLAT_ATTENTION_FIELDS = ("n_kv_heads", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+FLAT_ATTENTION_FIELDS = (
+    "n_kv_heads",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+)
 """The ``model.*`` fields that moved under ``model.attention`` when the attention switch became a
 group like the others (configs saved before carry ``model.attention: gqa`` and these flat)."""
 
@@ -43,8 +57,11 @@ def upgrade_config(cfg: Any) -> Any:
     model = cfg["model"] if whole else cfg
     train = cfg.get("train") if whole else None
     old_batching = isinstance(train, (dict, DictConfig)) and "max_tokens" in train and "pad_to_multiple" not in train
-    if not isinstance(model.get("attention"), str) and not any(k in model for k in FLAT_ATTENTION_FIELDS) \
-            and not old_batching:
+    if (
+        not isinstance(model.get("attention"), str)
+        and not any(k in model for k in FLAT_ATTENTION_FIELDS)
+        and not old_batching
+    ):
         return cfg
     cfg = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else copy.deepcopy(cfg)
     if old_batching:  # recorded before train.pad_to_multiple existed: trained with greedy batches, no rounding
@@ -127,5 +144,11 @@ def to_generation_config(cfg: GenerationConfig | DictConfig | dict[str, Any] | N
 def config_dict(cfg: Any) -> dict[str, Any]:
     """``cfg`` (a dataclass config, DictConfig or dict) as plain resolved containers (tuples as
     lists), e.g. for ``results.json``, ``config.yaml`` and the training state."""
-    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg) if not isinstance(cfg, dict) else OmegaConf.create(cfg)
+    node = (
+        cfg
+        if isinstance(cfg, DictConfig)
+        else OmegaConf.structured(cfg)
+        if not isinstance(cfg, dict)
+        else OmegaConf.create(cfg)
+    )
     return OmegaConf.to_container(node, resolve=True)

@@ -39,8 +39,18 @@ from transformer.config.schema import (
     SchedulerConfig,
 )
 
-__all__ = ["GROUPS", "LR_SCHEDULERS", "OptionGroup", "flat_group_override", "option_config", "register_configs",
-           "register_option_config", "store_option_schemas", "store_plugin_option", "structured_config"]
+__all__ = [
+    "GROUPS",
+    "LR_SCHEDULERS",
+    "OptionGroup",
+    "flat_group_override",
+    "option_config",
+    "register_configs",
+    "register_option_config",
+    "store_option_schemas",
+    "store_plugin_option",
+    "structured_config",
+]
 
 
 @dataclass
@@ -123,12 +133,14 @@ def register_option_config(switch: str, name: str, config: type, *, store_option
         raise ConfigError(f"no config group {switch!r}; groups with option fields: {', '.join(GROUPS)}")
     group = GROUPS[switch]
     if not (isinstance(config, type) and dataclasses.is_dataclass(config) and issubclass(config, group.base)):
-        raise ConfigError(f"the fields of {switch}={name} must be a dataclass subclassing {group.base.__name__}, "
-                          f"got {config!r}")
+        raise ConfigError(
+            f"the fields of {switch}={name} must be a dataclass subclassing {group.base.__name__}, got {config!r}"
+        )
     default = {f.name: f.default for f in dataclasses.fields(config)}.get(group.key)
     if default != name:
-        raise ConfigError(f"{config.__name__}.{group.key} must default to {name!r} (the option it describes), "
-                          f"got {default!r}")
+        raise ConfigError(
+            f"{config.__name__}.{group.key} must default to {name!r} (the option it describes), got {default!r}"
+        )
     held = group.options.get(name)
     if held is not None and held is not config:
         raise ConfigError(f"{switch}={name} already has its fields ({held.__module__}.{held.__qualname__})")
@@ -175,8 +187,10 @@ def structured_config(cfg: Any = None) -> DictConfig:
         if node is None:
             continue
         if not isinstance(node, (dict, DictConfig)):
-            raise ConfigError(f"{group.path} is the {group.switch} group, got {node!r}; choose an option with "
-                              f"{group.switch}=<option> (or set {group.path}.{group.key})")
+            raise ConfigError(
+                f"{group.path} is the {group.switch} group, got {node!r}; choose an option with "
+                f"{group.switch}=<option> (or set {group.path}.{group.key})"
+            )
         name = node.get(group.key)
         config = option_config(group.switch, str(name)) if name is not None else group.base
         if config is not group.base:
@@ -208,6 +222,8 @@ def flat_group_override(overrides: list[str]) -> str | None:
         key, sep, value = override.lstrip("+~").partition("=")
         for group in GROUPS.values():
             if sep and "/" in group.switch and key == group.path:
-                return (f"{override}: {group.path} is the {group.switch} group; choose its option with "
-                        f"{group.switch}={value} (and set its fields as {group.path}.<field>=...)")
+                return (
+                    f"{override}: {group.path} is the {group.switch} group; choose its option with "
+                    f"{group.switch}={value} (and set its fields as {group.path}.<field>=...)"
+                )
     return None

@@ -40,8 +40,11 @@ def budget_sentence(train: Any) -> str:
         parts.append(f"train.max_epochs={train.max_epochs}")
     seconds = time_budget(train)
     if seconds > 0:
-        parts.append(f"train.max_time={seconds:g}s" if train.max_time is not None else
-                     f"{seconds:g} s of training (the default time budget; train.max_updates=N replaces it)")
+        parts.append(
+            f"train.max_time={seconds:g}s"
+            if train.max_time is not None
+            else f"{seconds:g} s of training (the default time budget; train.max_updates=N replaces it)"
+        )
     if train.patience > 0:
         parts.append(f"train.patience={train.patience} validations without improvement")
     return ", or ".join(parts) + (" (whichever comes first)" if len(parts) > 1 else "")

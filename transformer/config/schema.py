@@ -211,8 +211,9 @@ class DataConfig:
     train_prefix: str = recipe("train")
     valid_prefix: str = recipe("val")
     test_prefix: str | None = recipe("test_2016_flickr")
-    test_splits: list[str] = recipe(factory=lambda: ["test_2016_flickr", "test_2017_flickr", "test_2017_mscoco",
-                                                     "test_2018_flickr"])
+    test_splits: list[str] = recipe(
+        factory=lambda: ["test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr"]
+    )
     download: bool = rule(True, resume="free", grouping="ignored")
     vocab_size: int = recipe(8000)
     spm_model_type: str = recipe("bpe")  # bpe | unigram
@@ -292,7 +293,8 @@ class GenerationConfig:
 def _overrides_of(cls: type) -> type:
     """A dataclass with the fields of ``cls``, each optional and null by default."""
     hints = get_type_hints(cls)
-    return make_dataclass(f"{cls.__name__[: -len('Config')]}Overrides", [(f.name, Optional[hints[f.name]], None) for f in fields(cls)])  # noqa: UP045 (a runtime type: typing's Optional of any hint)
+    name = f"{cls.__name__[: -len('Config')]}Overrides"
+    return make_dataclass(name, [(f.name, Optional[hints[f.name]], None) for f in fields(cls)])  # noqa: UP045 (a runtime type: typing's Optional of any hint)
 
 
 GenerationOverrides = _overrides_of(GenerationConfig)
@@ -366,8 +368,9 @@ class TrainConfig:
     progress: bool = rule(True, resume="free", grouping="ignored")
     # signals that stop training politely: finish the update, save checkpoint_last, exit with status 75
     # (transformer/training/stopping.py); SLURM/scancel send SIGTERM, submitit's preemption signal is USR2
-    stop_signals: list[str] = rule(factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"],
-                                   resume="fixed", grouping="ignored")
+    stop_signals: list[str] = rule(
+        factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"], resume="fixed", grouping="ignored"
+    )
     # under torchrun: ddp (DistributedDataParallel) | fsdp (FSDP2, sharded); how it computes, not what
     distributed: str = rule("ddp", resume="free", grouping="defines")
     # recompute each layer's activations in the backward pass

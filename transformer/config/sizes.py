@@ -95,9 +95,13 @@ def latent_sizes(model: Any) -> LatentSizes | None:
 
     rope = pick("qk_rope_head_dim", hd // 4 * 2 if model.position.name == "rope" else 0)
     q_lora = getattr(attention, "q_lora_rank", None)
-    return LatentSizes(kv_lora_rank=pick("kv_lora_rank", 4 * hd), q_lora_rank=None if q_lora is None else int(q_lora),
-                       qk_nope_head_dim=pick("qk_nope_head_dim", hd), qk_rope_head_dim=rope,
-                       v_head_dim=pick("v_head_dim", hd))
+    return LatentSizes(
+        kv_lora_rank=pick("kv_lora_rank", 4 * hd),
+        q_lora_rank=None if q_lora is None else int(q_lora),
+        qk_nope_head_dim=pick("qk_nope_head_dim", hd),
+        qk_rope_head_dim=rope,
+        v_head_dim=pick("v_head_dim", hd),
+    )
 
 
 def layer_windows(model: Any, n_layers: int) -> list[int | None]:
@@ -124,8 +128,10 @@ def kv_cache_values(model: Any) -> int:
     kind = ATTENTION_KINDS[model.attention.name]
     if not kind.builtin:
         if kind.cache_values is None:
-            raise ConfigError(f"model/attention={model.attention.name}: its plugin does not say what it caches "
-                              "(register_attention(cache_values=...)); the KV-cache size is unknown")
+            raise ConfigError(
+                f"model/attention={model.attention.name}: its plugin does not say what it caches "
+                "(register_attention(cache_values=...)); the KV-cache size is unknown"
+            )
         return int(kind.cache_values(model.n_heads, resolve_n_kv_heads(model), head_dim(model), model.attention))
     return 2 * resolve_n_kv_heads(model) * head_dim(model)
 
@@ -142,11 +148,15 @@ def rope_scaling(model: Any) -> RopeScaling | None:
     if original is None and rs.rope_type == "dynamic":
         original = model.max_positions
     return RopeScaling(
-        rope_type=str(rs.rope_type), factor=float(rs.factor),
+        rope_type=str(rs.rope_type),
+        factor=float(rs.factor),
         original_max_position_embeddings=None if original is None else int(original),
-        low_freq_factor=float(rs.low_freq_factor), high_freq_factor=float(rs.high_freq_factor),
-        beta_fast=float(rs.beta_fast), beta_slow=float(rs.beta_slow),
-        attention_factor=None if rs.attention_factor is None else float(rs.attention_factor), config=rs,
+        low_freq_factor=float(rs.low_freq_factor),
+        high_freq_factor=float(rs.high_freq_factor),
+        beta_fast=float(rs.beta_fast),
+        beta_slow=float(rs.beta_slow),
+        attention_factor=None if rs.attention_factor is None else float(rs.attention_factor),
+        config=rs,
     )
 
 

@@ -24,7 +24,12 @@ _EXPORTS = {
     "transformer.data.batching": ("TokenBatchSampler", "item_lengths"),
     "transformer.data.binarize": ("TokenSequences", "binarize_split", "load_split"),
     "transformer.data.collate": (
-        "Batch", "collate", "collate_decoder_only", "collate_encoder_decoder", "make_dataloader", "pad_sequences",
+        "Batch",
+        "collate",
+        "collate_decoder_only",
+        "collate_encoder_decoder",
+        "make_dataloader",
+        "pad_sequences",
     ),
     "transformer.data.corpus": ("available_splits", "data_root", "resolve_split_files"),
     "transformer.data.dataset": ("ParallelDataset", "TranslationData", "load_translation_data"),

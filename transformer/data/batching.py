@@ -42,7 +42,9 @@ import torch
 ARCHS = ("encoder_decoder", "decoder_only")
 
 
-def item_lengths(src_lengths: Sequence[int] | np.ndarray, tgt_lengths: Sequence[int] | np.ndarray, arch: str) -> np.ndarray:
+def item_lengths(
+    src_lengths: Sequence[int] | np.ndarray, tgt_lengths: Sequence[int] | np.ndarray, arch: str
+) -> np.ndarray:
     """Padded-cost length of each example (see the module docstring).
 
     Args:
@@ -172,7 +174,9 @@ class TokenBatchSampler:
         self.epoch = 0
         self.position = 0
         # sort key (item length, then src_len + tgt_len), one int64 per example
-        tiebreak = np.asarray(src_lengths, dtype=np.int64).reshape(-1) + np.asarray(tgt_lengths, dtype=np.int64).reshape(-1)
+        tiebreak = np.asarray(src_lengths, dtype=np.int64).reshape(-1) + np.asarray(
+            tgt_lengths, dtype=np.int64
+        ).reshape(-1)
         self._key = self.lengths * (int(tiebreak.max(initial=0)) + 1) + tiebreak
         self._sorted = np.argsort(self._key, kind="stable")
         self._bounds = self._pack(self.padded_lengths(self.lengths[self._sorted]))

@@ -171,13 +171,20 @@ def _encoded_chunks(
     second = next(chunks, None)
     if second is None or workers <= 1:
         for chunk in itertools.chain([first], [second] if second else [], chunks):
-            yield chunk, [_to_arrays(tok.encode_batch(lines), dt)
-                          for tok, lines, dt in zip(tokenizers, (chunk.src, chunk.tgt), dtypes)]
+            yield (
+                chunk,
+                [
+                    _to_arrays(tok.encode_batch(lines), dt)
+                    for tok, lines, dt in zip(tokenizers, (chunk.src, chunk.tgt), dtypes)
+                ],
+            )
         return
     protos = (tokenizers[0]._proto, tokenizers[1]._proto)
     pool = concurrent.futures.ProcessPoolExecutor(
-        max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-        initializer=_init_worker, initargs=(*protos, tuple(d.str for d in dtypes)),
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_init_worker,
+        initargs=(*protos, tuple(d.str for d in dtypes)),
     )
     try:
         pending: collections.deque = collections.deque()
@@ -310,8 +317,10 @@ def binarize_split(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if log:
-        log(f"[data] binarized {src_path} + {tgt_path}: {counts['pairs']} pairs ({dropped} dropped), "
-            f"{counts['src_tokens']}+{counts['tgt_tokens']} tokens in {manifest['seconds']:.1f}s -> {dest}")
+        log(
+            f"[data] binarized {src_path} + {tgt_path}: {counts['pairs']} pairs ({dropped} dropped), "
+            f"{counts['src_tokens']}+{counts['tgt_tokens']} tokens in {manifest['seconds']:.1f}s -> {dest}"
+        )
     return manifest
 
 

@@ -104,8 +104,17 @@ def _remove_stale_temporaries(folder: Path) -> None:
             p.unlink(missing_ok=True)
 
 
-_VOCAB_FIELDS = ("corpus", "src_lang", "tgt_lang", "vocab_size", "spm_model_type", "joint_vocab",
-                 "character_coverage", "lowercase", "spm_input_sentence_size")
+_VOCAB_FIELDS = (
+    "corpus",
+    "src_lang",
+    "tgt_lang",
+    "vocab_size",
+    "spm_model_type",
+    "joint_vocab",
+    "character_coverage",
+    "lowercase",
+    "spm_input_sentence_size",
+)
 
 
 def _vocab_fields(cfg: Any) -> dict[str, Any]:
@@ -148,8 +157,7 @@ def _training_sentences(files: tuple[Path, Path], sides: Sequence[int]) -> Itera
 def no_pairs_message(files: Sequence[Any], n_lines: int) -> str:
     """The error for training files without a non-empty pair (names both files)."""
     why = f"all {n_lines} lines have an empty side" if n_lines else "the files are empty"
-    return (f"no non-empty sentence pairs in the training files {files[0]} and {files[1]} ({why}); "
-            "nothing to train on")
+    return f"no non-empty sentence pairs in the training files {files[0]} and {files[1]} ({why}); nothing to train on"
 
 
 def _train_tokenizers(cfg: Any, folder: Path, train_files: tuple[Path, Path], say: Callable[[str], None]) -> bool:
@@ -169,8 +177,10 @@ def _train_tokenizers(cfg: Any, folder: Path, train_files: tuple[Path, Path], sa
             lowercase=bool(cfg.lowercase),
             input_sentence_size=_vocab_fields(cfg)["spm_input_sentence_size"],
         )
-    say(f"[data] trained SentencePiece {cfg.spm_model_type} ({'joint' if cfg.joint_vocab else 'per side'}, "
-        f"vocab {cfg.vocab_size}) in {time.perf_counter() - t:.1f}s")
+    say(
+        f"[data] trained SentencePiece {cfg.spm_model_type} ({'joint' if cfg.joint_vocab else 'per side'}, "
+        f"vocab {cfg.vocab_size}) in {time.perf_counter() - t:.1f}s"
+    )
     return False
 
 
@@ -225,23 +235,36 @@ def build(cfg: Any, names: list[str], say: Callable[[str], None]) -> tuple[Path,
             hit = read_manifest(d) is not None
             if not hit:
                 binarize_split(
-                    fs[0], fs[1], tokenizers, d, keep_text=keep_text, drop_empty=drop_empty,
+                    fs[0],
+                    fs[1],
+                    tokenizers,
+                    d,
+                    keep_text=keep_text,
+                    drop_empty=drop_empty,
                     workers=preprocess_workers(cfg),
                     inputs=[{"path": str(p), "sha256": h, "bytes": p.stat().st_size} for p, h in zip(fs, digests)],
-                    options={"vocab": options}, log=say,
+                    options={"vocab": options},
+                    log=say,
                 )
             split_dirs[name], split_cache[name] = d, "hit" if hit else "miss"
         top = folder / "manifest.json"
         previous = json.loads(top.read_text()).get("splits", {}) if top.is_file() else {}
-        atomic_write_text(top, json.dumps({
-            "format": FOLDER_FORMAT,
-            "version": CACHE_VERSION,
-            "data": _vocab_fields(cfg),
-            "name": str(cfg.name),
-            "vocab": options,
-            "tokenizers": {k: p.name for k, p in _model_files(folder, bool(cfg.joint_vocab)).items()},
-            "splits": {**previous, **{n: d.name for n, d in split_dirs.items()}},
-        }, indent=1) + "\n")
+        atomic_write_text(
+            top,
+            json.dumps(
+                {
+                    "format": FOLDER_FORMAT,
+                    "version": CACHE_VERSION,
+                    "data": _vocab_fields(cfg),
+                    "name": str(cfg.name),
+                    "vocab": options,
+                    "tokenizers": {k: p.name for k, p in _model_files(folder, bool(cfg.joint_vocab)).items()},
+                    "splits": {**previous, **{n: d.name for n, d in split_dirs.items()}},
+                },
+                indent=1,
+            )
+            + "\n",
+        )
     return folder, split_dirs, split_cache, tok_hit
 
 

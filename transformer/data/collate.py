@@ -211,8 +211,9 @@ def collate_decoder_only(
     )
 
 
-def collate(dataset: ParallelDataset, indices: Sequence[int], arch: str, *, with_target: bool = True,
-            pad_to_multiple: int = 1) -> Batch:
+def collate(
+    dataset: ParallelDataset, indices: Sequence[int], arch: str, *, with_target: bool = True, pad_to_multiple: int = 1
+) -> Batch:
     """Collate examples of a dataset for ``arch``.
 
     Args:

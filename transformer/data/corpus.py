@@ -187,9 +187,7 @@ def resolve_split_files(cfg: Any, split: str, *, download: bool | None = None) -
         tokenized = cfg.corpus == "multi30k_tok"
         root = data_root(cfg)
         rel = [dl.multi30k_relpath(names[split], lang, tokenized) for lang in (cfg.src_lang, cfg.tgt_lang)]
-        paths = dl.ensure_multi30k(
-            root, rel, download=cfg.download if download is None else download
-        )
+        paths = dl.ensure_multi30k(root, rel, download=cfg.download if download is None else download)
         return paths[0], paths[1]
 
     prefixes = split_prefixes(cfg)

@@ -99,8 +99,13 @@ class ParallelDataset:
                 return seqs.subset(idx)
             return [seqs[i] for i in idx.tolist()]
 
-        return ParallelDataset(pick(self.src), pick(self.tgt), pick(self.src_text), pick(self.tgt_text),
-                               self.name if name is None else name)
+        return ParallelDataset(
+            pick(self.src),
+            pick(self.tgt),
+            pick(self.src_text),
+            pick(self.tgt_text),
+            self.name if name is None else name,
+        )
 
 
 @dataclass
@@ -191,15 +196,26 @@ def load_translation_data(
 
 
 def _assemble(
-    cfg: Any, folder: Path, split_dirs: dict[str, Path], split_cache: dict[str, str], tok_hit: bool,
-    say: Callable[[str], None], t0: float,
+    cfg: Any,
+    folder: Path,
+    split_dirs: dict[str, Path],
+    split_cache: dict[str, str],
+    tok_hit: bool,
+    say: Callable[[str], None],
+    t0: float,
 ) -> TranslationData:
     """Map the split folders, apply the training length filter, count, and log one line."""
     src_tok, tgt_tok = load_tokenizers(folder, bool(cfg.joint_vocab))
     stats: dict[str, Any] = {
-        "cache_dir": str(folder), "split_dirs": {n: str(d) for n, d in split_dirs.items()},
-        "split_cache": split_cache, "tokenizer_cache": "hit" if tok_hit else "miss",
-        "dropped_empty": {}, "filtered_by_length": {}, "over_length": {}, "sizes": {}, "files": {},
+        "cache_dir": str(folder),
+        "split_dirs": {n: str(d) for n, d in split_dirs.items()},
+        "split_cache": split_cache,
+        "tokenizer_cache": "hit" if tok_hit else "miss",
+        "dropped_empty": {},
+        "filtered_by_length": {},
+        "over_length": {},
+        "sizes": {},
+        "files": {},
     }
     by_dir: dict[Path, tuple[ParallelDataset, dict[str, Any]]] = {}
     out: dict[str, ParallelDataset] = {}
@@ -233,8 +249,10 @@ def _assemble(
             fits &= short
             n_over = int(len(fits) - np.count_nonzero(fits))
             if not fits.any():
-                raise DataError(f"data.train_max_target_tokens={train_max} removes every training pair of "
-                                f"{stats['files']['train'][1]} (targets are longer); raise it or set it to null")
+                raise DataError(
+                    f"data.train_max_target_tokens={train_max} removes every training pair of "
+                    f"{stats['files']['train'][1]} (targets are longer); raise it or set it to null"
+                )
         if name == "train":
             if n_over:
                 ds = ds.subset(np.flatnonzero(fits))
@@ -253,14 +271,18 @@ def _assemble(
         if name == "train" and stats["filtered_by_length"]["train"]:
             extra.append(f"{stats['filtered_by_length']['train']} over length removed")
             if "filtered_by_train_max_target_tokens" in stats:
-                extra[-1] += (f", of which {stats['filtered_by_train_max_target_tokens']} with targets over "
-                              f"data.train_max_target_tokens={train_max}")
+                extra[-1] += (
+                    f", of which {stats['filtered_by_train_max_target_tokens']} with targets over "
+                    f"data.train_max_target_tokens={train_max}"
+                )
         if stats["over_length"].get(name):
             extra.append(f"{stats['over_length'][name]} over length kept")
         parts.append(f"{name} {len(ds)}" + (f" ({', '.join(extra)})" if extra else ""))
     vocab = f"{len(src_tok)} joint" if src_tok is tgt_tok else f"{len(src_tok)}/{len(tgt_tok)}"
-    say(f"[data] {cfg.name}: {'; '.join(parts)}; vocab {vocab}; cache {stats['cache']} "
-        f"({folder}) in {stats['seconds']:.2f}s")
+    say(
+        f"[data] {cfg.name}: {'; '.join(parts)}; vocab {vocab}; cache {stats['cache']} "
+        f"({folder}) in {stats['seconds']:.2f}s"
+    )
     return TranslationData(src_tokenizer=src_tok, tgt_tokenizer=tgt_tok, splits=out, stats=stats)
 
 

@@ -232,8 +232,7 @@ def download_multi30k_file(
         payload = data
     if got != expected:
         raise DataError(
-            f"checksum mismatch for {url}: sha256 {got}, expected {expected}; the file was "
-            f"rejected and not saved"
+            f"checksum mismatch for {url}: sha256 {got}, expected {expected}; the file was rejected and not saved"
         )
     atomic_write_bytes(dest, payload)
     return dest
@@ -275,17 +274,13 @@ def ensure_multi30k(
         f"(e.g. {ENV_DATA_DIR}=../shared/data)"
     )
     if not download:
-        raise DataError(
-            f"Multi30k files missing under {folder}: {', '.join(missing)}; data.download=false, so "
-            f"{hint}"
-        )
+        raise DataError(f"Multi30k files missing under {folder}: {', '.join(missing)}; data.download=false, so {hint}")
     for rel in missing:
         try:
             download_multi30k_file(root, rel, base_url=base_url, log=log)
         except DataError as e:
             raise DataError(
-                f"Multi30k files missing under {folder}: {', '.join(missing)}, and the download "
-                f"failed ({e}); {hint}"
+                f"Multi30k files missing under {folder}: {', '.join(missing)}, and the download failed ({e}); {hint}"
             ) from e
     return paths
 

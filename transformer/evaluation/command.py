@@ -65,11 +65,19 @@ def _describe(gen: GenerationConfig) -> str:
     return "greedy"
 
 
-def _bootstrap(baseline: list[str], systems: dict[str, list[str]], refs: list[str], cfg: Any,
-               tokenize: str, lowercase: bool) -> dict[str, Any]:
+def _bootstrap(
+    baseline: list[str], systems: dict[str, list[str]], refs: list[str], cfg: Any, tokenize: str, lowercase: bool
+) -> dict[str, Any]:
     """Paired bootstrap of ``systems`` against ``baseline``, printed as a table; returns sacreBLEU's results."""
-    res = paired_bootstrap(baseline, systems, refs, n_samples=int(cfg.bootstrap_samples),
-                           seed=cfg.bootstrap_seed, tokenize=tokenize, lowercase=lowercase)
+    res = paired_bootstrap(
+        baseline,
+        systems,
+        refs,
+        n_samples=int(cfg.bootstrap_samples),
+        seed=cfg.bootstrap_seed,
+        tokenize=tokenize,
+        lowercase=lowercase,
+    )
     print("paired bootstrap resampling (sacreBLEU), baseline first:")
     print(f"  {'system':<40} {'BLEU':>7} {'p':>7} {'chrF':>7} {'p':>7}")
     for name, r in res.items():
@@ -164,8 +172,13 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
         FileNotFoundError: a missing baseline file.
     """
     prepared = prepare_decoding(cfg)
-    loaded, gen, device, test_time, members = (prepared.loaded, prepared.gen, prepared.device, prepared.test_time,
-                                               prepared.members)
+    loaded, gen, device, test_time, members = (
+        prepared.loaded,
+        prepared.gen,
+        prepared.device,
+        prepared.test_time,
+        prepared.members,
+    )
     run_cfg = loaded.cfg
     for key, value in cfg.data.items():
         if value is not None:
@@ -182,7 +195,9 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
     if test_time:  # its own folder: the run's plain evaluation is not overwritten
         name = f"{name}+{test_time_tag(test_time)}"
     out_dir = Path(cfg.output_dir) if cfg.output_dir else loaded.run_dir / EVAL_DIR / name
-    files = {split: resolve_split_files(run_cfg.data, split) for split in splits}  # every split's files, before any work
+    files = {
+        split: resolve_split_files(run_cfg.data, split) for split in splits
+    }  # every split's files, before any work
     base = _read(cfg.baseline) if cfg.baseline else None
     src_tok, tgt_tok = loaded.tokenizers
     results: dict[str, Any] = {
@@ -196,7 +211,9 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
     }
     if not members:  # one model: the folder reads as a run of the model as evaluated (scripts/compare.py)
         results.update(_as_run(loaded.run_dir, run_cfg, gen))
-    print(f"{prepared.source} ({run_cfg.model.arch}, {run_cfg.data.src_lang}->{run_cfg.data.tgt_lang}, {_describe(gen)})")
+    print(
+        f"{prepared.source} ({run_cfg.model.arch}, {run_cfg.data.src_lang}->{run_cfg.data.tgt_lang}, {_describe(gen)})"
+    )
     if test_time:
         print(f"  at test time: {' '.join(test_time)}")
     outputs: dict[str, list[str]] = {}  # written with results.json once every split is done
@@ -207,20 +224,35 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
             src_lines, refs = src_lines[: cfg.limit], refs[: cfg.limit]
         start = time.time()
         errors: dict[int, str] = {}
-        hyps_tok = translate_sentences(loaded.model, src_tok.encode_batch(src_lines), gen, device, loaded.model.arch,
-                                       errors=errors, progress=bool(cfg.progress), desc=split)
+        hyps_tok = translate_sentences(
+            loaded.model,
+            src_tok.encode_batch(src_lines),
+            gen,
+            device,
+            loaded.model.arch,
+            errors=errors,
+            progress=bool(cfg.progress),
+            desc=split,
+        )
         seconds = time.time() - start
         for i, msg in sorted(errors.items()):
             _log(f"error: {split} line {i + 1} ({src_file}): {msg}; its hypothesis is left empty")
         hyps = outputs[split] = detokenize(hyps_tok, tgt_tok)
         s = corpus_scores(hyps, refs, tokenize=tokenize, lowercase=lowercase)
-        s.update(sentences=len(refs), empty_sources=sum(not line.strip() for line in src_lines),
-                 failed_lines=[i + 1 for i in sorted(errors)], seconds=seconds,
-                 sentences_per_s=len(refs) / max(seconds, 1e-9), hyp_file=str(out_dir / f"{split}.txt"))
+        s.update(
+            sentences=len(refs),
+            empty_sources=sum(not line.strip() for line in src_lines),
+            failed_lines=[i + 1 for i in sorted(errors)],
+            seconds=seconds,
+            sentences_per_s=len(refs) / max(seconds, 1e-9),
+            hyp_file=str(out_dir / f"{split}.txt"),
+        )
         results["splits"][split] = s
         failed = f", {len(errors)} could not be translated" if errors else ""
-        print(f"{split}: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f} ({len(refs)} sentences{failed}, "
-              f"{s['sentences_per_s']:.1f} sent/s)")
+        print(
+            f"{split}: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f} ({len(refs)} sentences{failed}, "
+            f"{s['sentences_per_s']:.1f} sent/s)"
+        )
         print(f"  BLEU|{s['bleu_signature']}\n  chrF2|{s['chrf_signature']}")
         if base is not None:
             if cfg.limit and cfg.limit > 0:

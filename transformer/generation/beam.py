@@ -107,8 +107,9 @@ def _beam_search(
     expand = [b for b in range(bsz) for _ in range(K)]
     state.reorder(to_device(expand, device), expand)  # (bsz * K) rows
     # lp(t) for t = 1 .. last_step + 2 at index t, computed on the host (the Python floats the scores divide by)
-    penalties = torch.tensor([1.0] + [float(limits.penalty(float(t))) for t in range(1, last_step + 3)],
-                             dtype=torch.float64)
+    penalties = torch.tensor(
+        [1.0] + [float(limits.penalty(float(t))) for t in range(1, last_step + 3)], dtype=torch.float64
+    )
     penalties = penalties.to(device, non_blocking=True)
 
     n = bsz  # active sentences
@@ -145,7 +146,9 @@ def _beam_search(
         # finished hypotheses: EOS candidates with a finite score among the K best (fairseq);
         # an EOS ranked below K non-EOS candidates is not a beam-search result
         fin = (is_eos & alive)[:, :K]  # (n, K)
-        finished.add(fin, cand_scores[:, :K], penalties[step + 1], history.view(n, K, step), cand_beam[:, :K], step, eos)
+        finished.add(
+            fin, cand_scores[:, :K], penalties[step + 1], history.view(n, K, step), cand_beam[:, :K], step, eos
+        )
 
         # running beams: the first K non-EOS candidates (there are at least K among 2K)
         key = torch.arange(n_cand, device=device)[None, :] + is_eos.long() * n_cand  # (n, 2K)
@@ -176,7 +179,9 @@ def _beam_search(
         host_rows = torch.arange(n)[:, None] * K + parents  # the same, on the host
         if bool(done_h.any()):
             kept = (~done_h).nonzero().squeeze(1)  # (n',)
-            finished.store(done_h.nonzero().squeeze(1).tolist(), [sent_ids[s] for s in done_h.nonzero().squeeze(1).tolist()])
+            finished.store(
+                done_h.nonzero().squeeze(1).tolist(), [sent_ids[s] for s in done_h.nonzero().squeeze(1).tolist()]
+            )
             keep = to_device(kept.tolist(), device)
             rows = rows.view(n, K).index_select(0, keep).view(-1)
             host_rows = host_rows[kept]

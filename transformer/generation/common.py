@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -102,8 +103,11 @@ class SearchLimits:
     def from_generation(cls, g: GenerationConfig) -> SearchLimits:
         """The limits of generation settings ``g`` (``length_penalty`` -> ``length_penalty_alpha``)."""
         return cls(
-            max_len_a=float(g.max_len_a), max_len_b=int(g.max_len_b), min_len=int(g.min_len),
-            no_repeat_ngram_size=int(g.no_repeat_ngram_size), length_penalty_alpha=float(g.length_penalty),
+            max_len_a=float(g.max_len_a),
+            max_len_b=int(g.max_len_b),
+            min_len=int(g.min_len),
+            no_repeat_ngram_size=int(g.no_repeat_ngram_size),
+            length_penalty_alpha=float(g.length_penalty),
             length_penalty_form=str(g.length_penalty_form),
         )
 
@@ -208,7 +212,8 @@ def warn_nonfinite(n_sentences: int) -> None:
     warnings.warn(
         f"non-finite model output (NaN/inf logits) for {n_sentences} sentence(s): they get no hypothesis "
         "(an empty output); a diverged model? check the run's training loss and grad_norm",
-        NonFiniteOutputWarning, stacklevel=3,
+        NonFiniteOutputWarning,
+        stacklevel=3,
     )
 
 

@@ -13,8 +13,9 @@ their parents, finished sentences leaving) reorders every member's caches togeth
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -72,12 +73,16 @@ class EnsembleModel(nn.Module):
         for i, m in enumerate(models[1:], start=1):
             for attr in ("arch", "pad_id", "eos_id", "decoder_start_token_id"):
                 if getattr(m, attr) != getattr(first, attr):
-                    raise ValueError(f"ensemble member {i} has {attr}={getattr(m, attr)!r}, member 0 "
-                                     f"{getattr(first, attr)!r}: every member must decode the same way")
+                    raise ValueError(
+                        f"ensemble member {i} has {attr}={getattr(m, attr)!r}, member 0 "
+                        f"{getattr(first, attr)!r}: every member must decode the same way"
+                    )
             sizes = [getattr(getattr(x, "output_proj", None), "out_features", None) for x in (m, first)]
             if sizes[0] != sizes[1]:
-                raise ValueError(f"ensemble member {i} scores {sizes[0]} tokens, member 0 {sizes[1]}: "
-                                 "the members need one target vocabulary")
+                raise ValueError(
+                    f"ensemble member {i} scores {sizes[0]} tokens, member 0 {sizes[1]}: "
+                    "the members need one target vocabulary"
+                )
         self.models = nn.ModuleList(models)
         self.arch, self.pad_id, self.eos_id = first.arch, first.pad_id, first.eos_id
         self.decoder_start_token_id = first.decoder_start_token_id
@@ -129,30 +134,44 @@ def load_models(
             names both checkpoints).
     """
     if isinstance(checkpoints, (str, Path)):
-        return load_run(checkpoints, device, src_tokenizer=src_tokenizer, tgt_tokenizer=tgt_tokenizer, overrides=overrides)
+        return load_run(
+            checkpoints, device, src_tokenizer=src_tokenizer, tgt_tokenizer=tgt_tokenizer, overrides=overrides
+        )
     paths = list(checkpoints)
     if not paths:
         raise LoadError("checkpoint=[] names no checkpoint")
-    runs = [load_run(p, device, src_tokenizer=src_tokenizer, tgt_tokenizer=tgt_tokenizer, overrides=overrides)
-            for p in paths]
+    runs = [
+        load_run(p, device, src_tokenizer=src_tokenizer, tgt_tokenizer=tgt_tokenizer, overrides=overrides)
+        for p in paths
+    ]
     if len(runs) == 1:
         return runs[0]
     first = runs[0]
     for run in runs[1:]:
         if run.model.arch != first.model.arch:
-            raise LoadError(f"{run.checkpoint} is {run.model.arch} but {first.checkpoint} is {first.model.arch}: "
-                            "an ensemble decodes one model family")
-        for side, a, b in (("source", first.tokenizers.src, run.tokenizers.src),
-                           ("target", first.tokenizers.tgt, run.tokenizers.tgt)):
+            raise LoadError(
+                f"{run.checkpoint} is {run.model.arch} but {first.checkpoint} is {first.model.arch}: "
+                "an ensemble decodes one model family"
+            )
+        for side, a, b in (
+            ("source", first.tokenizers.src, run.tokenizers.src),
+            ("target", first.tokenizers.tgt, run.tokenizers.tgt),
+        ):
             if _pieces(a) != _pieces(b):
                 raise LoadError(
                     f"{run.checkpoint} cannot join an ensemble with {first.checkpoint}: its {side} vocabulary "
                     f"({b.model_path}, {len(b)} pieces) differs from {a.model_path} ({len(a)} pieces); the "
                     "models' log-probabilities are averaged token by token, so every model needs the same "
-                    "SentencePiece vocabulary")
+                    "SentencePiece vocabulary"
+                )
     try:
         model = EnsembleModel([r.model for r in runs], [r.checkpoint for r in runs])
     except ValueError as e:
         raise LoadError(str(e)) from e
-    return LoadedRun(model=model.eval(), tokenizers=first.tokenizers, cfg=first.cfg, run_dir=first.run_dir,
-                     checkpoint=first.checkpoint)
+    return LoadedRun(
+        model=model.eval(),
+        tokenizers=first.tokenizers,
+        cfg=first.cfg,
+        run_dir=first.run_dir,
+        checkpoint=first.checkpoint,
+    )

@@ -41,8 +41,9 @@ class Finished:
         self.scores = torch.full((bsz, K, 2), float("-inf"), dtype=torch.float64, device=device)
         self._out_tokens, self._out_scores = self.tokens.clone(), self.scores.clone()
 
-    def add(self, fin: Tensor, logprob: Tensor, penalty: Tensor, history: Tensor, parents: Tensor, step: int,
-            eos: int) -> None:
+    def add(
+        self, fin: Tensor, logprob: Tensor, penalty: Tensor, history: Tensor, parents: Tensor, step: int, eos: int
+    ) -> None:
         """Merge the hypotheses that finish at this step into each sentence's list.
 
         Args:
@@ -93,5 +94,7 @@ class Finished:
         packed = torch.cat((self._out_tokens.view(-1), self._out_scores.view(torch.int64).view(-1))).cpu()
         tokens = packed[:n].view(self._out_tokens.shape).tolist()
         scores = packed[n:].view(torch.float64).view(self._out_scores.shape).tolist()
-        return [[Hypothesis(tokens=t[1 : 1 + t[0]], score=s[0], logprob=s[1]) for t, s in zip(ts, ss) if t[0] > 0][:nbest]
-                for ts, ss in zip(tokens, scores)]
+        return [
+            [Hypothesis(tokens=t[1 : 1 + t[0]], score=s[0], logprob=s[1]) for t, s in zip(ts, ss) if t[0] > 0][:nbest]
+            for ts, ss in zip(tokens, scores)
+        ]

@@ -54,6 +54,7 @@ from transformer.run_weights import LoadError, find_checkpoint, read_weights
 
 __all__ = ["LoadError", "LoadedRun", "Tokenizers", "find_checkpoint", "load_run", "merge_generation", "resolve_device"]
 
+
 class Tokenizers(NamedTuple):
     """Source and target tokenizers (the same object for a joint vocabulary)."""
 
@@ -163,8 +164,10 @@ def _check_model_config(weights: Path, meta: dict[str, str], cfg: DictConfig, co
         return
     recorded = upgrade_config(recorded)  # weights saved before the model/attention group had its node
     current = OmegaConf.to_container(cfg.model, resolve=True)
-    diffs = [f"model.{k}: {v} in the weights vs {u} in the config"
-             for k, v, u in config_differences(recorded, current, common_only=True)]
+    diffs = [
+        f"model.{k}: {v} in the weights vs {u} in the config"
+        for k, v, u in config_differences(recorded, current, common_only=True)
+    ]
     if diffs:
         raise LoadError(
             f"{weights} was trained with another model config than {config_dir / 'config.yaml'} "
@@ -255,8 +258,13 @@ def load_run(
     arch = cfg.model.arch
     try:
         model = build_model(
-            cfg.model, len(toks.src), None if joint or arch == "decoder_only" else len(toks.tgt),
-            pad_id=toks.src.pad_id, bos_id=toks.src.bos_id, eos_id=toks.src.eos_id, sep_id=toks.src.sep_id,
+            cfg.model,
+            len(toks.src),
+            None if joint or arch == "decoder_only" else len(toks.tgt),
+            pad_id=toks.src.pad_id,
+            bos_id=toks.src.bos_id,
+            eos_id=toks.src.eos_id,
+            sep_id=toks.src.sep_id,
         )
     except ConfigError as e:
         model_overrides = [o for o in overrides or [] if o.startswith("model.")]
@@ -283,7 +291,8 @@ def load_run(
             )
     bad_shapes = [
         f"{k}: checkpoint {tuple(state[k].shape)} vs config {tuple(expected[k].shape)}"
-        for k in sorted(expected.keys() & state.keys()) if state[k].shape != expected[k].shape
+        for k in sorted(expected.keys() & state.keys())
+        if state[k].shape != expected[k].shape
     ]
     if missing or unexpected or bad_shapes:
         raise LoadError(

@@ -67,15 +67,19 @@ def test_time_refusal(overrides: list[str], trained: Any, cfg: Any, run_dir: Pat
     if not touched:
         return None
     if cfg.model.position.name != "rope":
-        return (f"{touched[0].split('=', 1)[0]} scales RoPE at test time, but {run_dir} was trained with "
-                f"model/position={cfg.model.position.name}: a test-time RoPE scaling needs a run trained with "
-                "model/position=rope")
+        return (
+            f"{touched[0].split('=', 1)[0]} scales RoPE at test time, but {run_dir} was trained with "
+            f"model/position={cfg.model.position.name}: a test-time RoPE scaling needs a run trained with "
+            "model/position=rope"
+        )
     was = str(getattr(trained, "rope_type", "default") or "default")
     now = cfg.model.position.rope_scaling
     if now.rope_type == "default" and was == "default":  # `default` reads none of the other fields
-        return (f"{' '.join(touched)} changes nothing at test time: {run_dir} has "
-                "model.position.rope_scaling.rope_type=default, which reads no other field; name a scaling "
-                "(model.position.rope_scaling.rope_type=linear, ntk, dynamic, yarn or llama3)")
+        return (
+            f"{' '.join(touched)} changes nothing at test time: {run_dir} has "
+            "model.position.rope_scaling.rope_type=default, which reads no other field; name a scaling "
+            "(model.position.rope_scaling.rope_type=linear, ntk, dynamic, yarn or llama3)"
+        )
     if trained is not None and all(getattr(trained, k, None) == getattr(now, k, None) for k in trained):
         return f"{' '.join(touched)} changes nothing at test time: {run_dir} was trained with that RoPE scaling"
     return None

@@ -71,9 +71,11 @@ def prepare_decoding(cfg: Any) -> PreparedDecoding:
     if why := unavailable(device, "device"):
         raise ConfigError(why)
     test_time = test_time_overrides(cfg)  # e.g. a RoPE scaling the run did not train with
-    loaded = load_models(cfg.checkpoint, device, src_tokenizer=cfg.src_tokenizer,
-                         tgt_tokenizer=cfg.tgt_tokenizer, overrides=test_time)
+    loaded = load_models(
+        cfg.checkpoint, device, src_tokenizer=cfg.src_tokenizer, tgt_tokenizer=cfg.tgt_tokenizer, overrides=test_time
+    )
     gen = merge_generation(loaded.cfg.generation, cfg.generation)
     members = getattr(loaded.model, "checkpoints", None)
-    return PreparedDecoding(device=device, test_time=test_time, loaded=loaded, gen=gen,
-                            members=list(members) if members else None)
+    return PreparedDecoding(
+        device=device, test_time=test_time, loaded=loaded, gen=gen, members=list(members) if members else None
+    )

@@ -48,7 +48,9 @@ def greedy_search(model: nn.Module, src_tokens: Tensor, **limits: Any) -> list[l
         TypeError: a keyword that is not a field of ``SearchLimits``.
     """
     with decoding(model):
-        return _greedy_or_sample(model, src_tokens, SearchLimits(**limits), n_samples=1, temperature=0.0, top_k=0, top_p=1.0, seed=0)
+        return _greedy_or_sample(
+            model, src_tokens, SearchLimits(**limits), n_samples=1, temperature=0.0, top_k=0, top_p=1.0, seed=0
+        )
 
 
 def top_k_top_p_filter(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -123,8 +125,14 @@ def sample(
         raise ValueError(f"temperature={temperature} must be >= 0")
     with decoding(model):
         return _greedy_or_sample(
-            model, src_tokens, SearchLimits(**limits), n_samples=n_samples, temperature=temperature,
-            top_k=top_k, top_p=top_p, seed=seed,
+            model,
+            src_tokens,
+            SearchLimits(**limits),
+            n_samples=n_samples,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
         )
 
 
@@ -189,7 +197,9 @@ def _greedy_or_sample(
             # the same constraints, on the scaled logits
             scaled = constrain(scaled, step, max_len, history, limits, pad_id=pad, eos_id=eos)
             scaled = top_k_top_p_filter(scaled, top_k, top_p)
-            scaled[:, eos] = scaled[:, eos].masked_fill(forced, 0.0)  # a finite EOS logit even where the model gives EOS -inf
+            scaled[:, eos] = scaled[:, eos].masked_fill(
+                forced, 0.0
+            )  # a finite EOS logit even where the model gives EOS -inf
             nxt = torch.multinomial(scaled.softmax(-1), 1, generator=gen).squeeze(1)  # (rows,)
         else:
             nxt = lprobs.argmax(-1)  # (rows,)
@@ -224,7 +234,9 @@ def _greedy_or_sample(
     return out
 
 
-def _hypotheses(ended: list[tuple[list[int], int, Tensor, Tensor]], rows: int, limits: SearchLimits) -> list[Hypothesis | None]:
+def _hypotheses(
+    ended: list[tuple[list[int], int, Tensor, Tensor]], rows: int, limits: SearchLimits
+) -> list[Hypothesis | None]:
     """The finished rows' hypotheses by original row (None for rows without one), from one host
     read: every finished row's tokens, then the bits of their float32 log-probabilities."""
     results: list[Hypothesis | None] = [None] * rows

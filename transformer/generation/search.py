@@ -87,7 +87,13 @@ def generate(model: nn.Module, src_tokens: Tensor, cfg: GenerationConfig | Any) 
         return beam_search(model, src_tokens, beam_size=int(g.beam_size), nbest=int(g.nbest), **limits)
     if strategy == "sample":
         return sample(
-            model, src_tokens, temperature=float(g.temperature), top_k=int(g.top_k),
-            top_p=float(g.top_p), seed=int(g.seed), n_samples=int(g.nbest), **limits,
+            model,
+            src_tokens,
+            temperature=float(g.temperature),
+            top_k=int(g.top_k),
+            top_p=float(g.top_p),
+            seed=int(g.seed),
+            n_samples=int(g.nbest),
+            **limits,
         )
     raise ValueError(f"generation.strategy={strategy!r} is not one of greedy, beam, sample")

@@ -19,13 +19,21 @@ from transformer.generation.common import Hypothesis, learned_positions
 from transformer.generation.search import generate
 
 __all__ = [
-    "batches_by_tokens", "detokenize", "make_src_tokens", "max_source_length", "translate_dataset",
+    "batches_by_tokens",
+    "detokenize",
+    "make_src_tokens",
+    "max_source_length",
+    "translate_dataset",
     "translate_sentences",
 ]
 
 
 def make_src_tokens(
-    src_ids: Sequence[Sequence[int]], arch: str, *, pad_id: int = 0, eos_id: int = 3,
+    src_ids: Sequence[Sequence[int]],
+    arch: str,
+    *,
+    pad_id: int = 0,
+    eos_id: int = 3,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """Build the right-padded source batch in the format of ``arch``.
@@ -162,8 +170,10 @@ def translate_sentences(
         if not len(s):
             continue
         if limit is not None and len(s) > limit:
-            msg = (f"the source has {len(s)} tokens, more than the {limit} the model can read "
-                   "(its learned positions, model.max_positions)")
+            msg = (
+                f"the source has {len(s)} tokens, more than the {limit} the model can read "
+                "(its learned positions, model.max_positions)"
+            )
             if errors is None:
                 raise ValueError(f"sentence {i}: {msg}")
             errors[i] = msg

@@ -119,8 +119,13 @@ def translate_file(cfg: Any) -> int:
                 todo = [i for i, line in enumerate(lines) if line.strip()]
                 errors: dict[int, str] = {}
                 hyps = translate_sentences(
-                    loaded.model, src_tok.encode_batch([lines[i] for i in todo]), gen, device, loaded.model.arch,
-                    errors=errors, progress=False if bar is None else bar,
+                    loaded.model,
+                    src_tok.encode_batch([lines[i] for i in todo]),
+                    gen,
+                    device,
+                    loaded.model.arch,
+                    errors=errors,
+                    progress=False if bar is None else bar,
                 )
                 for j, msg in sorted(errors.items()):
                     line_no = n + todo[j] + 1
@@ -147,8 +152,12 @@ def translate_file(cfg: Any) -> int:
             out.close()
     what = f"beam {gen.beam_size}" if gen.strategy == "beam" else gen.strategy
     at_test = f", at test time {' '.join(prepared.test_time)}" if prepared.test_time else ""
-    print(f"translated {n - failed} of {n} lines in {time.time() - start:.1f}s ({prepared.source}, {what}{at_test})",
-          file=sys.stderr)
+    print(
+        f"translated {n - failed} of {n} lines in {time.time() - start:.1f}s ({prepared.source}, {what}{at_test})",
+        file=sys.stderr,
+    )
     if failed:
-        raise LinesFailed(f"{failed} of {n} lines could not be translated (reported above; their output lines are empty)")
+        raise LinesFailed(
+            f"{failed} of {n} lines could not be translated (reported above; their output lines are empty)"
+        )
     return n

@@ -59,11 +59,15 @@ def ct2_unsupported(cfg: Any) -> list[str]:
     if ffn is not None and ffn.routed:
         why.append(f"model/ffn={cfg.ffn.name}: CTranslate2's Transformer specs have no mixture-of-experts layer")
     elif ffn is None or ffn.activation not in _ACTIVATIONS:
-        why.append(f"model/ffn={cfg.ffn.name}: CTranslate2 has no such activation "
-                   f"(model/ffn offers {', '.join(n for n, c in FFNS.items() if c.activation in _ACTIVATIONS)})")
+        why.append(
+            f"model/ffn={cfg.ffn.name}: CTranslate2 has no such activation "
+            f"(model/ffn offers {', '.join(n for n, c in FFNS.items() if c.activation in _ACTIVATIONS)})"
+        )
     if cfg.position.name == "alibi" and cfg.arch == "encoder_decoder":
-        why.append("model/position=alibi in an encoder-decoder: CTranslate2 has ALiBi only in decoders "
-                   "(its encoder has no ALiBi bias)")
+        why.append(
+            "model/position=alibi in an encoder-decoder: CTranslate2 has ALiBi only in decoders "
+            "(its encoder has no ALiBi bias)"
+        )
     return why + attention_unsupported(cfg, TARGET)
 
 
@@ -118,8 +122,9 @@ def _set_layer(spec: Any, state: dict[str, Tensor], src: str, cfg: Any, cross: b
     _set_norm(spec.ffn.layer_norm, state, f"{src}.ffn.norm")
 
 
-def _set_stack(spec: Any, state: dict[str, Tensor], cfg: Any, embed: str, stack: str, n_layers: int,
-               cross: bool) -> None:
+def _set_stack(
+    spec: Any, state: dict[str, Tensor], cfg: Any, embed: str, stack: str, n_layers: int, cross: bool
+) -> None:
     embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
     embeddings.weight = state[f"{embed}.embedding.weight"]
     spec.scale_embeddings = bool(cfg.scale_embeddings)
@@ -150,9 +155,13 @@ def ct2_spec(model: nn.Module, cfg: Any, tokenizers: Sequence[Any]) -> Any:
     refuse(TARGET, ct2_unsupported(cfg))
     state = state_dict_fp32(model)
     n_kv = resolve_n_kv_heads(cfg)
-    common = dict(pre_norm=cfg.norm_position == "pre", activation=_activation(cfg),
-                  ffn_glu=FFNS[cfg.ffn.name].gated, rms_norm=cfg.norm.name == "rmsnorm",
-                  num_heads_kv=None if n_kv == cfg.n_heads else n_kv)
+    common = dict(
+        pre_norm=cfg.norm_position == "pre",
+        activation=_activation(cfg),
+        ffn_glu=FFNS[cfg.ffn.name].gated,
+        rms_norm=cfg.norm.name == "rmsnorm",
+        num_heads_kv=None if n_kv == cfg.n_heads else n_kv,
+    )
     if cfg.position.name == "rope":  # full head width, half-split layout (GPT-NeoX / HF Llama)
         common.update(rotary_dim=0, rotary_interleave=False, rotary_base=float(cfg.position.rope_theta))
     if cfg.arch == "decoder_only":
@@ -177,7 +186,9 @@ def ct2_spec(model: nn.Module, cfg: Any, tokenizers: Sequence[Any]) -> Any:
     return spec
 
 
-def save_ct2(model: nn.Module, cfg: Any, tokenizers: Sequence[Any], folder: Path, quantization: str | None = None) -> None:
+def save_ct2(
+    model: nn.Module, cfg: Any, tokenizers: Sequence[Any], folder: Path, quantization: str | None = None
+) -> None:
     """Write a CTranslate2 model folder (``model.bin``, ``config.json``, vocabularies, SentencePiece
     model(s): ``spm.model``, or ``source.spm`` + ``target.spm`` for separate vocabularies).
 
@@ -209,8 +220,9 @@ def save_ct2(model: nn.Module, cfg: Any, tokenizers: Sequence[Any], folder: Path
     _SpecConverter().convert(str(folder), quantization=quantization, force=True)
 
 
-def load_ct2(folder: str | Path, arch: str, *, device: str = "cpu", compute_type: str = "default",
-             threads: int = 0) -> Any:
+def load_ct2(
+    folder: str | Path, arch: str, *, device: str = "cpu", compute_type: str = "default", threads: int = 0
+) -> Any:
     """A ``ctranslate2.Translator`` (encoder-decoder) or ``ctranslate2.Generator`` (decoder-only).
 
     Args:
@@ -226,8 +238,15 @@ def load_ct2(folder: str | Path, arch: str, *, device: str = "cpu", compute_type
     return cls(str(folder), device=device, compute_type=compute_type, intra_threads=threads, inter_threads=1)
 
 
-def ct2_translate(engine: Any, src_ids: Sequence[Sequence[int]], gen: Any, src_tok: Any, tgt_tok: Any,
-                  arch: str, max_batch_tokens: int = 8000) -> list[list[int]]:
+def ct2_translate(
+    engine: Any,
+    src_ids: Sequence[Sequence[int]],
+    gen: Any,
+    src_tok: Any,
+    tgt_tok: Any,
+    arch: str,
+    max_batch_tokens: int = 8000,
+) -> list[list[int]]:
     """Decode with CTranslate2 under our settings; outputs in our format (ids ending with EOS).
 
     PAD is suppressed, at least ``min_len`` tokens come before EOS, and the maximum is one number
@@ -256,17 +275,30 @@ def ct2_translate(engine: Any, src_ids: Sequence[Sequence[int]], gen: Any, src_t
     max_len = int(float(gen.max_len_a) * longest + int(gen.max_len_b))
     pieces = [[src_tok.id_to_piece(t) for t in src_ids[i]] for i in todo]
     eos_piece = tgt_tok.id_to_piece(tgt_tok.eos_id)
-    opts = dict(beam_size=beam, length_penalty=float(gen.length_penalty) if beam > 1 else 1.0,
-                suppress_sequences=[[tgt_tok.id_to_piece(tgt_tok.pad_id)]], return_end_token=True,
-                no_repeat_ngram_size=int(gen.no_repeat_ngram_size), max_batch_size=max_batch_tokens,
-                batch_type="tokens", sampling_topk=1)
+    opts = dict(
+        beam_size=beam,
+        length_penalty=float(gen.length_penalty) if beam > 1 else 1.0,
+        suppress_sequences=[[tgt_tok.id_to_piece(tgt_tok.pad_id)]],
+        return_end_token=True,
+        no_repeat_ngram_size=int(gen.no_repeat_ngram_size),
+        max_batch_size=max_batch_tokens,
+        batch_type="tokens",
+        sampling_topk=1,
+    )
     if arch == "encoder_decoder":
-        results = engine.translate_batch(pieces, max_decoding_length=max_len, min_decoding_length=int(gen.min_len),
-                                         **opts)
+        results = engine.translate_batch(
+            pieces, max_decoding_length=max_len, min_decoding_length=int(gen.min_len), **opts
+        )
     else:
         prompts = [p + [src_tok.id_to_piece(src_tok.sep_id)] for p in pieces]
-        results = engine.generate_batch(prompts, max_length=max_len, min_length=int(gen.min_len),
-                                        include_prompt_in_result=False, end_token=eos_piece, **opts)
+        results = engine.generate_batch(
+            prompts,
+            max_length=max_len,
+            min_length=int(gen.min_len),
+            include_prompt_in_result=False,
+            end_token=eos_piece,
+            **opts,
+        )
     piece_id = {p: i for i, p in enumerate(vocabulary(tgt_tok))}
     for i, r in zip(todo, results):
         ids = list(r.sequences_ids[0]) if arch == "decoder_only" else [piece_id[p] for p in r.hypotheses[0]]

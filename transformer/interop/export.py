@@ -73,8 +73,9 @@ def unsupported(cfg: Any, fmt: str) -> tuple[str, list[str]]:
     raise ExportError(f"format={fmt!r} is not one of {', '.join(FORMATS)}")
 
 
-def export_run(checkpoint: str | Path, fmt: str, out: str | Path, *, force: bool = False,
-               quantization: str | None = None) -> Path:
+def export_run(
+    checkpoint: str | Path, fmt: str, out: str | Path, *, force: bool = False, quantization: str | None = None
+) -> Path:
     """Export a trained run to a Hugging Face or CTranslate2 model folder.
 
     ``hf``: decoder-only Llama-style models become ``LlamaForCausalLM`` folders (``Qwen3ForCausalLM``
@@ -172,8 +173,12 @@ def import_hf_llama(folder: str | Path, out: str | Path, *, force: bool = False)
     with staging_dir(out, force) as tmp:
         shutil.copyfile(spm_file, tmp / "spm.model")
         OmegaConf.save(run_cfg, tmp / "config.yaml")
-        save_checkpoint(tmp, BEST, model.state_dict(),
-                        {"config": OmegaConf.to_container(run_cfg), "update": 0, "imported_from": str(folder)})
+        save_checkpoint(
+            tmp,
+            BEST,
+            model.state_dict(),
+            {"config": OmegaConf.to_container(run_cfg), "update": 0, "imported_from": str(folder)},
+        )
     return out
 
 

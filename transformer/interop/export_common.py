@@ -17,16 +17,30 @@ from transformer.config import GROUPS, LR_SCHEDULERS
 from transformer.modules.attention import ATTENTION_KINDS
 from transformer.plugins import loaded_plugins, plugin_of, record_plugins
 
-__all__ = ["ExportError", "KV_HEAD_KINDS", "attention_unsupported", "is_latent", "plugin_options_unsupported",
-           "readable_run_config", "refuse", "staging_dir", "vocabulary", "state_dict_fp32"]
+__all__ = [
+    "ExportError",
+    "KV_HEAD_KINDS",
+    "attention_unsupported",
+    "is_latent",
+    "plugin_options_unsupported",
+    "readable_run_config",
+    "refuse",
+    "staging_dir",
+    "vocabulary",
+    "state_dict_fp32",
+]
 
 KV_HEAD_KINDS = ("mha", "gqa", "mqa")
 """The ``model/attention`` options the HF/CTranslate2 attention classes hold: multi-head attention
 with ``n_kv_heads`` key/value heads (each target narrows it further where it must)."""
 
 
-_KIND_WORDS = {"mha": "multi-head attention", "gqa": "grouped-query attention", "mqa": "multi-query attention",
-               "mla": "multi-head latent attention"}
+_KIND_WORDS = {
+    "mha": "multi-head attention",
+    "gqa": "grouped-query attention",
+    "mqa": "multi-query attention",
+    "mla": "multi-head latent attention",
+}
 
 
 def plugin_options_unsupported(cfg: Any) -> list[str]:
@@ -36,17 +50,26 @@ def plugin_options_unsupported(cfg: Any) -> list[str]:
     of experts' expert and router): no exporter maps them, whatever their shape. A plugin's
     training-only option (``lr_scheduler``) shapes no weight and is never refused."""
     rope = getattr(getattr(cfg.position, "rope_scaling", None), "rope_type", "default")
-    chosen = [("model/attention", "model/attention", cfg.attention.name), ("model/ffn", "model/ffn", cfg.ffn.name),
-              ("model/norm", "model/norm", cfg.norm.name), ("model/position", "model/position", cfg.position.name),
-              ("model.position.rope_scaling.rope_type", "model/position/rope_scaling", rope),
-              ("model.qk_norm", "model/norm", getattr(cfg, "qk_norm", "none"))]
+    chosen = [
+        ("model/attention", "model/attention", cfg.attention.name),
+        ("model/ffn", "model/ffn", cfg.ffn.name),
+        ("model/norm", "model/norm", cfg.norm.name),
+        ("model/position", "model/position", cfg.position.name),
+        ("model.position.rope_scaling.rope_type", "model/position/rope_scaling", rope),
+        ("model.qk_norm", "model/norm", getattr(cfg, "qk_norm", "none")),
+    ]
     if cfg.ffn.name == "moe":
-        chosen += [("model.ffn.expert", "model/ffn", cfg.ffn.expert), ("model.ffn.router", "model.ffn.router", cfg.ffn.router)]
+        chosen += [
+            ("model.ffn.expert", "model/ffn", cfg.ffn.expert),
+            ("model.ffn.router", "model.ffn.router", cfg.ffn.router),
+        ]
     why = []
     for label, switch, option in chosen:
         owner = plugin_of(switch, option)
         if owner is not None:
-            why.append(f"{label}={option}: an option of the plugin {owner}; the exporters map the zoo's own options only")
+            why.append(
+                f"{label}={option}: an option of the plugin {owner}; the exporters map the zoo's own options only"
+            )
     return why
 
 
@@ -81,8 +104,11 @@ def readable_run_config(raw: dict[str, Any]) -> dict[str, Any]:
             dropped.append(f"{group.switch}={name}")
             del raw[group.path]
             default = getattr(group.base(), group.key)
-            print(f"note: {group.switch}={name} is an option of a plugin not imported here (name it with plugins=[...] "
-                  f"to keep its fields); the imported run has the default {group.switch}={default}", file=sys.stderr)
+            print(
+                f"note: {group.switch}={name} is an option of a plugin not imported here (name it with plugins=[...] "
+                f"to keep its fields); the imported run has the default {group.switch}={default}",
+                file=sys.stderr,
+            )
         elif owner is not None:
             kept.add(owner)
     if dropped or kept:
@@ -120,8 +146,15 @@ def refuse(target: str, reasons: Sequence[str]) -> None:
         raise ExportError(f"cannot export to {target}: " + "; ".join(reasons))
 
 
-def attention_unsupported(cfg: Any, target: str, *, qk_norm: tuple[str, ...] = (), rope_types: tuple[str, ...] = (),
-                          kinds: tuple[str, ...] = KV_HEAD_KINDS, sliding_window: bool = False) -> list[str]:
+def attention_unsupported(
+    cfg: Any,
+    target: str,
+    *,
+    qk_norm: tuple[str, ...] = (),
+    rope_types: tuple[str, ...] = (),
+    kinds: tuple[str, ...] = KV_HEAD_KINDS,
+    sliding_window: bool = False,
+) -> list[str]:
     """The issue #22 attention switches a target lacks, one sentence each (empty when it has them all).
 
     Args:
@@ -142,21 +175,29 @@ def attention_unsupported(cfg: Any, target: str, *, qk_norm: tuple[str, ...] = (
         why.append(f"model/attention={name}: {target}'s attention is {words} (model/attention={'|'.join(kinds)})")
     norm = getattr(cfg, "qk_norm", "none")
     if norm != "none" and norm not in qk_norm:
-        why.append(f"model.qk_norm={norm}: {target} has no {norm} QK-norm"
-                   + (f" (it has {', '.join(qk_norm)})" if qk_norm else ""))
+        why.append(
+            f"model.qk_norm={norm}: {target} has no {norm} QK-norm"
+            + (f" (it has {', '.join(qk_norm)})" if qk_norm else "")
+        )
     window = getattr(cfg, "attention_window", None)
     every = getattr(cfg, "attention_window_pattern", 0) or 0
     if window is not None and sliding_window and every:
-        why.append(f"model.attention_window_pattern={every}: {target} applies its sliding window to every layer "
-                   "(model.attention_window_pattern=0)")
+        why.append(
+            f"model.attention_window_pattern={every}: {target} applies its sliding window to every layer "
+            "(model.attention_window_pattern=0)"
+        )
     if window is not None and not sliding_window:
-        why.append(f"model.attention_window={window}: {target} is exported with global attention only "
-                   "(sliding windows are not exported)")
+        why.append(
+            f"model.attention_window={window}: {target} is exported with global attention only "
+            "(sliding windows are not exported)"
+        )
     scaling = getattr(cfg.position, "rope_scaling", None)
     rope_type = "default" if scaling is None else scaling.rope_type
     if rope_type != "default" and rope_type not in rope_types:
-        why.append(f"model.position.rope_scaling.rope_type={rope_type}: {target} has no such RoPE scaling"
-                   + (f" (it has {', '.join(rope_types)})" if rope_types else ""))
+        why.append(
+            f"model.position.rope_scaling.rope_type={rope_type}: {target} has no such RoPE scaling"
+            + (f" (it has {', '.join(rope_types)})" if rope_types else "")
+        )
     return why
 
 

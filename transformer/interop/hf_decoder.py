@@ -44,8 +44,10 @@ def decoder_unsupported(cfg: Any, family: str) -> list[str]:
     """
     why = []
     if cfg.arch != "decoder_only":
-        why.append(f"model.arch={cfg.arch}: {family}ForCausalLM is decoder-only (format=hf exports "
-                   "encoder-decoders as MarianMTModel)")
+        why.append(
+            f"model.arch={cfg.arch}: {family}ForCausalLM is decoder-only (format=hf exports "
+            "encoder-decoders as MarianMTModel)"
+        )
     if cfg.norm_position != "pre":
         why.append(f"model.norm_position={cfg.norm_position}: {family} normalises before each sublayer (pre)")
     if cfg.norm.name != "rmsnorm":
@@ -53,8 +55,10 @@ def decoder_unsupported(cfg: Any, family: str) -> list[str]:
     if cfg.position.name != "rope":
         why.append(f"model/position={cfg.position.name}: {family} encodes positions with RoPE only")
     if cfg.scale_embeddings and cfg.tie_embeddings != "none":
-        why.append(f"model.scale_embeddings=true with model.tie_embeddings={cfg.tie_embeddings}: {family} does "
-                   "not scale its embeddings, and a scale cannot be folded into a matrix shared with the output layer")
+        why.append(
+            f"model.scale_embeddings=true with model.tie_embeddings={cfg.tie_embeddings}: {family} does "
+            "not scale its embeddings, and a scale cannot be folded into a matrix shared with the output layer"
+        )
     return why
 
 
@@ -98,10 +102,15 @@ def scaling_from_hf(rope: dict[str, Any], max_position_embeddings: int) -> tuple
     if rope_type == "default":
         return {"rope_type": "default"}, []
     if rope_type not in HF_ROPE_TYPES:
-        return {}, [f"rope_parameters.rope_type={rope_type!r}: model.position.rope_scaling has "
-                    f"{', '.join(('default',) + HF_ROPE_TYPES)}"]
-    extra = [k for k in ("mscale", "mscale_all_dim", "long_factor", "short_factor", "partial_rotary_factor")
-             if rope.get(k) not in (None, 0, 1.0)]
+        return {}, [
+            f"rope_parameters.rope_type={rope_type!r}: model.position.rope_scaling has "
+            f"{', '.join(('default',) + HF_ROPE_TYPES)}"
+        ]
+    extra = [
+        k
+        for k in ("mscale", "mscale_all_dim", "long_factor", "short_factor", "partial_rotary_factor")
+        if rope.get(k) not in (None, 0, 1.0)
+    ]
     if rope.get("mscale") and rope.get("mscale_all_dim") and not extra:  # HF's YaRN then takes their ratio
         extra.append("mscale with mscale_all_dim")
     if rope_type == "yarn" and rope.get("truncate", True) is False:
@@ -131,12 +140,22 @@ def write_hf_folder(hf: Any, model: nn.Module, tokenizer: Any, folder: Path, run
         run_cfg: the whole run config, saved as ``transformer_zoo.yaml`` (read back by the
             importers, :func:`imported_run_config`), or None.
     """
-    hf.generation_config.update(eos_token_id=model.eos_id, pad_token_id=model.pad_id, bos_token_id=None,
-                                bad_words_ids=[[model.pad_id]], forced_eos_token_id=model.eos_id)
+    hf.generation_config.update(
+        eos_token_id=model.eos_id,
+        pad_token_id=model.pad_id,
+        bos_token_id=None,
+        bad_words_ids=[[model.pad_id]],
+        forced_eos_token_id=model.eos_id,
+    )
     hf.save_pretrained(folder, safe_serialization=True)
     shutil.copyfile(tokenizer.model_path, folder / "tokenizer.model")
-    specials = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
-                "additional_special_tokens": ["<sep>"]}
+    specials = {
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "pad_token": "<pad>",
+        "additional_special_tokens": ["<sep>"],
+    }
     tokenizer_config = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": False, "add_eos_token": False, **specials}
     (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
     (folder / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")

@@ -79,7 +79,8 @@ def qwen3_unsupported(cfg: Any) -> list[str]:
     """Why ``Qwen3ForCausalLM`` cannot hold a model of this config: Llama's reasons plus QK-norm
     other than RMSNorm (empty when it can)."""
     why = llama_unsupported(cfg, QWEN3_TARGET) + attention_unsupported(
-        cfg, "Qwen3ForCausalLM", qk_norm=("rmsnorm",), rope_types=HF_ROPE_TYPES)
+        cfg, "Qwen3ForCausalLM", qk_norm=("rmsnorm",), rope_types=HF_ROPE_TYPES
+    )
     if cfg.bias:
         why.append("model.bias=true: Qwen3's MLP has no biases (attention_bias only)")
     return why
@@ -100,13 +101,23 @@ def llama_config(cfg: Any, vocab_size: int, ffn_hidden: int, *, pad_id: int = 0,
     from transformers import LlamaConfig, Qwen3Config
 
     kwargs = dict(
-        vocab_size=vocab_size, hidden_size=cfg.d_model, intermediate_size=ffn_hidden,
-        num_hidden_layers=cfg.n_encoder_layers + cfg.n_decoder_layers, num_attention_heads=cfg.n_heads,
-        num_key_value_heads=resolve_n_kv_heads(cfg), head_dim=cfg.d_model // cfg.n_heads,
-        hidden_act=HF_ACT[cfg.ffn.name], max_position_embeddings=hf_max_positions(cfg), rms_norm_eps=cfg.norm.eps,
-        rope_parameters=rope_parameters(cfg), attention_bias=bool(cfg.bias),
+        vocab_size=vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=ffn_hidden,
+        num_hidden_layers=cfg.n_encoder_layers + cfg.n_decoder_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=resolve_n_kv_heads(cfg),
+        head_dim=cfg.d_model // cfg.n_heads,
+        hidden_act=HF_ACT[cfg.ffn.name],
+        max_position_embeddings=hf_max_positions(cfg),
+        rms_norm_eps=cfg.norm.eps,
+        rope_parameters=rope_parameters(cfg),
+        attention_bias=bool(cfg.bias),
         tie_word_embeddings=cfg.tie_embeddings != "none",
-        pad_token_id=pad_id, bos_token_id=None, eos_token_id=eos_id, attention_dropout=0.0,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        attention_dropout=0.0,
         initializer_range=cfg.init_std,
     )
     if getattr(cfg, "qk_norm", "none") != "none":  # Qwen3: biases on q/k/v/o only, so model.bias=false there
@@ -130,8 +141,11 @@ def hf_llama_state(model: nn.Module, cfg: Any) -> dict[str, Tensor]:
     emb = ours["embed.embedding.weight"]
     if cfg.scale_embeddings:  # untied (llama_unsupported refuses the tied case): fold the scale in
         emb = emb * math.sqrt(cfg.d_model)
-    new = {"model.embed_tokens.weight": emb, "model.norm.weight": ours["decoder.final_norm.weight"],
-           "lm_head.weight": ours["output_proj.weight"]}
+    new = {
+        "model.embed_tokens.weight": emb,
+        "model.norm.weight": ours["decoder.final_norm.weight"],
+        "lm_head.weight": ours["output_proj.weight"],
+    }
     for i in range(cfg.n_encoder_layers + cfg.n_decoder_layers):
         src, dst = f"decoder.layers.{i}", f"model.layers.{i}"
         hidden = ours[f"{src}.ffn.sublayer.w2.weight"].shape[1]
@@ -162,16 +176,21 @@ def zoo_state_from_llama(hf: dict[str, Tensor], n_layers: int, bias: bool) -> di
         Our decoder-only state dict (``output_proj.weight`` is the embedding matrix when ``hf`` has
         no ``lm_head.weight``, i.e. tied).
     """
-    new = {"embed.embedding.weight": hf["model.embed_tokens.weight"], "decoder.final_norm.weight": hf["model.norm.weight"],
-           "output_proj.weight": hf.get("lm_head.weight", hf["model.embed_tokens.weight"])}
+    new = {
+        "embed.embedding.weight": hf["model.embed_tokens.weight"],
+        "decoder.final_norm.weight": hf["model.norm.weight"],
+        "output_proj.weight": hf.get("lm_head.weight", hf["model.embed_tokens.weight"]),
+    }
     for i in range(n_layers):
         src, dst = f"model.layers.{i}", f"decoder.layers.{i}"
         for kind in ("weight", "bias") if bias else ("weight",):
             new[f"{dst}.self_attn.sublayer.in_proj.{kind}"] = torch.cat(
-                [hf[f"{src}.self_attn.{n}_proj.{kind}"] for n in ("q", "k", "v")])
+                [hf[f"{src}.self_attn.{n}_proj.{kind}"] for n in ("q", "k", "v")]
+            )
             new[f"{dst}.self_attn.sublayer.out_proj.{kind}"] = hf[f"{src}.self_attn.o_proj.{kind}"]
             new[f"{dst}.ffn.sublayer.w13.{kind}"] = torch.cat(
-                [hf[f"{src}.mlp.gate_proj.{kind}"], hf[f"{src}.mlp.up_proj.{kind}"]])
+                [hf[f"{src}.mlp.gate_proj.{kind}"], hf[f"{src}.mlp.up_proj.{kind}"]]
+            )
             new[f"{dst}.ffn.sublayer.w2.{kind}"] = hf[f"{src}.mlp.down_proj.{kind}"]
         new[f"{dst}.self_attn.norm.weight"] = hf[f"{src}.input_layernorm.weight"]
         new[f"{dst}.ffn.norm.weight"] = hf[f"{src}.post_attention_layernorm.weight"]
@@ -201,8 +220,9 @@ def to_hf_llama(model: nn.Module, cfg: Any) -> Any:
     refuse(QWEN3_TARGET if qwen3 else TARGET, qwen3_unsupported(cfg) if qwen3 else llama_unsupported(cfg))
     state = hf_llama_state(model, cfg)
     hidden = state["model.layers.0.mlp.down_proj.weight"].shape[1]
-    hf_cfg = llama_config(cfg, state["model.embed_tokens.weight"].shape[0], hidden,
-                          pad_id=model.pad_id, eos_id=model.eos_id)
+    hf_cfg = llama_config(
+        cfg, state["model.embed_tokens.weight"].shape[0], hidden, pad_id=model.pad_id, eos_id=model.eos_id
+    )
     hf_cfg._attn_implementation = "sdpa"
     hf = (Qwen3ForCausalLM if qwen3 else LlamaForCausalLM)(hf_cfg).eval()
     if hf_cfg.tie_word_embeddings:
@@ -210,7 +230,9 @@ def to_hf_llama(model: nn.Module, cfg: Any) -> Any:
     missing, unexpected = hf.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (hf_cfg.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
-        raise ExportError(f"the Llama mapping left weights unmatched: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise ExportError(
+            f"the Llama mapping left weights unmatched: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     return hf
 
 
@@ -260,13 +282,17 @@ def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
     if hc.model_type not in ("llama", "qwen3"):
         why.append(f"model_type={hc.model_type!r} is not llama or qwen3")
     if hc.model_type == "qwen3" and getattr(hc, "sliding_window", None) is not None:
-        why.append(f"sliding_window={hc.sliding_window}: Qwen3's sliding layers are not imported (folders without use_sliding_window are)")
+        why.append(
+            f"sliding_window={hc.sliding_window}: Qwen3's sliding layers are not imported (folders without use_sliding_window are)"
+        )
     rope = dict(getattr(hc, "rope_parameters", None) or {})
     scaling, rope_why = scaling_from_hf(rope, hc.max_position_embeddings)
     why += rope_why
     head_dim = getattr(hc, "head_dim", None) or hc.hidden_size // hc.num_attention_heads
     if head_dim * hc.num_attention_heads != hc.hidden_size:
-        why.append(f"head_dim={head_dim} x num_attention_heads={hc.num_attention_heads} != hidden_size={hc.hidden_size}")
+        why.append(
+            f"head_dim={head_dim} x num_attention_heads={hc.num_attention_heads} != hidden_size={hc.hidden_size}"
+        )
     if bool(hc.attention_bias) != bool(getattr(hc, "mlp_bias", False)):
         why.append("attention_bias != mlp_bias: model.bias sets both")
     act = {v: k for k, v in HF_ACT.items()}.get(hc.hidden_act)
@@ -276,20 +302,36 @@ def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
         raise ExportError(f"cannot import {folder} into the llama_style model: " + "; ".join(why))
     n_kv = hc.num_key_value_heads or hc.num_attention_heads
     attention = "mha" if n_kv == hc.num_attention_heads else ("mqa" if n_kv == 1 else "gqa")
-    run_cfg = imported_run_config(folder, {
-        "arch": "decoder_only", "norm_position": "pre", "n_encoder_layers": 0,
-        "attention": {"name": attention, "n_kv_heads": None if attention == "mha" else n_kv},
-        "n_decoder_layers": hc.num_hidden_layers, "d_model": hc.hidden_size, "n_heads": hc.num_attention_heads,
-        "d_ff": hc.intermediate_size, "dropout": 0.0,
-        "attention_dropout": float(hc.attention_dropout or 0.0), "activation_dropout": 0.0,
-        "bias": bool(hc.attention_bias), "scale_embeddings": False,
-        "tie_embeddings": "all" if hc.tie_word_embeddings else "none",
-        "max_positions": hc.max_position_embeddings, "init": "normal", "init_std": hc.initializer_range,
-        "norm": {"name": "rmsnorm", "eps": hc.rms_norm_eps}, "qk_norm": "rmsnorm" if hc.model_type == "qwen3" else "none",
-        "ffn": {"name": act, "glu_match_params": False},
-        "position": {"name": "rope", "rope_theta": float(rope.get("rope_theta", getattr(hc, "rope_theta", 10000.0))),
-                     "rope_scaling": scaling},
-    })
+    run_cfg = imported_run_config(
+        folder,
+        {
+            "arch": "decoder_only",
+            "norm_position": "pre",
+            "n_encoder_layers": 0,
+            "attention": {"name": attention, "n_kv_heads": None if attention == "mha" else n_kv},
+            "n_decoder_layers": hc.num_hidden_layers,
+            "d_model": hc.hidden_size,
+            "n_heads": hc.num_attention_heads,
+            "d_ff": hc.intermediate_size,
+            "dropout": 0.0,
+            "attention_dropout": float(hc.attention_dropout or 0.0),
+            "activation_dropout": 0.0,
+            "bias": bool(hc.attention_bias),
+            "scale_embeddings": False,
+            "tie_embeddings": "all" if hc.tie_word_embeddings else "none",
+            "max_positions": hc.max_position_embeddings,
+            "init": "normal",
+            "init_std": hc.initializer_range,
+            "norm": {"name": "rmsnorm", "eps": hc.rms_norm_eps},
+            "qk_norm": "rmsnorm" if hc.model_type == "qwen3" else "none",
+            "ffn": {"name": act, "glu_match_params": False},
+            "position": {
+                "name": "rope",
+                "rope_theta": float(rope.get("rope_theta", getattr(hc, "rope_theta", 10000.0))),
+                "rope_scaling": scaling,
+            },
+        },
+    )
     state: dict[str, Tensor] = {}
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -297,11 +339,17 @@ def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
     for f in files:
         state.update(load_file(f))
     eos = hc.eos_token_id[0] if isinstance(hc.eos_token_id, (list, tuple)) else hc.eos_token_id
-    model = build_model(run_cfg.model, hc.vocab_size, pad_id=hc.pad_token_id if hc.pad_token_id is not None else 0,
-                        eos_id=3 if eos is None else eos)
+    model = build_model(
+        run_cfg.model,
+        hc.vocab_size,
+        pad_id=hc.pad_token_id if hc.pad_token_id is not None else 0,
+        eos_id=3 if eos is None else eos,
+    )
     ours = zoo_state_from_llama({k: v.float() for k, v in state.items()}, hc.num_hidden_layers, bool(hc.attention_bias))
     missing, unexpected = model.load_state_dict(ours, strict=False)
     if missing or unexpected:
-        raise ExportError(f"{folder}: weights do not fit LlamaForCausalLM's layout: missing {missing[:5]}, "
-                          f"unexpected {unexpected[:5]}")
+        raise ExportError(
+            f"{folder}: weights do not fit LlamaForCausalLM's layout: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}"
+        )
     return model.eval(), run_cfg

@@ -57,8 +57,10 @@ def marian_unsupported(cfg: Any) -> list[str]:
     """
     why = []
     if cfg.arch != "encoder_decoder":
-        why.append(f"model.arch={cfg.arch}: MarianMTModel is an encoder-decoder (format=hf exports "
-                   "decoder-only models as LlamaForCausalLM)")
+        why.append(
+            f"model.arch={cfg.arch}: MarianMTModel is an encoder-decoder (format=hf exports "
+            "decoder-only models as LlamaForCausalLM)"
+        )
     if cfg.norm_position != "post":
         why.append(f"model.norm_position={cfg.norm_position}: Marian normalises after each residual (post)")
     if cfg.norm.name != "layernorm":
@@ -70,8 +72,10 @@ def marian_unsupported(cfg: Any) -> list[str]:
     if cfg.position.name != "sinusoidal":
         why.append(f"model/position={cfg.position.name}: Marian encodes positions with fixed sinusoids only")
     if cfg.attention.name in KV_HEAD_KINDS and resolve_n_kv_heads(cfg) != cfg.n_heads:
-        why.append(f"model/attention={cfg.attention.name} (n_kv_heads={resolve_n_kv_heads(cfg)}): Marian has one "
-                   "key/value head per query head (model/attention=mha)")
+        why.append(
+            f"model/attention={cfg.attention.name} (n_kv_heads={resolve_n_kv_heads(cfg)}): Marian has one "
+            "key/value head per query head (model/attention=mha)"
+        )
     return why + attention_unsupported(cfg, "MarianMTModel")
 
 
@@ -120,10 +124,20 @@ def marian_state(model: nn.Module, cfg: Any) -> dict[str, Tensor]:
     def attn(dst: str, src: str) -> None:
         w, b = ours[f"{src}.sublayer.in_proj.weight"], ours.get(f"{src}.sublayer.in_proj.bias")
         for i, name in enumerate(("q", "k", "v")):
-            linear(f"{dst}.{name}_proj", w[i * d : (i + 1) * d], None if b is None else b[i * d : (i + 1) * d],
-                   reads=True, writes=False)
-        linear(f"{dst}.out_proj", ours[f"{src}.sublayer.out_proj.weight"], ours.get(f"{src}.sublayer.out_proj.bias"),
-               reads=False, writes=True)
+            linear(
+                f"{dst}.{name}_proj",
+                w[i * d : (i + 1) * d],
+                None if b is None else b[i * d : (i + 1) * d],
+                reads=True,
+                writes=False,
+            )
+        linear(
+            f"{dst}.out_proj",
+            ours[f"{src}.sublayer.out_proj.weight"],
+            ours.get(f"{src}.sublayer.out_proj.bias"),
+            reads=False,
+            writes=True,
+        )
 
     def norm(dst: str, src: str) -> None:
         new[f"{dst}.weight"], new[f"{dst}.bias"] = ours[f"{src}.norm.weight"][p], ours[f"{src}.norm.bias"][p]
@@ -147,16 +161,28 @@ def _marian_config(cfg: Any, src_vocab: int, tgt_vocab: int, model: nn.Module) -
     from transformers import MarianConfig
 
     return MarianConfig(
-        vocab_size=src_vocab, decoder_vocab_size=tgt_vocab, d_model=cfg.d_model,
-        encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
-        encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=cfg.ffn.name,
-        max_position_embeddings=cfg.max_positions, scale_embedding=bool(cfg.scale_embeddings),
+        vocab_size=src_vocab,
+        decoder_vocab_size=tgt_vocab,
+        d_model=cfg.d_model,
+        encoder_layers=cfg.n_encoder_layers,
+        decoder_layers=cfg.n_decoder_layers,
+        encoder_attention_heads=cfg.n_heads,
+        decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff,
+        decoder_ffn_dim=cfg.d_ff,
+        activation_function=cfg.ffn.name,
+        max_position_embeddings=cfg.max_positions,
+        scale_embedding=bool(cfg.scale_embeddings),
         share_encoder_decoder_embeddings=cfg.tie_embeddings == "all",
         tie_word_embeddings=cfg.tie_embeddings in ("decoder", "all"),
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-        pad_token_id=model.pad_id, eos_token_id=model.eos_id, bos_token_id=model.bos_id,
-        decoder_start_token_id=model.bos_id, forced_eos_token_id=model.eos_id,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        pad_token_id=model.pad_id,
+        eos_token_id=model.eos_id,
+        bos_token_id=model.bos_id,
+        decoder_start_token_id=model.bos_id,
+        forced_eos_token_id=model.eos_id,
         architectures=["MarianMTModel"],
     )
 
@@ -207,11 +233,20 @@ def marian_generate_kwargs(gen: Any, model: Any) -> dict[str, Any]:
     """
     c = model.config
     beam = int(gen.beam_size) if gen.strategy == "beam" else 1
-    return dict(num_beams=beam, do_sample=False, min_new_tokens=int(gen.min_len),
-                length_penalty=float(gen.length_penalty), early_stopping="never", num_return_sequences=1,
-                decoder_start_token_id=c.decoder_start_token_id, eos_token_id=c.eos_token_id,
-                pad_token_id=c.pad_token_id, forced_eos_token_id=c.eos_token_id, bad_words_ids=[[c.pad_token_id]],
-                no_repeat_ngram_size=int(gen.no_repeat_ngram_size))
+    return dict(
+        num_beams=beam,
+        do_sample=False,
+        min_new_tokens=int(gen.min_len),
+        length_penalty=float(gen.length_penalty),
+        early_stopping="never",
+        num_return_sequences=1,
+        decoder_start_token_id=c.decoder_start_token_id,
+        eos_token_id=c.eos_token_id,
+        pad_token_id=c.pad_token_id,
+        forced_eos_token_id=c.eos_token_id,
+        bad_words_ids=[[c.pad_token_id]],
+        no_repeat_ngram_size=int(gen.no_repeat_ngram_size),
+    )
 
 
 def marian_generate(hf: Any, src_tokens: Tensor, gen: Any, **overrides: Any) -> list[list[int]]:
@@ -264,8 +299,13 @@ def save_marian(model: nn.Module, cfg: Any, tokenizers: Sequence[Any], folder: P
     """
     hf = to_marian(model, cfg)
     src_tok, tgt_tok = tokenizers
-    gen = dict(bad_words_ids=[[model.pad_id]], forced_eos_token_id=model.eos_id, decoder_start_token_id=model.bos_id,
-               eos_token_id=model.eos_id, pad_token_id=model.pad_id)
+    gen = dict(
+        bad_words_ids=[[model.pad_id]],
+        forced_eos_token_id=model.eos_id,
+        decoder_start_token_id=model.bos_id,
+        eos_token_id=model.eos_id,
+        pad_token_id=model.pad_id,
+    )
     if run_cfg is not None:
         g = run_cfg.generation
         gen.update(num_beams=int(g.beam_size) if g.strategy == "beam" else 1, max_new_tokens=int(g.max_len_b) + 1)
@@ -283,8 +323,19 @@ def save_marian(model: nn.Module, cfg: Any, tokenizers: Sequence[Any], folder: P
     (folder / "vocab.json").write_text(vocab_json(src_tok), encoding="utf-8")
     if separate:
         (folder / "target_vocab.json").write_text(vocab_json(tgt_tok), encoding="utf-8")
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "MarianTokenizer", "separate_vocabs": separate, "unk_token": "<unk>",
-         "eos_token": "</s>", "pad_token": "<pad>", "model_max_length": int(cfg.max_positions)}, indent=2) + "\n")
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "MarianTokenizer",
+                "separate_vocabs": separate,
+                "unk_token": "<unk>",
+                "eos_token": "</s>",
+                "pad_token": "<pad>",
+                "model_max_length": int(cfg.max_positions),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     if run_cfg is not None:
         OmegaConf.save(run_cfg, folder / ZOO_CONFIG)

@@ -85,36 +85,51 @@ def _moe_refusals(cfg: Any, family: str) -> list[str]:
 def mixtral_unsupported(cfg: Any) -> list[str]:
     """Why ``MixtralForCausalLM`` cannot hold a model of config ``cfg`` (a model config), one sentence
     per switch, each starting with the switch (empty when it can)."""
-    why = decoder_unsupported(cfg, "Mixtral") + attention_unsupported(
-        cfg, "MixtralForCausalLM", rope_types=HF_ROPE_TYPES, sliding_window=True) + _moe_refusals(cfg, "Mixtral")
+    why = (
+        decoder_unsupported(cfg, "Mixtral")
+        + attention_unsupported(cfg, "MixtralForCausalLM", rope_types=HF_ROPE_TYPES, sliding_window=True)
+        + _moe_refusals(cfg, "Mixtral")
+    )
     f = cfg.ffn
     if f.name != "moe":
-        return why + [f"model/ffn={f.name}: MixtralForCausalLM's MLP is a mixture of experts (model/ffn=moe; "
-                      "dense models export as LlamaForCausalLM)"]
+        return why + [
+            f"model/ffn={f.name}: MixtralForCausalLM's MLP is a mixture of experts (model/ffn=moe; "
+            "dense models export as LlamaForCausalLM)"
+        ]
     if f.router != "softmax":
-        why.append(f"model.ffn.router={f.router}: Mixtral scores experts with softmax (DeepSeek-V3's sigmoid "
-                   "router exports as DeepseekV3ForCausalLM, with model/attention=mla)")
+        why.append(
+            f"model.ffn.router={f.router}: Mixtral scores experts with softmax (DeepSeek-V3's sigmoid "
+            "router exports as DeepseekV3ForCausalLM, with model/attention=mla)"
+        )
     if not f.norm_topk_prob:
         why.append("model.ffn.norm_topk_prob=false: Mixtral always renormalises the top-k weights")
     if f.routed_scaling_factor != 1.0:
-        why.append(f"model.ffn.routed_scaling_factor={f.routed_scaling_factor:g}: Mixtral does not scale "
-                   "the routed experts")
+        why.append(
+            f"model.ffn.routed_scaling_factor={f.routed_scaling_factor:g}: Mixtral does not scale the routed experts"
+        )
     if f.n_shared_experts:
         why.append(f"model.ffn.n_shared_experts={f.n_shared_experts}: Mixtral has no shared experts")
     if f.bias_update_speed > 0:
-        why.append(f"model.ffn.bias_update_speed={f.bias_update_speed:g}: Mixtral's router has no selection bias "
-                   "(e_score_correction_bias is DeepSeek-V3's)")
+        why.append(
+            f"model.ffn.bias_update_speed={f.bias_update_speed:g}: Mixtral's router has no selection bias "
+            "(e_score_correction_bias is DeepSeek-V3's)"
+        )
     return why
 
 
 def deepseek_unsupported(cfg: Any) -> list[str]:
     """Why ``DeepseekV3ForCausalLM`` cannot hold a model of config ``cfg`` (a model config), one sentence
     per switch, each starting with the switch (empty when it can)."""
-    why = decoder_unsupported(cfg, "DeepseekV3") + attention_unsupported(
-        cfg, "DeepseekV3ForCausalLM", rope_types=HF_ROPE_TYPES, kinds=("mla",)) + _moe_refusals(cfg, "DeepSeek-V3")
+    why = (
+        decoder_unsupported(cfg, "DeepseekV3")
+        + attention_unsupported(cfg, "DeepseekV3ForCausalLM", rope_types=HF_ROPE_TYPES, kinds=("mla",))
+        + _moe_refusals(cfg, "DeepSeek-V3")
+    )
     if is_latent(cfg) and cfg.norm.eps != LATENT_EPS:
-        why.append(f"model.norm.eps={cfg.norm.eps:g} with model/attention=mla: DeepSeek-V3's latent RMSNorms have "
-                   "eps 1e-6, ours take model.norm.eps (set model.norm.eps=1e-6)")
+        why.append(
+            f"model.norm.eps={cfg.norm.eps:g} with model/attention=mla: DeepSeek-V3's latent RMSNorms have "
+            "eps 1e-6, ours take model.norm.eps (set model.norm.eps=1e-6)"
+        )
     f = cfg.ffn
     if f.name != "moe" and f.name not in HF_ACT:
         why.append(f"model/ffn={f.name}: DeepSeek-V3's MLP is gated (model/ffn=swiglu, geglu or moe)")
@@ -141,31 +156,46 @@ def layer_pairs(cfg: Any) -> list[tuple[str, tuple[str, ...], tuple[int, ...] | 
     ]
     if sizes.latent is None:
         q, kv = sizes.n_heads * sizes.head_dim, sizes.kv_width
-        pairs.append((attn + "in_proj.weight", ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                                                "self_attn.v_proj.weight"), (q, kv, kv)))
+        pairs.append(
+            (
+                attn + "in_proj.weight",
+                ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+                (q, kv, kv),
+            )
+        )
     elif sizes.latent.q_lora_rank is None:
         pairs.append((attn + "q_proj.weight", ("self_attn.q_proj.weight",), None))
     else:
-        pairs += [(attn + f"q_proj.{i}.weight", (f"self_attn.{hf}.weight",), None)
-                  for i, hf in enumerate(("q_a_proj", "q_a_layernorm", "q_b_proj"))]
+        pairs += [
+            (attn + f"q_proj.{i}.weight", (f"self_attn.{hf}.weight",), None)
+            for i, hf in enumerate(("q_a_proj", "q_a_layernorm", "q_b_proj"))
+        ]
     if sizes.latent is not None:
-        pairs += [(attn + f"{ours}.weight", (f"self_attn.{hf}.weight",), None) for ours, hf in (
-            ("kv_down", "kv_a_proj_with_mqa"), ("kv_norm", "kv_a_layernorm"), ("kv_up", "kv_b_proj"))]
+        pairs += [
+            (attn + f"{ours}.weight", (f"self_attn.{hf}.weight",), None)
+            for ours, hf in (("kv_down", "kv_a_proj_with_mqa"), ("kv_norm", "kv_a_layernorm"), ("kv_up", "kv_b_proj"))
+        ]
     pairs.append((attn + "out_proj.weight", ("self_attn.o_proj.weight",), None))
     gate_up = ("gate_proj.weight", "up_proj.weight")
     if not sizes.n_experts:  # dense (DeepSeek-V3 with first_k_dense_replace = every layer)
         h = sizes.ffn_hidden
-        return pairs + [(mlp + "w13.weight", tuple(f"mlp.{n}" for n in gate_up), (h, h)),
-                        (mlp + "w2.weight", ("mlp.down_proj.weight",), None)]
-    pairs += [(mlp + "router.gate.weight", ("mlp.gate.weight",), None),
-              (mlp + "experts.w13", ("mlp.experts.gate_up_proj",), None),
-              (mlp + "experts.w2", ("mlp.experts.down_proj",), None)]
+        return pairs + [
+            (mlp + "w13.weight", tuple(f"mlp.{n}" for n in gate_up), (h, h)),
+            (mlp + "w2.weight", ("mlp.down_proj.weight",), None),
+        ]
+    pairs += [
+        (mlp + "router.gate.weight", ("mlp.gate.weight",), None),
+        (mlp + "experts.w13", ("mlp.experts.gate_up_proj",), None),
+        (mlp + "experts.w2", ("mlp.experts.down_proj",), None),
+    ]
     if is_latent(cfg):  # DeepSeek-V3: the selection bias and the shared experts
         pairs.append((mlp + "router.expert_bias", ("mlp.gate.e_score_correction_bias",), None))
     if sizes.shared_hidden:
         h = sizes.shared_hidden
-        pairs += [(mlp + "shared_experts.w13.weight", tuple(f"mlp.shared_experts.{n}" for n in gate_up), (h, h)),
-                  (mlp + "shared_experts.w2.weight", ("mlp.shared_experts.down_proj.weight",), None)]
+        pairs += [
+            (mlp + "shared_experts.w13.weight", tuple(f"mlp.shared_experts.{n}" for n in gate_up), (h, h)),
+            (mlp + "shared_experts.w2.weight", ("mlp.shared_experts.down_proj.weight",), None),
+        ]
     return pairs
 
 
@@ -184,8 +214,11 @@ def hf_moe_state(model: nn.Module, cfg: Any) -> dict[str, Tensor]:
     emb = ours["embed.embedding.weight"]
     if cfg.scale_embeddings:  # untied (refused otherwise): fold the scale in
         emb = emb * math.sqrt(cfg.d_model)
-    new = {"model.embed_tokens.weight": emb, "model.norm.weight": ours["decoder.final_norm.weight"],
-           "lm_head.weight": ours["output_proj.weight"]}
+    new = {
+        "model.embed_tokens.weight": emb,
+        "model.norm.weight": ours["decoder.final_norm.weight"],
+        "lm_head.weight": ours["output_proj.weight"],
+    }
     sizes = model_sizes(cfg)
     for i in range(cfg.n_encoder_layers + cfg.n_decoder_layers):
         src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
@@ -194,8 +227,12 @@ def hf_moe_state(model: nn.Module, cfg: Any) -> dict[str, Tensor]:
             new.update({dst + hf: part for hf, part in zip(hf_names, parts)})
         if is_latent(cfg) and sizes.n_experts and not sizes.shared_hidden:
             d = cfg.d_model
-            new.update({f"{dst}mlp.shared_experts.{n}_proj.weight": emb.new_zeros(shape)
-                        for n, shape in (("gate", (0, d)), ("up", (0, d)), ("down", (d, 0)))})
+            new.update(
+                {
+                    f"{dst}mlp.shared_experts.{n}_proj.weight": emb.new_zeros(shape)
+                    for n, shape in (("gate", (0, d)), ("up", (0, d)), ("down", (d, 0)))
+                }
+            )
     return new
 
 
@@ -207,28 +244,58 @@ def _hf_config(cfg: Any, vocab_size: int, pad_id: int, eos_id: int) -> Any:
     f, n_layers = cfg.ffn, cfg.n_encoder_layers + cfg.n_decoder_layers
     act = HF_ACT[f.expert if f.name == "moe" else f.name]
     common = dict(
-        vocab_size=vocab_size, hidden_size=cfg.d_model, num_hidden_layers=n_layers, num_attention_heads=cfg.n_heads,
-        hidden_act=act, max_position_embeddings=hf_max_positions(cfg), rms_norm_eps=cfg.norm.eps,
-        rope_parameters=rope_parameters(cfg), tie_word_embeddings=cfg.tie_embeddings != "none",
-        pad_token_id=pad_id, bos_token_id=None, eos_token_id=eos_id, attention_dropout=0.0,
+        vocab_size=vocab_size,
+        hidden_size=cfg.d_model,
+        num_hidden_layers=n_layers,
+        num_attention_heads=cfg.n_heads,
+        hidden_act=act,
+        max_position_embeddings=hf_max_positions(cfg),
+        rms_norm_eps=cfg.norm.eps,
+        rope_parameters=rope_parameters(cfg),
+        tie_word_embeddings=cfg.tie_embeddings != "none",
+        pad_token_id=pad_id,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        attention_dropout=0.0,
         initializer_range=cfg.init_std,
     )
     if moe_target(cfg) == MIXTRAL_TARGET:
         return MixtralConfig(
-            **common, intermediate_size=sizes.ffn_hidden, num_key_value_heads=sizes.n_kv_heads, head_dim=sizes.head_dim,
-            sliding_window=cfg.attention_window, num_local_experts=sizes.n_experts, num_experts_per_tok=sizes.top_k,
-            router_aux_loss_coef=f.router_aux_loss_coef, router_jitter_noise=0.0, architectures=["MixtralForCausalLM"])
+            **common,
+            intermediate_size=sizes.ffn_hidden,
+            num_key_value_heads=sizes.n_kv_heads,
+            head_dim=sizes.head_dim,
+            sliding_window=cfg.attention_window,
+            num_local_experts=sizes.n_experts,
+            num_experts_per_tok=sizes.top_k,
+            router_aux_loss_coef=f.router_aux_loss_coef,
+            router_jitter_noise=0.0,
+            architectures=["MixtralForCausalLM"],
+        )
     lat, moe = sizes.latent, bool(sizes.n_experts)
     return DeepseekV3Config(
-        **common, intermediate_size=sizes.ffn_hidden, moe_intermediate_size=sizes.ffn_hidden,
-        num_key_value_heads=cfg.n_heads, kv_lora_rank=lat.kv_lora_rank, q_lora_rank=lat.q_lora_rank,
-        qk_rope_head_dim=lat.qk_rope_head_dim, qk_nope_head_dim=lat.qk_nope_head_dim, v_head_dim=lat.v_head_dim,
-        rope_interleave=False, attention_bias=False, first_k_dense_replace=0 if moe else n_layers,
-        n_routed_experts=sizes.n_experts if moe else 0, num_experts_per_tok=sizes.top_k if moe else 0,
+        **common,
+        intermediate_size=sizes.ffn_hidden,
+        moe_intermediate_size=sizes.ffn_hidden,
+        num_key_value_heads=cfg.n_heads,
+        kv_lora_rank=lat.kv_lora_rank,
+        q_lora_rank=lat.q_lora_rank,
+        qk_rope_head_dim=lat.qk_rope_head_dim,
+        qk_nope_head_dim=lat.qk_nope_head_dim,
+        v_head_dim=lat.v_head_dim,
+        rope_interleave=False,
+        attention_bias=False,
+        first_k_dense_replace=0 if moe else n_layers,
+        n_routed_experts=sizes.n_experts if moe else 0,
+        num_experts_per_tok=sizes.top_k if moe else 0,
         n_shared_experts=f.n_shared_experts if moe else 0,
         routed_scaling_factor=f.routed_scaling_factor if moe else 1.0,
-        norm_topk_prob=bool(f.norm_topk_prob), n_group=1, topk_group=1, num_mtp_layers=0,
-        architectures=["DeepseekV3ForCausalLM"])
+        norm_topk_prob=bool(f.norm_topk_prob),
+        n_group=1,
+        topk_group=1,
+        num_mtp_layers=0,
+        architectures=["DeepseekV3ForCausalLM"],
+    )
 
 
 def to_hf_moe(model: nn.Module, cfg: Any) -> Any:
@@ -262,8 +329,9 @@ def to_hf_moe(model: nn.Module, cfg: Any) -> Any:
     missing, unexpected = hf.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (hf_cfg.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
-        raise ExportError(f"the {target} mapping left weights unmatched: missing {missing[:5]}, "
-                          f"unexpected {unexpected[:5]}")
+        raise ExportError(
+            f"the {target} mapping left weights unmatched: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     return hf
 
 

@@ -34,11 +34,22 @@ def _model_fields(hc: Any) -> tuple[dict[str, Any], list[str]]:
     if hc.hidden_size % heads:
         why.append(f"hidden_size={hc.hidden_size} is not divisible by num_attention_heads={heads}")
     fields: dict[str, Any] = {
-        "arch": "decoder_only", "norm_position": "pre", "n_encoder_layers": 0, "n_decoder_layers": n_layers,
-        "d_model": hc.hidden_size, "n_heads": heads, "d_ff": hc.intermediate_size, "dropout": 0.0,
-        "attention_dropout": float(hc.attention_dropout or 0.0), "activation_dropout": 0.0, "bias": False,
-        "scale_embeddings": False, "tie_embeddings": "all" if hc.tie_word_embeddings else "none",
-        "max_positions": hc.max_position_embeddings, "init": "normal", "init_std": hc.initializer_range,
+        "arch": "decoder_only",
+        "norm_position": "pre",
+        "n_encoder_layers": 0,
+        "n_decoder_layers": n_layers,
+        "d_model": hc.hidden_size,
+        "n_heads": heads,
+        "d_ff": hc.intermediate_size,
+        "dropout": 0.0,
+        "attention_dropout": float(hc.attention_dropout or 0.0),
+        "activation_dropout": 0.0,
+        "bias": False,
+        "scale_embeddings": False,
+        "tie_embeddings": "all" if hc.tie_word_embeddings else "none",
+        "max_positions": hc.max_position_embeddings,
+        "init": "normal",
+        "init_std": hc.initializer_range,
         "norm": {"name": "rmsnorm", "eps": hc.rms_norm_eps},
         "position": {"name": "rope", "rope_theta": float(rope.get("rope_theta", 10000.0)), "rope_scaling": scaling},
     }
@@ -51,35 +62,68 @@ def _model_fields(hc: Any) -> tuple[dict[str, Any], list[str]]:
             why.append(f"router_jitter_noise={hc.router_jitter_noise}: model/ffn=moe has no router jitter")
         n_kv = hc.num_key_value_heads or heads
         attention = "mha" if n_kv == heads else ("mqa" if n_kv == 1 else "gqa")
-        fields.update(attention={"name": attention, "n_kv_heads": None if attention == "mha" else n_kv},
-                      attention_window=hc.sliding_window, ffn={**moe, "n_experts": hc.num_local_experts,
-                      "expert_d_ff": hc.intermediate_size, "router": "softmax", "norm_topk_prob": True,
-                      "router_aux_loss_coef": float(hc.router_aux_loss_coef)})
+        fields.update(
+            attention={"name": attention, "n_kv_heads": None if attention == "mha" else n_kv},
+            attention_window=hc.sliding_window,
+            ffn={
+                **moe,
+                "n_experts": hc.num_local_experts,
+                "expert_d_ff": hc.intermediate_size,
+                "router": "softmax",
+                "norm_topk_prob": True,
+                "router_aux_loss_coef": float(hc.router_aux_loss_coef),
+            },
+        )
         return fields, why
     dense = hc.first_k_dense_replace or 0
     if hc.num_key_value_heads not in (None, heads):
-        why.append(f"num_key_value_heads={hc.num_key_value_heads}: MLA expands keys and values for all "
-                   f"{heads} heads (num_key_value_heads = num_attention_heads)")
+        why.append(
+            f"num_key_value_heads={hc.num_key_value_heads}: MLA expands keys and values for all "
+            f"{heads} heads (num_key_value_heads = num_attention_heads)"
+        )
     if 0 < dense < n_layers:
         why.append(f"first_k_dense_replace={dense} of {n_layers} layers: our layers are all dense or all MoE")
     if dense < n_layers and (hc.n_group or 1) != (hc.topk_group or 1):
-        why.append(f"n_group={hc.n_group}, topk_group={hc.topk_group}: model/ffn=moe routes among all experts "
-                   "(no group-limited routing)")
+        why.append(
+            f"n_group={hc.n_group}, topk_group={hc.topk_group}: model/ffn=moe routes among all experts "
+            "(no group-limited routing)"
+        )
     if hc.attention_bias:
         why.append("attention_bias=true: model.bias would also give the feed-forward blocks biases")
     if hc.rms_norm_eps != LATENT_EPS:
-        why.append(f"rms_norm_eps={hc.rms_norm_eps:g}: our MLA's latent RMSNorms share model.norm.eps, "
-                   "DeepSeek-V3's are fixed at 1e-6")
+        why.append(
+            f"rms_norm_eps={hc.rms_norm_eps:g}: our MLA's latent RMSNorms share model.norm.eps, "
+            "DeepSeek-V3's are fixed at 1e-6"
+        )
     if rope.get("mscale_all_dim"):
-        why.append(f"rope_parameters mscale_all_dim={rope['mscale_all_dim']}: DeepSeek-V3 scales its attention "
-                   "softmax by it, which model.position.rope_scaling cannot express")
-    fields.update(attention={"name": "mla", "n_kv_heads": None, "kv_lora_rank": hc.kv_lora_rank,
-                             "q_lora_rank": hc.q_lora_rank, "qk_nope_head_dim": hc.qk_nope_head_dim,
-                             "qk_rope_head_dim": hc.qk_rope_head_dim, "v_head_dim": hc.v_head_dim})
-    fields["ffn"] = {"name": act, "glu_match_params": False} if dense >= n_layers else {
-        **moe, "n_experts": hc.n_routed_experts, "n_shared_experts": hc.n_shared_experts,
-        "expert_d_ff": hc.moe_intermediate_size, "router": "sigmoid", "norm_topk_prob": bool(hc.norm_topk_prob),
-        "routed_scaling_factor": float(hc.routed_scaling_factor)}
+        why.append(
+            f"rope_parameters mscale_all_dim={rope['mscale_all_dim']}: DeepSeek-V3 scales its attention "
+            "softmax by it, which model.position.rope_scaling cannot express"
+        )
+    fields.update(
+        attention={
+            "name": "mla",
+            "n_kv_heads": None,
+            "kv_lora_rank": hc.kv_lora_rank,
+            "q_lora_rank": hc.q_lora_rank,
+            "qk_nope_head_dim": hc.qk_nope_head_dim,
+            "qk_rope_head_dim": hc.qk_rope_head_dim,
+            "v_head_dim": hc.v_head_dim,
+        }
+    )
+    fields["ffn"] = (
+        {"name": act, "glu_match_params": False}
+        if dense >= n_layers
+        else {
+            **moe,
+            "n_experts": hc.n_routed_experts,
+            "n_shared_experts": hc.n_shared_experts,
+            "expert_d_ff": hc.moe_intermediate_size,
+            "router": "sigmoid",
+            "norm_topk_prob": bool(hc.norm_topk_prob),
+            "routed_scaling_factor": float(hc.routed_scaling_factor),
+        }
+    )
     return fields, why
 
 
@@ -88,7 +132,7 @@ def _half_split(weight: Tensor, heads: int, start: int, width: int, rope: int) -
     rows moved from DeepSeek's interleaved pairs ``(x0, x1), (x2, x3), ...`` to our half-split layout."""
     perm = torch.cat((torch.arange(0, rope, 2), torch.arange(1, rope, 2)))
     w = weight.reshape(heads, width, -1).clone()
-    w[:, start:start + rope] = w[:, start:start + rope][:, perm]
+    w[:, start : start + rope] = w[:, start : start + rope][:, perm]
     return w.reshape(weight.shape)
 
 
@@ -129,18 +173,26 @@ def from_hf_moe(folder: str | Path) -> tuple[nn.Module, Any]:
             state[q_key] = _half_split(state[q_key], hc.num_attention_heads, nope, nope + rope, rope)
             state[kv_key] = _half_split(state[kv_key], 1, lat, lat + rope, rope)
     emb = state["model.embed_tokens.weight"]
-    ours = {"embed.embedding.weight": emb, "decoder.final_norm.weight": state["model.norm.weight"],
-            "output_proj.weight": state.get("lm_head.weight", emb)}
+    ours = {
+        "embed.embedding.weight": emb,
+        "decoder.final_norm.weight": state["model.norm.weight"],
+        "output_proj.weight": state.get("lm_head.weight", emb),
+    }
     for i in range(hc.num_hidden_layers):
         src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
         for name, hf_names, _ in layer_pairs(run_cfg.model):
             ours[dst + name] = torch.cat([state[src + n] for n in hf_names])
     eos = hc.eos_token_id[0] if isinstance(hc.eos_token_id, (list, tuple)) else hc.eos_token_id
-    model = build_model(run_cfg.model, hc.vocab_size, pad_id=hc.pad_token_id if hc.pad_token_id is not None else 0,
-                        eos_id=3 if eos is None else eos)
+    model = build_model(
+        run_cfg.model,
+        hc.vocab_size,
+        pad_id=hc.pad_token_id if hc.pad_token_id is not None else 0,
+        eos_id=3 if eos is None else eos,
+    )
     missing, unexpected = model.load_state_dict(ours, strict=False)
     missing = [k for k in missing if not k.endswith("router.expert_bias")]  # Mixtral: no selection bias (zeros)
     if missing or unexpected:
-        raise ExportError(f"{folder}: weights do not fit {hc.model_type}'s layout: missing {missing[:5]}, "
-                          f"unexpected {unexpected[:5]}")
+        raise ExportError(
+            f"{folder}: weights do not fit {hc.model_type}'s layout: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     return model.eval(), run_cfg

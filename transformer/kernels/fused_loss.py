@@ -34,8 +34,9 @@ class _LinearLabelSmoothedLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float,
-                keep: Tensor | None) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, keep: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
         n, vocab = hidden.shape[0], weight.shape[0]
         device = hidden.device.type
         # under autocast the matmuls run in the autocast dtype, the softmax always in fp32
@@ -101,8 +102,9 @@ class _LinearLabelSmoothedLoss(torch.autograd.Function):
         return gh, gw, None, None, None
 
 
-def linear_label_smoothed_loss(hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float,
-                               keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def linear_label_smoothed_loss(
+    hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, keep: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Summed label-smoothed loss and NLL of ``logits = hidden @ weight.T``, never storing the logits.
 
     Args:

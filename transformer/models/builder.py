@@ -37,8 +37,16 @@ from transformer.modules.positions import POSITIONS, PositionEncoding
 from transformer.modules.residual import RESIDUALS
 from transformer.modules.rope_scaling import RopeScaling
 
-__all__ = ["build_attention", "build_ffn", "build_mla", "build_model", "build_moe", "build_norm", "build_position",
-           "qk_norm_config"]
+__all__ = [
+    "build_attention",
+    "build_ffn",
+    "build_mla",
+    "build_model",
+    "build_moe",
+    "build_norm",
+    "build_position",
+    "qk_norm_config",
+]
 
 
 def _pick(table: dict[str, Any], name: str, switch: str) -> Any:
@@ -87,8 +95,16 @@ def qk_norm_config(cfg: Any) -> Any:
     return fields
 
 
-def build_ffn(name: str, d_model: int, d_ff: int, bias: bool, dropout: float, glu_match_params: bool, multiple_of: int,
-              config: Any = None) -> nn.Module:
+def build_ffn(
+    name: str,
+    d_model: int,
+    d_ff: int,
+    bias: bool,
+    dropout: float,
+    glu_match_params: bool,
+    multiple_of: int,
+    config: Any = None,
+) -> nn.Module:
     """The feed-forward block named by ``model/ffn`` (:data:`~transformer.modules.ffn.FFNS`).
 
     Its hidden width is the block's ``hidden_size(d_ff, glu_match_params, multiple_of)``: ``d_ff``
@@ -98,8 +114,15 @@ def build_ffn(name: str, d_model: int, d_ff: int, bias: bool, dropout: float, gl
     """
     choice = _pick(FFNS, name, "model/ffn")
     hidden = choice.block.hidden_size(d_ff, glu_match_params, multiple_of)
-    return _call_with_config(choice.block.from_sizes, config, d_model=d_model, hidden=hidden, activation=choice.activation,
-                             bias=bias, dropout=dropout)
+    return _call_with_config(
+        choice.block.from_sizes,
+        config,
+        d_model=d_model,
+        hidden=hidden,
+        activation=choice.activation,
+        bias=bias,
+        dropout=dropout,
+    )
 
 
 def build_moe(cfg: Any) -> MixtureOfExperts:
@@ -111,25 +134,52 @@ def build_moe(cfg: Any) -> MixtureOfExperts:
     f, sizes = cfg.ffn, model_sizes(cfg)
     expert = _pick(FFNS, f.expert, "model.ffn.expert")
     router = TopKRouter(
-        gate=nn.Linear(cfg.d_model, sizes.n_experts, bias=False), scoring=_pick(ROUTER_SCORES, f.router, "model.ffn.router"),
-        top_k=sizes.top_k, norm_topk_prob=f.norm_topk_prob, routed_scaling_factor=f.routed_scaling_factor,
+        gate=nn.Linear(cfg.d_model, sizes.n_experts, bias=False),
+        scoring=_pick(ROUTER_SCORES, f.router, "model.ffn.router"),
+        top_k=sizes.top_k,
+        norm_topk_prob=f.norm_topk_prob,
+        routed_scaling_factor=f.routed_scaling_factor,
         bias_update_speed=f.bias_update_speed,
     )
     experts = GroupedExperts(
-        n_experts=sizes.n_experts, d_model=cfg.d_model, hidden=sizes.ffn_hidden, activation=expert.activation,
-        gated=expert.gated, bias=cfg.bias, dropout=cfg.activation_dropout,
+        n_experts=sizes.n_experts,
+        d_model=cfg.d_model,
+        hidden=sizes.ffn_hidden,
+        activation=expert.activation,
+        gated=expert.gated,
+        bias=cfg.bias,
+        dropout=cfg.activation_dropout,
     )
     shared = None
     if sizes.shared_hidden:  # a plugin block with fields of its own gets its defaults (model.ffn is the MoE's node)
-        shared = _call_with_config(expert.block.from_sizes, _option_defaults("model/ffn", f.expert), d_model=cfg.d_model,
-                                   hidden=sizes.shared_hidden, activation=expert.activation, bias=cfg.bias,
-                                   dropout=cfg.activation_dropout)
-    return MixtureOfExperts(router=router, experts=experts, shared_experts=shared,
-                            aux_loss_coef=f.router_aux_loss_coef, z_loss_coef=f.router_z_loss_coef)
+        shared = _call_with_config(
+            expert.block.from_sizes,
+            _option_defaults("model/ffn", f.expert),
+            d_model=cfg.d_model,
+            hidden=sizes.shared_hidden,
+            activation=expert.activation,
+            bias=cfg.bias,
+            dropout=cfg.activation_dropout,
+        )
+    return MixtureOfExperts(
+        router=router,
+        experts=experts,
+        shared_experts=shared,
+        aux_loss_coef=f.router_aux_loss_coef,
+        z_loss_coef=f.router_z_loss_coef,
+    )
 
 
-def build_attention(d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dropout: float,
-                    qk_norm: str = "none", eps: float = 1e-5, qk_norm_fields: Any = None) -> Attention:
+def build_attention(
+    d_model: int,
+    n_heads: int,
+    n_kv_heads: int,
+    bias: bool,
+    dropout: float,
+    qk_norm: str = "none",
+    eps: float = 1e-5,
+    qk_norm_fields: Any = None,
+) -> Attention:
     """An :class:`Attention` with packed q/k/v projections of ``d_model // n_heads`` wide heads.
 
     ``qk_norm`` (``none`` or a key of :data:`~transformer.modules.norms.NORMS`) adds a norm over
@@ -139,13 +189,28 @@ def build_attention(d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dro
     head_dim = d_model // n_heads
     in_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
     out_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias)
-    norms = {} if qk_norm == "none" else {"q_norm": build_norm(qk_norm, head_dim, eps, qk_norm_fields),
-                                          "k_norm": build_norm(qk_norm, head_dim, eps, qk_norm_fields)}
-    return Attention(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, in_proj=in_proj, out_proj=out_proj,
-                     dropout=dropout, **norms)
+    norms = (
+        {}
+        if qk_norm == "none"
+        else {
+            "q_norm": build_norm(qk_norm, head_dim, eps, qk_norm_fields),
+            "k_norm": build_norm(qk_norm, head_dim, eps, qk_norm_fields),
+        }
+    )
+    return Attention(
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        in_proj=in_proj,
+        out_proj=out_proj,
+        dropout=dropout,
+        **norms,
+    )
 
 
-def build_mla(d_model: int, n_heads: int, latent: LatentSizes, bias: bool, dropout: float, eps: float) -> MultiHeadLatentAttention:
+def build_mla(
+    d_model: int, n_heads: int, latent: LatentSizes, bias: bool, dropout: float, eps: float
+) -> MultiHeadLatentAttention:
     """A :class:`MultiHeadLatentAttention` of the given sizes, laid out as HF ``DeepseekV3Attention``.
 
     ``bias`` goes to the projections that take ``d_model`` inputs or give ``d_model`` outputs
@@ -156,20 +221,36 @@ def build_mla(d_model: int, n_heads: int, latent: LatentSizes, bias: bool, dropo
     if latent.q_lora_rank is None:
         q_proj: nn.Module = nn.Linear(d_model, qk, bias=False)
     else:
-        q_proj = nn.Sequential(nn.Linear(d_model, latent.q_lora_rank, bias=bias),
-                               build_norm("rmsnorm", latent.q_lora_rank, eps), nn.Linear(latent.q_lora_rank, qk, bias=False))
+        q_proj = nn.Sequential(
+            nn.Linear(d_model, latent.q_lora_rank, bias=bias),
+            build_norm("rmsnorm", latent.q_lora_rank, eps),
+            nn.Linear(latent.q_lora_rank, qk, bias=False),
+        )
     return MultiHeadLatentAttention(
-        n_heads=n_heads, kv_lora_rank=latent.kv_lora_rank, qk_nope_head_dim=latent.qk_nope_head_dim,
-        qk_rope_head_dim=latent.qk_rope_head_dim, v_head_dim=latent.v_head_dim, q_proj=q_proj,
+        n_heads=n_heads,
+        kv_lora_rank=latent.kv_lora_rank,
+        qk_nope_head_dim=latent.qk_nope_head_dim,
+        qk_rope_head_dim=latent.qk_rope_head_dim,
+        v_head_dim=latent.v_head_dim,
+        q_proj=q_proj,
         kv_down=nn.Linear(d_model, latent.kv_lora_rank + latent.qk_rope_head_dim, bias=bias),
         kv_norm=build_norm("rmsnorm", latent.kv_lora_rank, eps),
         kv_up=nn.Linear(latent.kv_lora_rank, n_heads * (latent.qk_nope_head_dim + latent.v_head_dim), bias=False),
-        out_proj=nn.Linear(n_heads * latent.v_head_dim, d_model, bias=bias), dropout=dropout,
+        out_proj=nn.Linear(n_heads * latent.v_head_dim, d_model, bias=bias),
+        dropout=dropout,
     )
 
 
-def build_position(name: str, d_model: int, n_heads: int, max_positions: int, rope_theta: float,
-                   rotary_dim: int | None = None, scaling: RopeScaling | None = None, config: Any = None) -> PositionEncoding:
+def build_position(
+    name: str,
+    d_model: int,
+    n_heads: int,
+    max_positions: int,
+    rope_theta: float,
+    rotary_dim: int | None = None,
+    scaling: RopeScaling | None = None,
+    config: Any = None,
+) -> PositionEncoding:
     """The position encoding named by ``model/position`` (:data:`~transformer.modules.positions.POSITIONS`).
 
     ``rotary_dim`` is the width RoPE rotates per head (default ``d_model // n_heads``; MLA's
@@ -177,8 +258,16 @@ def build_position(name: str, d_model: int, n_heads: int, max_positions: int, ro
     node) reaches a plugin class whose ``from_sizes`` takes it.
     """
     cls = _pick(POSITIONS, name, "model/position")
-    return _call_with_config(cls.from_sizes, config, d_model=d_model, n_heads=n_heads, max_positions=max_positions,
-                             rope_theta=rope_theta, rotary_dim=rotary_dim, rope_scaling=scaling)
+    return _call_with_config(
+        cls.from_sizes,
+        config,
+        d_model=d_model,
+        n_heads=n_heads,
+        max_positions=max_positions,
+        rope_theta=rope_theta,
+        rotary_dim=rotary_dim,
+        rope_scaling=scaling,
+    )
 
 
 def _build_stack(cfg: Any, n_layers: int, n_kv_heads: int, cross: bool) -> TransformerStack:
@@ -187,31 +276,52 @@ def _build_stack(cfg: Any, n_layers: int, n_kv_heads: int, cross: bool) -> Trans
     qk_fields = qk_norm_config(cfg)
 
     def block(sublayer: nn.Module) -> nn.Module:
-        return residual(sublayer=sublayer, norm=build_norm(cfg.norm.name, cfg.d_model, cfg.norm.eps, cfg.norm),
-                        dropout=cfg.dropout)
+        return residual(
+            sublayer=sublayer, norm=build_norm(cfg.norm.name, cfg.d_model, cfg.norm.eps, cfg.norm), dropout=cfg.dropout
+        )
 
     def attention() -> Attention:
-        return build_attention(cfg.d_model, cfg.n_heads, n_kv_heads, cfg.bias, cfg.attention_dropout,
-                               cfg.qk_norm, cfg.norm.eps, qk_fields)
+        return build_attention(
+            cfg.d_model, cfg.n_heads, n_kv_heads, cfg.bias, cfg.attention_dropout, cfg.qk_norm, cfg.norm.eps, qk_fields
+        )
 
     def self_attention() -> nn.Module:
         kind = ATTENTION_KINDS[cfg.attention.name]
         if kind.latent:  # MLA: self-attention only; cross-attention stays MHA
-            return build_mla(cfg.d_model, cfg.n_heads, model_sizes(cfg).latent, cfg.bias, cfg.attention_dropout, cfg.norm.eps)
+            return build_mla(
+                cfg.d_model, cfg.n_heads, model_sizes(cfg).latent, cfg.bias, cfg.attention_dropout, cfg.norm.eps
+            )
         if not kind.builtin:  # a plugin's class (transformer.registry.register_attention's contract)
-            qk_norm = None if cfg.qk_norm == "none" else functools.partial(build_norm, cfg.qk_norm, eps=cfg.norm.eps,
-                                                                           config=qk_fields)
+            qk_norm = (
+                None
+                if cfg.qk_norm == "none"
+                else functools.partial(build_norm, cfg.qk_norm, eps=cfg.norm.eps, config=qk_fields)
+            )
             return kind.self_attention.from_sizes(
-                d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=n_kv_heads, head_dim=cfg.d_model // cfg.n_heads,
-                bias=cfg.bias, dropout=cfg.attention_dropout, qk_norm=qk_norm, config=cfg.attention,
+                d_model=cfg.d_model,
+                n_heads=cfg.n_heads,
+                n_kv_heads=n_kv_heads,
+                head_dim=cfg.d_model // cfg.n_heads,
+                bias=cfg.bias,
+                dropout=cfg.attention_dropout,
+                qk_norm=qk_norm,
+                config=cfg.attention,
             )
         return attention()
 
     def ffn() -> nn.Module:
         if _pick(FFNS, cfg.ffn.name, "model/ffn").routed:
             return build_moe(cfg)
-        return build_ffn(cfg.ffn.name, cfg.d_model, cfg.d_ff, cfg.bias, cfg.activation_dropout,
-                         cfg.ffn.glu_match_params, cfg.ffn.multiple_of, cfg.ffn)
+        return build_ffn(
+            cfg.ffn.name,
+            cfg.d_model,
+            cfg.d_ff,
+            cfg.bias,
+            cfg.activation_dropout,
+            cfg.ffn.glu_match_params,
+            cfg.ffn.multiple_of,
+            cfg.ffn,
+        )
 
     layers = [
         TransformerLayer(
@@ -282,8 +392,16 @@ def build_model(
     scale = math.sqrt(d) if cfg.scale_embeddings else 1.0
 
     def position() -> PositionEncoding:
-        return build_position(cfg.position.name, d, cfg.n_heads, cfg.max_positions, cfg.position.rope_theta,
-                              sizes.rotary_dim, rope_scaling(cfg), cfg.position)
+        return build_position(
+            cfg.position.name,
+            d,
+            cfg.n_heads,
+            cfg.max_positions,
+            cfg.position.rope_theta,
+            sizes.rotary_dim,
+            rope_scaling(cfg),
+            cfg.position,
+        )
 
     if cfg.arch == "decoder_only":
         emb = nn.Embedding(src_vocab_size, d, padding_idx=pad_id)
@@ -291,7 +409,12 @@ def build_model(
         stack = _build_stack(cfg, cfg.n_encoder_layers + cfg.n_decoder_layers, n_kv_heads, cross=False)
         model = DecoderOnlyModel(
             embed=TokenEmbedding(embedding=emb, position=position(), scale=scale, dropout=cfg.dropout),
-            decoder=stack, output_proj=out, n_heads=cfg.n_heads, pad_id=pad_id, sep_id=sep_id, eos_id=eos_id,
+            decoder=stack,
+            output_proj=out,
+            n_heads=cfg.n_heads,
+            pad_id=pad_id,
+            sep_id=sep_id,
+            eos_id=eos_id,
         )
         embeddings = [emb]
         if cfg.tie_embeddings != "none":
@@ -300,14 +423,20 @@ def build_model(
             embeddings.append(out)  # fairseq inits an untied output matrix like an embedding
     else:
         src_emb = nn.Embedding(src_vocab_size, d, padding_idx=pad_id)
-        tgt_emb = src_emb if cfg.tie_embeddings == "all" and joint else nn.Embedding(tgt_vocab_size, d, padding_idx=pad_id)
+        tgt_emb = (
+            src_emb if cfg.tie_embeddings == "all" and joint else nn.Embedding(tgt_vocab_size, d, padding_idx=pad_id)
+        )
         out = nn.Linear(d, tgt_vocab_size, bias=False)
         model = EncoderDecoderModel(
             src_embed=TokenEmbedding(embedding=src_emb, position=position(), scale=scale, dropout=cfg.dropout),
             tgt_embed=TokenEmbedding(embedding=tgt_emb, position=position(), scale=scale, dropout=cfg.dropout),
             encoder=_build_stack(cfg, cfg.n_encoder_layers, n_kv_heads, cross=False),
             decoder=_build_stack(cfg, cfg.n_decoder_layers, n_kv_heads, cross=True),
-            output_proj=out, n_heads=cfg.n_heads, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id,
+            output_proj=out,
+            n_heads=cfg.n_heads,
+            pad_id=pad_id,
+            bos_id=bos_id,
+            eos_id=eos_id,
         )
         embeddings = [src_emb] if tgt_emb is src_emb else [src_emb, tgt_emb]
         if cfg.tie_embeddings in ("decoder", "all"):

@@ -67,7 +67,9 @@ class DecoderOnlyModel(nn.Module):
         b, t = tokens.shape
         positions = torch.arange(t, device=tokens.device)[None]  # (1, T)
         x = self.embed(tokens, positions.expand(b, t))
-        attn = AttentionInputs.prepare(self.embed.position, positions, causal=True, dtype=x.dtype, window=self.decoder.window)
+        attn = AttentionInputs.prepare(
+            self.embed.position, positions, causal=True, dtype=x.dtype, window=self.decoder.window
+        )
         return self.decoder(x, attn, token_mask=real_token_mask(tokens, self.pad_id, self.decoder))
 
     def start_decoding(self, src_tokens: Tensor) -> DecodingState:
@@ -91,10 +93,16 @@ class DecoderOnlyModel(nn.Module):
             x = self.embed(left, positions)
             has_pad = bool(pad_mask.any())
             attn = AttentionInputs.prepare(
-                self.embed.position, positions, causal=True, key_padding_mask=pad_mask if has_pad else None, dtype=x.dtype,
+                self.embed.position,
+                positions,
+                causal=True,
+                key_padding_mask=pad_mask if has_pad else None,
+                dtype=x.dtype,
                 window=self.decoder.window,
             )
-            self.decoder(x, attn, self_caches=caches, token_mask=~pad_mask if has_pad and self.decoder.routes_tokens else None)
+            self.decoder(
+                x, attn, self_caches=caches, token_mask=~pad_mask if has_pad and self.decoder.routes_tokens else None
+            )
         else:
             has_pad = False
         return DecodingState(

@@ -65,7 +65,11 @@ class EncoderDecoderModel(nn.Module):
         positions = torch.arange(s, device=src_tokens.device)[None].expand(b, s)
         x = self.src_embed(src_tokens, positions)
         attn = AttentionInputs.prepare(
-            self.src_embed.position, positions, causal=False, key_padding_mask=pad if has_pad else None, dtype=x.dtype,
+            self.src_embed.position,
+            positions,
+            causal=False,
+            key_padding_mask=pad if has_pad else None,
+            dtype=x.dtype,
             window=self.encoder.window,
         )
         memory = self.encoder(x, attn, token_mask=~pad if has_pad and self.encoder.routes_tokens else None)
@@ -98,8 +102,9 @@ class EncoderDecoderModel(nn.Module):
         b, t = prev_output_tokens.shape
         positions = torch.arange(t, device=prev_output_tokens.device)[None].expand(b, t)
         x = self.tgt_embed(prev_output_tokens, positions)
-        attn = AttentionInputs.prepare(self.tgt_embed.position, positions[:1], causal=True, dtype=x.dtype,
-                                       window=self.decoder.window)
+        attn = AttentionInputs.prepare(
+            self.tgt_embed.position, positions[:1], causal=True, dtype=x.dtype, window=self.decoder.window
+        )
         token_mask = real_token_mask(prev_output_tokens, self.pad_id, self.decoder)
         return self.decoder(x, attn, memory=memory, memory_mask=memory_mask, token_mask=token_mask)
 

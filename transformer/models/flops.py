@@ -82,7 +82,9 @@ def forward_flops(cfg: Any, vocab_size: int, src_len: int, tgt_len: int) -> dict
     else:
         h = sizes.n_heads
         q = d * h * lat.qk_head_dim if lat.q_lora_rank is None else lat.q_lora_rank * (d + h * lat.qk_head_dim)
-        kv_proj = d * (lat.kv_lora_rank + lat.qk_rope_head_dim) + lat.kv_lora_rank * h * (lat.qk_nope_head_dim + lat.v_head_dim)
+        kv_proj = d * (lat.kv_lora_rank + lat.qk_rope_head_dim) + lat.kv_lora_rank * h * (
+            lat.qk_nope_head_dim + lat.v_head_dim
+        )
         proj_params, qk_width, v_width = q + kv_proj + h * lat.v_head_dim * d, h * lat.qk_head_dim, h * lat.v_head_dim
 
     def pairs_of(n: int, causal: bool, window: int | None) -> float:

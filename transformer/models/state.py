@@ -158,8 +158,9 @@ def incremental_step(
     if pad_mask is not None:
         pad_mask = torch.cat((pad_mask, pad_mask.new_zeros(pad_mask.shape[0], 1)), dim=1)
     x = embed(tokens, pos)
-    attn = AttentionInputs.prepare(embed.position, pos, k_positions, causal=True, key_padding_mask=pad_mask, dtype=x.dtype,
-                                   window=stack.window)
+    attn = AttentionInputs.prepare(
+        embed.position, pos, k_positions, causal=True, key_padding_mask=pad_mask, dtype=x.dtype, window=stack.window
+    )
     h = stack(
         x,
         attn,

@@ -218,8 +218,9 @@ class Attention(nn.Module):
             q = rearrange(q, "(n g) t (h d) -> n h (g t) d", g=g, h=self.n_heads)  # (B/g, H, g*Tq, hd)
             if self.q_norm is not None:
                 q = self.q_norm(q)
-            out = sdpa(q, k, v, attn_mask, self.dropout if self.training else 0.0, False,
-                       self.n_kv_heads != self.n_heads)
+            out = sdpa(
+                q, k, v, attn_mask, self.dropout if self.training else 0.0, False, self.n_kv_heads != self.n_heads
+            )
             return self.out_proj(rearrange(out, "n h (g t) d -> (n g) t (h d)", g=g, t=t))
         q = rearrange(q, "b t (h d) -> b h t d", h=self.n_heads)
         if self.q_norm is not None:
@@ -232,7 +233,12 @@ class Attention(nn.Module):
             k, v = cache.extend(k, v)
         attn_mask, causal = align_mask(attn_mask, is_causal, q.shape[2], k.shape[2], q.device)
         out = sdpa(
-            q, k, v, attn_mask, self.dropout if self.training else 0.0, causal,
+            q,
+            k,
+            v,
+            attn_mask,
+            self.dropout if self.training else 0.0,
+            causal,
             self.n_kv_heads != self.n_heads,
         )  # (B, H, Tq, hd)
         return self.out_proj(rearrange(out, "b h t d -> b t (h d)"))

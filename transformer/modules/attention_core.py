@@ -56,7 +56,7 @@ class KVCache:
             k = torch.cat((self.k, k), dim=2)
             v = torch.cat((self.v, v), dim=2)
         if self.max_len is not None and k.shape[2] > self.max_len:
-            self.k, self.v = k[:, :, -self.max_len:].contiguous(), v[:, :, -self.max_len:].contiguous()
+            self.k, self.v = k[:, :, -self.max_len :].contiguous(), v[:, :, -self.max_len :].contiguous()
         else:
             self.k, self.v = k, v
         return k, v
@@ -153,8 +153,9 @@ def build_attention_mask(
     return bias, False
 
 
-def align_mask(attn_mask: Tensor | None, is_causal: bool, q_len: int, k_len: int,
-               device: torch.device) -> tuple[Tensor | None, bool]:
+def align_mask(
+    attn_mask: Tensor | None, is_causal: bool, q_len: int, k_len: int, device: torch.device
+) -> tuple[Tensor | None, bool]:
     """Fit a stack's mask to one attention module's keys (cached plus new).
 
     A rolling cache (sliding-window layer) holds only the newest keys: its mask is the last
@@ -228,7 +229,9 @@ class AttentionInputs:
         return cls(mask=mask, is_causal=is_causal, rotary=position.rotary(q_positions), local_mask=local)
 
 
-def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool, enable_gqa: bool) -> Tensor:
+def sdpa(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool, enable_gqa: bool
+) -> Tensor:
     """:func:`F.scaled_dot_product_attention`, in fp32 on the CPU under bf16/fp16 autocast.
 
     On the CPU, SDPA's low-precision flash kernel is slow where Transformers for translation live
@@ -245,9 +248,12 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: f
         low = q.dtype
         with torch.autocast(device, enabled=False):
             out = F.scaled_dot_product_attention(
-                q.float(), k.float(), v.float(),
+                q.float(),
+                k.float(),
+                v.float(),
                 attn_mask=attn_mask.float() if attn_mask is not None and attn_mask.is_floating_point() else attn_mask,
-                dropout_p=dropout_p, is_causal=is_causal,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
                 enable_gqa=enable_gqa,
             )
         return out.to(low)

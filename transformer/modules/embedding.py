@@ -19,7 +19,9 @@ class TokenEmbedding(nn.Module):
         dropout: dropout on the sum.
     """
 
-    def __init__(self, *, embedding: nn.Embedding, position: PositionEncoding, scale: float = 1.0, dropout: float = 0.0):
+    def __init__(
+        self, *, embedding: nn.Embedding, position: PositionEncoding, scale: float = 1.0, dropout: float = 0.0
+    ):
         super().__init__()
         self.embedding, self.position, self.scale = embedding, position, scale
         self.dropout = Dropout(dropout)

@@ -61,9 +61,16 @@ class FeedForward(nn.Module):
         return d_ff
 
     @classmethod
-    def from_sizes(cls, *, d_model: int, hidden: int, activation: Callable[[Tensor], Tensor], bias: bool, dropout: float) -> FeedForward:
+    def from_sizes(
+        cls, *, d_model: int, hidden: int, activation: Callable[[Tensor], Tensor], bias: bool, dropout: float
+    ) -> FeedForward:
         """The block with fresh Linear layers ``d_model -> hidden -> d_model``."""
-        return cls(w1=nn.Linear(d_model, hidden, bias=bias), w2=nn.Linear(hidden, d_model, bias=bias), activation=activation, dropout=dropout)
+        return cls(
+            w1=nn.Linear(d_model, hidden, bias=bias),
+            w2=nn.Linear(hidden, d_model, bias=bias),
+            activation=activation,
+            dropout=dropout,
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         """``(batch, seq_len, d_model) -> (batch, seq_len, d_model)``."""
@@ -97,9 +104,16 @@ class GatedFeedForward(nn.Module):
         return glu_hidden_size(d_ff, multiple_of) if glu_match_params else d_ff
 
     @classmethod
-    def from_sizes(cls, *, d_model: int, hidden: int, activation: Callable[[Tensor], Tensor], bias: bool, dropout: float) -> GatedFeedForward:
+    def from_sizes(
+        cls, *, d_model: int, hidden: int, activation: Callable[[Tensor], Tensor], bias: bool, dropout: float
+    ) -> GatedFeedForward:
         """The block with fresh Linear layers ``d_model -> 2 * hidden`` and ``hidden -> d_model``."""
-        return cls(w13=nn.Linear(d_model, 2 * hidden, bias=bias), w2=nn.Linear(hidden, d_model, bias=bias), activation=activation, dropout=dropout)
+        return cls(
+            w13=nn.Linear(d_model, 2 * hidden, bias=bias),
+            w2=nn.Linear(hidden, d_model, bias=bias),
+            activation=activation,
+            dropout=dropout,
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         """``(batch, seq_len, d_model) -> (batch, seq_len, d_model)``."""

@@ -35,8 +35,9 @@ class TransformerLayer(nn.Module):
         ValueError: a window < 1.
     """
 
-    def __init__(self, *, self_attn: nn.Module, ffn: nn.Module, cross_attn: nn.Module | None = None,
-                 window: int | None = None) -> None:
+    def __init__(
+        self, *, self_attn: nn.Module, ffn: nn.Module, cross_attn: nn.Module | None = None, window: int | None = None
+    ) -> None:
         super().__init__()
         if window is not None and window < 1:
             raise ValueError(f"window={window} must be >= 1 (or None for global attention)")

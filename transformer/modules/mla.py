@@ -81,9 +81,11 @@ class MultiHeadLatentAttention(nn.Module):
         ]
         for name, got, want in checks:
             if got != want:
-                raise ValueError(f"{name}: {got}, expected {want} (n_heads={n_heads}, kv_lora_rank={kv_lora_rank}, "
-                                 f"qk_nope_head_dim={qk_nope_head_dim}, qk_rope_head_dim={qk_rope_head_dim}, "
-                                 f"v_head_dim={v_head_dim})")
+                raise ValueError(
+                    f"{name}: {got}, expected {want} (n_heads={n_heads}, kv_lora_rank={kv_lora_rank}, "
+                    f"qk_nope_head_dim={qk_nope_head_dim}, qk_rope_head_dim={qk_rope_head_dim}, "
+                    f"v_head_dim={v_head_dim})"
+                )
         self.n_heads, self.kv_lora_rank = n_heads, kv_lora_rank
         self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
         self.q_proj, self.kv_down, self.kv_norm, self.kv_up, self.out_proj = q_proj, kv_down, kv_norm, kv_up, out_proj

@@ -47,7 +47,16 @@ from torch import Tensor, nn
 from transformer.modules.dropout import Dropout
 from transformer.modules.moe_router import ROUTER_SCORES, RouterScoring, Routing, TopKRouter
 
-__all__ = ["DISPATCHES", "ROUTER_SCORES", "GroupedExperts", "MixtureOfExperts", "RouterScoring", "RouterStats", "Routing", "TopKRouter"]
+__all__ = [
+    "DISPATCHES",
+    "ROUTER_SCORES",
+    "GroupedExperts",
+    "MixtureOfExperts",
+    "RouterScoring",
+    "RouterStats",
+    "Routing",
+    "TopKRouter",
+]
 
 
 # grouped_mm's kernels by device: CPU (fp32, bf16), CUDA (bf16, SM >= 80); elsewhere the loop.
@@ -88,8 +97,16 @@ class GroupedExperts(nn.Module):
     """
 
     def __init__(
-        self, *, n_experts: int, d_model: int, hidden: int, activation: Callable[[Tensor], Tensor], gated: bool,
-        bias: bool = False, dropout: float = 0.0, dispatch: str = "auto",
+        self,
+        *,
+        n_experts: int,
+        d_model: int,
+        hidden: int,
+        activation: Callable[[Tensor], Tensor],
+        gated: bool,
+        bias: bool = False,
+        dropout: float = 0.0,
+        dispatch: str = "auto",
     ) -> None:
         super().__init__()
         if min(n_experts, d_model, hidden) <= 0:
@@ -246,8 +263,13 @@ class MixtureOfExperts(nn.Module):
     """
 
     def __init__(
-        self, *, router: TopKRouter, experts: GroupedExperts, shared_experts: nn.Module | None = None,
-        aux_loss_coef: float = 0.0, z_loss_coef: float = 0.0,
+        self,
+        *,
+        router: TopKRouter,
+        experts: GroupedExperts,
+        shared_experts: nn.Module | None = None,
+        aux_loss_coef: float = 0.0,
+        z_loss_coef: float = 0.0,
     ) -> None:
         super().__init__()
         if router.n_experts != experts.n_experts:
@@ -272,13 +294,16 @@ class MixtureOfExperts(nn.Module):
         """
         shape = x.shape
         if token_mask is not None and tuple(token_mask.shape) != tuple(shape[:-1]):
-            raise ValueError(f"token_mask shape {tuple(token_mask.shape)} must be x's without d_model, {tuple(shape[:-1])}")
+            raise ValueError(
+                f"token_mask shape {tuple(token_mask.shape)} must be x's without d_model, {tuple(shape[:-1])}"
+            )
         h = x.reshape(-1, shape[-1])  # (N, d)
         n, k = h.shape[0], self.router.top_k
         route = self.router(h)
         flat = route.experts.reshape(-1)  # (N * k,): token t's j-th choice at t * k + j
         counts = torch.zeros(self.experts.n_experts, dtype=torch.long, device=h.device).scatter_add_(
-            0, flat, torch.ones_like(flat))  # (E,) assignments per expert (bincount's shape depends on the values)
+            0, flat, torch.ones_like(flat)
+        )  # (E,) assignments per expert (bincount's shape depends on the values)
         if self.experts.path(h) == "dense":
             y = self.experts.dense(h, route.experts)  # (N, k, d)
         else:
@@ -289,7 +314,9 @@ class MixtureOfExperts(nn.Module):
         out = (y * route.weights.unsqueeze(-1)).sum(dim=1).to(x.dtype)  # (N, d)
         if self.shared_experts is not None:
             out = out + self.shared_experts(h)
-        self.stats = self._stats(route, counts, n * k - processed, None if token_mask is None else token_mask.reshape(-1))
+        self.stats = self._stats(
+            route, counts, n * k - processed, None if token_mask is None else token_mask.reshape(-1)
+        )
         return out.view(shape)
 
     def _stats(self, route: Routing, counts: Tensor, dropped: int, real: Tensor | None) -> RouterStats:
@@ -303,7 +330,9 @@ class MixtureOfExperts(nn.Module):
             load = torch.zeros_like(counts).scatter_add_(0, route.experts.reshape(-1), per_choice)
         prob_sum = z_sum = None
         if self.training:
-            probs = route.scores if self.router.scoring.sums_to_one else route.scores / route.scores.sum(-1, keepdim=True)
+            probs = (
+                route.scores if self.router.scoring.sums_to_one else route.scores / route.scores.sum(-1, keepdim=True)
+            )
             z = torch.logsumexp(route.logits, dim=-1).square()  # (N,)
             if real is not None:
                 probs, z = probs.masked_fill(~real[:, None], 0.0), z.masked_fill(~real, 0.0)

@@ -52,8 +52,11 @@ class RouterLosses:
 def _stack_losses(blocks: list[MixtureOfExperts]) -> tuple[Tensor, Tensor, Tensor]:
     """``(aux, z, weighted)`` of the blocks of one stack, their tokens taken together."""
     first = blocks[0]
-    if any((b.experts.n_experts, b.aux_loss_coef, b.z_loss_coef) != (first.experts.n_experts, first.aux_loss_coef,
-                                                                      first.z_loss_coef) for b in blocks):
+    if any(
+        (b.experts.n_experts, b.aux_loss_coef, b.z_loss_coef)
+        != (first.experts.n_experts, first.aux_loss_coef, first.z_loss_coef)
+        for b in blocks
+    ):
         raise ValueError("the MoE blocks of one stack must share n_experts and the loss coefficients")
     stats = [b.stats for b in blocks]
     rows = sum(s.tokens for s in stats)  # real tokens over the layers (an int, or a tensor when masked)
@@ -95,7 +98,9 @@ def router_losses(model: nn.Module) -> RouterLosses | None:
     groups = [g for g in (moe_blocks(s) for s in stacks) if g] or [blocks]
     aux, z, weighted = (torch.stack(t).sum() for t in zip(*(_stack_losses(g) for g in groups)))
     load = torch.stack([b.stats.load for b in blocks])
-    return RouterLosses(aux_loss=aux, z_loss=z, weighted=weighted, load=load, dropped=sum(b.stats.dropped for b in blocks))
+    return RouterLosses(
+        aux_loss=aux, z_loss=z, weighted=weighted, load=load, dropped=sum(b.stats.dropped for b in blocks)
+    )
 
 
 def update_expert_biases(model: nn.Module, load: Tensor | Iterable[Tensor]) -> None:

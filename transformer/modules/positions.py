@@ -41,8 +41,14 @@ class PositionEncoding(nn.Module):
 
     @classmethod
     def from_sizes(
-        cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float,
-        rotary_dim: int | None = None, rope_scaling: RopeScaling | None = None,
+        cls,
+        *,
+        d_model: int,
+        n_heads: int,
+        max_positions: int,
+        rope_theta: float,
+        rotary_dim: int | None = None,
+        rope_scaling: RopeScaling | None = None,
     ) -> PositionEncoding:
         """Build the encoding from the model's sizes (each class takes the ones it needs).
 
@@ -123,8 +129,14 @@ class SinusoidalPositionalEmbedding(PositionEncoding):
 
     @classmethod
     def from_sizes(
-        cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float,
-        rotary_dim: int | None = None, rope_scaling: RopeScaling | None = None,
+        cls,
+        *,
+        d_model: int,
+        n_heads: int,
+        max_positions: int,
+        rope_theta: float,
+        rotary_dim: int | None = None,
+        rope_scaling: RopeScaling | None = None,
     ) -> SinusoidalPositionalEmbedding:
         """``cls(d_model=d_model, max_positions=max_positions)``."""
         return cls(d_model=d_model, max_positions=max_positions)
@@ -153,8 +165,14 @@ class LearnedPositionalEmbedding(PositionEncoding):
 
     @classmethod
     def from_sizes(
-        cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float,
-        rotary_dim: int | None = None, rope_scaling: RopeScaling | None = None,
+        cls,
+        *,
+        d_model: int,
+        n_heads: int,
+        max_positions: int,
+        rope_theta: float,
+        rotary_dim: int | None = None,
+        rope_scaling: RopeScaling | None = None,
     ) -> LearnedPositionalEmbedding:
         """``cls(max_positions=max_positions, d_model=d_model)``."""
         return cls(max_positions=max_positions, d_model=d_model)
@@ -202,8 +220,14 @@ class RotaryEmbedding(PositionEncoding):
 
     @classmethod
     def from_sizes(
-        cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float,
-        rotary_dim: int | None = None, rope_scaling: RopeScaling | None = None,
+        cls,
+        *,
+        d_model: int,
+        n_heads: int,
+        max_positions: int,
+        rope_theta: float,
+        rotary_dim: int | None = None,
+        rope_scaling: RopeScaling | None = None,
     ) -> RotaryEmbedding:
         """``cls(head_dim=rotary_dim or d_model // n_heads, rope_theta=rope_theta, scaling=rope_scaling)``."""
         return cls(head_dim=rotary_dim or d_model // n_heads, rope_theta=rope_theta, scaling=rope_scaling)
@@ -260,8 +284,14 @@ class ALiBi(PositionEncoding):
 
     @classmethod
     def from_sizes(
-        cls, *, d_model: int, n_heads: int, max_positions: int, rope_theta: float,
-        rotary_dim: int | None = None, rope_scaling: RopeScaling | None = None,
+        cls,
+        *,
+        d_model: int,
+        n_heads: int,
+        max_positions: int,
+        rope_theta: float,
+        rotary_dim: int | None = None,
+        rope_scaling: RopeScaling | None = None,
     ) -> ALiBi:
         """``cls(n_heads=n_heads)``: one slope per query head."""
         return cls(n_heads=n_heads)

@@ -97,8 +97,11 @@ def _yarn(head_dim: int, theta: float, s: RopeScaling) -> tuple[Tensor, float]:
     ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
     extrapolation = unscaled_inv_freq(d, theta)
     inv_freq = extrapolation / s.factor * ramp + extrapolation * (1 - ramp)
-    attention = s.attention_factor if s.attention_factor is not None else (
-        0.1 * math.log(s.factor) + 1.0 if s.factor > 1 else 1.0)
+    attention = (
+        s.attention_factor
+        if s.attention_factor is not None
+        else (0.1 * math.log(s.factor) + 1.0 if s.factor > 1 else 1.0)
+    )
     return inv_freq, float(attention)
 
 
@@ -174,4 +177,4 @@ def dynamic_inv_freq(head_dim: int, theta: float, scaling: RopeScaling, position
     stretch = (f * length / L0 - (f - 1)).clamp(min=1.0)
     base = theta * stretch ** (head_dim / (head_dim - 2))
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim
-    return (1.0 / base ** exponents).float()
+    return (1.0 / base**exponents).float()

@@ -103,9 +103,13 @@ def plugin_files(root: Path) -> dict[str, str]:
     root = Path(root)
     if root.is_file():
         return {root.name: _sha256(root)}
-    found = sorted(p for p in root.rglob("*") if p.is_file() and (
-        p.suffix == ".py" or (p.suffix in (".yaml", ".yml") and p.relative_to(root).parts[0] == "configs"))
-        and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(root).parts))
+    found = sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file()
+        and (p.suffix == ".py" or (p.suffix in (".yaml", ".yml") and p.relative_to(root).parts[0] == "configs"))
+        and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(root).parts)
+    )
     return {p.relative_to(root).as_posix(): _sha256(p) for p in found}
 
 
@@ -116,8 +120,10 @@ def _locate(entry: str) -> tuple[str, Path, bool]:
     if path.exists():
         path = path.resolve()
         if path.is_dir() and not (path / "__init__.py").is_file():
-            raise PluginError(f"plugins: {path} is a folder without __init__.py; a plugin folder is a Python "
-                              "package whose __init__.py imports its modules (they register their options)")
+            raise PluginError(
+                f"plugins: {path} is a folder without __init__.py; a plugin folder is a Python "
+                "package whose __init__.py imports its modules (they register their options)"
+            )
         if path.is_file() and path.suffix != ".py":
             raise PluginError(f"plugins: {path} is neither a folder nor a .py file")
         return (path.stem if path.is_file() else path.name), path, True
@@ -174,8 +180,10 @@ def import_plugin(entry: str | Path) -> Plugin:
     if on_disk:
         held = sys.modules.get(name)
         if held is not None and not str(getattr(held, "__file__", "") or "").startswith(str(root)):
-            raise PluginError(f"plugins: the name {name} of {root} is already an imported module "
-                              f"({getattr(held, '__file__', None) or 'built in'}); rename the plugin folder")
+            raise PluginError(
+                f"plugins: the name {name} of {root} is already an imported module "
+                f"({getattr(held, '__file__', None) or 'built in'}); rename the plugin folder"
+            )
         parent = str(root.parent)
         if parent not in sys.path:
             sys.path.insert(0, parent)

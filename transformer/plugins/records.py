@@ -73,8 +73,9 @@ def record_plugins(plugins: Iterable[Plugin], run_dir: str | Path | None = None)
     return paths, hashes
 
 
-def kept_recorded_paths(plugins: Iterable[Plugin], paths: list[str], recorded: Iterable[str] | None,
-                        run_dir: str | Path) -> list[str]:
+def kept_recorded_paths(
+    plugins: Iterable[Plugin], paths: list[str], recorded: Iterable[str] | None, run_dir: str | Path
+) -> list[str]:
     """``paths`` (:func:`record_plugins`'s) with each plugin imported from inside ``run_dir`` (its
     trusted copy) recorded by the path the run recorded before: a resume with ``plugins_trust=true``
     never turns a run's record of where its plugins live into its own copy."""
@@ -84,7 +85,7 @@ def kept_recorded_paths(plugins: Iterable[Plugin], paths: list[str], recorded: I
 
 def _expected(recorded: dict[str, str], name: str) -> dict[str, str]:
     prefix = name + "/"
-    return {k[len(prefix):]: v for k, v in recorded.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in recorded.items() if k.startswith(prefix)}
 
 
 def _what_became_of(entry: str, expected: dict[str, str]) -> str:
@@ -106,9 +107,16 @@ def _refuse_a_renamed_copy(run_dir: str | Path, name: str, expected: dict[str, s
             _, root, on_disk = _locate(path)
         except PluginError:
             continue
-        if on_disk and (root.stem if root.is_file() else root.name) != name and expected and plugin_files(root) == expected:
-            raise PluginError(f"plugins: {root} holds the files of the plugin {name} that {run_dir} recorded, under "
-                              f"another name; a plugin is imported under its folder's name: name the folder {name}")
+        if (
+            on_disk
+            and (root.stem if root.is_file() else root.name) != name
+            and expected
+            and plugin_files(root) == expected
+        ):
+            raise PluginError(
+                f"plugins: {root} holds the files of the plugin {name} that {run_dir} recorded, under "
+                f"another name; a plugin is imported under its folder's name: name the folder {name}"
+            )
 
 
 def import_recorded(run_dir: str | Path, config: Any) -> list[Plugin]:
@@ -151,28 +159,38 @@ def import_recorded(run_dir: str | Path, config: Any) -> list[Plugin]:
                 break
         if found is None:
             if not expected:
-                raise PluginError(f"{run_dir} records the plugin {entry} without the hashes of its files "
-                                  f"(plugin_files): it is imported only from a folder you name, "
-                                  f"plugins=[<folder named {name}>]")
+                raise PluginError(
+                    f"{run_dir} records the plugin {entry} without the hashes of its files "
+                    f"(plugin_files): it is imported only from a folder you name, "
+                    f"plugins=[<folder named {name}>]"
+                )
             _refuse_a_renamed_copy(run_dir, name, expected)
             copy = Path(run_dir) / RUN_SUBDIR / name
             if not (copy / "__init__.py").is_file() and (copy / f"{name}.py").is_file():
                 copy = copy / f"{name}.py"  # a single-file plugin
             if not copy.exists():
-                raise PluginError(f"{run_dir} was trained with the plugin {entry}, which {_what_became_of(entry, expected)}, "
-                                  f"and the run folder holds no copy ({copy}); pass plugins=[<folder named {name}>] "
-                                  "with the plugin's files as they were")
+                raise PluginError(
+                    f"{run_dir} was trained with the plugin {entry}, which {_what_became_of(entry, expected)}, "
+                    f"and the run folder holds no copy ({copy}); pass plugins=[<folder named {name}>] "
+                    "with the plugin's files as they were"
+                )
             if not _USER["trust"]:
-                became = ("lies in the run folder itself (a run folder's own files are never imported on its say)"
-                          if own_copy else _what_became_of(entry, expected))
-                raise PluginError(f"{run_dir} was trained with the plugin {entry}, which {became}; "
-                                  f"the run recorded its files in {copy} ({', '.join(sorted(expected)) or 'none'}): "
-                                  f"add plugins_trust=true to import that copy, or plugins=[<folder named {name}>] with "
-                                  "the original files")
+                became = (
+                    "lies in the run folder itself (a run folder's own files are never imported on its say)"
+                    if own_copy
+                    else _what_became_of(entry, expected)
+                )
+                raise PluginError(
+                    f"{run_dir} was trained with the plugin {entry}, which {became}; "
+                    f"the run recorded its files in {copy} ({', '.join(sorted(expected)) or 'none'}): "
+                    f"add plugins_trust=true to import that copy, or plugins=[<folder named {name}>] with "
+                    "the original files"
+                )
             if plugin_files(copy) != expected:
-                raise PluginError(f"{copy} does not hold the files {run_dir} recorded (their sha256 differ): the copy "
-                                  "was changed; restore it or pass plugins=[<folder>] with the original files")
+                raise PluginError(
+                    f"{copy} does not hold the files {run_dir} recorded (their sha256 differ): the copy "
+                    "was changed; restore it or pass plugins=[<folder>] with the original files"
+                )
             found = str(copy)
         imported.append(import_plugin(found))
     return imported
-

@@ -53,6 +53,21 @@ from transformer.testing.compiles import check_compiles
 from transformer.testing.models import ARCHS, tiny_model
 from transformer.testing.schedules import check_schedule
 
-__all__ = ["ARCHS", "CHECKED", "CHECKS", "MODULES", "check_bf16", "check_causality", "check_compiles", "check_gradients",
-           "check_incremental_decoding", "check_model", "check_option", "check_padding", "check_schedule",
-           "check_search_batching", "main", "tiny_model"]
+__all__ = [
+    "ARCHS",
+    "CHECKED",
+    "CHECKS",
+    "MODULES",
+    "check_bf16",
+    "check_causality",
+    "check_compiles",
+    "check_gradients",
+    "check_incremental_decoding",
+    "check_model",
+    "check_option",
+    "check_padding",
+    "check_schedule",
+    "check_search_batching",
+    "main",
+    "tiny_model",
+]

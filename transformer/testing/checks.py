@@ -17,39 +17,60 @@ from transformer.testing.compiles import check_compiles
 from transformer.testing.models import ARCHS, EOS, PAD, V, _close, _forward, _source_batch, _src_rows, tiny_model
 from transformer.testing.schedules import check_schedule
 
-__all__ = ["CHECKS", "check_bf16", "check_causality", "check_gradients", "check_incremental_decoding", "check_model",
-           "check_option", "check_padding", "check_search_batching"]
+__all__ = [
+    "CHECKS",
+    "check_bf16",
+    "check_causality",
+    "check_gradients",
+    "check_incremental_decoding",
+    "check_model",
+    "check_option",
+    "check_padding",
+    "check_search_batching",
+]
+
 
 def check_incremental_decoding(model: nn.Module) -> None:
     """The KV-cached steps equal the full forward at every target step, for sources of lengths 6, 3, 5."""
     rows, tgt = _src_rows([6, 3, 5]), torch.randint(5, V, (3, 6))
     start = model.decoder_start_token_id
     with torch.no_grad():
-        expected = torch.stack([
-            _forward(model, r[None], torch.cat([torch.tensor([[start]]), tgt[b:b + 1, :-1]], 1))[0]
-            for b, r in enumerate(rows)])
+        expected = torch.stack(
+            [
+                _forward(model, r[None], torch.cat([torch.tensor([[start]]), tgt[b : b + 1, :-1]], 1))[0]
+                for b, r in enumerate(rows)
+            ]
+        )
         state = model.start_decoding(_source_batch(model, rows))
         prev, steps = torch.full((3, 1), start), []
         for t in range(tgt.shape[1]):
             steps.append(model.decode_step(prev, state))
-            prev = tgt[:, t:t + 1]
-    _close(torch.stack(steps, 1), expected, "incremental decoding (start_decoding + decode_step) differs from the full forward")
+            prev = tgt[:, t : t + 1]
+    _close(
+        torch.stack(steps, 1),
+        expected,
+        "incremental decoding (start_decoding + decode_step) differs from the full forward",
+    )
 
 
 def check_padding(model: nn.Module) -> None:
     """Padding the source and target, or batching with a longer neighbour, leaves a sentence's logits."""
-    src, prev = torch.randint(5, V, (1, 5)), torch.cat([torch.tensor([[model.decoder_start_token_id]]),
-                                                        torch.randint(5, V, (1, 3))], 1)
+    src, prev = (
+        torch.randint(5, V, (1, 5)),
+        torch.cat([torch.tensor([[model.decoder_start_token_id]]), torch.randint(5, V, (1, 3))], 1),
+    )
     with torch.no_grad():
         ref = _forward(model, src, prev)
         if model.arch == "encoder_decoder":
             src_pad = torch.cat([src, torch.full((1, 1), EOS), torch.full((1, 3), PAD)], 1)
-            padded = model(src_pad, torch.cat([prev, torch.full((1, 2), PAD)], 1))[:, :prev.shape[1]]
+            padded = model(src_pad, torch.cat([prev, torch.full((1, 2), PAD)], 1))[:, : prev.shape[1]]
             other = torch.cat([torch.randint(5, V, (1, 8)), torch.full((1, 1), EOS)], 1)
-            batched = model(torch.cat([src_pad[:, :9], other], 0), torch.cat([prev, torch.randint(5, V, (1, 4))], 0))[:1]
+            batched = model(torch.cat([src_pad[:, :9], other], 0), torch.cat([prev, torch.randint(5, V, (1, 4))], 0))[
+                :1
+            ]
         else:
             seq = torch.cat([src, prev], 1)
-            padded = model(torch.cat([seq, torch.full((1, 3), PAD)], 1))[:, src.shape[1]:seq.shape[1]]
+            padded = model(torch.cat([seq, torch.full((1, 3), PAD)], 1))[:, src.shape[1] : seq.shape[1]]
             batched = ref  # a decoder-only row holds source and target: batching is the search check's
     _close(padded, ref, "padding a sentence changes its logits")
     _close(batched, ref, "batching a sentence with a longer one changes its logits")
@@ -59,8 +80,10 @@ def check_search_batching(model: nn.Module) -> None:
     """Greedy and beam search of a batch equal each sentence decoded alone (lengths 7, 2, 4)."""
     rows = _src_rows([7, 2, 4])
     limits = dict(max_len_a=1.0, max_len_b=4, min_len=1, length_penalty_alpha=1.0)
-    for name, search in (("greedy", lambda s: greedy_search(model, s, **limits)),
-                         ("beam", lambda s: beam_search(model, s, beam_size=3, nbest=1, **limits))):
+    for name, search in (
+        ("greedy", lambda s: greedy_search(model, s, **limits)),
+        ("beam", lambda s: beam_search(model, s, beam_size=3, nbest=1, **limits)),
+    ):
         batch = [h[0].tokens for h in search(_source_batch(model, rows))]
         alone = [search(_source_batch(model, [r]))[0][0].tokens for r in rows]
         if [list(map(int, t)) for t in batch] != [list(map(int, t)) for t in alone]:
@@ -108,13 +131,15 @@ def check_bf16(model: nn.Module) -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = _loss(model)
         loss.backward()
-        finite = torch.isfinite(loss).item() and all(torch.isfinite(p.grad).all() for p in model.parameters()
-                                                     if p.grad is not None)
+        finite = torch.isfinite(loss).item() and all(
+            torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None
+        )
     finally:
         model.zero_grad(set_to_none=True)
         model.eval()
     if not finite:
         raise AssertionError("bf16 autocast gives a non-finite loss or gradient")
+
 
 CHECKS: dict[str, Callable[[nn.Module], None]] = {
     "incremental_decoding": check_incremental_decoding,
@@ -137,9 +162,16 @@ def check_model(model: nn.Module, checks: Iterable[str] = CHECKS) -> None:
             raise AssertionError(f"[{name}, {model.arch}] {err}") from None
 
 
-def check_option(switch: str | None = None, name: str | None = None, *, plugins: Iterable[str] = (),
-                 archs: Iterable[str] = ARCHS, checks: Iterable[str] = CHECKS, options: dict[str, str] | None = None,
-                 **fields: Any) -> None:
+def check_option(
+    switch: str | None = None,
+    name: str | None = None,
+    *,
+    plugins: Iterable[str] = (),
+    archs: Iterable[str] = ARCHS,
+    checks: Iterable[str] = CHECKS,
+    options: dict[str, str] | None = None,
+    **fields: Any,
+) -> None:
     """Every check on both families with ``switch=name`` chosen (and ``options``, ``fields`` as in
     :func:`tiny_model`), after importing ``plugins``.
 
@@ -161,4 +193,3 @@ def check_option(switch: str | None = None, name: str | None = None, *, plugins:
     for arch in archs:
         model, _ = tiny_model(arch, chosen, **fields)
         check_model(model, checks)
-

@@ -45,22 +45,34 @@ def main(argv: list[str] | None = None) -> int:
         elif key in GROUPS:
             options[key] = value
         elif key.startswith("model."):
-            fields[key[len("model."):]] = OmegaConf.from_dotlist([f"v={value}"]).v
+            fields[key[len("model.") :]] = OmegaConf.from_dotlist([f"v={value}"]).v
         elif key.startswith("lr_scheduler.") or key == "train.max_updates":
-            schedule[key.removeprefix("lr_scheduler.").removeprefix("train.")] = OmegaConf.from_dotlist([f"v={value}"]).v
+            schedule[key.removeprefix("lr_scheduler.").removeprefix("train.")] = OmegaConf.from_dotlist(
+                [f"v={value}"]
+            ).v
         else:
-            print(f"error: {arg}: expected <group>=<option> ({', '.join(GROUPS)}), model.<field>=<value>, "
-                  "lr_scheduler.<field>=<value> or train.max_updates=<n>", file=sys.stderr)
+            print(
+                f"error: {arg}: expected <group>=<option> ({', '.join(GROUPS)}), model.<field>=<value>, "
+                "lr_scheduler.<field>=<value> or train.max_updates=<n>",
+                file=sys.stderr,
+            )
             return 2
     try:
         loaded = {p.name for p in import_plugins(plugins)}
         runs = [options] if options else []
         if not options:
-            runs = [{switch: name} for (switch, name), owner in ORIGINS.items() if owner in loaded and switch in CHECKED]
+            runs = [
+                {switch: name} for (switch, name), owner in ORIGINS.items() if owner in loaded and switch in CHECKED
+            ]
             if not runs:
-                raise ValueError("name the option to check, e.g. model/attention=diff (" + (
-                    f"the plugins {', '.join(sorted(loaded))} register no option of {', '.join(CHECKED)})"
-                    if loaded else f"a group of {', '.join(GROUPS)})"))
+                raise ValueError(
+                    "name the option to check, e.g. model/attention=diff ("
+                    + (
+                        f"the plugins {', '.join(sorted(loaded))} register no option of {', '.join(CHECKED)})"
+                        if loaded
+                        else f"a group of {', '.join(GROUPS)})"
+                    )
+                )
         for chosen in runs:
             chosen = dict(chosen)
             if "lr_scheduler" in chosen:
@@ -68,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
                 check_schedule(name, **schedule)
                 print(f"lr_scheduler={name}: finite rates >= 0, a rising warmup, a pure function: passed")
             elif schedule:
-                raise ValueError(f"{', '.join(f'lr_scheduler.{k}' for k in schedule)}: name the schedule, e.g. "
-                                 "lr_scheduler=cosine")
+                raise ValueError(
+                    f"{', '.join(f'lr_scheduler.{k}' for k in schedule)}: name the schedule, e.g. lr_scheduler=cosine"
+                )
             if not chosen and fields:
                 raise ValueError("model.* fields given without a model option; name one, e.g. model/norm=rmsnorm")
             if not chosen:
@@ -85,4 +98,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"failed: {err}", file=sys.stderr)
         return 1
     return 0
-

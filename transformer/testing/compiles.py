@@ -14,6 +14,7 @@ from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model
 
 __all__ = ["check_compiles"]
 
+
 def _counting(backend: str, graphs: list[Any]) -> Callable[..., Any]:
     """A ``torch.compile`` backend that records each graph it receives, then hands it to ``backend``."""
     inner = torch._dynamo.lookup_backend(backend)
@@ -21,6 +22,7 @@ def _counting(backend: str, graphs: list[Any]) -> Callable[..., Any]:
     def compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         graphs.append(gm)
         return inner(gm, example_inputs)
+
     return compiler
 
 
@@ -32,8 +34,9 @@ def _compiled(fn: Callable[..., Any], what: str, backend: str, *args: Any) -> An
         out = torch.compile(fn, fullgraph=True, backend=_counting(backend, graphs))(*args)
     except Exception as err:  # the eager call before passed: what fails here is the compiler's
         reason = " ".join(str(err).split("\n")[0].split())[:300]
-        raise AssertionError(f"{what} does not compile in one graph (torch.compile fullgraph=True): "
-                             f"{type(err).__name__}: {reason}") from None
+        raise AssertionError(
+            f"{what} does not compile in one graph (torch.compile fullgraph=True): {type(err).__name__}: {reason}"
+        ) from None
     if not graphs:
         raise AssertionError(f"{what}: torch.compile compiled no graph (a recompile limit reached?)")
     return out
@@ -95,11 +98,13 @@ def check_compiles(model: nn.Module) -> None:
             _close(a, b, f"the compiled training gradient of {name} differs from eager")
     rows = _src_rows([6, 3, 5])
     with torch.no_grad():
-        eager_state, state = model.start_decoding(_source_batch(model, rows)), model.start_decoding(_source_batch(model, rows))
+        eager_state, state = (
+            model.start_decoding(_source_batch(model, rows)),
+            model.start_decoding(_source_batch(model, rows)),
+        )
         prev = torch.full((3, 1), model.decoder_start_token_id)
         for step in range(2 if model.arch == "encoder_decoder" else 1):
             expected = model.decode_step(prev, eager_state)
             got = _compiled(model.decode_step, f"decode_step (step {step + 1}, KV cache)", "eager", prev, state)
             _close(got, expected, f"the compiled decode_step (step {step + 1}) differs from eager")
             prev = expected.argmax(-1, keepdim=True)
-

@@ -18,11 +18,20 @@ __all__ = ["ARCHS", "BOS", "EOS", "PAD", "SEP", "V", "tiny_model"]
 
 ARCHS = ("encoder_decoder", "decoder_only")
 V, PAD, BOS, EOS, SEP = 40, 0, 2, 3, 4  # the vocabulary and special ids of the checks' tiny models
-_TINY = {"n_encoder_layers": 2, "n_decoder_layers": 2, "d_model": 32, "n_heads": 4, "d_ff": 64, "dropout": 0.0,
-         "norm_position": "pre"}
+_TINY = {
+    "n_encoder_layers": 2,
+    "n_decoder_layers": 2,
+    "d_model": 32,
+    "n_heads": 4,
+    "d_ff": 64,
+    "dropout": 0.0,
+    "norm_position": "pre",
+}
 
 
-def tiny_model(arch: str = "encoder_decoder", options: dict[str, str] | None = None, **fields: Any) -> tuple[nn.Module, DictConfig]:
+def tiny_model(
+    arch: str = "encoder_decoder", options: dict[str, str] | None = None, **fields: Any
+) -> tuple[nn.Module, DictConfig]:
     """A tiny model of family ``arch`` and its config.
 
     Args:
@@ -75,12 +84,13 @@ def _forward(model: nn.Module, src: Tensor, prev: Tensor) -> Tensor:
     (without specials; right-padded with PAD)."""
     if model.arch == "encoder_decoder":
         return model(torch.cat([src, torch.full((src.shape[0], 1), EOS)], 1), prev)
-    return model(torch.cat([src, prev], 1))[:, src.shape[1]:]
+    return model(torch.cat([src, prev], 1))[:, src.shape[1] :]
 
 
 def _close(a: Tensor, b: Tensor, what: str, atol: float = 1e-5, rtol: float = 1e-4) -> None:
     try:
         torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
     except AssertionError as err:
-        raise AssertionError(f"{what}: {str(err).splitlines()[0]} (max |diff| {(a - b).abs().max().item():.3g})") from None
-
+        raise AssertionError(
+            f"{what}: {str(err).splitlines()[0]} (max |diff| {(a - b).abs().max().item():.3g})"
+        ) from None

@@ -14,8 +14,10 @@ from transformer.training.step.schedules import build_scheduler
 
 __all__ = ["check_schedule"]
 
-def check_schedule(name: str, *, max_updates: int = 40, base_lr: float = 1e-3, d_model: int = 32,
-                   **fields: Any) -> None:
+
+def check_schedule(
+    name: str, *, max_updates: int = 40, base_lr: float = 1e-3, d_model: int = 32, **fields: Any
+) -> None:
     """The properties of ``lr_scheduler=name`` (``fields``: its ``lr_scheduler.*`` fields, default
     ``warmup_updates=5``), as training builds it (:func:`~transformer.training.build_scheduler`) for a
     run of ``max_updates`` updates at peak ``base_lr``:
@@ -31,7 +33,9 @@ def check_schedule(name: str, *, max_updates: int = 40, base_lr: float = 1e-3, d
         AssertionError: a property failed (the message names it and the update).
         ConfigError: an invalid configuration (named as by training).
     """
-    cfg = typed_config({"lr_scheduler": {"name": name, "warmup_updates": 5, **fields}, "train": {"max_updates": max_updates}})
+    cfg = typed_config(
+        {"lr_scheduler": {"name": name, "warmup_updates": 5, **fields}, "train": {"max_updates": max_updates}}
+    )
     validate_config(cfg)
 
     def scheduler() -> Any:
@@ -48,9 +52,12 @@ def check_schedule(name: str, *, max_updates: int = 40, base_lr: float = 1e-3, d
     if warmup >= 2:
         falls = [u for u in range(2, min(warmup, max_updates) + 1) if rates[u - 1] < rates[u - 2]]
         if falls or not rates[min(warmup, max_updates) - 1] > rates[0]:
-            raise AssertionError(f"lr_scheduler={name}: the warmup (lr_scheduler.warmup_updates={warmup}) does not rise "
-                                 f"(update 1: {rates[0]:.3g}, update {warmup}: {rates[min(warmup, max_updates) - 1]:.3g}"
-                                 + (f"; it falls at update {falls[0]}" if falls else "") + ")")
+            raise AssertionError(
+                f"lr_scheduler={name}: the warmup (lr_scheduler.warmup_updates={warmup}) does not rise "
+                f"(update 1: {rates[0]:.3g}, update {warmup}: {rates[min(warmup, max_updates) - 1]:.3g}"
+                + (f"; it falls at update {falls[0]}" if falls else "")
+                + ")"
+            )
     stepped = []
     for _ in updates:
         stepped.append(float(optimizer.param_groups[0]["lr"]))
@@ -64,11 +71,15 @@ def check_schedule(name: str, *, max_updates: int = 40, base_lr: float = 1e-3, d
         other_optimizer, other = scheduler()
         other.load_state_dict({**state, "last_epoch": u - 1})
         resumed.append(float(other_optimizer.param_groups[0]["lr"]))
-    for what, values in (("asked in reverse order by a new scheduler", again),
-                         ("read off the optimizer during the run", stepped), ("after a resume at each update", resumed)):
+    for what, values in (
+        ("asked in reverse order by a new scheduler", again),
+        ("read off the optimizer during the run", stepped),
+        ("after a resume at each update", resumed),
+    ):
         differ = [u for u, a, b in zip(updates, rates, values) if a != b]
         if differ:
             u = differ[0]
-            raise AssertionError(f"lr_scheduler={name} is not a pure function of its arguments: the rate of update {u} "
-                                 f"is {rates[u - 1]!r}, and {values[u - 1]!r} {what}")
-
+            raise AssertionError(
+                f"lr_scheduler={name} is not a pure function of its arguments: the rate of update {u} "
+                f"is {rates[u - 1]!r}, and {values[u - 1]!r} {what}"
+            )

@@ -39,7 +39,10 @@ from transformer.training.stopping import StopRequested
 
 __all__ = ["RUN_ERRORS", "prepare_command_line", "train_job"]
 
-RUN_ERRORS = {(ConfigError, PluginError): 2, (TrainingError, CheckpointError, DataError, FileNotFoundError, FolderLocked): 1}
+RUN_ERRORS = {
+    (ConfigError, PluginError): 2,
+    (TrainingError, CheckpointError, DataError, FileNotFoundError, FolderLocked): 1,
+}
 """The user errors of a run and their exit statuses (one line on stderr each)."""
 
 
@@ -80,7 +83,11 @@ def _untrained_folder_taken_back() -> bool:
     new run that failed before writing anything); then the lock file is removed, so that
     :func:`~transformer.hydra_record.forget_record` takes the folder back."""
     folder = job_run_dir()
-    if folder is None or not folder.is_dir() or sorted(p.name for p in folder.iterdir()) != sorted([HYDRA_RECORD, LOCK_NAME]):
+    if (
+        folder is None
+        or not folder.is_dir()
+        or sorted(p.name for p in folder.iterdir()) != sorted([HYDRA_RECORD, LOCK_NAME])
+    ):
         return False
     (folder / LOCK_NAME).unlink(missing_ok=True)
     return True

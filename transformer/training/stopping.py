@@ -33,6 +33,7 @@ __all__ = ["STOP_EXIT_STATUS", "GracefulStop", "StopRequested", "budget_reached"
 STOP_EXIT_STATUS = 75
 """Exit status of a run stopped by a signal after saving (``EX_TEMPFAIL``: not finished, run again to continue)."""
 
+
 class StopRequested(Exception):
     """Training stopped on a signal after saving ``checkpoint_last`` (not an error: run again to continue).
 
@@ -129,7 +130,9 @@ def budget_reached(train: Any, *, update: int, epochs_done: int, train_time: flo
         return f"reached train.max_epochs={train.max_epochs}"
     seconds = time_budget(train)
     if seconds > 0 and train_time >= seconds:
-        return f"reached train.max_time={seconds:g}s" + ("" if train.max_time is not None else " (the default time budget)")
+        return f"reached train.max_time={seconds:g}s" + (
+            "" if train.max_time is not None else " (the default time budget)"
+        )
     if train.patience > 0 and bad_validations >= train.patience:
         return f"no improvement in {train.patience} validations (train.patience)"
     return None
@@ -150,5 +153,8 @@ def stop_if_signalled(trainer: Any) -> None:
     if trainer.last_saved is None or trainer.last_saved[1] != trainer.update:
         trainer.save()
     name = stopping.received.name if stopping is not None and stopping.received else "a signal on another rank"
-    raise StopRequested(name, trainer.update, f"stopped by {name} after update {trainer.update}: checkpoint_last "
-                                              f"saved in {trainer.run_dir}")
+    raise StopRequested(
+        name,
+        trainer.update,
+        f"stopped by {name} after update {trainer.update}: checkpoint_last saved in {trainer.run_dir}",
+    )

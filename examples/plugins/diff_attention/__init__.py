@@ -45,8 +45,10 @@ class DiffAttentionConfig(AttentionConfig):
     def validate(self) -> None:
         """Called with the option's node before anything is built (``transformer.config.validate_option_fields``)."""
         if not 0.0 <= self.lambda_init < 1.0:
-            raise ValueError(f"model.attention.lambda_init={self.lambda_init} must be in [0, 1) (the paper's "
-                             "schedule gives 0.2 to 0.8)")
+            raise ValueError(
+                f"model.attention.lambda_init={self.lambda_init} must be in [0, 1) (the paper's "
+                "schedule gives 0.2 to 0.8)"
+            )
 
 
 def _halves(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -65,8 +67,12 @@ def _cost(d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, config: An
     return d_model * (d_model + 2 * kv) + d_model * d_model, n_heads * head_dim, 2 * n_heads * head_dim
 
 
-@register_attention("diff", config=DiffAttentionConfig, cost=_cost,
-                    cache_values=lambda n_heads, n_kv_heads, head_dim, config: 2 * n_kv_heads * head_dim)
+@register_attention(
+    "diff",
+    config=DiffAttentionConfig,
+    cost=_cost,
+    cache_values=lambda n_heads, n_kv_heads, head_dim, config: 2 * n_kv_heads * head_dim,
+)
 class DifferentialAttention(nn.Module):
     """Differential self-attention over ``n_heads`` query and ``n_kv_heads`` key/value heads.
 
@@ -83,39 +89,78 @@ class DifferentialAttention(nn.Module):
         ValueError: sizes that do not fit.
     """
 
-    def __init__(self, *, n_heads: int, n_kv_heads: int, head_dim: int, in_proj: nn.Linear, out_proj: nn.Linear,
-                 dropout: float = 0.0, lambda_init: float = 0.8, q_norm: nn.Module | None = None,
-                 k_norm: nn.Module | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        in_proj: nn.Linear,
+        out_proj: nn.Linear,
+        dropout: float = 0.0,
+        lambda_init: float = 0.8,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         if n_kv_heads <= 0 or n_heads % n_kv_heads or head_dim % 4:
-            raise ValueError(f"differential attention needs n_kv_heads dividing n_heads and head_dim a multiple of 4, "
-                             f"got {n_heads}, {n_kv_heads}, {head_dim}")
+            raise ValueError(
+                f"differential attention needs n_kv_heads dividing n_heads and head_dim a multiple of 4, "
+                f"got {n_heads}, {n_kv_heads}, {head_dim}"
+            )
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.in_proj, self.out_proj, self.dropout = in_proj, out_proj, dropout
         self.lambda_init = float(lambda_init)
         half = head_dim // 2
         self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
-            nn.Parameter(torch.randn(half) * 0.1) for _ in range(4))  # N(0, 0.1), the authors' code
+            nn.Parameter(torch.randn(half) * 0.1) for _ in range(4)
+        )  # N(0, 0.1), the authors' code
         self.head_norm = RMSNorm(head_dim, eps=1e-5)
         self.q_norm, self.k_norm = q_norm, k_norm
 
     @classmethod
-    def from_sizes(cls, *, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, bias: bool, dropout: float,
-                   qk_norm: Callable[[int], nn.Module] | None, config: Any) -> DifferentialAttention:
+    def from_sizes(
+        cls,
+        *,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        bias: bool,
+        dropout: float,
+        qk_norm: Callable[[int], nn.Module] | None,
+        config: Any,
+    ) -> DifferentialAttention:
         """The module from the zoo's sizes (``transformer.registry.register_attention``'s contract)."""
         norms = {} if qk_norm is None else {"q_norm": qk_norm(head_dim), "k_norm": qk_norm(head_dim)}
-        return cls(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
-                   in_proj=nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias),
-                   out_proj=nn.Linear(n_heads * head_dim, d_model, bias=bias), dropout=dropout,
-                   lambda_init=config.lambda_init, **norms)
+        return cls(
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+            head_dim=head_dim,
+            in_proj=nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias),
+            out_proj=nn.Linear(n_heads * head_dim, d_model, bias=bias),
+            dropout=dropout,
+            lambda_init=config.lambda_init,
+            **norms,
+        )
 
     def lam(self) -> Tensor:
         """λ of eq. 2 (a scalar tensor)."""
-        return (torch.exp((self.lambda_q1 * self.lambda_k1).sum()) - torch.exp((self.lambda_q2 * self.lambda_k2).sum())
-                + self.lambda_init)
+        return (
+            torch.exp((self.lambda_q1 * self.lambda_k1).sum())
+            - torch.exp((self.lambda_q2 * self.lambda_k2).sum())
+            + self.lambda_init
+        )
 
-    def forward(self, x: Tensor, memory: Tensor | None = None, attn_mask: Tensor | None = None, is_causal: bool = False,
-                rotary: tuple[Tensor, Tensor] | None = None, cache: KVCache | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        rotary: tuple[Tensor, Tensor] | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
         """Self-attention of ``x`` ``(batch, seq_len, d_model)`` -> ``(batch, seq_len, d_model)``
         (the arguments of :class:`~transformer.modules.attention.Attention`; ``memory`` must be None).
 

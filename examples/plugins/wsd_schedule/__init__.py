@@ -38,9 +38,11 @@ class WSDConfig(SchedulerConfig):
             raise ValueError("needs train.max_updates > 0 (the decay ends there), e.g. train.max_updates=4000")
         decay = round(self.decay_fraction * cfg.train.max_updates)
         if self.warmup_updates + decay > cfg.train.max_updates:
-            raise ValueError(f"lr_scheduler.warmup_updates={self.warmup_updates} plus the decay's {decay} updates "
-                             f"(lr_scheduler.decay_fraction={self.decay_fraction}) exceed train.max_updates="
-                             f"{cfg.train.max_updates}")
+            raise ValueError(
+                f"lr_scheduler.warmup_updates={self.warmup_updates} plus the decay's {decay} updates "
+                f"(lr_scheduler.decay_fraction={self.decay_fraction}) exceed train.max_updates="
+                f"{cfg.train.max_updates}"
+            )
 
 
 @register_lr_scheduler("wsd", config=WSDConfig)

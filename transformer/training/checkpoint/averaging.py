@@ -91,8 +91,9 @@ def source_run(paths: Sequence[Path | str]) -> Path | None:
     return folder if found else None
 
 
-def write_average(inputs: Sequence[Path | str], output: Path | str, num_last: int | None = None, *,
-                  warn_prefix: str = "warning: ") -> Path:
+def write_average(
+    inputs: Sequence[Path | str], output: Path | str, num_last: int | None = None, *, warn_prefix: str = "warning: "
+) -> Path:
     """Average the checkpoints :func:`resolve_inputs` picks into one safetensors file, written
     atomically, and print ``averaged N checkpoints (names) into OUTPUT`` on stdout.
 
@@ -123,8 +124,9 @@ def write_average(inputs: Sequence[Path | str], output: Path | str, num_last: in
     return out
 
 
-def save_run_average(run_dir: Path | str, checkpoints: Sequence[Path | str],
-                     model_config: dict[str, Any] | None = None) -> tuple[dict[str, Tensor], Path]:
+def save_run_average(
+    run_dir: Path | str, checkpoints: Sequence[Path | str], model_config: dict[str, Any] | None = None
+) -> tuple[dict[str, Tensor], Path]:
     """Average a run's checkpoints and write the average atomically into the run folder as
     ``checkpoint_avg.safetensors`` (:data:`transformer.run_folder.AVERAGE`), the weights its final
     test then uses.

@@ -146,8 +146,10 @@ def _load_failure(err: Exception) -> str:
     if isinstance(err, pickle.UnpicklingError) or "Weights only load failed" in text:
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
         what = f" ({found.group(1)})" if found else ""
-        return (f"it holds Python objects{what} besides tensors, numbers and strings, so it is not a "
-                "training state written by this project (such files are never unpickled)")
+        return (
+            f"it holds Python objects{what} besides tensors, numbers and strings, so it is not a "
+            "training state written by this project (such files are never unpickled)"
+        )
     return " ".join(text.split("\n")[0].split()) or type(err).__name__
 
 

@@ -14,4 +14,10 @@ from transformer.training.distributed.process_group import (
     shutdown_distributed,
 )
 
-__all__ = ["DistInfo", "broadcast_from_main", "export_submitit_environment", "setup_distributed", "shutdown_distributed"]
+__all__ = [
+    "DistInfo",
+    "broadcast_from_main",
+    "export_submitit_environment",
+    "setup_distributed",
+    "shutdown_distributed",
+]

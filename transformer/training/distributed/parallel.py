@@ -79,8 +79,12 @@ def transformer_layers(model: nn.Module) -> list[nn.Module]:
     Returns:
         The layer modules (FSDP units and checkpointing units).
     """
-    return [layer for module in model.modules() if isinstance(getattr(module, "layers", None), nn.ModuleList)
-            for layer in module.layers]
+    return [
+        layer
+        for module in model.modules()
+        if isinstance(getattr(module, "layers", None), nn.ModuleList)
+        for layer in module.layers
+    ]
 
 
 def checkpoint_layers(model: nn.Module) -> int:
@@ -122,7 +126,9 @@ class DataParallel:
         ValueError: an unknown ``mode``.
     """
 
-    def __init__(self, loss_module: TrainingLoss, mode: str, dist_info: DistInfo, param_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, loss_module: TrainingLoss, mode: str, dist_info: DistInfo, param_dtype: torch.dtype | None = None
+    ) -> None:
         if mode not in DISTRIBUTED:
             raise ValueError(f"train.distributed={mode!r} is not one of {', '.join(DISTRIBUTED)}")
         self.dist = dist_info
@@ -133,7 +139,9 @@ class DataParallel:
         if self.mode == "ddp":
             cuda = dist_info.device.type == "cuda"
             self.engine: nn.Module = nn.parallel.DistributedDataParallel(
-                loss_module, device_ids=[dist_info.device] if cuda else None, broadcast_buffers=False,
+                loss_module,
+                device_ids=[dist_info.device] if cuda else None,
+                broadcast_buffers=False,
                 gradient_as_bucket_view=True,
             )
             self.engine.register_comm_hook(None, _sum_hook)
@@ -197,7 +205,9 @@ class DataParallel:
         if self.mode == "none":
             return ntokens, loss_sum
         device = self.dist.device
-        t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in (ntokens, loss_sum)])
+        t = torch.stack(
+            [torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in (ntokens, loss_sum)]
+        )
         dist.all_reduce(t)
         if isinstance(ntokens, Tensor) or isinstance(loss_sum, Tensor):
             return t[0].round().long(), t[1]
@@ -232,8 +242,10 @@ class DataParallel:
             return
         expected = set(self.model.state_dict())
         if set(state) != expected:
-            raise RuntimeError(f"weights do not fit the model: missing {sorted(expected - set(state))}, "
-                               f"unexpected {sorted(set(state) - expected)}")
+            raise RuntimeError(
+                f"weights do not fit the model: missing {sorted(expected - set(state))}, "
+                f"unexpected {sorted(set(state) - expected)}"
+            )
         with torch.no_grad():  # tied parameters appear once in named_parameters
             buffers = [(name, b) for name, b in self.model.named_buffers() if name in state]  # persistent ones
             for name, tensor in [*self.model.named_parameters(), *buffers]:
@@ -247,7 +259,9 @@ class DataParallel:
         gathered on rank 0 by a collective)."""
         if self.mode != "fsdp":
             return optimizer.state_dict()
-        return get_optimizer_state_dict(self.model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_optimizer_state_dict(
+            self.model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
 
     def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """Restore :meth:`optimizer_state_dict` output (every rank passes the same dict)."""

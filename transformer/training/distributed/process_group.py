@@ -22,7 +22,13 @@ import torch.distributed as dist
 from transformer.config import ConfigError
 from transformer.device import resolve_device, unavailable
 
-__all__ = ["DistInfo", "broadcast_from_main", "export_submitit_environment", "setup_distributed", "shutdown_distributed"]
+__all__ = [
+    "DistInfo",
+    "broadcast_from_main",
+    "export_submitit_environment",
+    "setup_distributed",
+    "shutdown_distributed",
+]
 
 
 @dataclass

@@ -52,7 +52,9 @@ def tune_cpu_allocator(mmap_threshold: int = 1 << 30, trim_threshold: int = 2**3
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    _tuned = bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)))
+    _tuned = bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(
+        mallopt(_M_TRIM_THRESHOLD, int(trim_threshold))
+    )
     return _tuned
 
 

@@ -55,8 +55,10 @@ def finished_runs_folder(cfg: Config) -> Path:
     """
     folder = Path(str(cfg.train.finished_runs)).expanduser().absolute()
     if not folder.is_dir():
-        raise ConfigError(f"train.finished_runs={cfg.train.finished_runs}: there is no folder {folder} (paths are "
-                          f"relative to the directory the command runs in, {Path.cwd()})")
+        raise ConfigError(
+            f"train.finished_runs={cfg.train.finished_runs}: there is no folder {folder} (paths are "
+            f"relative to the directory the command runs in, {Path.cwd()})"
+        )
     return folder
 
 
@@ -88,8 +90,11 @@ def finished_twin(cfg: Config, run_dir: Path) -> tuple[Path | None, dict[str, An
     if not isinstance(results, dict) or not isinstance(results.get("config"), dict):
         return path, None, f"{path} records no config"
     then, now = with_defaults(results["config"]), with_defaults(config_dict(cfg))
-    differs = [f"{k} ({then.get(k)!r} there, {now.get(k)!r} here)" for k in sorted(set(then) | set(now))
-               if not is_ignored(k, _NOT_COMPARED) and then.get(k) != now.get(k)]
+    differs = [
+        f"{k} ({then.get(k)!r} there, {now.get(k)!r} here)"
+        for k in sorted(set(then) | set(now))
+        if not is_ignored(k, _NOT_COMPARED) and then.get(k) != now.get(k)
+    ]
     precision = resolve_precision(cfg.train.precision, resolve_device(cfg.train.device))
     if results.get("precision") != precision:
         differs.append(f"precision ({results.get('precision')!r} there, {precision!r} here)")
@@ -98,8 +103,9 @@ def finished_twin(cfg: Config, run_dir: Path) -> tuple[Path | None, dict[str, An
         differs.append(f"device ({results.get('device')!r} there, {device.type!r} here)")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if int(results.get("world_size", 1)) != world_size:
-        differs.append(f"processes ({results.get('world_size')} there, {world_size} here: "
-                       "train.max_tokens is per process)")
+        differs.append(
+            f"processes ({results.get('world_size')} there, {world_size} here: train.max_tokens is per process)"
+        )
     hardware = results.get("hardware") if isinstance(results.get("hardware"), dict) else {}
     if hardware.get("torch") != torch.__version__:
         differs.append(f"torch ({hardware.get('torch')!r} there, {torch.__version__!r} here)")
@@ -136,7 +142,10 @@ def skip_if_finished_elsewhere(cfg: Config, run_dir: Path, has_checkpoint: bool)
         return None
     assert path is not None
     if rank0:
-        print(f"{run_dir} is finished in {path.parent} (update {results.get('updates')}, results.json there): "
-              "not trained again (a folder made for it here holding only Hydra's record is removed)",
-              file=sys.stderr, flush=True)
+        print(
+            f"{run_dir} is finished in {path.parent} (update {results.get('updates')}, results.json there): "
+            "not trained again (a folder made for it here holding only Hydra's record is removed)",
+            file=sys.stderr,
+            flush=True,
+        )
     return {**results, "skipped_complete": True, "finished_in": str(path.parent)}

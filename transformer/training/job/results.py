@@ -271,8 +271,10 @@ def final_test(
         final_model, test_weights = load_final_weights(trainer)
     except Exception as err:  # the training is done: test what is in memory rather than lose it
         final_model, test_weights = "final", None
-        log(f"[test] cannot load the weights chosen for the test ({' '.join(str(err).split())}); "
-            "testing the final weights instead")
+        log(
+            f"[test] cannot load the weights chosen for the test ({' '.join(str(err).split())}); "
+            "testing the final weights instead"
+        )
     if test_weights is not None:
         log(f"[test] with {test_weights} ({final_model}): what checkpoint={trainer.run_dir} loads")
     test_splits = [s for s in cfg.data.test_splits if s in trainer.data.splits] or [
@@ -291,10 +293,18 @@ def final_test(
     sample_len = 16
     flops = forward_flops(cfg.model, len(trainer.data.tgt_tokenizer), sample_len, sample_len)
     results = build_results(
-        cfg, scores=scores, test_split=primary, final_model=final_model, params=params,
-        flops_per_token=flops["per_target_token"], progress=trainer.progress(), device=trainer.device,
-        choices=choices, wall_time_s=trainer.wall_time() if hasattr(trainer, "wall_time") else time.time() - start,
-        active_params=active_params, test_weights=test_weights,
+        cfg,
+        scores=scores,
+        test_split=primary,
+        final_model=final_model,
+        params=params,
+        flops_per_token=flops["per_target_token"],
+        progress=trainer.progress(),
+        device=trainer.device,
+        choices=choices,
+        wall_time_s=trainer.wall_time() if hasattr(trainer, "wall_time") else time.time() - start,
+        active_params=active_params,
+        test_weights=test_weights,
     )
     write_results(trainer.run_dir, results)
     return results

@@ -46,8 +46,16 @@ from transformer.hydra_record import recorded_choices
 from transformer.run_folder import checkpoint_stem, has_checkpoint
 from transformer.training.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, numbered_checkpoints
 
-__all__ = ["BUDGET_FIELDS", "RESUME_OVERRIDES", "ResumePoint", "checkpoint_names", "command_line_fields",
-           "completed_results", "prepare_resume", "resume_config"]
+__all__ = [
+    "BUDGET_FIELDS",
+    "RESUME_OVERRIDES",
+    "ResumePoint",
+    "checkpoint_names",
+    "command_line_fields",
+    "completed_results",
+    "prepare_resume",
+    "resume_config",
+]
 
 RESUME_OVERRIDES: tuple[str, ...] = keys_with(Config, resume=("free", "always"))
 """Fields a resumed run may take from the command line (a name covers the fields under it): those
@@ -97,8 +105,7 @@ def _hint(folder: Path, exclude: str | None = None) -> str:
     if not others:
         return f"{folder} holds no other checkpoint"
     pick = next((n for n in reversed(others) if n.split("_")[-1].isdigit()), others[-1])
-    return (f"{folder} also holds {', '.join(others)}: continue from one of them with "
-            f"train.resume_from={folder / pick}")
+    return f"{folder} also holds {', '.join(others)}: continue from one of them with train.resume_from={folder / pick}"
 
 
 def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
@@ -122,8 +129,9 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
         p = Path(str(t.resume_from)).expanduser()
         stem = checkpoint_stem(p)
         if not has_checkpoint(stem.parent, stem.name):
-            raise CheckpointError(f"train.resume_from={t.resume_from}: there is no {stem}.safetensors; "
-                                  f"{_hint(stem.parent)}")
+            raise CheckpointError(
+                f"train.resume_from={t.resume_from}: there is no {stem}.safetensors; {_hint(stem.parent)}"
+            )
         return stem
     mode = resume_mode(t.resume)
     if not mode:
@@ -204,8 +212,11 @@ def command_line_fields(cfg: DictConfig, run_choices: dict[str, str] | None = No
         from hydra import compose
 
         base = compose(config_name=hc.job.config_name, overrides=[])
-        named = compose(config_name=hc.job.config_name, overrides=[o for o, _ in kept]) if len(kept) < len(
-            hc.overrides.task) else cfg
+        named = (
+            compose(config_name=hc.job.config_name, overrides=[o for o, _ in kept])
+            if len(kept) < len(hc.overrides.task)
+            else cfg
+        )
         changed = {k for k, _, _ in config_differences(_plain(base), _plain(named))}
     except Exception:  # composing again failed: the override names alone decide
         pass

@@ -103,8 +103,12 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
     if resume is not None and resume_mode(command_line.train.resume) == "auto":
         done = completed_results(run_dir, resume)
         if done is not None:  # train.resume=auto on a complete run: nothing is trained or written
-            print(f"{run_dir} is complete (update {resume.update}, results.json written); train.resume=auto "
-                  "leaves it as it is", file=sys.stderr, flush=True)
+            print(
+                f"{run_dir} is complete (update {resume.update}, results.json written); train.resume=auto "
+                "leaves it as it is",
+                file=sys.stderr,
+                flush=True,
+            )
             done["skipped_complete"] = True
             return done
     cfg = to_config(resume.cfg) if resume is not None else to_config(cfg)
@@ -144,8 +148,9 @@ def _import_plugins(command_line: DictConfig, run_dir: Path) -> list[str]:
     return []
 
 
-def _record_plugins(cfg: Config, plugins: list[Plugin], resume: ResumePoint | None, run_dir: Path,
-                    recorded: list[str]) -> None:
+def _record_plugins(
+    cfg: Config, plugins: list[Plugin], resume: ResumePoint | None, run_dir: Path, recorded: list[str]
+) -> None:
     """Set ``cfg.plugins`` (absolute) and ``cfg.plugin_files`` (hashes) from the imported plugins, and
     ``cfg.plugins_trust`` to false (trust is each command's, never recorded:
     :func:`~transformer.plugins.untrusted`); a resume whose plugin files differ from the ones the run
@@ -160,8 +165,10 @@ def _record_plugins(cfg: Config, plugins: list[Plugin], resume: ResumePoint | No
         paths = kept_recorded_paths(plugins, paths, recorded, run_dir)
     if resume is not None and cfg.plugin_files and files != dict(cfg.plugin_files):
         changed = sorted(k for k in set(files) | set(cfg.plugin_files) if files.get(k) != cfg.plugin_files.get(k))
-        err = ConfigError(f"the plugin files of this run changed since it started ({', '.join(changed[:5])}): a resumed "
-                          "run continues with the code it trained with; restore the files or train a new run")
+        err = ConfigError(
+            f"the plugin files of this run changed since it started ({', '.join(changed[:5])}): a resumed "
+            "run continues with the code it trained with; restore the files or train a new run"
+        )
         err.run_folder_untouched = True  # type: ignore[attr-defined]
         raise err
     cfg.plugins, cfg.plugin_files = paths, files
@@ -172,10 +179,18 @@ def _requeued_job_resumes(command_line: DictConfig, run_dir: Path) -> DictConfig
     """A job that submitit requeued (``SUBMITIT_EXECUTOR`` set, its folder holding a
     ``checkpoint_last``, ``train.resume=false``) continues from its checkpoint (``train.resume=auto``)."""
     t = command_line.train
-    if (os.environ.get("SUBMITIT_EXECUTOR") and not resume_mode(t.resume) and not t.get("resume_from")
-            and has_checkpoint(run_dir)):
-        print(f"{run_dir} holds a checkpoint_last and this is a submitit job: a requeued job continues "
-              "(train.resume=auto)", file=sys.stderr, flush=True)
+    if (
+        os.environ.get("SUBMITIT_EXECUTOR")
+        and not resume_mode(t.resume)
+        and not t.get("resume_from")
+        and has_checkpoint(run_dir)
+    ):
+        print(
+            f"{run_dir} holds a checkpoint_last and this is a submitit job: a requeued job continues "
+            "(train.resume=auto)",
+            file=sys.stderr,
+            flush=True,
+        )
         command_line = command_line.copy()
         with open_dict(command_line):
             command_line.train.resume = "auto"
@@ -201,12 +216,14 @@ def _resolve_auto_batching(command_line: DictConfig) -> tuple[DictConfig, bool]:
     command_line = command_line.copy()
     with open_dict(command_line):
         command_line.train.pad_to_multiple = resolve_pad_to_multiple(
-            "auto", device.type, resolve_precision(t.get("precision", "auto"), device))
+            "auto", device.type, resolve_precision(t.get("precision", "auto"), device)
+        )
     return command_line, True
 
 
-def _train(cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Path, start: float,
-           auto_multiple: bool = False) -> dict[str, Any]:
+def _train(
+    cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Path, start: float, auto_multiple: bool = False
+) -> dict[str, Any]:
     """The part of :func:`train` that writes the run folder (under its lock on rank 0)."""
     t = cfg.train
     if dist_info.device.type == "cpu":
@@ -237,24 +254,32 @@ def _train(cfg: Config, resume: ResumePoint | None, dist_info: Any, run_dir: Pat
     if resume is not None:
         log(f"resumed from {resume.stem} at update {trainer.update} (epoch {trainer.epoch})")
     elif resume_mode(t.resume):
-        log(f"train.resume={str(resume_mode(t.resume)).lower()} but {run_dir} holds no checkpoint; starting from scratch")
+        log(
+            f"train.resume={str(resume_mode(t.resume)).lower()} but {run_dir} holds no checkpoint; starting from scratch"
+        )
     params, active = count_parameters(trainer.model), count_parameters(trainer.model, active_only=True)
     shown = f"{params:,} parameters" + (f" ({active:,} active per token)" if active != params else "")
-    log(f"model: {cfg.model.arch}, {shown}, precision {trainer.precision} "
-        f"(train.precision={t.precision}); run folder {run_dir}")
+    log(
+        f"model: {cfg.model.arch}, {shown}, precision {trainer.precision} "
+        f"(train.precision={t.precision}); run folder {run_dir}"
+    )
     log(f"budget: training stops at {budget_sentence(t)}")
     shapes = trainer.sampler.shapes()
-    log(f"batches: {len(shapes)} distinct (rows x length) shapes per epoch, {len(trainer.sampler)} batches "
+    log(
+        f"batches: {len(shapes)} distinct (rows x length) shapes per epoch, {len(trainer.sampler)} batches "
         f"(train.pad_to_multiple={'auto: ' if auto_multiple else ''}{t.pad_to_multiple}, "
-        f"train.max_tokens={t.max_tokens})")
+        f"train.max_tokens={t.max_tokens})"
+    )
     loggers = build_loggers(cfg.logger, run_dir, run_name(cfg, choices), config_dict(cfg), dist_info.is_main)
     with GracefulStop(t.stop_signals, announce=dist_info.is_main) as stopping:
         trainer.stopping = stopping
         try:
             stop = trainer.fit(loggers)
         except StopRequested as stopped:
-            log(f"{stopped}; to continue, run the same command with train.resume=auto (a sweep's own command does), "
-                f"or: python scripts/train.py hydra.run.dir={run_dir} train.resume=true")
+            log(
+                f"{stopped}; to continue, run the same command with train.resume=auto (a sweep's own command does), "
+                f"or: python scripts/train.py hydra.run.dir={run_dir} train.resume=true"
+            )
             loggers.close()
             shutdown_distributed(trainer.parallel)
             stopping.hand_over()  # e.g. submitit's preemption handler: it requeues the job and exits

@@ -80,11 +80,15 @@ class Trainer:
         self.features = torch.compile(self.model.features, dynamic=True) if t.compile else None
         self.criterion = LabelSmoothedCrossEntropy(cfg.criterion.label_smoothing, ignore_index=PAD_ID)
         self.precision = resolve_precision(t.precision, self.device)
-        t.pad_to_multiple = resolve_pad_to_multiple(t.pad_to_multiple, self.device.type, self.precision)  # auto: by device
+        t.pad_to_multiple = resolve_pad_to_multiple(
+            t.pad_to_multiple, self.device.type, self.precision
+        )  # auto: by device
         self.autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
         # DDP or FSDP2 under torchrun; before the optimizer, since FSDP2 replaces parameters by shards
         self.parallel = DataParallel(
-            TrainingLoss(self.model, self.criterion), t.distributed, dist_info,
+            TrainingLoss(self.model, self.criterion),
+            t.distributed,
+            dist_info,
             param_dtype=self.autocast_dtype if self.precision == "bf16" else None,
         )
         if t.compile:
@@ -93,13 +97,22 @@ class Trainer:
         self.routing = RoutingMonitor(self.model, self.parallel.mode != "none")  # MoE: router stats, bias update
         self._routing: dict[str, Any] = {}  # MoE: the last update's routing, read (last_routing) or on the device
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device.type)
-        self.scheduler = build_scheduler(self.optimizer, cfg.lr_scheduler, cfg.optim.lr, cfg.model.d_model, t.max_updates)
+        self.scheduler = build_scheduler(
+            self.optimizer, cfg.lr_scheduler, cfg.optim.lr, cfg.model.d_model, t.max_updates
+        )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         train = data.splits["train"]
         self.train_set = train
         self.sampler = TokenBatchSampler(
-            train.src_lengths, train.tgt_lengths, t.max_tokens, arch=self.arch, shuffle=True,
-            seed=cfg.seed, rank=dist_info.rank, world_size=dist_info.world_size, bucket_multiple=t.pad_to_multiple,
+            train.src_lengths,
+            train.tgt_lengths,
+            t.max_tokens,
+            arch=self.arch,
+            shuffle=True,
+            seed=cfg.seed,
+            rank=dist_info.rank,
+            world_size=dist_info.world_size,
+            bucket_multiple=t.pad_to_multiple,
         )
         self.update = 0
         self.epoch = 1
@@ -114,7 +127,9 @@ class Trainer:
         # fp32 moving average of the weights; validation, checkpoints' weights and the test use it
         self.ema = EMA(self.model, t.ema_decay) if t.ema_decay > 0 else None
         self.last_saved: tuple[Path, int] | None = None  # newest finite checkpoint (stem, update)
-        self.valid_set = scorable_pairs(data.splits["valid"], cfg.model)  # (pairs the model can score, a note to log once)
+        self.valid_set = scorable_pairs(
+            data.splits["valid"], cfg.model
+        )  # (pairs the model can score, a note to log once)
         self.log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if dist_info.is_main else (lambda msg: None)
         self.stopping: GracefulStop | None = None  # set by training.run: the polite stop on train.stop_signals
         self.divergence = DivergenceWatch(self.device)  # the first non-finite loss / gradient norm
@@ -143,8 +158,13 @@ class Trainer:
     def _build_model(self) -> nn.Module:
         joint = self.data.joint_vocab
         return build_model(
-            self.cfg.model, len(self.data.src_tokenizer), None if joint else len(self.data.tgt_tokenizer),
-            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, sep_id=SEP_ID,
+            self.cfg.model,
+            len(self.data.src_tokenizer),
+            None if joint else len(self.data.tgt_tokenizer),
+            pad_id=PAD_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            sep_id=SEP_ID,
         ).to(self.device)
 
     # ------------------------------------------------------------------ state
@@ -173,7 +193,9 @@ class Trainer:
         self.divergence.check(self.last_saved)
         bad = nonfinite_weights(self.model, self.ema, self.parallel)
         if bad:
-            raise TrainingError(divergence_message(f"non-finite weights ({', '.join(bad[:3])})", self.update, self.last_saved))
+            raise TrainingError(
+                divergence_message(f"non-finite weights ({', '.join(bad[:3])})", self.update, self.last_saved)
+            )
         if self.checkpoints is not None or self.parallel.mode == "fsdp":
             weights, state = self.parallel.full_state_dict(), self.train_state()
             if self.checkpoints is not None:
@@ -212,7 +234,9 @@ class Trainer:
         while True:
             self.sampler.set_epoch(self.epoch)  # keeps the saved position within the same epoch
             for indices in self.sampler:
-                yield collate(self.train_set, indices, self.arch, pad_to_multiple=self.cfg.train.pad_to_multiple).to(self.device)
+                yield collate(self.train_set, indices, self.arch, pad_to_multiple=self.cfg.train.pad_to_multiple).to(
+                    self.device
+                )
             self.epoch += 1
 
     @property
@@ -240,7 +264,9 @@ class Trainer:
         """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = nll_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # fp64, as the floats they replace
+        loss_sum = nll_sum = torch.zeros(
+            (), dtype=torch.float64, device=self.device
+        )  # fp64, as the floats they replace
         ntokens: torch.Tensor | int = 0
         for i, batch in enumerate(batches):
             with self.parallel.accumulate(last=i == len(batches) - 1):  # gradients summed over ranks
@@ -261,8 +287,9 @@ class Trainer:
         if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor of partial norms
             grad_norm = grad_norm.full_tensor()
         # a finite loss can come with NaN gradients; fp16 leaves overflowing gradients to the GradScaler
-        self.divergence.record(self.update + 1, global_loss, grad_norm if self.precision != "fp16" else None,
-                               self.last_saved)
+        self.divergence.record(
+            self.update + 1, global_loss, grad_norm if self.precision != "fp16" else None, self.last_saved
+        )
         lr = self.optimizer.param_groups[0]["lr"]
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -277,8 +304,15 @@ class Trainer:
             self.scheduler.step()
         self.update += 1
         self._new_tokens = self._new_tokens + ntokens
-        return dict(loss_sum=loss_sum, nll_sum=nll_sum, local_tokens=local_tokens, ntokens=ntokens, lr=lr,
-                    grad_norm=grad_norm, routing=routing)
+        return dict(
+            loss_sum=loss_sum,
+            nll_sum=nll_sum,
+            local_tokens=local_tokens,
+            ntokens=ntokens,
+            lr=lr,
+            grad_norm=grad_norm,
+            routing=routing,
+        )
 
     # ------------------------------------------------------------------ evaluation
 
@@ -291,11 +325,20 @@ class Trainer:
         if note:
             self.log(note)
             self.valid_set = (valid, None)
-        return teacher_forced_loss(model, valid, self.criterion, arch=self.arch, max_tokens=self.cfg.train.max_tokens,
-                                   device=self.device, autocast=self._autocast,
-                                   features=self.features if model is self.model else None)
+        return teacher_forced_loss(
+            model,
+            valid,
+            self.criterion,
+            arch=self.arch,
+            max_tokens=self.cfg.train.max_tokens,
+            device=self.device,
+            autocast=self._autocast,
+            features=self.features if model is self.model else None,
+        )
 
-    def bleu(self, split: str, subset: int = 0, hyp_file: Path | None = None, model: nn.Module | None = None) -> dict[str, Any]:
+    def bleu(
+        self, split: str, subset: int = 0, hyp_file: Path | None = None, model: nn.Module | None = None
+    ) -> dict[str, Any]:
         """Translate ``split`` (its first ``subset`` pairs when set) with ``cfg.generation`` and
         ``model`` (default: the trained model) and score it against the raw references; see
         :func:`~transformer.training.loop.validation.translate_and_score`."""
@@ -303,9 +346,17 @@ class Trainer:
         if subset and subset < len(dataset):
             dataset = dataset.subset(range(subset))
         return translate_and_score(
-            self.model if model is None else model, dataset, self.data.tgt_tokenizer, self.cfg.generation, self.device,
-            split=split, tokenize=self.cfg.data.bleu_tokenize, lowercase=self.cfg.data.lowercase,
-            progress=bool(self.cfg.train.progress), log=self.log, hyp_file=hyp_file,
+            self.model if model is None else model,
+            dataset,
+            self.data.tgt_tokenizer,
+            self.cfg.generation,
+            self.device,
+            split=split,
+            tokenize=self.cfg.data.bleu_tokenize,
+            lowercase=self.cfg.data.lowercase,
+            progress=bool(self.cfg.train.progress),
+            log=self.log,
+            hyp_file=hyp_file,
         )
 
     def validate(self, logger: Any) -> bool:
@@ -323,8 +374,13 @@ class Trainer:
     def stop_reason(self) -> str | None:
         """Why training stops now (a sentence naming the ``train.*`` limit reached), or None; see
         :func:`~transformer.training.stopping.budget_reached`."""
-        return budget_reached(self.cfg.train, update=self.update, epochs_done=self.epochs_done,
-                              train_time=self.train_time, bad_validations=self.bad_validations)
+        return budget_reached(
+            self.cfg.train,
+            update=self.update,
+            epochs_done=self.epochs_done,
+            train_time=self.train_time,
+            bad_validations=self.bad_validations,
+        )
 
     def fit(self, logger: Any) -> str:
         """Train until a ``train.*`` limit is reached: updates of ``update_freq`` micro-batches,
@@ -345,8 +401,14 @@ class Trainer:
                 :class:`~transformer.training.step.divergence.DivergenceWatch`).
         """
         t = self.cfg.train
-        progress = TrainingBar(max_updates=t.max_updates, max_time=time_budget(t), update=self.update, train_time=self.train_time,
-                               desc=f"train {self.precision}", enabled=self.dist.is_main and bool(t.progress))
+        progress = TrainingBar(
+            max_updates=t.max_updates,
+            max_time=time_budget(t),
+            update=self.update,
+            train_time=self.train_time,
+            desc=f"train {self.precision}",
+            enabled=self.dist.is_main and bool(t.progress),
+        )
         batches = self._batches()
         self.memory.enter("training")
         stop = self.stop_reason()
@@ -363,14 +425,22 @@ class Trainer:
                     self.divergence.check(self.last_saved)  # the host reads the device's state here
                     logged = self.read_stats(stats, window_tokens)
                     elapsed = max(time.time() - window_start, 1e-9)
-                    logged.update(tokens_per_s=logged.pop("window_tokens") / elapsed, epoch=self.epoch,
-                                  ppl=perplexity(logged["nll_loss"]))
+                    logged.update(
+                        tokens_per_s=logged.pop("window_tokens") / elapsed,
+                        epoch=self.epoch,
+                        ppl=perplexity(logged["nll_loss"]),
+                    )
                     logger.log(logged, step=self.update, split="train")
                     window_tokens, window_start = 0, time.time()
                     shown = {"loss": f"{logged['loss']:.3f}", "tok_s": f"{logged['tokens_per_s']:.0f}"}
                 # the last logged loss and tokens/s (reading every update's would stall an accelerator)
-                progress.step(time.time() - step_start, self.update, loss=shown["loss"], lr=f"{stats['lr']:.2e}",
-                              tok_s=shown["tok_s"])
+                progress.step(
+                    time.time() - step_start,
+                    self.update,
+                    loss=shown["loss"],
+                    lr=f"{stats['lr']:.2e}",
+                    tok_s=shown["tok_s"],
+                )
                 validate_now = t.validate_every > 0 and self.update % t.validate_every == 0
                 if validate_now or stop is not None:
                     self.divergence.check(self.last_saved)

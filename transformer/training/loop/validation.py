@@ -47,8 +47,10 @@ def scorable_pairs(valid: Any, model: ModelConfig) -> tuple[Any, str | None]:
     m = model
     if m.position.name != "learned":
         return valid, None
-    fits = [s + t + 2 <= m.max_positions if m.arch == "decoder_only" else max(s, t) + 1 <= m.max_positions
-            for s, t in zip(valid.src_lengths, valid.tgt_lengths)]
+    fits = [
+        s + t + 2 <= m.max_positions if m.arch == "decoder_only" else max(s, t) + 1 <= m.max_positions
+        for s, t in zip(valid.src_lengths, valid.tgt_lengths)
+    ]
     if all(fits):
         return valid, None
     keep = [i for i, ok in enumerate(fits) if ok]
@@ -58,8 +60,10 @@ def scorable_pairs(valid: Any, model: ModelConfig) -> tuple[Any, str | None]:
             "positions), so the validation loss cannot be computed: raise model.max_positions or point "
             "data.valid_prefix at shorter pairs"
         )
-    return valid.subset(keep), (f"[valid] loss over the {len(keep)} of {len(fits)} pairs that fit "
-                                f"model.max_positions={m.max_positions} (learned positions)")
+    return valid.subset(keep), (
+        f"[valid] loss over the {len(keep)} of {len(fits)} pairs that fit "
+        f"model.max_positions={m.max_positions} (learned positions)"
+    )
 
 
 @torch.no_grad()
@@ -143,11 +147,15 @@ def translate_and_score(
         :func:`~transformer.evaluation.metrics.corpus_scores` plus ``failed_lines``.
     """
     errors: dict[int, str] = {}
-    hyps = translate_dataset(model, dataset, tgt_tokenizer, generation, device, errors=errors, progress=progress, desc=split)
+    hyps = translate_dataset(
+        model, dataset, tgt_tokenizer, generation, device, errors=errors, progress=progress, desc=split
+    )
     if errors:
         first = min(errors)
-        log(f"[{split}] {len(errors)} of {len(hyps)} sentences could not be translated (left empty), "
-            f"e.g. line {first + 1}: {errors[first]}")
+        log(
+            f"[{split}] {len(errors)} of {len(hyps)} sentences could not be translated (left empty), "
+            f"e.g. line {first + 1}: {errors[first]}"
+        )
     if hyp_file is not None:
         hyp_file.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(hyp_file, "".join(h + "\n" for h in hyps))

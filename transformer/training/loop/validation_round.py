@@ -38,7 +38,9 @@ class ValidatedTrainer(Protocol):
 
     def valid_loss(self, model: nn.Module | None = None) -> dict[str, float]: ...
 
-    def bleu(self, split: str, subset: int = 0, hyp_file: Any = None, model: nn.Module | None = None) -> dict[str, Any]: ...
+    def bleu(
+        self, split: str, subset: int = 0, hyp_file: Any = None, model: nn.Module | None = None
+    ) -> dict[str, Any]: ...
 
 
 def validation_round(trainer: ValidatedTrainer, logger: Any) -> bool:

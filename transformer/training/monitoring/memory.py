@@ -82,4 +82,6 @@ class PhaseMemory:
         out = dict(self.peaks)
         if self.current is not None:
             out[self.current] = max(out.get(self.current, 0.0), self._read())
-        return {p: round(out[p], 1) for p in PHASES if p in out} | {p: round(v, 1) for p, v in out.items() if p not in PHASES}
+        return {p: round(out[p], 1) for p in PHASES if p in out} | {
+            p: round(v, 1) for p, v in out.items() if p not in PHASES
+        }

@@ -28,16 +28,30 @@ class TrainingBar:
         file: where the bar is drawn (default stderr).
     """
 
-    def __init__(self, *, max_updates: int, max_time: float, update: int, train_time: float, desc: str,
-                 enabled: bool, file: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_updates: int,
+        max_time: float,
+        update: int,
+        train_time: float,
+        desc: str,
+        enabled: bool,
+        file: Any = None,
+    ) -> None:
         self.by_time = max_updates <= 0 and max_time > 0
         self.bar = None
         if not enabled:
             return
         common: dict[str, Any] = dict(desc=desc, dynamic_ncols=True, mininterval=2.0, file=file or sys.stderr)
         if self.by_time:
-            self.bar = tqdm(total=float(max_time), initial=min(train_time, float(max_time)), unit="s",
-                            bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]", **common)
+            self.bar = tqdm(
+                total=float(max_time),
+                initial=min(train_time, float(max_time)),
+                unit="s",
+                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]",
+                **common,
+            )
         else:
             self.bar = tqdm(total=max_updates or None, initial=update, unit="upd", **common)
 

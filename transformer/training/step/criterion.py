@@ -262,8 +262,13 @@ def model_loss(
         out = criterion((forward or model)(**net_input), target)
     routed = router_losses(model) if model.training else None
     if routed is not None:
-        out.update(router_loss=routed.weighted * out["ntokens"], moe_aux_loss=routed.aux_loss.detach(),
-                   moe_z_loss=routed.z_loss.detach(), moe_load=routed.load, moe_dropped=routed.dropped)
+        out.update(
+            router_loss=routed.weighted * out["ntokens"],
+            moe_aux_loss=routed.aux_loss.detach(),
+            moe_z_loss=routed.z_loss.detach(),
+            moe_load=routed.load,
+            moe_dropped=routed.dropped,
+        )
     return out
 
 
@@ -283,4 +288,10 @@ def perplexity(nll_per_token: float) -> float:
     return math.exp(min(x, _MAX_PPL_EXPONENT))
 
 
-__all__ = ["LabelSmoothedCrossEntropy", "label_smoothed_nll_loss", "linear_label_smoothed_nll_loss", "model_loss", "perplexity"]
+__all__ = [
+    "LabelSmoothedCrossEntropy",
+    "label_smoothed_nll_loss",
+    "linear_label_smoothed_nll_loss",
+    "model_loss",
+    "perplexity",
+]

@@ -47,8 +47,7 @@ class DivergenceWatch:
         self.deferred = torch.device(device).type != "cpu" or self.defer_on_cpu
         self.found: Tensor | None = None
 
-    def record(self, update: int, loss: Tensor, grad_norm: Tensor | None,
-               last_saved: tuple[Path, int] | None) -> None:
+    def record(self, update: int, loss: Tensor, grad_norm: Tensor | None, last_saved: tuple[Path, int] | None) -> None:
         """Check one update's global loss and (unless None: fp16 leaves overflows to the GradScaler) its
         gradient norm.
 
@@ -144,5 +143,7 @@ def divergence_message(problem: str, update: int, last_saved: tuple[Path, int] |
     else:
         stem, at = last_saved
         where = f"nothing of it was saved; the last finite checkpoint is {stem.parent}/{stem.name} (update {at})"
-    return (f"training diverged: {problem} at update {update}; {where} (lower optim.lr, raise "
-            "lr_scheduler.warmup_updates, or set train.clip_norm)")
+    return (
+        f"training diverged: {problem} at update {update}; {where} (lower optim.lr, raise "
+        "lr_scheduler.warmup_updates, or set train.clip_norm)"
+    )

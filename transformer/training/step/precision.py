@@ -96,4 +96,11 @@ def describe_hardware(device: torch.device | None = None) -> dict[str, Any]:
     return info
 
 
-__all__ = ["PRECISIONS", "cpu_has_fast_bf16", "cpu_model_name", "cuda_has_fast_bf16", "describe_hardware", "resolve_precision"]
+__all__ = [
+    "PRECISIONS",
+    "cpu_has_fast_bf16",
+    "cpu_model_name",
+    "cuda_has_fast_bf16",
+    "describe_hardware",
+    "resolve_precision",
+]

@@ -65,12 +65,17 @@ class RoutingMonitor:
         """
         if self.load is None:
             return {}
-        counts = torch.cat([self.load.flatten(), self.load.new_full((1,), self.dropped)])  # a fill, not a copy from the host
+        counts = torch.cat(
+            [self.load.flatten(), self.load.new_full((1,), self.dropped)]
+        )  # a fill, not a copy from the host
         if self.distributed:
             dist.all_reduce(counts)
         update_expert_biases(self.model, counts[:-1].view_as(self.load))
-        raw = {"moe_losses": torch.stack([torch.stack(self.aux), torch.stack(self.z)]), "moe_counts": counts,
-               "moe_layers": self.load.shape[0]}
+        raw = {
+            "moe_losses": torch.stack([torch.stack(self.aux), torch.stack(self.z)]),
+            "moe_counts": counts,
+            "moe_layers": self.load.shape[0],
+        }
         self._reset()
         return raw
 

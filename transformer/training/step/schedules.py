@@ -109,8 +109,7 @@ def lr_at(update: int, cfg: Any, base_lr: float, d_model: int, max_updates: int)
         raise ValueError(f"lr_scheduler.form=noam applies to inverse_sqrt only, not {name}")
     if name == "cosine" and max_updates <= warmup:
         raise ValueError(
-            f"lr_scheduler=cosine needs train.max_updates ({max_updates}) > "
-            f"lr_scheduler.warmup_updates ({warmup})"
+            f"lr_scheduler=cosine needs train.max_updates ({max_updates}) > lr_scheduler.warmup_updates ({warmup})"
         )
     if update <= warmup:
         return _linear_warmup(update, warmup, cfg.warmup_init_lr, base_lr)
@@ -161,7 +160,9 @@ class WarmupLRScheduler(LRScheduler):
         ValueError: when the configuration is invalid (see :func:`lr_at`).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, cfg: Any, base_lr: float, d_model: int, max_updates: int) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, cfg: Any, base_lr: float, d_model: int, max_updates: int
+    ) -> None:
         self._params = _ScheduleParams(cfg)
         self._base_lr = float(base_lr)
         self._d_model = int(d_model)

@@ -38,8 +38,14 @@ def read_stats(stats: dict[str, Any], window_tokens: Any = None) -> dict[str, An
     values = [stats[k] for k in names] + ([window_tokens] if window_tokens is not None else [])
     got = dict(zip(names + ["window_tokens"], host_values(values)))
     local = max(int(got["local_tokens"]), 1)
-    out = {"loss": got["loss_sum"] / local, "nll_loss": got["nll_sum"] / local, "ntokens": int(got["ntokens"]),
-           "lr": stats["lr"], "grad_norm": got["grad_norm"], **read_routing(stats["routing"])}
+    out = {
+        "loss": got["loss_sum"] / local,
+        "nll_loss": got["nll_sum"] / local,
+        "ntokens": int(got["ntokens"]),
+        "lr": stats["lr"],
+        "grad_norm": got["grad_norm"],
+        **read_routing(stats["routing"]),
+    }
     if window_tokens is not None:
         out["window_tokens"] = int(got["window_tokens"])
     return out
