@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import socket
 from pathlib import Path
@@ -84,3 +85,32 @@ def tiny_model_config(**overrides) -> OmegaConf:
     for key, value in overrides.items():
         OmegaConf.update(cfg, key, value, merge=False)
     return cfg
+
+
+def multi30k_excerpt(folder: Path, sizes: dict[str, int]) -> Path:
+    """The first ``n`` pairs of each Multi30k split of ``sizes`` (``{"train": 300, "val": 20, ...}``,
+    the split's name in the shared folder) as plain ``<split>.en`` / ``<split>.de`` files in
+    ``folder`` (created), for ``data=parallel_text``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in sizes.items():
+        for lang in ("en", "de"):
+            with gzip.open(SHARED_DATA / "multi30k" / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                (folder / f"{split}.{lang}").write_text("".join(next(f) for _ in range(n)), encoding="utf-8")
+    return folder
+
+
+def parallel_text_args(corpus: Path, vocab_size: int) -> list[str]:
+    """``scripts/train.py`` overrides that read a :func:`multi30k_excerpt` folder (train, val,
+    test_2016_flickr, en->de) with a vocabulary of ``vocab_size`` and the data cache inside it."""
+    return [
+        "data=parallel_text",
+        f"data.root={corpus}",
+        "data.src_lang=en",
+        "data.tgt_lang=de",
+        "data.train_prefix=train",
+        "data.valid_prefix=val",
+        "data.test_prefix=test_2016_flickr",
+        "data.test_splits=[test_2016_flickr]",
+        f"data.vocab_size={vocab_size}",
+        f"data.cache_dir={corpus}/cache",
+    ]

@@ -9,7 +9,6 @@ command shows whether the folder's code ran, not only its exit status."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import shutil
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import REPO_ROOT, SHARED_DATA
+from tests.conftest import REPO_ROOT, multi30k_excerpt, parallel_text_args
 
 PROBE = """import os
 from pathlib import Path
@@ -33,12 +32,7 @@ Path(os.environ["TRUST_PROBE_MARKER"]).write_text("imported", encoding="utf-8")
 def home(tmp_path_factory) -> dict:
     """A tiny corpus, the probe plugin in the user's folder, and a run trained with it."""
     root = tmp_path_factory.mktemp("trust")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for split, n in {"train": 200, "val": 10, "test_2016_flickr": 6}.items():
-        for lang in ("en", "de"):
-            with gzip.open(SHARED_DATA / "multi30k" / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-                (corpus / f"{split}.{lang}").write_text("".join(next(f) for _ in range(n)), encoding="utf-8")
+    corpus = multi30k_excerpt(root / "corpus", {"train": 200, "val": 10, "test_2016_flickr": 6})
     probe = root / "ideas" / "trust_probe"
     probe.mkdir(parents=True)
     (probe / "__init__.py").write_text(PROBE, encoding="utf-8")
@@ -57,16 +51,7 @@ def _train_args(home: dict, run_dir: Path, *extra: str) -> list[str]:
     c = home["corpus"]
     return [
         f"plugins=[{home['probe']}]",
-        "data=parallel_text",
-        f"data.root={c}",
-        "data.src_lang=en",
-        "data.tgt_lang=de",
-        "data.train_prefix=train",
-        "data.valid_prefix=val",
-        "data.test_prefix=test_2016_flickr",
-        "data.test_splits=[test_2016_flickr]",
-        "data.vocab_size=200",
-        f"data.cache_dir={c}/cache",
+        *parallel_text_args(c, 200),
         "model.n_encoder_layers=1",
         "model.n_decoder_layers=1",
         "model.d_model=32",

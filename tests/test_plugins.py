@@ -5,7 +5,6 @@ plugin is never imported without the trust switch; and the bad cases each end in
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, SHARED_DATA
+from tests.conftest import REPO_ROOT, multi30k_excerpt, parallel_text_args
 
 EXAMPLES = REPO_ROOT / "examples" / "plugins"
 OPTIONS = ["model/attention=diff", "model.attention.lambda_init=0.5", "model/ffn=reglu", "model/position=rope"]
@@ -51,12 +50,7 @@ def user(tmp_path_factory) -> dict:
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for split, n in {"train": 300, "val": 20, "test_2016_flickr": 12}.items():
-        for lang in ("en", "de"):
-            with gzip.open(SHARED_DATA / "multi30k" / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-                (corpus / f"{split}.{lang}").write_text("".join(next(f) for _ in range(n)), encoding="utf-8")
+    corpus = multi30k_excerpt(root / "corpus", {"train": 300, "val": 20, "test_2016_flickr": 12})
     ideas = root / "my_ideas"
     for name in ("diff_attention", "reglu"):
         shutil.copytree(EXAMPLES / name, ideas / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -88,16 +82,7 @@ def _train_args(user: dict, run_dir: Path, *extra: str) -> list[str]:
     return [
         f"plugins=[{user['ideas'] / 'diff_attention'},{user['ideas'] / 'reglu'}]",
         *OPTIONS,
-        "data=parallel_text",
-        f"data.root={c}",
-        "data.src_lang=en",
-        "data.tgt_lang=de",
-        "data.train_prefix=train",
-        "data.valid_prefix=val",
-        "data.test_prefix=test_2016_flickr",
-        "data.test_splits=[test_2016_flickr]",
-        "data.vocab_size=250",
-        f"data.cache_dir={c}/cache",
+        *parallel_text_args(c, 250),
         "model.n_encoder_layers=1",
         "model.n_decoder_layers=1",
         "model.d_model=32",

@@ -257,6 +257,8 @@ def resume_config(cfg: DictConfig, saved: dict[str, Any], named: tuple[set[str],
 
     blocked, take = [], []
     for key, old, new in config_differences(_plain(run_cfg), _plain(cfg)):
+        if key == "train.pad_to_multiple" and new == "auto":
+            continue  # auto resolved to the run's number when it started (training_run._resolve_auto_batching)
         if _covered(key, _ALWAYS_FROM_COMMAND_LINE) or (_covered(key, RESUME_OVERRIDES) and is_named(key)):
             take.append((key, new))
         elif is_named(key):
