@@ -13,8 +13,9 @@ one ``zero_grad`` + forward and loss under bf16 autocast + backward + the projec
 Modes: ``eager``; ``compiled`` (``torch.compile`` of the row's loss function, so forward, loss and
 backward run compiled: AOTAutograd compiles the backward graph; the optimizer step stays the fused
 kernel), ``cudagraphs`` (the same with ``mode="reduce-overhead"``: CUDA graphs). The trainer's own
-``train.compile`` wraps ``model.features`` only (``transformer/training/loop/trainer.py``), so the step is
-compiled here the same way for ours and the peers. Each row: target tokens/s (real target tokens,
+``train.compile`` compiles the same part of a step (forward, fused loss, backward:
+``transformer/training/step/compiled.py``); here each row's loss function is compiled the same way
+for ours and the peers. Each row: target tokens/s (real target tokens,
 EOS included, over the median step), MFU against the device's dense bf16 peak counting real tokens
 only (:func:`.batches.real_train_flops`), the step time, the first step's time (the compile), peak
 memory (``torch.cuda.max_memory_allocated`` above what was allocated before), and for compiled rows

@@ -80,3 +80,51 @@ def test_bf16_sublayer_into_fp32_residual_matches_fp32_with_gradients():
     assert grad_x.dtype == torch.bfloat16 and grad_res.dtype == torch.float32
     torch.testing.assert_close(grad_x.float(), grad_x_ref, rtol=8e-3, atol=1e-2)
     torch.testing.assert_close(grad_res, g)
+
+
+def test_under_torch_compile_dropout_traces_whole_and_still_drops():
+    """The in-place ``random_`` of the CPU mask is a graph break: compiled, the framework's dropout
+    runs instead, so a training step with dropout compiles as one graph (issue 44 item 2)."""
+    residual, x = torch.randn(64, 48), torch.randn(64, 48)
+    fn = torch.compile(lambda r, y: dropout_add(r, dropout(y, 0.25, True), 0.25, True), fullgraph=True, backend="eager")
+    out = fn(residual, x)  # fullgraph=True raises on a graph break
+    dropped = (out == residual).float().mean().item()  # elements whose dropout output was zeroed
+    assert 0.35 < dropped < 0.5  # 1 - 0.75^2 = 0.4375 of them
+    kept = out != residual
+    torch.testing.assert_close(out[kept], (residual + x / 0.75 / 0.75)[kept])
+
+
+def test_a_training_step_with_dropout_compiles_as_one_graph():
+    """The 2017 base preset (post-LN, sinusoidal positions, dropout 0.1) in training mode, tiny
+    sizes: forward, fused loss and backward traced by ``fullgraph=True``, under bf16 autocast too."""
+    from transformer.config import typed_config
+    from transformer.models import build_model
+    from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss
+
+    cfg = typed_config(
+        {
+            "model": {
+                "d_model": 32,
+                "n_heads": 4,
+                "d_ff": 64,
+                "n_encoder_layers": 1,
+                "n_decoder_layers": 1,
+                "dropout": 0.1,
+            }
+        }
+    ).model
+    model = build_model(cfg, 60).train()
+    criterion = LabelSmoothedCrossEntropy(0.1, ignore_index=0)
+    src, prev, tgt = torch.randint(4, 60, (3, 9)), torch.randint(4, 60, (3, 7)), torch.randint(4, 60, (3, 7))
+
+    def step(src, prev, tgt):
+        out = model_loss(model, criterion, {"src_tokens": src, "prev_output_tokens": prev}, tgt, None)
+        return out["loss"] / out["ntokens"]
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    for autocast in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = compiled(src, prev, tgt)
+        loss.backward()
+        assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+        model.zero_grad()

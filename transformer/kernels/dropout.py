@@ -6,8 +6,9 @@ tiny 2017 preset: 13% of a CPU training step went to ``bernoulli_``). On CPU thi
 ``r ~ U{0 .. 2^31 - 1}`` with ``random_`` from the default generator (so ``torch.manual_seed``
 and the trainer's saved RNG state make it reproducible) and keeps an element when
 ``r >= round(p * 2^31)``: the drop probability is ``p`` to within ``2^-32``. The kept elements
-are scaled by ``1 / (1 - p)`` (inverted dropout, as PyTorch does). On other devices the
-framework's fused kernel is used unchanged.
+are scaled by ``1 / (1 - p)`` (inverted dropout, as PyTorch does). On other devices, and under
+``torch.compile`` (whose tracer cannot take the in-place ``random_``), the framework's dropout is
+used unchanged.
 
 :func:`dropout_add` computes ``residual + dropout(x)`` in one pass (``addcmul``) for the
 residual blocks. Under bf16/fp16 autocast the sublayer output ``x`` is low precision while the
@@ -54,8 +55,14 @@ class _MaskedScale(torch.autograd.Function):
 
 
 def _use_fast_path(x: Tensor, residual: Tensor | None = None) -> bool:
-    # a low-precision sublayer output may meet an fp32 residual (autocast): addcmul promotes
-    return x.device.type == "cpu" and x.is_floating_point() and (residual is None or residual.is_floating_point())
+    # a low-precision sublayer output may meet an fp32 residual (autocast): addcmul promotes; under
+    # torch.compile the framework's dropout, which traces (an in-place random_ is a graph break)
+    return (
+        x.device.type == "cpu"
+        and x.is_floating_point()
+        and (residual is None or residual.is_floating_point())
+        and not torch.compiler.is_compiling()
+    )
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
