@@ -69,3 +69,62 @@ def test_a_pad_to_multiple_that_is_neither_auto_nor_a_positive_integer_is_refuse
         validate_config(cfg)
     with pytest.raises(ValueError, match="must be auto or an integer >= 1"):
         resolve_pad_to_multiple(value, "cpu", "fp32")
+
+
+def test_a_multiple_past_max_tokens_or_max_positions_is_refused_by_name():
+    from transformer.config import ConfigError, typed_config, validate_config
+
+    for fields, words in (
+        ({"train": {"pad_to_multiple": 8192}}, "train.max_tokens=4096"),
+        ({"train": {"pad_to_multiple": 512}, "model": {"max_positions": 256}}, "model.max_positions=256"),
+    ):
+        with pytest.raises(ConfigError, match=rf"train.pad_to_multiple=\d+ rounds every length past .*{words}"):
+            validate_config(typed_config(fields))
+
+
+def test_a_run_with_a_chosen_multiple_resumes_without_naming_it_again(tmp_path):
+    """The command line's default (auto) on a resume is not a change: the run keeps its own number,
+    whatever auto would resolve to here (scripts/train.py, Hydra's view of what the command line named)."""
+    import json
+    import subprocess
+    import sys
+
+    from omegaconf import OmegaConf
+
+    from tests.conftest import REPO_ROOT, multi30k_excerpt, parallel_text_args
+
+    corpus = multi30k_excerpt(tmp_path / "corpus", {"train": 120, "val": 8, "test_2016_flickr": 4})
+    run = tmp_path / "run"
+    tiny = [
+        *parallel_text_args(corpus, 150),
+        "model.n_encoder_layers=1",
+        "model.n_decoder_layers=1",
+        "model.d_model=32",
+        "model.n_heads=4",
+        "model.d_ff=64",
+        "train.max_tokens=300",
+        "train.max_time=0",
+        "train.validate_every=100",
+        "train.valid_bleu=false",
+        "train.progress=false",
+        "train.num_threads=1",
+        "train.precision=fp32",
+        "lr_scheduler.warmup_updates=1",
+        "generation.beam_size=1",
+        "generation.max_len_b=3",
+        f"hydra.run.dir={run}",
+    ]
+
+    def train(*extra: str) -> None:
+        out = subprocess.run(
+            [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), *tiny, *extra],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+
+    train("train.max_updates=1", "train.pad_to_multiple=8")
+    train("train.max_updates=2", "train.resume=true")  # auto here would be 1 on this CPU
+    assert OmegaConf.load(run / "config.yaml").train.pad_to_multiple == 8
+    assert json.loads((run / "results.json").read_text())["updates"] == 2

@@ -330,7 +330,13 @@ def validate_config(cfg: Any) -> None:
         isinstance(t.pad_to_multiple, bool) or not isinstance(t.pad_to_multiple, int) or t.pad_to_multiple < 1
     ):
         raise ConfigError(
-            f"train.pad_to_multiple={t.pad_to_multiple} must be auto or an integer >= 1 (1 = no rounding)"
+            f"train.pad_to_multiple={t.pad_to_multiple!r} must be auto or an integer >= 1 (1 = no rounding)"
+        )
+    if t.pad_to_multiple != "auto" and t.pad_to_multiple > min(t.max_tokens, cfg.model.max_positions):
+        raise ConfigError(
+            f"train.pad_to_multiple={t.pad_to_multiple} rounds every length past train.max_tokens={t.max_tokens} "
+            f"or model.max_positions={cfg.model.max_positions}: a batch could not hold one sentence; use a multiple "
+            "of at most both (e.g. 8)"
         )
     if t.update_freq < 1:
         raise ConfigError(f"train.update_freq={t.update_freq} must be >= 1")

@@ -93,7 +93,6 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
     run_dir = run_dir_for(command_line)
     check_unlocked(run_dir)  # another process writes this folder: stop before reading or writing anything
     command_line = _requeued_job_resumes(command_line, run_dir)
-    command_line, auto_multiple = _resolve_auto_batching(command_line)
     recorded_plugins = _import_plugins(command_line, run_dir)
     try:
         resume = prepare_resume(command_line, run_dir, torch.device("cpu"))  # reads and checks; writes nothing
@@ -112,6 +111,7 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
             done["skipped_complete"] = True
             return done
     cfg = to_config(resume.cfg) if resume is not None else to_config(cfg)
+    auto_multiple = resume is None and _resolve_auto_batching(cfg)  # before train.finished_runs compares it
     _record_plugins(cfg, plugins_named(cfg.plugins), resume, run_dir, recorded_plugins)
     if resume is None:  # nothing to continue here: finished on another machine (train.finished_runs)?
         done = skip_if_finished_elsewhere(cfg, run_dir, has_checkpoint=bool(checkpoint_names(run_dir)))
@@ -197,28 +197,24 @@ def _requeued_job_resumes(command_line: DictConfig, run_dir: Path) -> DictConfig
     return command_line
 
 
-def _resolve_auto_batching(command_line: DictConfig) -> tuple[DictConfig, bool]:
-    """``train.pad_to_multiple=auto`` resolved to the number of this machine's device and precision
-    (:func:`~transformer.data.batching.resolve_pad_to_multiple`) before anything compares the command
-    line with a run (a resume, ``train.finished_runs``), so that both read a number; a resumed run
-    keeps its own number unless the command line names another. Returns the config (a copy when
-    changed) and whether ``auto`` was resolved. A device that is not here is left to the device
-    check (the Trainer resolves ``auto`` itself too)."""
-    t = command_line.train
-    if str(t.get("pad_to_multiple")) != "auto":
-        return command_line, False
+def _resolve_auto_batching(cfg: Config) -> bool:
+    """``train.pad_to_multiple=auto`` of a new run set, in place, to the number of this machine's
+    device and precision (:func:`~transformer.data.batching.resolve_pad_to_multiple`), before
+    ``train.finished_runs`` compares it with a finished run's recorded number; whether it did. A
+    resume keeps the run's own number (``auto`` on its command line changes nothing:
+    :func:`~transformer.training.job.resume.resume_config`). A device that is not here is left to the
+    device check (the Trainer resolves ``auto`` itself too)."""
+    t = cfg.train
+    if str(t.pad_to_multiple) != "auto":
+        return False
     try:
-        device = resolve_device(t.get("device", "auto"))
+        device = resolve_device(t.device)
     except RuntimeError:  # not a device torch knows: named by the device check
-        return command_line, False
+        return False
     if unavailable(device, "train.device") is not None:
-        return command_line, False
-    command_line = command_line.copy()
-    with open_dict(command_line):
-        command_line.train.pad_to_multiple = resolve_pad_to_multiple(
-            "auto", device.type, resolve_precision(t.get("precision", "auto"), device)
-        )
-    return command_line, True
+        return False
+    t.pad_to_multiple = resolve_pad_to_multiple("auto", device.type, resolve_precision(t.precision, device))
+    return True
 
 
 def _train(
