@@ -11,7 +11,6 @@ a GPU machine.
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import os
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, SHARED_DATA
+from tests.conftest import REPO_ROOT, SHARED_DATA, multi30k_excerpt, parallel_text_args
 
 COMMAND = [sys.executable, "-m", "benchmarks.gpu_check"]  # run from the repository root
 HAVE_DATA = (SHARED_DATA / "multi30k" / "train.en.gz").is_file()
@@ -601,28 +600,14 @@ def corpus(tmp_path_factory) -> Path:
     """The first lines of Multi30k en-de as plain ``{split}.{lang}`` files."""
     if not HAVE_DATA:
         pytest.skip(f"real Multi30k data not found under {SHARED_DATA}")
-    root = tmp_path_factory.mktemp("corpus")
-    for split, n in {"train": 600, "val": 40, "test_2016_flickr": 30}.items():
-        for lang in ("en", "de"):
-            with gzip.open(SHARED_DATA / "multi30k" / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-                (root / f"{split}.{lang}").write_text("".join(next(f) for _ in range(n)), encoding="utf-8")
-    return root
+    return multi30k_excerpt(tmp_path_factory.mktemp("corpus"), {"train": 600, "val": 40, "test_2016_flickr": 30})
 
 
 def _tiny_extra(corpus: Path, updates: int = 2) -> str:
     """EXTRA for results_gpu.sh: the corpus slice, a 1+1-layer model, ``updates`` updates, greedy."""
     return " ".join(
         [
-            "data=parallel_text",
-            f"data.root={corpus}",
-            "data.src_lang=en",
-            "data.tgt_lang=de",
-            "data.train_prefix=train",
-            "data.valid_prefix=val",
-            "data.test_prefix=test_2016_flickr",
-            "data.test_splits=[test_2016_flickr]",
-            "data.vocab_size=300",
-            f"data.cache_dir={corpus}/cache",
+            *parallel_text_args(corpus, 300),
             "model.n_encoder_layers=1",
             "model.n_decoder_layers=1",
             "model.d_model=32",

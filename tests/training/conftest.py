@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import gzip
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
-from tests.conftest import REPO_ROOT, SHARED_DATA
+from tests.conftest import REPO_ROOT, multi30k_excerpt, parallel_text_args
 from transformer.config import register_configs
 
 SIZES = {"train": 600, "val": 40, "test_2016_flickr": 30}
@@ -17,28 +16,13 @@ SIZES = {"train": 600, "val": 40, "test_2016_flickr": 30}
 @pytest.fixture(scope="session")
 def small_corpus(tmp_path_factory) -> Path:
     """The first lines of Multi30k en-de train/val/test in plain files ``{split}.{lang}``."""
-    root = tmp_path_factory.mktemp("corpus")
-    for split, n in SIZES.items():
-        for lang in ("en", "de"):
-            with gzip.open(SHARED_DATA / "multi30k" / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-                lines = [next(f) for _ in range(n)]
-            (root / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
-    return root
+    return multi30k_excerpt(tmp_path_factory.mktemp("corpus"), SIZES)
 
 
 def small_cli_args(corpus: Path, run_dir: Path, *overrides: str) -> list[str]:
     """Overrides of a tiny, fast training run on ``corpus`` writing into ``run_dir``."""
     return [
-        "data=parallel_text",
-        f"data.root={corpus}",
-        "data.src_lang=en",
-        "data.tgt_lang=de",
-        "data.train_prefix=train",
-        "data.valid_prefix=val",
-        "data.test_prefix=test_2016_flickr",
-        "data.test_splits=[test_2016_flickr]",
-        "data.vocab_size=300",
-        f"data.cache_dir={corpus}/cache",
+        *parallel_text_args(corpus, 300),
         "model.n_encoder_layers=2",
         "model.n_decoder_layers=2",
         "model.d_model=32",
