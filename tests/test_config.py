@@ -139,6 +139,27 @@ def test_invalid_schedule_is_rejected():
         validate_config(cfg)
 
 
+CHECKPOINT_ERRORS = [
+    (
+        ["train.average_last=5"],
+        r"train\.average_last=5 averages numbered checkpoints, which only train\.save_every > 0",
+    ),
+    (
+        ["train.average_last=5", "train.save_every=100", "train.keep_last=3"],
+        r"train\.average_last=5 cannot average more checkpoints than train\.keep_last=3",
+    ),
+]
+
+
+@pytest.mark.parametrize("overrides,message", CHECKPOINT_ERRORS, ids=[" ".join(o) for o, _ in CHECKPOINT_ERRORS])
+def test_an_average_of_checkpoints_the_run_never_keeps_is_refused_naming_the_fields(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_config(_compose(overrides))
+    # what the studies use, and keep_last=0 (keep every one), pass
+    validate_config(_compose(["train.average_last=5", "train.save_every=100", "train.keep_last=5"]))
+    validate_config(_compose(["train.average_last=5", "train.save_every=100", "train.keep_last=0"]))
+
+
 def test_cfg_job_prints_resolved_config_without_training():
     out = subprocess.run(
         [sys.executable, "scripts/train.py", "model/position=rope", "model/ffn=swiglu", "--cfg", "job"],

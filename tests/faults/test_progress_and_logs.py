@@ -62,6 +62,10 @@ def test_train_log_holds_the_runs_log(gappy_corpus, tmp_path):
     train(small_config(gappy_corpus, run, "train.max_updates=2", "train.validate_every=2", "train.pad_to_multiple=8"))
     text = (run / "train.log").read_text(encoding="utf-8")
     assert "[data]" in text and "[valid] update 2" in text and "stopped:" in text and "[test]" in text
+    assert re.search(
+        r"model: encoder_decoder, [\d,]+ parameters, precision \w+ \(train.precision=\w+\), eager \(train.compile=false\); run folder",
+        text,
+    ), text[:2000]
     shapes = re.search(
         r"batches: (\d+) distinct \(rows x length\) shapes per epoch, (\d+) batches \(train.pad_to_multiple=8", text
     )

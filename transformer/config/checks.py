@@ -361,6 +361,17 @@ def validate_config(cfg: Any) -> None:
     for name in ("validate_every", "save_every", "keep_last", "average_last", "patience", "clip_norm"):
         if getattr(t, name) < 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")
+    if t.average_last > 0 and t.save_every == 0:
+        raise ConfigError(
+            f"train.average_last={t.average_last} averages numbered checkpoints, which only "
+            f"train.save_every > 0 writes (train.save_every=0): set both, e.g. train.save_every=500 "
+            f"train.average_last={t.average_last}, or train.average_last=0"
+        )
+    if 0 < t.keep_last < t.average_last:
+        raise ConfigError(
+            f"train.average_last={t.average_last} cannot average more checkpoints than "
+            f"train.keep_last={t.keep_last} keeps: raise train.keep_last (0 keeps every one)"
+        )
     if t.onednn_cache_capacity is not None and t.onednn_cache_capacity < 0:
         raise ConfigError(
             f"train.onednn_cache_capacity={t.onednn_cache_capacity} must be >= 0 (0 = no cache) or null (oneDNN's default)"

@@ -257,7 +257,8 @@ def _train(
     shown = f"{params:,} parameters" + (f" ({active:,} active per token)" if active != params else "")
     log(
         f"model: {cfg.model.arch}, {shown}, precision {trainer.precision} "
-        f"(train.precision={t.precision}); run folder {run_dir}"
+        f"(train.precision={t.precision}), {'compiled' if t.compile else 'eager'} (train.compile={str(t.compile).lower()}); "
+        f"run folder {run_dir}"
     )
     log(f"budget: training stops at {budget_sentence(t)}")
     shapes = trainer.sampler.shapes()
