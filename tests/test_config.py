@@ -14,6 +14,7 @@ from tests.conftest import REPO_ROOT
 from transformer.config import (
     ConfigError,
     GenerationConfig,
+    check_checkpoint_averaging,
     model_sizes,
     register_configs,
     validate_config,
@@ -154,10 +155,10 @@ CHECKPOINT_ERRORS = [
 @pytest.mark.parametrize("overrides,message", CHECKPOINT_ERRORS, ids=[" ".join(o) for o, _ in CHECKPOINT_ERRORS])
 def test_an_average_of_checkpoints_the_run_never_keeps_is_refused_naming_the_fields(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        validate_config(_compose(overrides))
+        check_checkpoint_averaging(_compose(overrides).train)
     # what the studies use, and keep_last=0 (keep every one), pass
-    validate_config(_compose(["train.average_last=5", "train.save_every=100", "train.keep_last=5"]))
-    validate_config(_compose(["train.average_last=5", "train.save_every=100", "train.keep_last=0"]))
+    check_checkpoint_averaging(_compose(["train.average_last=5", "train.save_every=100", "train.keep_last=5"]).train)
+    check_checkpoint_averaging(_compose(["train.average_last=5", "train.save_every=100", "train.keep_last=0"]).train)
 
 
 def test_cfg_job_prints_resolved_config_without_training():

@@ -20,8 +20,10 @@ from safetensors import safe_open
 
 from tests.conftest import REPO_ROOT
 from tests.training.conftest import small_config
+from transformer.config import ConfigError
 from transformer.generation import find_checkpoint, load_run
 from transformer.training.checkpoint import average_checkpoints
+from transformer.training.job import training_run
 from transformer.training.job.training_run import train
 
 SPLIT = "test_2016_flickr"
@@ -104,3 +106,22 @@ def test_a_named_file_that_is_gone_falls_back_and_says_so(averaged_run, tmp_path
         (gone / name).write_bytes((averaged_run / name).read_bytes())
     assert find_checkpoint(gone)[1].name == "checkpoint_last.safetensors"
     assert "results.json's test weights checkpoint_avg.safetensors are missing" in capsys.readouterr().err
+
+
+def test_a_new_run_whose_average_its_checkpoints_cannot_give_is_refused_before_any_work(small_corpus, tmp_path) -> None:
+    run = tmp_path / "refused"
+    with pytest.raises(ConfigError, match=r"train\.average_last=2 averages numbered checkpoints, which only"):
+        train(small_config(small_corpus, run, "train.save_every=0", "train.average_last=2"))
+    assert not run.exists() or not any(run.iterdir())
+
+
+def test_a_folder_trained_before_the_averaging_check_still_resumes(small_corpus, tmp_path, monkeypatch) -> None:
+    """A run trained with ``average_last`` but no ``save_every`` (allowed before the check) continues
+    as it was trained: its final test falls back to ``checkpoint_best`` and says so."""
+    run = tmp_path / "old"
+    args = ("train.save_every=0", "train.average_last=2", "train.validate_every=2")
+    with monkeypatch.context() as m:
+        m.setattr(training_run, "check_checkpoint_averaging", lambda t: None)
+        train(small_config(small_corpus, run, *args, "train.max_updates=2"))
+    results = train(small_config(small_corpus, run, *args, "train.max_updates=4", "train.resume=true"))
+    assert results["updates"] == 4 and results["final_model"] == "checkpoint_best"

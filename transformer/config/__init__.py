@@ -23,6 +23,7 @@ from omegaconf import MISSING
 
 from transformer.config import checks, convert, diff, options, rules, runtime, schema, sizes
 from transformer.config.checks import (
+    check_checkpoint_averaging,
     signal_number,
     validate_config,
     validate_generation_config,

@@ -23,6 +23,7 @@ from transformer.modules.residual import RESIDUALS
 from transformer.modules.rope_scaling import ROPE_SCALINGS
 
 __all__ = [
+    "check_checkpoint_averaging",
     "signal_number",
     "validate_config",
     "validate_generation_config",
@@ -361,17 +362,6 @@ def validate_config(cfg: Any) -> None:
     for name in ("validate_every", "save_every", "keep_last", "average_last", "patience", "clip_norm"):
         if getattr(t, name) < 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")
-    if t.average_last > 0 and t.save_every == 0:
-        raise ConfigError(
-            f"train.average_last={t.average_last} averages numbered checkpoints, which only "
-            f"train.save_every > 0 writes (train.save_every=0): set both, e.g. train.save_every=500 "
-            f"train.average_last={t.average_last}, or train.average_last=0"
-        )
-    if 0 < t.keep_last < t.average_last:
-        raise ConfigError(
-            f"train.average_last={t.average_last} cannot average more checkpoints than "
-            f"train.keep_last={t.keep_last} keeps: raise train.keep_last (0 keeps every one)"
-        )
     if t.onednn_cache_capacity is not None and t.onednn_cache_capacity < 0:
         raise ConfigError(
             f"train.onednn_cache_capacity={t.onednn_cache_capacity} must be >= 0 (0 = no cache) or null (oneDNN's default)"
@@ -448,3 +438,30 @@ def validate_generation_config(g: Any) -> None:
         raise ConfigError(f"generation.top_p={g.top_p} must be in (0, 1]")
     if g.temperature < 0 or g.top_k < 0:
         raise ConfigError(f"generation.temperature={g.temperature} and generation.top_k={g.top_k} must be >= 0")
+
+
+def check_checkpoint_averaging(t: Any) -> None:
+    """Refuse a new run's ``train.average_last`` that its checkpoints cannot give.
+
+    The final test averages the last ``train.average_last`` numbered checkpoints, which only
+    ``train.save_every > 0`` writes and ``train.keep_last`` (0 keeps every one) prunes. Checked for a
+    new run only (:func:`~transformer.training.job.training_run.train`): a run folder trained before
+    this check continues as it was trained.
+
+    Args:
+        t: the ``train`` node (:class:`~transformer.config.schema.TrainConfig`).
+
+    Raises:
+        ConfigError: ``average_last > 0`` with ``save_every == 0``, or ``0 < keep_last < average_last``.
+    """
+    if t.average_last > 0 and t.save_every == 0:
+        raise ConfigError(
+            f"train.average_last={t.average_last} averages numbered checkpoints, which only "
+            f"train.save_every > 0 writes (train.save_every=0): set both, e.g. train.save_every=500 "
+            f"train.average_last={t.average_last}, or train.average_last=0"
+        )
+    if 0 < t.keep_last < t.average_last:
+        raise ConfigError(
+            f"train.average_last={t.average_last} cannot average more checkpoints than "
+            f"train.keep_last={t.keep_last} keeps: raise train.keep_last (0 keeps every one)"
+        )

@@ -17,7 +17,15 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from transformer.config import Config, ConfigError, budget_sentence, config_dict, resume_mode, to_config
+from transformer.config import (
+    Config,
+    ConfigError,
+    budget_sentence,
+    check_checkpoint_averaging,
+    config_dict,
+    resume_mode,
+    to_config,
+)
 from transformer.data.batching import resolve_pad_to_multiple
 from transformer.data.dataset import load_translation_data
 from transformer.device import resolve_device, unavailable
@@ -86,7 +94,8 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
         TrainingError: when training diverges (the message names the last finite checkpoint).
         CheckpointError: a checkpoint to resume from that cannot be read or does not fit (the
             message lists the folder's other checkpoints and ``train.resume_from``).
-        ConfigError: a resume whose command line changes fields a resumed run cannot change.
+        ConfigError: a resume whose command line changes fields a resumed run cannot change, or a
+            new run's ``train.average_last`` its checkpoints cannot give (:func:`~transformer.config.check_checkpoint_averaging`).
     """
     start = time.time()
     command_line = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(config_dict(cfg))
@@ -111,6 +120,12 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
             done["skipped_complete"] = True
             return done
     cfg = to_config(resume.cfg) if resume is not None else to_config(cfg)
+    if resume is None:  # a run trained before this check continues as it was trained
+        try:
+            check_checkpoint_averaging(cfg.train)
+        except ConfigError as err:
+            err.run_folder_untouched = True  # type: ignore[attr-defined]
+            raise
     auto_multiple = resume is None and _resolve_auto_batching(cfg)  # before train.finished_runs compares it
     _record_plugins(cfg, plugins_named(cfg.plugins), resume, run_dir, recorded_plugins)
     if resume is None:  # nothing to continue here: finished on another machine (train.finished_runs)?
