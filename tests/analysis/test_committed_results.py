@@ -88,21 +88,48 @@ def test_a_committed_run_loads_as_a_run(run_dir):
         assert (
             run.results["bleu"] == raw["splits"][split]["bleu"] and run.results["chrf"] == raw["splits"][split]["chrf"]
         )
-        assert run.test_time and name.endswith(
-            OmegaConf.select(OmegaConf.create(run.config), "model.position.rope_scaling.rope_type")
-        )
-        assert configs[0].label.endswith(" at test time")
         cfg = typed_config(raw["config"])
+        assert _n_params(cfg) == raw["trained"]["params"]
+        if not run.test_time:  # evaluate.py checkpoint=RUN of the training run beside it
+            _assert_reproduces(run_dir.with_name(name.removesuffix(REPRODUCED)), run_dir, raw)
+            return
+        assert name.endswith(OmegaConf.select(OmegaConf.create(run.config), "model.position.rope_scaling.rope_type"))
+        assert configs[0].label.endswith(" at test time")
         for override in run.test_time:
             key, value = override.split("=", 1)
             assert str(OmegaConf.select(cfg, key)) == value
-        assert _n_params(cfg) == raw["trained"]["params"]
     else:
         assert (run.results["bleu"], run.results["chrf"]) == (raw["bleu"], raw["chrf"])
         assert run.results["test"][split]["bleu"] == raw["bleu"] and 0 < raw["bleu"] < 100
         cfg = typed_config(OmegaConf.load(run_dir / "config.yaml"))
         assert cfg.seed == run.seed
         assert _n_params(cfg) == raw["params"]
+
+
+REPRODUCED = "_evaluate"
+"""The suffix of a committed ``scripts/evaluate.py checkpoint=RUN`` folder of the training run
+``<name>`` beside it (``docs/results/ladder/reproduction/``)."""
+
+
+def _assert_reproduces(trained_dir: Path, evaluated_dir: Path, evaluated: dict) -> None:
+    """``evaluate.py checkpoint=RUN`` scored the weights the run's results.json names, and every split
+    the run tested has the run's BLEU and chrF and its hypotheses, byte for byte."""
+    trained = json.loads((trained_dir / "results.json").read_text(encoding="utf-8"))
+    assert Path(evaluated["checkpoint"]).name == trained["test_weights"] == "checkpoint_avg.safetensors"
+    assert evaluated["trained"]["final_model"] == trained["final_model"]
+    assert evaluated["splits"].keys() == trained["test"].keys()
+    for split, scores in trained["test"].items():
+        assert (evaluated["splits"][split]["bleu"], evaluated["splits"][split]["chrf"]) == (
+            scores["bleu"],
+            scores["chrf"],
+        )
+        assert (evaluated_dir / f"{split}.txt").read_bytes() == (trained_dir / "hyps" / f"{split}.txt").read_bytes()
+
+
+def test_a_committed_reproduction_is_there():
+    """At least one committed study run is reproduced from its checkpoint by ``evaluate.py`` (issue 45)."""
+    reproduced = [d for d in RUN_DIRS if d.name.endswith(REPRODUCED)]
+    assert reproduced and all(d.with_name(d.name.removesuffix(REPRODUCED)) in RUN_DIRS for d in reproduced)
 
 
 def _compare_commands() -> dict[str, tuple[list[str], dict[str, str]]]:
