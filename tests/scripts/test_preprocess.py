@@ -244,7 +244,7 @@ def test_wmt14_recipe_preprocess_then_sbatch_script(tmp_path: Path) -> None:
 def test_sbatch_time_limit_signal_stops_politely_then_requeues(tmp_path: Path) -> None:
     """SLURM's USR1 ahead of the time limit: both ranks stop after one update with checkpoint_last
     saved, then the script requeues the job; the requeued job (the same script) continues."""
-    tiny = [*TINY, "train.max_updates=3000", "train.save_every=0", "train.log_every=1"]
+    tiny = [*TINY, "train.max_updates=3000", "train.save_every=0", "train.average_last=0", "train.log_every=1"]
     out, run, calls = _sbatch(tmp_path, tiny, usr1_after_update=3)
     assert "time limit near: stopping the training politely, then requeueing job 77" in out.stdout, out.stderr[-3000:]
     stopped = re.findall(
