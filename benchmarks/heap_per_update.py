@@ -27,14 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-FIXED = [
-    "train.max_time=0",
-    "train.validate_every=100000",
-    "train.valid_bleu=false",
-    "data.test_splits=[]",
-    "train.progress=false",
-]
-"""Training only: no validation, no test split beside the data's own."""
+from benchmarks.batch_shapes import FIXED  # noqa: E402  (training only: no validation, no test split beside the data's own)
 
 
 def rss_mb() -> float:

@@ -105,6 +105,8 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
     recorded_plugins = _import_plugins(command_line, run_dir)
     try:
         resume = prepare_resume(command_line, run_dir, torch.device("cpu"))  # reads and checks; writes nothing
+        if resume is None:  # a run trained before this check continues as it was trained
+            check_checkpoint_averaging(command_line.train)
     except (ConfigError, CheckpointError) as err:
         err.run_folder_untouched = True  # type: ignore[attr-defined]  (scripts/train.py then drops Hydra's record)
         raise
@@ -120,12 +122,6 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
             done["skipped_complete"] = True
             return done
     cfg = to_config(resume.cfg) if resume is not None else to_config(cfg)
-    if resume is None:  # a run trained before this check continues as it was trained
-        try:
-            check_checkpoint_averaging(cfg.train)
-        except ConfigError as err:
-            err.run_folder_untouched = True  # type: ignore[attr-defined]
-            raise
     auto_multiple = resume is None and _resolve_auto_batching(cfg)  # before train.finished_runs compares it
     _record_plugins(cfg, plugins_named(cfg.plugins), resume, run_dir, recorded_plugins)
     if resume is None:  # nothing to continue here: finished on another machine (train.finished_runs)?
