@@ -257,3 +257,79 @@ def _rank_pid(parent: int, rank: int) -> int | None:
         if ppid == parent and f"RANK={rank}".encode() in environ:
             return int(proc_dir.name)
     return None
+
+
+def _probed_torchrun(tmp_path: Path, args: list[str], probe: dict[str, str]) -> tuple[int, str, list]:
+    """``scripts/train.py`` under torchrun, 2 gloo ranks, through :mod:`tests.training.rank_probe`;
+    returns the exit status, stderr and each rank's record (None for a rank that wrote none)."""
+    out = tmp_path / "probe"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={free_port()}",
+            str(REPO_ROOT / "tests" / "training" / "rank_probe.py"),
+            *args,
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PROBE_OUT": str(out), **probe},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # the ranks too are killed when they hang
+    )
+    try:
+        _, stderr = proc.communicate(timeout=150)  # longer: a rank waits on a collective the other never enters
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate()
+        pytest.fail(f"the ranks hang (no exit in 150 s): {stderr[-2000:]}")
+    records = [json.loads(p.read_text()) if p.is_file() else None for p in (out / "rank0.json", out / "rank1.json")]
+    return proc.returncode, stderr, records
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("distributed", "probe"),
+    [
+        ("ddp", {"PROBE_RANK": "1", "PROBE_CLOCK_RATE": "6"}),  # rank 1's clock runs 6x fast
+        ("fsdp", {"PROBE_RANK": "0", "PROBE_STEP_SLEEP": "0.15"}),  # rank 0 is slower
+    ],
+)
+def test_two_ranks_stopped_by_the_time_budget_stop_together(small_corpus, tmp_path, distributed, probe):
+    """torchrun, gloo: ranks whose clocks or speeds disagree stop at the same update on the time
+    budget (the run's one clock, agreed at the logging points), write results.json and exit 0; a
+    quiet update (not logged, validated or saved) makes no collective but the update's token and
+    loss sums and reads nothing on the host outside the step."""
+    run = tmp_path / "run"
+    args = small_cli_args(
+        small_corpus,
+        run,
+        "train.max_updates=0",
+        "train.max_time=4",
+        "train.log_every=3",
+        "train.validate_every=0",
+        "train.save_every=0",
+        f"train.distributed={distributed}",
+        f"hydra.run.dir={run}",
+    )
+    status, stderr, records = _probed_torchrun(tmp_path, args, probe)
+    assert status == 0, stderr[-3000:]
+    assert all(r is not None and r["error"] is None for r in records), records
+    stops = {r["stopped_at"] for r in records}
+    assert len(stops) == 1, f"the ranks stopped at updates {stops}"
+    stop = stops.pop()
+    results = json.loads((run / "results.json").read_text())
+    assert results["updates"] == stop and results["world_size"] == 2
+    assert "stopped: reached train.max_time=4s" in stderr
+    assert stop % 3 == 0  # decided where the ranks meet anyway: a logging point
+    quiet = [u for u in range(2, stop) if u % 3]
+    assert quiet
+    for record in records:
+        for u in quiet:
+            seen = record["updates"].get(str(u), {"collectives": [], "reads": []})
+            ours = [c for c in seen["collectives"] if not c.endswith(" gradients")]
+            assert ours == ["all_reduce transformer/training/distributed/parallel.py:global_sums"], (u, seen)
+            assert seen["reads"] == [], (u, seen)

@@ -7,9 +7,11 @@ preemption and on ``scancel`` (then SIGKILL after ``KillWait``), or the signal n
 such a signal; so does this project.
 
 :class:`GracefulStop` installs a handler for each of ``train.stop_signals`` that only records the
-signal. The trainer looks at it after every update (all ranks agree under torchrun: one rank
-receiving the signal is enough, see :meth:`~transformer.training.distributed.parallel.DataParallel.any_rank`),
-finishes the update in progress (and the validation in progress, if one is running), saves
+signal. One process looks at it after every update; under torchrun the ranks exchange it where
+they meet anyway, at the updates they log, validate or save (one rank receiving the signal is
+enough, see :meth:`~transformer.training.distributed.parallel.DataParallel.agree`), so the run stops
+within ``train.log_every`` updates. The trainer finishes the update in progress (and the validation
+in progress, if one is running), saves
 ``checkpoint_last`` (atomically, as every save) and raises :class:`StopRequested`. The run then
 logs where it stopped and how to continue, and ends with exit status :data:`STOP_EXIT_STATUS`.
 Further signals while it stops are logged and ignored (a second SIGINT, a user's impatient Ctrl-C,
@@ -28,7 +30,7 @@ from typing import Any
 
 from transformer.config import signal_number, time_budget
 
-__all__ = ["STOP_EXIT_STATUS", "GracefulStop", "StopRequested", "budget_reached", "stop_if_signalled"]
+__all__ = ["STOP_EXIT_STATUS", "GracefulStop", "StopRequested", "budget_reached", "stop_on_signal"]
 
 STOP_EXIT_STATUS = 75
 """Exit status of a run stopped by a signal after saving (``EX_TEMPFAIL``: not finished, run again to continue)."""
@@ -138,18 +140,20 @@ def budget_reached(train: Any, *, update: int, epochs_done: int, train_time: flo
     return None
 
 
-def stop_if_signalled(trainer: Any) -> None:
-    """After an update (and its validation), on every rank: when any rank received a stop signal
-    (``trainer.stopping``), save ``checkpoint_last`` unless this update is saved already, then raise
-    :class:`StopRequested`. A collective under torchrun (every rank calls it after every update).
+def stop_on_signal(trainer: Any) -> None:
+    """After an update (and its validation) at which the ranks found a stop signal (received by
+    this rank or, under torchrun, by another): save ``checkpoint_last`` unless this update is saved
+    already, then raise :class:`StopRequested`. Every rank calls it at the same update (under FSDP
+    the save gathers the weights).
 
     Args:
-        trainer: the :class:`~transformer.training.loop.trainer.Trainer` (``parallel``, ``stopping``,
+        trainer: the :class:`~transformer.training.loop.trainer.Trainer` (``stopping``,
             ``last_saved``, ``save``, ``update``, ``run_dir``).
+
+    Raises:
+        StopRequested: always.
     """
     stopping = trainer.stopping
-    if not trainer.parallel.any_rank(stopping is not None and stopping.requested):
-        return
     if trainer.last_saved is None or trainer.last_saved[1] != trainer.update:
         trainer.save()
     name = stopping.received.name if stopping is not None and stopping.received else "a signal on another rank"

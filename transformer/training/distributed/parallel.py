@@ -188,16 +188,19 @@ class DataParallel:
 
     def normalise(self, params: list[Tensor], ntokens: int | Tensor) -> None:
         """Divide the reduced gradients of ``params`` by the global number of target tokens
-        (first undoing FSDP2's division by the world size where the backend averaged). A count on
-        the device is not read (no host sync): with no tokens the gradients are zero and stay so."""
+        (first undoing FSDP2's division by the world size where the backend averaged), in one
+        multi-tensor kernel (``torch._foreach_div_``) rather than one launch per parameter. A count
+        on the device is not read (no host sync): with no tokens the gradients are zero and stay so."""
         if isinstance(ntokens, Tensor):
             ntokens = ntokens.clamp(min=1).to(torch.float32)
         elif ntokens <= 0:
             return
-        for p in params:
-            if self.mean_reduced:
-                p.grad.mul_(self.dist.world_size)
-            p.grad.div_(ntokens)
+        grads = [p.grad for p in params]
+        if not grads:
+            return
+        if self.mean_reduced:
+            torch._foreach_mul_(grads, self.dist.world_size)
+        torch._foreach_div_(grads, ntokens)
 
     def global_sums(self, ntokens: int | Tensor, loss_sum: float | Tensor) -> tuple[int | Tensor, float | Tensor]:
         """``(ntokens, loss_sum)`` summed over ranks (unchanged with one process). Given a tensor,
@@ -213,14 +216,25 @@ class DataParallel:
             return t[0].round().long(), t[1]
         return int(round(t[0].item())), float(t[1].item())
 
-    def any_rank(self, flag: bool) -> bool:
-        """Whether ``flag`` is true on any rank (a collective under torchrun: every rank calls it;
-        e.g. a stop signal received by one rank only)."""
+    def agree(self, train_time: float, signalled: bool) -> tuple[float, bool]:
+        """One clock and one stop flag for all ranks: the largest ``train_time`` (the slowest rank's
+        clock, so every rank takes the time budget's decision at the same update) and whether any
+        rank received a stop signal. A collective and a host read under torchrun: every rank calls
+        it at the same updates (those it logs, validates or saves), never in a quiet update.
+
+        Args:
+            train_time: this rank's training seconds so far.
+            signalled: whether this rank received a stop signal.
+
+        Returns:
+            ``(train_time, signalled)`` agreed over the ranks (this rank's own with one process).
+        """
         if self.mode == "none":
-            return flag
-        t = torch.tensor([1.0 if flag else 0.0], device=self.dist.device)
+            return train_time, signalled
+        t = torch.tensor([train_time, 1.0 if signalled else 0.0], dtype=torch.float64, device=self.dist.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item() > 0)
+        agreed_time, flag = t.tolist()
+        return agreed_time, flag > 0
 
     # ------------------------------------------------------------------ full weights on rank 0
 

@@ -49,7 +49,7 @@ from transformer.training.step.precision import resolve_precision
 from transformer.training.step.routing import RoutingMonitor, read_routing
 from transformer.training.step.schedules import build_scheduler
 from transformer.training.step.update_stats import read_stats
-from transformer.training.stopping import GracefulStop, budget_reached, stop_if_signalled
+from transformer.training.stopping import GracefulStop, budget_reached, stop_on_signal
 
 __all__ = ["Trainer", "TrainingError"]
 
@@ -119,7 +119,8 @@ class Trainer:
         self.best_metric: float | None = None
         self.bad_validations = 0
         self.train_tokens = 0  # a property: the host count plus the updates' device counts not read yet
-        self.train_time = 0.0
+        self.train_time = 0.0  # training seconds of the run, at the ranks' last meeting (see fit)
+        self._clock_start = time.time()  # since when training time runs and is not yet in train_time
         self.wall_time_before = 0.0  # wall seconds of the earlier processes of this run (resumes)
         self.started = time.time()
         self.memory = PhaseMemory(self.device)  # peak memory per phase (training, validation, test)
@@ -371,16 +372,36 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
-    def stop_reason(self) -> str | None:
+    def stop_reason(self, train_time: float | None = None) -> str | None:
         """Why training stops now (a sentence naming the ``train.*`` limit reached), or None; see
-        :func:`~transformer.training.stopping.budget_reached`."""
+        :func:`~transformer.training.stopping.budget_reached`. ``train_time``: the training seconds
+        to judge the time budget by (default: :attr:`train_time`, the run's clock at the last
+        meeting of the ranks)."""
         return budget_reached(
             self.cfg.train,
             update=self.update,
             epochs_done=self.epochs_done,
-            train_time=self.train_time,
+            train_time=self.train_time if train_time is None else train_time,
             bad_validations=self.bad_validations,
         )
+
+    def _signal_received(self) -> bool:
+        return self.stopping is not None and self.stopping.requested
+
+    def _meet(self) -> bool:
+        """A point every rank reaches at the same update (a logged, validated or saved update, or the
+        last): the wall time since the last one, the device's queued work included, is added to
+        :attr:`train_time`, then under torchrun the ranks agree on one clock (the slowest's) and on
+        whether any received a stop signal (one collective,
+        :meth:`~transformer.training.distributed.parallel.DataParallel.agree`). Returns whether a
+        stop signal arrived."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the updates' device work is training time too
+        now = time.time()
+        self.train_time += now - self._clock_start
+        self._clock_start = now
+        self.train_time, signalled = self.parallel.agree(self.train_time, self._signal_received())
+        return signalled
 
     def fit(self, logger: Any) -> str:
         """Train until a ``train.*`` limit is reached: updates of ``update_freq`` micro-batches,
@@ -388,6 +409,15 @@ class Trainer:
         the end), checkpoints after each validation and every ``save_every`` updates. The host reads
         the device's losses, counts and finiteness state only at those points; the progress bar
         shows the last logged update's values.
+
+        Every stop is decided alike on every rank. Update and epoch limits are the same on every
+        rank by construction (every rank has as many batches per epoch), and patience follows rank
+        0's broadcast validation. The time budget and stop signals are decided where the ranks meet
+        anyway, at the updates they log, validate or save (:meth:`_meet`): one process judges them
+        after every update; under torchrun they hold within ``train.log_every`` updates, and a quiet
+        update makes no collective beyond its gradients' and token counts' reductions.
+        :attr:`train_time` is wall time between those points without validation and saving, so it
+        counts the device's work.
 
         Args:
             logger: a :class:`~transformer.training.monitoring.loggers.MetricsLogger` (``log(metrics, step, split)``).
@@ -399,8 +429,10 @@ class Trainer:
             TrainingError: on a non-finite loss or gradient norm (the last good checkpoint stays; on
                 an accelerator found up to ``log_every`` updates later, see
                 :class:`~transformer.training.step.divergence.DivergenceWatch`).
+            StopRequested: a stop signal, after saving ``checkpoint_last``.
         """
         t = self.cfg.train
+        one_process = self.parallel.mode == "none"
         progress = TrainingBar(
             max_updates=t.max_updates,
             max_time=time_budget(t),
@@ -412,26 +444,36 @@ class Trainer:
         batches = self._batches()
         self.memory.enter("training")
         stop = self.stop_reason()
-        # target tokens since the last log (a device tensor off the eager CPU path)
-        window_tokens, window_start, shown = 0, time.time(), {"loss": "-", "tok_s": "-"}
+        # target tokens since the last log (a device tensor off the eager CPU path) and the training
+        # seconds they took
+        window_tokens, logged_time, shown = 0, self.train_time, {"loss": "-", "tok_s": "-"}
+        self._clock_start = time.time()
         try:
             while stop is None:
                 step_start = time.time()
                 stats = self.train_step([next(batches) for _ in range(t.update_freq)])
-                self.train_time += time.time() - step_start
                 window_tokens = window_tokens + stats["ntokens"]
-                stop = self.stop_reason()
-                if self.update % t.log_every == 0 or self.update == 1 or stop is not None:  # and the last update
+                log_now = self.update % t.log_every == 0 or self.update == 1
+                validate_now = t.validate_every > 0 and self.update % t.validate_every == 0
+                save_now = t.save_every > 0 and self.update % t.save_every == 0
+                meet = log_now or validate_now or save_now
+                if not meet and one_process:  # the time budget and a signal after every update
+                    clock = self.train_time + (time.time() - self._clock_start)
+                    meet = self.stop_reason(clock) is not None or self._signal_received()
+                elif not meet:  # the limits every rank reaches at the same update
+                    meet = self.stop_reason() is not None
+                signalled = self._meet() if meet else False
+                stop = self.stop_reason() if meet else None
+                if log_now or stop is not None:  # and the last update
                     self.divergence.check(self.last_saved)  # the host reads the device's state here
                     logged = self.read_stats(stats, window_tokens)
-                    elapsed = max(time.time() - window_start, 1e-9)
                     logged.update(
-                        tokens_per_s=logged.pop("window_tokens") / elapsed,
+                        tokens_per_s=logged.pop("window_tokens") / max(self.train_time - logged_time, 1e-9),
                         epoch=self.epoch,
                         ppl=perplexity(logged["nll_loss"]),
                     )
                     logger.log(logged, step=self.update, split="train")
-                    window_tokens, window_start = 0, time.time()
+                    window_tokens, logged_time = 0, self.train_time
                     shown = {"loss": f"{logged['loss']:.3f}", "tok_s": f"{logged['tokens_per_s']:.0f}"}
                 # the last logged loss and tokens/s (reading every update's would stall an accelerator)
                 progress.step(
@@ -441,16 +483,17 @@ class Trainer:
                     lr=f"{stats['lr']:.2e}",
                     tok_s=shown["tok_s"],
                 )
-                validate_now = t.validate_every > 0 and self.update % t.validate_every == 0
                 if validate_now or stop is not None:
                     self.divergence.check(self.last_saved)
                     is_best = self.validate(logger)
                     stop = self.stop_reason()
-                    self.save(is_best=is_best, numbered=t.save_every > 0 and self.update % t.save_every == 0)
-                elif t.save_every > 0 and self.update % t.save_every == 0:
+                    self.save(is_best=is_best, numbered=save_now)
+                elif save_now:
                     self.save(numbered=True)
-                if stop is None:
-                    stop_if_signalled(self)
+                if meet:
+                    self._clock_start = time.time()  # validating and saving are not training time
+                if stop is None and (signalled or (one_process and self._signal_received())):
+                    stop_on_signal(self)
         finally:
             progress.close()
         return stop
