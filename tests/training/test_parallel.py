@@ -115,3 +115,32 @@ def test_distributed_switch_is_validated():
         validate_config(fp16)
     with pytest.raises(ConfigError, match="train.ema_decay > 0 with train.distributed=fsdp"):
         validate_config(ema)
+
+
+def test_gradient_division_is_one_multi_tensor_kernel_equal_by_value():
+    """``DataParallel.normalise`` divides every gradient by the token count (a host int or a device
+    count) in one ``_foreach_div_``, with the same numbers as a division per parameter."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    model = build_model(tiny_model_config(), VOCAB)
+    parallel = DataParallel(TrainingLoss(model, None), "ddp", DistInfo(0, 1, torch.device("cpu")))
+    for ntokens in (37, torch.tensor(37)):
+        g = torch.Generator().manual_seed(3)
+        params = [p for p in model.parameters()]
+        grads = [torch.randn(p.shape, generator=g) for p in params]
+        for p, grad in zip(params, grads):
+            p.grad = grad.clone()
+        with Ops() as ops:
+            parallel.normalise(params, ntokens)
+        assert ops.names.count("_foreach_div_") == 1 and "div_" not in ops.names, ops.names
+        for p, grad in zip(params, grads):
+            torch.testing.assert_close(p.grad, grad.div_(37), rtol=0, atol=0)
