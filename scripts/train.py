@@ -54,5 +54,6 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    sys.argv[1:] = prepare_command_line(sys.argv[1:])  # plugins=[...] first: their options exist before Hydra composes
+    # plugins=[...] first: their options exist before Hydra composes; unknown keys refused before any folder
+    sys.argv[1:] = prepare_command_line(sys.argv[1:], ROOT / "configs")
     main()

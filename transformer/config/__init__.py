@@ -16,12 +16,14 @@ Where things are: :mod:`.schema` (the dataclasses and their ConfigStore registra
 plain data; older stored shapes upgraded), :mod:`.sizes` (head width, key/value heads, feed-forward width: the sizes a model config implies),
 :mod:`.checks` (the checks of field combinations; the options of each switch come from the
 tables beside the classes, e.g. :data:`transformer.modules.ffn.FFNS`), :mod:`.diff`
-(:func:`config_differences`: the fields where two configs differ).
+(:func:`config_differences`: the fields where two configs differ), :mod:`.fields` (an unknown key
+refused by name with the nearest known fields, on a composed config or a command line before Hydra
+runs).
 """
 
 from omegaconf import MISSING
 
-from transformer.config import checks, convert, diff, options, rules, runtime, schema, sizes
+from transformer.config import checks, convert, diff, fields, options, rules, runtime, schema, sizes
 from transformer.config.checks import (
     check_checkpoint_averaging,
     signal_number,
@@ -41,6 +43,7 @@ from transformer.config.convert import (
     upgrade_config,
 )
 from transformer.config.diff import config_differences
+from transformer.config.fields import check_command_line, check_known_fields, unknown_field_sentence, unknown_fields
 from transformer.config.options import (
     GROUPS,
     LR_SCHEDULERS,
@@ -102,6 +105,7 @@ __all__ = [
     "MISSING",
     *convert.__all__,
     *diff.__all__,
+    *fields.__all__,
     *options.__all__,
     *rules.__all__,
     *runtime.__all__,

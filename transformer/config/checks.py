@@ -10,6 +10,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from transformer.config.fields import check_known_fields
 from transformer.config.options import GROUPS, LR_SCHEDULERS, structured_config
 from transformer.config.runtime import resume_mode, time_budget
 from transformer.config.schema import ConfigError
@@ -305,12 +306,13 @@ def validate_config(cfg: Any) -> None:
     Raises:
         ConfigError: naming the offending fields.
     """
-    if isinstance(cfg, DictConfig):  # catches keys appended with Hydra's "+" that the schema lacks
+    if isinstance(cfg, DictConfig):  # a key appended with Hydra's "+" that no typed node has: refused by name
+        check_known_fields(cfg)
         try:
             job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
             OmegaConf.merge(structured_config(job), job)
         except OmegaConfBaseException as err:
-            raise ConfigError(f"unknown or mistyped field: {err}".splitlines()[0]) from None
+            raise ConfigError(f"mistyped field: {err}".splitlines()[0]) from None
     validate_model_config(cfg.model, joint_vocab=cfg.data.joint_vocab)
     t = cfg.train
     if t.precision not in ("auto", "fp32", "bf16", "fp16"):
@@ -341,6 +343,10 @@ def validate_config(cfg: Any) -> None:
         )
     if t.update_freq < 1:
         raise ConfigError(f"train.update_freq={t.update_freq} must be >= 1")
+    if t.prefetch != "auto" and (isinstance(t.prefetch, bool) or not isinstance(t.prefetch, int) or t.prefetch < 0):
+        raise ConfigError(
+            f"train.prefetch={t.prefetch!r} must be auto or an integer >= 0 (batches collated ahead; 0 = none)"
+        )
     if t.max_time is not None and t.max_time < 0:
         raise ConfigError(
             f"train.max_time={t.max_time} must be >= 0 (seconds; 0 = no limit, null = the default budget)"

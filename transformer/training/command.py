@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -26,7 +27,7 @@ from transformer.cli import (
     sweeper_direction,
     user_errors,
 )
-from transformer.config import ConfigError, flat_group_override, to_config, validate_config
+from transformer.config import ConfigError, check_command_line, flat_group_override, to_config, validate_config
 from transformer.data.corpus import DataError
 from transformer.hydra_record import forget_record, job_run_dir
 from transformer.io import LOCK_NAME, FolderLocked
@@ -46,15 +47,19 @@ RUN_ERRORS = {
 """The user errors of a run and their exit statuses (one line on stderr each)."""
 
 
-def prepare_command_line(argv: Sequence[str]) -> list[str]:
+def prepare_command_line(argv: Sequence[str], config_dir: str | Path | None = None) -> list[str]:
     """Check the command line before Hydra sees it and add the plugins' config folders.
 
     A missing Hydra launcher/sweeper plugin, a flat group override (``model.attention=gqa``, which
-    names ``model/attention=gqa``) and a plugin that does not import each stop here with one line
-    and exit status 2, before Hydra makes a run folder.
+    names ``model/attention=gqa``), a plugin that does not import and a key that no typed config
+    node has (``+train.max_updatez=5``, ``model.ffn.tau=0.5``, or a key of a chosen experiment's or
+    plugin's YAML: :func:`~transformer.config.check_command_line`, every job of a multirun) each
+    stop here with one line and exit status 2, before Hydra makes a run folder.
 
     Args:
         argv: the command line's arguments (``sys.argv[1:]``).
+        config_dir: the script's config folder (``configs/``), where the command line is composed
+            to find unknown keys; None skips that check (the job still refuses them when it starts).
 
     Returns:
         ``argv`` with ``hydra.searchpath`` extended by each plugin's ``configs/`` folder (its options
@@ -67,7 +72,13 @@ def prepare_command_line(argv: Sequence[str]) -> list[str]:
         check_hydra_plugins(argv)
         if (flat := flat_group_override(argv)) is not None:
             raise ConfigError(f"invalid configuration: {flat}")
-        return command_line_plugins(argv)
+        argv = command_line_plugins(argv)
+        if config_dir is not None:
+            try:
+                check_command_line(argv, config_dir, "train")
+            except ConfigError as err:
+                raise ConfigError(f"invalid configuration: {err}") from None
+        return argv
     except (MissingPlugin, ConfigError, PluginError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -1,0 +1,286 @@
+"""Every key of a config must be a field of its typed node: an unknown key is refused, never dropped.
+
+A key reaches a composed config that its typed node lacks in three ways: an override with Hydra's
+``+`` (``+train.max_updatez=5``: Hydra appends it, and the typed :class:`~transformer.config.Config`
+would silently leave it out), an override without it (Hydra stops with "To append to your config use
++..."), or a key of an experiment's or a plugin's YAML file (Hydra stops at composition). Each is
+refused here in one line that names the key and the nearest fields its node has (``train.max_updatez
+is not a field of train; did you mean train.max_updates?``), the group option that has it when another
+option of the group does (``model.ffn.tau0 is a field of model/ffn=tempglu``), through
+:class:`~transformer.config.ConfigError` (exit status 2 in ``scripts/train.py``).
+
+:func:`check_command_line` composes the command line once before Hydra runs (a multirun's sweeps
+with their first value, each swept config group with each of its options), so that nothing is
+written and no job of a sweep starts; :func:`check_known_fields` checks a composed config (the
+training job checks its own config again, e.g. a sweeper's trial).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException, HydraException
+from omegaconf import DictConfig, OmegaConf
+
+from transformer.config import schema
+from transformer.config.options import GROUPS, structured_config
+from transformer.config.schema import ConfigError
+
+__all__ = ["check_command_line", "check_known_fields", "unknown_field_sentence", "unknown_fields"]
+
+_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn"}
+"""Hydra's flags that take a value (the next argument, or ``--flag=value``)."""
+_NO_CHECK = {"--help", "-h", "--hydra-help", "--version", "--info", "-i", "--shell-completion", "-sc"}
+"""Hydra's flags that compose no config of the job: nothing is checked before Hydra runs."""
+_OWN_PRIMARY = {"--config-path", "-cp", "--config-dir", "-cd", "--experimental-rerun"}
+"""Hydra's flags that name config folders of their own (or a pickled config): the job checks its
+config when it starts (:func:`check_known_fields`), not this module before Hydra runs."""
+_MAX_COMPOSES = 64
+"""A sweep of config groups is composed once per option of each swept group, at most this often."""
+_NOT_OVERRIDABLE = re.compile(r"Could not override '([^']+)'")
+_IN_FILE = re.compile(r"In '([^']+)': Config(?:Key|Attribute)Error raised while composing config")
+_FULL_KEY = re.compile(r"full_key: (\S+)")
+_OBJECT_TYPE = re.compile(r"object_type=(\w+)")
+
+
+def _dataclasses() -> dict[str, type]:
+    """Every dataclass a config node can be typed by, by name: the schema's and each group option's
+    (those plugins register included)."""
+    found = {name: cls for name, cls in vars(schema).items() if isinstance(cls, type) and dataclasses.is_dataclass(cls)}
+    for group in GROUPS.values():
+        found.update({cls.__name__: cls for cls in group.options.values()})
+    return found
+
+
+def _group_at(path: str):
+    return next((g for g in GROUPS.values() if g.path == path), None)
+
+
+def unknown_field_sentence(path: str, known: Sequence[str], *, option: str | None = None, source: str = "") -> str:
+    """The sentence refusing the key ``path`` whose node has the fields ``known``.
+
+    Args:
+        path: the dotted key (``model.ffn.tau``).
+        known: the fields of its parent node.
+        option: the option chosen for the parent node's group, when it is one (``relu``).
+        source: the config file that holds the key (``experiment/bad``), when not the command line.
+
+    Returns:
+        ``<path>[ (in <source>)] is not a field of <parent>[ (<group>=<option>)]; did you mean
+        <nearest>?``, or naming the option of the same group that has the field, or listing the
+        node's fields when none is near.
+    """
+    parent, _, leaf = path.rpartition(".")
+    where = f"{parent}" if parent else "the config"
+    group = _group_at(parent)
+    if group is not None and option is not None:
+        where += f" ({group.switch}={option})"
+    sentence = f"{path}{f' (in {source})' if source else ''} is not a field of {where}"
+    if group is not None:
+        holders = sorted(
+            name
+            for name, cls in group.options.items()
+            if name != option and leaf in {f.name for f in dataclasses.fields(cls)}
+        )
+        if holders:
+            return f"{sentence}; it is a field of {' and '.join(f'{group.switch}={h}' for h in holders)}"
+    close = difflib.get_close_matches(leaf, list(known), n=3, cutoff=0.6)
+    prefix = f"{parent}." if parent else ""
+    if close:
+        return f"{sentence}; did you mean {' or '.join(prefix + c for c in close)}?"
+    return f"{sentence}; its fields: {', '.join(sorted(known))}"
+
+
+def _walk(node: DictConfig, typed: DictConfig, prefix: str) -> Iterator[str]:
+    fields = [str(k) for k in typed.keys()]
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        if "/" in str(key):  # Hydra appends "+<group>=<option>" as a key when the group has no such option
+            switch = GROUPS.get(str(key))
+            value = node._get_node(key)._value()
+            yield f"{key}={value} names no option of a config group" + (
+                f"; a built-in {switch.path.rpartition('.')[2]} is set as {switch.path}.{switch.key}={value}"
+                if switch is not None
+                else ""
+            )
+            continue
+        if key not in fields:
+            group = _group_at(prefix[:-1])
+            option = None if group is None else node._get_node(group.key)
+            option = None if option is None else str(option._value())
+            yield unknown_field_sentence(path, fields, option=option)
+            continue
+        child, child_typed = node._get_node(key), typed._get_node(key)
+        if (
+            isinstance(child, DictConfig)
+            and isinstance(child_typed, DictConfig)
+            and dataclasses.is_dataclass(OmegaConf.get_type(child_typed))
+        ):
+            yield from _walk(child, child_typed, f"{path}.")
+
+
+def unknown_fields(cfg: Any) -> list[str]:
+    """The sentences refusing each key of ``cfg`` that its typed node does not have.
+
+    Args:
+        cfg: a composed config (DictConfig; its ``hydra`` node is Hydra's and not checked) or a dict.
+            Each group's node is typed by the dataclass of the option it names
+            (:func:`~transformer.config.options.structured_config`); a field holding a plain
+            mapping (``extra``, ``plugin_files``) takes any key.
+
+    Returns:
+        One :func:`unknown_field_sentence` per unknown key, in the config's order; empty when every
+        key is known.
+    """
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
+    node = OmegaConf.masked_copy(node, [k for k in node.keys() if k != "hydra"])
+    return list(_walk(node, structured_config(node), ""))
+
+
+def check_known_fields(cfg: Any) -> None:
+    """Refuse a config holding a key its typed node does not have (:func:`unknown_fields`).
+
+    Raises:
+        ConfigError: the sentences of every unknown key, joined by ``; ``.
+    """
+    if found := unknown_fields(cfg):
+        raise ConfigError("; ".join(found))
+
+
+def _yaml_key_sentence(err: BaseException) -> str | None:
+    """The sentence for Hydra's error about an unknown key of a config file (an experiment's, a
+    ladder step's, a plugin's), or None when ``err`` is another error."""
+    text = "\n".join(str(e) for e in (err, err.__cause__) if e is not None)
+    source, full_key, object_type = (_IN_FILE.search(text), _FULL_KEY.search(text), _OBJECT_TYPE.search(text))
+    if source is None or full_key is None or object_type is None:
+        return None
+    cls = _dataclasses().get(object_type.group(1))
+    if cls is None:
+        return None
+    known = [f.name for f in dataclasses.fields(cls)]
+    group = _group_at(full_key.group(1).rpartition(".")[0])
+    option = None
+    if group is not None:
+        option = next((f.default for f in dataclasses.fields(cls) if f.name == group.key), None)
+    return unknown_field_sentence(full_key.group(1), known, option=option, source=source.group(1))
+
+
+def _split(argv: Sequence[str]) -> tuple[list[str], str | None] | None:
+    """The overrides and ``--config-name`` of Hydra's command line ``argv``; None
+    when the command composes no job config (``--help``, ``--info``, ...) or names its own primary
+    config folder."""
+    overrides: list[str] = []
+    values: dict[str, str] = {}
+    args = iter(argv)
+    for arg in args:
+        flag, eq, value = arg.partition("=")
+        if arg.startswith("-") and not arg.startswith("--") and "=" not in arg and arg not in _WITH_VALUE:
+            if arg in _NO_CHECK or arg in _OWN_PRIMARY:
+                return None
+            continue  # -m, ...
+        if arg.startswith("--"):
+            if flag in _NO_CHECK or flag in _OWN_PRIMARY:
+                return None
+            if flag in _WITH_VALUE:
+                values[flag] = value if eq else next(args, "")
+            continue
+        if arg in _WITH_VALUE:
+            values[arg] = next(args, "")
+            continue
+        overrides.append(arg)
+    return overrides, values.get("--config-name") or values.get("-cn")
+
+
+def _variants(overrides: list[str]) -> Iterator[list[str]]:
+    """The override lists to compose: each sweep at its first value, then each further option of a
+    swept config group (a key without a dot) on its own. Sweeps that cannot be enumerated (Optuna's
+    ``interval``, ``glob``) are left out; Hydra's own settings too, but the search path."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    base: list[str] = []
+    swept: list[tuple[int, str, list[str]]] = []
+    for arg, override in zip(overrides, parsed, strict=True):
+        key = override.key_or_group
+        if key.startswith("hydra") and key != "hydra.searchpath":
+            continue
+        if not override.is_sweep_override():
+            base.append(arg)
+            continue
+        try:
+            values = list(override.sweep_string_iterator())
+        except HydraException:  # interval / glob: no values to compose
+            continue
+        if not values:
+            continue
+        base.append(f"{override.get_key_element()}={values[0]}")
+        if "." not in key and len(values) > 1:
+            swept.append((len(base) - 1, override.get_key_element(), values[1:]))
+    yield base
+    for at, key, values in swept:
+        for value in values:
+            yield [*base[:at], f"{key}={value}", *base[at + 1 :]]
+
+
+def _compose_sentences(config_dir: Path, config_name: str, overrides: list[str]) -> list[str]:
+    """Compose ``overrides`` and return the unknown keys' sentences. An override Hydra cannot set
+    (no such key) is composed again with ``++`` (so that every unknown key is named at once); any
+    other composition error returns nothing here (Hydra reports it as it does)."""
+    overrides = list(overrides)
+    for _ in range(len(overrides) + 1):
+        try:
+            with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+                cfg = compose(config_name=config_name, overrides=overrides)
+        except ConfigCompositionException as err:
+            if (sentence := _yaml_key_sentence(err)) is not None:
+                return [sentence]
+            match = _NOT_OVERRIDABLE.search(str(err))
+            at = next(
+                (i for i, o in enumerate(overrides) if match and o.lstrip("+~").split("=", 1)[0] == match.group(1)),
+                None,
+            )
+            if at is None or overrides[at].startswith(("+", "~")):
+                return []
+            overrides[at] = "++" + overrides[at]
+            continue
+        except Exception:  # any other error is Hydra's to report, in its own words
+            return []
+        return unknown_fields(cfg)
+    return []
+
+
+def check_command_line(argv: Sequence[str], config_dir: str | Path, config_name: str) -> None:
+    """Refuse, before Hydra runs anything, a command line that sets a key no typed node has: an
+    override (with Hydra's ``+`` or without), or a key of an experiment's, a ladder step's or a
+    plugin's YAML file it chooses. A multirun is composed at each sweep's first value and with each
+    option of a swept config group, so that no job of a refused sweep starts.
+
+    Args:
+        argv: the script's arguments, its plugins already imported (their options and search path
+            known: :func:`~transformer.plugins.command_line_plugins`).
+        config_dir: the script's config folder (``configs/``).
+        config_name: its primary config (``train``), unless the command line names another.
+
+    Raises:
+        ConfigError: the sentences of the unknown keys (:func:`unknown_field_sentence`).
+    """
+    split = _split(argv)
+    if split is None:
+        return
+    overrides, name = split
+    try:
+        variants = list(_variants(overrides))
+    except Exception:  # a command line Hydra's parser refuses: Hydra says why
+        return
+    found: list[str] = []
+    for variant in variants[:_MAX_COMPOSES]:
+        for sentence in _compose_sentences(Path(config_dir), name or config_name, variant):
+            if sentence not in found:
+                found.append(sentence)
+    if found:
+        raise ConfigError("; ".join(found))
