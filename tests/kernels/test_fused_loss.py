@@ -1,14 +1,18 @@
 """The output layer fused with the label-smoothed loss against the formula
 ``(1 - eps) * (-log p[y]) + eps * mean_c(-log p[c])`` of ``log p = log_softmax(hidden @ weight.T)``,
-and against logits + :func:`label_smoothed_nll_loss`, values and gradients."""
+and against logits + :func:`label_smoothed_nll_loss`, values and gradients; its chunk sizes (the
+CPU's rule, Liger-Kernel's on an accelerator, a fixed count under ``torch.compile``)."""
 
 import contextlib
 
 import pytest
 import torch
+import torch._dynamo.testing
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import transformer.kernels.fused_loss as fused_loss
-from transformer.kernels.fused_loss import linear_label_smoothed_loss
+from transformer.kernels.fused_loss import chunk_rows, compiled_chunks, linear_label_smoothed_loss
 from transformer.training.step.criterion import label_smoothed_nll_loss, linear_label_smoothed_nll_loss
 
 PAD = 0
@@ -17,7 +21,7 @@ PAD = 0
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 @pytest.mark.parametrize("chunk", [3, 1000])
 def test_fused_loss_equals_the_textbook_formula_values_and_gradients(eps, chunk, monkeypatch):
-    monkeypatch.setattr(fused_loss, "_chunk_rows", lambda vocab: chunk)
+    monkeypatch.setattr(fused_loss, "chunk_rows", lambda device, n, vocab, hidden: chunk)
     torch.manual_seed(3)
     hidden = torch.randn(10, 8, requires_grad=True)
     weight = torch.randn(25, 8, requires_grad=True)
@@ -37,7 +41,7 @@ def test_fused_loss_equals_the_textbook_formula_values_and_gradients(eps, chunk,
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
 @pytest.mark.parametrize("chunk", [4, 1000])
 def test_fused_equals_logits_then_loss(eps, chunk, monkeypatch):
-    monkeypatch.setattr(fused_loss, "_chunk_rows", lambda vocab: chunk)
+    monkeypatch.setattr(fused_loss, "chunk_rows", lambda device, n, vocab, hidden: chunk)
     torch.manual_seed(0)
     hidden = torch.randn(3, 9, 16, requires_grad=True)
     weight = torch.randn(40, 16, requires_grad=True)
@@ -109,7 +113,7 @@ def test_masked_padding_equals_dropped_padding_values_and_gradients(eps, chunk, 
     """The accelerator's path (fixed shapes: padding masked, not removed; no host sync) against the
     rows-dropped computation: the same loss, NLL, token count and gradients (padding rows get 0),
     with NaN hidden states at padded positions changing nothing."""
-    monkeypatch.setattr(fused_loss, "_chunk_rows", lambda vocab: chunk)
+    monkeypatch.setattr(fused_loss, "chunk_rows", lambda device, n, vocab, hidden: chunk)
     torch.manual_seed(4)
     hidden = torch.randn(3, 9, 16, requires_grad=True)
     weight = torch.randn(40, 16, requires_grad=True)
@@ -136,3 +140,127 @@ def test_masked_padding_equals_dropped_padding_values_and_gradients(eps, chunk, 
     dropped = linear_label_smoothed_nll_loss(hidden, weight, target, eps, PAD)
     if not autocast:
         assert torch.equal(dropped[0], ref_loss) and dropped[2] == ref_n
+
+
+def test_chunk_rows_cpu_rule_and_liger_rule_on_an_accelerator():
+    for n, vocab, hidden in ((25_000, 37_000, 512), (100, 8000, 256), (7, 40, 16), (0, 300, 16)):
+        assert chunk_rows("cpu", n, vocab, hidden) == max(16, (1 << 22) // vocab)  # the CPU's rule as measured
+    # Liger's worked example: BT = 4096 * 4, V = 32000, H = 4096 -> 8 chunks of 2048 rows
+    assert chunk_rows("cuda", 4096 * 4, 32_000, 4096) == 2048
+    # WMT base: ceil(37000 / 512) = 73 -> ceil(25000 / 73) = 343 rows -> 512 (49 chunks, not ~220)
+    assert chunk_rows("cuda", 25_000, 37_000, 512) == 512
+    assert chunk_rows("cuda", 1000, 300, 512) == 1000  # V <= H: one chunk, never more rows than N
+    assert chunk_rows("cuda", 5, 37_000, 512) == 1 and chunk_rows("cuda", 0, 37_000, 512) == 1
+    assert compiled_chunks(37_000, 512) == 32 and compiled_chunks(40, 16) == 3 and compiled_chunks(300, 512) == 1
+
+
+def _unfused(hidden, weight, target, eps):
+    """``F.linear`` then the textbook label-smoothed loss, its log-softmax in fp32."""
+    log_p = torch.log_softmax(F.linear(hidden, weight).float(), -1)
+    nll = -log_p.gather(1, target[:, None]).sum()
+    return (1 - eps) * nll - eps * log_p.mean(-1).sum(), nll
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize("chunk", [23, 10, 2])  # one chunk, a ragged last chunk (10, 10, 3), twelve chunks
+def test_fused_equals_unfused_for_any_chunk_count(chunk, autocast, monkeypatch):
+    """Values and gradients against ``F.linear`` + the loss, in fp32 and under bf16 autocast (both
+    sides' matmuls in bf16, the fused weight gradient accumulated in fp32)."""
+    monkeypatch.setattr(fused_loss, "chunk_rows", lambda device, n, vocab, hidden: chunk)
+    torch.manual_seed(5)
+    hidden, weight = torch.randn(23, 16), torch.randn(70, 16) * 0.3
+    target = torch.randint(0, 70, (23,))
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    results = []
+    for fn in (linear_label_smoothed_loss, _unfused):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        with ctx:
+            loss, nll = fn(h, w, target, 0.1)
+        results.append((loss, nll, *torch.autograd.grad(loss, (h, w))))
+    tol = dict(rtol=1e-2, atol=2e-2) if autocast else {}
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, **tol)
+
+
+class _NewFullSizeFp32(TorchDispatchMode):
+    """Counts the operators that write a new fp32 tensor of ``shape`` (in-place and ``out=`` ones aside)."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape, self.count = tuple(shape), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inplace = func._schema.name.endswith("_") or "out" in (kwargs or {})
+        if (
+            not inplace
+            and isinstance(out, torch.Tensor)
+            and out.dtype == torch.float32
+            and tuple(out.shape) == self.shape
+        ):
+            self.count += 1
+        return out
+
+
+def test_weight_gradient_takes_no_full_size_fp32_pass_per_chunk(monkeypatch):
+    """Under bf16 autocast each chunk adds its 16-bit ``(V, d)`` product into the fp32 accumulator
+    in place: the fp32 ``(V, d)`` tensors written are as many for twelve chunks as for one."""
+    torch.manual_seed(6)
+    hidden, weight = torch.randn(23, 16, requires_grad=True), torch.randn(70, 16, requires_grad=True)
+    target = torch.randint(0, 70, (23,))
+    counts = []
+    for chunk in (23, 2):
+        monkeypatch.setattr(fused_loss, "chunk_rows", lambda device, n, vocab, hidden, chunk=chunk: chunk)
+        with torch.autocast("cpu", dtype=torch.bfloat16), _NewFullSizeFp32(weight.shape) as mode:
+            linear_label_smoothed_loss(hidden, weight, target, 0.1)
+        counts.append(mode.count)
+    assert counts[0] == counts[1] <= 2, counts
+
+
+def test_compiled_loss_takes_fixed_chunks_one_graph_for_many_row_counts():
+    """Under ``torch.compile`` (dynamic shapes): :func:`compiled_chunks` chunks of the rows, not one
+    ``(N, V)`` logits tensor, still one graph for every row count, and eager's values and gradients."""
+    torch._dynamo.reset()
+    graphs = []
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return counter(gm, example_inputs)
+
+    compiled = torch.compile(linear_label_smoothed_nll_loss, backend=backend, dynamic=True, fullgraph=True)
+    torch.manual_seed(7)
+    weight = torch.randn(40, 16, requires_grad=True)
+    for n in (37, 50, 64, 41, 13):  # ragged: 37 rows are 3 chunks of 13, two of them padding
+        hidden = torch.randn(n, 16, requires_grad=True)
+        target = torch.randint(1, 40, (n,))
+        target[::5] = PAD
+        got = compiled(hidden, weight, target, 0.1, PAD)
+        want = label_smoothed_nll_loss(hidden @ weight.t(), target, 0.1, PAD)
+        torch.testing.assert_close(got[:2], want[:2])
+        assert int(got[2]) == want[2]
+        torch.testing.assert_close(
+            torch.autograd.grad(got[0], (hidden, weight)), torch.autograd.grad(want[0], (hidden, weight))
+        )
+    assert counter.frame_count == 1
+    softmaxes = sum("log_softmax" in str(node.target) for m in graphs[0].modules() for node in m.graph.nodes)
+    assert softmaxes == compiled_chunks(40, 16) == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rows", [None, 10, 2])  # Liger's rule, a ragged last chunk, many chunks
+def test_fused_on_cuda_under_bf16_autocast_equals_unfused(rows, monkeypatch):
+    """The accelerator's path: the weight gradient accumulated by ``addmm(out_dtype=float32)``."""
+    if rows is not None:
+        monkeypatch.setattr(fused_loss, "chunk_rows", lambda device, n, vocab, hidden: rows)
+    torch.manual_seed(8)
+    hidden, weight = torch.randn(23, 16, device="cuda"), torch.randn(70, 16, device="cuda") * 0.3
+    target = torch.randint(0, 70, (23,), device="cuda")
+    results = []
+    for fn in (linear_label_smoothed_loss, _unfused):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss, nll = fn(h, w, target, 0.1)
+        results.append((loss, nll, *torch.autograd.grad(loss, (h, w))))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=2e-2)
