@@ -371,6 +371,10 @@ class TrainConfig:
     stop_signals: list[str] = rule(
         factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"], resume="fixed", grouping="ignored"
     )
+    # batches collated this many ahead of the step in a background thread, pinned and copied without
+    # the host waiting on CUDA; 0 = collated in the training loop; auto = by device
+    # (transformer.data.prefetch.AUTO_PREFETCH). Where batches are made, not what they hold
+    prefetch: Any = rule("auto", resume="free", grouping="ignored")
     # under torchrun: ddp (DistributedDataParallel) | fsdp (FSDP2, sharded); how it computes, not what
     distributed: str = rule("ddp", resume="free", grouping="defines")
     # recompute each layer's activations in the backward pass

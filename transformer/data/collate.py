@@ -61,37 +61,47 @@ class Batch:
         """``(B, T)`` / ``(B, L)`` bool, true where a loss is taken (``target != PAD``)."""
         return self.target.ne(PAD_ID)
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        """Move every tensor to ``device``.
+    def to(self, device: torch.device | str, non_blocking: bool = False, *, training_only: bool = False) -> Batch:
+        """Move the tensors to ``device``.
 
         Args:
             device: target device.
-            non_blocking: passed to :meth:`torch.Tensor.to` (useful with pinned memory).
+            non_blocking: passed to :meth:`torch.Tensor.to`: from pinned memory (:meth:`pin_memory`)
+                the copy then runs on the device's stream without the host waiting for it.
+            training_only: move ``net_input`` and ``target`` only (what a training step reads);
+                ``src_tokens`` and ``ids`` stay where they are.
 
         Returns:
             A new :class:`Batch`.
         """
         mv = functools.partial(torch.Tensor.to, device=device, non_blocking=non_blocking)
+        keep = (lambda t: t) if training_only else mv
         return Batch(
             net_input={k: mv(v) for k, v in self.net_input.items()},
             target=mv(self.target),
-            src_tokens=mv(self.src_tokens),
-            ids=mv(self.ids),
+            src_tokens=keep(self.src_tokens),
+            ids=keep(self.ids),
             ntokens=self.ntokens,
             nsentences=self.nsentences,
         )
 
-    def pin_memory(self) -> Batch:
-        """Pin every tensor (called by a DataLoader with ``pin_memory=True``).
+    def pin_memory(self, training_only: bool = False) -> Batch:
+        """Pin the tensors in page-locked host memory (a DataLoader with ``pin_memory=True`` calls
+        it), so that a ``non_blocking`` copy to an accelerator does not wait for it (a copy from
+        pageable memory synchronises the stream).
+
+        Args:
+            training_only: pin ``net_input`` and ``target`` only (what a training step reads).
 
         Returns:
             A new :class:`Batch` with pinned tensors.
         """
+        keep = (lambda t: t) if training_only else torch.Tensor.pin_memory
         return Batch(
             net_input={k: v.pin_memory() for k, v in self.net_input.items()},
             target=self.target.pin_memory(),
-            src_tokens=self.src_tokens.pin_memory(),
-            ids=self.ids.pin_memory(),
+            src_tokens=keep(self.src_tokens),
+            ids=keep(self.ids),
             ntokens=self.ntokens,
             nsentences=self.nsentences,
         )

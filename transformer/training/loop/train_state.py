@@ -43,6 +43,8 @@ class TrainerParts(Protocol):
 
     def wall_time(self) -> float: ...
 
+    def data_position(self) -> dict[str, int]: ...
+
 
 __all__ = ["TrainerParts", "load_train_state", "train_state"]
 
@@ -61,7 +63,7 @@ def train_state(trainer: TrainerParts) -> dict[str, Any]:
         "scheduler": trainer.scheduler.state_dict(),
         "scaler": trainer.scaler.state_dict(),
         "rng": get_rng_state(),
-        "sampler": trainer.sampler.state_dict(),
+        "sampler": trainer.data_position(),  # the batches trained on, not those prepared ahead
         "update": trainer.update,
         "epoch": trainer.epoch,
         "best_metric": trainer.best_metric,

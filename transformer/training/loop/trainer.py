@@ -29,6 +29,7 @@ from transformer.config import Config, time_budget
 from transformer.data.batching import TokenBatchSampler, resolve_pad_to_multiple
 from transformer.data.collate import Batch, collate
 from transformer.data.dataset import TranslationData
+from transformer.data.prefetch import Prefetcher, resolve_prefetch
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SEP_ID
 from transformer.models import build_model
 from transformer.training.checkpoint import CheckpointManager
@@ -114,6 +115,8 @@ class Trainer:
             world_size=dist_info.world_size,
             bucket_multiple=t.pad_to_multiple,
         )
+        self.prefetch = resolve_prefetch(t.prefetch, self.device.type)
+        self._data_position: dict[str, int] | None = None  # see data_position
         self.update = 0
         self.epoch = 1
         self.best_metric: float | None = None
@@ -230,20 +233,39 @@ class Trainer:
         with self._autocast():
             return self.parallel(batch.net_input, batch.target)
 
-    def _batches(self) -> Iterator[Batch]:
-        """This rank's training batches, epoch after epoch, from the sampler's saved position."""
+    def _host_batches(self) -> Iterator[tuple[Batch, dict[str, int]]]:
+        """This rank's training batches collated on the host (pinned for an accelerator), epoch
+        after epoch from the sampler's saved position, each with the sampler's state after it."""
+        epoch = self.epoch
+        pin = self.device.type == "cuda"
         while True:
-            self.sampler.set_epoch(self.epoch)  # keeps the saved position within the same epoch
+            self.sampler.set_epoch(epoch)  # keeps the saved position within the same epoch
             for indices in self.sampler:
-                yield collate(self.train_set, indices, self.arch, pad_to_multiple=self.cfg.train.pad_to_multiple).to(
-                    self.device
-                )
-            self.epoch += 1
+                batch = collate(self.train_set, indices, self.arch, pad_to_multiple=self.cfg.train.pad_to_multiple)
+                yield batch.pin_memory(training_only=True) if pin else batch, self.sampler.state_dict()
+            epoch += 1
+
+    def _batches(self) -> Iterator[Batch]:
+        """This rank's training batches on the device, collated ``train.prefetch`` batches ahead in a
+        background thread (:class:`~transformer.data.prefetch.Prefetcher`) and copied without the
+        host waiting (from pinned memory); the training tensors only. The trainer's epoch and data
+        position follow the batches handed out, not the ones prepared."""
+        non_blocking = self.device.type == "cuda"
+        with Prefetcher(self._host_batches(), self.prefetch) as ahead:
+            for batch, position in ahead:
+                self.epoch, self._data_position = position["epoch"], position
+                yield batch.to(self.device, non_blocking=non_blocking, training_only=True)
+
+    def data_position(self) -> dict[str, int]:
+        """``{"epoch", "position"}``: the batches of this rank handed to training so far (a
+        checkpoint's resume point; the sampler itself may be ahead, preparing batches)."""
+        return dict(self._data_position) if self._data_position is not None else self.sampler.state_dict()
 
     @property
     def epochs_done(self) -> int:
         """Complete passes over the training data (this rank's shard)."""
-        finished = self.sampler.epoch == self.epoch and self.sampler.position >= len(self.sampler)
+        position = self.data_position()
+        finished = position["epoch"] == self.epoch and position["position"] >= len(self.sampler)
         return self.epoch - 1 + int(finished)
 
     def train_step(self, batches: list[Batch]) -> dict[str, Any]:
@@ -495,6 +517,7 @@ class Trainer:
                 if stop is None and (signalled or (one_process and self._signal_received())):
                     stop_on_signal(self)
         finally:
+            batches.close()  # stops the prefetching thread
             progress.close()
         return stop
 
