@@ -28,6 +28,8 @@ left empty, and counted in ``failed_lines``. ``progress=false`` turns off the pr
 Several checkpoints with the same vocabulary (``checkpoint=[a,b,c]``) are evaluated as one ensemble
 (log-probabilities averaged at each step; the first checkpoint's run gives the data and generation
 settings; results in ``<first run>/eval/ensemble_<n>_<hash of the paths>/``).
+On a GPU the search runs under autocast in the run's ``train.precision`` (``precision=`` overrides
+it; the CPU decodes in fp32), recorded as ``precision`` in ``results.json``.
 
 Paired bootstrap resampling (Koehn 2004; sacreBLEU's implementation, seeded) compares systems with a
 baseline: in files mode the first of ``hyps`` is the baseline; in checkpoint mode ``baseline=FILE``

@@ -17,7 +17,8 @@ stderr (``progress=false`` turns it off).
 Several checkpoints with the same vocabulary (``checkpoint=[a,b,c]``) decode as one ensemble that
 averages their log-probabilities at each step (:mod:`transformer.generation.ensemble`); the first
 one's generation settings apply. ``model.position.rope_scaling.*`` (null: the run's) decodes a run
-trained with RoPE with a RoPE scaling applied at test time only.
+trained with RoPE with a RoPE scaling applied at test time only. On a GPU the search runs under
+autocast in the run's ``train.precision`` (``precision=`` overrides it; the CPU decodes in fp32).
 Exit status 2 with a one-line message on stderr for a missing or foreign checkpoint, a tokenizer
 that does not match it, checkpoints of an ensemble with different vocabularies, invalid settings,
 or a plugin's code raising (its constructor or forward: the line names the plugin, file and line;

@@ -67,6 +67,51 @@ def test_self_attention_cache_grows_per_step():
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-6, rtol=1e-5)
 
 
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def test_a_reserved_self_attention_cache_writes_in_place_and_reorders_into_a_second_buffer():
+    """After ``reserve`` the steps write into one buffer (no copy of the cached entries per step),
+    and a reorder gathers into a second one and swaps: two buffers for the whole search, with the
+    keys and values a growing concatenation gives (beams expanded, reordered, rows leaving)."""
+    g = torch.Generator().manual_seed(0)
+    cache = KVCache()
+    cache.reserve(6)
+    ref_k = ref_v = None  # what the cache must hold: the concatenation of every step, rows followed
+    buffers = set()
+    for step, index in enumerate(([0, 0, 1, 1], [1, 0, 3, 3], [2, 0, 1], None, [0, 2], None)):
+        rows = 2 if ref_k is None else ref_k.shape[0]
+        k = torch.randn(rows, 2, 1, 4, generator=g)
+        v = torch.randn(rows, 2, 1, 3, generator=g)  # another width, as latent attention's rotated key
+        ref_k = k if ref_k is None else torch.cat((ref_k, k), 2)
+        ref_v = v if ref_v is None else torch.cat((ref_v, v), 2)
+        got_k, got_v = cache.extend(k, v)
+        assert torch.equal(got_k, ref_k) and torch.equal(got_v, ref_v) and len(cache) == step + 1
+        assert torch.equal(cache.k, ref_k) and torch.equal(cache.v, ref_v)
+        buffers.add(_storage(got_k))
+        if index is not None:
+            ix = torch.tensor(index)
+            cache.reorder(ix)
+            ref_k, ref_v = ref_k[ix], ref_v[ix]
+            assert torch.equal(cache.k, ref_k) and torch.equal(cache.v, ref_v)
+            buffers.add(_storage(cache.k))
+    # the first step's 2-row buffer, then two 4-row ones (the expansion's and its spare); no growth
+    assert len(buffers) <= 3, len(buffers)
+
+
+def test_a_self_attention_cache_without_a_reservation_grows_and_keeps_its_entries():
+    cache, ref = KVCache(), None
+    for step in range(9):
+        k = torch.full((2, 1, 1, 2), float(step))
+        ref = k if ref is None else torch.cat((ref, k), 2)
+        got, _ = cache.extend(k, k)
+        assert torch.equal(got, ref)
+    cache.reorder(torch.tensor([1, 1, 0]))
+    got, _ = cache.extend(torch.full((3, 1, 2, 2), 9.0), torch.full((3, 1, 2, 2), 9.0))
+    assert got.shape == (3, 1, 11, 2) and torch.equal(got[:, :, :9], ref[[1, 1, 0]]) and len(cache) == 11
+
+
 def test_mask_builder_combines_padding_causality_and_bias():
     pad = torch.tensor([[False, False, True]])
     mask, is_causal = build_attention_mask(pad, True, 3, 3)

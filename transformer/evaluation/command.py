@@ -154,10 +154,11 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
             ``num_threads``, ``src_tokenizer``/``tgt_tokenizer``, ``data.*`` and ``generation.*``
             overrides (null keeps the run's), ``model.position.rope_scaling.*`` (a RoPE scaling at
             test time; null keeps the run's), ``tokenize``/``lowercase`` (null: the run's),
+            ``precision`` (null: the run's ``train.precision``; the CPU decodes in fp32),
             ``baseline``, ``bootstrap_samples``, ``bootstrap_seed``.
 
     Returns:
-        ``{"checkpoint", "test_time", "limit", "generation", "tokenize", "lowercase", "splits": {split:
+        ``{"checkpoint", "test_time", "limit", "generation", "precision", "tokenize", "lowercase", "splits": {split:
         scores}}`` (as written to ``results.json``), plus ``"bootstrap"`` with a ``baseline``; for
         one checkpoint (not an ensemble) also ``"config"`` (the model as evaluated) and ``"trained"``
         (the training run's ``results.json`` without its scores), so that ``scripts/compare.py``
@@ -205,14 +206,17 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
         "test_time": test_time,
         "limit": int(cfg.limit or 0),
         "generation": config_dict(gen),
+        "precision": prepared.precision,  # the search's (fp32 on the CPU; autocast on an accelerator)
         "tokenize": tokenize,
         "lowercase": lowercase,
         "splits": {},
     }
     if not members:  # one model: the folder reads as a run of the model as evaluated (scripts/compare.py)
         results.update(_as_run(loaded.run_dir, run_cfg, gen))
+    on = "" if prepared.precision == "fp32" else f", {prepared.precision}"
     print(
-        f"{prepared.source} ({run_cfg.model.arch}, {run_cfg.data.src_lang}->{run_cfg.data.tgt_lang}, {_describe(gen)})"
+        f"{prepared.source} ({run_cfg.model.arch}, {run_cfg.data.src_lang}->{run_cfg.data.tgt_lang}, "
+        f"{_describe(gen)}{on})"
     )
     if test_time:
         print(f"  at test time: {' '.join(test_time)}")
@@ -233,6 +237,7 @@ def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
             errors=errors,
             progress=bool(cfg.progress),
             desc=split,
+            precision=prepared.precision,
         )
         seconds = time.time() - start
         for i, msg in sorted(errors.items()):

@@ -22,6 +22,7 @@ from transformer.generation.common import (
     max_lengths,
     nonfinite_rows,
     position_limits,
+    reserve_steps,
     to_device,
     warn_nonfinite,
 )
@@ -104,6 +105,7 @@ def _beam_search(
     if cap is not None:
         max_len = torch.minimum(max_len, cap)
     last_step = int(max_len.max()) if bsz else 0  # EOS is forced there: no sentence runs longer
+    reserve_steps(state, last_step + 1)  # decode_step runs at steps 0 .. last_step: caches allocated once
     expand = [b for b in range(bsz) for _ in range(K)]
     state.reorder(to_device(expand, device), expand)  # (bsz * K) rows
     # lp(t) for t = 1 .. last_step + 2 at index t, computed on the host (the Python floats the scores divide by)

@@ -34,6 +34,7 @@ References: Wu et al. 2016 (GNMT length penalty ``((5 + len) / 6) ** alpha``); f
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,16 +48,23 @@ from transformer.modules.positions import LearnedPositionalEmbedding
 
 __all__ = [
     "Hypothesis",
+    "DECODING_PRECISIONS",
+    "FP32_DEVICES",
     "NonFiniteOutputWarning",
     "SearchLimits",
+    "autocast_dtype",
     "constrain",
     "decoding",
+    "decoding_autocast",
+    "decoding_precision",
     "length_penalty",
     "learned_positions",
     "log_probs",
+    "max_length_bound",
     "max_lengths",
     "nonfinite_rows",
     "position_limits",
+    "reserve_steps",
     "to_device",
     "warn_nonfinite",
 ]
@@ -153,6 +161,31 @@ def max_lengths(src_tokens: Tensor, pad_id: int, max_len_a: float, max_len_b: in
     return (max_len_a * n_src + max_len_b).floor().long().clamp(min=0)
 
 
+def max_length_bound(src_tokens: Tensor, max_len_a: float, max_len_b: int) -> int:
+    """A host-known upper bound of every row's :func:`max_lengths` (read from the padded width, not
+    from the device): ``int(max(a, 0) * src_len + b)``, at least 0.
+
+    Args:
+        src_tokens: ``(batch, src_len)`` right-padded source.
+        max_len_a, max_len_b: as in :func:`max_lengths`.
+    """
+    return max(0, math.floor(max(max_len_a, 0.0) * src_tokens.shape[1] + max_len_b))
+
+
+def reserve_steps(state: Any, steps: int) -> None:
+    """Tell a decoding state how many ``decode_step`` calls may still come (its KV caches then
+    allocate once: :meth:`transformer.models.state.DecodingState.reserve`); a state without
+    ``reserve`` (a model of one's own) is left as it is.
+
+    Args:
+        state: from the model's ``start_decoding``.
+        steps: the most ``decode_step`` calls the search will make.
+    """
+    reserve = getattr(state, "reserve", None)
+    if reserve is not None:
+        reserve(steps)
+
+
 def learned_positions(embedding: nn.Module | None) -> int | None:
     """Rows of an embedding's learned position table (``model/position=learned``), else None.
 
@@ -215,6 +248,66 @@ def warn_nonfinite(n_sentences: int) -> None:
         NonFiniteOutputWarning,
         stacklevel=3,
     )
+
+
+DECODING_PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+"""The precisions decoding takes: ``train.precision``'s values."""
+FP32_DEVICES = ("cpu",)
+"""Device types that decode in fp32 whatever the run's precision: the CPU, whose decoding speed is
+measured in fp32 (``docs/benchmarks/decode_speed.md``) and whose fp32 hypotheses the tests hold; a
+CPU with fast bf16 trains in bf16 under ``train.precision=auto`` and still decodes in fp32."""
+_AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def decoding_precision(precision: str, device: torch.device | str) -> str:
+    """The precision decoding runs in on ``device`` for a run of ``train.precision=precision``.
+
+    fp32 on the devices of :data:`FP32_DEVICES` (the CPU); elsewhere the run's own: ``bf16`` and
+    ``fp16`` as they are (an fp16 run decodes in fp16, the format its activations were trained
+    in), ``auto`` as :func:`~transformer.training.step.precision.resolve_precision` resolves it on
+    an accelerator (``bf16`` on a CUDA device of compute capability 8.0 or more, else ``fp32``).
+
+    Args:
+        precision: ``auto`` | ``fp32`` | ``bf16`` | ``fp16``.
+        device: where the model decodes.
+
+    Returns:
+        ``fp32``, ``bf16`` or ``fp16``.
+
+    Raises:
+        ValueError: an unknown precision.
+    """
+    if precision not in DECODING_PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not one of {', '.join(DECODING_PRECISIONS)}")
+    device = torch.device(device)
+    if device.type in FP32_DEVICES:
+        return "fp32"
+    if precision == "auto":
+        fast_bf16 = (
+            device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 8
+        )
+        return "bf16" if fast_bf16 else "fp32"
+    return precision
+
+
+def autocast_dtype(precision: str, device: torch.device | str) -> torch.dtype | None:
+    """The autocast dtype of decoding (:func:`decoding_precision`), None for fp32 (no autocast)."""
+    return _AUTOCAST[decoding_precision(precision, device)]
+
+
+def decoding_autocast(precision: str, device: torch.device | str) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast`` in the decoding precision of ``precision`` on ``device``
+    (:func:`decoding_precision`), or a context that changes nothing for fp32. The matrix products
+    run in the autocast dtype, the KV caches hold it; the searches' log-probabilities stay fp32
+    (:func:`log_probs`).
+
+    Raises:
+        ValueError: an unknown precision.
+    """
+    dtype = autocast_dtype(precision, device)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=dtype)
 
 
 @contextlib.contextmanager

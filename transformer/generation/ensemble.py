@@ -46,6 +46,14 @@ class EnsembleState:
         for state in self.states:
             state.reorder(index, host_index)
 
+    def reserve(self, steps: int) -> None:
+        """Room for ``steps`` more tokens in every member's caches (see
+        :meth:`transformer.models.state.DecodingState.reserve`; a member's state without it is skipped)."""
+        for state in self.states:
+            reserve = getattr(state, "reserve", None)
+            if reserve is not None:
+                reserve(steps)
+
     @property
     def batch_size(self) -> int:
         """Number of rows (sentences x beams)."""

@@ -1,6 +1,7 @@
 """What ``scripts/translate.py`` and ``scripts/evaluate.py`` do before they decode, in one place:
 the thread count, the device (refused when torch cannot use it), the test-time overrides, the run or
-ensemble loaded with them, and its generation settings with the script's on top.
+ensemble loaded with them, its generation settings with the script's on top, and the precision it
+decodes in.
 
 :func:`prepare_decoding` is called by :func:`transformer.generation.translate_file.translate_file`
 and :func:`transformer.evaluation.command.evaluate_checkpoint`.
@@ -16,6 +17,7 @@ import torch
 
 from transformer.config import ConfigError, GenerationConfig
 from transformer.device import resolve_device, unavailable
+from transformer.generation.common import decoding_precision
 from transformer.generation.ensemble import load_models
 from transformer.generation.loading import LoadedRun, merge_generation
 from transformer.generation.overrides import test_time_overrides
@@ -33,6 +35,9 @@ class PreparedDecoding:
         loaded: the run or ensemble (:class:`~transformer.generation.loading.LoadedRun`).
         gen: the run's generation settings with the script's non-null ``generation.*`` on top.
         members: an ensemble's checkpoints, else None.
+        precision: what the search runs in on ``device``: ``fp32`` on the CPU, else the script's
+            ``precision`` or the run's ``train.precision`` (an ensemble: the first member's), as
+            :func:`~transformer.generation.common.decoding_precision` resolves it.
     """
 
     device: torch.device
@@ -40,6 +45,7 @@ class PreparedDecoding:
     loaded: LoadedRun
     gen: GenerationConfig
     members: list[Path] | None
+    precision: str = "fp32"
 
     @property
     def source(self) -> str:
@@ -56,13 +62,15 @@ def prepare_decoding(cfg: Any) -> PreparedDecoding:
         cfg: the composed config: ``num_threads`` (> 0 sets torch's), ``device``, ``checkpoint``
             (a run folder or checkpoint, or a list: an ensemble), ``src_tokenizer``/``tgt_tokenizer``,
             ``generation.*`` (null keeps the run's) and ``model.position.rope_scaling.*`` (a test-time
-            RoPE scaling, :func:`~transformer.generation.overrides.test_time_overrides`).
+            RoPE scaling, :func:`~transformer.generation.overrides.test_time_overrides`) and
+            ``precision`` (null: the run's ``train.precision``; the CPU decodes in fp32 whatever it says).
 
     Returns:
         The :class:`PreparedDecoding`.
 
     Raises:
-        ConfigError: ``device=cuda`` where torch sees no GPU, or invalid generation settings.
+        ConfigError: ``device=cuda`` where torch sees no GPU, invalid generation settings or an
+            unknown ``precision``.
         LoadError: a checkpoint that does not load (see :func:`~transformer.generation.load_models`).
     """
     if cfg.num_threads > 0:
@@ -76,6 +84,15 @@ def prepare_decoding(cfg: Any) -> PreparedDecoding:
     )
     gen = merge_generation(loaded.cfg.generation, cfg.generation)
     members = getattr(loaded.model, "checkpoints", None)
+    try:
+        precision = decoding_precision(str(cfg.get("precision") or loaded.cfg.train.precision), device)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     return PreparedDecoding(
-        device=device, test_time=test_time, loaded=loaded, gen=gen, members=list(members) if members else None
+        device=device,
+        test_time=test_time,
+        loaded=loaded,
+        gen=gen,
+        members=list(members) if members else None,
+        precision=precision,
     )

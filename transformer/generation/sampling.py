@@ -19,9 +19,11 @@ from transformer.generation.common import (
     constrain,
     decoding,
     log_probs,
+    max_length_bound,
     max_lengths,
     nonfinite_rows,
     position_limits,
+    reserve_steps,
     to_device,
     warn_nonfinite,
 )
@@ -163,6 +165,8 @@ def _greedy_or_sample(
     if cap is not None:
         max_len = torch.minimum(max_len, cap)
     max_len = max_len.repeat_interleave(n_samples)  # (rows,)
+    # a row ends at the step after its max_len at the latest; the bound needs no read of the device
+    reserve_steps(state, max_length_bound(src_tokens, limits.max_len_a, limits.max_len_b) + 1)
     if n_samples > 1:
         expand = [b for b in range(bsz) for _ in range(n_samples)]
         state.reorder(to_device(expand, device), expand)

@@ -38,6 +38,8 @@ from transformer.generation.common import (
     Hypothesis,
     SearchLimits,
     decoding,
+    decoding_autocast,
+    decoding_precision,
     length_penalty,
     max_lengths,
 )
@@ -48,6 +50,8 @@ __all__ = [
     "SearchLimits",
     "beam_search",
     "decoding",
+    "decoding_autocast",
+    "decoding_precision",
     "generate",
     "greedy_search",
     "length_penalty",
@@ -57,11 +61,15 @@ __all__ = [
 ]
 
 
-def generate(model: nn.Module, src_tokens: Tensor, cfg: GenerationConfig | Any) -> list[list[Hypothesis]]:
+def generate(
+    model: nn.Module, src_tokens: Tensor, cfg: GenerationConfig | Any, precision: str = "fp32"
+) -> list[list[Hypothesis]]:
     """Decode a batch with the strategy named by ``cfg.strategy``.
 
     Runs under ``torch.inference_mode()`` with the model temporarily in eval mode (its training
-    flags are restored afterwards, so the trainer can call it mid-training).
+    flags are restored afterwards, so the trainer can call it mid-training), and on an accelerator
+    under autocast in ``precision`` (:func:`~transformer.generation.common.decoding_autocast`; the
+    CPU decodes in fp32).
 
     Args:
         model: an encoder-decoder or decoder-only model.
@@ -70,15 +78,22 @@ def generate(model: nn.Module, src_tokens: Tensor, cfg: GenerationConfig | Any) 
         cfg: a :class:`~transformer.config.GenerationConfig`, or a DictConfig / dict with some of
             its fields (the others take the dataclass defaults; see
             :func:`~transformer.config.to_generation_config`).
+        precision: the run's ``train.precision`` (``auto``, ``fp32``, ``bf16``, ``fp16``), see
+            :func:`~transformer.generation.common.decoding_precision`.
 
     Returns:
         One list per sentence, in input order, best first: ``nbest`` hypotheses for ``beam`` and
         ``sample`` (``nbest`` independent samples), one for ``greedy``.
 
     Raises:
-        ValueError: unknown strategy or invalid settings.
+        ValueError: unknown strategy, invalid settings or an unknown precision.
     """
     g = to_generation_config(cfg)
+    with decoding_autocast(precision, src_tokens.device):
+        return _generate(model, src_tokens, g)
+
+
+def _generate(model: nn.Module, src_tokens: Tensor, g: GenerationConfig) -> list[list[Hypothesis]]:
     limits = asdict(SearchLimits.from_generation(g))
     strategy = g.strategy
     if strategy == "greedy":

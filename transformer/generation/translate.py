@@ -15,7 +15,7 @@ from torch import nn
 
 from transformer.cli import plugin_failure
 from transformer.config import GenerationConfig, to_generation_config
-from transformer.generation.common import Hypothesis, learned_positions
+from transformer.generation.common import Hypothesis, decoding_precision, learned_positions
 from transformer.generation.search import generate
 
 __all__ = [
@@ -126,6 +126,7 @@ def translate_sentences(
     errors: dict[int, str] | None = None,
     progress: Any = False,
     desc: str = "translate",
+    precision: str = "fp32",
 ) -> list[list[Hypothesis]]:
     """Translate many sentences, batched by source tokens, results in input order.
 
@@ -149,17 +150,22 @@ def translate_sentences(
         progress: a tqdm progress bar of sentences on stderr: True for a new one (closed at the
             end), an existing bar to update, or False.
         desc: the label of a new bar.
+        precision: the run's ``train.precision``: on an accelerator the search runs under autocast
+            in it (``bf16``, ``fp16``; ``auto`` as training resolves it), on the CPU in fp32
+            (:func:`~transformer.generation.common.decoding_precision`).
 
     Returns:
         One list of hypotheses (best first) per input sentence, in input order (empty for an
         empty source or a sentence recorded in ``errors``).
 
     Raises:
-        ValueError: a source longer than the model's learned positions, when ``errors`` is None.
+        ValueError: a source longer than the model's learned positions, when ``errors`` is None;
+            an unknown ``precision``.
         Whatever decoding raises, when ``errors`` is None or it was raised in a plugin's code.
     """
     arch = arch or model.arch
     g = to_generation_config(cfg)
+    precision = decoding_precision(precision, device)  # an unknown one is the caller's error, not a sentence's
     rows = {"beam": int(g.beam_size), "sample": int(g.nbest)}.get(g.strategy, 1)
     max_tokens = int(g.max_tokens)
     extra = 1 if arch == "encoder_decoder" else 0
@@ -189,7 +195,7 @@ def translate_sentences(
 
     def decode(idx: list[int]) -> None:
         src = make_src_tokens([src_ids[i] for i in idx], arch, pad_id=model.pad_id, eos_id=model.eos_id, device=device)
-        for i, hyps in zip(idx, generate(model, src, g)):
+        for i, hyps in zip(idx, generate(model, src, g, precision)):
             results[i] = hyps
             if not hyps and errors is not None:  # see NonFiniteOutputWarning
                 errors[i] = "the model's output is not finite (NaN/inf): a diverged model?"
@@ -248,6 +254,7 @@ def translate_dataset(
     errors: dict[int, str] | None = None,
     progress: Any = False,
     desc: str = "translate",
+    precision: str = "fp32",
 ) -> list[str]:
     """Translate a :class:`~transformer.data.ParallelDataset` and detokenise the best hypotheses.
 
@@ -257,10 +264,12 @@ def translate_dataset(
         tokenizer: the target tokenizer (``decode``).
         cfg: generation settings (see :func:`translate_sentences`).
         device: device of the model.
-        errors, progress, desc: see :func:`translate_sentences` (a failed sentence gives ``""``).
+        errors, progress, desc, precision: see :func:`translate_sentences` (a failed sentence gives ``""``).
 
     Returns:
         Detokenised best hypotheses, in dataset order (compare with ``dataset.tgt_text``).
     """
-    hyps = translate_sentences(model, dataset.src, cfg, device, model.arch, errors=errors, progress=progress, desc=desc)
+    hyps = translate_sentences(
+        model, dataset.src, cfg, device, model.arch, errors=errors, progress=progress, desc=desc, precision=precision
+    )
     return detokenize(hyps, tokenizer)

@@ -88,7 +88,8 @@ def translate_file(cfg: Any) -> int:
             one's generation settings apply), ``input`` (a file, ``.gz``, or ``-``), ``output``,
             ``device``, ``num_threads``, ``buffer_lines``, ``scores``, ``progress``,
             ``src_tokenizer``/``tgt_tokenizer``, ``generation.*`` overrides (null keeps the run's)
-            and a test-time RoPE scaling, ``model.position.rope_scaling.*`` (:func:`test_time_overrides`).
+            and a test-time RoPE scaling, ``model.position.rope_scaling.*`` (:func:`test_time_overrides`),
+            ``precision`` (null: the run's ``train.precision``; on the CPU always fp32).
 
     Returns:
         The number of input lines.
@@ -126,6 +127,7 @@ def translate_file(cfg: Any) -> int:
                     loaded.model.arch,
                     errors=errors,
                     progress=False if bar is None else bar,
+                    precision=prepared.precision,
                 )
                 for j, msg in sorted(errors.items()):
                     line_no = n + todo[j] + 1
@@ -151,6 +153,8 @@ def translate_file(cfg: Any) -> int:
         if out is not sys.stdout:
             out.close()
     what = f"beam {gen.beam_size}" if gen.strategy == "beam" else gen.strategy
+    if prepared.precision != "fp32":
+        what += f", {prepared.precision}"
     at_test = f", at test time {' '.join(prepared.test_time)}" if prepared.test_time else ""
     print(
         f"translated {n - failed} of {n} lines in {time.time() - start:.1f}s ({prepared.source}, {what}{at_test})",

@@ -84,6 +84,17 @@ class DecodingState:
         if self.memory_mask is not None:
             self.memory_mask = self.memory_mask.index_select(0, rows)
 
+    def reserve(self, steps: int) -> None:
+        """Room for ``steps`` more tokens in every self-attention cache
+        (:meth:`~transformer.modules.attention.KVCache.reserve`): a search that knows its longest
+        continuation allocates each cache once.
+
+        Args:
+            steps: ``decode_step`` calls still to come, at most.
+        """
+        for cache in self.self_caches:
+            cache.reserve(steps)
+
     @property
     def batch_size(self) -> int:
         """Number of rows (sentences × beams)."""

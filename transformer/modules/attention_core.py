@@ -22,10 +22,22 @@ __all__ = ["AttentionInputs", "KVCache", "align_mask", "build_attention_mask", "
 class KVCache:
     """Keys and values of one attention module during incremental decoding.
 
-    Self-attention caches grow by one step per call; cross-attention caches are filled once per
-    source and reused. ``k`` and ``v`` are ``(batch, n_kv_heads, cached_len, head_dim)``; multi-head
-    latent attention keeps its latent ``(batch, 1, cached_len, kv_lora_rank)`` in ``k`` and its
-    rotated shared key ``(batch, 1, cached_len, qk_rope_head_dim)`` in ``v``.
+    ``k`` and ``v`` are ``(batch, n_kv_heads, cached_len, head_dim)``; multi-head latent attention
+    keeps its latent ``(batch, 1, cached_len, kv_lora_rank)`` in ``k`` and its rotated shared key
+    ``(batch, 1, cached_len, qk_rope_head_dim)`` in ``v``. Three kinds:
+
+    * a self-attention cache (the default) writes each step's keys and values in place into
+      buffers ``(rows, heads, capacity, dim)`` allocated once for the whole search: the search says
+      how many more entries will come (:meth:`reserve`), and without that the capacity doubles when
+      full. ``k`` / ``v`` are views of the filled part (slices of dims 0 and 2, the last dim stays
+      contiguous). A reorder (beams following their parents, rows leaving) gathers the filled part
+      into a second buffer of the same size and swaps the two (double buffering: one copy per
+      reorder, no allocation after the first; the price is twice the buffer memory);
+    * a rolling buffer (``max_len``, a sliding-window layer) concatenates and keeps the newest
+      ``max_len`` entries (its length stops growing at the window, so a reallocation per step
+      is small);
+    * a static cache (cross-attention) is filled once per source (``k``/``v`` set directly) and only
+      read and reordered afterwards.
 
     Args:
         static: True for cross-attention (filled once from the encoder output, then only read).
@@ -33,18 +45,59 @@ class KVCache:
             layer of window ``W`` keeps ``W``, as Mistral's, Jiang et al. 2023 §2); None keeps all.
     """
 
-    __slots__ = ("k", "v", "static", "max_len")
+    __slots__ = ("_k", "_v", "_spare", "_rows", "_len", "_want", "static", "max_len")
 
     def __init__(self, *, static: bool = False, max_len: int | None = None) -> None:
-        self.k: Tensor | None = None
-        self.v: Tensor | None = None
+        self._k: Tensor | None = None  # (rows', heads, capacity, dim) with rows' >= rows, capacity >= len
+        self._v: Tensor | None = None
+        self._spare: tuple[Tensor, Tensor] | None = None  # the reorder's target buffers
+        self._rows = 0  # rows in use
+        self._len = 0  # entries in use
+        self._want = 0  # the capacity :meth:`reserve` asked for
         self.static = static
         self.max_len = max_len
+
+    @staticmethod
+    def _filled(buffer: Tensor | None, rows: int, length: int) -> Tensor | None:
+        if buffer is None or (buffer.shape[0] == rows and buffer.shape[2] == length):
+            return buffer
+        return buffer[:rows, :, :length]
+
+    @property
+    def k(self) -> Tensor | None:
+        """The cached keys ``(batch, heads, cached_len, dim)`` (a view of the buffer), or None."""
+        return self._filled(self._k, self._rows, self._len)
+
+    @k.setter
+    def k(self, value: Tensor | None) -> None:
+        self._k, self._spare = value, None
+        self._rows, self._len = (0, 0) if value is None else (value.shape[0], value.shape[2])
+
+    @property
+    def v(self) -> Tensor | None:
+        """The cached values ``(batch, heads, cached_len, dim)`` (a view of the buffer), or None."""
+        return self._filled(self._v, self._rows, self._len)
+
+    @v.setter
+    def v(self, value: Tensor | None) -> None:
+        self._v, self._spare = value, None
+        self._rows, self._len = (0, 0) if value is None else (value.shape[0], value.shape[2])
+
+    def reserve(self, n: int) -> None:
+        """Make room for ``n`` more entries than the cache holds now (a search's longest
+        continuation), so that decoding allocates no buffer after this: done at the next write or
+        reorder. Nothing for a rolling or static cache (they do not grow with the search).
+
+        Args:
+            n: entries to come (>= 0).
+        """
+        if not self.static and self.max_len is None:
+            self._want = self._len + n
 
     def extend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append new entries along the time axis (dim 2) and return cached + new for this step.
 
-        The cache then keeps the newest ``max_len`` of them (all without ``max_len``).
+        A rolling cache then keeps the newest ``max_len`` of them.
 
         Args:
             k, v: ``(batch, heads, new_len, dim)``.
@@ -52,10 +105,34 @@ class KVCache:
         Returns:
             ``(k, v)`` ``(batch, heads, cached_len + new_len, dim)`` (cached_len <= max_len).
         """
-        if self.k is not None:
+        if self.max_len is not None:
+            return self._extend_rolling(k, v)
+        start, end = self._len, self._len + k.shape[2]
+        if self._k is None or end > self._k.shape[2]:
+            self._grow(k, v, end)
+        self._k[: self._rows, :, start:end] = k
+        self._v[: self._rows, :, start:end] = v
+        self._len = end
+        return self.k, self.v
+
+    def _grow(self, k: Tensor, v: Tensor, end: int) -> None:
+        """New buffers of at least ``end`` entries (what :meth:`reserve` asked, else twice the old
+        capacity), holding the entries so far."""
+        old_k, old_v = self.k, self.v
+        rows = k.shape[0] if old_k is None else self._rows
+        capacity = self._want if self._want >= end else max(end, 0 if self._k is None else 2 * self._k.shape[2])
+        new_k = k.new_empty(rows, k.shape[1], capacity, k.shape[3])
+        new_v = v.new_empty(rows, v.shape[1], capacity, v.shape[3])
+        if old_k is not None:
+            new_k[:, :, : self._len] = old_k
+            new_v[:, :, : self._len] = old_v
+        self._k, self._v, self._spare, self._rows = new_k, new_v, None, rows
+
+    def _extend_rolling(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self._k is not None:
             k = torch.cat((self.k, k), dim=2)
             v = torch.cat((self.v, v), dim=2)
-        if self.max_len is not None and k.shape[2] > self.max_len:
+        if k.shape[2] > self.max_len:
             self.k, self.v = k[:, :, -self.max_len :].contiguous(), v[:, :, -self.max_len :].contiguous()
         else:
             self.k, self.v = k, v
@@ -67,12 +144,24 @@ class KVCache:
         Args:
             index: ``(new_batch,)`` long tensor of rows to keep.
         """
-        if self.k is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+        if self._k is None:
+            return
+        if self.static or self.max_len is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+            return
+        rows, length = index.shape[0], self._len
+        capacity = max(self._k.shape[2], self._want)
+        spare = self._spare
+        if spare is None or spare[0].shape[0] < rows or spare[0].shape[2] != capacity:
+            spare = tuple(b.new_empty(rows, b.shape[1], capacity, b.shape[3]) for b in (self._k, self._v))
+        # written straight into the spare buffers (no temporary), which then become the cache
+        torch.index_select(self.k, 0, index, out=spare[0][:rows, :, :length])
+        torch.index_select(self.v, 0, index, out=spare[1][:rows, :, :length])
+        self._spare = (self._k, self._v)
+        self._k, self._v, self._rows = spare[0], spare[1], rows
 
     def __len__(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
+        return self._len
 
 
 def window_keep(q_positions: Tensor, k_positions: Tensor, window: int, causal: bool) -> Tensor:

@@ -124,6 +124,7 @@ def translate_and_score(
     progress: bool,
     log: Callable[[str], None],
     hyp_file: Path | None = None,
+    precision: str = "fp32",
 ) -> dict[str, Any]:
     """Translate ``dataset`` with ``generation`` and score it against its raw references.
 
@@ -142,13 +143,23 @@ def translate_and_score(
         progress: show a progress bar.
         log: where a line about untranslatable sentences goes.
         hyp_file: where the hypotheses are written (one per line), or None.
+        precision: the run's resolved precision: the search's autocast on an accelerator (the CPU
+            decodes in fp32; :func:`~transformer.generation.common.decoding_precision`).
 
     Returns:
         :func:`~transformer.evaluation.metrics.corpus_scores` plus ``failed_lines``.
     """
     errors: dict[int, str] = {}
     hyps = translate_dataset(
-        model, dataset, tgt_tokenizer, generation, device, errors=errors, progress=progress, desc=split
+        model,
+        dataset,
+        tgt_tokenizer,
+        generation,
+        device,
+        errors=errors,
+        progress=progress,
+        desc=split,
+        precision=precision,
     )
     if errors:
         first = min(errors)
