@@ -66,3 +66,16 @@ def test_record_names_and_reading_back(tmp_path):
     assert recorded_choices(tmp_path / "missing") is None
     # outside a Hydra job: no run folder, no choices, nothing to take back
     assert job_run_dir() is None and job_choices() == {} and forget_record() is None
+
+
+def test_a_refused_run_in_hydras_dated_folder_leaves_no_outputs_folder(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), "model.n_heads=3", "train.max_updates=1"],
+        cwd=tmp_path,  # Hydra's default outputs/default/<date>/ under it
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither the run folder nor outputs/default/

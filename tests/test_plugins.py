@@ -314,7 +314,9 @@ def test_a_recorded_plugin_says_whether_it_changed_or_was_renamed(tmp_path):
     shutil.copytree(original, renamed)
     (original / "__init__.py").write_text("# edited after the run\n")
     try:
-        with pytest.raises(PluginError, match=r"has changed since the run \(__init__.py\); .*plugins_trust=true"):
+        with pytest.raises(
+            PluginError, match=rf"has changed since the run \(__init__.py differs in {original}\); .*plugins_trust=true"
+        ):
             import_recorded(run, config)
         set_user_choice([str(renamed)])
         with pytest.raises(
@@ -326,6 +328,14 @@ def test_a_recorded_plugin_says_whether_it_changed_or_was_renamed(tmp_path):
         shutil.rmtree(original)
         set_user_choice([])
         with pytest.raises(PluginError, match="squared_relu, which is not there any more; "):
+            import_recorded(run, config)
+        edited = _plugin(tmp_path / "elsewhere" / "squared_relu", "# moved, then edited\n")
+        set_user_choice([str(edited)])  # the folder the user names: where the command looked, which file differs
+        with pytest.raises(
+            PluginError,
+            match=rf"which is not there any more; the folder you named, {edited}, holds other files "
+            rf"\(__init__.py differs in {edited}\); the run recorded its files in",
+        ):
             import_recorded(run, config)
     finally:
         set_user_choice([])
@@ -703,3 +713,32 @@ def test_a_plugins_code_failing_in_translate_evaluate_and_export_ends_in_one_lin
         f":14: {built}"
     )
     assert not (user["root"] / "failing_hf").exists()
+
+
+def test_a_plugin_failing_at_the_first_update_leaves_no_folder(tmp_path):
+    failing = _plugin(tmp_path / "ideas" / "failing_norm", FAILING_NORM)
+    corpus = multi30k_excerpt(tmp_path / "corpus", {"train": 200, "val": 8, "test_2016_flickr": 4})
+    work = tmp_path / "work"  # the working directory: Hydra's default outputs/default/<date>/ goes under it
+    work.mkdir()
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "train.py"),
+            f"plugins=[{failing}]",
+            "model/norm=failing_norm",
+            *parallel_text_args(corpus, 200),
+            "model=transformer_tiny",
+            "train.max_updates=2",
+            "train.max_time=0",
+            "train.progress=false",
+            "train.num_threads=1",
+        ],
+        cwd=work,
+        env={**os.environ, "FAILING_NORM": "forward"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error: ")]
+    assert out.returncode == 2 and len(errors) == 1 and "my norm's forward bug" in errors[0], out.stderr[-3000:]
+    assert sorted(p.name for p in work.iterdir()) == []  # no run folder, no outputs/default/

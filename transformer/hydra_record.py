@@ -89,8 +89,10 @@ def forget_record() -> Path | None:
     """Take back the record Hydra wrote for this job, when the job wrote nothing of its own.
 
     A resume's record (``.hydra/resume-<time>/``) is removed; a new run's folder is removed when it
-    holds nothing but Hydra's record (``.hydra/``). A folder holding anything else is left alone.
-    Outside Hydra, or when Hydra wrote no record, nothing happens.
+    holds nothing but Hydra's record (``.hydra/``), and so are the folders above it that are left
+    empty, up to the working directory (Hydra's dated ``outputs/<experiment>/<date>/`` leaves no
+    ``outputs/<experiment>/`` behind; nothing outside the working directory is touched). A folder
+    holding anything else is left alone. Outside Hydra, or when Hydra wrote no record, nothing happens.
 
     Returns:
         The path removed, or None.
@@ -108,4 +110,18 @@ def forget_record() -> Path | None:
     else:
         return None
     shutil.rmtree(target, ignore_errors=True)
+    if target == folder:
+        _remove_empty_parents(folder)
     return target
+
+
+def _remove_empty_parents(folder: Path) -> None:
+    """Remove the empty folders above ``folder`` that lie inside the working directory, nearest first."""
+    cwd = Path.cwd().resolve()
+    parent = folder.resolve().parent
+    while parent != cwd and cwd in parent.parents:
+        try:
+            parent.rmdir()  # only an empty folder
+        except OSError:
+            return
+        parent = parent.parent

@@ -88,15 +88,44 @@ def _expected(recorded: dict[str, str], name: str) -> dict[str, str]:
     return {k[len(prefix) :]: v for k, v in recorded.items() if k.startswith(prefix)}
 
 
+def _differing(root: Path, expected: dict[str, str]) -> str:
+    """``<files> differ(s) in <root>``: the files of the plugin folder ``root`` whose sha256 is not the
+    recorded one (or that were added or removed since)."""
+    now = plugin_files(root)
+    changed = sorted(k for k in expected.keys() | now.keys() if expected.get(k) != now.get(k))
+    verb = "differs" if len(changed) == 1 else "differ"
+    return f"{', '.join(changed[:4])}{' and more' if len(changed) > 4 else ''} {verb} in {root}"
+
+
 def _what_became_of(entry: str, expected: dict[str, str]) -> str:
-    """``is not there any more`` or ``has changed since the run (<files>)`` for a recorded plugin."""
+    """``is not there any more`` or ``has changed since the run (<files> differ in <folder>)`` for a
+    recorded plugin."""
     try:
         _, root, _ = _locate(entry)
     except PluginError:
         return "is not there any more"
-    now = plugin_files(root)
-    changed = sorted(k for k in expected.keys() | now.keys() if expected.get(k) != now.get(k))
-    return f"has changed since the run ({', '.join(changed[:4])}{' and more' if len(changed) > 4 else ''})"
+    return f"has changed since the run ({_differing(root, expected)})"
+
+
+def _named_folders(entry: str, name: str, expected: dict[str, str]) -> str:
+    """``; the folder you named, <folder>, holds other files (<files> differ in <folder>)`` for each
+    folder of the plugin's name on the command line (``plugins=[...]``) other than the recorded one:
+    where the command looked, and which of its files are not the run's; empty when there is none."""
+    try:
+        recorded = _locate(entry)[1]
+    except PluginError:
+        recorded = None
+    said = []
+    for path in _USER["paths"]:
+        if _name_of(str(path)) != name:
+            continue
+        try:
+            _, root, on_disk = _locate(str(path))
+        except PluginError:
+            continue
+        if on_disk and root != recorded:
+            said.append(f"; the folder you named, {root}, holds other files ({_differing(root, expected)})")
+    return "".join(said)
 
 
 def _refuse_a_renamed_copy(run_dir: str | Path, name: str, expected: dict[str, str]) -> None:
@@ -170,8 +199,9 @@ def import_recorded(run_dir: str | Path, config: Any) -> list[Plugin]:
                 copy = copy / f"{name}.py"  # a single-file plugin
             if not copy.exists():
                 raise PluginError(
-                    f"{run_dir} was trained with the plugin {entry}, which {_what_became_of(entry, expected)}, "
-                    f"and the run folder holds no copy ({copy}); pass plugins=[<folder named {name}>] "
+                    f"{run_dir} was trained with the plugin {entry}, which {_what_became_of(entry, expected)}"
+                    f"{_named_folders(entry, name, expected)}, and the run folder holds no copy ({copy}); "
+                    f"pass plugins=[<folder named {name}>] "
                     "with the plugin's files as they were"
                 )
             if not _USER["trust"]:
@@ -181,7 +211,7 @@ def import_recorded(run_dir: str | Path, config: Any) -> list[Plugin]:
                     else _what_became_of(entry, expected)
                 )
                 raise PluginError(
-                    f"{run_dir} was trained with the plugin {entry}, which {became}; "
+                    f"{run_dir} was trained with the plugin {entry}, which {became}{_named_folders(entry, name, expected)}; "
                     f"the run recorded its files in {copy} ({', '.join(sorted(expected)) or 'none'}): "
                     f"add plugins_trust=true to import that copy, or plugins=[<folder named {name}>] with "
                     "the original files"

@@ -10,6 +10,7 @@ behind and a refused resume leaves its folder as it was.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,19 +90,24 @@ def _forget_if_untouched(err: BaseException) -> None:
         forget_record()
 
 
-def _untrained_folder_taken_back() -> bool:
-    """Whether this job's run folder holds nothing but Hydra's record and the run's released lock (a
-    new run that failed before writing anything); then the lock file is removed, so that
-    :func:`~transformer.hydra_record.forget_record` takes the folder back."""
+def _untrained_folder_taken_back(err: BaseException) -> bool:
+    """Take back what a new run that failed before its first update completed wrote (``err``'s
+    ``written_by_run``: its config, tokenizers, plugin copies, empty metrics, log and released lock,
+    each created by this run), then say whether this job's run folder holds nothing but Hydra's record
+    (so that :func:`~transformer.hydra_record.forget_record` takes the folder back)."""
+    for path in getattr(err, "written_by_run", None) or []:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
     folder = job_run_dir()
-    if (
-        folder is None
-        or not folder.is_dir()
-        or sorted(p.name for p in folder.iterdir()) != sorted([HYDRA_RECORD, LOCK_NAME])
-    ):
+    if folder is None or not folder.is_dir():
         return False
-    (folder / LOCK_NAME).unlink(missing_ok=True)
-    return True
+    left = sorted(p.name for p in folder.iterdir())
+    if left == sorted([HYDRA_RECORD, LOCK_NAME]):  # a run that failed before it wrote anything
+        (folder / LOCK_NAME).unlink(missing_ok=True)
+        left = [HYDRA_RECORD]
+    return left == [HYDRA_RECORD]
 
 
 def train_job(cfg: DictConfig) -> float | None:
@@ -143,7 +149,7 @@ def train_job(cfg: DictConfig) -> float | None:
             failed = plugin_failure(err)
             if failed is None or isinstance(err, tuple(t for kinds in RUN_ERRORS for t in kinds)):
                 raise
-            failed.run_folder_untouched = _untrained_folder_taken_back()  # type: ignore[attr-defined]
+            failed.run_folder_untouched = _untrained_folder_taken_back(err)  # type: ignore[attr-defined]
             raise failed from err
     if results.get("skipped_complete"):  # complete already (here, or elsewhere: train.finished_runs)
         forget_record()

@@ -88,7 +88,9 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
     it politely (:mod:`transformer.training.stopping`). A job that submitit requeued continues from
     its checkpoint.
 
-    Raises (an error of a resume that is refused carries ``run_folder_untouched = True``):
+    Raises (an error of a resume that is refused carries ``run_folder_untouched = True``; an error
+    that ends a new run before its first update completed carries ``written_by_run``, the paths the
+    run created, which ``scripts/train.py`` takes back when a plugin's code raised it):
         FolderLocked: another live process holds the run folder (the message names it; nothing written).
         StopRequested: a stop signal arrived; ``checkpoint_last`` was saved (exit status 75).
         TrainingError: when training diverges (the message names the last finite checkpoint).
@@ -101,6 +103,7 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
     command_line = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(config_dict(cfg))
     run_dir = run_dir_for(command_line)
     check_unlocked(run_dir)  # another process writes this folder: stop before reading or writing anything
+    before = set(run_dir.iterdir()) if run_dir.is_dir() else None
     command_line = _requeued_job_resumes(command_line, run_dir)
     recorded_plugins = _import_plugins(command_line, run_dir)
     try:
@@ -135,6 +138,11 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
     lock = FolderLock(run_dir).acquire() if dist_info.is_main else None  # one writer per run folder (rank 0)
     try:
         return _train(cfg, resume, dist_info, run_dir, start, auto_multiple and resume is None)
+    except Exception as err:
+        if resume is None and not getattr(err, "updates_done", 0):  # a new run that trained nothing
+            now = set(run_dir.iterdir()) if run_dir.is_dir() else set()
+            err.written_by_run = sorted(now - (before or set())) + ([run_dir] if before is None else [])  # type: ignore[attr-defined]
+        raise
     finally:
         if lock is not None:
             lock.release()
@@ -291,6 +299,9 @@ def _train(
             loggers.close()
             shutdown_distributed(trainer.parallel)
             stopping.hand_over()  # e.g. submitit's preemption handler: it requeues the job and exits
+            raise
+        except Exception as err:  # train() tells a run that failed at its first update from one that trained
+            err.updates_done = trainer.update  # type: ignore[attr-defined]
             raise
     log(f"stopped: {stop}")
     if trainer.parallel.mode == "fsdp":  # the final test runs on rank 0 alone, with full weights
