@@ -6,9 +6,11 @@ combinations until every option of every group has run (:mod:`tests.fake_cuda.ca
 update of the project's own ``Trainer.train_step`` on fake ``cuda:0`` tensors: any operator that
 meets a ``cuda:0`` tensor and a non-scalar CPU tensor fails the case with torch's
 ``FakeTensorDeviceMismatchError``; afterwards every parameter, gradient, buffer, table, optimizer
-state, moving average and GradScaler tensor must be on ``cuda:0``. One child process runs them all
-(~40 s on two busy cores); it needs a C++ compiler for the stand-in CUDA backend
-(``tests/fake_cuda/fake_cuda_device.cpp``) and is skipped, saying so, without one.
+state, moving average and GradScaler tensor must be on ``cuda:0``; the update's batches are copied
+there from pinned memory without the host waiting (prefetched as ``train.prefetch=auto`` does on
+CUDA). One child process runs them all (~40 s on two busy cores); it needs a C++ compiler for the
+stand-in CUDA backend (``tests/fake_cuda/fake_cuda_device.cpp``) and is skipped, saying so, without
+one.
 """
 
 from __future__ import annotations
@@ -77,6 +79,27 @@ def results(shim: Path, all_cases: list[Case], tmp_path_factory: pytest.TempPath
         compose=None,
     )
     return run_plan([*plan, injected], tmp_path_factory.mktemp("fake_cuda_run"), shim)
+
+
+DATA_PATH_CASES = {"preset:transformer_2017_base": ("fp32", 3), "preset:llama_style": ("bf16", 2)}
+"""The cheapest encoder-decoder and decoder-only cases whose training batches' copies
+:func:`test_training_batches_reach_the_gpu_pinned_without_the_host_waiting` counts: case ->
+(precision, training tensors of a batch: the encoder-decoder's source, shifted target and target;
+the decoder-only model's tokens and target)."""
+PREFETCH_THREAD = "batch-prefetch"
+"""The name of the trainer's prefetching thread (:class:`transformer.data.prefetch.Prefetcher`)."""
+
+
+@pytest.fixture(scope="module")
+def data_path_results(shim: Path, all_cases: list[Case], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One ``Trainer.train_step`` of each of :data:`DATA_PATH_CASES`, alone (no fit, no decoding)."""
+    plan = [
+        {**c.as_dict(), "precisions": [DATA_PATH_CASES[c.name][0]], "fit": [], "resume": [], "decoding": []}
+        for c in all_cases
+        if c.name in DATA_PATH_CASES
+    ]
+    assert len(plan) == len(DATA_PATH_CASES), [c.name for c in all_cases]
+    return run_plan(plan, tmp_path_factory.mktemp("fake_cuda_data_path"), shim)
 
 
 def run_plan(plan: list[dict[str, Any]], folder: Path, shim: Path) -> dict[str, Any]:
@@ -233,3 +256,47 @@ def test_decoding_host_syncs_per_generated_token_are_reported(results: dict[str,
                 if per_step > ceiling or own > steps + SEARCH_READS[strategy]:
                     over.append(rows[-1])
     assert rows and not over, "host syncs per decoding step above the ceiling:\n" + "\n".join(rows)
+
+
+def data_path_problems(run: dict[str, Any], phases: tuple[str, ...]) -> list[str]:
+    """What the training batches' way to the GPU breaks in ``phases`` of one run: a copy of a batch
+    tensor the host waits for or from pageable memory, a phase with no batch copy, prefetching off,
+    pinning outside the prefetching thread."""
+    bad = []
+    for phase in phases:
+        copies = run["copies"].get(phase, {})
+        if copies.get("blocking", 0) or copies.get("pageable", 0) or not copies.get("async", 0):
+            sites = {k: n for k, n in run["copy_sites"].get(phase, {}).items() if k.startswith("batch ")}
+            bad.append(f"{phase}: {copies} ({sites})")
+    if run["prefetch"] != 4 or set(run["pinned_by"]) != {PREFETCH_THREAD}:
+        bad.append(f"train.prefetch={run['prefetch']}, pinned by threads {run['pinned_by']}")
+    return bad
+
+
+def test_training_batches_reach_the_gpu_pinned_without_the_host_waiting(data_path_results: dict[str, Any]) -> None:
+    """On CUDA, ``train.prefetch=auto`` collates and pins the batches ahead in the prefetching thread
+    (stopped when the batches are closed) and the update copies them ``non_blocking``: no copy of a
+    training batch's tensors that the host waits for, none from pageable memory."""
+    bad = failures(data_path_results, list(DATA_PATH_CASES))
+    for name, (precision, tensors) in DATA_PATH_CASES.items():
+        run = data_path_results[name]["runs"][precision]
+        bad += [f"{name} [{precision}] {b}" for b in data_path_problems(run, ("train_step",))]
+        copied = sum(n for k, n in run["copy_sites"].get("train_step", {}).items() if k.startswith("batch "))
+        if copied != tensors:  # every training tensor of the update's one batch counted, once
+            bad.append(f"{name} [{precision}]: {copied} batch copies, not {tensors}")
+    assert not bad, "training batches copied to the GPU blocking or from pageable memory:\n" + "\n".join(bad)
+
+
+def test_every_update_copies_its_batches_pinned_without_the_host_waiting(
+    results: dict[str, Any], all_cases: list[Case]
+) -> None:
+    """Every case and precision: the update of ``train_step``, of ``fit`` (its validation batches,
+    phase ``validate``, are not training batches) and the one after a resume copy their batches
+    from pinned memory, ``non_blocking``, the batches pinned in the prefetching thread."""
+    bad = []
+    for case in all_cases:
+        for precision, run in results[case.name]["runs"].items():
+            phases = ("fit",) if precision in case.fit else ("train_step",)
+            phases += ("train_step after resume",) if precision in case.resume else ()
+            bad += [f"{case.name} [{precision}] {b}" for b in data_path_problems(run, phases)]
+    assert not bad, "training batches copied to the GPU blocking or from pageable memory:\n" + "\n".join(bad)

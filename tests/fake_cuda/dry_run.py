@@ -4,13 +4,15 @@ Imported by :mod:`tests.fake_cuda.runner` once the stand-in CUDA backend is load
 drives the project's own functions as ``scripts/train.py`` runs them on ``train.device=cuda``
 (:func:`run`):
 
-* **update**: :class:`~transformer.training.trainer.Trainer` built as the run builds it (the model
-  built on the CPU by ``Trainer._build_model``, then moved: see
+* **update**: :class:`~transformer.training.loop.trainer.Trainer` built as the run builds it (the
+  model built on the CPU by ``Trainer._build_model``, then moved: see
   :meth:`~tests.fake_cuda.harness.FakeCuda.to_device`), then one :meth:`Trainer.train_step` over
-  ``train.update_freq`` batches of :meth:`Trainer._batches` (collated on the host, moved by
-  ``Batch.to``): autocast, the label-smoothed loss through the fused output layer, router losses,
-  backward (through the GradScaler under fp16), unscale, gradient clipping, the fused optimizer step,
-  the schedule, the moving average, the MoE bias update. Afterwards every parameter, gradient,
+  ``train.update_freq`` batches of :meth:`Trainer._batches` (with ``train.prefetch=auto``: collated
+  and pinned ahead in the prefetching thread, copied by ``Batch.to`` with ``non_blocking``; every
+  copy of a batch tensor to the device is counted, :func:`copy_counts`): autocast, the
+  label-smoothed loss through the fused output layer, router losses, backward (through the
+  GradScaler under fp16), unscale, gradient clipping, the fused optimizer step, the schedule, the
+  moving average, the MoE bias update. Afterwards every parameter, gradient,
   buffer, table, optimizer state, moving average and scaler tensor must be on ``cuda:0``, the
   gradients fp32, the optimizer fused, the GradScaler on exactly under fp16;
 * **fit**: :meth:`Trainer.fit` itself instead, stopped by its time budget after one update, so that
@@ -31,6 +33,7 @@ import contextlib
 import dataclasses
 import random
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -51,7 +54,7 @@ from transformer.data.dataset import ParallelDataset, TranslationData
 from transformer.generation import translate_sentences
 from transformer.training.checkpoint import load_checkpoint
 from transformer.training.distributed import setup_distributed
-from transformer.training.trainer import Trainer
+from transformer.training.loop.trainer import Trainer
 
 CONFIGS = Path(PROJECT).parent / "configs"
 VOCAB = 48
@@ -162,6 +165,59 @@ def step_checks(trainer: Trainer, precision: str, updates: int = 1) -> list[str]
     return problems
 
 
+def copy_counts(fc: FakeCuda) -> dict[str, dict[str, int]]:
+    """phase -> ``{"blocking", "pageable", "async"}``: the copies of batch tensors (a ``Batch``'s
+    ``net_input`` and ``target`` made on the host) to the device. ``blocking``: the host waits for the
+    copy (no ``non_blocking``); ``pageable``: from memory that is not pinned (the device's stream
+    waits for the host's staging copy); ``async``: neither. A copy may count as blocking and pageable."""
+    out: dict[str, dict[str, int]] = {}
+    for c in fc.host.copies:
+        if not c.batch:
+            continue
+        counts = out.setdefault(c.phase, {"blocking": 0, "pageable": 0, "async": 0})
+        counts["blocking"] += not c.non_blocking
+        counts["pageable"] += not c.pinned
+        counts["async"] += c.non_blocking and c.pinned
+    return out
+
+
+def copy_sites(fc: FakeCuda) -> dict[str, dict[str, int]]:
+    """phase -> ``"batch|other blocking|non_blocking pinned|pageable at site" -> count`` of every
+    copy of a host tensor to the device (what :func:`copy_counts` counts, and the rest)."""
+    out: dict[str, dict[str, int]] = {}
+    for c in fc.host.copies:
+        key = (
+            f"{'batch' if c.batch else 'other'} {'non_blocking' if c.non_blocking else 'blocking'}"
+            f" {'pinned' if c.pinned else 'pageable'} at {c.site}"
+        )
+        out.setdefault(c.phase, {})
+        out[c.phase][key] = out[c.phase].get(key, 0) + 1
+    return out
+
+
+PREFETCH_THREAD = "batch-prefetch"
+"""The name of :class:`~transformer.data.prefetch.Prefetcher`'s thread."""
+
+
+def prefetching(result: dict[str, Any], when: str) -> None:
+    """A prefetching thread still alive ``when`` is a problem of ``result`` (the loop must stop it)."""
+    alive = [t for t in threading.enumerate() if t.name == PREFETCH_THREAD and t.is_alive()]
+    if alive:
+        result["problems"].append(f"{len(alive)} prefetching thread(s) still running {when}")
+
+
+def train_step_on_gpu(trainer: Trainer, updates: int = 1) -> None:
+    """``updates`` of ``Trainer.train_step`` over ``train.update_freq`` batches each of one
+    ``Trainer._batches()`` (as ``Trainer.fit`` takes them), which is then closed (its prefetching
+    thread stopped, as ``fit`` does at its end)."""
+    batches = trainer._batches()
+    try:
+        for _ in range(updates):
+            trainer.train_step([next(batches) for _ in range(trainer.cfg.train.update_freq)])
+    finally:
+        batches.close()
+
+
 def host_syncs(fc: FakeCuda) -> dict[str, dict[str, int]]:
     """phase -> ``"kind at site: source line" -> count`` of the host syncs recorded."""
     out: dict[str, dict[str, int]] = {}
@@ -188,10 +244,14 @@ def run(
     Returns:
         ``ok``, ``problems`` (what does not hold), ``notes``, ``error`` (the first exception: type,
         message and the innermost project line), ``syncs`` (phase -> host syncs), ``ops`` (phase ->
-        operators dispatched), ``seconds``, and what ``fit`` and ``resume`` saw.
+        operators dispatched), ``copies`` (phase -> batch copies to the device, :func:`copy_counts`),
+        ``copy_sites`` (:func:`copy_sites`), ``prefetch`` (the trainer's ``train.prefetch``),
+        ``pinned_by`` (thread name -> tensors pinned there), ``seconds``, and what ``fit`` and
+        ``resume`` saw. Validation inside ``fit`` is phase ``validate``.
     """
     start = time.time()
     result: dict[str, Any] = {"ok": False, "problems": [], "notes": [], "error": None, "syncs": {}, "ops": {}}
+    result.update(copies={}, copy_sites={}, prefetch=None, pinned_by={})
     cfg = with_precision(cfg, precision)
     with tempfile.TemporaryDirectory() as tmp:
         # fit: stop after the first update; with a moving average (validated swapped in, saved as the weights)
@@ -203,13 +263,14 @@ def run(
         try:
             with fc:
                 trainer = build_trainer(fc, cfg, data, Path(tmp))
+                result["prefetch"] = trainer.prefetch
                 if fit:
                     fc.phase("fit")
-                    fit_on_gpu(trainer, result)
+                    fit_on_gpu(fc, trainer, result)
                 else:
                     fc.phase("train_step")
-                    batches = trainer._batches()
-                    trainer.train_step([next(batches) for _ in range(cfg.train.update_freq)])
+                    train_step_on_gpu(trainer)
+                prefetching(result, "after the update")
                 placement(result, trainer_tensors(trainer), fc, "after the update")
                 result["problems"] += step_checks(trainer, precision)
                 if decode:
@@ -219,6 +280,9 @@ def run(
         except Exception as err:  # noqa: BLE001 - reported per case
             result["error"] = failure(err)
         result["syncs"], result["ops"] = host_syncs(fc), dict(fc.host.ops)
+        result["copies"].update(copy_counts(fc))  # beside those of the resumed trainer's
+        result["copy_sites"].update(copy_sites(fc))
+        result["pinned_by"] = dict(fc.host.pinned_by)
     result["ok"] = result["error"] is None and not result["problems"]
     result["seconds"] = round(time.time() - start, 2)
     return result
@@ -234,13 +298,23 @@ class _Metrics:
         self.rows.append((split, dict(metrics)))
 
 
-def fit_on_gpu(trainer: Trainer, result: dict[str, Any]) -> None:
+def fit_on_gpu(fc: FakeCuda, trainer: Trainer, result: dict[str, Any]) -> None:
     """``Trainer.fit`` with the checkpoint writers of :class:`_GpuFiles`: one update, then (the time
-    budget reached) validation, with the moving average swapped in when there is one, and
-    ``checkpoint_last``. A validation sentence that failed to translate (the trainer logs the error
-    and goes on) is a problem."""
+    budget reached) validation (phase ``validate``: its batches are not training batches), with the
+    moving average swapped in when there is one, and ``checkpoint_last``. A validation sentence that
+    failed to translate (the trainer logs the error and goes on) is a problem."""
     logged: list[str] = []
     trainer.log = logged.append
+    validate = trainer.validate
+
+    def validate_phase(logger: Any) -> bool:
+        fc.phase("validate")
+        try:
+            return validate(logger)
+        finally:
+            fc.phase("fit")
+
+    trainer.validate = validate_phase
     metrics = _Metrics()
     _FILES.saved.clear()
     with contextlib.ExitStack() as stack:
@@ -325,10 +399,13 @@ def resume_on_gpu(cfg: Any, data: TranslationData, run_dir: Path, result: dict[s
         fc.phase("load_state")
         resumed.load_state(model_state, state)
         fc.phase("train_step after resume")
-        resumed.train_step([next(resumed._batches()) for _ in range(cfg.train.update_freq)])
+        train_step_on_gpu(resumed)
+        prefetching(result, "after resuming")
         placement(result, trainer_tensors(resumed), fc, "after resuming")
         result["problems"] += [p for p in step_checks(resumed, cfg.train.precision, updates=2)]
     result["resume_syncs"] = {"load_state": {}, "train_step after resume": {}, **host_syncs(fc)}  # both ran
+    result["copies"].update(copy_counts(fc))
+    result["copy_sites"].update(copy_sites(fc))
 
 
 def _tensors(obj: Any, where: str = "") -> list[tuple[str, Tensor]]:

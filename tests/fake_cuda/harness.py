@@ -19,6 +19,12 @@
   reads them; one the model computed (logits, routing, which beams end) is answered from
   :data:`ANSWERS`, else by :data:`DEFAULTS` (and a mixture of experts' load is even). The dry run
   checks where tensors live and which dtypes meet, never what the model's tensors hold.
+* every copy of a real host tensor to the device is recorded (:attr:`HostSide.copies`): whether the
+  host waits for it (``non_blocking=False``) and whether its source is pinned. This CPU-only torch
+  cannot pin (``Tensor.pin_memory`` needs an accelerator), so inside :class:`FakeCuda` pinning returns
+  a copy that :attr:`HostSide.pinned` remembers and ``Tensor.is_pinned`` answers from. The modes are
+  thread-local: a background thread (the trainer's batch prefetching) runs plain CPU torch, unseen,
+  and only its pinning is recorded (by thread name, :attr:`HostSide.pinned_by`).
 
 A model is built on the CPU as the project builds it and then converted (:meth:`FakeCuda.to_device`,
 what ``Module.to`` does to parameters and buffers, ties kept): torch cannot ``Module.to`` fake
@@ -29,6 +35,8 @@ from __future__ import annotations
 
 import linecache
 import sys
+import threading
+import weakref
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
@@ -49,6 +57,7 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import transformer
+from transformer.data.collate import Batch
 
 CUDA = torch.device("cuda", 0)
 PROJECT = str(Path(transformer.__file__).resolve().parent)
@@ -72,6 +81,7 @@ ANSWERS: dict[tuple[str, str], list[Any]] = {
 DEFAULTS = {torch.bool: True, "int": 0, "float": 1.0, "rows": "all"}
 _PRIM_DEVICE = torch.ops.prim.device.default
 _LIKE = (aten.ones_like.default, aten.zeros_like.default, aten.full_like.default)
+_COPIES = (aten._to_copy, aten.to, aten.copy_)
 
 
 @dataclass
@@ -85,6 +95,24 @@ class Sync:
     phase: str
     answer: Any
     text: str = ""
+
+
+@dataclass
+class Copy:
+    """One copy of a real host tensor to the device: in which phase, at which project line (the
+    innermost one that is not in :data:`BATCH_FILE`: who moved it), whether the host waits for it
+    (``non_blocking=False``), whether the source was pinned, and whether the source is a training
+    tensor of a :class:`~transformer.data.collate.Batch` (``net_input`` or ``target``)."""
+
+    phase: str
+    site: str
+    non_blocking: bool
+    pinned: bool
+    batch: bool
+
+
+BATCH_FILE = "transformer/data/collate.py"
+"""Where :meth:`~transformer.data.collate.Batch.to` runs: a copy there is reported at its caller."""
 
 
 def project_frame() -> tuple[str, str, str] | None:
@@ -115,6 +143,77 @@ class HostSide(TorchDispatchMode):
         self.phase = "setup"
         self.plans: dict[int, tuple[Tensor, Tensor]] = {}  # id(fake) -> (fake, its planned real values)
         self.fed: dict[int, tuple[Tensor, str]] = {}  # id(host tensor) -> (it, where it entered the GPU path)
+        self.copies: list[Copy] = []
+        # weak, so that a freed tensor's id reused by a new one is not taken for it
+        self.pinned: dict[int, weakref.ref] = {}  # id(host tensor) -> it, for those pinned
+        self.pinned_by: Counter = Counter()  # thread name -> tensors pinned there
+        self.batch_tensors: dict[int, weakref.ref] = {}  # id(host tensor) -> it: a Batch's net_input / target
+
+    # --------------------------------------------------------------- host memory
+
+    @staticmethod
+    def _known(table: dict[int, weakref.ref], t: Tensor) -> bool:
+        ref = table.get(id(t))
+        return ref is not None and ref() is t
+
+    def is_pinned(self, t: Tensor) -> bool:
+        """Whether ``t`` came from :meth:`pin_memory` (a device tensor never is)."""
+        return self._known(self.pinned, t)
+
+    def pin_memory(self, t: Tensor) -> Tensor:
+        """``t`` in (pretend) page-locked memory: ``t`` itself when pinned already, else a copy
+        remembered as pinned, as ``Tensor.pin_memory`` returns.
+
+        Raises:
+            RuntimeError: ``t`` is not a host tensor (torch refuses to pin device memory too).
+        """
+        if isinstance(t, FakeTensor) or t.device.type != "cpu":
+            raise RuntimeError(f"cannot pin '{t.device}' memory: only dense CPU tensors can be pinned")
+        if self.is_pinned(t):
+            return t
+        with unset_fake_temporarily():
+            out = t.clone()
+        self.pinned[id(out)] = weakref.ref(out)
+        self.pinned_by[threading.current_thread().name] += 1
+        return out
+
+    def note_batch(self, tensors: Iterable[Tensor]) -> None:
+        """Remember the host tensors among ``tensors`` (a batch's training tensors) as batch tensors."""
+        for t in tensors:
+            if isinstance(t, Tensor) and not isinstance(t, FakeTensor):
+                self.batch_tensors[id(t)] = weakref.ref(t)
+
+    def _record_copy(self, func, args: tuple, kwargs: dict) -> None:
+        """Record ``func`` as a :class:`Copy` when it copies a real host tensor to a device tensor
+        (``_to_copy`` / ``to`` with a device destination, ``copy_`` into a fake tensor)."""
+        bound = {a.name: v for a, v in zip(func._schema.arguments, args)}
+        bound.update(kwargs)
+        if func.overloadpacket is aten.copy_:
+            src, dst = bound.get("src"), bound.get("self")
+            to_device = isinstance(dst, FakeTensor) and dst.device.type != "cpu"
+        else:  # _to_copy, to
+            src, dst = bound.get("self"), bound.get("other", bound.get("device"))
+            dst = dst.device if isinstance(dst, Tensor) else dst
+            to_device = dst is not None and torch.device(dst).type != "cpu"
+        if not to_device or not isinstance(src, Tensor) or isinstance(src, FakeTensor) or src.device.type != "cpu":
+            return
+        site = "<torch>"
+        f = sys._getframe(1)
+        while f is not None:  # the innermost project line outside Batch.to: who moved the tensor
+            name = f.f_code.co_filename
+            if name.startswith(PROJECT) and not name.endswith(BATCH_FILE):
+                site = f"{Path(name).relative_to(Path(PROJECT).parent)}:{f.f_lineno} {f.f_code.co_name}"
+                break
+            f = f.f_back
+        self.copies.append(
+            Copy(
+                self.phase,
+                site,
+                bool(bound.get("non_blocking") or False),
+                self.is_pinned(src),
+                self._known(self.batch_tensors, src),
+            )
+        )
 
     # --------------------------------------------------------------- answers
 
@@ -230,6 +329,8 @@ class HostSide(TorchDispatchMode):
             return func(*args)
         kwargs = kwargs or {}
         self.ops[self.phase] += 1
+        if func.overloadpacket in _COPIES:
+            self._record_copy(func, args, kwargs)
         fake = _has_fake(args) or _has_fake(kwargs.values())
         device = kwargs.get("device")
         if not fake and (device is None or torch.device(device).type == "cpu"):
@@ -446,6 +547,17 @@ class FakeCuda:
             stack.enter_context(mock.patch.object(cuda, name, value))
         # the backward pass on the calling thread (as under torch.compile's tracing): no device threads
         stack.enter_context(torch.autograd.set_multithreading_enabled(False))
+        # pinning needs an accelerator on this torch build; every thread pins (the prefetching one too)
+        host = self.host
+        stack.enter_context(mock.patch.object(Tensor, "pin_memory", lambda t, device=None: host.pin_memory(t)))
+        stack.enter_context(mock.patch.object(Tensor, "is_pinned", lambda t, device=None: host.is_pinned(t)))
+        make_batch = Batch.__init__
+
+        def note_batch(batch: Batch, *args: Any, **kwargs: Any) -> None:
+            make_batch(batch, *args, **kwargs)
+            host.note_batch([*batch.net_input.values(), batch.target])
+
+        stack.enter_context(mock.patch.object(Batch, "__init__", note_batch))
         stack.enter_context(self.fake_mode)
         stack.enter_context(self.host)
         self._stack = stack
