@@ -1,18 +1,20 @@
-"""The repository's layout: small files (no Python file in ``transformer/`` or ``benchmarks/`` is
-longer than :data:`MAX_LINES` lines, docs/contributing.md, "How the code is laid out"; a longer one
-is split along a seam of what it does), and every test file that the pages, the code and the
-scripts name exists.
+"""The repository's layout: a module holds one concept (docs/contributing.md, "How the code is laid
+out"). Modules of functions stay small, no longer than :data:`MAX_LINES` lines as ``ruff format``
+lays them out; a file that is one class may be longer (:data:`ONE_CLASS`, each with its reason),
+since cutting a class along a line count scatters its attributes over files. Every test file that
+the pages, the code and the scripts name exists."""
 
-The limit counts lines as ``ruff format`` (line length 120) lays them out: the formatter puts a long
-call's arguments one per line, so the same code takes more lines than hand-wrapped code did (420
-before the formatter; 500 after it: the files that stood near 420 come out near 500)."""
-
+import ast
 import re
 
 from tests.conftest import REPO_ROOT
 
 MAX_LINES = 500  # lines in the formatter's layout (ruff format writes long calls vertically)
 FOLDERS = ("transformer", "benchmarks")
+ONE_CLASS = {
+    "transformer/training/loop/trainer.py": "the Trainer: its step, loop, validation round and own state",
+}
+"""Files that may pass :data:`MAX_LINES`: one public class each, with the reason it stays whole."""
 
 
 def _line_counts() -> dict[str, int]:
@@ -35,7 +37,7 @@ def test_the_counter_sees_the_files():
 
 
 def test_no_file_is_longer_than_the_limit():
-    long = {path: n for path, n in _line_counts().items() if n > MAX_LINES}
+    long = {path: n for path, n in _line_counts().items() if n > MAX_LINES and path not in ONE_CLASS}
     assert long == {}, f"files over {MAX_LINES} lines (split them along a seam): " + ", ".join(
         f"{path} ({n})" for path, n in sorted(long.items(), key=lambda item: -item[1])
     )
@@ -59,3 +61,11 @@ def test_every_test_file_named_exists():
     assert "tests/benchmarks/test_gpu_check.py" in named
     missing = {name: sorted(where) for name, where in named.items() if not (REPO_ROOT / name).is_file()}
     assert missing == {}, f"test files named but not there: {missing}"
+
+
+def test_a_longer_file_is_one_class():
+    for path in ONE_CLASS:
+        tree = ast.parse((REPO_ROOT / path).read_text(encoding="utf-8"))
+        classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef) and not n.name.startswith("_")]
+        functions = [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")]
+        assert len(classes) == 1 and not functions, f"{path}: classes {classes}, functions {functions}"

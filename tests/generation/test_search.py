@@ -29,6 +29,7 @@ from transformer.generation import (
     sample,
     top_k_top_p_filter,
 )
+from transformer.generation.common import nonfinite_rows
 
 ARCHS = ["encoder_decoder", "decoder_only"]
 # EOS biases that give a mix of immediately finished and long hypotheses (see helpers.make_model)
@@ -359,3 +360,13 @@ def test_dropout_is_off_during_generation() -> None:
     a, b = generate(model, src, {"strategy": "beam"}), generate(model, src, {"strategy": "beam"})
     assert tokens(a) == tokens(b)
     assert model.training
+
+
+def test_nonfinite_rows_are_those_with_nan_or_plus_inf() -> None:
+    """NaN or +inf anywhere in a row flags it; -inf (a banned token) and huge finite values do not."""
+    inf, nan = float("inf"), float("nan")
+    logits = torch.tensor(
+        [[0.0, nan, 1.0], [-inf, inf, 0.0], [-inf, -inf, 2.0], [-inf, -inf, -inf], [3e38, -3e38, 1.0], [nan, inf, -inf]]
+    )
+    for dtype in (torch.float32, torch.bfloat16):
+        assert nonfinite_rows(logits.to(dtype)).tolist() == [True, True, False, False, False, True]

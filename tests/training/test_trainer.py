@@ -108,6 +108,30 @@ def test_prefetched_batches_train_and_resume_as_collated_in_the_loop(small_corpu
     assert _metrics(full)[-1]["epoch"] == _metrics(split)[-1]["epoch"] == 2
 
 
+def test_the_tested_average_includes_the_last_update_of_a_resumed_run(small_corpus, tmp_path):
+    """With ``train.average_last``, the end of training is a numbered checkpoint even off the
+    ``save_every`` grid, so a run resumed to train longer tests weights that include its last
+    updates; ``results.json`` names the updates the tested weights were saved at."""
+    run = tmp_path / "run"
+    common = ["train.save_every=2", "train.average_last=2", "train.validate_every=0", "train.valid_bleu=false"]
+    train(small_config(small_corpus, run, *common, "train.max_updates=4"))
+    first = json.loads((run / "results.json").read_text())
+    assert first["final_model"] == "average of checkpoint_2, checkpoint_4"
+    assert first["test_weights_updates"] == [2, 4] and first["test_weights_note"] is None
+    train(small_config(small_corpus, run, *common, "train.max_updates=5", "train.resume=true"))
+    resumed = json.loads((run / "results.json").read_text())
+    assert resumed["updates"] == 5 and resumed["final_model"] == "average of checkpoint_4, checkpoint_5"
+    assert resumed["test_weights_updates"] == [4, 5]
+
+
+def test_tested_weights_older_than_the_last_update_are_named():
+    from transformer.training.job.results import tested_updates_note
+
+    assert tested_updates_note([1500], 2557) == "update 1,500 of 2,557: the last 1,057 not tested"
+    assert tested_updates_note([200, 300], 320) == "updates 200, 300 of 320: the last 20 not tested"
+    assert tested_updates_note([300, 320], 320) is None and tested_updates_note([], 5) is None
+
+
 def test_nan_loss_stops_naming_the_update_and_keeps_last_checkpoint(small_corpus, tmp_path, monkeypatch):
     run = tmp_path / "run"
     cfg = small_config(small_corpus, run, "train.max_updates=10", "train.save_every=2", "train.validate_every=0")

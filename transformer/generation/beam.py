@@ -137,7 +137,7 @@ def _beam_search(
         bad = nonfinite_rows(logits) & (scores.view(-1) > ninf)  # (n * K,) live beams with NaN/inf output
         # a diverged model: those beams die (NaN scores would never end the search)
         lprobs.masked_fill_(bad[:, None], ninf)
-        cand = (scores.view(-1, 1) + lprobs).view(n, K * vocab)  # (n, K * V)
+        cand = lprobs.add_(scores.view(-1, 1)).view(n, K * vocab)  # (n, K * V), in place: lprobs is not read again
         n_cand = min(2 * K, K * vocab)
         cand_scores, cand_idx = cand.topk(n_cand, dim=1)  # (n, 2K), sorted best first
         cand_beam = cand_idx // vocab  # (n, 2K)

@@ -236,8 +236,12 @@ class NonFiniteOutputWarning(RuntimeWarning):
 
 
 def nonfinite_rows(logits: Tensor) -> Tensor:
-    """``(rows,)`` bool: rows of ``(rows, vocab)`` logits holding NaN or +inf (-inf is a masked token)."""
-    return (logits.isnan() | logits.isposinf()).any(-1)
+    """``(rows,)`` bool: rows of ``(rows, vocab)`` logits holding NaN or +inf (-inf is a masked token).
+
+    Read from each row's maximum (``amax`` propagates NaN, and +inf is the largest value): one pass
+    over the logits and a ``(rows,)`` result, not two ``(rows, vocab)`` masks."""
+    top = logits.amax(-1)  # (rows,)
+    return top.isnan() | top.isposinf()
 
 
 def warn_nonfinite(n_sentences: int) -> None:

@@ -1,7 +1,8 @@
 """The run folder of a training run: where it is, what Hydra chose, and the ``results.json`` record.
 
 A run folder (Hydra's output dir, or ``run_dir`` when set) receives ``config.yaml``, the
-SentencePiece model(s), ``metrics.jsonl``, the checkpoints, ``hyps/{split}.txt`` and finally
+SentencePiece model(s), ``metrics.jsonl``, the checkpoints, ``hyps/{split}.txt`` (and the references
+scored against, ``hyps/{split}.ref``) and finally
 ``results.json`` (written atomically by :func:`write_results`), which the comparison tools read.
 
 Every test number is reproducible from the folder: ``results.json``'s ``test_weights`` names the
@@ -28,7 +29,7 @@ from transformer.data.dataset import TranslationData
 from transformer.hydra_record import job_run_dir
 from transformer.io import atomic_write_text
 from transformer.models import forward_flops
-from transformer.run_folder import BEST, weights_path
+from transformer.run_folder import BEST, references_file, weights_path
 from transformer.training.checkpoint import load_checkpoint, save_run_average
 from transformer.training.step.precision import describe_hardware
 
@@ -130,6 +131,7 @@ def build_results(
     wall_time_s: float,
     active_params: int | None = None,
     test_weights: str | None = None,
+    test_weights_updates: list[int] | None = None,
 ) -> dict[str, Any]:
     """The ``results.json`` record of a finished run.
 
@@ -156,6 +158,8 @@ def build_results(
         test_weights: the file in the run folder that holds the tested weights
             (``checkpoint_avg.safetensors``, ``checkpoint_best.safetensors``), recorded as
             ``test_weights``; None when they were never saved as such (``final``).
+        test_weights_updates: the updates the tested weights were saved at, recorded with
+            ``test_weights_note`` when they predate the last update (:func:`tested_updates_note`).
 
     Returns:
         The record (JSON-serialisable).
@@ -170,6 +174,8 @@ def build_results(
         "test": scores,
         "final_model": final_model,
         "test_weights": test_weights,  # the file checkpoint=RUN loads: the weights of these scores
+        "test_weights_updates": test_weights_updates,
+        "test_weights_note": tested_updates_note(test_weights_updates or [], progress["updates"]),
         "ema_decay": cfg.train.ema_decay,
         "params": params,
         "active_params": params if active_params is None else active_params,
@@ -199,7 +205,7 @@ def write_results(run_dir: Path, results: dict[str, Any]) -> Path:
     return atomic_write_text(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
 
 
-def load_final_weights(trainer: Any) -> tuple[str, str | None]:
+def load_final_weights(trainer: Any) -> tuple[str, str | None, list[int]]:
     """Load into ``trainer.model`` the weights the test uses: the average of the last
     ``train.average_last`` numbered checkpoints, first saved as ``checkpoint_avg.safetensors`` in
     the run folder (:func:`~transformer.training.checkpoint.save_run_average`), else
@@ -215,18 +221,19 @@ def load_final_weights(trainer: Any) -> tuple[str, str | None]:
         ``(which, file)``: which weights, ``"average of checkpoint_..., ..."``, ``"checkpoint_best"``
         or ``"final"``, followed by `` (EMA weights)`` when the moving average is on; and the name
         of the weights file in the run folder that holds exactly them (``results.json``'s
-        ``test_weights``), None for ``"final"``.
+        ``test_weights``), None for ``"final"``; and the updates those weights were saved at (the
+        averaged checkpoints', the best checkpoint's, or the last update).
 
     Raises:
         OSError: the average cannot be written (then nothing is loaded), and the errors of reading
             the checkpoints (:func:`~transformer.training.checkpoint.load_checkpoint`).
     """
     ema = getattr(trainer, "ema", None)
-    which, weights_file = _load_final_weights(trainer)
-    return which + (" (EMA weights)" if ema is not None else ""), weights_file
+    which, weights_file, updates = _load_final_weights(trainer)
+    return which + (" (EMA weights)" if ema is not None else ""), weights_file, updates
 
 
-def _load_final_weights(trainer: Any) -> tuple[str, str | None]:
+def _load_final_weights(trainer: Any) -> tuple[str, str | None, list[int]]:
     t = trainer.cfg.train
     numbered = trainer.checkpoints.numbered() if trainer.checkpoints is not None else []
     if t.average_last > 0 and numbered:
@@ -234,22 +241,32 @@ def _load_final_weights(trainer: Any) -> tuple[str, str | None]:
         model_config = config_dict(trainer.cfg).get("model")
         averaged, path = save_run_average(trainer.checkpoints.run_dir, chosen, model_config)
         trainer.model.load_state_dict(averaged, strict=True)
-        return f"average of {', '.join(p.name for p in chosen)}", path.name
+        updates = [int(p.name.rsplit("_", 1)[1]) for p in chosen]
+        return f"average of {', '.join(p.name for p in chosen)}", path.name, updates
     best = trainer.checkpoints.best() if trainer.checkpoints is not None else None
     if best is not None:
-        model_state, _ = load_checkpoint(best.parent, best.name, map_location=trainer.device)
+        model_state, state = load_checkpoint(best.parent, best.name, map_location=trainer.device)
         trainer.model.load_state_dict(model_state, strict=True)
-        return BEST, weights_path(best).name
+        return BEST, weights_path(best).name, [int(state["update"])]
     if getattr(trainer, "ema", None) is not None:
         trainer.model.load_state_dict(trainer.ema.state_dict(), strict=True)
-    return "final", None
+    return "final", None, [trainer.update]
+
+
+def tested_updates_note(updates: list[int], last: int) -> str | None:
+    """A sentence when the tested weights predate the run's last update, e.g. ``the tested weights
+    (checkpoint_best) come from update 1,500 of 2,557``; None when they include it."""
+    if not updates or max(updates) >= last:
+        return None
+    at = ", ".join(f"{u:,}" for u in updates)
+    return f"update{'s' if len(updates) > 1 else ''} {at} of {last:,}: the last {last - max(updates):,} not tested"
 
 
 def final_test(
     trainer: Any, choices: dict[str, str], params: int, start: float, active_params: int | None = None
 ) -> dict[str, Any]:
     """Load the final weights (:func:`load_final_weights`), translate and score the test splits
-    (hypotheses in ``hyps/{split}.txt``), and write ``results.json`` (:func:`build_results`), whose
+    (hypotheses in ``hyps/{split}.txt``, the references they were scored against in ``hyps/{split}.ref``), and write ``results.json`` (:func:`build_results`), whose
     ``test_weights`` names the file that holds the tested weights.
 
     Args:
@@ -268,22 +285,32 @@ def final_test(
     if memory is not None:
         memory.enter("test")
     try:
-        final_model, test_weights = load_final_weights(trainer)
+        final_model, test_weights, tested_updates = load_final_weights(trainer)
     except Exception as err:  # the training is done: test what is in memory rather than lose it
-        final_model, test_weights = "final", None
+        final_model, test_weights, tested_updates = "final", None, [trainer.update]
         log(
             f"[test] cannot load the weights chosen for the test ({' '.join(str(err).split())}); "
             "testing the final weights instead"
         )
+    saved_at = ", ".join(f"{u:,}" for u in tested_updates)
     if test_weights is not None:
-        log(f"[test] with {test_weights} ({final_model}): what checkpoint={trainer.run_dir} loads")
+        log(
+            f"[test] with {test_weights} ({final_model}, saved at update{'s' * (len(tested_updates) > 1)} "
+            f"{saved_at}): what checkpoint={trainer.run_dir} loads"
+        )
+    older = tested_updates_note(tested_updates, trainer.update)
+    if older is not None:
+        log(f"[test] the tested weights ({final_model}) are from {older}")
     test_splits = [s for s in cfg.data.test_splits if s in trainer.data.splits] or [
         s for s in trainer.data.splits if s not in ("train", "valid")
     ][:1]
     scores = {}
     for split in test_splits:
         try:
-            scores[split] = trainer.bleu(split, hyp_file=trainer.run_dir / "hyps" / f"{split}.txt")
+            hyp_file = trainer.run_dir / "hyps" / f"{split}.txt"
+            scores[split] = trainer.bleu(split, hyp_file=hyp_file)
+            # the references beside the hypotheses: compare.py tests the run without its data
+            atomic_write_text(references_file(hyp_file), "".join(r + "\n" for r in trainer.data.splits[split].tgt_text))
         except Exception as err:  # one split's failure never throws away the training or the other splits
             scores[split] = {"error": f"{type(err).__name__}: {' '.join(str(err).split())}"}
             log(f"[test] {split}: failed ({scores[split]['error']}); results.json records the error")
@@ -305,6 +332,7 @@ def final_test(
         wall_time_s=trainer.wall_time() if hasattr(trainer, "wall_time") else time.time() - start,
         active_params=active_params,
         test_weights=test_weights,
+        test_weights_updates=tested_updates,
     )
     write_results(trainer.run_dir, results)
     return results

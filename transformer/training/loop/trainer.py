@@ -25,23 +25,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from transformer.config import Config, time_budget
+from transformer.config import Config, config_dict, time_budget
 from transformer.data.batching import TokenBatchSampler, resolve_pad_to_multiple
 from transformer.data.collate import Batch, collate
 from transformer.data.dataset import TranslationData
 from transformer.data.prefetch import Prefetcher, resolve_prefetch
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SEP_ID
 from transformer.models import build_model
-from transformer.training.checkpoint import CheckpointManager
+from transformer.training.checkpoint import CheckpointManager, get_rng_state, set_rng_state
 from transformer.training.distributed.parallel import DataParallel, TrainingLoss, checkpoint_layers
-from transformer.training.distributed.process_group import DistInfo
+from transformer.training.distributed.process_group import DistInfo, broadcast_from_main
 from transformer.training.errors import TrainingError
-from transformer.training.loop.train_state import load_train_state, train_state
 from transformer.training.loop.validation import scorable_pairs, teacher_forced_loss, translate_and_score
-from transformer.training.loop.validation_round import validation_round
 from transformer.training.monitoring.memory import PhaseMemory
 from transformer.training.monitoring.progress import TrainingBar
-from transformer.training.step.compiled import compile_training_step
+from transformer.training.step.compiled import compile_dynamic, compile_training_step
 from transformer.training.step.criterion import LabelSmoothedCrossEntropy, perplexity
 from transformer.training.step.divergence import DivergenceWatch, divergence_message, nonfinite_weights
 from transformer.training.step.ema import EMA
@@ -78,7 +76,7 @@ class Trainer:
             checkpoint_layers(self.model)
         # train.compile: validation's teacher-forced loss runs the compiled layers; training compiles
         # the whole step (forward, fused loss, backward) below
-        self.features = torch.compile(self.model.features, dynamic=True) if t.compile else None
+        self.features = compile_dynamic(self.model.features) if t.compile else None
         self.criterion = LabelSmoothedCrossEntropy(cfg.criterion.label_smoothing, ignore_index=PAD_ID)
         self.precision = resolve_precision(t.precision, self.device)
         t.pad_to_multiple = resolve_pad_to_multiple(
@@ -175,13 +173,57 @@ class Trainer:
 
     def train_state(self) -> dict[str, Any]:
         """Everything but the saved weights needed to continue exactly (loadable with weights_only):
-        :func:`~transformer.training.loop.train_state.train_state`."""
-        return train_state(self)
+        optimizer, scheduler, grad scaler, RNG states, the data position, counters, the config.
+
+        With ``train.ema_decay > 0`` the checkpoint's weights file holds the moving average (the
+        weights to translate with) and ``ema`` here holds the decay and the training weights.
+        """
+        ema = None
+        if self.ema is not None:
+            ema = {"decay": self.ema.decay, "model": self.model.state_dict()}
+        return {
+            "optimizer": self.parallel.optimizer_state_dict(self.optimizer),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": get_rng_state(),
+            "sampler": self.data_position(),  # the batches trained on, not those prepared ahead
+            "update": self.update,
+            "epoch": self.epoch,
+            "best_metric": self.best_metric,
+            "bad_validations": self.bad_validations,
+            "train_tokens": self.train_tokens,
+            "train_time": self.train_time,
+            "wall_time": self.wall_time(),
+            "ema": ema,
+            "routing": self.last_routing,
+            "config": config_dict(self.cfg),
+        }
 
     def load_state(self, model_state: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
-        """Restore weights and training state saved by :meth:`save` (every rank loads the same
-        files): :func:`~transformer.training.loop.train_state.load_train_state`."""
-        load_train_state(self, model_state, state)
+        """Restore weights and training state saved by :meth:`save` (every rank loads the same files).
+
+        A checkpoint written with a moving average restores the training weights from the state and
+        the average from ``model_state``; turning ``train.ema_decay`` on at resume starts the average
+        from the resumed weights, turning it off continues from the training weights.
+        """
+        saved_ema = state.get("ema")
+        self.parallel.load_full_state_dict(saved_ema["model"] if saved_ema else model_state)
+        if self.ema is not None:
+            if saved_ema:
+                self.ema.load_state_dict(model_state)
+            else:
+                self.ema = EMA(self.model, self.ema.decay)
+        self.parallel.load_optimizer_state_dict(self.optimizer, state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        self.update, self.epoch = int(state["update"]), int(state["epoch"])
+        self.best_metric = state["best_metric"]
+        self.bad_validations = int(state["bad_validations"])
+        self.train_tokens, self.train_time = int(state["train_tokens"]), float(state["train_time"])
+        self.wall_time_before = float(state.get("wall_time", 0.0))  # checkpoints before it was recorded: 0
+        self.last_routing = dict(state.get("routing") or {})  # checkpoints before it was recorded: none
 
     def wall_time(self) -> float:
         """Wall-clock seconds of the whole run: its earlier processes (until their last save) and this one."""
@@ -383,12 +425,44 @@ class Trainer:
         )
 
     def validate(self, logger: Any) -> bool:
-        """Validation loss (+ BLEU), with the moving average when on
-        (:func:`~transformer.training.loop.validation_round.validation_round`); returns True when this
-        is the best result so far."""
+        """One validation round: the validation loss (and BLEU/chrF with ``train.valid_bleu``) of the
+        trained model, or of its moving average when on, on rank 0; the same numbers on every rank
+        (under FSDP the weights are gathered, and rank 0's metrics are broadcast so that every rank
+        takes the same best and patience decisions); ``best_metric`` / ``bad_validations`` updated;
+        the metrics logged (``logger.log(metrics, step, split="valid")``) with a line on rank 0.
+        Every rank calls it.
+
+        Returns:
+            True when this is the best result so far (``bleu``, higher is better, when
+            ``train.best_metric=bleu`` and BLEU was computed; else the loss, lower is better).
+        """
         self.memory.enter("validation")
         try:
-            return validation_round(self, logger)
+            t = self.cfg.train
+            metrics: dict[str, Any] = {}
+            model = self.eval_model()  # FSDP: gathers the weights (every rank)
+            if self.dist.is_main:
+                with self.ema.swapped(model) if self.ema is not None else nullcontext():
+                    metrics = self.valid_loss(model)
+                    if t.valid_bleu:
+                        scores = self.bleu("valid", subset=t.valid_bleu_subset, model=model)
+                        metrics.update(bleu=scores["bleu"], chrf=scores["chrf"])
+            metrics = broadcast_from_main(metrics, self.dist)  # every rank takes the same best/patience decisions
+            if t.best_metric == "bleu" and "bleu" in metrics:
+                value, better = metrics["bleu"], lambda a, b: a > b
+            else:
+                value, better = metrics["loss"], lambda a, b: a < b
+            is_best = self.best_metric is None or better(value, self.best_metric)
+            if is_best:
+                self.best_metric, self.bad_validations = value, 0
+            else:
+                self.bad_validations += 1
+            metrics["best"] = self.best_metric
+            logger.log(metrics, step=self.update, split="valid")
+            if self.dist.is_main:
+                shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float))
+                self.log(f"[valid] update {self.update}: {shown}")
+            return is_best
         finally:
             self.memory.enter("training")
 
@@ -509,7 +583,12 @@ class Trainer:
                     self.divergence.check(self.last_saved)
                     is_best = self.validate(logger)
                     stop = self.stop_reason()
-                    self.save(is_best=is_best, numbered=save_now)
+                    # the end of training is a numbered checkpoint when the test averages them, so the
+                    # tested weights include the last updates (a budget's or a resume's end off the grid)
+                    self.save(
+                        is_best=is_best,
+                        numbered=save_now or (stop is not None and t.average_last > 0 and t.save_every > 0),
+                    )
                 elif save_now:
                     self.save(numbered=True)
                 if meet:
