@@ -68,8 +68,9 @@ def _accumulate_grad_w(grad_w: Tensor, g: Tensor, h: Tensor) -> None:
     the compute dtype.
 
     fp32: one ``addmm_`` (beta = 1, the sum in the matmul). bf16/fp16 on CUDA: the same with an fp32
-    output (``out_dtype``, the product never rounded to 16 bits). Elsewhere the 16-bit product is
-    added into the fp32 accumulator by an in-place add (no fp32 copy of it).
+    output (``out_dtype``: no 16-bit product, no fp32 copy of it, the product never rounded to 16
+    bits). Elsewhere (the CPU has no ``out_dtype`` kernel; under ``torch.compile`` the compiler fuses
+    the cast into the add) the 16-bit ``(V, d)`` product is cast to fp32 and added.
     """
     if g.dtype == torch.float32:
         grad_w.addmm_(g.t(), h)
@@ -81,7 +82,7 @@ def _accumulate_grad_w(grad_w: Tensor, g: Tensor, h: Tensor) -> None:
     ):
         torch.addmm(grad_w, g.t(), h, out_dtype=torch.float32, out=grad_w)
     else:
-        grad_w.add_(torch.mm(g.t(), h))
+        grad_w += torch.mm(g.t(), h).float()
 
 
 class _LinearLabelSmoothedLoss(torch.autograd.Function):
