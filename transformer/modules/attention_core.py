@@ -1,5 +1,6 @@
-"""What every attention module shares: the KV cache (a rolling buffer for sliding-window layers),
-the mask builder, the per-stack :class:`AttentionInputs` and the SDPA call.
+"""What every attention module shares: the KV cache (preallocated and written in place; a rolling
+buffer for sliding-window layers), the mask builder, the per-stack :class:`AttentionInputs` and the
+SDPA call.
 
 :class:`~transformer.modules.attention.Attention` (MHA/GQA/MQA) and
 :class:`~transformer.modules.mla.MultiHeadLatentAttention` both read them; everything here is
@@ -103,7 +104,9 @@ class KVCache:
             k, v: ``(batch, heads, new_len, dim)``.
 
         Returns:
-            ``(k, v)`` ``(batch, heads, cached_len + new_len, dim)`` (cached_len <= max_len).
+            ``(k, v)`` ``(batch, heads, cached_len + new_len, dim)`` (cached_len <= max_len); for a
+            self-attention cache views of its buffers, which a later :meth:`reorder` may overwrite
+            (read them in this step, or copy them).
         """
         if self.max_len is not None:
             return self._extend_rolling(k, v)
