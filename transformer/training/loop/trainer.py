@@ -422,6 +422,7 @@ class Trainer:
             progress=bool(self.cfg.train.progress),
             log=self.log,
             hyp_file=hyp_file,
+            precision=self.precision,  # an accelerator decodes in the run's precision (the CPU in fp32)
         )
 
     def validate(self, logger: Any) -> bool:
