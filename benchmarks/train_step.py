@@ -54,11 +54,14 @@ DEVICE_PEAKS: dict[str, dict[str, float]] = {
     # dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, FLOP/s; "fp32" is the
     # non-tensor-core FP32 rate (TF32 is off: torch.backends.cuda.matmul.allow_tf32 defaults to False).
     # Matched in this order against torch.cuda.get_device_name() (first substring that occurs).
-    "H200": {"bf16": 989e12, "fp32": 67e12},
+    "H200 NVL": {"bf16": 835e12, "fp32": 60e12},
+    "H200": {"bf16": 989e12, "fp32": 67e12},  # SXM (and GH200)
     "H100 PCIe": {"bf16": 756e12, "fp32": 51e12},
-    "H100": {"bf16": 989e12, "fp32": 67e12},  # SXM
-    "A100": {"bf16": 312e12, "fp32": 19.5e12},
+    "H100 NVL": {"bf16": 835e12, "fp32": 60e12},
+    "H100": {"bf16": 989e12, "fp32": 67e12},  # SXM ("NVIDIA H100 80GB HBM3")
+    "A100": {"bf16": 312e12, "fp32": 19.5e12},  # SXM4 and PCIe, 40 and 80 GB alike
     "L40S": {"bf16": 362e12, "fp32": 91.6e12},
+    "L40": {"bf16": 181e12, "fp32": 90.5e12},
     "L4": {"bf16": 121e12, "fp32": 30.3e12},
 }
 

@@ -6,12 +6,15 @@
 # 1. a preflight (GPU, python, packages, Multi30k) into $OUT/preflight.txt: what is missing is said
 #    there, before anything runs;
 # 2. python -m benchmarks.gpu_check --device cuda into $OUT/gpu_check/, under a hard cap of CHECK_S
-#    seconds (its own budget is CHECK_S - 40): first the realistic-size table (transformer_2017_base /
-#    big and a ~100M llama_style, bf16, 8k/16k/32k-token Multi30k-like batches, eager / compiled /
-#    CUDA graphs, ours beside HF Marian / HF Llama: tokens/s, MFU, memory; beam-5 and greedy decoding
-#    beside HF generate and CTranslate2; at most 300 s), then training fp32/bf16 x compile off/on
-#    against the CPU, SDPA backends, tokens/s and MFU beside HF at small sizes, decoding parity;
-# 3. with the time left of TOTAL_S (at least 90 s): scripts/results_gpu.sh (the ladder x 2 seeds and
+#    seconds (its own budget is CHECK_S - 40; what does not fit is recorded as skipped, with why):
+#    first Trainer.train_step itself (transformer_2017_base, 16k-token WMT-like batches, its data
+#    path, eager / compiled / DDP over a 1-rank group: tokens/s, ms per update, MFU, compile time),
+#    then the compiled trainer against the CPU (training_compile), then the realistic-size table
+#    (transformer_2017_base / big and a ~100M llama_style, bf16, 8k/16k/32k-token Multi30k-like
+#    batches, eager / compiled / CUDA graphs, ours beside HF Marian / HF Llama; beam-5 and greedy
+#    decoding beside HF generate and CTranslate2), then training fp32/bf16 against the CPU, decoding
+#    parity, SDPA backends, tokens/s and MFU beside HF at small sizes;
+# 3. with STUDY=1 and the time left of TOTAL_S (at least 90 s): scripts/results_gpu.sh (the ladder x 2 seeds and
 #    the Wu et al. run, fp32 as the ladder pins, so comparable with the CPU runs) with
 #    TIME_LIMIT = what is left, its run folders in $WORK/study; then the small files of every run
 #    (metrics.jsonl, results.json, config.yaml, train.log, hyps/, logs, the ladder table) are copied
@@ -24,8 +27,10 @@
 # and $OUT/study/ to docs/results/gpu/ to commit them beside the CPU results.
 #
 # Environment: OUT, WORK (checkpoints, caches: default runs/gpu_work, not copied), TOTAL_S (default
-# 560: fits the 600 s a device command may run), CHECK_S (default 480), CHECK (0: skip step 2),
-# STUDY (0: skip step 3), PYTHON (default python, else python3), TRANSFORMER_DATA_DIR (else
+# 540: a 600 s device command with a minute spare), CHECK_S (default 360: the check alone leaves a
+# 15-minute device session the time for a second call, a rerun with --skip of what ran), CHECK (0:
+# skip step 2), STUDY (default 0; 1: step 3), CHECK_ARGS (e.g. "--skip trainer training_compile" for
+# the rerun), PYTHON (default python, else python3), TRANSFORMER_DATA_DIR (else
 # shared/data or ../shared/data), WHEELS (a folder of wheels: missing packages are installed from
 # it with pip --no-index, default shared/wheels); for a smoke run on a CPU: DEVICE (default cuda),
 # CHECK_ARGS (more arguments of the check, e.g. --quick) and results_gpu.sh's own variables (STEPS,
@@ -34,10 +39,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_$(date +%Y-%m-%d_%H-%M-%S)}
 WORK=${WORK:-runs/gpu_work}
-TOTAL_S=${TOTAL_S:-560}
-CHECK_S=${CHECK_S:-480}
+TOTAL_S=${TOTAL_S:-540}
+CHECK_S=${CHECK_S:-360}
 CHECK=${CHECK:-1}
-STUDY=${STUDY:-1}
+STUDY=${STUDY:-0}
 WHEELS=${WHEELS:-shared/wheels}
 DEVICE=${DEVICE:-cuda}
 CHECK_ARGS=${CHECK_ARGS:-}

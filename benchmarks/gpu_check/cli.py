@@ -39,6 +39,8 @@ from .report import (
 )
 from .sdpa import section_sdpa
 from .throughput import section_throughput
+from .trainer_rows import MODES as TRAINER_MODES
+from .trainer_rows import section_trainer
 from .training import section_decoding, section_training, section_training_compile
 
 __all__ = [
@@ -62,6 +64,16 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- main
 
+SECTION_NEED_S = {  # seconds a section's first piece of work needs on a GPU: less left, and it is skipped
+    "trainer": 25,
+    "training_compile": 90,
+    "realistic": 12,
+    "training": 30,
+    "decoding": 10,
+    "sdpa": 20,
+    "throughput": 12,
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (``--quick`` changes the defaults marked *)."""
@@ -80,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=REPO / "runs" / "gpu_check_work",
         help="checkpoints, data cache, smoke corpus (not results)",
     )
-    p.add_argument("--budget-s", type=float, default=None, help="* seconds for everything (440; --quick: no limit)")
+    p.add_argument("--budget-s", type=float, default=None, help="* seconds for everything (320; --quick: no limit)")
     p.add_argument("--skip", nargs="*", default=[], choices=list(SECTIONS[1:]), help="sections recorded as skipped")
     p.add_argument("--updates", type=int, default=None, help="* updates of the bf16 and compile runs (40; --quick 8)")
     p.add_argument(
@@ -92,10 +104,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--compile-precision",
         nargs="+",
-        default=["fp32", "bf16"],
+        default=["bf16", "fp32"],
         choices=["fp32", "bf16"],
-        help="precisions of the training_compile section",
+        help="precisions of the training_compile section, in order (bf16 first: what train.precision=auto trains)",
     )
+    p.add_argument(
+        "--trainer-model", default="base", choices=["base", "big"], help="trainer section: model (presets.py)"
+    )
+    p.add_argument(
+        "--trainer-modes",
+        nargs="+",
+        default=["eager", "compiled", "ddp"],
+        choices=list(TRAINER_MODES),
+        help="trainer section: rows, in order (ddp: DDP over a 1-rank process group)",
+    )
+    p.add_argument(
+        "--trainer-tokens", type=int, default=None, help="* trainer section: train.max_tokens (16384; --quick 1024)"
+    )
+    p.add_argument(
+        "--trainer-vocab",
+        type=int,
+        default=None,
+        help="* trainer section: the model's vocabulary (32000; --quick 0: the data's own)",
+    )
+    p.add_argument(
+        "--trainer-mean-len", type=float, default=27.0, help="trainer section: mean target length of the joined pairs"
+    )
+    p.add_argument(
+        "--trainer-warmup", type=int, default=None, help="* trainer warm-up updates after the first (5; --quick 1)"
+    )
+    p.add_argument("--trainer-updates", type=int, default=None, help="* trainer updates timed together (30; --quick 2)")
     p.add_argument("--cpu-ref-steps", type=int, default=None, help="* updates of each CPU reference (3; --quick 2)")
     p.add_argument("--sentences", type=int, default=50, help="test sentences of the decoding check")
     p.add_argument(
@@ -147,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--realistic-budget-s",
         type=float,
         default=None,
-        help="* seconds for the realistic section (300; --quick: no limit of its own)",
+        help="* seconds for the realistic section (240; --quick: no limit of its own)",
     )
     p.add_argument("--threads", type=int, default=None, help="* torch CPU threads (all cores; --quick 1)")
     p.add_argument(
@@ -165,7 +203,7 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
     """Fill the *-marked options from ``--quick`` and ``--device``."""
     q = args.quick
     for name, normal, quick in (
-        ("budget_s", 440.0, 0.0),
+        ("budget_s", 320.0, 0.0),
         ("updates", 40, 8),
         ("decode_updates", 300, 8),
         ("cpu_ref_steps", 3, 2),
@@ -180,7 +218,11 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
         ("realistic_steps", 10, 2),
         ("realistic_sentences", 1000, 48),
         ("decode_batch", 64, 16),
-        ("realistic_budget_s", 300.0, 0.0),
+        ("realistic_budget_s", 240.0, 0.0),
+        ("trainer_tokens", 16384, 1024),
+        ("trainer_vocab", 32000, 0),
+        ("trainer_warmup", 5, 1),
+        ("trainer_updates", 30, 2),
         ("threads", len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 1),
     ):
         if getattr(args, name) is None:
@@ -191,7 +233,7 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the sections in order of cost (compile last); 0 when every section passed, else 1."""
+    """Run the sections in :data:`SECTIONS`' order; 0 when every section passed or was skipped, else 1."""
     args = apply_defaults(build_parser().parse_args(argv))
     if args.study_summary is not None:
         name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU {cpu_model_name()}"
@@ -225,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     report = Report(args.out, meta)
     ctx = Context(args=args, device=device, budget=Budget(args.budget_s), data_dir=find_data_dir(), work=args.work)
+    report.data["skipped_for_time"] = ctx.budget.skipped  # the same list: every budget refusal, as it happens
     ctx.meta_device = desc["device_name"]
     args.work.mkdir(parents=True, exist_ok=True)
 
@@ -232,15 +275,17 @@ def main(argv: list[str] | None = None) -> int:
         raise Stopped(f"stopped by signal {signal.Signals(signum).name} (a time cap) during this section")
 
     signal.signal(signal.SIGTERM, on_term)
-    plan: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
-        ("environment", lambda s: section_environment(s, ctx)),
-        ("realistic", lambda s: section_realistic(s, ctx, report)),
-        ("training", lambda s: section_training(s, ctx, report)),
-        ("decoding", lambda s: section_decoding(s, ctx, report)),
-        ("sdpa", lambda s: section_sdpa(s, ctx, report)),
-        ("throughput", lambda s: section_throughput(s, ctx, report)),
-        ("training_compile", lambda s: section_training_compile(s, ctx, report)),
-    ]
+    sections: dict[str, Callable[[dict[str, Any]], None]] = {
+        "environment": lambda s: section_environment(s, ctx),
+        "trainer": lambda s: section_trainer(s, ctx, report),
+        "training_compile": lambda s: section_training_compile(s, ctx, report),
+        "realistic": lambda s: section_realistic(s, ctx, report),
+        "training": lambda s: section_training(s, ctx, report),
+        "decoding": lambda s: section_decoding(s, ctx, report),
+        "sdpa": lambda s: section_sdpa(s, ctx, report),
+        "throughput": lambda s: section_throughput(s, ctx, report),
+    }
+    plan = [(name, sections[name]) for name in SECTIONS]
     report.write()
     stopped = None
     for name, fn in plan:
@@ -250,6 +295,11 @@ def main(argv: list[str] | None = None) -> int:
             report.skip(name, "--skip")
         elif device.type == "cuda" and not torch.cuda.is_available() and name != "environment":
             report.skip(name, "no CUDA device")
+        elif ctx.budget.left() < SECTION_NEED_S.get(name, 0):
+            try:
+                ctx.budget.need(SECTION_NEED_S[name], name)
+            except OutOfTime as err:
+                report.skip(name, f"time budget: {err}")
         else:
             try:
                 report.run(name, fn)

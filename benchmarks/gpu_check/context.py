@@ -153,7 +153,8 @@ QUICK_MODEL = [
 
 @dataclasses.dataclass
 class Context:
-    """What the sections share: arguments, device, data, the CPU references, the trained model."""
+    """What the sections share: arguments, device, data, the CPU references, the trained model, the
+    device's peak and the trainer section's corpus and rows."""
 
     args: argparse.Namespace
     device: torch.device
@@ -165,6 +166,9 @@ class Context:
     decode_trainer: Any = None
     runs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     meta_device: str = ""  # the device's name, written into every record
+    peak: tuple[float, str] | None = None  # the device's dense bf16 peak (FLOP/s) and its source
+    trainer_data: Any = None  # the trainer section's WMT-like corpus (built once)
+    trainer_rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # its rows, for the realistic table
 
 
 def slice_corpus(data_dir: Path, root: Path) -> Path:

@@ -1,6 +1,8 @@
-"""The ``realistic`` section of the GPU check (issue #44 item 6), run first: training steps at the sizes
-the zoo is meant for, ours beside Hugging Face at the same sizes and batches, eager, compiled and
-compiled with CUDA graphs, then decoding (:mod:`.realistic_decoding`).
+"""The ``realistic`` section of the GPU check (issue #44 item 6), run after the trainer's own update and the
+compiled trainer: training steps at the sizes the zoo is meant for, ours beside Hugging Face at the
+same sizes and batches, eager, compiled and compiled with CUDA graphs, then decoding
+(:mod:`.realistic_decoding`); the ``trainer`` section's rows (:mod:`.trainer_rows`:
+``Trainer.train_step`` on WMT-like batches) are shown beside them in the table.
 
 Models (:data:`MODELS`): ``transformer_2017_base`` and ``transformer_2017_big`` (encoder-decoders,
 their preset dropout, beside HF Marian at the same dims, given the source padding mask as HF
@@ -25,7 +27,7 @@ Rows run in priority order (:func:`plan`): every model eagerly at the first batc
 the encoder-decoders compiled at the first batch size, the other batch sizes eagerly, then the
 rest. Each row is guarded: an error or an out-of-memory is recorded in its row and the next runs;
 a row that would start past the section's budget (``--realistic-budget-s``) or the check's is
-recorded as skipped. ``--quick`` (the CPU smoke run) uses the same code at tiny sizes, with
+recorded as skipped (the whole section, when no row fitted). ``--quick`` (the CPU smoke run) uses the same code at tiny sizes, with
 ``torch.compile``'s eager backend (dynamo traces, no Inductor) and no CUDA graphs.
 """
 
@@ -200,20 +202,25 @@ def measure(
 
 
 def bf16_peak(ctx: Context) -> tuple[float, str]:
-    """The device's dense bf16 peak (FLOP/s) and where it comes from."""
-    if ctx.device.type == "cuda":
-        table = device_peak(ctx.meta_device, "bf16")
-        if table:
-            return table, "datasheet (DEVICE_PEAKS, dense bf16)"
-        return cuda_matmul_peak(ctx.device, torch.bfloat16), "measured (best bf16 torch.mm 4096^3 / 8192^3)"
-    return matmul_peak(reps=1), "measured fp32 torch.mm on the CPU (a smoke run: not a bf16 peak)"
+    """The device's dense bf16 peak (FLOP/s) and where it comes from (found once, kept in ``ctx``)."""
+    if ctx.peak is None:
+        if ctx.device.type == "cuda":
+            table = device_peak(ctx.meta_device, "bf16")
+            ctx.peak = (
+                (table, "datasheet (DEVICE_PEAKS, dense bf16)")
+                if table
+                else (cuda_matmul_peak(ctx.device, torch.bfloat16), "measured (best bf16 torch.mm 4096^3 / 8192^3)")
+            )
+        else:
+            ctx.peak = (matmul_peak(reps=1), "measured fp32 torch.mm on the CPU (a smoke run: not a bf16 peak)")
+    return ctx.peak
 
 
 def section_realistic(sec: dict[str, Any], ctx: Context, report: Report) -> None:
     """Training rows and decoding in priority order, each guarded, within the section's budget."""
     a, dev = ctx.args, ctx.device
     r = sec["results"]
-    budget = Budget(a.realistic_budget_s)
+    budget = Budget(a.realistic_budget_s, ctx.budget.skipped)  # its refusals listed with the check's
     data = load_data(ctx)
     train = data.splits["train"]
     src_l, tgt_l = train.src_lengths, train.tgt_lengths
@@ -268,9 +275,13 @@ def section_realistic(sec: dict[str, Any], ctx: Context, report: Report) -> None
             row["error"] = " ".join(f"{type(err).__name__}: {err}".split())[:400]
         r["rows"].append(row)
         report.write()
+    # the trainer section's rows (Trainer.train_step on WMT-like batches) shown beside these
+    r["trainer_rows"] = [x for x in ctx.trainer_rows if "tok_s" in x]
     # the targets' batch bound (16k tokens); a smoke run's tiny batches are read at its smallest batch
     r["targets"] = evaluate_targets(r["rows"], r["decoding"], min(a.realistic_tokens) if a.quick else 16384)
     ours = [x for x in r["rows"] if x["system"] == "ours" and "tok_s" in x]
+    if not ours and r["rows"] and all("skipped" in x for x in r["rows"]):
+        raise OutOfTime(f"every row skipped for the time budget ({r['rows'][0]['skipped']})")
     check(sec, "our rows measured", bool(ours), f"{len(ours)} of ours measured")
     failed = [f"{x['model']} {x['system']} {x['mode']} {x['max_tokens']}" for x in r["rows"] if "error" in x]
     if failed:

@@ -20,10 +20,19 @@ from omegaconf import OmegaConf
 
 from transformer.io import atomic_write_text
 
-from .render import render_realistic
+from .render import render_realistic, render_trainer
 
 REPO = Path(__file__).resolve().parents[2]
-SECTIONS = ("environment", "realistic", "training", "decoding", "sdpa", "throughput", "training_compile")
+SECTIONS = (  # the order they run in: what a GPU session is for first, the parity checks done before last
+    "environment",
+    "trainer",
+    "training_compile",
+    "realistic",
+    "training",
+    "decoding",
+    "sdpa",
+    "throughput",
+)
 
 
 class Stopped(Exception):
@@ -35,10 +44,17 @@ class OutOfTime(Exception):
 
 
 class Budget:
-    """Seconds left of ``--budget-s`` (0 = no limit)."""
+    """Seconds left of ``--budget-s`` (0 = no limit), and what was skipped for want of them.
 
-    def __init__(self, seconds: float) -> None:
+    Args:
+        seconds: the budget (0: no limit).
+        skipped: the list each refusal's message is added to (default: a list of its own; a
+            section's budget passes the check's, so that the report lists every skip in one place).
+    """
+
+    def __init__(self, seconds: float, skipped: list[str] | None = None) -> None:
         self.start, self.seconds = time.time(), seconds
+        self.skipped = [] if skipped is None else skipped
 
     def left(self) -> float:
         """Seconds left (infinite without a budget)."""
@@ -47,10 +63,12 @@ class Budget:
     def need(self, seconds: float, what: str) -> None:
         """Raise :class:`OutOfTime` when fewer than ``seconds`` are left for ``what``."""
         if self.left() < seconds:
-            raise OutOfTime(
+            message = (
                 f"{what}: skipped, {max(self.left(), 0):.0f} s of the {self.seconds:.0f} s budget "
                 f"left, ~{seconds:.0f} s needed"
             )
+            self.skipped.append(message)
+            raise OutOfTime(message)
 
 
 class Report:
@@ -88,7 +106,8 @@ class Report:
     def run(self, name: str, fn: Callable[[dict[str, Any]], None]) -> None:
         """Run section ``fn(sec)``; it fills ``sec["results"]`` / ``sec["checks"]`` and may call
         :meth:`write` as it goes. Status: ``passed`` (every check held), ``failed`` (a check did
-        not hold, or it raised: ``error`` and ``traceback``)."""
+        not hold, or it raised: ``error`` and ``traceback``), ``skipped`` (it raised
+        :class:`OutOfTime`: nothing of it fitted the time budget; ``reason``, results kept)."""
         sec = self.start(name)
         t = time.time()
         try:
@@ -100,6 +119,8 @@ class Report:
         except Stopped as err:
             sec.update(status="failed", error=str(err))
             raise
+        except OutOfTime as err:
+            sec.update(status="skipped", reason=f"time budget: {err}")
         except Exception as err:  # one section failing must not stop the others
             sec.update(
                 status="failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(limit=12)[-4000:]
@@ -258,9 +279,17 @@ def markdown(data: dict[str, Any]) -> str:
         if s["status"] == "running":
             note = "incomplete: the process stopped during this section"
         lines.append(f"| {name} | {s['status']} | {_f(s.get('seconds'), '{:.0f}')} | {note.replace('|', '/')[:300]} |")
+    skipped = data.get("skipped_for_time") or []
+    if skipped:
+        lines += [
+            "",
+            f"Skipped for the time budget ({len(skipped)}; a second call with `--skip` of what ran does them):",
+            "",
+        ]
+        lines += [f"- {x}" for x in skipped]
     for name in SECTIONS:
         s = data["sections"].get(name)
-        if not s or s["status"] == "skipped":
+        if not s or (s["status"] == "skipped" and not s["results"]):
             continue
         lines += ["", f"## {name}", ""]
         if s["checks"]:
@@ -386,6 +415,7 @@ def _render_throughput(r: dict[str, Any]) -> list[str]:
 
 
 RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "trainer": render_trainer,
     "training": _render_training,
     "training_compile": _render_training,
     "decoding": _render_decoding,

@@ -1,5 +1,6 @@
-"""The targets the ``realistic`` section's table reads against (issue #44 item 7), judged from its rows:
-``met``, ``missed`` or ``not measured`` (a row skipped by the budget, failed, or not in the plan)."""
+"""The targets the ``realistic`` section's table reads against (issue #44 item 7), judged from its rows,
+and the base model's MFU target read from the ``trainer`` section's rows: ``met``, ``missed`` or
+``not measured`` (a row skipped by the budget, failed, or not in the plan)."""
 
 from __future__ import annotations
 
@@ -72,3 +73,28 @@ def evaluate_targets(
             }
         )
     return out
+
+
+TRAINER_TARGET = ("base_trainer_mfu", "bf16 MFU through Trainer.train_step (WMT-like lengths, 16k tokens)", 0.35)
+
+
+def evaluate_trainer_target(rows: list[dict[str, Any]], model: str, min_tokens: int = 16384) -> dict[str, Any] | None:
+    """The base model's MFU target read from the trainer section's rows (its best mode): what a
+    user's update reaches, data path and all; None for another model (the targets name the base).
+
+    Rows skipped, failed or at fewer than ``min_tokens`` tokens per batch are not read."""
+    if model != "base":
+        return None
+    key, what, bound = TRAINER_TARGET
+    best = _best([x for x in rows if x.get("max_tokens", 0) >= min_tokens], "mfu")
+    value = best["mfu"] if best else None
+    detail = f"{best['mode']}, {best['max_tokens']} tokens: {100 * value:.1f}%" if best else ""
+    return {
+        "target": key,
+        "what": f"transformer_2017_base: {what}",
+        "bound": bound,
+        "unit": "MFU",
+        "value": value,
+        "status": _judge(value, bound),
+        "detail": detail,
+    }

@@ -24,7 +24,7 @@ from train_step import (
 )
 
 from .context import Context
-from .report import Report, Stopped, check
+from .report import OutOfTime, Report, Stopped, check
 
 
 def section_throughput(sec: dict[str, Any], ctx: Context, report: Report) -> None:
@@ -106,6 +106,8 @@ def section_throughput(sec: dict[str, Any], ctx: Context, report: Report) -> Non
                             row["ratio_to_ours"] = tok_s / ours_row["tok_s"]
                     except Stopped:
                         raise
+                    except OutOfTime as err:
+                        row["skipped"] = row["out_of_time"] = str(err)
                     except Exception as err:
                         row["skipped"] = " ".join(f"{type(err).__name__}: {err}".split())[:300]
                         if model == "ours":
@@ -113,6 +115,8 @@ def section_throughput(sec: dict[str, Any], ctx: Context, report: Report) -> Non
                     r["rows"].append(row)
                     report.write()
     measured = [x for x in r["rows"] if "tok_s" in x and x["model"] == "ours"]
+    if not measured and r["rows"] and all("out_of_time" in x for x in r["rows"]):
+        raise OutOfTime(r["rows"][0]["out_of_time"])
     check(sec, "our rows measured", bool(measured), f"{len(measured)} of ours measured")
 
 

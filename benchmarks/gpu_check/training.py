@@ -115,13 +115,14 @@ def train_and_judge(
         trainer, run = fit_run(ctx, cfg)
     except Stopped:
         raise
-    except Exception as err:  # OutOfTime, or the run failed
-        what = str(err) if isinstance(err, OutOfTime) else f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"
-        runs[name] = (
-            {"skipped": what}
-            if isinstance(err, OutOfTime)
-            else {"error": what, "traceback": traceback.format_exc(limit=12)[-3000:]}
-        )
+    except OutOfTime as err:  # a skip, not a failure: the report lists it with the budget's other refusals
+        runs[name] = ctx.runs[name] = {"skipped": str(err)}
+        sec["notes"].append(str(err))
+        report.write()
+        return None
+    except Exception as err:  # the run failed
+        what = f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"
+        runs[name] = {"error": what, "traceback": traceback.format_exc(limit=12)[-3000:]}
         check(sec, f"{name}: run", False, what)
         report.write()
         return None
@@ -149,15 +150,21 @@ def section_training(sec: dict[str, Any], ctx: Context, report: Report) -> None:
     if trainer is not None:
         ctx.decode_trainer = trainer
     train_and_judge(ctx, sec, report, "bf16", "bf16", False, a.updates, 20)
+    if all("skipped" in x for x in sec["results"]["runs"].values()):
+        raise OutOfTime(sec["results"]["runs"]["fp32"]["skipped"])
 
 
 def section_training_compile(sec: dict[str, Any], ctx: Context, report: Report) -> None:
-    """fp32 and bf16 with ``train.compile=true``."""
+    """``--compile-precision`` (bf16, fp32) with ``train.compile=true``; skipped as a whole when
+    no run fits the budget."""
     if ctx.device.type == "cuda" and importlib.util.find_spec("triton") is None:
         raise RuntimeError("triton is not installed: torch.compile has no GPU backend")
-    need = 20 if ctx.args.quick else 75
+    need = 20 if ctx.args.quick else 90  # a run on a GPU: compiling, 40 updates, the CPU reference
     for precision in ctx.args.compile_precision:
         train_and_judge(ctx, sec, report, f"{precision}+compile", precision, True, ctx.args.updates, need)
+    runs = sec["results"].get("runs", {}).values()
+    if runs and all("skipped" in x for x in runs):
+        raise OutOfTime(next(iter(runs))["skipped"])
 
 
 # ----------------------------------------------------------------------------- decoding parity
@@ -170,6 +177,8 @@ def hyp_tokens(hyps: list[list[Any]]) -> list[list[int]]:
 
 def section_decoding(sec: dict[str, Any], ctx: Context, report: Report) -> None:
     """Greedy and beam 5, fp32, the device against a CPU copy of the same weights."""
+    if ctx.decode_trainer is None and "skipped" in ctx.runs.get("fp32", {}):
+        raise OutOfTime(f"no trained model: {ctx.runs['fp32']['skipped']}")
     if ctx.decode_trainer is None:
         raise RuntimeError("no trained model: the training section's fp32 run did not finish")
     data = load_data(ctx)

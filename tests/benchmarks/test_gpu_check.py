@@ -1,6 +1,6 @@
 """The GPU check (issue #21 item 5) on the CPU: ``python -m benchmarks.gpu_check --device cpu --quick``
-end to end (the ``realistic`` section of issue #44 item 6 included), its report's pieces, and the
-shell scripts around it (``scripts/gpu_check.sh``,
+end to end (the ``realistic`` section of issue #44 item 6 and the ``trainer`` section included), its
+report's pieces, its time budget, and the shell scripts around it (``scripts/gpu_check.sh``,
 ``scripts/results_gpu.sh``) on a slice of Multi30k.
 
 No GPU runs here: the CPU smoke mode exercises every section's code (the trainer, the decoder, the
@@ -41,6 +41,7 @@ def load_gpu_check():
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     """One CPU smoke run of every section but training_compile (compiling takes minutes on 2 cores);
+    the trainer section's eager, compiled (dynamo's eager backend) and 1-rank DDP rows at tiny sizes;
     the realistic section at tiny sizes with the base and Llama-style models (big is base's code with
     other sizes), eager and compiled (dynamo with the eager backend; CUDA graphs are left out on a CPU)."""
     if not HAVE_DATA:
@@ -81,7 +82,10 @@ def test_every_section_is_recorded_with_a_status(quick_run):
     proc, data, md = quick_run
     gc = load_gpu_check()
     sections = data["sections"]
-    assert set(sections) == set(gc.SECTIONS) and gc.SECTIONS[:2] == ("environment", "realistic")
+    assert set(sections) == set(gc.SECTIONS)
+    # the trainer's own update and the compiled trainer first, then the realistic rows
+    assert gc.SECTIONS[:4] == ("environment", "trainer", "training_compile", "realistic")
+    assert list(sections) == list(gc.SECTIONS)  # recorded in the order they ran
     for name, sec in sections.items():
         assert sec["status"] in ("passed", "failed", "skipped"), (name, sec["status"])
         if sec["status"] == "failed":
@@ -113,6 +117,34 @@ def test_training_losses_are_finite_falling_and_the_cpus(quick_run):
         assert run["first_loss_rel_diff"] <= run["tolerance"], (name, run)
         assert run["tokens_per_s_overall"] > 0 and run["compile"] is False
     assert runs["bf16"]["precision"] == "bf16" and runs["fp32"]["tolerance"] == 1e-4
+
+
+def test_trainer_section_times_the_trainers_own_update(quick_run):
+    """Trainer.train_step on its own data path, eager, compiled and through DDP over a 1-rank group:
+    tokens/s, ms per update, MFU, the compile time apart, and the rows beside the realistic rows."""
+    _, data, md = quick_run
+    sec = data["sections"]["trainer"]
+    assert sec["status"] == "passed", sec
+    r = sec["results"]
+    assert r["model"] == "base" and r["max_tokens"] == 1024 and r["corpus"]["pairs"] > 0
+    rows = {x["mode"]: x for x in r["rows"]}
+    assert list(rows) == ["eager", "compiled", "ddp"]
+    for x in rows.values():
+        assert "error" not in x and "skipped" not in x, x
+        assert x["updates_timed"] == 2 and x["warmup_updates"] == 1
+        assert x["tok_s"] == pytest.approx(x["target_tokens_per_update"] * 2 / x["timed_s"])
+        assert x["ms_per_update"] == pytest.approx(1e3 * x["timed_s"] / 2) and x["mfu"] > 0
+        assert x["mfu"] == pytest.approx(x["train_flops"] / x["timed_s"] / (r["peak_bf16_tflops"] * 1e12))
+        assert x["prefetch"] == 0 and math.isfinite(x["last_loss"])  # train.prefetch=auto on a CPU
+    assert rows["compiled"]["compile"] and rows["compiled"]["backend"] == "eager"
+    assert rows["compiled"]["graphs"]["graphs_first"] >= 1 and rows["compiled"]["graphs"]["graphs_timed"] == 0
+    assert rows["compiled"]["compile_s"] > 0 and rows["eager"]["compile_s"] is None
+    assert rows["ddp"]["distributed"] == "ddp, 1-rank group" and rows["eager"]["distributed"].startswith("none")
+    assert r["target"]["target"] == "base_trainer_mfu" and r["target"]["status"] == "missed"  # a CPU's MFU
+    assert "| compiled | " in md and "Trainer.train_step" in md
+    beside = data["sections"]["realistic"]["results"]["trainer_rows"]
+    assert [x["mode"] for x in beside] == ["eager", "compiled", "ddp"]
+    assert "| base | Trainer.train_step | compiled | 1024 | WMT-like" in md
 
 
 def test_decoding_on_the_cpu_equals_the_cpu(quick_run):
@@ -340,12 +372,17 @@ def test_rows_past_the_sections_budget_are_recorded_as_skipped(tmp_path, monkeyp
     monkeypatch.setattr(realistic, "load_data", lambda ctx: _fake_data())
     ctx = _realistic_ctx(tmp_path)
     ctx.args.realistic_budget_s = 1e-9  # spent before the first row
-    sec = report.start("realistic")
-    realistic.section_realistic(sec, ctx, report)
+    report.data["skipped_for_time"] = ctx.budget.skipped
+    report.run("realistic", lambda sec: realistic.section_realistic(sec, ctx, report))
+    sec = report.data["sections"]["realistic"]
     assert sec["results"]["rows"] and all("of the 0 s budget left" in x["skipped"] for x in sec["results"]["rows"])
-    assert sec["checks"] == [{"name": "our rows measured", "passed": False, "detail": "0 of ours measured"}]
+    # nothing fitted: the section is skipped for time (not failed), its rows kept and listed
+    assert sec["status"] == "skipped" and sec["reason"].startswith("time budget: every row skipped")
+    assert sec["checks"] == [] and len(ctx.budget.skipped) == len(sec["results"]["rows"])
     md = gc.markdown(report.data)
     assert "| base | ours | eager | 64 | skipped: base ours eager 64: skipped" in md
+    assert f"Skipped for the time budget ({len(ctx.budget.skipped)};" in md
+    assert "- base ours eager 64: skipped, 0 s of the 0 s budget left, ~2 s needed" in md
 
 
 def test_the_plan_runs_what_is_needed_most_first():
@@ -502,10 +539,103 @@ def test_budget_and_device_peaks():
     with pytest.raises(gc.OutOfTime, match="30 s needed"):
         gc.Budget(1).need(30, "a run")
     gc.Budget(0).need(1e9, "no limit")
-    assert gc.device_peak("NVIDIA H200", "bf16") == 989e12
-    assert gc.device_peak("NVIDIA H100 PCIe", "bf16") == 756e12
-    assert gc.device_peak("NVIDIA H100 80GB HBM3", "bf16") == 989e12
     assert gc.device_peak("Some Future GPU", "bf16") is None
+
+
+@pytest.mark.parametrize(
+    ("name", "tflops"),
+    [  # torch.cuda.get_device_name() of each card: its dense bf16 tensor-core peak (NVIDIA's datasheets)
+        ("NVIDIA H100 80GB HBM3", 989),  # SXM
+        ("NVIDIA H100 PCIe", 756),
+        ("NVIDIA H100 NVL", 835),
+        ("NVIDIA H200", 989),
+        ("NVIDIA H200 NVL", 835),
+        ("NVIDIA GH200 480GB", 989),
+        ("NVIDIA A100-SXM4-80GB", 312),
+        ("NVIDIA A100-SXM4-40GB", 312),
+        ("NVIDIA A100-PCIE-40GB", 312),
+        ("NVIDIA A100 80GB PCIe", 312),
+        ("NVIDIA L40S", 362),
+        ("NVIDIA L40", 181),
+        ("NVIDIA L4", 121),
+    ],
+)
+def test_the_peak_table_knows_the_data_centre_gpus(name, tflops):
+    gc = load_gpu_check()
+    assert gc.device_peak(name, "bf16") == tflops * 1e12
+
+
+def test_the_check_fits_one_device_call_and_leaves_one_for_a_rerun():
+    """The defaults: the check's sections within 320 s, its hard cap 360 s (one 600 s device call
+    with minutes spare, and a second call for a rerun within a 15-minute device session), the study
+    only when asked; each section skipped with its reason when too little time is left."""
+    gc = load_gpu_check()
+    args = gc.apply_defaults(gc.build_parser().parse_args([]))
+    assert args.budget_s == 320 and args.realistic_budget_s <= args.budget_s
+    script = (REPO_ROOT / "scripts" / "gpu_check.sh").read_text()
+    assert "CHECK_S=${CHECK_S:-360}" in script and "TOTAL_S=${TOTAL_S:-540}" in script
+    assert "STUDY=${STUDY:-0}" in script and "--budget-s $(( CHECK_S - 40 ))" in script
+    assert args.trainer_modes == ["eager", "compiled", "ddp"] and args.compile_precision == ["bf16", "fp32"]
+    assert (args.trainer_tokens, args.trainer_vocab, args.trainer_mean_len) == (16384, 32000, 27.0)
+    assert set(gc.SECTION_NEED_S) == set(gc.SECTIONS[1:])
+
+
+def test_a_section_out_of_time_is_skipped_with_its_reason(tmp_path, monkeypatch):
+    from benchmarks.gpu_check import trainer_rows
+
+    gc = load_gpu_check()
+    report = gc.Report(
+        tmp_path,
+        {
+            "device": "cuda",
+            "device_name": "test GPU",
+            "command": "x",
+            "date": "d",
+            "commit": "c",
+            "torch": "t",
+            "quick": False,
+            "budget_s": 1,
+        },
+    )
+    ctx = _realistic_ctx(tmp_path)
+    ctx.budget = gc.Budget(1e-9)
+    ctx.args.trainer_modes, ctx.args.trainer_model, ctx.args.trainer_tokens = ["eager", "compiled"], "base", 16384
+    report.data["skipped_for_time"] = ctx.budget.skipped
+    monkeypatch.setattr(trainer_rows, "bf16_peak", lambda ctx: (1e15, "test"))
+    monkeypatch.setattr(trainer_rows, "wmt_like_data", lambda ctx: pytest.fail("no data is loaded for a skip"))
+    report.run("trainer", lambda sec: trainer_rows.section_trainer(sec, ctx, report))
+    sec = report.data["sections"]["trainer"]
+    assert sec["status"] == "skipped" and "trainer base eager: skipped" in sec["reason"]
+    assert [x["mode"] for x in sec["results"]["rows"]] == ["eager", "compiled"]
+    assert ctx.budget.skipped == [x["skipped"] for x in sec["results"]["rows"]]
+    md = gc.markdown(report.data)
+    assert "| trainer | skipped |" in md and "- trainer base compiled: skipped, 0 s of the 0 s budget left" in md
+
+
+def test_wmt_like_split_joins_consecutive_pairs_to_wmt_lengths():
+    import numpy as np
+
+    from benchmarks.gpu_check.trainer_rows import length_summary, wmt_like_split
+    from transformer.data.dataset import ParallelDataset
+
+    rng = np.random.default_rng(3)
+    n = 20000  # Multi30k-like: about 15 pieces a side
+    src = [list(rng.integers(5, 300, size=int(k))) for k in rng.poisson(14, n) + 1]
+    tgt = [list(rng.integers(5, 300, size=int(k))) for k in rng.poisson(14, n) + 1]
+    joined = wmt_like_split(ParallelDataset(src, tgt, None, None, "train"), 27.0, max_side=250)
+    c = length_summary(joined)
+    assert 25 <= c["mean_tgt_len"] <= 29 and c["max_tgt_len"] >= 128 and 0 < c["share_tgt_ge_128"] < 0.01
+    assert max(joined.src_lengths.max(), joined.tgt_lengths.max()) <= 250
+    # every pair once, in order, each side joined with its own translations
+    assert [t for s in joined.src for t in s] == [t for s in src for t in s]
+    assert [t for s in joined.tgt for t in s] == [t for s in tgt for t in s]
+    assert joined.src_lengths.sum() == sum(map(len, src)) and len(joined) < n / 1.5
+    first = len(joined.tgt[0])
+    k = next(i for i in range(1, n + 1) if sum(map(len, tgt[:i])) == first)
+    assert joined.src[0] == [t for s in src[:k] for t in s]  # source and target cut at the same pair
+    assert wmt_like_split(ParallelDataset(src, tgt, None, None, "train"), 5.0).tgt_lengths.tolist() == [
+        len(t) for t in tgt
+    ]  # pairs already longer than asked stay one by one
 
 
 def test_study_summary_reads_run_folders(tmp_path):
@@ -703,7 +833,7 @@ def test_gpu_check_sh_runs_the_study_and_keeps_only_small_files(corpus, tmp_path
         capture_output=True,
         text=True,
         timeout=600,
-        env=_study_env(corpus, out, CHECK="0", WORK=str(work), STEPS="step0_vaswani2017", WU="0"),
+        env=_study_env(corpus, out, CHECK="0", STUDY="1", WORK=str(work), STEPS="step0_vaswani2017", WU="0"),
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
     copied = {p.relative_to(out / "study").as_posix() for p in (out / "study").rglob("*") if p.is_file()}

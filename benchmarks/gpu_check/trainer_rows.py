@@ -1,0 +1,438 @@
+"""The ``trainer`` section of the GPU check: :meth:`~transformer.training.loop.trainer.Trainer.train_step`
+itself at WMT sizes, what a user's ``scripts/train.py`` run does every update.
+
+Each row builds a :class:`~transformer.training.loop.trainer.Trainer` the way
+``transformer/training/job/training_run.py`` does (one process, rank 0 of 1 on the device; the
+config composed from ``configs/train.yaml``) and runs its own update on its own data path
+(:meth:`Trainer._batches <transformer.training.loop.trainer.Trainer._batches>`: batches collated
+``train.prefetch`` ahead in a background thread, pinned and copied with ``non_blocking`` on CUDA),
+``train.precision=auto`` (bf16 on a GPU that has it), the preset's dropout, optimizer, clipping and
+schedule. Modes (``--trainer-modes``):
+
+* ``eager``: ``train.compile=false``;
+* ``compiled``: ``train.compile=true``, the whole step compiled with dynamic shapes
+  (``transformer/training/step/compiled.py``; ``--quick`` on a CPU compiles with dynamo's ``eager``
+  backend, as the realistic section does, so that the smoke run takes seconds);
+* ``ddp`` / ``ddp-compiled``: the same through DistributedDataParallel over a process group of one
+  rank (nccl on CUDA, gloo on a CPU): its gradient hooks, bucket all-reduces and the token-count
+  all-reduce run as under ``torchrun``, with nothing to wait for on other ranks. The trainer wraps
+  DDP only when the group has several ranks, so the row wraps it itself
+  (:func:`one_rank_ddp`).
+
+Data (:func:`wmt_like_split`): consecutive Multi30k training pairs joined into one pair, a
+geometric number of sentences each, so that the target side's mean length is ``--trainer-mean-len``
+pieces (27 by default, WMT14 en-de's with a 32k joint BPE) with WMT's long tail (joined pairs of
+128 pieces and more; at most 250 a side, the usual cleaning limit). The model's vocabulary is
+``--trainer-vocab`` entries (32,000, a WMT-size joint vocabulary) over the Multi30k tokenizer's ids
+(:class:`WideVocab`), so the embeddings, the output layer and the loss have WMT's sizes.
+``train.max_tokens`` is ``--trainer-tokens`` (16,384, padding included, as the realistic rows).
+
+Each row: the first update's time (for a compiled row the compilation, reported as ``compile_s``
+beside it), then ``--trainer-warmup`` updates, then ``--trainer-updates`` updates timed together
+with the device synchronised at both ends (no host read between them, as in ``Trainer.fit``):
+target tokens/s (real target tokens, the trainer's own count), ms per update, MFU against the
+device's dense bf16 peak counting the real tokens of every timed batch (:func:`.batches.real_train_flops`),
+peak memory, graphs compiled before and while timing. A row that fails or runs out of memory is
+recorded with its error; a row that would start past the check's budget is recorded as skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import time
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from transformer.data.binarize import TokenSequences
+from transformer.data.dataset import ParallelDataset, TranslationData
+from transformer.data.tokenizer import PAD_ID
+from transformer.training.distributed.parallel import DataParallel, TrainingLoss
+from transformer.training.distributed.process_group import DistInfo
+from transformer.training.step import compiled
+
+from .batches import LengthBatch, real_train_flops
+from .context import Context, compose_config, data_overrides, load_data, make_trainer
+from .presets import MODELS, QUICK_DIMS
+from .realistic import bf16_peak
+from .report import OutOfTime, Report, Stopped, check
+from .targets import evaluate_trainer_target
+
+MODES = ("eager", "compiled", "ddp", "ddp-compiled")
+NEED_S = {"eager": 25, "compiled": 150, "ddp": 25, "ddp-compiled": 150}  # on a GPU, data and compile included
+QUICK_NEED_S = {"eager": 3, "compiled": 10, "ddp": 3, "ddp-compiled": 10}
+MAX_SIDE = 250  # pieces a side of a joined pair: the usual WMT cleaning limit, under data.max_*_positions
+
+
+# ----------------------------------------------------------------------------- data
+
+
+class WideVocab:
+    """A tokenizer whose vocabulary counts ``size`` entries (``len``); everything else is ``inner``'s.
+
+    The trainer sizes the embeddings and the output layer by ``len(tokenizer)``; the ids stay
+    ``inner``'s, a subset of the wider vocabulary."""
+
+    def __init__(self, inner: Any, size: int) -> None:
+        self.inner, self.size = inner, max(int(size), len(inner))
+
+    def __len__(self) -> int:
+        """The wider vocabulary's size."""
+        return self.size
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _flat(seqs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(tokens, offsets)`` of a split side: sequence ``i`` is ``tokens[offsets[i]:offsets[i + 1]]``."""
+    lengths = np.asarray([len(s) for s in seqs], dtype=np.int64)
+    tokens = np.fromiter((t for s in seqs for t in s), dtype=np.int64, count=int(lengths.sum()))
+    return tokens, np.concatenate([[0], np.cumsum(lengths)])
+
+
+def wmt_like_split(split: ParallelDataset, mean_len: float, seed: int = 0, max_side: int = MAX_SIDE) -> ParallelDataset:
+    """Consecutive pairs of ``split`` joined into longer pairs with WMT-like target lengths.
+
+    Pair ``j`` of the result is pairs ``a_j .. b_j - 1`` of ``split``, source after source and target
+    after target (so it is still a translation pair): a run of ``k`` pairs, ``k`` drawn from a
+    geometric distribution of mean ``mean_len / mean target length`` (at least 1), cut short where a
+    side would pass ``max_side`` pieces. The target mean then comes to about ``mean_len`` and the
+    lengths have a geometric (long) tail; every pair of ``split`` is used once, in order.
+
+    Args:
+        split: a training split (ids without specials).
+        mean_len: the target side's mean length to reach, in pieces.
+        seed: the draw of the run lengths.
+        max_side: the longest side of a joined pair (a single pair longer than it stays as it is).
+
+    Returns:
+        A :class:`~transformer.data.dataset.ParallelDataset` named ``split.name`` over in-memory
+        :class:`~transformer.data.binarize.TokenSequences`.
+
+    Raises:
+        ValueError: ``split`` is empty or ``mean_len`` is not positive.
+    """
+    if len(split) == 0 or not mean_len > 0:
+        raise ValueError(f"cannot join {len(split)} pairs to a mean length of {mean_len}")
+    src_len, tgt_len = split.src_lengths, split.tgt_lengths
+    per_pair = max(1.0, mean_len / float(tgt_len.mean()))
+    runs = np.random.default_rng(seed).geometric(1.0 / per_pair, size=len(split))
+    starts, i, n = [], 0, len(split)
+    for k in runs:
+        if i >= n:
+            break
+        starts.append(i)
+        s, t, j = src_len[i], tgt_len[i], i + 1
+        while j < min(n, i + int(k)) and s + src_len[j] <= max_side and t + tgt_len[j] <= max_side:
+            s, t, j = s + src_len[j], t + tgt_len[j], j + 1
+        i = j
+    while i < n:  # the draws ran out (only when most runs were cut short): one pair each
+        starts.append(i)
+        i += 1
+    bounds = np.asarray(starts + [n], dtype=np.int64)
+    sides = []
+    for seqs in (split.src, split.tgt):
+        tokens, offsets = _flat(seqs)
+        sides.append(TokenSequences(tokens, offsets[bounds]))
+    return ParallelDataset(sides[0], sides[1], None, None, split.name)
+
+
+def length_summary(split: ParallelDataset) -> dict[str, Any]:
+    """Pairs, mean and largest lengths, and the share of targets of 64 and 128 pieces or more."""
+    src, tgt = split.src_lengths, split.tgt_lengths
+    return {
+        "pairs": len(split),
+        "mean_src_len": round(float(src.mean()), 2),
+        "mean_tgt_len": round(float(tgt.mean()), 2),
+        "max_tgt_len": int(tgt.max()),
+        "tgt_len_p99": int(np.percentile(tgt, 99)),
+        "share_tgt_ge_64": round(float((tgt >= 64).mean()), 4),
+        "share_tgt_ge_128": round(float((tgt >= 128).mean()), 4),
+    }
+
+
+def wmt_like_data(ctx: Context) -> TranslationData:
+    """Multi30k with its training split joined to WMT-like lengths (:func:`wmt_like_split`) and the
+    tokenizers widened to ``--trainer-vocab`` entries (:class:`WideVocab`); built once."""
+    if ctx.trainer_data is None:
+        data = load_data(ctx)
+        vocab = ctx.args.trainer_vocab or len(data.src_tokenizer)
+        src = WideVocab(data.src_tokenizer, vocab)
+        tgt = src if data.joint_vocab else WideVocab(data.tgt_tokenizer, vocab)
+        train = wmt_like_split(data.splits["train"], ctx.args.trainer_mean_len)
+        ctx.trainer_data = TranslationData(src, tgt, {"train": train, "valid": data.splits["valid"]})
+    return ctx.trainer_data
+
+
+# ----------------------------------------------------------------------------- one row
+
+
+def trainer_config(ctx: Context, mode: str) -> Any:
+    """The row's typed config: the model preset, Multi30k, ``train.max_tokens``, ``train.compile``
+    by mode, ``train.precision=auto``, no validation, no checkpoints."""
+    a = ctx.args
+    preset, over, family = MODELS[a.trainer_model]
+    return compose_config(
+        [f"model={preset}", *over, *(QUICK_DIMS[family] if a.quick else [])]
+        + data_overrides(ctx)
+        + [
+            f"train.max_tokens={a.trainer_tokens}",
+            f"train.max_updates={1 + a.trainer_warmup + a.trainer_updates}",
+            "train.max_time=0",
+            "train.validate_every=0",
+            "train.valid_bleu=false",
+            "train.save_every=0",
+            "train.average_last=0",
+            "train.progress=false",
+            "train.precision=auto",
+            f"train.compile={str(mode.endswith('compiled')).lower()}",
+            f"train.device={ctx.device.type}",
+            "seed=1",
+            f"run_dir={ctx.work / 'runs' / f'trainer_{mode}'}",
+        ]
+    )
+
+
+@contextlib.contextmanager
+def step_backend(name: str) -> Iterator[None]:
+    """``train.compile``'s backend set to ``name`` while a trainer is built (it compiles then)."""
+    old, compiled.BACKEND = compiled.BACKEND, name
+    try:
+        yield
+    finally:
+        compiled.BACKEND = old
+
+
+@contextlib.contextmanager
+def one_rank_group(device: torch.device) -> Iterator[None]:
+    """A ``torch.distributed`` process group of this process alone (nccl on CUDA, else gloo),
+    destroyed on the way out.
+
+    Raises:
+        RuntimeError: a process group already exists in this process.
+    """
+    if dist.is_initialized():
+        raise RuntimeError("a process group already exists in this process")
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        store=dist.HashStore(),
+        rank=0,
+        world_size=1,
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def one_rank_ddp(trainer: Any, backend: str | None) -> None:
+    """Put the trainer's model and loss under DistributedDataParallel over the one-rank group
+    (compiled with the trainer's step compilation when ``train.compile`` is on)."""
+    # DataParallel wraps DDP only for several ranks; told of two, it wraps the group that exists,
+    # whose one rank makes every all-reduce a real call with nothing to wait for
+    trainer.parallel = DataParallel(
+        TrainingLoss(trainer.model, trainer.criterion),
+        "ddp",
+        DistInfo(0, 2, trainer.device),
+        param_dtype=trainer.autocast_dtype if trainer.precision == "bf16" else None,
+    )
+    if trainer.cfg.train.compile:
+        compiled.compile_training_step(trainer.parallel, backend)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (nothing to wait for on a CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_updates(trainer: Any, warmup: int, updates: int, device: torch.device) -> dict[str, Any]:
+    """The first update alone, ``warmup`` more, then ``updates`` timed together (the device
+    synchronised at both ends, nothing read on the host between them).
+
+    Returns:
+        ``first_update_s``, ``warmup_s``, ``timed_s``, ``graphs_first`` / ``graphs_warmup`` /
+        ``graphs_timed`` (dynamo graphs compiled in each part), ``stats`` (the timed updates'
+        :meth:`Trainer.train_step` results) and ``batches`` (the timed batches).
+    """
+    freq = trainer.cfg.train.update_freq
+    batches = trainer._batches()  # the trainer's own data path: prefetching, pinned, non_blocking
+    out: dict[str, Any] = {}
+    try:
+        step = lambda: trainer.train_step([next(batches) for _ in range(freq)])  # noqa: E731
+        graphs = compiled.compiled_graphs()
+        synchronize(device)
+        t = time.perf_counter()
+        step()
+        synchronize(device)
+        out["first_update_s"] = time.perf_counter() - t
+        out["graphs_first"] = compiled.compiled_graphs() - graphs
+        graphs = compiled.compiled_graphs()
+        t = time.perf_counter()
+        for _ in range(warmup):
+            step()
+        synchronize(device)
+        out["warmup_s"] = time.perf_counter() - t
+        out["graphs_warmup"] = compiled.compiled_graphs() - graphs
+        graphs = compiled.compiled_graphs()
+        stats, seen = [], []
+        t = time.perf_counter()
+        for _ in range(updates):
+            micro = [next(batches) for _ in range(freq)]
+            stats.append(trainer.train_step(micro))
+            seen += micro
+        synchronize(device)
+        out["timed_s"] = time.perf_counter() - t
+        out["graphs_timed"] = compiled.compiled_graphs() - graphs
+        out.update(stats=stats, batches=seen)
+    finally:
+        batches.close()  # stops the prefetching thread
+    return out
+
+
+def batch_lengths(batches: list[Any]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Source and target lengths without specials of every row of ``batches`` (encoder-decoder),
+    and the target tensors' padded size."""
+    src = torch.cat([b.net_input["src_tokens"].ne(PAD_ID).sum(1) for b in batches]).cpu().numpy() - 1
+    tgt = torch.cat([b.target.ne(PAD_ID).sum(1) for b in batches]).cpu().numpy() - 1
+    return src, tgt, sum(b.target.numel() for b in batches)
+
+
+def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
+    """One row (see the module docstring); raises what the row raised."""
+    a, dev = ctx.args, ctx.device
+    data = wmt_like_data(ctx)
+    cfg = trainer_config(ctx, mode)
+    backend = "eager" if a.quick and dev.type == "cpu" else compiled.BACKEND
+    trainer = None
+    group = one_rank_group(dev) if mode.startswith("ddp") else contextlib.nullcontext()
+    try:
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(dev)
+        with group:
+            with step_backend(backend):
+                trainer = make_trainer(cfg, data, dev)
+            try:
+                if mode.startswith("ddp"):
+                    one_rank_ddp(trainer, backend)
+                r = time_updates(trainer, a.trainer_warmup, a.trainer_updates, dev)
+                last = trainer.read_stats(r["stats"][-1])
+                ntokens = sum(int(s["ntokens"]) for s in r["stats"])
+            finally:
+                if mode.startswith("ddp"):  # DDP's reducer goes before its process group (see shutdown_distributed)
+                    trainer.parallel.release()
+                    if mode.endswith("compiled"):
+                        torch._dynamo.reset()  # its graphs hold the DDP module
+                    gc.collect()
+        src, tgt, padded = batch_lengths(r.pop("batches"))
+        vocab = len(data.tgt_tokenizer)
+        flops = real_train_flops(cfg.model, LengthBatch(a.trainer_tokens, src, tgt, 0), vocab)
+        per_update = r["timed_s"] / a.trainer_updates
+        row = {
+            "precision": trainer.precision,
+            "compile": bool(cfg.train.compile),
+            "backend": backend if cfg.train.compile else None,
+            "distributed": "ddp, 1-rank group" if mode.startswith("ddp") else "none (one process)",
+            "prefetch": trainer.prefetch,
+            "pad_to_multiple": cfg.train.pad_to_multiple,
+            "vocab": vocab,
+            "params": sum(p.numel() for p in trainer.model.parameters()),
+            "updates_timed": a.trainer_updates,
+            "warmup_updates": a.trainer_warmup,
+            "first_update_s": r["first_update_s"],
+            "compile_s": max(r["first_update_s"] - per_update, 0.0) if cfg.train.compile else None,
+            "warmup_s": r["warmup_s"],
+            "timed_s": r["timed_s"],
+            "ms_per_update": 1e3 * per_update,
+            "tok_s": ntokens / r["timed_s"],
+            "target_tokens_per_update": ntokens / a.trainer_updates,
+            "rows_per_update": len(tgt) / a.trainer_updates,
+            "mean_tgt_len": float(tgt.mean()) + 1,
+            "padding": 1 - (int(tgt.sum()) + len(tgt)) / max(padded, 1),
+            "train_flops": flops,
+            "mfu": flops / r["timed_s"] / peak,
+            "graphs": {k: r[k] for k in ("graphs_first", "graphs_warmup", "graphs_timed")},
+            "last_loss": last["loss"],
+        }
+        if dev.type == "cuda":
+            row["mem_mb"] = torch.cuda.max_memory_allocated(dev) / 2**20
+        return row
+    finally:
+        del trainer
+        if mode.endswith("compiled"):
+            torch._dynamo.reset()  # the next rows and sections compile their own graphs afresh
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------- the section
+
+
+def section_trainer(sec: dict[str, Any], ctx: Context, report: Report) -> None:
+    """The trainer's own update at WMT sizes, one row per mode, each guarded and budgeted."""
+    a = ctx.args
+    r = sec["results"]
+    peak, source = bf16_peak(ctx)
+    r.update(
+        device_name=ctx.meta_device,
+        model=a.trainer_model,
+        max_tokens=a.trainer_tokens,
+        peak_bf16_tflops=peak / 1e12,
+        peak_source=source,
+        rows=[],
+    )
+    report.write()
+    need = QUICK_NEED_S if a.quick else NEED_S
+    for mode in a.trainer_modes:
+        row: dict[str, Any] = {"model": a.trainer_model, "mode": mode, "max_tokens": a.trainer_tokens}
+        try:
+            ctx.budget.need(need[mode], f"trainer {a.trainer_model} {mode}")
+            if "corpus" not in r:  # built for the first row that runs (the data load is in its time)
+                data = wmt_like_data(ctx)
+                r.update(
+                    vocab=len(data.tgt_tokenizer),
+                    tokenizer_vocab=len(data.tgt_tokenizer.inner),
+                    corpus=length_summary(data.splits["train"]),
+                    corpus_from=f"Multi30k en-de training pairs{' (a slice)' if a.quick else ''} joined to a "
+                    f"target mean of {a.trainer_mean_len:g} pieces",
+                )
+            row.update(measure(ctx, mode, peak))
+        except Stopped:
+            raise
+        except OutOfTime as err:
+            row["skipped"] = str(err)
+        except Exception as err:  # an OOM or a failure stays in its row; the next row runs
+            row["error"] = " ".join(f"{type(err).__name__}: {err}".split())[:400]
+            row["traceback"] = traceback.format_exc(limit=8)[-2500:]
+        r["rows"].append(row)
+        ctx.trainer_rows.append(row)
+        report.write()
+    measured = [x for x in r["rows"] if "tok_s" in x]
+    if not measured and all("skipped" in x for x in r["rows"]):
+        raise OutOfTime(r["rows"][0]["skipped"] if r["rows"] else "no mode asked for")
+    # the target's batch bound (16k tokens); a smoke run's tiny batches are read at their own size
+    r["target"] = evaluate_trainer_target(r["rows"], a.trainer_model, a.trainer_tokens if a.quick else 16384)
+    check(sec, "rows measured", bool(measured), f"{len(measured)} of {len(r['rows'])} modes measured")
+    for x in measured:
+        check(sec, f"{x['mode']}: loss finite", math.isfinite(x["last_loss"]), f"last loss {x['last_loss']:.4f}")
+        if x["compile"]:
+            check(
+                sec,
+                f"{x['mode']}: no recompilation while timed",
+                x["graphs"]["graphs_timed"] == 0,
+                f"graphs compiled: first update {x['graphs']['graphs_first']}, warm-up "
+                f"{x['graphs']['graphs_warmup']}, timed {x['graphs']['graphs_timed']}",
+            )
+    failed = [x["mode"] for x in r["rows"] if "error" in x]
+    if failed:
+        check(sec, "no row failed", False, "failed: " + ", ".join(failed))
