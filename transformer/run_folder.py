@@ -11,7 +11,8 @@ A run folder holds::
     checkpoint_last.{safetensors,pt,json}      a checkpoint: weights, training state, metadata
     checkpoint_best.*, checkpoint_<update>.*   the same three files each
     checkpoint_avg.safetensors                 the averaged weights a train.average_last run tested
-    metrics.jsonl, results.json, hyps/, train.log, plugins/, .hydra/
+    metrics.jsonl, results.json, train.log, plugins/, .hydra/
+    hyps/<split>.txt, hyps/<split>.ref         a test split's hypotheses and the references they were scored against
     eval/<checkpoint>[+<test-time tag>]/       scripts/evaluate.py's results.json and <split>.txt
 
 A *checkpoint* is named by its stem (``dir / "checkpoint_last"``); its files are the stem plus
@@ -31,6 +32,7 @@ __all__ = [
     "HYDRA_RECORD",
     "LAST",
     "META_SUFFIX",
+    "REFS_SUFFIX",
     "STATE_SUFFIX",
     "SUFFIXES",
     "WEIGHTS_SUFFIX",
@@ -38,6 +40,7 @@ __all__ = [
     "checkpoint_stem",
     "has_checkpoint",
     "numbered",
+    "references_file",
     "test_time_tag",
     "weights_path",
 ]
@@ -53,6 +56,9 @@ LAST = "checkpoint_last"
 BEST = "checkpoint_best"
 AVERAGE = "checkpoint_avg"
 """The weights a ``train.average_last > 0`` run averaged and tested (weights only: no ``.pt``, no ``.json``)."""
+REFS_SUFFIX = ".ref"
+"""The references a hypotheses file was scored against, beside it (``hyps/<split>.ref``): a run folder
+is compared (paired bootstrap) without the data it was tested on."""
 HYDRA_RECORD = ".hydra"
 """Hydra's record of the run (:mod:`transformer.hydra_record` writes, reads and takes it back)."""
 CONFIG_NAMES = ("config.yaml", HYDRA_RECORD + "/config.yaml")
@@ -102,3 +108,9 @@ def weights_path(path: Path) -> Path:
 def has_checkpoint(run_dir: str | Path, name: str = LAST) -> bool:
     """Whether ``run_dir`` holds checkpoint ``name``'s weights (default ``checkpoint_last``)."""
     return checkpoint_file(Path(run_dir) / name, WEIGHTS_SUFFIX).is_file()
+
+
+def references_file(hyps_file: str | Path) -> Path:
+    """The references file beside the hypotheses file ``hyps_file`` (``hyps/<split>.txt`` ->
+    ``hyps/<split>.ref``): one reference per line, line-aligned with the hypotheses."""
+    return Path(hyps_file).with_suffix(REFS_SUFFIX)

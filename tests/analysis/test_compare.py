@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -13,7 +14,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
-from transformer.analysis import compare_sweeps, describe_machine, expected_jobs, find_run_dirs, load_run, write_outputs
+from transformer.analysis import (
+    compare_sweeps,
+    describe_machine,
+    expected_jobs,
+    find_run_dirs,
+    load_run,
+    to_markdown,
+    write_outputs,
+)
 
 N_SENT = 60
 
@@ -583,3 +592,34 @@ def test_a_config_recorded_before_a_field_existed_groups_with_its_default(tmp_pa
     assert _config_key(new, IGNORED_KEYS) == _config_key(old, IGNORED_KEYS)
     new["model"]["qk_norm"] = "rmsnorm"
     assert _config_key(new, IGNORED_KEYS) != _config_key(old, IGNORED_KEYS)
+
+
+def test_p_values_from_the_references_the_run_folders_store_without_the_data(sweep, corpus):
+    with_data = compare_sweeps([sweep], n_bootstrap=100)
+    references = (corpus / "test.de").read_text(encoding="utf-8")
+    for hyps in sweep.glob("*/hyps/test.txt"):
+        (hyps.parent / "test.ref").write_text(references, encoding="utf-8")  # as scripts/train.py stores them
+    shutil.rmtree(corpus)  # the folders travel; the data stays behind
+    alone = compare_sweeps([sweep], n_bootstrap=100)
+    assert alone.rows[1]["p_value"] is not None and not alone.unreferenced
+    assert [r["p_value"] for r in alone.rows] == [r["p_value"] for r in with_data.rows]
+    assert "No p-values" not in to_markdown(alone)
+
+
+def test_references_found_nowhere_are_said_at_the_top_of_the_comparison(sweep, corpus, tmp_path):
+    shutil.rmtree(corpus)
+    comp = compare_sweeps([sweep], n_bootstrap=50)
+    assert comp.rows[1]["p_value"] is None and comp.unreferenced
+    lines = to_markdown(comp).splitlines()
+    assert lines[2].startswith("**No p-values where the references are missing**: the references of `test`")
+    assert "TRANSFORMER_DATA_DIR" in lines[2] and "data.download" not in "\n".join(lines)
+    out = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "compare.py"), str(sweep), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[2] == lines[2]  # the top of what it prints, as of comparison.md
+    assert (tmp_path / "out" / "comparison.md").read_text(encoding="utf-8").splitlines()[2] == lines[2]
+    assert "warning: no p-values where the references are missing" in out.stderr

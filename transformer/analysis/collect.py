@@ -21,6 +21,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from transformer.config import upgrade_config
+from transformer.run_folder import references_file
 
 __all__ = ["Run", "expected_jobs", "find_run_dirs", "load_run", "natural_key", "never_started"]
 
@@ -89,6 +90,14 @@ class Run:
         split = split or self.test_split
         path = self.run_dir / f"{split}.txt" if self.evaluation else self.run_dir / "hyps" / f"{split}.txt"
         return path if split and path.is_file() else None
+
+    def refs_path(self, split: str | None = None) -> Path | None:
+        """The references the hypotheses of test split ``split`` were scored against, stored beside
+        them (``hyps/<split>.ref``), None when the folder holds none (runs trained before runs stored
+        them, evaluations): then they are read from the data (:func:`~transformer.analysis.stats.references`)."""
+        hyps = self.hyps_path(split)
+        path = None if hyps is None else references_file(hyps)
+        return path if path is not None and path.is_file() else None
 
     @property
     def test_time(self) -> list[str]:

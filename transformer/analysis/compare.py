@@ -120,6 +120,9 @@ class Comparison:
             ``allow_mixed=True``; otherwise :func:`compare_sweeps` refuses such runs).
         compare_prev: whether each row was also compared with the row above (``Δ prev``).
         length: test BLEU / chrF per bucket of reference length (None when not asked for).
+        unreferenced: the run folders whose test references could be read neither from the folder
+            (``hyps/<split>.ref``) nor from the data on this machine: their comparisons have no
+            p-value, which the outputs say at their top.
     """
 
     sweep_dirs: list[Path]
@@ -135,6 +138,7 @@ class Comparison:
     mixed: list[MixedField] = field(default_factory=list)
     compare_prev: bool = True
     length: LengthTable | None = None
+    unreferenced: list[Path] = field(default_factory=list)
 
 
 def describe_machine(results: dict) -> str:
@@ -248,15 +252,16 @@ def compare_sweeps(
         if first.get(key):
             signatures[name] = str(first[key])
     sig: dict[str, dict] = {}
+    unreferenced: list[Path] = []
     if n_bootstrap > 0 and len(configs) > 1:
-        sig, boot_signature = significance(configs, base, n_bootstrap, bootstrap_seed, notes)
+        sig, boot_signature = significance(configs, base, n_bootstrap, bootstrap_seed, notes, unreferenced)
         if boot_signature:
             signatures["bootstrap"] = boot_signature
     prev_sig: dict[str, dict] = {}
     if n_bootstrap > 0 and compare_prev:
         for prev, cur in zip(configs, configs[1:]):  # each configuration against the one before it
             pair_notes: list[str] = []
-            res, _ = significance([prev, cur], prev, n_bootstrap, bootstrap_seed, pair_notes)
+            res, _ = significance([prev, cur], prev, n_bootstrap, bootstrap_seed, pair_notes, unreferenced)
             prev_sig[cur.label] = res.get(cur.label, {})
             notes.extend(f"{n} (against {prev.label})" for n in pair_notes)
     bleus_of = {c.label: [r.results["bleu"] for r in c.runs] for c in configs}  # test BLEU per seed
@@ -367,6 +372,7 @@ def compare_sweeps(
         mixed,
         compare_prev,
         length,
+        unreferenced,
     )
 
 

@@ -105,11 +105,24 @@ def _missing_line(run: Run) -> str:
     return f"- {where}{f' ({what})' if what else ''}: {run.reason}"
 
 
+def _unreferenced_line(c: Comparison) -> str:
+    split = c.rows[0]["test_split"] if c.rows else "the test split"
+    folders = ", ".join(f"`{d}`" for d in c.unreferenced)
+    return (
+        f"**No p-values where the references are missing**: the references of `{split}` are neither in "
+        f"{folders} (`hyps/{split}.ref`: a run trained by an older version stores none) nor on "
+        "this machine; set `TRANSFORMER_DATA_DIR` (or `data.root`) to the folder that holds the data "
+        "(e.g. `TRANSFORMER_DATA_DIR=../shared/data`) and compare again."
+    )
+
+
 def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
     """The comparison as a markdown document: table, notes, BLEU by reference length (:func:`length_markdown`),
     runs without results, plots."""
     c = comparison
     lines = ["# Comparison", ""]
+    if c.unreferenced:  # said first: a table without p-values reads as one without differences
+        lines += [_unreferenced_line(c), ""]
     lines.append("Sweeps: " + ", ".join(f"`{d}`" for d in c.sweep_dirs))
     if c.rows:
         split = c.rows[0]["test_split"]
@@ -464,6 +477,8 @@ def compare_and_write(
         print(f"warning: plots skipped: {skipped}", file=sys.stderr)
     if comparison.missing:
         print(f"warning: {len(comparison.missing)} run(s) without results (listed above)", file=sys.stderr)
+    if comparison.unreferenced:
+        print("warning: no p-values where the references are missing (the line at the top)", file=sys.stderr)
     if not comparison.rows:
         raise NoFinishedRun("no finished run found")
     return paths

@@ -13,12 +13,13 @@ from omegaconf import OmegaConf
 
 from transformer.analysis.collect import Run
 from transformer.analysis.grouping import IGNORED_KEYS, Configuration, is_ignored, with_defaults
-from transformer.data.corpus import read_parallel, resolve_split_files
+from transformer.data.corpus import DataError, read_parallel, resolve_split_files
 from transformer.evaluation.metrics import paired_bootstrap
 from transformer.models.flops import kv_cache_bytes_per_token
 
 __all__ = [
     "first_result",
+    "MissingReferences",
     "holm_bonferroni",
     "kv_cache_bytes",
     "mean",
@@ -120,19 +121,37 @@ def kv_cache_bytes(config: dict | None) -> int | None:
 _REF_CACHE: dict[tuple[str, str], list[str]] = {}
 
 
+class MissingReferences(DataError):
+    """A run's test references are neither stored in its folder nor on this machine."""
+
+
 def references(run: Run, split: str | None = None) -> list[str]:
     """The raw references of ``run``'s test split ``split`` (default its own, :attr:`Run.test_split`),
-    as the trainer scored them (empty pairs dropped), read from the run's data config.
+    as the trainer scored them (every line, one per hypothesis, an empty source's included): those
+    the run folder stores beside its hypotheses (:meth:`Run.refs_path`), else read through the
+    run's data config.
 
     Raises:
-        DataError: the split is unknown or its files are not on this machine (never downloaded).
+        MissingReferences: the folder stores none and the split's files are not on this machine
+            (never downloaded); the message says where to point ``TRANSFORMER_DATA_DIR``.
     """
-    data = run.config["data"]
     split = split or run.test_split
+    stored = run.refs_path(split)
+    if stored is not None:
+        lines = stored.read_text(encoding="utf-8").split("\n")  # exactly the lines written, one per hypothesis
+        return lines[:-1] if lines[-1] == "" else lines
+    data = run.config["data"]
     cache_key = (json.dumps(data, sort_keys=True, default=str), str(split))
     if cache_key not in _REF_CACHE:
-        src, tgt = resolve_split_files(OmegaConf.create(data), split, download=False)
-        _REF_CACHE[cache_key] = read_parallel(src, tgt)[1]
+        try:
+            src, tgt = resolve_split_files(OmegaConf.create(data), split, download=False)
+        except DataError:  # a split the run tested: its data config knows it, its files are elsewhere
+            raise MissingReferences(
+                f"the references of {split} are neither in {run.run_dir} (hyps/{split}.ref) nor on this "
+                "machine; set TRANSFORMER_DATA_DIR (or data.root) to the folder that holds the data "
+                "(e.g. TRANSFORMER_DATA_DIR=../shared/data)"
+            ) from None
+        _REF_CACHE[cache_key] = read_parallel(src, tgt, keep_empty=True)[1]  # line-aligned, as tested
     return _REF_CACHE[cache_key]
 
 
@@ -155,9 +174,18 @@ def _seed_pairs(base: list[Run], other: list[Run]) -> list[tuple[Run, Run]]:
 
 
 def significance(
-    configs: list[Configuration], baseline: Configuration, n_samples: int, seed: int, notes: list[str]
+    configs: list[Configuration],
+    baseline: Configuration,
+    n_samples: int,
+    seed: int,
+    notes: list[str],
+    unreferenced: list[Path] | None = None,
 ) -> tuple[dict[str, dict], str | None]:
     """Paired bootstrap of every configuration against the baseline, per seed pair.
+
+    Args:
+        unreferenced: receives each baseline run folder whose references could not be read
+            (:class:`MissingReferences`), so that the comparison says so at its top.
 
     Returns:
         ``({label: {"p_value", "chrf_p_value", "p_value_seeds"}}, bootstrap BLEU signature)``.
@@ -190,7 +218,12 @@ def significance(
         b = base_runs[b_dir]
         try:
             refs = references(b)
-        except Exception as e:  # references not on this machine
+        except MissingReferences as e:
+            notes.append(f"{e}; no p-values for seed {b.seed}")
+            if unreferenced is not None and b.run_dir not in unreferenced:
+                unreferenced.append(b.run_dir)
+            continue
+        except Exception as e:  # an unknown split
             notes.append(f"references of {b.test_split} not found for {b.run_dir} ({e}); no p-values for seed {b.seed}")
             continue
         base_hyps = b.hyps_path().read_text(encoding="utf-8").splitlines()
