@@ -4,6 +4,11 @@ Uses only the models' decoding interface (``start_decoding``, ``decode_step``, `
 and the conventions of :mod:`transformer.generation.common`. References: Sutskever et al. 2014;
 fairseq ``SequenceGenerator`` (2 x beam candidates, so finished hypotheses do not shrink the beam);
 tensor2tensor ``beam_search`` (the early termination bound, used by Vaswani et al. 2017).
+
+A step is a selection that keeps no state, :func:`select_candidates` (fairseq's ``search.py``
+``BeamSearch.step``), then the bookkeeping: :func:`finishing` (into
+:class:`~transformer.generation.finished.Finished`), :func:`running_beams` (pruning to ``K``),
+:func:`cannot_improve` (termination) and the done sentences leaving the batch.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from transformer.generation.common import (
 )
 from transformer.generation.finished import Finished
 
-__all__ = ["beam_search"]
+__all__ = ["beam_search", "cannot_improve", "finishing", "running_beams", "select_candidates"]
 
 
 def beam_search(
@@ -83,6 +88,121 @@ def beam_search(
         return _beam_search(model, src_tokens, search_limits, beam_size, nbest)
 
 
+def select_candidates(step: int, lprobs: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """A beam step's selection: each sentence's ``2 * K`` best one-token extensions of its beams.
+
+    The part of a step that keeps no state (fairseq's ``BeamSearch.step``): what finishes, which
+    beams run on and when a sentence stops are decided from its result by :func:`finishing`,
+    :func:`running_beams` and :func:`cannot_improve`.
+
+    Args:
+        step: tokens generated before this step. The selection does not need it: at step 0 only
+            beam 0 is alive because the others' ``scores`` start at ``-inf``; it is there so that a
+            search's step has fairseq's signature.
+        lprobs: ``(n, K, V)`` float32 next-token log-probabilities of each running beam;
+            overwritten with the candidates' cumulative scores (the search does not read it again).
+        scores: ``(n, K)`` float32 summed log-probabilities of the running beams (``-inf``: dead).
+
+    Returns:
+        ``(scores, tokens, beams)``, each ``(n, min(2 * K, K * V))``: the candidates' cumulative
+        scores best first (``torch.topk``'s order), their tokens and the beam each one extends.
+    """
+    del step
+    n, K, vocab = lprobs.shape
+    cand = lprobs.add_(scores.view(n, K, 1)).view(n, K * vocab)  # in place: lprobs is not read again
+    cand_scores, cand_idx = cand.topk(min(2 * K, K * vocab), dim=1)
+    return cand_scores, cand_idx % vocab, cand_idx // vocab
+
+
+def finishing(cand_scores: Tensor, is_eos: Tensor, K: int) -> Tensor:
+    """``(n, K)`` bool: the candidates that finish a hypothesis, EOS with a finite score among the
+    ``K`` best (fairseq); an EOS ranked below ``K`` non-EOS candidates is not a beam-search result.
+
+    Args:
+        cand_scores: ``(n, C)`` candidate scores, best first (``C >= K`` unless the vocabulary is tiny).
+        is_eos: ``(n, C)`` bool, the candidate's token is EOS.
+        K: the beam size.
+    """
+    return (is_eos & (cand_scores > float("-inf")))[:, :K]
+
+
+def running_beams(
+    cand_scores: Tensor, cand_tok: Tensor, cand_beam: Tensor, is_eos: Tensor, K: int, eos: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The next step's ``K`` beams: the first ``K`` candidates that do not end in EOS, in rank order
+    (among ``2 * K`` candidates there are at least ``K``, so EOS never shrinks the beam).
+
+    Args:
+        cand_scores, cand_tok, cand_beam: ``(n, C)`` the candidates of :func:`select_candidates`.
+        is_eos: ``(n, C)`` bool, the candidate's token is EOS.
+        K: the beam size.
+        eos: the EOS id, the token of a dead beam's slot.
+
+    Returns:
+        ``(scores, tokens, beams)``, each ``(n, K)``; a slot left without a non-EOS candidate (a tiny
+        vocabulary) is a dead beam: score ``-inf``, token EOS, beam 0.
+    """
+    ninf = float("-inf")
+    n, n_cand = cand_scores.shape
+    key = torch.arange(n_cand, device=cand_scores.device)[None, :] + is_eos.long() * n_cand  # (n, C)
+    pick = key.topk(min(K, n_cand), dim=1, largest=False).indices.sort(dim=1).values  # (n, K)
+    new_scores = cand_scores.gather(1, pick)  # (n, K)
+    new_scores = new_scores.masked_fill(cand_tok.gather(1, pick).eq(eos), ninf)
+    new_beam = cand_beam.gather(1, pick)
+    new_tok = cand_tok.gather(1, pick)
+    if new_scores.shape[1] < K:  # tiny vocabularies: pad with dead beams
+        fill = K - new_scores.shape[1]
+        new_scores = torch.cat((new_scores, new_scores.new_full((n, fill), ninf)), 1)
+        new_beam = torch.cat((new_beam, new_beam.new_zeros(n, fill)), 1)
+        new_tok = torch.cat((new_tok, new_tok.new_full((n, fill), eos)), 1)
+    return new_scores, new_tok, new_beam
+
+
+def cannot_improve(running: Tensor, kth: Tensor, bound_pen: Tensor | None, next_pen: Tensor) -> Tensor:
+    """``(n,)`` bool: the sentences that stop, their best running beam cannot beat their
+    ``nbest``-th finished hypothesis any more (the bound of :func:`beam_search`); all beams dead
+    (``-inf``) always stops.
+
+    Args:
+        running: ``(n, K)`` float32 summed log-probabilities of the running beams, best first.
+        kth: ``(n,)`` float64 length-penalised score of the ``nbest``-th finished hypothesis
+            (``-inf`` while there are fewer).
+        bound_pen: ``(n,)`` float64 ``lp(max_len + 1)`` per sentence, ``None`` without a length
+            penalty (``alpha == 0``).
+        next_pen: 0-dim float64 ``lp(t + 1)`` for the running beams' ``t`` tokens.
+    """
+    best = running[:, 0].double()  # (n,)
+    if bound_pen is not None:
+        best = best / torch.maximum(bound_pen, next_pen)
+    return best <= kth
+
+
+class _Active:
+    """The sentences still searched, in the order of the search's rows: their original indices,
+    ``max_len`` and termination bound's penalty, and the first row of each (``(n, 1)``, rows
+    ``row_base + k`` are its beams)."""
+
+    def __init__(self, max_len: Tensor, bound_pen: Tensor | None, K: int) -> None:
+        self.ids = list(range(max_len.shape[0]))
+        self.max_len, self.bound_pen, self.K = max_len, bound_pen, K
+        self.row_base = torch.arange(len(self.ids), device=max_len.device)[:, None] * K  # (n, 1)
+
+    def drop(self, done: Tensor, finished: Finished) -> tuple[Tensor, Tensor]:
+        """Let the sentences ``done`` (``(n,)`` bool, on the host) leave: store their finished lists,
+        keep the others' rows. Returns the kept rows' sentence indices, on the host and on the device."""
+        gone = done.nonzero().squeeze(1).tolist()
+        kept = (~done).nonzero().squeeze(1)  # (n',)
+        finished.store(gone, [self.ids[s] for s in gone])
+        keep = to_device(kept.tolist(), self.max_len.device)
+        finished.select(keep)
+        self.ids = [self.ids[s] for s in kept.tolist()]
+        self.max_len = self.max_len.index_select(0, keep)
+        if self.bound_pen is not None:
+            self.bound_pen = self.bound_pen.index_select(0, keep)
+        self.row_base = torch.arange(len(self.ids), device=keep.device)[:, None] * self.K
+        return kept, keep
+
+
 def _beam_search(
     model: nn.Module,
     src_tokens: Tensor,
@@ -114,17 +234,14 @@ def _beam_search(
     )
     penalties = penalties.to(device, non_blocking=True)
 
+    # lp(max_len + 1) per sentence, for the termination bound
+    active = _Active(max_len, limits.penalty(max_len.double() + 1.0) if alpha != 0 else None, K)
     n = bsz  # active sentences
-    sent_ids = list(range(bsz))  # original index of each active sentence
-    bound_pen = None  # lp(max_len + 1) per sentence, for the termination bound
-    if alpha != 0:
-        bound_pen = limits.penalty(max_len.double() + 1.0)  # (n,)
     scores = torch.full((n, K), ninf, device=device)  # (n, K) summed log-probs of running beams
     scores[:, 0] = 0.0
     history = torch.empty(n * K, 0, dtype=torch.long, device=device)  # (n * K, step)
     prev = torch.full((n * K, 1), model.decoder_start_token_id, dtype=torch.long, device=device)
     finished = Finished(bsz, K, last_step + 1, device)
-    row_base = torch.arange(n, device=device)[:, None] * K  # (n, 1)
 
     nonfinite: set[int] = set()  # sentences whose live beams met NaN/inf model output
     step = 0
@@ -132,74 +249,45 @@ def _beam_search(
         logits = model.decode_step(prev, state)  # (n * K, V)
         vocab = logits.shape[-1]
         lprobs = constrain(
-            log_probs(logits), step, max_len.repeat_interleave(K), history, limits, pad_id=pad, eos_id=eos
+            log_probs(logits), step, active.max_len.repeat_interleave(K), history, limits, pad_id=pad, eos_id=eos
         )  # (n * K, V)
         bad = nonfinite_rows(logits) & (scores.view(-1) > ninf)  # (n * K,) live beams with NaN/inf output
         # a diverged model: those beams die (NaN scores would never end the search)
         lprobs.masked_fill_(bad[:, None], ninf)
-        cand = lprobs.add_(scores.view(-1, 1)).view(n, K * vocab)  # (n, K * V), in place: lprobs is not read again
-        n_cand = min(2 * K, K * vocab)
-        cand_scores, cand_idx = cand.topk(n_cand, dim=1)  # (n, 2K), sorted best first
-        cand_beam = cand_idx // vocab  # (n, 2K)
-        cand_tok = cand_idx % vocab  # (n, 2K)
-        alive = cand_scores > ninf
+        cand_scores, cand_tok, cand_beam = select_candidates(step, lprobs.view(n, K, vocab), scores)  # (n, 2K)
         is_eos = cand_tok.eq(eos)
-
-        # finished hypotheses: EOS candidates with a finite score among the K best (fairseq);
-        # an EOS ranked below K non-EOS candidates is not a beam-search result
-        fin = (is_eos & alive)[:, :K]  # (n, K)
         finished.add(
-            fin, cand_scores[:, :K], penalties[step + 1], history.view(n, K, step), cand_beam[:, :K], step, eos
+            finishing(cand_scores, is_eos, K),
+            cand_scores[:, :K],
+            penalties[step + 1],
+            history.view(n, K, step),
+            cand_beam[:, :K],
+            step,
+            eos,
         )
-
-        # running beams: the first K non-EOS candidates (there are at least K among 2K)
-        key = torch.arange(n_cand, device=device)[None, :] + is_eos.long() * n_cand  # (n, 2K)
-        pick = key.topk(min(K, n_cand), dim=1, largest=False).indices.sort(dim=1).values  # (n, K)
-        new_scores = cand_scores.gather(1, pick)  # (n, K)
-        new_scores = new_scores.masked_fill(cand_tok.gather(1, pick).eq(eos), ninf)
-        new_beam = cand_beam.gather(1, pick)
-        new_tok = cand_tok.gather(1, pick)
-        if new_scores.shape[1] < K:  # tiny vocabularies: pad with dead beams
-            fill = K - new_scores.shape[1]
-            new_scores = torch.cat((new_scores, new_scores.new_full((n, fill), ninf)), 1)
-            new_beam = torch.cat((new_beam, new_beam.new_zeros(n, fill)), 1)
-            new_tok = torch.cat((new_tok, new_tok.new_full((n, fill), eos)), 1)
-
-        # termination: can the best running beam still beat the nbest-th finished hypothesis?
-        best_running = new_scores[:, 0].double()  # (n,), sorted descending
-        if alpha != 0:
-            best_running = best_running / torch.maximum(bound_pen, penalties[step + 2])
-        done = best_running <= finished.kth(nbest)  # (n,); -inf (all beams dead) is always done
+        new_scores, new_tok, new_beam = running_beams(cand_scores, cand_tok, cand_beam, is_eos, K, eos)  # (n, K)
+        done = cannot_improve(new_scores, finished.kth(nbest), active.bound_pen, penalties[step + 2])  # (n,)
         # the step's one host read: done sentences, sentences with a dying beam, each new beam's parent
         status = torch.cat((done.long(), bad.view(n, K).any(1).long(), new_beam.view(-1))).cpu()
         done_h, bad_h, parents = status[:n].bool(), status[n : 2 * n].bool(), status[2 * n :].view(n, K)
-        nonfinite.update(sent_ids[s] for s in bad_h.nonzero().squeeze(1).tolist())
+        nonfinite.update(active.ids[s] for s in bad_h.nonzero().squeeze(1).tolist())
         if bool(done_h.all()) or step >= last_step:
             break
         step += 1
-        rows = (row_base + new_beam).view(-1)  # (n * K,) parent row of each new beam
+        rows = (active.row_base + new_beam).view(-1)  # (n * K,) parent row of each new beam
         host_rows = torch.arange(n)[:, None] * K + parents  # the same, on the host
         if bool(done_h.any()):
-            kept = (~done_h).nonzero().squeeze(1)  # (n',)
-            finished.store(
-                done_h.nonzero().squeeze(1).tolist(), [sent_ids[s] for s in done_h.nonzero().squeeze(1).tolist()]
-            )
-            keep = to_device(kept.tolist(), device)
+            kept, keep = active.drop(done_h, finished)
             rows = rows.view(n, K).index_select(0, keep).view(-1)
             host_rows = host_rows[kept]
-            new_scores, new_tok, max_len = (t.index_select(0, keep) for t in (new_scores, new_tok, max_len))
-            finished.select(keep)
-            sent_ids = [sent_ids[s] for s in kept.tolist()]
-            if bound_pen is not None:
-                bound_pen = bound_pen.index_select(0, keep)
-            n = len(sent_ids)
-            row_base = torch.arange(n, device=device)[:, None] * K
+            new_scores, new_tok = new_scores.index_select(0, keep), new_tok.index_select(0, keep)
+            n = len(active.ids)
         state.reorder(rows, host_rows.view(-1).tolist())
         history = torch.cat((history.index_select(0, rows), new_tok.view(-1, 1)), dim=1)  # (n * K, step)
         scores = new_scores
         prev = new_tok.view(-1, 1)
 
-    finished.store(list(range(n)), sent_ids)
+    finished.store(list(range(n)), active.ids)
     found = finished.read(nbest)  # the search's last host read
     out = []
     for sid, hyps in enumerate(found):
