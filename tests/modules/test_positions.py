@@ -7,8 +7,10 @@ import torch
 
 from transformer.kernels.rotary import apply_rotary
 from transformer.modules.positions import (
+    POSITIONS,
     ALiBi,
     LearnedPositionalEmbedding,
+    NoPositions,
     RotaryEmbedding,
     SinusoidalPositionalEmbedding,
     alibi_slopes,
@@ -82,3 +84,19 @@ def test_learned_positions_raise_past_the_table():
     emb = LearnedPositionalEmbedding(max_positions=4, d_model=8)
     with pytest.raises(ValueError, match="max_positions"):
         emb.embed(torch.tensor([[4]]))
+
+
+def test_every_position_is_built_from_sizes_by_the_base_class_with_the_keywords_it_names():
+    """One ``from_sizes`` (the base class's): each built-in class names its constructor's keywords."""
+    assert [name for name, cls in POSITIONS.items() if "from_sizes" in vars(cls)] == []
+    sizes = dict(d_model=16, n_heads=4, max_positions=12, rope_theta=500.0)
+    torch.manual_seed(0)
+    learned = LearnedPositionalEmbedding.from_sizes(**sizes)
+    torch.manual_seed(0)
+    assert torch.equal(learned.weight, LearnedPositionalEmbedding(max_positions=12, d_model=16).weight)
+    assert SinusoidalPositionalEmbedding.from_sizes(**sizes).table.shape == (12, 16)
+    rope = RotaryEmbedding.from_sizes(**sizes)
+    assert (rope.head_dim, rope.rope_theta, rope.scaling) == (4, 500.0, None)
+    assert RotaryEmbedding.from_sizes(**sizes, rotary_dim=2).head_dim == 2
+    assert ALiBi.from_sizes(**sizes).slopes.shape == (4,)
+    assert type(NoPositions.from_sizes(**sizes)) is NoPositions

@@ -18,6 +18,7 @@ Positions are explicit ``LongTensor`` s of shape ``(batch, seq_len)`` so that le
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -39,6 +40,11 @@ class PositionEncoding(nn.Module):
     the device of the input on first use.
     """
 
+    size_keywords: ClassVar[tuple[str, ...]] = ()
+    """The constructor's keywords :meth:`from_sizes` fills: any of ``d_model``, ``n_heads``,
+    ``max_positions``, ``rope_theta``, ``head_dim`` (``rotary_dim or d_model // n_heads``) and
+    ``scaling`` (``rope_scaling``); none by default, so a subclass without it is built as ``cls()``."""
+
     @classmethod
     def from_sizes(
         cls,
@@ -50,7 +56,7 @@ class PositionEncoding(nn.Module):
         rotary_dim: int | None = None,
         rope_scaling: RopeScaling | None = None,
     ) -> PositionEncoding:
-        """Build the encoding from the model's sizes (each class takes the ones it needs).
+        """Build the encoding from the model's sizes: ``cls(**{k: ... for k in cls.size_keywords})``.
 
         Args:
             d_model: model width.
@@ -61,7 +67,12 @@ class PositionEncoding(nn.Module):
                 latent attention rotates only its ``qk_rope_head_dim`` part).
             rope_scaling: RoPE scaling (:mod:`transformer.modules.rope_scaling`), or None.
         """
-        return cls()
+        sizes = dict(
+            d_model=d_model, n_heads=n_heads, max_positions=max_positions, rope_theta=rope_theta, scaling=rope_scaling
+        )
+        if "head_dim" in cls.size_keywords:  # only RoPE's: a class without heads never divides by n_heads
+            sizes["head_dim"] = rotary_dim or d_model // n_heads
+        return cls(**{name: sizes[name] for name in cls.size_keywords})
 
     def _fp32(self, name: str, device: torch.device) -> Tensor:
         table = getattr(self, name)
@@ -122,24 +133,12 @@ class SinusoidalPositionalEmbedding(PositionEncoding):
         max_positions: rows precomputed; longer inputs extend the table on the fly.
     """
 
+    size_keywords = ("d_model", "max_positions")
+
     def __init__(self, *, d_model: int, max_positions: int = 1024) -> None:
         super().__init__()
         self.d_model = d_model
         self.table = sinusoidal_table(max_positions, d_model)
-
-    @classmethod
-    def from_sizes(
-        cls,
-        *,
-        d_model: int,
-        n_heads: int,
-        max_positions: int,
-        rope_theta: float,
-        rotary_dim: int | None = None,
-        rope_scaling: RopeScaling | None = None,
-    ) -> SinusoidalPositionalEmbedding:
-        """``cls(d_model=d_model, max_positions=max_positions)``."""
-        return cls(d_model=d_model, max_positions=max_positions)
 
     def embed(self, positions: Tensor) -> Tensor:
         """Args: positions ``(batch, seq_len)``. Returns ``(batch, seq_len, d_model)`` fp32."""
@@ -158,24 +157,12 @@ class LearnedPositionalEmbedding(PositionEncoding):
         d_model: embedding width.
     """
 
+    size_keywords = ("max_positions", "d_model")
+
     def __init__(self, *, max_positions: int, d_model: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(max_positions, d_model))
         nn.init.normal_(self.weight, std=d_model**-0.5)
-
-    @classmethod
-    def from_sizes(
-        cls,
-        *,
-        d_model: int,
-        n_heads: int,
-        max_positions: int,
-        rope_theta: float,
-        rotary_dim: int | None = None,
-        rope_scaling: RopeScaling | None = None,
-    ) -> LearnedPositionalEmbedding:
-        """``cls(max_positions=max_positions, d_model=d_model)``."""
-        return cls(max_positions=max_positions, d_model=d_model)
 
     def embed(self, positions: Tensor) -> Tensor:
         """Args: positions ``(batch, seq_len)``. Returns ``(batch, seq_len, d_model)``.
@@ -209,6 +196,8 @@ class RotaryEmbedding(PositionEncoding):
         ValueError: if ``head_dim`` is odd or the scaling unknown.
     """
 
+    size_keywords = ("head_dim", "rope_theta", "scaling")
+
     def __init__(self, *, head_dim: int, rope_theta: float = 10000.0, scaling: RopeScaling | None = None) -> None:
         super().__init__()
         if head_dim % 2 != 0:
@@ -217,20 +206,6 @@ class RotaryEmbedding(PositionEncoding):
         self.rope_theta = rope_theta
         self.scaling = scaling if scaling is not None and scaling.rope_type != "default" else None
         self.inv_freq, self.attention_factor = rope_inv_freq(head_dim, rope_theta, self.scaling)
-
-    @classmethod
-    def from_sizes(
-        cls,
-        *,
-        d_model: int,
-        n_heads: int,
-        max_positions: int,
-        rope_theta: float,
-        rotary_dim: int | None = None,
-        rope_scaling: RopeScaling | None = None,
-    ) -> RotaryEmbedding:
-        """``cls(head_dim=rotary_dim or d_model // n_heads, rope_theta=rope_theta, scaling=rope_scaling)``."""
-        return cls(head_dim=rotary_dim or d_model // n_heads, rope_theta=rope_theta, scaling=rope_scaling)
 
     def rotary(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """Args: positions ``(batch, seq_len)``. Returns cos, sin ``(batch, 1, seq_len, head_dim)`` fp32."""
@@ -278,23 +253,11 @@ class ALiBi(PositionEncoding):
         n_heads: number of query heads.
     """
 
+    size_keywords = ("n_heads",)
+
     def __init__(self, *, n_heads: int) -> None:
         super().__init__()
         self.slopes = alibi_slopes(n_heads)
-
-    @classmethod
-    def from_sizes(
-        cls,
-        *,
-        d_model: int,
-        n_heads: int,
-        max_positions: int,
-        rope_theta: float,
-        rotary_dim: int | None = None,
-        rope_scaling: RopeScaling | None = None,
-    ) -> ALiBi:
-        """``cls(n_heads=n_heads)``: one slope per query head."""
-        return cls(n_heads=n_heads)
 
     def score_bias(self, q_positions: Tensor, k_positions: Tensor, causal: bool) -> Tensor:
         """Args: q_positions ``(batch, q_len)``, k_positions ``(batch, k_len)``.
