@@ -190,3 +190,44 @@ def test_runs_finished_on_another_machine_are_not_trained_again(small_corpus, re
     got, want = _outcome(sweep / RUNS[-1]), _outcome(reference / RUNS[-1])
     assert got["averaged_test"] == want["averaged_test"] and got["hyps"] == want["hyps"]
     assert all(got["weights"][k].equal(v) for k, v in want["weights"].items())
+
+
+def test_a_sweep_of_another_field_gives_each_value_its_folder_and_row(small_corpus, tmp_path):
+    """``experiment=ladder`` names folders ``<step>_seed<seed>``; sweeping another field adds it to
+    the name, so two values are two runs (not one run refused as a changed resume), and compare.py
+    gives each value its row."""
+    sweep = tmp_path / "sweep"
+    args = [a for a in small_cli_args(small_corpus, sweep) if not a.startswith("run_dir=")]
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / "scripts" / "train.py"),
+        "-m",
+        "experiment=ladder",
+        "ladder=step0_vaswani2017",
+        "seed=1",
+        f"hydra.sweep.dir={sweep}",
+        *args,
+        "train.max_updates=2",
+        "train.save_every=1",
+        "train.validate_every=0",
+        "model.dropout=0.1,0.2",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = sorted(p.name for p in sweep.iterdir() if (p / "results.json").is_file())
+    assert runs == ["step0_vaswani2017_seed1_dropout=0.1", "step0_vaswani2017_seed1_dropout=0.2"]
+    out = tmp_path / "comparison"
+    res = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "compare.py"), str(sweep), "--out", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = (out / "comparison.md").read_text().splitlines()
+    labels = {line.split("|")[1].strip() for line in lines if line.startswith("|")}
+    rows = {label.removesuffix(" (baseline)") for label in labels if label.startswith("step0")}
+    assert rows == {"step0_vaswani2017, model.dropout=0.1", "step0_vaswani2017, model.dropout=0.2"}, rows

@@ -1,10 +1,15 @@
 """What the ``train`` fields mean while a run runs: the time budget that stops it
 (:func:`time_budget`, :func:`budget_sentence`), the values of ``train.resume``
-(:func:`resume_mode`) and where Hydra records a job (:func:`hydra_subdir`, the ``zoo.hydra_subdir``
-resolver of ``configs/train.yaml``, registered when this module is imported)."""
+(:func:`resume_mode`), where Hydra records a job (:func:`hydra_subdir`, the ``zoo.hydra_subdir``
+resolver of ``configs/train.yaml``) and the part of a sweep job's folder name that its swept values
+make (:func:`swept_suffix`, the ``zoo.swept`` resolver of the experiments that name their folders);
+the resolvers are registered when this module is imported."""
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -12,7 +17,19 @@ from omegaconf import OmegaConf
 from transformer.hydra_record import record_subdir
 from transformer.run_folder import has_checkpoint
 
-__all__ = ["DEFAULT_TIME_BUDGET_S", "RESUME_MODES", "budget_sentence", "resume_mode", "time_budget"]
+__all__ = [
+    "DEFAULT_TIME_BUDGET_S",
+    "RESUME_MODES",
+    "SWEPT_KEYS_ENV",
+    "budget_sentence",
+    "resume_mode",
+    "swept_keys",
+    "swept_suffix",
+    "time_budget",
+]
+
+SWEPT_KEYS_ENV = "TRANSFORMER_SWEPT_KEYS"
+"""The variable through which ``scripts/train.py -m`` tells its jobs the keys it sweeps (comma-separated)."""
 
 
 DEFAULT_TIME_BUDGET_S = 1380.0
@@ -96,5 +113,57 @@ def hydra_subdir(resume: Any = False, resume_from: Any = None, output_dir: Any =
     return record_subdir(resuming, output_dir)
 
 
+def swept_keys(overrides: Sequence[str]) -> list[str]:
+    """The keys a multirun command line sweeps (``model.ffn.tau0=0.5,1,2``, ``seed=range(1,4)``,
+    ``model/ffn=relu,swiglu``), Hydra's own (``hydra.*``, ``hydra/...``) left out.
+
+    Args:
+        overrides: the command line's overrides (no options such as ``-m``).
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([o for o in overrides if not o.startswith("-")])
+    except Exception:  # a command line Hydra refuses: Hydra says why
+        return []
+    keys = []
+    for override in parsed:
+        key = override.key_or_group
+        if override.is_sweep_override() and not key.startswith("hydra") and key not in keys:
+            keys.append(key)
+    return keys
+
+
+def swept_suffix(task_overrides: Iterable[Any] | None = None, *named: str) -> str:
+    """``_<key>=<value>`` for each key this job's multirun sweeps (:data:`SWEPT_KEYS_ENV`) that its
+    folder name does not hold already (``named``: e.g. ``ladder``, ``seed``), so that the jobs of a
+    sweep over any field get folders of their own; ``""`` outside a multirun. A key is shortened to
+    its last part (``model.ffn.tau0`` -> ``tau0``) unless two swept keys share it; the text is kept
+    filesystem-safe (``/`` -> ``-``, no quotes or spaces).
+
+    Args:
+        task_overrides: the job's overrides (``${hydra:overrides.task}``), ``key=value`` each.
+        named: the keys the folder name already shows.
+    """
+    keys = [k for k in os.environ.get(SWEPT_KEYS_ENV, "").split(",") if k and k not in named]
+    if not keys:
+        return ""
+    values = {}
+    for item in task_overrides or []:
+        key, _, value = str(item).partition("=")
+        key = key.lstrip("+~")
+        if key in keys:
+            values[key] = value
+    tails = [k.replace("/", ".").rsplit(".", 1)[-1] for k in keys]
+    parts = []
+    for key, tail in zip(keys, tails):
+        if key in values:
+            shown = tail if tails.count(tail) == 1 else key
+            parts.append(f"_{shown}={values[key]}")
+    return re.sub(r"[\s'\"/\\]+", "-", "".join(parts))
+
+
+if not OmegaConf.has_resolver("zoo.swept"):
+    OmegaConf.register_new_resolver("zoo.swept", swept_suffix)
 if not OmegaConf.has_resolver("zoo.hydra_subdir"):  # at import: jobs unpickled on a cluster node have it too
     OmegaConf.register_new_resolver("zoo.hydra_subdir", hydra_subdir, use_cache=True)

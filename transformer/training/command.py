@@ -10,6 +10,7 @@ behind and a refused resume leaves its folder as it was.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -24,11 +25,13 @@ from transformer.cli import (
     check_sweep_objective,
     in_multirun,
     plugin_failure,
+    record_job,
     sweep_objective,
     sweeper_direction,
     user_errors,
 )
 from transformer.config import ConfigError, check_command_line, flat_group_override, to_config, validate_config
+from transformer.config.runtime import SWEPT_KEYS_ENV, swept_keys
 from transformer.data.corpus import DataError
 from transformer.hydra_record import forget_record, job_run_dir
 from transformer.io import LOCK_NAME, FolderLocked
@@ -36,7 +39,7 @@ from transformer.plugins import PluginError, command_line_plugins, import_plugin
 from transformer.run_folder import HYDRA_RECORD
 from transformer.training.checkpoint import CheckpointError
 from transformer.training.errors import TrainingError
-from transformer.training.job.training_run import train
+from transformer.training.job.run import train
 from transformer.training.stopping import StopRequested
 
 __all__ = ["RUN_ERRORS", "prepare_command_line", "train_job"]
@@ -74,6 +77,10 @@ def prepare_command_line(argv: Sequence[str], config_dir: str | Path | None = No
         if (flat := flat_group_override(argv)) is not None:
             raise ConfigError(f"invalid configuration: {flat}")
         argv = command_line_plugins(argv)
+        if "-m" in argv or "--multirun" in argv:  # the jobs' folder names show what the sweep varies
+            os.environ[SWEPT_KEYS_ENV] = ",".join(swept_keys(argv))
+        else:
+            os.environ.pop(SWEPT_KEYS_ENV, None)
         if config_dir is not None:
             try:
                 check_command_line(argv, config_dir, "train")
@@ -88,6 +95,20 @@ def prepare_command_line(argv: Sequence[str], config_dir: str | Path | None = No
 def _forget_if_untouched(err: BaseException) -> None:
     if getattr(err, "run_folder_untouched", False):
         forget_record()
+
+
+def _refused(err: BaseException) -> None:
+    """A job stopped by a check before it trained: its record in the sweep, its folder taken back."""
+    record_job("refused", str(err))
+    _forget_if_untouched(err)
+
+
+def _failed(err: BaseException) -> None:
+    """A job ended by a user error: ``refused`` when it wrote nothing (a resume refused, a folder
+    in use), else ``failed``, recorded in the sweep; what it wrote taken back when it wrote nothing."""
+    untouched = getattr(err, "run_folder_untouched", False) and not isinstance(err, PluginError)
+    record_job("refused" if untouched else "failed", str(err))
+    _forget_if_untouched(err)
 
 
 def _untrained_folder_taken_back(err: BaseException) -> bool:
@@ -113,6 +134,12 @@ def _untrained_folder_taken_back(err: BaseException) -> bool:
 def train_job(cfg: DictConfig) -> float | None:
     """Validate the composed config, then train, validate, test and write ``results.json``.
 
+    In a multirun a job that ends with a user error (its line printed, its outcome recorded in the
+    sweep's ``jobs.jsonl``: :func:`~transformer.cli.record_job`) returns None, what a sweeper
+    records as a failed trial, so that Hydra runs the other jobs and prints no traceback; the
+    sweep then ends with one line counting the jobs (:class:`~transformer.cli.SweepSummary`) and
+    exit status 1.
+
     Args:
         cfg: the config Hydra composed (``configs/train.yaml`` plus the command line).
 
@@ -123,9 +150,15 @@ def train_job(cfg: DictConfig) -> float | None:
     Raises:
         SystemExit: a user error (status of :data:`RUN_ERRORS`), or a stop by a signal of
             ``train.stop_signals`` (status 75, ``checkpoint_last`` saved).
-        RunFailed: either of those inside a multirun, so that the sweep's other jobs go on.
     """
-    with user_errors({ConfigError: 2, PluginError: 2}, on_error=_forget_if_untouched):
+    try:
+        return _train_job(cfg)
+    except RunFailed:  # a multirun's job: its line is printed and recorded; the sweep goes on
+        return None
+
+
+def _train_job(cfg: DictConfig) -> float | None:
+    with user_errors({ConfigError: 2, PluginError: 2}, on_error=_refused):
         try:
             import_plugins(cfg.get("plugins"))  # a sweep's worker process imports them too
             validate_config(cfg)
@@ -138,19 +171,24 @@ def train_job(cfg: DictConfig) -> float | None:
             refused = ConfigError(f"invalid configuration: {err}")
             refused.run_folder_untouched = True  # nothing was written: Hydra's record is taken back
             raise refused from None
-    with user_errors(RUN_ERRORS, on_error=_forget_if_untouched):
+    with user_errors(RUN_ERRORS, on_error=_failed):
         try:
             results = train(config)
         except StopRequested as err:  # a polite stop: checkpoint_last saved, the line saying how to continue logged
+            record_job("stopped", str(err))
             if in_multirun():
                 raise RunFailed(str(err)) from None
             sys.exit(err.exit_status)
         except Exception as err:  # a plugin's code failed (its constructor, schedule, forward): one line naming it
             failed = plugin_failure(err)
-            if failed is None or isinstance(err, tuple(t for kinds in RUN_ERRORS for t in kinds)):
+            user_error = isinstance(err, tuple(t for kinds in RUN_ERRORS for t in kinds))
+            if failed is None and not user_error:
+                record_job("crashed", f"{type(err).__name__}: {err}")  # a bug: its traceback follows
+            if failed is None or user_error:
                 raise
             failed.run_folder_untouched = _untrained_folder_taken_back(err)  # type: ignore[attr-defined]
             raise failed from err
     if results.get("skipped_complete"):  # complete already (here, or elsewhere: train.finished_runs)
         forget_record()
+    record_job("finished")
     return sweep_objective(results)

@@ -258,7 +258,7 @@ def resume_config(cfg: DictConfig, saved: dict[str, Any], named: tuple[set[str],
     blocked, take = [], []
     for key, old, new in config_differences(_plain(run_cfg), _plain(cfg)):
         if key == "train.pad_to_multiple" and new == "auto":
-            continue  # auto resolved to the run's number when it started (training_run._resolve_auto_batching)
+            continue  # auto resolved to the run's number when it started (job/run.py, _resolve_auto_batching)
         if _covered(key, _ALWAYS_FROM_COMMAND_LINE) or (_covered(key, RESUME_OVERRIDES) and is_named(key)):
             take.append((key, new))
         elif is_named(key):
@@ -300,5 +300,11 @@ def prepare_resume(cfg: DictConfig, run_dir: Path, device: torch.device) -> Resu
         raise CheckpointError(f"cannot resume from {stem}: {err}. {_hint(stem.parent, exclude=stem.name)}") from err
     saved = state.get("config")
     named = command_line_fields(cfg, recorded_choices(stem.parent))
-    run_cfg = resume_config(cfg, saved, named) if isinstance(saved, dict) else cfg
+    try:
+        run_cfg = resume_config(cfg, saved, named) if isinstance(saved, dict) else cfg
+    except ConfigError as err:
+        raise ConfigError(
+            f"{run_dir} holds a run trained with another config: {err}; to start a new run choose another "
+            "folder (hydra.run.dir=..., or in a sweep hydra.sweep.subdir=... naming the swept keys)"
+        ) from None
     return ResumePoint(stem=stem, cfg=run_cfg, model_state=model_state, train_state=state)
