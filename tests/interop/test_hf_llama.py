@@ -186,3 +186,20 @@ def test_import_refuses_yarn_mscale_with_mscale_all_dim(tmp_path) -> None:
     hf.save_pretrained(tmp_path / "hf")
     with pytest.raises(ExportError, match="rope_parameters mscale with mscale_all_dim"):
         from_hf_llama(tmp_path / "hf")
+
+
+def test_hf_exporters_share_one_check_of_unmatched_weights(monkeypatch) -> None:
+    """hf_llama and hf_moe build their HF model through hf_decoder.hf_model_holding, which names
+    what a mapping left unmatched on either side."""
+    from transformer.interop import hf_decoder, hf_moe
+
+    model, cfg = _llama("gqa_swiglu_untied")
+    state = hf_llama_state(model, cfg)
+    del state["model.norm.weight"]
+    state["model.bogus.weight"] = torch.zeros(1)
+    monkeypatch.setattr("transformer.interop.hf_llama.hf_llama_state", lambda *_: state)
+    with pytest.raises(
+        ExportError, match=r"the Llama mapping left weights unmatched: missing \['model.norm.weight'\], "
+    ):
+        to_hf_llama(model, cfg)
+    assert hf_moe.hf_model_holding is hf_decoder.hf_model_holding

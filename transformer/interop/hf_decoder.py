@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
-from torch import nn
+from torch import Tensor, nn
 
 from transformer.config import ConfigError, rope_scaling, typed_config
-from transformer.interop.export_common import readable_run_config
+from transformer.interop.export_common import ExportError, readable_run_config
 
 __all__ = [
     "HF_ACT",
@@ -22,6 +22,7 @@ __all__ = [
     "ZOO_CONFIG",
     "decoder_unsupported",
     "hf_max_positions",
+    "hf_model_holding",
     "imported_run_config",
     "rope_parameters",
     "scaling_from_hf",
@@ -126,6 +127,32 @@ def scaling_from_hf(rope: dict[str, Any], max_position_embeddings: int) -> tuple
         if rope.get(key) is not None:
             scaling[key] = float(rope[key])
     return scaling, []
+
+
+def hf_model_holding(hf_class: Any, hf_cfg: Any, state: dict[str, Tensor], mapping: str) -> Any:
+    """``hf_class(hf_cfg)`` in eval mode with SDPA attention, holding the exported weights ``state``.
+
+    Args:
+        hf_class: the HF causal-LM class (``LlamaForCausalLM``, ``MixtralForCausalLM``, ...).
+        hf_cfg: its config; with ``tie_word_embeddings`` the embedding matrix is the output layer,
+            so ``lm_head.weight`` is popped from ``state``.
+        state: HF parameter names -> tensors.
+        mapping: the mapping's name in the error (``"Llama"``).
+
+    Raises:
+        ExportError: a weight of either side left unmatched (the first five of each named).
+    """
+    hf_cfg._attn_implementation = "sdpa"
+    hf = hf_class(hf_cfg).eval()
+    if hf_cfg.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (hf_cfg.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ExportError(
+            f"the {mapping} mapping left weights unmatched: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    return hf
 
 
 def write_hf_folder(hf: Any, model: nn.Module, tokenizer: Any, folder: Path, run_cfg: Any = None) -> None:

@@ -35,6 +35,7 @@ from transformer.interop.hf_decoder import (
     HF_ROPE_TYPES,
     decoder_unsupported,
     hf_max_positions,
+    hf_model_holding,
     imported_run_config,
     rope_parameters,
     scaling_from_hf,
@@ -223,17 +224,7 @@ def to_hf_llama(model: nn.Module, cfg: Any) -> Any:
     hf_cfg = llama_config(
         cfg, state["model.embed_tokens.weight"].shape[0], hidden, pad_id=model.pad_id, eos_id=model.eos_id
     )
-    hf_cfg._attn_implementation = "sdpa"
-    hf = (Qwen3ForCausalLM if qwen3 else LlamaForCausalLM)(hf_cfg).eval()
-    if hf_cfg.tie_word_embeddings:
-        state.pop("lm_head.weight")
-    missing, unexpected = hf.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not (hf_cfg.tie_word_embeddings and k == "lm_head.weight")]
-    if missing or unexpected:
-        raise ExportError(
-            f"the Llama mapping left weights unmatched: missing {missing[:5]}, unexpected {unexpected[:5]}"
-        )
-    return hf
+    return hf_model_holding(Qwen3ForCausalLM if qwen3 else LlamaForCausalLM, hf_cfg, state, "Llama")
 
 
 def save_hf_llama(model: nn.Module, cfg: Any, tokenizer: Any, folder: Path, run_cfg: Any = None) -> None:

@@ -41,6 +41,7 @@ from transformer.interop.hf_decoder import (
     HF_ROPE_TYPES,
     decoder_unsupported,
     hf_max_positions,
+    hf_model_holding,
     rope_parameters,
     write_hf_folder,
 )
@@ -322,17 +323,9 @@ def to_hf_moe(model: nn.Module, cfg: Any) -> Any:
         biased = [n for n, b in model.named_buffers() if n.endswith("router.expert_bias") and b.any()]
         refuse(target, [f"{biased[0]} is not zero: Mixtral's router has no selection bias"] if biased else [])
     hf_cfg = _hf_config(cfg, state["model.embed_tokens.weight"].shape[0], model.pad_id, model.eos_id)
-    hf_cfg._attn_implementation = "sdpa"
-    hf = (MixtralForCausalLM if target == MIXTRAL_TARGET else DeepseekV3ForCausalLM)(hf_cfg).eval()
-    if hf_cfg.tie_word_embeddings:
-        state.pop("lm_head.weight")
-    missing, unexpected = hf.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not (hf_cfg.tie_word_embeddings and k == "lm_head.weight")]
-    if missing or unexpected:
-        raise ExportError(
-            f"the {target} mapping left weights unmatched: missing {missing[:5]}, unexpected {unexpected[:5]}"
-        )
-    return hf
+    return hf_model_holding(
+        MixtralForCausalLM if target == MIXTRAL_TARGET else DeepseekV3ForCausalLM, hf_cfg, state, target
+    )
 
 
 def save_hf_moe(model: nn.Module, cfg: Any, tokenizer: Any, folder: Path, run_cfg: Any = None) -> None:
