@@ -74,6 +74,13 @@ def _colors(n: int) -> list:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
+def _save_png(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` as a PNG at ``path`` (120 dpi) and return ``path`` as a :class:`~pathlib.Path`."""
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    return path
+
+
 def validation_curves_figure(comparison: Comparison) -> Figure:
     """Validation NLL (and validation BLEU when logged) against updates, one colour per
     configuration: thin lines per seed, a thick line for the mean over the seeds at each update.
@@ -128,21 +135,11 @@ def validation_curves_figure(comparison: Comparison) -> Figure:
 
 
 def plot_validation_curves(comparison: Comparison, path: str | Path) -> Path:
-    """Save :func:`validation_curves_figure` as a PNG at ``path``.
+    """Save :func:`validation_curves_figure` of ``comparison`` as a PNG at ``path`` (120 dpi).
 
-    Args:
-        comparison: the result of :func:`~transformer.analysis.compare.compare_sweeps`.
-        path: the PNG file to write.
-
-    Returns:
-        ``path``.
-
-    Raises:
-        PlotsUnavailable: matplotlib is not installed.
+    Returns ``path`` as a :class:`~pathlib.Path`; raises what :func:`validation_curves_figure` raises.
     """
-    path = Path(path)
-    validation_curves_figure(comparison).savefig(path, dpi=120)
-    return path
+    return _save_png(validation_curves_figure(comparison), path)
 
 
 def bleu_bars_figure(comparison: Comparison) -> Figure:
@@ -195,21 +192,11 @@ def bleu_bars_figure(comparison: Comparison) -> Figure:
 
 
 def plot_bleu_bars(comparison: Comparison, path: str | Path) -> Path:
-    """Save :func:`bleu_bars_figure` as a PNG at ``path``.
+    """Save :func:`bleu_bars_figure` of ``comparison`` as a PNG at ``path`` (120 dpi).
 
-    Args:
-        comparison: the result of :func:`~transformer.analysis.compare.compare_sweeps`.
-        path: the PNG file to write.
-
-    Returns:
-        ``path``.
-
-    Raises:
-        PlotsUnavailable: matplotlib is not installed.
+    Returns ``path`` as a :class:`~pathlib.Path`; raises what :func:`bleu_bars_figure` raises.
     """
-    path = Path(path)
-    bleu_bars_figure(comparison).savefig(path, dpi=120)
-    return path
+    return _save_png(bleu_bars_figure(comparison), path)
 
 
 def bleu_by_length_figure(comparison: Comparison) -> Figure:
@@ -275,19 +262,8 @@ def bleu_by_length_figure(comparison: Comparison) -> Figure:
 
 
 def plot_bleu_by_length(comparison: Comparison, path: str | Path) -> Path:
-    """Save :func:`bleu_by_length_figure` as a PNG at ``path``.
+    """Save :func:`bleu_by_length_figure` of ``comparison`` as a PNG at ``path`` (120 dpi).
 
-    Args:
-        comparison: the result of :func:`~transformer.analysis.compare.compare_sweeps`, with a length table.
-        path: the PNG file to write.
-
-    Returns:
-        ``path``.
-
-    Raises:
-        PlotsUnavailable: matplotlib is not installed.
-        ValueError: the comparison has no length table.
+    Returns ``path`` as a :class:`~pathlib.Path`; raises what :func:`bleu_by_length_figure` raises.
     """
-    path = Path(path)
-    bleu_by_length_figure(comparison).savefig(path, dpi=120)
-    return path
+    return _save_png(bleu_by_length_figure(comparison), path)
