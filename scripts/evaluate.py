@@ -41,7 +41,7 @@ plugin's code raising (its constructor or forward: the line names the plugin, fi
 score is written).
 
 The work is :func:`transformer.evaluation.command.evaluate` (``command`` here); this file parses the
-config and reports errors (:func:`transformer.cli.user_errors`).
+config and reports errors (:func:`transformer.generation.prepare.run_script`).
 """
 
 from __future__ import annotations
@@ -59,12 +59,11 @@ if (
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from transformer.cli import user_errors  # noqa: E402
 from transformer.config import ConfigError, register_configs  # noqa: E402
 from transformer.data.corpus import DataError  # noqa: E402
 from transformer.evaluation.command import evaluate  # noqa: E402
 from transformer.generation import LoadError  # noqa: E402
-from transformer.plugins import set_user_choice  # noqa: E402
+from transformer.generation.prepare import run_script  # noqa: E402
 
 register_configs()  # generation_overrides, the schema of the generation.* fields
 
@@ -76,9 +75,7 @@ ERRORS = {(LoadError, ConfigError, DataError, FileNotFoundError): 2}
 @hydra.main(version_base="1.3", config_path=str(ROOT / "configs"), config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     """Entry point: evaluate as ``cfg`` says; a user error is one line on stderr and exit status 2."""
-    with user_errors(ERRORS, plugins=2):
-        set_user_choice(cfg.plugins, cfg.plugins_trust)  # a run trained with plugins: where they are, or trust its copy
-        evaluate(cfg)
+    run_script(cfg, evaluate, ERRORS)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ or a plugin's code raising (its constructor or forward: the line names the plugi
 a line is then never left empty in silence).
 
 The work is :func:`transformer.generation.translate_file` (``run`` here); this file parses the
-config and reports errors (:func:`transformer.cli.user_errors`).
+config and reports errors (:func:`transformer.generation.prepare.run_script`).
 """
 
 from __future__ import annotations
@@ -43,10 +43,9 @@ if (
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from transformer.cli import user_errors  # noqa: E402
 from transformer.config import ConfigError, register_configs  # noqa: E402
 from transformer.generation import LinesFailed, LoadError, translate_file  # noqa: E402
-from transformer.plugins import set_user_choice  # noqa: E402
+from transformer.generation.prepare import run_script  # noqa: E402
 
 register_configs()  # generation_overrides, the schema of the generation.* fields
 
@@ -59,9 +58,7 @@ ERRORS = {(LoadError, ConfigError, FileNotFoundError): 2, LinesFailed: 1}
 def main(cfg: DictConfig) -> None:
     """Entry point: translate as ``cfg`` says; a user error is one line on stderr and exit status 2
     (1 when some lines could not be translated); a closed stdout (e.g. piped into head) exits 0."""
-    with user_errors(ERRORS, broken_pipe=0, plugins=2):
-        set_user_choice(cfg.plugins, cfg.plugins_trust)  # a run trained with plugins: where they are, or trust its copy
-        translate_file(cfg)
+    run_script(cfg, translate_file, ERRORS, broken_pipe=0)
 
 
 if __name__ == "__main__":

@@ -4,25 +4,29 @@ ensemble loaded with them, its generation settings with the script's on top, and
 decodes in.
 
 :func:`prepare_decoding` is called by :func:`transformer.generation.translate_file.translate_file`
-and :func:`transformer.evaluation.command.evaluate_checkpoint`.
+and :func:`transformer.evaluation.command.evaluate_checkpoint`; :func:`run_script` is the body of
+both scripts' ``main``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from transformer.cli import user_errors
 from transformer.config import ConfigError, GenerationConfig
 from transformer.device import resolve_device, unavailable
 from transformer.generation.common import decoding_precision
 from transformer.generation.ensemble import load_models
 from transformer.generation.loading import LoadedRun, merge_generation
 from transformer.generation.overrides import test_time_overrides
+from transformer.plugins import set_user_choice
 
-__all__ = ["PreparedDecoding", "prepare_decoding"]
+__all__ = ["PreparedDecoding", "prepare_decoding", "run_script"]
 
 
 @dataclass
@@ -96,3 +100,26 @@ def prepare_decoding(cfg: Any) -> PreparedDecoding:
         members=list(members) if members else None,
         precision=precision,
     )
+
+
+def run_script(cfg: Any, work: Callable[[Any], Any], errors: dict, **options: Any) -> Any:
+    """A script's ``main`` for a run it loads: the run's plugins found (where they are, or trust in
+    the run's copy: :func:`~transformer.plugins.set_user_choice`), then ``work(cfg)``; a user error
+    or a plugin's code raising is one line on stderr and an exit status.
+
+    Args:
+        cfg: the script's composed config (``plugins``, ``plugins_trust`` and what ``work`` reads).
+        work: the script's work (``translate_file``, ``evaluate``).
+        errors: exception type (or tuple of types) -> exit status, as :func:`~transformer.cli.user_errors` takes.
+        **options: more of :func:`~transformer.cli.user_errors`' keywords (``broken_pipe=0``);
+            ``plugins`` is 2.
+
+    Returns:
+        What ``work`` returns.
+
+    Raises:
+        SystemExit: a user error (:func:`~transformer.cli.user_errors`).
+    """
+    with user_errors(errors, plugins=2, **options):
+        set_user_choice(cfg.plugins, cfg.plugins_trust)
+        return work(cfg)
