@@ -4,6 +4,7 @@ order ``docs/contributing.md`` states."""
 
 import ast
 import importlib
+import importlib.util
 import pkgutil
 import re
 import subprocess
@@ -193,9 +194,6 @@ TRAINING_ROOMS = ["errors", "stopping", "step", "checkpoint", "distributed", "mo
 """The rooms of ``transformer.training`` (its sub-packages and top modules), lowest first: a room
 imports only rooms before it (``transformer/training/__init__.py`` states the same order)."""
 
-TRAINING_SHIMS = {"trainer", "run"}
-"""Modules left at their old paths after a move, each re-exporting the new home's names (docs/contributing.md, "Moved modules")."""
-
 
 def _room(module: str) -> str | None:
     """``transformer.training.step.ema`` -> ``step``; None outside ``transformer.training`` rooms."""
@@ -206,16 +204,15 @@ def _room(module: str) -> str | None:
 def test_the_training_rooms_import_in_their_order():
     graph = _graph()[0]
     rooms = {_room(m) for m in graph if _room(m)}
-    assert rooms == set(TRAINING_ROOMS) | TRAINING_SHIMS, f"rooms not in the order list: {rooms - set(TRAINING_ROOMS)}"
+    assert rooms == set(TRAINING_ROOMS), f"rooms not in the order list: {rooms - set(TRAINING_ROOMS)}"
     order = {room: i for i, room in enumerate(TRAINING_ROOMS)}
     upward = []
     for module, imports in graph.items():
         room = _room(module)
-        if room is None or room in TRAINING_SHIMS:
+        if room is None:
             continue
         for target in imports:
             other = _room(target)
-            assert other not in TRAINING_SHIMS, f"{module} imports the shim {target}: import the new home"
             if other is not None and other != room and order[other] > order[room]:
                 upward.append(f"{module} -> {target}")
     assert upward == [], "a training room imports one after it: " + ", ".join(upward)
@@ -226,17 +223,6 @@ def test_the_training_rooms_import_in_their_order():
     assert _cycle(folded) is None
 
 
-def test_the_shims_only_re_export_their_new_home():
-    graph = _graph()[0]
-    for shim in TRAINING_SHIMS:
-        module = importlib.import_module(f"transformer.training.{shim}")
-        imported = {m for m in graph[module.__name__] if _room(m)}
-        new_homes = {m for m in imported if not any(o.startswith(m + ".") for o in imported)}  # not the packages above
-        assert len(new_homes) == 1, (shim, new_homes)
-        home = importlib.import_module(new_homes.pop())
-        assert all(getattr(module, name) is getattr(home, name) for name in module.__all__), shim
-
-
 def test_no_training_room_is_too_big_without_sub_rooms():
     """A room over ~2,500 lines is split into sub-rooms (issue 45)."""
     sizes: dict[str, int] = {}
@@ -245,3 +231,72 @@ def test_no_training_room_is_too_big_without_sub_rooms():
         room = parts[0].removesuffix(".py")
         sizes[room] = sizes.get(room, 0) + len(path.read_text(encoding="utf-8").splitlines())
     assert max(sizes.values()) <= 2500, sizes
+
+
+REMOVED_PATHS = ("transformer.training.run", "transformer.training.trainer", "transformer.evaluation.run")
+"""Old module paths that moved and are gone (docs/contributing.md, "Changelog"): nothing imports them."""
+
+NO_RE_EXPORTS = ("transformer.modules.attention", "transformer.modules.moe")
+"""Modules that export only what they define: their building blocks' homes are imported directly
+(``attention_core``: the cache, masks and per-stack inputs; ``mla``; ``moe_router``: the router)."""
+
+
+def _project_imports() -> list[tuple[str, str, str | None]]:
+    """``(file:line, module, name)`` for every import in the project's Python files and notebooks:
+    ``import a.b`` gives ``("a.b", None)``, ``from a import b`` gives ``("a", "b")``."""
+    from tests.test_dependencies import _sources  # the one reader of notebooks' code cells
+
+    found = []
+    sources = _sources() + [(p, p.read_text(encoding="utf-8")) for p in sorted((REPO_ROOT / "examples").rglob("*.py"))]
+    for path, source in sources:
+        where = path.relative_to(REPO_ROOT)
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                found += [(f"{where}:{node.lineno}", a.name, None) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found += [(f"{where}:{node.lineno}", node.module, a.name) for a in node.names]
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module" and node.args:
+                if isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                    found.append((f"{where}:{node.lineno}", node.args[0].value, None))
+    return found
+
+
+def _defined(module: str) -> set[str]:
+    """The names a module's own top-level statements define (classes, functions, assignments other
+    than an alias of an imported name)."""
+    tree = ast.parse(Path(importlib.util.find_spec(module).origin).read_text(encoding="utf-8"))
+    imported = {(a.asname or a.name) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in imported:
+            continue  # ``_alias = imported_name`` re-exports under another name
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def test_the_removed_module_paths_are_gone_and_nothing_imports_them():
+    for old in REMOVED_PATHS:
+        assert importlib.util.find_spec(old) is None, f"{old} exists: import its home (docs/contributing.md)"
+    through = [
+        f"{where}: {module}" + (f".{name}" if name else "")
+        for where, module, name in _project_imports()
+        if module in REMOVED_PATHS or (name and f"{module}.{name}" in REMOVED_PATHS)
+    ]
+    assert through == [], "imports of removed module paths: " + ", ".join(through)
+
+
+def test_names_are_imported_from_their_home_not_through_a_module_that_imported_them():
+    defined = {module: _defined(module) for module in NO_RE_EXPORTS}
+    through = [
+        f"{where}: from {module} import {name}"
+        for where, module, name in _project_imports()
+        if module in defined and name and name not in defined[module]
+    ]
+    assert through == [], "import these from their home module: " + ", ".join(through)
+    for module in NO_RE_EXPORTS:
+        exported = set(importlib.import_module(module).__all__)
+        assert exported <= defined[module], f"{module}.__all__ re-exports {sorted(exported - defined[module])}"

@@ -14,7 +14,8 @@ from torch import nn
 from tests.conftest import REPO_ROOT
 from transformer.modules.attention import ATTENTION_KINDS, Attention
 from transformer.modules.ffn import FFNS
-from transformer.modules.moe import ROUTER_SCORES, GroupedExperts
+from transformer.modules.moe import GroupedExperts
+from transformer.modules.moe_router import ROUTER_SCORES
 from transformer.modules.norms import NORMS
 from transformer.modules.positions import POSITIONS
 from transformer.modules.residual import RESIDUALS

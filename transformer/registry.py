@@ -33,7 +33,7 @@ dataclass; an option without one gets the group's base fields) is said per group
   ``(batch, n_heads, q_len, k_len)`` (True = attend) or None with ``is_causal``; ``rotary`` the
   ``(cos, sin)`` tables of the new positions (apply with
   :func:`~transformer.kernels.rotary.apply_rotary`); ``cache`` a
-  :class:`~transformer.modules.attention.KVCache` to which self-attention appends its keys and
+  :class:`~transformer.modules.attention_core.KVCache` to which self-attention appends its keys and
   values with ``cache.extend(k, v)`` (returning every cached key/value, window-trimmed) so that
   incremental decoding equals the full forward. It is used for self-attention; an encoder-decoder's
   cross-attention stays multi-head attention.

@@ -17,7 +17,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from transformer.config import GenerationConfig
 from transformer.generation import translate_sentences
-from transformer.modules.attention import Attention, MultiHeadLatentAttention
+from transformer.modules.attention import Attention
+from transformer.modules.mla import MultiHeadLatentAttention
 
 from .context import Context, load_data, make_trainer, run_config
 from .report import Report, Stopped, check

@@ -2,7 +2,7 @@
 itself at WMT sizes, what a user's ``scripts/train.py`` run does every update.
 
 Each row builds a :class:`~transformer.training.loop.trainer.Trainer` the way
-``transformer/training/job/training_run.py`` does (one process, rank 0 of 1 on the device; the
+``transformer/training/job/run.py`` does (one process, rank 0 of 1 on the device; the
 config composed from ``configs/train.yaml``) and runs its own update on its own data path
 (:meth:`Trainer._batches <transformer.training.loop.trainer.Trainer._batches>`: batches collated
 ``train.prefetch`` ahead in a background thread, pinned and copied with ``non_blocking`` on CUDA),

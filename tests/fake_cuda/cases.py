@@ -34,7 +34,7 @@ from tests.conftest import REPO_ROOT
 from transformer.config import Config, ConfigError, ModelConfig, option_config, validate_model_config
 from transformer.modules.attention import ATTENTION_KINDS
 from transformer.modules.ffn import FFNS
-from transformer.modules.moe import ROUTER_SCORES
+from transformer.modules.moe_router import ROUTER_SCORES
 from transformer.modules.norms import NORMS
 from transformer.modules.positions import POSITIONS
 from transformer.modules.residual import RESIDUALS

@@ -107,7 +107,7 @@ def with_precision(cfg: Any, precision: str) -> Any:
 
 def build_trainer(fc: FakeCuda, cfg: Any, data: TranslationData, run_dir: Path) -> Trainer:
     """``Trainer(cfg, data, setup_distributed(cfg.train.device), run_dir)`` inside ``fc``, as
-    ``transformer.training.run.train`` builds it (``train.device=cuda``: rank 0 of 1 on ``cuda:0``);
+    ``transformer.training.job.run.train`` builds it (``train.device=cuda``: rank 0 of 1 on ``cuda:0``);
     ``Trainer._build_model`` builds the model on the CPU (real tensors, the project's init), which
     ``fc`` then moves as ``.to(device)`` would."""
     build = Trainer._build_model

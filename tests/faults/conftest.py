@@ -59,7 +59,7 @@ def gappy_corpus(small_corpus, tmp_path_factory) -> Path:  # noqa: F811 (the fix
 @pytest.fixture(scope="session")
 def trained_run(gappy_corpus, tmp_path_factory) -> Path:
     """A tiny run (6 updates) on :func:`gappy_corpus` with checkpoint_2/4/6, best and last."""
-    from transformer.training.job.training_run import train
+    from transformer.training.job.run import train
 
     run = tmp_path_factory.mktemp("trained") / "run"
     train(small_config(gappy_corpus, run, "train.save_every=2", "train.keep_last=0"))

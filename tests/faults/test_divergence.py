@@ -16,7 +16,7 @@ import torch
 from tests.conftest import REPO_ROOT, free_port
 from tests.faults.conftest import small_cli_args, small_config
 from transformer.training.checkpoint import load_checkpoint
-from transformer.training.job.training_run import train
+from transformer.training.job.run import train
 from transformer.training.loop.trainer import Trainer, TrainingError
 
 

@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.faults.conftest import small_config
-from transformer.training.job.training_run import train
+from transformer.training.job.run import train
 
 
 def _train_metrics(run):

@@ -17,7 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.faults.conftest import run_script, small_cli_args, small_config
-from transformer.training.job.training_run import train
+from transformer.training.job.run import train
 
 
 def _snapshot(run: Path) -> dict[str, bytes]:

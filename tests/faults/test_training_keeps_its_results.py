@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.faults.conftest import SIZES, run_script, small_cli_args, small_config
-from transformer.training.job.training_run import train
+from transformer.training.job.run import train
 
 MAX_POSITIONS = 24
 

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from tests.faults.conftest import small_config
-from transformer.training.job.training_run import train
+from transformer.training.job.run import train
 from transformer.training.loop.trainer import TrainingError
 
 MAX_POSITIONS = 24

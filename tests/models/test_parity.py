@@ -8,7 +8,7 @@ from torch import nn
 from tests.conftest import REPO_ROOT, tiny_model_config
 from transformer.models import build_model
 from transformer.models.builder import _build_stack
-from transformer.modules.attention import AttentionInputs
+from transformer.modules.attention_core import AttentionInputs
 
 D, H, FF = 32, 4, 64
 

@@ -5,7 +5,8 @@ import torch
 from torch import nn
 
 from transformer.models.builder import build_attention
-from transformer.modules.attention import Attention, AttentionInputs, KVCache, build_attention_mask
+from transformer.modules.attention import Attention
+from transformer.modules.attention_core import AttentionInputs, KVCache, build_attention_mask, sdpa
 from transformer.modules.positions import ALiBi, NoPositions, RotaryEmbedding
 
 
@@ -149,14 +150,12 @@ def test_sizes_are_checked():
 @pytest.mark.parametrize("causal", [False, True])
 def test_cpu_bf16_autocast_attention_runs_in_fp32_and_matches(causal):
     """Under CPU autocast the SDPA kernel runs in fp32 (q/k/v from bf16 projections) and returns bf16."""
-    from transformer.modules.attention import _sdpa
-
     torch.manual_seed(3)
     q, k, v = (torch.randn(2, 4, 6, 8).bfloat16().requires_grad_() for _ in range(3))
     mask = torch.zeros(2, 1, 6, 6)
     mask[0, :, :, -2:] = float("-inf")  # a float mask (ALiBi-like) in fp32
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = _sdpa(q, k, v, None if causal else mask, 0.0, causal, False)
+        out = sdpa(q, k, v, None if causal else mask, 0.0, causal, False)
     assert out.dtype == torch.bfloat16
     ref_in = [t.detach().float().requires_grad_() for t in (q, k, v)]
     ref = torch.nn.functional.scaled_dot_product_attention(

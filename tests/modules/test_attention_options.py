@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from transformer.models.builder import build_attention
-from transformer.modules.attention import AttentionInputs, KVCache, build_attention_mask, window_keep
+from transformer.modules.attention_core import AttentionInputs, KVCache, build_attention_mask, window_keep
 from transformer.modules.positions import ALiBi, RotaryEmbedding
 
 D, H, HKV = 32, 4, 2

@@ -11,7 +11,8 @@ from tests.conftest import tiny_model_config
 from transformer.config import LatentSizes, model_sizes
 from transformer.models import build_model, kv_cache_bytes_per_token
 from transformer.models.builder import build_mla
-from transformer.modules.attention import KVCache, MultiHeadLatentAttention, build_attention_mask
+from transformer.modules.attention_core import KVCache, build_attention_mask
+from transformer.modules.mla import MultiHeadLatentAttention
 from transformer.modules.positions import RotaryEmbedding
 from transformer.modules.rope_scaling import RopeScaling
 

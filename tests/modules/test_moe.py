@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer.modules.ffn import GatedFeedForward
-from transformer.modules.moe import ROUTER_SCORES, GroupedExperts, MixtureOfExperts, TopKRouter
+from transformer.modules.moe import GroupedExperts, MixtureOfExperts
 from transformer.modules.moe_losses import moe_blocks, router_losses, update_expert_biases
+from transformer.modules.moe_router import ROUTER_SCORES, TopKRouter
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE  # noqa: E402

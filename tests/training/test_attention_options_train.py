@@ -8,7 +8,7 @@ import pytest
 from tests.training.conftest import small_config
 from transformer.config import GenerationConfig
 from transformer.generation import load_run, translate_sentences
-from transformer.training.job.training_run import train
+from transformer.training.job.run import train
 
 TINY = ("model.d_model=32", "model.d_ff=64", "train.max_updates=2", "train.validate_every=2")
 OPTIONS = {

@@ -14,7 +14,7 @@ from transformer.data.dataset import load_translation_data
 from transformer.models import build_model
 from transformer.training.checkpoint import load_checkpoint
 from transformer.training.distributed.process_group import DistInfo
-from transformer.training.job.training_run import train
+from transformer.training.job.run import train
 from transformer.training.loop.trainer import Trainer
 from transformer.training.step.ema import EMA
 

@@ -11,7 +11,7 @@ import torch
 from tests.generation.helpers import compose_script_config, load_script
 from tests.training.conftest import small_config
 from transformer.generation import load_run
-from transformer.training.job.training_run import train
+from transformer.training.job.run import train
 
 transformers = pytest.importorskip("transformers")
 

@@ -24,7 +24,7 @@ from transformer.models import build_model, moe_blocks
 from transformer.training.checkpoint import load_checkpoint
 from transformer.training.distributed.parallel import DataParallel, TrainingLoss, checkpoint_layers
 from transformer.training.distributed.process_group import DistInfo
-from transformer.training.job.training_run import train
+from transformer.training.job.run import train
 from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss
 from transformer.training.step.routing import RoutingMonitor, read_routing
 

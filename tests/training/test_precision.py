@@ -42,7 +42,7 @@ import json  # noqa: E402
 
 from tests.training.conftest import small_config  # noqa: E402
 from transformer.training.checkpoint import load_checkpoint  # noqa: E402
-from transformer.training.job.training_run import train  # noqa: E402
+from transformer.training.job.run import train  # noqa: E402
 
 
 def _train_losses(run_dir):

@@ -23,8 +23,8 @@ from tests.training.conftest import small_config
 from transformer.config import ConfigError
 from transformer.generation import find_checkpoint, load_run
 from transformer.training.checkpoint import average_checkpoints
-from transformer.training.job import training_run
-from transformer.training.job.training_run import train
+from transformer.training.job import run as training_run
+from transformer.training.job.run import train
 
 SPLIT = "test_2016_flickr"
 

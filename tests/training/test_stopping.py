@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from tests.conftest import REPO_ROOT, free_port
 from tests.training.conftest import small_cli_args, small_config
 from transformer.config import ConfigError, validate_config
-from transformer.training.job.training_run import train
+from transformer.training.job.run import train
 from transformer.training.loop.trainer import Trainer
 from transformer.training.stopping import STOP_EXIT_STATUS, GracefulStop, StopRequested
 

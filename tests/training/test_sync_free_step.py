@@ -15,7 +15,7 @@ from tests.training.conftest import small_config
 from transformer.data.dataset import load_translation_data
 from transformer.training.checkpoint import load_checkpoint
 from transformer.training.distributed.process_group import DistInfo
-from transformer.training.job.training_run import train
+from transformer.training.job.run import train
 from transformer.training.loop.trainer import Trainer, TrainingError
 from transformer.training.step.divergence import DivergenceWatch
 

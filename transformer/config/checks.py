@@ -451,7 +451,7 @@ def check_checkpoint_averaging(t: Any) -> None:
 
     The final test averages the last ``train.average_last`` numbered checkpoints, which only
     ``train.save_every > 0`` writes and ``train.keep_last`` (0 keeps every one) prunes. Checked for a
-    new run only (:func:`~transformer.training.job.training_run.train`): a run folder trained before
+    new run only (:func:`~transformer.training.job.run.train`): a run folder trained before
     this check continues as it was trained.
 
     Args:

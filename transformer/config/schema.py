@@ -76,7 +76,7 @@ class FFNConfig:
     top_k: int = recipe(2)  # [num_experts_per_tok]
     n_shared_experts: int = recipe(0)  # [n_shared_experts] (DeepSeek)
     expert_d_ff: int | None = recipe(None)  # [moe_intermediate_size before GLU sizing]
-    # a key of transformer.modules.moe.ROUTER_SCORES: softmax (Mixtral) | sigmoid (DeepSeek-V3)
+    # a key of transformer.modules.moe_router.ROUTER_SCORES: softmax (Mixtral) | sigmoid (DeepSeek-V3)
     router: str = recipe("softmax")
     # renormalise the top-k weights to sum to 1 (Mixtral, DeepSeek-V3; Switch: false)
     norm_topk_prob: bool = recipe(True)

@@ -27,11 +27,13 @@ from transformer.config import (
 )
 from transformer.models.decoder_only import DecoderOnlyModel
 from transformer.models.encoder_decoder import EncoderDecoderModel
-from transformer.modules.attention import ATTENTION_KINDS, Attention, MultiHeadLatentAttention
+from transformer.modules.attention import ATTENTION_KINDS, Attention
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.ffn import FFNS
 from transformer.modules.layers import TransformerLayer, TransformerStack
-from transformer.modules.moe import ROUTER_SCORES, GroupedExperts, MixtureOfExperts, TopKRouter
+from transformer.modules.mla import MultiHeadLatentAttention
+from transformer.modules.moe import GroupedExperts, MixtureOfExperts
+from transformer.modules.moe_router import ROUTER_SCORES, TopKRouter
 from transformer.modules.norms import NORMS
 from transformer.modules.positions import POSITIONS, PositionEncoding
 from transformer.modules.residual import RESIDUALS

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.models.state import DecodingState, incremental_step, real_token_mask
-from transformer.modules.attention import AttentionInputs, KVCache
+from transformer.modules.attention_core import AttentionInputs, KVCache
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.layers import TransformerStack
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from transformer.modules.attention import AttentionInputs, KVCache
+from transformer.modules.attention_core import AttentionInputs, KVCache
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.layers import TransformerStack
 
@@ -86,7 +86,7 @@ class DecodingState:
 
     def reserve(self, steps: int) -> None:
         """Room for ``steps`` more tokens in every self-attention cache
-        (:meth:`~transformer.modules.attention.KVCache.reserve`): a search that knows its longest
+        (:meth:`~transformer.modules.attention_core.KVCache.reserve`): a search that knows its longest
         continuation allocates each cache once.
 
         Args:

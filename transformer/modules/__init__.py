@@ -14,19 +14,12 @@ A stack's self-attention mask, causal flag and RoPE tables are prepared once per
 modules call live in :mod:`transformer.kernels`.
 """
 
-from transformer.modules.attention import (
-    ATTENTION_KINDS,
-    Attention,
-    AttentionInputs,
-    AttentionKind,
-    KVCache,
-    MultiHeadLatentAttention,
-    build_attention_mask,
-    window_keep,
-)
+from transformer.modules.attention import ATTENTION_KINDS, Attention, AttentionKind
+from transformer.modules.attention_core import AttentionInputs, KVCache, build_attention_mask, window_keep
 from transformer.modules.embedding import TokenEmbedding
 from transformer.modules.ffn import FFNS, FeedForward, GatedFeedForward, glu_hidden_size
 from transformer.modules.layers import TransformerLayer, TransformerStack
+from transformer.modules.mla import MultiHeadLatentAttention
 from transformer.modules.moe import GroupedExperts, MixtureOfExperts
 from transformer.modules.moe_losses import router_losses
 from transformer.modules.moe_router import ROUTER_SCORES, TopKRouter

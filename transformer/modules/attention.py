@@ -4,8 +4,7 @@ One module serves self-attention and cross-attention, MHA (``n_kv_heads == n_hea
 (Ainslie et al. 2023; ``n_kv_heads`` divides ``n_heads``) and MQA (Shazeer 2019; ``n_kv_heads == 1``).
 The kernel is :func:`torch.nn.functional.scaled_dot_product_attention`. Multi-head latent
 attention (DeepSeek-V2) is :class:`~transformer.modules.mla.MultiHeadLatentAttention`; the cache,
-masks and per-stack inputs both use live in :mod:`transformer.modules.attention_core` and are
-re-exported here.
+masks and per-stack inputs both use live in :mod:`transformer.modules.attention_core`.
 
 :data:`ATTENTION_KINDS` is the ``model/attention`` switch: option name -> :class:`AttentionKind`
 (the rule that gives the number of key/value heads, and the self-attention class).
@@ -22,28 +21,10 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from transformer.kernels.rotary import apply_rotary
-from transformer.modules.attention_core import (
-    AttentionInputs,
-    KVCache,
-    align_mask,
-    build_attention_mask,
-    sdpa,
-    window_keep,
-)
+from transformer.modules.attention_core import KVCache, align_mask, sdpa
 from transformer.modules.mla import MultiHeadLatentAttention
 
-__all__ = [
-    "ATTENTION_KINDS",
-    "Attention",
-    "AttentionInputs",
-    "AttentionKind",
-    "KVCache",
-    "MultiHeadLatentAttention",
-    "build_attention_mask",
-    "window_keep",
-]
-
-_sdpa = sdpa  # the name the tests of issue #11 import
+__all__ = ["ATTENTION_KINDS", "Attention", "AttentionKind"]
 
 
 def _kv_heads_mha(n_heads: int, n_kv_heads: int | None) -> int:
@@ -185,7 +166,7 @@ class Attention(nn.Module):
             memory: keys'/values' input ``(batch, k_len, d_model)`` for cross-attention, or
                 ``(batch / g, k_len, d_model)`` shared by ``g`` consecutive rows of ``x`` (beams of one
                 sentence during decoding; the same holds for a static cache's rows).
-            attn_mask: from :func:`build_attention_mask`, covering cached plus new keys (cross-attention:
+            attn_mask: from :func:`~transformer.modules.attention_core.build_attention_mask`, covering cached plus new keys (cross-attention:
                 one row per memory row); a rolling cache (sliding window) reads its last columns.
             is_causal: causal mask (only without ``attn_mask``), bottom-right aligned: with a KV
                 cache the ``q_len`` new queries are the last positions of the cached plus new keys.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from transformer.modules.attention import AttentionInputs, KVCache
+from transformer.modules.attention_core import AttentionInputs, KVCache
 from transformer.modules.moe import MixtureOfExperts
 
 _NO_INPUTS = AttentionInputs()  # no mask, not causal, no rotation

@@ -1,10 +1,10 @@
 """Mixture of experts (``model/ffn=moe``): a token-choice top-k router, routed experts that each
 process only the tokens sent to them, optional shared experts, and the router's auxiliary losses.
 
-* Routing (:mod:`~transformer.modules.moe_router`, whose names this module re-exports): each token
+* Routing (:mod:`~transformer.modules.moe_router`): each token
   picks its ``top_k`` experts by score, softmax with renormalised top-k weights (Mixtral; Switch
   Transformer) or sigmoid with a per-expert selection bias that only changes which experts are
-  picked (DeepSeek-V3, auxiliary-loss-free balance); :data:`ROUTER_SCORES` is the
+  picked (DeepSeek-V3, auxiliary-loss-free balance); :data:`~transformer.modules.moe_router.ROUTER_SCORES` is the
   ``model.ffn.router`` switch.
 * Dispatch (:class:`GroupedExperts`): dropless. The ``N * top_k`` assignments are sorted by
   expert, every expert processes all of its tokens (no capacity, nothing dropped) and the outputs
@@ -45,17 +45,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.modules.dropout import Dropout
-from transformer.modules.moe_router import ROUTER_SCORES, RouterScoring, Routing, TopKRouter
+from transformer.modules.moe_router import Routing, TopKRouter
 
 __all__ = [
     "DISPATCHES",
-    "ROUTER_SCORES",
     "GroupedExperts",
     "MixtureOfExperts",
-    "RouterScoring",
     "RouterStats",
-    "Routing",
-    "TopKRouter",
 ]
 
 

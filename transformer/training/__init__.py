@@ -10,14 +10,13 @@ in this list, ``tests/test_imports.py``):
 - :mod:`.monitoring`: metrics loggers, memory peaks, the progress bar;
 - :mod:`.loop`: the :class:`~transformer.training.loop.trainer.Trainer` (its ``fit`` owns the loop),
   its saved training state and validation;
-- :mod:`.job`: one run around the loop (:func:`~transformer.training.job.training_run.train`), the
+- :mod:`.job`: one run around the loop (:func:`~transformer.training.job.run.train`), the
   resume, finished runs, ``results.json``, the allocator;
 - :mod:`.command`: the work of ``scripts/train.py`` (:func:`~transformer.training.command.train_job`).
 
-``transformer.training.trainer`` and ``.run`` are the old paths of moved modules,
-kept so that old imports work (docs/contributing.md, "Moved modules"). This package re-exports the
-building blocks below (schedules, criterion, optimizer, checkpoints, loggers); heavy optional
-dependencies (wandb, tensorboard) are imported only when their logger is built.
+This package re-exports the building blocks below (schedules, criterion, optimizer, checkpoints,
+loggers); heavy optional dependencies (wandb, tensorboard) are imported only when their logger is
+built.
 """
 
 from transformer.training.checkpoint import (

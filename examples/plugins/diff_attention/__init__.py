@@ -29,8 +29,7 @@ from torch import Tensor, nn
 
 from transformer.config import AttentionConfig
 from transformer.kernels.rotary import apply_rotary
-from transformer.modules.attention import KVCache
-from transformer.modules.attention_core import align_mask, sdpa
+from transformer.modules.attention_core import KVCache, align_mask, sdpa
 from transformer.modules.norms import RMSNorm
 from transformer.registry import register_attention
 
