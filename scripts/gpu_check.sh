@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The ONE prepared command for a GPU machine (issue #21 item 5), from the repository root:
+# The ONE prepared command for a GPU machine, from the repository root:
 #
 #   bash scripts/gpu_check.sh
 #

@@ -1,4 +1,4 @@
-"""The GPU path of the project, checked and recorded in one command (issue #21 item 5).
+"""The GPU path of the project, checked and recorded in one command.
 
     python -m benchmarks.gpu_check --device cuda                 # on a GPU machine: < 6 minutes
     python -m benchmarks.gpu_check --device cpu --quick --out /tmp/gpu_check   # smoke run on a CPU
@@ -32,7 +32,7 @@ one as ``skipped``, and so does the time budget when nothing of it fits):
 * ``training_compile``: the ``training`` check below with ``train.compile=true`` (bf16, then fp32:
   ``--compile-precision``): the first update's time includes the first compile (a later batch shape
   recompiles once, with dynamic shapes).
-* ``realistic`` (issue #44 item 6, :mod:`.realistic`): ``transformer_2017_base``, ``transformer_2017_big`` and a ~100M-parameter
+* ``realistic`` (:mod:`.realistic`): ``transformer_2017_base``, ``transformer_2017_big`` and a ~100M-parameter
   ``llama_style`` at a 32k vocabulary, bf16, the median batch of the project's batching of
   Multi30k at 8k, 16k and 32k tokens, eager / compiled (``torch.compile`` of the loss function:
   forward, loss and backward) / compiled with CUDA graphs (``mode="reduce-overhead"``), ours beside

@@ -1,4 +1,4 @@
-"""The ``realistic`` section of the GPU check (issue #44 item 6), run after the trainer's own update and the
+"""The ``realistic`` section of the GPU check, run after the trainer's own update and the
 compiled trainer: training steps at the sizes the zoo is meant for, ours beside Hugging Face at the
 same sizes and batches, eager, compiled and compiled with CUDA graphs, then decoding
 (:mod:`.realistic_decoding`); the ``trainer`` section's rows (:mod:`.trainer_rows`:

@@ -1,4 +1,4 @@
-"""The targets the ``realistic`` section's table reads against (issue #44 item 7), judged from its rows,
+"""The targets the ``realistic`` section's table reads against, judged from its rows,
 and the base model's MFU target read from the ``trainer`` section's rows: ``met``, ``missed`` or
 ``not measured`` (a row skipped by the budget, failed, or not in the plan)."""
 

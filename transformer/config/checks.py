@@ -221,7 +221,7 @@ def validate_moe_config(ffn: Any) -> None:
 
 
 def _validate_attention_options(model: Any, sizes: Any) -> None:
-    """MLA sizes, QK-norm, the sliding window and RoPE scaling (issue #22)."""
+    """MLA sizes, QK-norm, the sliding window and RoPE scaling: their fields' combinations."""
     latent = sizes.latent
     if latent is not None:
         a = "model.attention"

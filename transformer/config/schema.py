@@ -323,9 +323,9 @@ class TrainConfig:
     max_tokens: int = recipe(4096)
     # round batch widths up to a multiple and keep each batch within one rounded length, so an epoch
     # has a few dozen (rows, length) shapes (transformer/data/batching.py); 1 = greedy packing, no rounding
-    # (runs recorded before this field read as 1: transformer.config.convert.upgrade_config)
-    # auto = by device and precision (transformer.data.batching.AUTO_PAD_TO_MULTIPLE: 1 on a CPU, as
-    # measured in fp32 and bf16; 8 on CUDA); the run records the number it resolved to
+    # (a saved config without this field reads as 1: transformer.config.convert.upgrade_config)
+    # auto = by device and precision (transformer.data.batching.AUTO_PAD_TO_MULTIPLE: 1 on a CPU,
+    # 8 on CUDA); the run records the number it resolved to
     pad_to_multiple: Any = recipe("auto")
     update_freq: int = recipe(1)
     clip_norm: float = recipe(0.0)

@@ -78,12 +78,10 @@ AUTO_PAD_TO_MULTIPLE: dict[tuple[str, str], int] = {
     ("cuda", "fp16"): 8,
 }
 """``(device type, resolved precision) -> multiple`` that ``train.pad_to_multiple=auto`` takes; any
-other device takes 8. Chosen by measurement where one was made (docs/results/default_run/README.md,
-"Bounded batch shapes"): on a CPU rounding only adds compute: fp32 on AVX2, 8 was 0.92x the tok/s of
-1; bf16 on AMX, 8 was 0.93x and 16 0.83x with oneDNN's whole primitive cache, and a smaller cache
-costs more than fewer shapes save (1). Not measured on CUDA: there every shape is a
-``torch.compile`` graph specialisation and a CUDA graph, and 8 keeps tensor-core-friendly widths
-(fairseq's ``--pad-to-multiple 8``)."""
+other device takes 8. On a CPU rounding only adds compute, in fp32 and in bf16 (where a smaller
+oneDNN cache costs more than fewer shapes save), so 1 (measured in docs/benchmarks/cpu_choices.md).
+On CUDA every shape is a ``torch.compile`` graph specialisation and a CUDA graph, and 8 keeps
+tensor-core-friendly widths (fairseq's ``--pad-to-multiple 8``)."""
 
 
 def resolve_pad_to_multiple(value: int | str, device_type: str, precision: str) -> int:

@@ -155,7 +155,8 @@ def attention_unsupported(
     kinds: tuple[str, ...] = KV_HEAD_KINDS,
     sliding_window: bool = False,
 ) -> list[str]:
-    """The issue #22 attention switches a target lacks, one sentence each (empty when it has them all).
+    """The attention switches (MLA, QK-norm, sliding window, RoPE scaling, key/value head kinds) a
+    target lacks, one sentence each (empty when it has them all).
 
     Args:
         cfg: a model config (fields missing from configs written before them count as off).

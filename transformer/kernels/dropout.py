@@ -1,8 +1,8 @@
 """Dropout (Srivastava et al. 2014) with a faster mask on CPU, and dropout fused with a residual add.
 
 ``torch.nn.functional.dropout`` draws its CPU mask with ``bernoulli_``, which costs about twice as
-much as drawing uniform 32-bit integers and comparing them with a threshold (measured on the
-tiny 2017 preset: 13% of a CPU training step went to ``bernoulli_``). On CPU this module draws
+much as drawing uniform 32-bit integers and comparing them with a threshold (measured in
+``docs/benchmarks/cpu_choices.md``). On CPU this module draws
 ``r ~ U{0 .. 2^31 - 1}`` with ``random_`` from the default generator (so ``torch.manual_seed``
 and the trainer's saved RNG state make it reproducible) and keeps an element when
 ``r >= round(p * 2^31)``: the drop probability is ``p`` to within ``2^-32``. The kept elements

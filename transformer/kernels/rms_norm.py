@@ -9,8 +9,8 @@ gradient
 
     d x = rsqrt(ms + eps) * (g w - x_hat * mean(g w x_hat)),    d weight = sum_rows(g x_hat)
 
-directly (``x_hat = x * rsqrt(ms + eps)``): ~2x faster forward + backward on CPU (7.3 -> 3.4 ms
-at ``(96, 48, 128)``, 2 threads). A bf16/fp16 input with the fp32 weight is normalised in fp32 and
+directly (``x_hat = x * rsqrt(ms + eps)``), with fewer passes over the tensor than autograd's graph
+of the formula (measured in ``docs/benchmarks/cpu_choices.md``). A bf16/fp16 input with the fp32 weight is normalised in fp32 and
 returned in its own dtype (the module uses :class:`torch.nn.RMSNorm`'s own forward for a
 low-precision weight, under ``torch.compile`` and without ``elementwise_affine``).
 """

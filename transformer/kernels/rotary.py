@@ -30,7 +30,7 @@ class _Rotary(torch.autograd.Function):
 
     The autograd graph of the textbook formula (``x * cos + rotate_half(x) * sin``) stores the
     rotated copy and runs negation, concatenation, two products and a sum in both directions;
-    this is ~2x faster on CPU. The transpose of a rotation by ``theta`` is the rotation by
+    this one does less (measured in ``docs/benchmarks/cpu_choices.md``). The transpose of a rotation by ``theta`` is the rotation by
     ``-theta``, so the backward pass is the same kernel with the sine negated.
     """
 

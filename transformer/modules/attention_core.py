@@ -327,10 +327,10 @@ def sdpa(
     """:func:`F.scaled_dot_product_attention`, in fp32 on the CPU under bf16/fp16 autocast.
 
     On the CPU, SDPA's low-precision flash kernel is slow where Transformers for translation live
-    (sentences of tens of tokens): in a bf16-autocast profile of the base model on an AMX Xeon its
-    backward took 26.7 ms a call, 32% of the training step (issue #11). Attention is a small share
-    of the FLOPs at these lengths, so it runs in fp32 there (the projections around it stay in
-    bf16) and returns the autocast dtype. On CUDA, low-precision flash/efficient kernels are used.
+    (sentences of tens of tokens; its backward dominated a bf16 training step, measured in
+    ``docs/benchmarks/cpu_choices.md``). Attention is a small share of the FLOPs at these lengths,
+    so it runs in fp32 there (the projections around it stay in bf16) and returns the autocast
+    dtype. On CUDA, low-precision flash/efficient kernels are used.
 
     Shapes: q ``(batch, n_heads, q_len, head_dim)``, k ``(batch, n_kv_heads, k_len, head_dim)``,
     v ``(batch, n_kv_heads, k_len, v_dim)`` -> ``(batch, n_heads, q_len, v_dim)``.

@@ -1,35 +1,11 @@
-"""Mixture of experts (``model/ffn=moe``): a token-choice top-k router, routed experts that each
-process only the tokens sent to them, optional shared experts, and the router's auxiliary losses.
-
-* Routing (:mod:`~transformer.modules.moe_router`): each token
-  picks its ``top_k`` experts by score, softmax with renormalised top-k weights (Mixtral; Switch
-  Transformer) or sigmoid with a per-expert selection bias that only changes which experts are
-  picked (DeepSeek-V3, auxiliary-loss-free balance); :data:`~transformer.modules.moe_router.ROUTER_SCORES` is the
-  ``model.ffn.router`` switch.
-* Dispatch (:class:`GroupedExperts`): dropless. The ``N * top_k`` assignments are sorted by
-  expert, every expert processes all of its tokens (no capacity, nothing dropped) and the outputs
-  are put back in token order; one grouped matmul per weight matrix (``torch.nn.functional.grouped_mm``)
-  or a loop over the experts, never over tokens. The experts' weights are stacked, one parameter
-  per matrix kind, so an expert that receives no token in a step still gets a (zero) gradient:
-  DistributedDataParallel finds no unused parameter.
-* Under ``torch.compile`` every shape is fixed by ``N`` (no host sync, no graph break): the sorted
-  assignments go through ``grouped_mm`` where torch traces it (bf16 on CPU and CUDA), and
-  elsewhere (fp32) through the ``dense`` dispatch: every expert computes every token, one batched
-  matmul per weight matrix, and each token reads its ``top_k`` experts' rows. The results are the
-  loop's and ``grouped_mm``'s by value (the same products per row, up to float rounding; in
-  training, dropout draws other masks), at ``n_experts / top_k`` times the experts' FLOPs and an
-  ``(E, N, hidden)`` activation. A capacity-bounded dispatch (Switch Transformer's) would cost less
-  but drops the tokens past an expert's capacity, so its outputs would not be today's. The loop
-  (``tolist`` of the per-expert counts: a host sync and a data-dependent shape) stays the eager
-  path where no ``grouped_mm`` kernel exists (CUDA fp32).
-* Losses: each block keeps the statistics of its last forward pass (:class:`RouterStats`) over the
-  real tokens only: the models pass the padding as a token mask (encoder: the source's, decoder:
-  the target's, decoder-only: the prefix-LM row's), and padding positions, although routed and
-  processed like any token (their outputs are never read), count in no loss, load or bias update.
-  :func:`~transformer.modules.moe_losses.router_losses` turns a model's into the load-balancing
-  loss (Switch Transformer eq. 4, as Hugging Face's ``load_balancing_loss_func`` given the
-  ``attention_mask``) and the ST-MoE router z-loss, which the training loss collects through the
-  model (the block knows nothing of the trainer).
+"""Mixture of experts (``model/ffn=moe``): a token-choice top-k router
+(:mod:`~transformer.modules.moe_router`), routed experts that each process only the tokens sent to
+them (:class:`GroupedExperts`: dropless, one grouped matmul per weight matrix, or a dense dispatch
+under ``torch.compile`` where ``grouped_mm`` is not traced), optional shared experts, and the
+statistics of the last forward pass over the real tokens (:class:`RouterStats`) from which
+:mod:`~transformer.modules.moe_losses` builds the router losses. References: Switch Transformer
+(Fedus et al. 2021), Mixtral (Jiang et al. 2024), DeepSeek-V3 (DeepSeek-AI 2024); the design
+(dispatch, losses, padding) is in ``docs/architectures.md``, "Mixture of experts".
 
 Shapes: ``N`` is the number of tokens (``batch * seq_len`` flattened), ``E`` = ``n_experts``,
 ``k`` = ``top_k``.

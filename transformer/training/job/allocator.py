@@ -5,17 +5,15 @@ PyTorch's CPU allocator gets its memory from ``malloc``. glibc serves every bloc
 back with ``munmap`` when the tensor dies, so every training step faults in its activations and
 gradients page by page again (the kernel zero-fills each page). Raising the mmap threshold and the
 trim threshold keeps freed blocks in the heap for the next step — what tcmalloc/jemalloc
-(recommended by the PyTorch CPU performance guide) do by default. Measured with 2 threads: a
-``transformer_tiny`` training step 650 -> 588 ms, ``llama_style_tiny`` 1175 -> 1093 ms. The cost
-is that the process's RSS stays at its peak instead of shrinking between steps.
+(recommended by the PyTorch CPU performance guide) do by default; a training step gets faster
+(measured in ``docs/benchmarks/cpu_choices.md``). The cost is that the process's RSS stays at its
+peak instead of shrinking between steps.
 
 :func:`limit_onednn_cache` bounds oneDNN's primitive cache, which bf16 matmuls on the CPU go
 through: oneDNN keeps up to 1024 primitives (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), one per
 distinct shape, each with its own buffers, and translation batches have a new (rows, length) shape
-almost every step. Measured on the README default command in bf16 (AMD EPYC with AVX512-BF16,
-one thread, no validation): RSS 3083 MiB after 150 updates with oneDNN's default, 2181 MiB at 64
-entries, 1549 MiB at 0, and the full 23-minute run peaked at 6170 MiB with the default
-(``docs/results/default_run/README.md``).
+almost every step, so the default cache grows the process's memory by gigabytes in a bf16 run
+(measured in ``docs/benchmarks/cpu_choices.md``).
 """
 
 from __future__ import annotations

@@ -13,10 +13,9 @@ Weight decay:
   one parameter, owned by the embedding, so it is not decayed.
 
 Implementation: when ``cfg.fused`` is None, the fused single-kernel update on CUDA and CPU (on
-CPU it is 3-5x faster than ``foreach``, which PyTorch runs there as a loop over parameters:
-13.1 -> 4.1 ms per step for ``transformer_tiny``, 251 -> 51 ms for ``transformer_2017_base``,
-measured with 2 threads) and ``foreach`` elsewhere; ``cfg.fused=True`` forces the fused kernels,
-``False`` forces ``foreach``.
+CPU PyTorch runs ``foreach`` as a loop over parameters, which is slower: measured in
+``docs/benchmarks/cpu_choices.md``) and ``foreach`` elsewhere; ``cfg.fused=True`` forces the fused
+kernels, ``False`` forces ``foreach``.
 """
 
 from __future__ import annotations

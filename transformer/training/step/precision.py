@@ -2,8 +2,8 @@
 
 ``train.precision=auto`` (the default) resolves at run time to ``bf16`` where the device multiplies
 bf16 matrices in hardware (CUDA devices with bf16 support; x86 CPUs with AMX tiles or AVX512-BF16)
-and to ``fp32`` everywhere else: on a CPU without those instructions a bf16 matmul is emulated and
-runs about 100x slower than fp32 (measured on an AVX2-only AMD EPYC: 1 vs 112 GFLOP/s).
+and to ``fp32`` everywhere else: on a CPU without those instructions a bf16 matmul is emulated,
+far slower than fp32 (measured in ``docs/benchmarks/cpu_choices.md``).
 
 :func:`describe_hardware` reads the machine's name from the operating system (``/proc/cpuinfo``
 "model name", or the CUDA device name) so that results never carry hand-written hardware.
