@@ -203,3 +203,27 @@ def test_hf_exporters_share_one_check_of_unmatched_weights(monkeypatch) -> None:
     ):
         to_hf_llama(model, cfg)
     assert hf_moe.hf_model_holding is hf_decoder.hf_model_holding
+
+
+def test_hf_importers_share_the_model_fields_and_the_weights_check(tmp_path) -> None:
+    """from_hf_llama and from_hf_moe read the fields every decoder shares and load the weights through
+    hf_decoder (imported_fields, imported_model), which names what does not fit."""
+    from types import SimpleNamespace
+
+    from transformer.interop import hf_decoder, hf_llama, hf_moe_import
+
+    for name in ("imported_fields", "imported_model"):
+        assert getattr(hf_llama, name) is getattr(hf_moe_import, name) is getattr(hf_decoder, name)
+    model, cfg = _llama("gqa_swiglu_untied")
+    hc = SimpleNamespace(eos_token_id=[3, 7], pad_token_id=None, vocab_size=60)
+    state = dict(model.state_dict())
+    loaded = hf_decoder.imported_model(hc, cfg, state, tmp_path, "LlamaForCausalLM")
+    assert (loaded.eos_id, loaded.pad_id, loaded.training) == (3, 0, False)
+    torch.testing.assert_close(loaded.state_dict(), model.state_dict())
+    state["bogus.weight"] = state.pop("decoder.final_norm.weight")
+    with pytest.raises(
+        ExportError, match=r"weights do not fit LlamaForCausalLM's layout: missing \['decoder.final_norm"
+    ):
+        hf_decoder.imported_model(hc, cfg, state, tmp_path, "LlamaForCausalLM")
+    del state["bogus.weight"]  # a weight the folder may lack: it keeps its initial value
+    hf_decoder.imported_model(hc, cfg, state, tmp_path, "LlamaForCausalLM", optional=("final_norm.weight",))

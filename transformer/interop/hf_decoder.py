@@ -15,14 +15,18 @@ from torch import Tensor, nn
 
 from transformer.config import ConfigError, rope_scaling, typed_config
 from transformer.interop.export_common import ExportError, readable_run_config
+from transformer.models import build_model
 
 __all__ = [
     "HF_ACT",
     "HF_ROPE_TYPES",
     "ZOO_CONFIG",
     "decoder_unsupported",
+    "hf_config_fields",
     "hf_max_positions",
     "hf_model_holding",
+    "imported_fields",
+    "imported_model",
     "imported_run_config",
     "rope_parameters",
     "scaling_from_hf",
@@ -79,6 +83,65 @@ def rope_parameters(cfg: Any) -> dict[str, Any]:
     if s.rope_type == "llama3":
         params.update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor)
     return params
+
+
+def hf_config_fields(cfg: Any, vocab_size: int, hidden_act: str, pad_id: int, eos_id: int) -> dict[str, Any]:
+    """The HF config fields every decoder family exports alike: sizes, activation, positions, norm,
+    tying, special ids (no BOS: our prefix LM starts with the first source piece) and init.
+
+    Args:
+        cfg: our model config.
+        vocab_size: rows of the embedding matrix.
+        hidden_act: HF's name of the feed-forward activation (:data:`HF_ACT`).
+        pad_id, eos_id: special ids.
+    """
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.n_encoder_layers + cfg.n_decoder_layers,
+        num_attention_heads=cfg.n_heads,
+        hidden_act=hidden_act,
+        max_position_embeddings=hf_max_positions(cfg),
+        rms_norm_eps=cfg.norm.eps,
+        rope_parameters=rope_parameters(cfg),
+        tie_word_embeddings=cfg.tie_embeddings != "none",
+        pad_token_id=pad_id,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        attention_dropout=0.0,
+        initializer_range=cfg.init_std,
+    )
+
+
+def imported_fields(hc: Any, rope_theta: float, scaling: dict[str, Any]) -> dict[str, Any]:
+    """Our ``model`` fields that every imported decoder family reads alike from its HF config ``hc``
+    (a pre-norm RMSNorm RoPE decoder without dropout or embedding scale); the caller adds the
+    attention, feed-forward block, biases and what its family has of its own.
+
+    Args:
+        hc: the HF config.
+        rope_theta: the RoPE base.
+        scaling: ``model.position.rope_scaling`` (:func:`scaling_from_hf`).
+    """
+    return {
+        "arch": "decoder_only",
+        "norm_position": "pre",
+        "n_encoder_layers": 0,
+        "n_decoder_layers": hc.num_hidden_layers,
+        "d_model": hc.hidden_size,
+        "n_heads": hc.num_attention_heads,
+        "d_ff": hc.intermediate_size,
+        "dropout": 0.0,
+        "attention_dropout": float(hc.attention_dropout or 0.0),
+        "activation_dropout": 0.0,
+        "scale_embeddings": False,
+        "tie_embeddings": "all" if hc.tie_word_embeddings else "none",
+        "max_positions": hc.max_position_embeddings,
+        "init": "normal",
+        "init_std": hc.initializer_range,
+        "norm": {"name": "rmsnorm", "eps": hc.rms_norm_eps},
+        "position": {"name": "rope", "rope_theta": rope_theta, "rope_scaling": scaling},
+    }
 
 
 def hf_max_positions(cfg: Any) -> int:
@@ -188,6 +251,38 @@ def write_hf_folder(hf: Any, model: nn.Module, tokenizer: Any, folder: Path, run
     (folder / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
     if run_cfg is not None:
         OmegaConf.save(run_cfg, folder / ZOO_CONFIG)
+
+
+def imported_model(
+    hc: Any, model_cfg: Any, state: dict[str, Tensor], folder: Path, layout: str, optional: tuple[str, ...] = ()
+) -> nn.Module:
+    """Our model of ``model_cfg`` holding an imported folder's weights, in eval mode.
+
+    Args:
+        hc: the folder's HF config (vocabulary size; PAD and the first EOS, 0 and 3 where it has none).
+        model_cfg: our ``model`` config (:func:`imported_run_config`'s ``model``).
+        state: the weights under our parameter names.
+        folder: the folder, named in the error.
+        layout: the HF layout's name in the error (``"LlamaForCausalLM"``).
+        optional: suffixes of our parameter names the folder may lack (they keep their initial value).
+
+    Raises:
+        ExportError: weights missing or left over (the first five of each named).
+    """
+    eos = hc.eos_token_id[0] if isinstance(hc.eos_token_id, (list, tuple)) else hc.eos_token_id
+    model = build_model(
+        model_cfg,
+        hc.vocab_size,
+        pad_id=hc.pad_token_id if hc.pad_token_id is not None else 0,
+        eos_id=3 if eos is None else eos,
+    )
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith(optional)]
+    if missing or unexpected:
+        raise ExportError(
+            f"{folder}: weights do not fit {layout}'s layout: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    return model.eval()
 
 
 def imported_run_config(folder: Path, model_fields: dict[str, Any]) -> Any:

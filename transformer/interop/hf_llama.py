@@ -34,14 +34,14 @@ from transformer.interop.hf_decoder import (
     HF_ACT,
     HF_ROPE_TYPES,
     decoder_unsupported,
-    hf_max_positions,
+    hf_config_fields,
     hf_model_holding,
+    imported_fields,
+    imported_model,
     imported_run_config,
-    rope_parameters,
     scaling_from_hf,
     write_hf_folder,
 )
-from transformer.models import build_model
 
 __all__ = [
     "QWEN3_TARGET",
@@ -102,24 +102,11 @@ def llama_config(cfg: Any, vocab_size: int, ffn_hidden: int, *, pad_id: int = 0,
     from transformers import LlamaConfig, Qwen3Config
 
     kwargs = dict(
-        vocab_size=vocab_size,
-        hidden_size=cfg.d_model,
+        hf_config_fields(cfg, vocab_size, HF_ACT[cfg.ffn.name], pad_id, eos_id),
         intermediate_size=ffn_hidden,
-        num_hidden_layers=cfg.n_encoder_layers + cfg.n_decoder_layers,
-        num_attention_heads=cfg.n_heads,
         num_key_value_heads=resolve_n_kv_heads(cfg),
         head_dim=cfg.d_model // cfg.n_heads,
-        hidden_act=HF_ACT[cfg.ffn.name],
-        max_position_embeddings=hf_max_positions(cfg),
-        rms_norm_eps=cfg.norm.eps,
-        rope_parameters=rope_parameters(cfg),
         attention_bias=bool(cfg.bias),
-        tie_word_embeddings=cfg.tie_embeddings != "none",
-        pad_token_id=pad_id,
-        bos_token_id=None,
-        eos_token_id=eos_id,
-        attention_dropout=0.0,
-        initializer_range=cfg.init_std,
     )
     if getattr(cfg, "qk_norm", "none") != "none":  # Qwen3: biases on q/k/v/o only, so model.bias=false there
         return Qwen3Config(**kwargs, use_sliding_window=False, architectures=["Qwen3ForCausalLM"])
@@ -296,31 +283,11 @@ def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
     run_cfg = imported_run_config(
         folder,
         {
-            "arch": "decoder_only",
-            "norm_position": "pre",
-            "n_encoder_layers": 0,
+            **imported_fields(hc, float(rope.get("rope_theta", getattr(hc, "rope_theta", 10000.0))), scaling),
             "attention": {"name": attention, "n_kv_heads": None if attention == "mha" else n_kv},
-            "n_decoder_layers": hc.num_hidden_layers,
-            "d_model": hc.hidden_size,
-            "n_heads": hc.num_attention_heads,
-            "d_ff": hc.intermediate_size,
-            "dropout": 0.0,
-            "attention_dropout": float(hc.attention_dropout or 0.0),
-            "activation_dropout": 0.0,
             "bias": bool(hc.attention_bias),
-            "scale_embeddings": False,
-            "tie_embeddings": "all" if hc.tie_word_embeddings else "none",
-            "max_positions": hc.max_position_embeddings,
-            "init": "normal",
-            "init_std": hc.initializer_range,
-            "norm": {"name": "rmsnorm", "eps": hc.rms_norm_eps},
             "qk_norm": "rmsnorm" if hc.model_type == "qwen3" else "none",
             "ffn": {"name": act, "glu_match_params": False},
-            "position": {
-                "name": "rope",
-                "rope_theta": float(rope.get("rope_theta", getattr(hc, "rope_theta", 10000.0))),
-                "rope_scaling": scaling,
-            },
         },
     )
     state: dict[str, Tensor] = {}
@@ -329,18 +296,5 @@ def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
         raise ExportError(f"{folder} holds no .safetensors weights")
     for f in files:
         state.update(load_file(f))
-    eos = hc.eos_token_id[0] if isinstance(hc.eos_token_id, (list, tuple)) else hc.eos_token_id
-    model = build_model(
-        run_cfg.model,
-        hc.vocab_size,
-        pad_id=hc.pad_token_id if hc.pad_token_id is not None else 0,
-        eos_id=3 if eos is None else eos,
-    )
     ours = zoo_state_from_llama({k: v.float() for k, v in state.items()}, hc.num_hidden_layers, bool(hc.attention_bias))
-    missing, unexpected = model.load_state_dict(ours, strict=False)
-    if missing or unexpected:
-        raise ExportError(
-            f"{folder}: weights do not fit LlamaForCausalLM's layout: missing {missing[:5]}, "
-            f"unexpected {unexpected[:5]}"
-        )
-    return model.eval(), run_cfg
+    return imported_model(hc, run_cfg.model, ours, folder, "LlamaForCausalLM"), run_cfg

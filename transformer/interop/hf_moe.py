@@ -40,9 +40,8 @@ from transformer.interop.hf_decoder import (
     HF_ACT,
     HF_ROPE_TYPES,
     decoder_unsupported,
-    hf_max_positions,
+    hf_config_fields,
     hf_model_holding,
-    rope_parameters,
     write_hf_folder,
 )
 
@@ -244,22 +243,7 @@ def _hf_config(cfg: Any, vocab_size: int, pad_id: int, eos_id: int) -> Any:
     sizes = model_sizes(cfg)
     f, n_layers = cfg.ffn, cfg.n_encoder_layers + cfg.n_decoder_layers
     act = HF_ACT[f.expert if f.name == "moe" else f.name]
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=cfg.d_model,
-        num_hidden_layers=n_layers,
-        num_attention_heads=cfg.n_heads,
-        hidden_act=act,
-        max_position_embeddings=hf_max_positions(cfg),
-        rms_norm_eps=cfg.norm.eps,
-        rope_parameters=rope_parameters(cfg),
-        tie_word_embeddings=cfg.tie_embeddings != "none",
-        pad_token_id=pad_id,
-        bos_token_id=None,
-        eos_token_id=eos_id,
-        attention_dropout=0.0,
-        initializer_range=cfg.init_std,
-    )
+    common = hf_config_fields(cfg, vocab_size, act, pad_id, eos_id)
     if moe_target(cfg) == MIXTRAL_TARGET:
         return MixtralConfig(
             **common,

@@ -14,9 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from transformer.interop.export_common import ExportError
-from transformer.interop.hf_decoder import HF_ACT, imported_run_config, scaling_from_hf
+from transformer.interop.hf_decoder import HF_ACT, imported_fields, imported_model, imported_run_config, scaling_from_hf
 from transformer.interop.hf_moe import LATENT_EPS, layer_pairs
-from transformer.models import build_model
 
 __all__ = ["MODEL_TYPES", "from_hf_moe"]
 
@@ -33,26 +32,7 @@ def _model_fields(hc: Any) -> tuple[dict[str, Any], list[str]]:
         why.append(f"hidden_act={hc.hidden_act!r}: model/ffn offers swiglu (silu) and geglu (gelu)")
     if hc.hidden_size % heads:
         why.append(f"hidden_size={hc.hidden_size} is not divisible by num_attention_heads={heads}")
-    fields: dict[str, Any] = {
-        "arch": "decoder_only",
-        "norm_position": "pre",
-        "n_encoder_layers": 0,
-        "n_decoder_layers": n_layers,
-        "d_model": hc.hidden_size,
-        "n_heads": heads,
-        "d_ff": hc.intermediate_size,
-        "dropout": 0.0,
-        "attention_dropout": float(hc.attention_dropout or 0.0),
-        "activation_dropout": 0.0,
-        "bias": False,
-        "scale_embeddings": False,
-        "tie_embeddings": "all" if hc.tie_word_embeddings else "none",
-        "max_positions": hc.max_position_embeddings,
-        "init": "normal",
-        "init_std": hc.initializer_range,
-        "norm": {"name": "rmsnorm", "eps": hc.rms_norm_eps},
-        "position": {"name": "rope", "rope_theta": float(rope.get("rope_theta", 10000.0)), "rope_scaling": scaling},
-    }
+    fields = {**imported_fields(hc, float(rope.get("rope_theta", 10000.0)), scaling), "bias": False}
     moe = {"name": "moe", "expert": act, "glu_match_params": False, "top_k": hc.num_experts_per_tok}
     if hc.model_type == "mixtral":
         head_dim = getattr(hc, "head_dim", None) or hc.hidden_size // heads
@@ -182,17 +162,5 @@ def from_hf_moe(folder: str | Path) -> tuple[nn.Module, Any]:
         src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
         for name, hf_names, _ in layer_pairs(run_cfg.model):
             ours[dst + name] = torch.cat([state[src + n] for n in hf_names])
-    eos = hc.eos_token_id[0] if isinstance(hc.eos_token_id, (list, tuple)) else hc.eos_token_id
-    model = build_model(
-        run_cfg.model,
-        hc.vocab_size,
-        pad_id=hc.pad_token_id if hc.pad_token_id is not None else 0,
-        eos_id=3 if eos is None else eos,
-    )
-    missing, unexpected = model.load_state_dict(ours, strict=False)
-    missing = [k for k in missing if not k.endswith("router.expert_bias")]  # Mixtral: no selection bias (zeros)
-    if missing or unexpected:
-        raise ExportError(
-            f"{folder}: weights do not fit {hc.model_type}'s layout: missing {missing[:5]}, unexpected {unexpected[:5]}"
-        )
-    return model.eval(), run_cfg
+    # Mixtral has no selection bias: ours stays zero
+    return imported_model(hc, run_cfg.model, ours, folder, hc.model_type, optional=("router.expert_bias",)), run_cfg
