@@ -85,14 +85,8 @@ def validation_curves_figure(comparison: Comparison) -> Figure:
     """Validation NLL (and validation BLEU when logged) against updates, one colour per
     configuration: thin lines per seed, a thick line for the mean over the seeds at each update.
 
-    Args:
-        comparison: the result of :func:`~transformer.analysis.compare.compare_sweeps`.
-
-    Returns:
-        The matplotlib figure (Agg canvas).
-
-    Raises:
-        PlotsUnavailable: matplotlib is not installed.
+    ``comparison``: :func:`~transformer.analysis.compare.compare_sweeps`' result; returns the figure
+    (Agg canvas); raises :class:`PlotsUnavailable` without matplotlib.
     """
     configs = comparison.configurations
     metrics = ["nll_loss"] if any(r.valid_curve("nll_loss") for c in configs for r in c.runs) else ["loss"]
@@ -146,14 +140,8 @@ def bleu_bars_figure(comparison: Comparison) -> Figure:
     """Test BLEU per configuration: bar = mean over seeds, error bar = sample std, dots = seeds;
     the baseline bar is hatched and significant differences (p < 0.05) are starred.
 
-    Args:
-        comparison: the result of :func:`~transformer.analysis.compare.compare_sweeps`.
-
-    Returns:
-        The matplotlib figure (Agg canvas).
-
-    Raises:
-        PlotsUnavailable: matplotlib is not installed.
+    ``comparison``: :func:`~transformer.analysis.compare.compare_sweeps`' result; returns the figure
+    (Agg canvas); raises :class:`PlotsUnavailable` without matplotlib.
     """
     rows = comparison.rows
     fig, (ax,) = _new_figure(max(5.5, 1.1 * len(rows) + 1.5), 4.2)
