@@ -10,7 +10,7 @@ Modules in :mod:`transformer.modules` never see these classes; the builder
 
 Where things are: :mod:`.schema` (the dataclasses and their ConfigStore registration),
 :mod:`.rules` (what each field declares: may it change on resume, does it define a configuration),
-:mod:`.runtime` (the time budget, ``train.resume``'s values, the ``zoo.hydra_subdir`` resolver),
+:mod:`.runtime` (the time budget, ``train.resume``'s values, the ``zoo.hydra_subdir`` resolver, a sweep job's folder name: ``zoo.swept``),
 :mod:`.options` (the groups whose options carry fields of their own, and Hydra's ConfigStore),
 :mod:`.convert` (Hydra's DictConfig -> the typed :class:`Config`, once per script, and back to
 plain data; older stored shapes upgraded), :mod:`.sizes` (head width, key/value heads, feed-forward width: the sizes a model config implies),
@@ -67,7 +67,16 @@ from transformer.config.rules import (
     rule_table,
     undeclared,
 )
-from transformer.config.runtime import DEFAULT_TIME_BUDGET_S, RESUME_MODES, budget_sentence, resume_mode, time_budget
+from transformer.config.runtime import (
+    DEFAULT_TIME_BUDGET_S,
+    RESUME_MODES,
+    SWEPT_KEYS_ENV,
+    budget_sentence,
+    resume_mode,
+    swept_keys,
+    swept_suffix,
+    time_budget,
+)
 from transformer.config.schema import (
     AttentionConfig,
     Config,

@@ -30,8 +30,15 @@ from transformer.cli import (
     sweeper_direction,
     user_errors,
 )
-from transformer.config import ConfigError, check_command_line, flat_group_override, to_config, validate_config
-from transformer.config.runtime import SWEPT_KEYS_ENV, swept_keys
+from transformer.config import (
+    SWEPT_KEYS_ENV,
+    ConfigError,
+    check_command_line,
+    flat_group_override,
+    swept_keys,
+    to_config,
+    validate_config,
+)
 from transformer.data.corpus import DataError
 from transformer.hydra_record import forget_record, job_run_dir
 from transformer.io import LOCK_NAME, FolderLocked
