@@ -175,3 +175,41 @@ def test_an_error_raised_in_a_plugins_code_is_one_line_naming_it_where_asked(tmp
         with cli.user_errors({_Config: 2}, plugins=2):
             raise KeyError("the zoo's own bug: its traceback is shown")
     assert capsys.readouterr().err == ""
+
+
+def test_a_sweep_whose_jobs_were_refused_ends_with_one_line_counting_them(tmp_path):
+    """Both jobs of a multirun refused at validation: each prints its line, the sweep ends with one
+    line counting the jobs (no traceback, no Hydra "Error executing job"), exit status 1, and
+    compare.py lists each job with its state and line."""
+    sweep = tmp_path / "sweep"
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "train.py"),
+            "-m",
+            "model.n_heads=3,5",
+            "train.max_updates=1",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    refusal = "invalid configuration: model.d_model=256 is not divisible by model.n_heads={}"
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip() and not ln.startswith("[")]
+    assert out.returncode == 1 and "Traceback" not in out.stderr and "Error executing" not in out.stderr, out.stderr
+    assert lines[-1] == (
+        f"error: 0 of 2 jobs finished; 2 refused: 0: {refusal.format(3)}; 1: {refusal.format(5)} "
+        f"(each job: {sweep / 'jobs.jsonl'}; compare.py lists them)"
+    ), out.stderr
+    compared = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "compare.py"), str(sweep), "--out", str(tmp_path / "cmp")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert compared.returncode == 1, compared.stderr  # no finished run: the outputs list why
+    assert "## Runs without results (2)" in compared.stdout
+    assert f"- `{sweep / '0'}`: refused: {refusal.format(3)}" in compared.stdout, compared.stdout

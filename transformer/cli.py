@@ -23,28 +23,35 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 
 from transformer.plugins import PluginError, loaded_plugins
+from transformer.run_folder import JOBS_RECORD
 
 __all__ = [
     "HYDRA_PLUGINS",
     "MissingPlugin",
     "RunFailed",
+    "SweepSummary",
     "check_hydra_plugins",
     "check_sweep_objective",
     "in_multirun",
     "one_line",
     "plugin_failure",
+    "record_job",
     "sweep_objective",
+    "sweep_summary",
     "sweeper_direction",
     "user_errors",
 ]
@@ -141,9 +148,125 @@ def sweep_objective(results: dict) -> float | None:
 # ----------------------------------------------------------------------------- user errors
 
 
-class RunFailed(RuntimeError):
+class RunFailed(CompactHydraException):
     """One job of a Hydra multirun failed with a user error (already reported on stderr): raised
-    instead of exiting, so that Hydra runs the sweep's other jobs and reports the failure at the end."""
+    instead of exiting, so that Hydra runs the sweep's other jobs and, at the end, raises the first
+    failed job's error. Hydra prints a compact error as its message alone (no traceback), and the
+    message is then the sweep's one-line summary (:func:`sweep_summary`) when its record is readable.
+
+    Args:
+        message: the job's one line.
+        sweep_dir: the sweep's folder, where :data:`JOBS_RECORD` is (default: the running job's;
+            None outside a multirun).
+    """
+
+    def __init__(self, message: str, sweep_dir: str | None = None) -> None:
+        if sweep_dir is None and (found := _sweep_of_job()) is not None:
+            sweep_dir = str(found[0])
+        super().__init__(message, sweep_dir)
+        self.message, self.sweep_dir = message, sweep_dir
+
+    def __str__(self) -> str:
+        summary = sweep_summary(self.sweep_dir) if self.sweep_dir else None
+        return summary or self.message
+
+
+def _sweep_of_job() -> tuple[Path, Any] | None:
+    """The folder and the Hydra config of the multirun job running now; None outside a multirun."""
+    try:
+        hc = HydraConfig.get()
+        if hc.mode != RunMode.MULTIRUN:
+            return None
+        depth = len(Path(str(hc.sweep.subdir)).parts)  # the job's folder is <sweep dir>/<subdir>
+        return Path(hc.runtime.output_dir).parents[depth - 1], hc
+    except Exception:  # not under Hydra
+        return None
+
+
+def _launch_stamp(sweep_dir: Path) -> int | None:
+    """Which launch of the sweep this is: the sweeper writes ``multirun.yaml`` as it starts one."""
+    try:
+        return (sweep_dir / "multirun.yaml").stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def record_job(state: str, message: str | None = None) -> None:
+    """Append the outcome of the multirun job running now to :data:`JOBS_RECORD` in its sweep's
+    folder (one ``write`` per line: jobs that end together append whole lines); nothing outside a
+    multirun. ``compare.py`` lists the jobs that left no results with these states and lines."""
+    found = _sweep_of_job()
+    if found is None:
+        return
+    sweep_dir, hc = found
+    record = {
+        "num": int(hc.job.num),
+        "folder": os.path.relpath(str(hc.runtime.output_dir), sweep_dir),
+        "overrides": [str(o) for o in hc.overrides.task],
+        "state": state,
+        "error": None if message is None else " ".join(str(message).split()),
+        "sweep": _launch_stamp(sweep_dir),
+    }
+    try:
+        with open(sweep_dir / JOBS_RECORD, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError:  # the record is a courtesy: the job's own outcome stands
+        pass
+
+
+class SweepSummary(Callback):
+    """Hydra callback (``hydra.callbacks`` of ``configs/train.yaml``): when a multirun's jobs are
+    done and any of them did not finish, one line ``error: 6 of 8 jobs finished; 2 refused: ...``
+    (:func:`sweep_summary`) on stderr and exit status 1; nothing when every job finished. A search
+    (a sweeper other than Hydra's basic one, e.g. Optuna's, whose failed trials are part of the
+    search: ``max_failure_rate``) gets the line without ``error:`` and keeps its exit status."""
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        try:
+            sweep_dir = Path(str(config.hydra.sweep.dir))
+            grid = "BasicSweeper" in str(config.hydra.sweeper.get("_target_", ""))
+        except Exception:  # no sweep folder to read
+            return
+        jobs = _launched_jobs(sweep_dir)
+        if any(r.get("state") != "finished" for r in jobs.values()):
+            print(f"{'error: ' if grid else ''}{sweep_summary(sweep_dir)}", file=sys.stderr, flush=True)
+            if grid:
+                sys.exit(1)
+
+
+def _launched_jobs(sweep_dir: Path) -> dict[int, dict]:
+    """Job number -> its last record in :data:`JOBS_RECORD`, for the sweep's latest launch."""
+    try:
+        lines = (sweep_dir / JOBS_RECORD).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return {}
+    stamp = _launch_stamp(sweep_dir)
+    jobs: dict[int, dict] = {}
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("sweep") == stamp:
+            jobs[int(record.get("num", -1))] = record  # a job's last word counts
+    return jobs
+
+
+def sweep_summary(sweep_dir: str | Path) -> str | None:
+    """One line on the latest launch of the sweep in ``sweep_dir`` from its :data:`JOBS_RECORD`:
+    ``6 of 8 jobs finished; 2 refused: <folder>: <line>; ...``; None without a record."""
+    sweep_dir = Path(sweep_dir)
+    jobs = _launched_jobs(sweep_dir)
+    if not jobs:
+        return None
+    done = sum(1 for r in jobs.values() if r.get("state") == "finished")
+    parts = [f"{done} of {len(jobs)} jobs finished"]
+    for state in ("refused", "failed", "crashed", "stopped"):
+        these = [r for _, r in sorted(jobs.items()) if r.get("state") == state]
+        if these:
+            said = "; ".join(f"{r.get('folder')}: {r.get('error')}" for r in these)
+            parts.append(f"{len(these)} {state}: {said}")
+    return "; ".join(parts) + f" (each job: {sweep_dir / JOBS_RECORD}; compare.py lists them)"
 
 
 def in_multirun() -> bool:

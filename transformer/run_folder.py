@@ -15,6 +15,9 @@ A run folder holds::
     hyps/<split>.txt, hyps/<split>.ref         a test split's hypotheses and the references they were scored against
     eval/<checkpoint>[+<test-time tag>]/       scripts/evaluate.py's results.json and <split>.txt
 
+A multirun's sweep folder holds, beside Hydra's ``multirun.yaml`` and the jobs' run folders,
+``jobs.jsonl``: how each job ended (:data:`JOBS_RECORD`).
+
 A *checkpoint* is named by its stem (``dir / "checkpoint_last"``); its files are the stem plus
 :data:`SUFFIXES`. :func:`checkpoint_stem` is the one place a suffix is stripped.
 """
@@ -30,6 +33,7 @@ __all__ = [
     "EVAL_DIR",
     "FORMAT",
     "HYDRA_RECORD",
+    "JOBS_RECORD",
     "LAST",
     "META_SUFFIX",
     "REFS_SUFFIX",
@@ -56,6 +60,10 @@ LAST = "checkpoint_last"
 BEST = "checkpoint_best"
 AVERAGE = "checkpoint_avg"
 """The weights a ``train.average_last > 0`` run averaged and tested (weights only: no ``.pt``, no ``.json``)."""
+JOBS_RECORD = "jobs.jsonl"
+"""In a multirun's sweep folder (beside Hydra's ``multirun.yaml``): the outcome of each job, one JSON
+line per job as it ends (:func:`transformer.cli.record_job`), which ``compare.py`` reads for the
+jobs that left no results."""
 REFS_SUFFIX = ".ref"
 """The references a hypotheses file was scored against, beside it (``hyps/<split>.ref``): a run folder
 is compared (paired bootstrap) without the data it was tested on."""

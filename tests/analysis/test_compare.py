@@ -623,3 +623,60 @@ def test_references_found_nowhere_are_said_at_the_top_of_the_comparison(sweep, c
     assert out.stdout.splitlines()[2] == lines[2]  # the top of what it prints, as of comparison.md
     assert (tmp_path / "out" / "comparison.md").read_text(encoding="utf-8").splitlines()[2] == lines[2]
     assert "warning: no p-values where the references are missing" in out.stderr
+
+
+def _record(sweep: Path, num: int, folder: str, overrides: list[str], state: str, error: str | None = None) -> None:
+    """A line of the sweep's jobs.jsonl as scripts/train.py appends it when a job ends."""
+    line = {"num": num, "folder": folder, "overrides": overrides, "state": state, "error": error, "sweep": None}
+    with (sweep / "jobs.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def test_every_job_of_a_named_sweep_is_counted_with_its_state(tmp_path, corpus):
+    """Folders named ``<step>_seed<seed>`` (experiment=ladder): a job refused at validation and one
+    that failed at its first update leave no folder, one crashed, one folder was deleted, one job
+    never started; each is listed with its state and line, and its row counts it (2/3)."""
+    root = tmp_path / "sweep"
+    refs = _refs(corpus)
+    steps = {"step0_vaswani2017": 0.5, "step1_pre_ln": 0.1}
+    for step, frac in steps.items():
+        for seed in (1, 2, 3):
+            job = [f"ladder={step}", f"seed={seed}"]
+            num = 3 * list(steps).index(step) + seed - 1
+            folder = f"{step}_seed{seed}"
+            if (step, seed) == ("step1_pre_ln", 2):
+                make_run(root / folder, corpus, step, seed, None, finished=False)
+                (root / folder / "train.log").write_text("update 5\nRuntimeError: boom\n")
+                _record(root, num, folder, job, "crashed", "RuntimeError: boom")
+            elif (step, seed) == ("step1_pre_ln", 3):
+                _record(root, num, folder, job, "refused", "invalid configuration: model.n_heads=3 ...")
+            elif (step, seed) != ("step0_vaswani2017", 3):
+                make_run(root / folder, corpus, step, seed, _degrade(refs, frac, seed), bleu=20.0 + seed)
+                _record(root, num, folder, job, "finished")
+            else:  # finished, then its folder was deleted
+                _record(root, num, folder, job, "finished")
+    (root / "multirun.yaml").write_text(
+        "hydra:\n"
+        "  sweep: {dir: sweep, subdir: '${hydra:runtime.choices.ladder}_seed${seed}'}\n"
+        "  sweeper:\n"
+        "    _target_: hydra._internal.core_plugins.basic_sweeper.BasicSweeper\n"
+        "    params: {seed: '1,2,3', ladder: 'step0_vaswani2017,step1_pre_ln,step2_rmsnorm'}\n"
+        "  overrides:\n"
+        "    task: []\n"
+    )
+    comp = compare_sweeps([root], n_bootstrap=0)
+    assert [(r["label"], r["n_runs"], r["n_missing"]) for r in comp.rows] == [
+        ("step0_vaswani2017", 2, 1),
+        ("step1_pre_ln", 1, 2),
+    ]
+    reasons = {r.run_dir.name: r.reason for r in comp.missing}
+    assert reasons["step0_vaswani2017_seed3"] == "its folder is gone (the job finished: deleted or moved since)"
+    assert reasons["step1_pre_ln_seed3"] == "refused: invalid configuration: model.n_heads=3 ..."
+    assert reasons["step1_pre_ln_seed2"].startswith(
+        "crashed: RuntimeError: boom; no results.json (last logged update 5)"
+    )
+    never = [r for r in comp.missing if "never started" in (r.reason or "")]
+    assert sorted(" ".join(sorted(r.overrides)) for r in never) == [f"ladder=step2_rmsnorm seed={s}" for s in (1, 2, 3)]
+    md = to_markdown(comp)
+    assert "| step0_vaswani2017 (baseline) | 2/3 |" in md and "| step1_pre_ln | 1/3 |" in md
+    assert f"## Runs without results ({len(comp.missing)})" in md and len(comp.missing) == 6

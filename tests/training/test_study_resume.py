@@ -72,7 +72,7 @@ def _files(sweep: Path) -> dict[str, tuple[int, int]]:
     return {
         str(p.relative_to(sweep)): (p.stat().st_mtime_ns, p.stat().st_size)
         for p in sweep.rglob("*")
-        if p.is_file() and p.name != "multirun.yaml"
+        if p.is_file() and p.name not in ("multirun.yaml", "jobs.jsonl")  # the sweep's records of each launch
     }
 
 

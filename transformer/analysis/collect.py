@@ -21,9 +21,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from transformer.config import upgrade_config
-from transformer.run_folder import references_file
+from transformer.run_folder import JOBS_RECORD, references_file
 
-__all__ = ["Run", "expected_jobs", "find_run_dirs", "load_run", "natural_key", "never_started"]
+__all__ = ["Run", "expected_jobs", "find_run_dirs", "job_records", "load_run", "natural_key", "never_started"]
 
 _RUN_MARKERS = ("results.json", "metrics.jsonl", "config.yaml", ".hydra")
 
@@ -299,20 +299,71 @@ def expected_jobs(sweep_dir: str | Path) -> list[list[str]] | None:
         return None
 
 
+def job_records(sweep_dir: str | Path) -> dict[Path, dict]:
+    """The last record of each job folder in the sweep's ``jobs.jsonl`` (written by
+    ``scripts/train.py`` as each job of a multirun ends: its ``state`` and ``error`` line,
+    :func:`transformer.cli.record_job`), by the folder's path; empty without one."""
+    try:
+        lines = (Path(sweep_dir) / JOBS_RECORD).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return {}
+    out: dict[Path, dict] = {}
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("folder"):
+            out[Path(sweep_dir) / str(record["folder"])] = record
+    return out
+
+
+def _recorded_reason(record: dict) -> str:
+    if record.get("state") == "finished":
+        return "its folder is gone (the job finished: deleted or moved since)"
+    return f"{record.get('state')}: {record.get('error') or 'no line recorded'}"
+
+
+def _job_key(overrides: list[str]) -> frozenset[str]:
+    return frozenset(o for o in overrides if not o.startswith("hydra"))
+
+
 def never_started(sweep_dir: Path, found: set[Path]) -> list[Run]:
-    """Expected jobs of a multirun whose ``<sweep>/<job_num>`` folder does not exist."""
+    """The jobs of a multirun that left no folder: each job ``jobs.jsonl`` records whose folder is
+    gone (refused by a check, or failed before its first update: their folders are taken back;
+    or deleted since), with its state and line; then each job ``multirun.yaml`` expects (:func:`expected_jobs`) that
+    no folder of the sweep holds (by its overrides, or ``<sweep>/<job_num>``) and no record names.
+
+    Args:
+        sweep_dir: the sweep's folder.
+        found: the run folders found in it (:func:`find_run_dirs`).
+
+    Returns:
+        One :class:`Run` per such job (no results, no config; its overrides and :attr:`Run.reason`).
+    """
+    records = job_records(sweep_dir)
+    out = [
+        Run(run_dir=folder, overrides=[str(o) for o in record.get("overrides") or []], reason=_recorded_reason(record))
+        for folder, record in records.items()
+        if folder not in found
+    ]
     jobs = expected_jobs(sweep_dir)
     if jobs is None:
-        return []
+        return out
     try:
         subdir = str(_load_yaml(sweep_dir / "multirun.yaml", resolve=False)["hydra"]["sweep"]["subdir"])
     except Exception:
-        return []
-    if subdir.replace(" ", "") != "${hydra.job.num}":
-        return []
-    out = []
+        return out
+    numbered = subdir.replace(" ", "") == "${hydra.job.num}"
+    held = {_job_key(load_run(d).overrides) for d in found} | {
+        _job_key([str(o) for o in r.get("overrides") or []]) for r in records.values()
+    }
     for num, overrides in enumerate(jobs):
-        run_dir = sweep_dir / str(num)
-        if run_dir not in found:
-            out.append(Run(run_dir=run_dir, overrides=overrides, reason="job folder missing (never started)"))
+        run_dir = sweep_dir / str(num) if numbered else sweep_dir
+        if (numbered and run_dir in found) or (not numbered and _job_key(overrides) in held):
+            continue
+        if numbered and run_dir in records:
+            continue
+        what = "job folder missing (never started)" if numbered else f"job {num} never started (no folder)"
+        out.append(Run(run_dir=run_dir, overrides=overrides, reason=what))
     return out

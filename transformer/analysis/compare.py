@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformer.analysis.collect import Run, find_run_dirs, load_run, never_started
+from transformer.analysis.collect import Run, find_run_dirs, job_records, load_run, never_started
 from transformer.analysis.comparability import (
     MixedField,
     MixedRunsError,
@@ -222,10 +222,16 @@ def compare_sweeps(
     never: list[Run] = []
     for d in sweep_dirs:
         dirs = find_run_dirs(d)
-        runs.extend(load_run(p) for p in dirs)
+        records = job_records(d)
+        for run in map(load_run, dirs):
+            record = records.get(run.run_dir)
+            if not run.ok and record is not None and record.get("state") != "finished":
+                run.reason = f"{record.get('state')}: {record.get('error')}; {run.reason}"  # how the job ended
+            runs.append(run)
         never.extend(never_started(d, set(dirs)))
     configs, unmatched = group_runs(runs, ignore)
-    missing = [r for c in configs for r in c.missing] + unmatched + never
+    rest = _placed_by_overrides(configs, unmatched + never)  # first: it adds to the configurations' missing runs
+    missing = [r for c in configs for r in c.missing] + rest
     notes: list[str] = []
     signatures: dict[str, str] = {}
     if not configs:
@@ -374,6 +380,25 @@ def compare_sweeps(
         length,
         unreferenced,
     )
+
+
+def _without_seed(overrides: Sequence[str]) -> frozenset[str]:
+    return frozenset(o for o in overrides if o.lstrip("+~").split("=", 1)[0] != "seed" and not o.startswith("hydra"))
+
+
+def _placed_by_overrides(configs: list[Configuration], runs: list[Run]) -> list[Run]:
+    """Each run without a config (a job that left no folder, or no readable config) that the
+    overrides of one configuration's runs name but for the seed joins that configuration's missing
+    runs (its row reads 2/3); the others are returned."""
+    rest = []
+    for run in runs:
+        key = _without_seed(run.overrides)
+        homes = [c for c in configs if any(_without_seed(r.overrides) == key for r in c.runs)]
+        if run.config is None and run.overrides and len(homes) == 1:
+            homes[0].missing.append(run)
+        else:
+            rest.append(run)
+    return rest
 
 
 def _mixed_values(config: Configuration, keys: Sequence[str]) -> str:
