@@ -103,8 +103,7 @@ HOST_MODULES: dict[str, str] = {
 """Files under ``transformer/`` whose tensors are all made on the host on purpose, and why."""
 
 DEVICE_CHOICES: dict[str, str] = {
-    "device.py": "resolve_device: the one place that picks a device from a name",
-    "training/step/precision.py": "asks whether the GPU does bf16 (cuda_has_fast_bf16), picks no device",
+    "device.py": "resolve_device: the one place that picks a device from a name; cuda_has_fast_bf16",
     "training/checkpoint/rng.py": "saves and restores the GPU's generator states when there is one",
 }
 """Files under ``transformer/`` that may call ``torch.cuda.is_available()``, and why."""

@@ -20,7 +20,18 @@ import os
 
 import torch
 
-__all__ = ["resolve_device", "unavailable"]
+__all__ = ["cuda_has_fast_bf16", "resolve_device", "unavailable"]
+
+
+def cuda_has_fast_bf16(device: torch.device | str) -> bool:
+    """True when ``device`` is a CUDA device that supports bf16 natively (compute capability 8.0+:
+    Ampere, Hopper); False for any other device or without a GPU. Training's ``train.precision=auto``
+    and decoding's precision both ask here."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    major, _ = torch.cuda.get_device_capability(device)
+    return major >= 8
 
 
 def resolve_device(name: str | torch.device | None = "auto", local_rank: int | None = None) -> torch.device:

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.config import GenerationConfig
+from transformer.device import cuda_has_fast_bf16
 from transformer.modules.positions import LearnedPositionalEmbedding
 
 __all__ = [
@@ -287,10 +288,7 @@ def decoding_precision(precision: str, device: torch.device | str) -> str:
     if device.type in FP32_DEVICES:
         return "fp32"
     if precision == "auto":
-        fast_bf16 = (
-            device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 8
-        )
-        return "bf16" if fast_bf16 else "fp32"
+        return "bf16" if cuda_has_fast_bf16(device) else "fp32"
     return precision
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from transformer.device import cuda_has_fast_bf16
+
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
@@ -29,14 +31,6 @@ def cpu_has_fast_bf16() -> bool:
     """
     probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
-
-
-def cuda_has_fast_bf16(device: torch.device) -> bool:
-    """True when the CUDA device supports bf16 natively (compute capability 8.0+: Ampere, Hopper)."""
-    if not torch.cuda.is_available():
-        return False
-    major, _ = torch.cuda.get_device_capability(device)
-    return major >= 8
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -100,7 +94,6 @@ __all__ = [
     "PRECISIONS",
     "cpu_has_fast_bf16",
     "cpu_model_name",
-    "cuda_has_fast_bf16",
     "describe_hardware",
     "resolve_precision",
 ]
