@@ -107,7 +107,7 @@ def test_the_pages_sweep_of_the_field_gives_a_row_per_value_with_p_values_from_t
     )
     assert out.returncode == 0, out.stderr[-3000:]
     runs = sorted(p.name for p in (tmp_path / "runs").iterdir() if p.is_dir())
-    assert runs == ["step5_tempglu_tau0.5_seed1", "step5_tempglu_tau2.0_seed1"]  # one folder per value
+    assert runs == ["step5_tempglu_seed1_tau0=0.5", "step5_tempglu_seed1_tau0=2"]  # one folder per value
     shutil.rmtree(corpus)  # the folders alone: the references travel with them
     compare = [
         w.replace("runs/tempglu_tau", str(tmp_path / "runs")).replace("tau0=1.0", "tau0=0.5")
