@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def torchrun_command(script: str | Path, *args: str, nproc: int = 2) -> list[str]:
+    """``python -m torch.distributed.run --nproc_per_node=nproc --master_port=<free> script args``:
+    ``nproc`` CPU ranks (gloo) on a port of their own."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        f"--master_port={free_port()}",
+        str(script),
+        *args,
+    ]
 
 
 @pytest.fixture(autouse=True, scope="session")

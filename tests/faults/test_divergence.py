@@ -7,13 +7,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import REPO_ROOT, free_port
+from tests.conftest import REPO_ROOT, torchrun_command
 from tests.faults.conftest import small_cli_args, small_config
 from transformer.training.checkpoint import load_checkpoint
 from transformer.training.job.run import train
@@ -112,15 +111,7 @@ def test_two_ranks_stop_together_and_save_nothing_non_finite(small_corpus, tmp_p
         f"hydra.run.dir={run}",
     )
     res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            f"--master_port={free_port()}",
-            "scripts/train.py",
-            *args,
-        ],
+        torchrun_command("scripts/train.py", *args),
         cwd=REPO_ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import REPO_ROOT, free_port
+from tests.conftest import REPO_ROOT, torchrun_command
 from tests.training.conftest import small_cli_args, small_config
 from transformer.config import ConfigError, validate_config
 from transformer.training.job.run import train
@@ -205,15 +205,7 @@ def test_two_ranks_signal_to_one_rank_both_stop_at_the_same_update(small_corpus,
         f"hydra.run.dir={run}",
     )
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            f"--master_port={free_port()}",
-            str(REPO_ROOT / "scripts" / "train.py"),
-            *args,
-        ],
+        torchrun_command(REPO_ROOT / "scripts" / "train.py", *args),
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -264,15 +256,7 @@ def _probed_torchrun(tmp_path: Path, args: list[str], probe: dict[str, str]) -> 
     returns the exit status, stderr and each rank's record (None for a rank that wrote none)."""
     out = tmp_path / "probe"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            f"--master_port={free_port()}",
-            str(REPO_ROOT / "tests" / "training" / "rank_probe.py"),
-            *args,
-        ],
+        torchrun_command(REPO_ROOT / "tests" / "training" / "rank_probe.py", *args),
         cwd=REPO_ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1", "PROBE_OUT": str(out), **probe},
         stdout=subprocess.PIPE,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO_ROOT, free_port
+from tests.conftest import REPO_ROOT, torchrun_command
 from tests.training.conftest import small_cli_args, small_config
 from transformer.config import validate_config
 from transformer.training.checkpoint import load_checkpoint
@@ -208,16 +208,11 @@ def test_sigkill_then_resume_continues_from_last_checkpoint(small_corpus, tmp_pa
 
 def _torchrun(args: list[str], port: int | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = torchrun_command("scripts/train.py", *args)
+    if port is not None:
+        command[4] = f"--master_port={port}"
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            f"--master_port={port or free_port()}",
-            "scripts/train.py",
-            *args,
-        ],
+        command,
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
