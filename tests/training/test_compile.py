@@ -1,10 +1,13 @@
-"""train.compile=true (issue 44, items 2 and 3): the whole training step of a micro-batch (forward,
-fused loss, router losses, backward) is compiled without a graph break, computes eager's loss and
-gradients, and an epoch of token batches compiles at most once per distinct batch shape (the
-shapes being dynamic: one graph, plus a recompilation where the first batch's source and target
-lengths were equal (dynamo's duck sizing took them for one symbol) and one for a batch of one row
-(sizes 0 and 1 are always specialised)). The ``eager`` backend runs dynamo's capture, guards and
-recompilations as the inductor would, without code generation."""
+"""train.compile=true: the whole training step of a micro-batch (forward, fused loss, router losses,
+backward) is compiled without a graph break, computes eager's loss and gradients, and an epoch of
+token batches compiles one graph: shapes are dynamic and compiled without duck sizing, so a first
+batch whose source and target lengths coincide does not compile a graph guarded on their equality
+(the next batch where they differ would compile a second); a batch of one row compiles its own
+graph the first time (sizes 0 and 1 are always specialised). Duck sizing and its guards are
+dynamo's, before any backend: the ``eager`` backend runs dynamo's capture, guards and
+recompilations without AOTAutograd or code generation, the cheapest backend that shows them
+(``aot_eager`` and ``inductor`` add no guard here: the same counts). Inductor's numerics:
+``tests/training/test_compile_inductor.py``."""
 
 from __future__ import annotations
 
@@ -42,19 +45,25 @@ def _shape(batch) -> tuple:
     return tuple(tuple(t.shape) for t in (*batch.net_input.values(), batch.target))
 
 
+def _lengths_coincide(batch) -> bool:
+    """Every length of the batch equal (the source's and the target's): duck sizing's case."""
+    return len({t.shape[1] for t in (*batch.net_input.values(), batch.target)}) == 1
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_an_epoch_compiles_once_per_shape_at_most_without_graph_breaks(small_corpus, tmp_path, monkeypatch, case):
+def test_an_epoch_compiles_one_graph_without_graph_breaks(small_corpus, tmp_path, monkeypatch, case):
     monkeypatch.setattr(compiled, "BACKEND", "eager")
     torch.compiler.reset()
     torch._dynamo.utils.counters.clear()
     eager = _trainer(small_corpus, tmp_path / "eager", *CASES[case])
     trainer = _trainer(small_corpus, tmp_path / "compiled", "train.compile=true", *CASES[case])
     assert isinstance(trainer.parallel.engine, torch._dynamo.eval_frame.OptimizedModule)
-    batches = trainer._batches()
-    shapes = set()
-    for update in range(len(trainer.sampler)):  # one epoch
-        batch = next(batches)
-        shapes.add(_shape(batch))
+    epoch = [batch for _, batch in zip(range(len(trainer.sampler)), trainer._batches())]
+    # the first compilation sees a batch whose source and target lengths coincide
+    first = next(i for i, batch in enumerate(epoch) if _lengths_coincide(batch) and batch.target.shape[0] > 1)
+    epoch.insert(0, epoch.pop(first))
+    shapes = {_shape(batch) for batch in epoch}
+    for update, batch in enumerate(epoch):
         if update < 2:  # the compiled loss and gradients of a micro-batch are eager's (same weights)
             eager.model.load_state_dict(trainer.model.state_dict())
             for t in (eager, trainer):
@@ -77,8 +86,8 @@ def test_an_epoch_compiles_once_per_shape_at_most_without_graph_breaks(small_cor
         trainer.train_step([batch])
     counters = torch._dynamo.utils.counters
     graphs = compiled.compiled_graphs()
+    one_row = any(batch.target.shape[0] == 1 for batch in epoch)
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     assert len(shapes) >= 5  # an epoch of token batches: many shapes
-    assert 1 <= graphs <= len(shapes)
-    assert graphs <= 3, f"{graphs} compilations for {len(shapes)} batch shapes (dynamic shapes: one to three)"
-    print(f"{case}: {len(trainer.sampler)} updates, {len(shapes)} distinct batch shapes, {graphs} compiled graphs")
+    assert graphs == 1 + one_row, f"{graphs} compilations for {len(shapes)} batch shapes ({one_row=})"
+    print(f"{case}: {len(epoch)} updates, {len(shapes)} distinct batch shapes, {graphs} compiled graphs ({one_row=})")
