@@ -222,8 +222,8 @@ class Trainer:
         self.best_metric = state["best_metric"]
         self.bad_validations = int(state["bad_validations"])
         self.train_tokens, self.train_time = int(state["train_tokens"]), float(state["train_time"])
-        self.wall_time_before = float(state.get("wall_time", 0.0))  # checkpoints before it was recorded: 0
-        self.last_routing = dict(state.get("routing") or {})  # checkpoints before it was recorded: none
+        self.wall_time_before = float(state.get("wall_time", 0.0))  # a checkpoint that lacks it counts 0
+        self.last_routing = dict(state.get("routing") or {})  # a checkpoint that lacks it: none
 
     def wall_time(self) -> float:
         """Wall-clock seconds of the whole run: its earlier processes (until their last save) and this one."""
