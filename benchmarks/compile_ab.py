@@ -1,0 +1,129 @@
+"""Interleaved A/B of ``train.compile=true`` against eager on the README default run, each run a
+fresh ``scripts/train.py`` process under ``/usr/bin/time``.
+
+    flock /tmp/cpu.lock python benchmarks/compile_ab.py --rounds 3 --updates 150 \\
+        --out docs/benchmarks/compile_ab
+
+Every process trains the default model on Multi30k for ``--updates`` updates with the default
+configuration (precision, ``train.pad_to_multiple``, threads as the checkout resolves them), no
+validation and no test (the measuring command of ``benchmarks/batch_shapes.py``), and logs update 1
+and the last update only (``train.log_every`` past the end), so that ``metrics.jsonl`` times the
+first update alone and the others as one window. The order of the variants alternates round by
+round (a shared machine's speed drifts). Per run: target tokens/s over the whole training time
+(``results.json``, compiling included), tokens/s of updates 2 to N (the last ``metrics.jsonl``
+record: compiled code running, recompilations included), the first update's seconds (its target
+tokens over its tokens/s; compiled: mostly compiling), the peak resident memory (``/usr/bin/time
+-f %M``) and the recompilations dynamo logged (``TORCH_LOGS=recompiles``; each compiled function's
+first graph is not one). Run it alone (``flock /tmp/cpu.lock``): timing beside other work
+measures the other work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.batch_shapes import FIXED  # noqa: E402
+from transformer.io import atomic_write_text  # noqa: E402
+
+VARIANTS = ("train.compile=false", "train.compile=true")
+KEYS = ("tok_s", "tok_s_after_first", "first_update_s", "recompiles", "rss_mb")
+
+
+def run_once(variant: str, updates: int, data_root: str, workdir: Path) -> dict:
+    """One training process of ``variant`` (space-separated overrides); its measurements."""
+    run_dir = Path(tempfile.mkdtemp(dir=workdir))
+    cmd = [
+        "/usr/bin/time",
+        "-f",
+        "maxrss_kb=%M",
+        sys.executable,
+        str(ROOT / "scripts" / "train.py"),
+        f"train.max_updates={updates}",
+        *FIXED,
+        f"train.log_every={updates + 1}",  # update 1 and the last update only
+        *variant.split(),
+        f"hydra.run.dir={run_dir}",
+    ]
+    # dynamo logs each recompilation with its reason (a few lines per recompilation)
+    env = {**os.environ, "TRANSFORMER_DATA_DIR": data_root, "PYTHONPATH": str(ROOT), "TORCH_LOGS": "recompiles"}
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"{variant}: exit {out.returncode}: {out.stderr[-2000:]}")
+    results = json.loads((run_dir / "results.json").read_text())
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in logged if r.get("split") == "train"]
+    first, last = train[0], train[-1]
+    return {
+        "variant": variant,
+        "tok_s": results["train_tokens_per_s"],
+        "tok_s_after_first": last["tokens_per_s"] if last["update"] > 1 else None,
+        "first_update_s": first["ntokens"] / first["tokens_per_s"],
+        "updates": results["updates"],
+        "rss_mb": int(re.search(r"maxrss_kb=(\d+)", out.stderr).group(1)) / 1024,
+        "recompiles": out.stderr.count("Recompiling function"),
+        "precision": results.get("precision"),
+        "cpu": (results.get("hardware") or {}).get("cpu_capability"),
+    }
+
+
+def markdown(rows: list[dict], variants: list[str]) -> str:
+    """Per variant the medians, and the ratios to the first variant."""
+    med = {
+        v: {k: statistics.median(r[k] for r in rows if r["variant"] == v and r[k] is not None) for k in KEYS}
+        for v in variants
+    }
+    lines = [
+        "| variant | tok/s (all) | tok/s (updates 2..N) | ratio (2..N) | first update s | recompilations | max RSS MB "
+        "| precision |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    base = med[variants[0]]["tok_s_after_first"]
+    for v in variants:
+        m, first = med[v], next(r for r in rows if r["variant"] == v)
+        lines.append(
+            f"| `{v}` | {m['tok_s']:,.0f} | {m['tok_s_after_first']:,.0f} | {m['tok_s_after_first'] / base:.3f} | "
+            f"{m['first_update_s']:.1f} | {m['recompiles']:g} | {m['rss_mb']:,.0f} | {first['precision']} |"
+        )
+    rounds = sorted({r["round"] for r in rows})
+    notes = f"{len(rounds)} rounds (medians), {rows[0]['updates']} updates, CPU {rows[0]['cpu']}."
+    return "\n".join(lines) + "\n\n" + notes + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line (see the module docstring)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--updates", type=int, default=150)
+    p.add_argument("--data-root", default=os.environ.get("TRANSFORMER_DATA_DIR", "../shared/data"))
+    p.add_argument("--out", type=Path, default=None, help="folder for compile_ab.json / .md")
+    args = p.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        for r in range(args.rounds):
+            order = args.variants if r % 2 == 0 else list(reversed(args.variants))
+            for v in order:
+                rows.append({**run_once(v, args.updates, args.data_root, Path(work)), "round": r})
+                print(json.dumps(rows[-1]), flush=True)
+    table = markdown(rows, args.variants)
+    print(table)
+    if args.out is not None:
+        atomic_write_text(args.out / "compile_ab.json", json.dumps(rows, indent=1) + "\n")
+        atomic_write_text(args.out / "compile_ab.md", table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
