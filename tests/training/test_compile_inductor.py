@@ -20,7 +20,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,7 @@ import torch._inductor.config as inductor_config
 from torch._inductor import cpp_builder
 from torch._inductor.exc import InvalidCxxCompiler
 
-from tests.conftest import REPO_ROOT, free_port
+from tests.conftest import REPO_ROOT, torchrun_command
 from tests.training.conftest import small_cli_args, small_config
 from tests.training.test_compile import _lengths_coincide
 from transformer.data.dataset import load_translation_data
@@ -128,20 +127,7 @@ def _torchrun(args: list[str]) -> subprocess.CompletedProcess:
         "TORCH_LOGS": "graph_breaks,dynamo",
     }
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            f"--master_port={free_port()}",
-            "scripts/train.py",
-            *args,
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        torchrun_command("scripts/train.py", *args), cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
     )
 
 
