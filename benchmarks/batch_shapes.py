@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,6 +93,18 @@ def markdown(rows: list[dict], variants: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def interleaved_rounds(variants: list[str], rounds: int, run: Callable[[str], dict]) -> list[dict]:
+    """``run(variant)`` for every variant, ``rounds`` times, each round in the opposite order to the
+    one before (a shared machine's speed drifts); each row gets its ``round`` and is printed as it
+    comes."""
+    rows = []
+    for r in range(rounds):
+        for v in variants if r % 2 == 0 else list(reversed(variants)):
+            rows.append({**run(v), "round": r})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -102,15 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="folder for batch_shapes.json / .md")
     p.add_argument("--root", type=Path, default=ROOT, help="the checkout to run (default: this one)")
     args = p.parse_args(argv)
-    rows = []
     with tempfile.TemporaryDirectory() as work:
-        for r in range(args.rounds):
-            order = args.variants if r % 2 == 0 else list(reversed(args.variants))
-            for v in order:
-                rows.append(
-                    {**run_once(v, args.updates, args.data_root, Path(work), root=args.root.resolve()), "round": r}
-                )
-                print(json.dumps(rows[-1]), flush=True)
+        rows = interleaved_rounds(
+            args.variants,
+            args.rounds,
+            lambda v: run_once(v, args.updates, args.data_root, Path(work), root=args.root.resolve()),
+        )
     table = markdown(rows, args.variants)
     print(table)
     if args.out is not None:

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.batch_shapes import FIXED  # noqa: E402
+from benchmarks.batch_shapes import FIXED, interleaved_rounds  # noqa: E402
 from transformer.io import atomic_write_text  # noqa: E402
 
 VARIANTS = ("train.compile=false", "train.compile=true")
@@ -110,13 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-root", default=os.environ.get("TRANSFORMER_DATA_DIR", "../shared/data"))
     p.add_argument("--out", type=Path, default=None, help="folder for compile_ab.json / .md")
     args = p.parse_args(argv)
-    rows = []
     with tempfile.TemporaryDirectory() as work:
-        for r in range(args.rounds):
-            order = args.variants if r % 2 == 0 else list(reversed(args.variants))
-            for v in order:
-                rows.append({**run_once(v, args.updates, args.data_root, Path(work)), "round": r})
-                print(json.dumps(rows[-1]), flush=True)
+        rows = interleaved_rounds(
+            args.variants, args.rounds, lambda v: run_once(v, args.updates, args.data_root, Path(work))
+        )
     table = markdown(rows, args.variants)
     print(table)
     if args.out is not None:
