@@ -2,7 +2,7 @@
 before and after a change), each run a fresh ``scripts/train.py`` process under ``/usr/bin/time``.
 
     git worktree add /tmp/before <commit>; git worktree add /tmp/after HEAD
-    flock /tmp/cpu.lock python benchmarks/ab_checkouts.py /tmp/before /tmp/after --pairs 3 --updates 150 \\
+    flock /tmp/cpu.lock python -m benchmarks.ab_checkouts /tmp/before /tmp/after --pairs 3 --updates 150 \\
         --out docs/benchmarks/ab_default_run
 
 Every process trains the default model on Multi30k for ``--updates`` updates with the default
@@ -21,35 +21,36 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmarks.batch_shapes import run_once
+from transformer.analysis.markdown import cell, table
+from transformer.io import atomic_write_text
 
-from benchmarks.batch_shapes import run_once  # noqa: E402
-from transformer.io import atomic_write_text  # noqa: E402
+
+def _sides(a_tok_s: float, b_tok_s: float, ratio: float, a_rss: float, b_rss: float) -> list[str]:
+    return [
+        cell(a_tok_s, "{:,.0f}"),
+        cell(b_tok_s, "{:,.0f}"),
+        cell(ratio, "{:.3f}"),
+        cell(a_rss, "{:,.0f}"),
+        cell(b_rss, "{:,.0f}"),
+    ]
 
 
 def markdown(rows: list[dict], names: tuple[str, str]) -> str:
     """Per pair: A's and B's tok/s and max RSS, and B / A; then the medians."""
-    lines = ["| pair | A tok/s | B tok/s | B / A | A max RSS MB | B max RSS MB |", "|---:|---:|---:|---:|---:|---:|"]
-    ratios = []
+    cells, ratios = [], []
     for pair in sorted({r["pair"] for r in rows}):
         a, b = (next(r for r in rows if r["pair"] == pair and r["side"] == s) for s in ("A", "B"))
         ratios.append(b["tok_s"] / a["tok_s"])
-        lines.append(
-            f"| {pair + 1} | {a['tok_s']:,.0f} | {b['tok_s']:,.0f} | {ratios[-1]:.3f} | "
-            f"{a['rss_mb']:,.0f} | {b['rss_mb']:,.0f} |"
-        )
+        cells.append([str(pair + 1), *_sides(a["tok_s"], b["tok_s"], ratios[-1], a["rss_mb"], b["rss_mb"])])
     med = {s: statistics.median(r["tok_s"] for r in rows if r["side"] == s) for s in ("A", "B")}
     rss = {s: statistics.median(r["rss_mb"] for r in rows if r["side"] == s) for s in ("A", "B")}
-    lines.append(
-        f"| median | {med['A']:,.0f} | {med['B']:,.0f} | {statistics.median(ratios):.3f} | "
-        f"{rss['A']:,.0f} | {rss['B']:,.0f} |"
-    )
+    cells.append(["median", *_sides(med["A"], med["B"], statistics.median(ratios), rss["A"], rss["B"])])
+    header = ["pair", "A tok/s", "B tok/s", "B / A", "A max RSS MB", "B max RSS MB"]
+    lines = table(header, "rrrrrr", cells)
     first = {s: next(r for r in rows if r["side"] == s) for s in ("A", "B")}
     notes = [
         f"A = {names[0]} ({first['A']['precision']}, {first['A']['shapes']} batch shapes), "

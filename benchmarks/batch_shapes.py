@@ -1,8 +1,8 @@
 """A/B of the default run's batching: ``train.pad_to_multiple`` (and ``train.onednn_cache_capacity``),
 interleaved rounds, each a fresh ``scripts/train.py`` process under ``/usr/bin/time``.
 
-    python benchmarks/batch_shapes.py --data-root ../shared/data --rounds 3 --out docs/results/default_run/batch_shapes
-    python benchmarks/batch_shapes.py --variants "train.pad_to_multiple=1" "train.pad_to_multiple=8" \
+    python -m benchmarks.batch_shapes --data-root ../shared/data --rounds 3 --out docs/results/default_run/batch_shapes
+    python -m benchmarks.batch_shapes --variants "train.pad_to_multiple=1" "train.pad_to_multiple=8" \
         "train.pad_to_multiple=8 train.onednn_cache_capacity=null"
 
 Every process trains the default model on Multi30k for ``--updates`` updates (no validation, no
@@ -26,11 +26,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from transformer.io import atomic_write_text  # noqa: E402
+from benchmarks import REPO
+from transformer.analysis.markdown import cell, table
+from transformer.io import atomic_write_text
 
 FIXED = [
     "train.max_time=0",
@@ -41,7 +39,7 @@ FIXED = [
 ]
 
 
-def run_once(variant: str, updates: int, data_root: str, workdir: Path, root: Path = ROOT) -> dict:
+def run_once(variant: str, updates: int, data_root: str, workdir: Path, root: Path = REPO) -> dict:
     """One training process of ``variant`` (space-separated overrides) with the checkout ``root``
     (its ``scripts/train.py`` and its ``transformer`` package, ahead of any installed one); its
     measurements."""
@@ -78,19 +76,31 @@ def run_once(variant: str, updates: int, data_root: str, workdir: Path, root: Pa
 def markdown(rows: list[dict], variants: list[str]) -> str:
     """The table: per variant the median tok/s and RSS, the rounds, and the ratio to the first."""
     base = statistics.median(r["tok_s"] for r in rows if r["variant"] == variants[0])
-    lines = [
-        "| variant | batch shapes | tok/s (median) | rounds | ratio to first | max RSS MB (median) | precision |",
-        "|---|---:|---:|---|---:|---:|---|",
-    ]
+    cells = []
     for v in variants:
         mine = [r for r in rows if r["variant"] == v]
         med = statistics.median(r["tok_s"] for r in mine)
-        rounds = " / ".join(format(r["tok_s"], ",.0f") for r in mine)
-        lines.append(
-            f"| `{v}` | {mine[0]['shapes']} | {med:,.0f} | {rounds} | "
-            f"{med / base:.3f} | {statistics.median(r['rss_mb'] for r in mine):,.0f} | {mine[0]['precision']} |"
+        cells.append(
+            [
+                f"`{v}`",
+                cell(mine[0]["shapes"]),
+                cell(med, "{:,.0f}"),
+                " / ".join(format(r["tok_s"], ",.0f") for r in mine),
+                cell(med / base, "{:.3f}"),
+                cell(statistics.median(r["rss_mb"] for r in mine), "{:,.0f}"),
+                cell(mine[0]["precision"]),
+            ]
         )
-    return "\n".join(lines) + "\n"
+    header = [
+        "variant",
+        "batch shapes",
+        "tok/s (median)",
+        "rounds",
+        "ratio to first",
+        "max RSS MB (median)",
+        "precision",
+    ]
+    return "\n".join(table(header, "lrrlrrl", cells)) + "\n"
 
 
 def interleaved_rounds(variants: list[str], rounds: int, run: Callable[[str], dict]) -> list[dict]:
@@ -113,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--updates", type=int, default=150)
     p.add_argument("--data-root", default=os.environ.get("TRANSFORMER_DATA_DIR", "../shared/data"))
     p.add_argument("--out", type=Path, default=None, help="folder for batch_shapes.json / .md")
-    p.add_argument("--root", type=Path, default=ROOT, help="the checkout to run (default: this one)")
+    p.add_argument("--root", type=Path, default=REPO, help="the checkout to run (default: this one)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as work:
         rows = interleaved_rounds(

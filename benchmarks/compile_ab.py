@@ -1,7 +1,7 @@
 """Interleaved A/B of ``train.compile=true`` against eager on the README default run, each run a
 fresh ``scripts/train.py`` process under ``/usr/bin/time``.
 
-    flock /tmp/cpu.lock python benchmarks/compile_ab.py --rounds 3 --updates 150 \\
+    flock /tmp/cpu.lock python -m benchmarks.compile_ab --rounds 3 --updates 150 \\
         --out docs/benchmarks/compile_ab
 
 Every process trains the default model on Multi30k for ``--updates`` updates with the default
@@ -30,12 +30,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.batch_shapes import FIXED, interleaved_rounds  # noqa: E402
-from transformer.io import atomic_write_text  # noqa: E402
+from benchmarks import REPO
+from benchmarks.batch_shapes import FIXED, interleaved_rounds
+from transformer.analysis.markdown import cell, table
+from transformer.io import atomic_write_text
 
 VARIANTS = ("train.compile=false", "train.compile=true")
 KEYS = ("tok_s", "tok_s_after_first", "first_update_s", "recompiles", "rss_mb")
@@ -49,7 +47,7 @@ def run_once(variant: str, updates: int, data_root: str, workdir: Path) -> dict:
         "-f",
         "maxrss_kb=%M",
         sys.executable,
-        str(ROOT / "scripts" / "train.py"),
+        str(REPO / "scripts" / "train.py"),
         f"train.max_updates={updates}",
         *FIXED,
         f"train.log_every={updates + 1}",  # update 1 and the last update only
@@ -57,8 +55,8 @@ def run_once(variant: str, updates: int, data_root: str, workdir: Path) -> dict:
         f"hydra.run.dir={run_dir}",
     ]
     # dynamo logs each recompilation with its reason (a few lines per recompilation)
-    env = {**os.environ, "TRANSFORMER_DATA_DIR": data_root, "PYTHONPATH": str(ROOT), "TORCH_LOGS": "recompiles"}
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    env = {**os.environ, "TRANSFORMER_DATA_DIR": data_root, "PYTHONPATH": str(REPO), "TORCH_LOGS": "recompiles"}
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{variant}: exit {out.returncode}: {out.stderr[-2000:]}")
     results = json.loads((run_dir / "results.json").read_text())
@@ -84,18 +82,33 @@ def markdown(rows: list[dict], variants: list[str]) -> str:
         v: {k: statistics.median(r[k] for r in rows if r["variant"] == v and r[k] is not None) for k in KEYS}
         for v in variants
     }
-    lines = [
-        "| variant | tok/s (all) | tok/s (updates 2..N) | ratio (2..N) | first update s | recompilations | max RSS MB "
-        "| precision |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
-    ]
     base = med[variants[0]]["tok_s_after_first"]
-    for v in variants:
-        m, first = med[v], next(r for r in rows if r["variant"] == v)
-        lines.append(
-            f"| `{v}` | {m['tok_s']:,.0f} | {m['tok_s_after_first']:,.0f} | {m['tok_s_after_first'] / base:.3f} | "
-            f"{m['first_update_s']:.1f} | {m['recompiles']:g} | {m['rss_mb']:,.0f} | {first['precision']} |"
-        )
+    lines = table(
+        [
+            "variant",
+            "tok/s (all)",
+            "tok/s (updates 2..N)",
+            "ratio (2..N)",
+            "first update s",
+            "recompilations",
+            "max RSS MB",
+            "precision",
+        ],
+        "lrrrrrrl",
+        (
+            [
+                f"`{v}`",
+                cell(med[v]["tok_s"], "{:,.0f}"),
+                cell(med[v]["tok_s_after_first"], "{:,.0f}"),
+                cell(med[v]["tok_s_after_first"] / base, "{:.3f}"),
+                cell(med[v]["first_update_s"], "{:.1f}"),
+                cell(med[v]["recompiles"], "{:g}"),
+                cell(med[v]["rss_mb"], "{:,.0f}"),
+                cell(next(r for r in rows if r["variant"] == v)["precision"]),
+            ]
+            for v in variants
+        ),
+    )
     rounds = sorted({r["round"] for r in rows})
     notes = f"{len(rounds)} rounds (medians), {rows[0]['updates']} updates, CPU {rows[0]['cpu']}."
     return "\n".join(lines) + "\n\n" + notes + "\n"

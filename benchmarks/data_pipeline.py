@@ -26,9 +26,9 @@ built the same way from Multi30k's validation and test sets. It measures
 Usage (from the repository root; the data root defaults to ``$TRANSFORMER_DATA_DIR`` or
 ``../shared/data``)::
 
-    flock /tmp/cpu.lock python benchmarks/data_pipeline.py [--config multi30k_en_de] [--vocab-size 8000]
-    flock /tmp/cpu.lock python benchmarks/data_pipeline.py --synthetic-pairs 290000 --out docs/benchmarks/data_pipeline_290k.json
-    flock /tmp/cpu.lock python benchmarks/data_pipeline.py --synthetic-pairs 4500000 --out docs/benchmarks/data_pipeline_4.5M.json
+    flock /tmp/cpu.lock python -m benchmarks.data_pipeline [--config multi30k_en_de] [--vocab-size 8000]
+    flock /tmp/cpu.lock python -m benchmarks.data_pipeline --synthetic-pairs 290000 --out docs/benchmarks/data_pipeline_290k.json
+    flock /tmp/cpu.lock python -m benchmarks.data_pipeline --synthetic-pairs 4500000 --out docs/benchmarks/data_pipeline_4.5M.json
 """
 
 from __future__ import annotations
@@ -45,11 +45,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from process_memory import run_monitored, status_kb  # noqa: E402
+from benchmarks import REPO, git_commit, module_command
+from benchmarks.process_memory import run_monitored, status_kb
+from transformer.analysis.markdown import table
 
 MB = 2**20
 
@@ -191,9 +189,8 @@ def run_ranks(overrides: list[str], max_tokens: int, world_size: int) -> list[di
         starts.append(time.perf_counter())
         procs.append(
             subprocess.Popen(
-                [
-                    sys.executable,
-                    __file__,
+                module_command(
+                    "data_pipeline",
                     "--probe",
                     json.dumps(overrides),
                     "--max-tokens",
@@ -202,7 +199,7 @@ def run_ranks(overrides: list[str], max_tokens: int, world_size: int) -> list[di
                     str(rank),
                     "--world-size",
                     str(world_size),
-                ],
+                ),
                 cwd=REPO,
                 env=env,
                 stdin=subprocess.PIPE,
@@ -294,7 +291,7 @@ def synthetic(args: argparse.Namespace) -> dict[str, Any]:
             "startup": startup,
             "max_tokens": args.max_tokens,
             "date": time.strftime("%Y-%m-%d"),
-            "commit": _commit(),
+            "commit": git_commit(),
         }
     finally:
         if not args.work_dir:
@@ -404,12 +401,19 @@ def render_markdown(folder: Path) -> str:
         cache = r["startup"]["cache_1rank"][0]
         pss_two = " + ".join(f"{x['measured']['data_pss_mb']:,.0f}" for x in two)
         rows.append(
-            f"| {r['synthetic_pairs']:,} (vocab {r['vocab_size']:,}) | {c['src_tokens'] + c['tgt_tokens']:,} | {pre['wall_s']:.0f} s | "
-            f"{pre['peak_tree_pss_mb']:,.0f} / {pre['peak_tree_rss_mb']:,.0f} MB ({pre['processes']} proc.) | "
-            f"{r['disk_mb']:,.0f} MB | {r['preprocess_cache_hit_s']:.1f} s | "
-            f"{cache['ready']['startup_s']:.1f} s / {one['ready']['startup_s']:.1f} s | "
-            f"{one['ready']['data_rss_mb']:,.0f} MB -> {one['touched']['data_rss_mb']:,.0f} MB ({one['measured']['bytes_per_token']} B/token) | "
-            f"{pss_two} MB | {r['date']}, `{r['commit']}` |"
+            [
+                f"{r['synthetic_pairs']:,} (vocab {r['vocab_size']:,})",
+                f"{c['src_tokens'] + c['tgt_tokens']:,}",
+                f"{pre['wall_s']:.0f} s",
+                f"{pre['peak_tree_pss_mb']:,.0f} / {pre['peak_tree_rss_mb']:,.0f} MB ({pre['processes']} proc.)",
+                f"{r['disk_mb']:,.0f} MB",
+                f"{r['preprocess_cache_hit_s']:.1f} s",
+                f"{cache['ready']['startup_s']:.1f} s / {one['ready']['startup_s']:.1f} s",
+                f"{one['ready']['data_rss_mb']:,.0f} MB -> {one['touched']['data_rss_mb']:,.0f} MB "
+                f"({one['measured']['bytes_per_token']} B/token)",
+                f"{pss_two} MB",
+                f"{r['date']}, `{r['commit']}`",
+            ]
         )
     return "\n".join(
         [
@@ -418,21 +422,25 @@ def render_markdown(folder: Path) -> str:
             "Synthetic corpus: real Multi30k pairs concatenated two at a time (WMT-like lengths), joint BPE,",
             f"`scripts/preprocess.py` with one encoding worker per CPU. {TARGETS}.",
             "",
-            "| train pairs | train tokens | preprocess wall | preprocess peak PSS / RSS (tree) | on disk | cache hit | start-up cache / binarized | data RSS per rank: start -> all pages read | data PSS, 2 ranks | measured |",
-            "|---:|---:|---:|---|---:|---:|---|---|---|---|",
-            *rows,
+            *table(
+                [
+                    "train pairs",
+                    "train tokens",
+                    "preprocess wall",
+                    "preprocess peak PSS / RSS (tree)",
+                    "on disk",
+                    "cache hit",
+                    "start-up cache / binarized",
+                    "data RSS per rank: start -> all pages read",
+                    "data PSS, 2 ranks",
+                    "measured",
+                ],
+                "rrrlrrllll",
+                rows,
+            ),
             "",
         ]
     )
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        return ""
 
 
 def main() -> None:

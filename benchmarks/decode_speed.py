@@ -2,7 +2,7 @@
 on the same weights.
 
     # one command: trains a tiny checkpoint first when RUN has none (scripts/train.py, ~10 min CPU)
-    flock /tmp/cpu_heavy.lock python benchmarks/decode_speed.py --run runs/bench_tiny --data-root ../shared/data
+    flock /tmp/cpu_heavy.lock python -m benchmarks.decode_speed --run runs/bench_tiny --data-root ../shared/data
 
 Our trained encoder-decoder (post-LN, ReLU, sinusoidal, tied embeddings: the 2017 recipe) is copied
 into a Hugging Face ``MarianMTModel`` of the same dimensions (:mod:`transformer.interop.hf_marian`,
@@ -39,10 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
+from benchmarks import REPO, module_command
 
 # ----------------------------------------------------------------------------- parity
 
@@ -181,7 +178,7 @@ def ensure_checkpoint(args: argparse.Namespace) -> None:
         return
     cmd = [
         sys.executable,
-        str(ROOT / "scripts" / "train.py"),
+        str(REPO / "scripts" / "train.py"),
         f"run_dir={run}",
         "model=transformer_tiny",
         f"train.max_time={args.train_seconds}",
@@ -261,12 +258,14 @@ def main() -> None:
         for system in systems:
             if system == "hf_early" and strategy != "beam":
                 continue
-            cmd = [sys.executable, __file__, "--worker", f"--system={system}", f"--strategy={strategy}"] + [
+            cmd = module_command("decode_speed", "--worker", f"--system={system}", f"--strategy={strategy}") + [
                 f"--{k.replace('_', '-')}={v}"
                 for k, v in vars(args).items()
                 if k not in ("worker", "system", "strategy", "strategies", "systems", "out") and v is not None
             ]
-            res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            res = subprocess.run(
+                cmd, capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            )
             line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
             if res.returncode != 0 or not line:
                 print(res.stdout[-2000:], res.stderr[-4000:], file=sys.stderr)

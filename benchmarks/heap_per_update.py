@@ -2,8 +2,8 @@
 keeps: with ``--trim``, ``malloc_trim(0)`` after each update hands the heap's free pages back, and the
 RSS after it is the memory the process still holds.
 
-    python benchmarks/heap_per_update.py --out /tmp/heap/keep.jsonl -- train.max_updates=150
-    python benchmarks/heap_per_update.py --trim --out /tmp/heap/trim.jsonl -- train.max_updates=150
+    python -m benchmarks.heap_per_update --out /tmp/heap/keep.jsonl -- train.max_updates=150
+    python -m benchmarks.heap_per_update --trim --out /tmp/heap/trim.jsonl -- train.max_updates=150
 
 Everything after ``--`` goes to ``scripts/train.py`` (the README's default command, with no validation
 and no test: ``FIXED``). The training runs in this process, its ``Trainer.train_step`` wrapped to read
@@ -23,11 +23,8 @@ import runpy
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.batch_shapes import FIXED  # noqa: E402  (training only: no validation, no test split beside the data's own)
+from benchmarks import REPO
+from benchmarks.batch_shapes import FIXED  # training only: no validation, no test split beside the data's own
 
 
 def rss_mb() -> float:
@@ -70,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--trim", action="store_true", help="malloc_trim(0) after each update")
     args = p.parse_args(own)
     record_updates(args.out, args.trim)
-    sys.argv = [str(ROOT / "scripts" / "train.py"), *FIXED, *train_args]
+    sys.argv = [str(REPO / "scripts" / "train.py"), *FIXED, *train_args]
     runpy.run_path(sys.argv[0], run_name="__main__")
 
 

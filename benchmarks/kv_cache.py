@@ -12,24 +12,23 @@ add up to the computed bytes.
 
 Usage (from the repository root)::
 
-    python benchmarks/kv_cache.py                                   # -> docs/benchmarks/kv_cache.md
-    python benchmarks/kv_cache.py --quick --out /tmp/kv_cache.md    # llama_style_tiny, a seconds-long check
+    python -m benchmarks.kv_cache                                   # -> docs/benchmarks/kv_cache.md
+    python -m benchmarks.kv_cache --quick --out /tmp/kv_cache.md    # llama_style_tiny, a seconds-long check
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from transformer.config import model_sizes, register_configs  # noqa: E402
-from transformer.models import build_model, kv_cache_bytes, kv_cache_bytes_per_token  # noqa: E402
+from benchmarks import REPO
+from transformer.analysis.markdown import cell
+from transformer.analysis.markdown import table as md_table
+from transformer.config import model_sizes, register_configs
+from transformer.models import build_model, kv_cache_bytes, kv_cache_bytes_per_token
 
 VARIANTS: list[tuple[str, list[str]]] = [
     ("MHA", ["model/attention=mha"]),
@@ -107,18 +106,35 @@ def markdown(preset: str, rows: list[dict[str, Any]]) -> str:
         "",
         f"Decoder-only, {cfg.n_decoder_layers + cfg.n_encoder_layers} layers, d_model {cfg.d_model}, "
         f"{cfg.n_heads} heads of {cfg.d_model // cfg.n_heads}. Computed by `transformer.models.kv_cache_bytes_per_token` "
-        "/ `kv_cache_bytes` (`python benchmarks/kv_cache.py`), and checked against the tensors the caches of a "
+        "/ `kv_cache_bytes` (`python -m benchmarks.kv_cache`), and checked against the tensors the caches of a "
         "built model hold after a 16-token prefill. Self-attention caches only; a sliding-window layer's "
         f"rolling buffer holds at most its window, so its bytes stop growing there (column: one {SEQUENCE}-token sequence).",
         "",
-        f"| attention | overrides | values / token / layer | bytes / token (fp32) | bytes / token (bf16) | vs MHA | {SEQUENCE} tokens (bf16) |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        *md_table(
+            [
+                "attention",
+                "overrides",
+                "values / token / layer",
+                "bytes / token (fp32)",
+                "bytes / token (bf16)",
+                "vs MHA",
+                f"{SEQUENCE} tokens (bf16)",
+            ],
+            "llrrrrr",
+            (
+                [
+                    r["attention"],
+                    f"`{r['overrides']}`",
+                    cell(r["values_per_layer"]),
+                    cell(r["fp32"], "{:,}"),
+                    cell(r["bf16"], "{:,}"),
+                    cell(r["ratio"], "{:.3f}"),
+                    cell(r["sequence"] / 2**20, "{:.1f} MiB"),
+                ]
+                for r in rows
+            ),
+        ),
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['attention']} | `{r['overrides']}` | {r['values_per_layer']} | {r['fp32']:,} | {r['bf16']:,} | "
-            f"{r['ratio']:.3f} | {r['sequence'] / 2**20:.1f} MiB |"
-        )
     lines += [
         "",
         "MLA caches `kv_lora_rank + qk_rope_head_dim` values per layer (the latent and the one rotated key shared by "

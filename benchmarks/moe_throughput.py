@@ -3,8 +3,8 @@ at the same dims, in one process, on the same batch.
 
 One command (from the repository root; transformers comes with the ``bench`` extra)::
 
-    python benchmarks/moe_throughput.py                 # llama_style_tiny + model/ffn=moe, 8 experts, top-2
-    python benchmarks/moe_throughput.py --quick         # a smoke run: 2 layers, 8 rows, 1 round of 2 steps
+    python -m benchmarks.moe_throughput                 # llama_style_tiny + model/ffn=moe, 8 experts, top-2
+    python -m benchmarks.moe_throughput --quick         # a smoke run: 2 layers, 8 rows, 1 round of 2 steps
 
 prints a Markdown table (target tokens/s of a training step: zero_grad, forward, loss with the
 load-balancing term, backward, Adam step; median of ``--steps`` steps after ``--warmup``, then
@@ -32,20 +32,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+import torch
 
-import torch  # noqa: E402
-from train_throughput import LABEL_SMOOTHING, VOCAB, make_batch, make_optimizer, preset, time_steps  # noqa: E402
-
-from transformer.config import model_sizes  # noqa: E402
-from transformer.models import build_model, count_parameters, moe_blocks  # noqa: E402
-from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss  # noqa: E402
+from benchmarks.train_step import LABEL_SMOOTHING, VOCAB, make_batch, make_optimizer, preset, time_steps
+from transformer.analysis.markdown import cell, table
+from transformer.config import model_sizes
+from transformer.models import build_model, count_parameters, moe_blocks
+from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss
 
 
 class OursMoE(torch.nn.Module):
@@ -149,10 +145,17 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         f"{args.experts} experts (top-{args.top_k}, width {model_sizes(cfg).ffn_hidden}), batch {args.rows} x "
         f"({args.src_len} + {args.tgt_len}) tokens, {args.threads} threads, fp32\n"
     )
-    print("| model | target tok/s | step ms | vs ours | params (active) |\n|---|---:|---:|---:|---:|")
-    for r in out:
-        params = f"{r['params']:,}" + (f" ({r['active_params']:,})" if r["active_params"] else "")
-        print(f"| {r['name']} | {r['tok_s']:,.0f} | {r['step_s'] * 1e3:.1f} | {r['ratio']:.2f}x | {params} |")
+    cells = [
+        [
+            r["name"],
+            cell(r["tok_s"], "{:,.0f}"),
+            cell(r["step_s"] * 1e3, "{:.1f}"),
+            cell(r["ratio"], "{:.2f}x"),
+            f"{r['params']:,}" + (f" ({r['active_params']:,})" if r["active_params"] else ""),
+        ]
+        for r in out
+    ]
+    print("\n".join(table(["model", "target tok/s", "step ms", "vs ours", "params (active)"], "lrrrr", cells)))
     return out
 
 

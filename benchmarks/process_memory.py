@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks import REPO
 
 
 def status_kb(pid: int | str, *fields: str) -> dict[str, int]:

@@ -2,9 +2,9 @@
 
 Example (from the repository root; peers need the ``bench`` extra)::
 
-    python benchmarks/profile_step.py --model ours --preset transformer_tiny
-    python benchmarks/profile_step.py --model "HF Marian" --preset transformer_tiny
-    python benchmarks/profile_step.py --model ours --preset llama_style_tiny model.dropout=0.0
+    python -m benchmarks.profile_step --model ours --preset transformer_tiny
+    python -m benchmarks.profile_step --model "HF Marian" --preset transformer_tiny
+    python -m benchmarks.profile_step --model ours --preset llama_style_tiny model.dropout=0.0
 
 Same batch, optimizer, threads and allocator setting as ``benchmarks/train_throughput.py``: the
 median step time of ``--steps`` steps, then the operators of ``--profile-steps`` steps sorted by
@@ -14,16 +14,12 @@ their own CPU time (``--row-limit`` rows).
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+from torch.profiler import ProfilerActivity, profile
 
-import peers  # noqa: E402
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
-from train_throughput import (  # noqa: E402
+from benchmarks import peers
+from benchmarks.train_step import (
     SIZES,
     SRC_LEN,
     TGT_LEN,
@@ -35,8 +31,7 @@ from train_throughput import (  # noqa: E402
     preset,
     time_steps,
 )
-
-from transformer.training.job.allocator import tune_cpu_allocator  # noqa: E402
+from transformer.training.job.allocator import tune_cpu_allocator
 
 
 def main() -> None:

@@ -15,24 +15,19 @@ import gc
 import os
 import platform
 import resource
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+import torch
 
-import torch  # noqa: E402
-
-from transformer.models import build_model  # noqa: E402
-from transformer.models.flops import forward_flops  # noqa: E402
-from transformer.modules.ffn import glu_hidden_size  # noqa: E402
-from transformer.training.job.allocator import tune_cpu_allocator  # noqa: E402
-from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss  # noqa: E402
-from transformer.training.step.optim import build_optimizer  # noqa: E402
-from transformer.training.step.precision import cpu_has_fast_bf16  # noqa: E402
+from benchmarks import REPO
+from transformer.models import build_model
+from transformer.models.flops import forward_flops
+from transformer.modules.ffn import glu_hidden_size
+from transformer.training.job.allocator import tune_cpu_allocator
+from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss
+from transformer.training.step.optim import build_optimizer
+from transformer.training.step.precision import cpu_has_fast_bf16
 
 VOCAB = 8000
 SRC_LEN = TGT_LEN = 24

@@ -2,7 +2,7 @@
 
 One command (from the repository root; peers come from the ``bench`` extra)::
 
-    python benchmarks/train_throughput.py
+    python -m benchmarks.train_throughput
 
 prints a Markdown table and writes ``docs/benchmarks/train_throughput.json`` (and ``.md``; ``--out``
 elsewhere). Every measured model (table row, scaling point) runs in a fresh subprocess of this file
@@ -63,42 +63,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+import torch
 
-import torch  # noqa: E402
-from train_step import (  # noqa: E402,F401  (re-exported: the names other benchmarks import from here)
-    DEVICE_PEAKS,
+from benchmarks import REPO, git_commit, module_command
+from benchmarks.train_step import (
     DTYPES,
-    LABEL_SMOOTHING,
     PRESET_OVERRIDES,
     SIZES,
     SRC_LEN,
     TGT_LEN,
-    VOCAB,
-    Ours,
     _p,
     cpu_name,
     cuda_matmul_peak,
     device_peak,
-    dims,
-    make_batch,
-    make_optimizer,
     matmul_peak,
-    measure_on_cuda,
-    model_under_test,
-    our_dropout,
     preset,
-    synchronize,
-    time_steps,
     train_flops,
     worker,
 )
-from train_throughput_report import markdown  # noqa: E402
-
-from transformer.models.flops import kv_cache_bytes_per_token  # noqa: E402
-from transformer.training.step.precision import cpu_has_fast_bf16  # noqa: E402
+from benchmarks.train_throughput_report import markdown
+from transformer.models.flops import kv_cache_bytes_per_token
+from transformer.training.step.precision import cpu_has_fast_bf16
 
 # ----------------------------------------------------------------------------- one row per fresh process
 
@@ -107,10 +92,10 @@ def run_one(name: str, spec: dict[str, Any], tokens: int, args: argparse.Namespa
     """Run ``spec`` in a fresh worker process; a failed worker gives a skipped row with its reason."""
     spec = {**spec, "threads": args.threads, "malloc": args.malloc}
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+    cmd = module_command("train_throughput", "--worker", json.dumps(spec))
     reason, r = "", None
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.worker_timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=args.worker_timeout)
         lines = proc.stdout.strip().splitlines()
         if proc.returncode == 0 and lines:
             try:
@@ -185,7 +170,7 @@ def bf16_skip_reason(args: argparse.Namespace, peaks: dict[str, float]) -> str:
 
 
 def throughput(args: argparse.Namespace, peaks: dict[str, float]) -> list[dict[str, Any]]:
-    from peers import decoder_only_peers, encdec_peers
+    from benchmarks.peers import decoder_only_peers, encdec_peers
 
     rows_out = []
     several = len(args.precision) > 1
@@ -428,14 +413,9 @@ def main() -> None:
     for prec, value in peaks.items():
         print(f"{prec} matmul peak: {value / 1e9:.1f} GFLOP/s ({gpu or f'{args.threads} threads'})", flush=True)
     peak = peaks["fp32"]
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        commit = "?"
+    commit = git_commit()
     res: dict[str, Any] = {
-        "command": "python benchmarks/train_throughput.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.train_throughput " + " ".join(sys.argv[1:]),
         "rounds": args.rounds,
         "base_rounds": args.base_rounds,
         "date": datetime.date.today().isoformat(),

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from train_step import VOCAB
+from benchmarks.train_step import VOCAB
+from transformer.analysis.markdown import cell, table
 
 
 def _skip_cell(r: dict[str, Any]) -> str:
-    reason = r["skipped"].replace("|", "/")
-    return f"skipped ({reason[:100]})"
+    return f"skipped ({cell(r['skipped'], limit=100)})"
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -63,9 +63,21 @@ def markdown(res: dict[str, Any]) -> str:
         "on embeddings and residual branches; nn.Transformer also on attention weights and FFN hidden units; "
         "x-transformers on embeddings and FFN hidden units only.",
         "",
-        "| size | family | model | precision | dropout | target tok/s | ratio to ours | bf16/fp32 | MFU | step ms | memory MiB |",
-        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
+    header = [
+        "size",
+        "family",
+        "model",
+        "precision",
+        "dropout",
+        "target tok/s",
+        "ratio to ours",
+        "bf16/fp32",
+        "MFU",
+        "step ms",
+        "memory MiB",
+    ]
+    cells = []
     compiled = []
     bf16_skips = {
         r["skipped"]
@@ -80,17 +92,26 @@ def markdown(res: dict[str, Any]) -> str:
             if r.get("skipped") in bf16_skips:
                 continue  # one sentence under the table
             if "tok_s" not in r:
-                lines.append(f"| {size} | {block['family']} | {r['name']} | {prec} | | {_skip_cell(r)} | | | | | |")
+                cells.append([size, block["family"], r["name"], prec, "", _skip_cell(r)])
                 continue
-            ratio = f"{r['ratio_to_ours']:.2f}" if "ratio_to_ours" in r else ""
-            speedup = f"{r['speedup_vs_ours_fp32']:.2f}" if "speedup_vs_ours_fp32" in r else ""
-            lines.append(
-                f"| {size} | {block['family']} | {r['name']} | {prec} | {r['dropout']} | "
-                f"{r['tok_s']:,.0f} | {ratio} | {speedup} | {100 * r['mfu']:.0f}% | {1e3 * r['step_s']:.0f} | "
-                f"{r['mem_mb']:.0f} |"
+            cells.append(
+                [
+                    size,
+                    block["family"],
+                    r["name"],
+                    prec,
+                    cell(r["dropout"]),
+                    cell(r["tok_s"], "{:,.0f}"),
+                    cell(r.get("ratio_to_ours"), "{:.2f}"),
+                    cell(r.get("speedup_vs_ours_fp32"), "{:.2f}"),
+                    cell(100 * r["mfu"], "{:.0f}%"),
+                    cell(1e3 * r["step_s"], "{:.0f}"),
+                    cell(r["mem_mb"], "{:.0f}"),
+                ]
             )
             if "compile_s" in r:
                 compiled.append(f"{block['size']} {block['family']} {r['compile_s']:.1f} s")
+    lines += table(header, "lllllrrrrrr", cells)
     if compiled:
         lines += ["", "torch.compile rows: first (compiling) step, not in the step time: " + "; ".join(compiled) + "."]
     for reason in sorted(bf16_skips):
@@ -99,31 +120,39 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         "## KV cache per generated token (Llama-style base, fp32, all layers)",
         "",
-        "| attention | n_heads | n_kv_heads | bytes/token | ratio to MHA |",
-        "|---|---:|---:|---:|---:|",
+        *table(
+            ["attention", "n_heads", "n_kv_heads", "bytes/token", "ratio to MHA"],
+            "lrrrr",
+            (
+                [
+                    r["attention"],
+                    cell(r["n_heads"]),
+                    cell(r["n_kv_heads"]),
+                    cell(r["bytes_per_token"], "{:,}"),
+                    cell(r["ratio_to_mha"], "{:.3f}"),
+                ]
+                for r in res["kv_cache"]
+            ),
+        ),
     ]
-    for r in res["kv_cache"]:
-        lines.append(
-            f"| {r['attention']} | {r['n_heads']} | {r['n_kv_heads']} | {r['bytes_per_token']:,} | "
-            f"{r['ratio_to_mha']:.3f} |"
-        )
     if res.get("scaling"):
         for key, head in (("seq_len", "sequence length"), ("batch_tokens", "batch tokens (len 32)")):
             if key == "seq_len":
                 lines += ["", "## Scaling (ours, tiny encoder-decoder, one process per point)"]
-            lines += [
-                "",
-                f"| {head} | rows | tokens/s | step ms | MFU | memory MiB |",
-                "|---:|---:|---:|---:|---:|---:|",
+            points = [
+                [cell(r[key]), cell(r["rows"]), _skip_cell(r)]
+                if "tok_s" not in r
+                else [
+                    cell(r[key]),
+                    cell(r["rows"]),
+                    cell(r["tok_s"], "{:,.0f}"),
+                    cell(1e3 * r["step_s"], "{:.0f}"),
+                    cell(100 * r["mfu"], "{:.0f}%"),
+                    cell(r["mem_mb"], "{:.0f}"),
+                ]
+                for r in res["scaling"][key]
             ]
-            for r in res["scaling"][key]:
-                if "tok_s" not in r:
-                    lines.append(f"| {r[key]} | {r['rows']} | {_skip_cell(r)} | | | |")
-                    continue
-                lines.append(
-                    f"| {r[key]} | {r['rows']} | {r['tok_s']:,.0f} | {1e3 * r['step_s']:.0f} | "
-                    f"{100 * r['mfu']:.0f}% | {r['mem_mb']:.0f} |"
-                )
+            lines += ["", *table([head, "rows", "tokens/s", "step ms", "MFU", "memory MiB"], "rrrrrr", points)]
     if res.get("decode"):
         d = res["decode"]
         lines += [
@@ -132,15 +161,20 @@ def markdown(res: dict[str, Any]) -> str:
             "",
             "Same checkpoint in both systems (ours copied into a same-size HF Marian); ratio = system / ours.",
             "",
-            "| system | search | sentences/s | target tok/s | ratio to ours | peak MiB | BLEU | same output as ours |",
-            "|---|---|---:|---:|---:|---:|---:|---:|",
         ]
-        for r in d["rows"]:
-            ratio = "" if r["ratio_to_ours"] is None else f"{r['ratio_to_ours']:.2f}"
-            same = "" if r["same_as_ours"] is None else f"{100 * r['same_as_ours']:.1f}%"
-            search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
-            lines.append(
-                f"| {r['system']} | {search} | {r['sentences_per_s']:.1f} | {r['tokens_per_s']:,.0f} | {ratio} | "
-                f"{r['peak_mb']:.0f} | {r['bleu']:.2f} | {same} |"
-            )
+        header = ["system", "search", "sentences/s", "target tok/s", "ratio to ours", "peak MiB", "BLEU"]
+        rows = [
+            [
+                r["system"],
+                "greedy" if r["beam"] == 1 else f"beam {r['beam']}",
+                cell(r["sentences_per_s"], "{:.1f}"),
+                cell(r["tokens_per_s"], "{:,.0f}"),
+                cell(r["ratio_to_ours"], "{:.2f}"),
+                cell(r["peak_mb"], "{:.0f}"),
+                cell(r["bleu"], "{:.2f}"),
+                cell(r["same_as_ours"] and 100 * r["same_as_ours"], "{:.1f}%"),
+            ]
+            for r in d["rows"]
+        ]
+        lines += table([*header, "same output as ours"], "llrrrrrr", rows)
     return "\n".join(lines) + "\n"

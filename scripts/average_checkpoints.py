@@ -24,18 +24,10 @@ and reports errors as ``average_checkpoints.py: error: ...`` with exit status 1
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if (
-    importlib.util.find_spec("transformer") is None
-):  # a checkout without an install (an installed package is used as installed)
-    sys.path.insert(0, str(ROOT))
-
-from transformer.cli import user_errors  # noqa: E402
-from transformer.training.checkpoint import CheckpointError, write_average  # noqa: E402
+from transformer.cli import user_errors
+from transformer.training.checkpoint import CheckpointError, write_average
 
 PROG = "average_checkpoints.py"
 ERRORS = {(ValueError, FileNotFoundError, CheckpointError): 1}

@@ -36,18 +36,11 @@ results.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if (
-    importlib.util.find_spec("transformer") is None
-):  # a checkout without an install (an installed package is used as installed)
-    sys.path.insert(0, str(ROOT))
-
-from transformer.analysis import DEFAULT_BUCKETS, NoFinishedRun, compare_and_write  # noqa: E402
-from transformer.cli import user_errors  # noqa: E402
+from transformer.analysis import DEFAULT_BUCKETS, NoFinishedRun, compare_and_write
+from transformer.cli import user_errors
 
 ERRORS = {NoFinishedRun: 1, (FileNotFoundError, ValueError): 2}
 """The user errors this script reports on one line, and their exit statuses."""

@@ -46,24 +46,18 @@ config and reports errors (:func:`transformer.generation.prepare.run_script`).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if (
-    importlib.util.find_spec("transformer") is None
-):  # a checkout without an install (an installed package is used as installed)
-    sys.path.insert(0, str(ROOT))
+import hydra
+from omegaconf import DictConfig
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from transformer.config import ConfigError, register_configs
+from transformer.data.corpus import DataError
+from transformer.evaluation.command import evaluate
+from transformer.generation import LoadError
+from transformer.generation.prepare import run_script
 
-from transformer.config import ConfigError, register_configs  # noqa: E402
-from transformer.data.corpus import DataError  # noqa: E402
-from transformer.evaluation.command import evaluate  # noqa: E402
-from transformer.generation import LoadError  # noqa: E402
-from transformer.generation.prepare import run_script  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: its configs/ are the scripts' config
 
 register_configs()  # generation_overrides, the schema of the generation.* fields
 

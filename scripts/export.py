@@ -23,24 +23,18 @@ reports errors (:func:`transformer.cli.user_errors`).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if (
-    importlib.util.find_spec("transformer") is None
-):  # a checkout without an install (an installed package is used as installed)
-    sys.path.insert(0, str(ROOT))
+import hydra
+from omegaconf import DictConfig
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from transformer.cli import user_errors
+from transformer.config import ConfigError
+from transformer.generation import LoadError
+from transformer.interop import ExportError, run_export
+from transformer.plugins import PluginError, set_user_choice
 
-from transformer.cli import user_errors  # noqa: E402
-from transformer.config import ConfigError  # noqa: E402
-from transformer.generation import LoadError  # noqa: E402
-from transformer.interop import ExportError, run_export  # noqa: E402
-from transformer.plugins import PluginError, set_user_choice  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: its configs/ are the scripts' config
 
 run = run_export  # the script's work (what main calls; tests call it in-process)
 ERRORS = {(ExportError, LoadError, ConfigError, PluginError, FileNotFoundError): 2}

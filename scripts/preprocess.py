@@ -17,25 +17,20 @@ one-line message on stderr for bad data (naming file and line), 2 for an invalid
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if (
-    importlib.util.find_spec("transformer") is None
-):  # a checkout without an install (an installed package is used as installed)
-    sys.path.insert(0, str(ROOT))
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
 
-import hydra  # noqa: E402
-from hydra.core.config_store import ConfigStore  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from transformer.cli import user_errors
+from transformer.config import DataConfig
+from transformer.data.errors import DataError
 
-from transformer.cli import user_errors  # noqa: E402
-from transformer.config import DataConfig  # noqa: E402
-from transformer.data.errors import DataError  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: its configs/ are the scripts' config
 
 
 @dataclass

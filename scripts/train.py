@@ -21,21 +21,16 @@ with ``train.resume=auto`` continues it. The return value, for a sweeper such as
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if (
-    importlib.util.find_spec("transformer") is None
-):  # a checkout without an install (an installed package is used as installed)
-    sys.path.insert(0, str(ROOT))
+import hydra
+from omegaconf import DictConfig
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from transformer.config import register_configs
+from transformer.training.command import prepare_command_line, train_job
 
-from transformer.config import register_configs  # noqa: E402
-from transformer.training.command import prepare_command_line, train_job  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: its configs/ are the scripts' config
 
 register_configs()
 

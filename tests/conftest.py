@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import os
 import socket
 import sys
@@ -13,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from transformer.config import ModelConfig, option_config
+from transformer.data import download
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("TRANSFORMER_DATA_DIR", REPO_ROOT.parent / "shared" / "data"))
@@ -103,29 +103,12 @@ def tiny_model_config(**overrides) -> OmegaConf:
 
 
 def multi30k_excerpt(folder: Path, sizes: dict[str, int]) -> Path:
-    """The first ``n`` pairs of each Multi30k split of ``sizes`` (``{"train": 300, "val": 20, ...}``,
-    the split's name in the shared folder) as plain ``<split>.en`` / ``<split>.de`` files in
-    ``folder`` (created), for ``data=parallel_text``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, n in sizes.items():
-        for lang in ("en", "de"):
-            with gzip.open(SHARED_DATA / "multi30k" / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-                (folder / f"{split}.{lang}").write_text("".join(next(f) for _ in range(n)), encoding="utf-8")
-    return folder
+    """:func:`transformer.data.download.multi30k_excerpt` of the shared data: the first ``n`` pairs of
+    each Multi30k split of ``sizes`` (``{"train": 300, "val": 20, ...}``) in ``folder``."""
+    return download.multi30k_excerpt(SHARED_DATA, folder, sizes)
 
 
 def parallel_text_args(corpus: Path, vocab_size: int) -> list[str]:
-    """``scripts/train.py`` overrides that read a :func:`multi30k_excerpt` folder (train, val,
-    test_2016_flickr, en->de) with a vocabulary of ``vocab_size`` and the data cache inside it."""
-    return [
-        "data=parallel_text",
-        f"data.root={corpus}",
-        "data.src_lang=en",
-        "data.tgt_lang=de",
-        "data.train_prefix=train",
-        "data.valid_prefix=val",
-        "data.test_prefix=test_2016_flickr",
-        "data.test_splits=[test_2016_flickr]",
-        f"data.vocab_size={vocab_size}",
-        f"data.cache_dir={corpus}/cache",
-    ]
+    """``scripts/train.py`` overrides that read a :func:`multi30k_excerpt` folder
+    (:func:`transformer.data.download.excerpt_overrides`)."""
+    return download.excerpt_overrides(corpus, vocab_size)

@@ -300,3 +300,18 @@ def test_names_are_imported_from_their_home_not_through_a_module_that_imported_t
     for module in NO_RE_EXPORTS:
         exported = set(importlib.import_module(module).__all__)
         assert exported <= defined[module], f"{module}.__all__ re-exports {sorted(exported - defined[module])}"
+
+
+def test_scripts_and_benchmarks_run_on_the_installed_package_without_editing_sys_path():
+    """``python scripts/NAME.py`` and ``python -m benchmarks.NAME`` import the installed package; none of
+    them puts a folder on ``sys.path`` (a second way to find the code, and another copy's code found first)."""
+    edits = []
+    for path in sorted([*(REPO_ROOT / "scripts").glob("*.py"), *(REPO_ROOT / "benchmarks").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            target = node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None
+            if isinstance(node, (ast.Assign, ast.AugAssign)):
+                target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+                target = target.value if isinstance(target, ast.Subscript) else target
+            if isinstance(target, ast.Attribute) and ast.unparse(target) == "sys.path":
+                edits.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}")
+    assert not edits, edits

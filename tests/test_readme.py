@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
+import sys
 import typing
 from pathlib import Path
 
@@ -176,6 +177,76 @@ def test_every_command_composes(page, name, args, line):
     if name == "train":
         cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
         validate_config(cfg)
+
+
+def benchmark_commands(text: str) -> list[tuple[str, list[str], str]]:
+    """``(module, its arguments, the line)`` for every ``python -m benchmarks.NAME ...`` of a page's bash
+    blocks and inline code, up to a comment, ``&&``, ``;``, ``|`` or a redirection."""
+    lines = _code_lines(text) + re.findall(r"`([^`\n]*python -m benchmarks\.[^`\n]*)`", text)
+    found = []
+    for line in lines:
+        for m in re.finditer(r"python -m benchmarks\.([a-z_][a-z_.]*)(.*)", line):
+            rest = re.split(r"\s(?:#|&&|;|\||\d?>)", " " + m.group(2))[0]
+            try:
+                words = shlex.split(rest)
+            except ValueError:
+                continue
+            found.append((m.group(1), [re.sub(r"<[^<>\s]+>", "PLACEHOLDER", w) for w in words], line))
+    return found
+
+
+BENCHMARK_COMMANDS = [
+    (_rel(page), name, args, line) for page in COMMAND_PAGES for name, args, line in benchmark_commands(_text(page))
+]
+
+
+class _Parsed(Exception):
+    """Raised in place of running a benchmark once its command line has parsed."""
+
+
+def test_the_pages_run_benchmarks_as_modules_of_the_package():
+    assert len(BENCHMARK_COMMANDS) > 20
+    by_path = [
+        f"{_rel(page)}: {line}"
+        for page in COMMAND_PAGES
+        for line in _code_lines(_text(page)) + re.findall(r"`([^`\n]+)`", _text(page))
+        if re.search(r"python3? (?:-u )?benchmarks/", line)
+    ]
+    assert not by_path, "run a benchmark as python -m benchmarks.NAME:\n" + "\n".join(by_path)
+    runnable = {
+        path.stem if path.name != "__main__.py" else path.parent.name
+        for path in (REPO_ROOT / "benchmarks").rglob("*.py")
+        if 'if __name__ == "__main__":' in path.read_text(encoding="utf-8")
+    }
+    assert runnable - {name for _, name, _, _ in BENCHMARK_COMMANDS} == set(), (
+        "benchmarks without a command in the pages"
+    )
+
+
+@pytest.mark.parametrize(
+    ("page", "name", "args", "line"),
+    BENCHMARK_COMMANDS,
+    ids=[f"{p}:{n}:{i}" for i, (p, n, _, _) in enumerate(BENCHMARK_COMMANDS)],
+)
+def test_every_benchmark_command_parses(page, name, args, line, monkeypatch):
+    """The module exists and its own argument parser takes the page's arguments (the benchmark does not run)."""
+    import argparse
+    import runpy
+
+    real_parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(parser, argv=None, namespace=None):
+        real_parse(parser, argv, namespace)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    monkeypatch.setattr(sys, "argv", [f"benchmarks.{name}", *args])
+    monkeypatch.delitem(sys.modules, f"benchmarks.{name}", raising=False)  # run as __main__, not as imported
+    with pytest.raises(_Parsed):
+        try:
+            runpy.run_module(f"benchmarks.{name}", run_name="__main__", alter_sys=False)
+        except SystemExit as err:
+            raise AssertionError(f"{page}: the arguments of this command do not parse: {line}") from err
 
 
 # ----------------------------------------------------------------------------- fields in tables

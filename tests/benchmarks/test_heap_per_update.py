@@ -34,7 +34,8 @@ def test_every_update_is_recorded_and_a_trim_never_adds_memory(tmp_path):
     out = tmp_path / "trim.jsonl"
     cmd = [
         sys.executable,
-        str(REPO_ROOT / "benchmarks" / "heap_per_update.py"),
+        "-m",
+        "benchmarks.heap_per_update",
         "--trim",
         "--out",
         str(out),

@@ -119,3 +119,18 @@ def test_download_disabled_error(tmp_path: Path) -> None:
     cfg = DataConfig(corpus="multi30k", root=str(tmp_path), download=False)
     with pytest.raises(DataError, match=r"train\.en\.gz, train\.de\.gz.*TRANSFORMER_DATA_DIR"):
         resolve_split_files(cfg, "train")
+
+
+def test_an_excerpt_is_the_first_pairs_of_each_split_and_a_short_or_missing_file_is_named(tmp_path):
+    root = tmp_path / "data"
+    (root / "multi30k").mkdir(parents=True)
+    for lang in ("en", "de"):
+        with gzip.open(root / "multi30k" / f"train.{lang}.gz", "wt", encoding="utf-8") as f:
+            f.write("".join(f"{lang} line {i}\n" for i in range(5)))
+    folder = dl.multi30k_excerpt(root, tmp_path / "excerpt", {"train": 3})
+    assert (folder / "train.de").read_text(encoding="utf-8") == "de line 0\nde line 1\nde line 2\n"
+    assert f"data.root={folder}" in dl.excerpt_overrides(folder, 300)
+    with pytest.raises(DataError, match=r"train\.en\.gz: 5 lines, 6 asked for"):
+        dl.multi30k_excerpt(root, tmp_path / "more", {"train": 6})
+    with pytest.raises(DataError, match=r"val\.en\.gz: no such Multi30k file"):
+        dl.multi30k_excerpt(root, tmp_path / "val", {"val": 1})

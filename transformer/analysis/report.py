@@ -11,6 +11,7 @@ from pathlib import Path
 from transformer.analysis.collect import Run
 from transformer.analysis.compare import CSV_COLUMNS, Comparison, compare_sweeps, describe_machine
 from transformer.analysis.length import DEFAULT_BUCKETS, LENGTH_COLUMNS, Bucket, LengthTable
+from transformer.analysis.markdown import row, rule
 from transformer.analysis.plots import matplotlib_missing, plot_bleu_bars, plot_bleu_by_length, plot_validation_curves
 
 __all__ = [
@@ -90,11 +91,6 @@ def _noise_line(c: Comparison) -> str:
     return line
 
 
-def _md_row(cells: Sequence[str]) -> str:
-    """A markdown table row (an empty cell is ``|  |``)."""
-    return "| " + " | ".join(cells) + " |"
-
-
 def _missing_line(run: Run) -> str:
     what = " ".join(
         o
@@ -151,8 +147,8 @@ def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
         "Peak MB",
     ] + (["Differs in"] if c.mixed else [])
     lines += [
-        _md_row(header),
-        "|" + "|".join(["---"] + ["---:"] * (len(header) - 1 - bool(c.mixed)) + (["---"] if c.mixed else [])) + "|",
+        row(header),
+        rule("l" + "r" * (len(header) - 1 - bool(c.mixed)) + "l" * bool(c.mixed)),
     ]
     for r in c.rows:
         mixed_machines = r.get("machines", 1) > 1
@@ -161,7 +157,7 @@ def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
             [_delta(r.get("delta_prev_bleu"), r.get("within_noise_prev")), _p_prev(r)] if c.compare_prev else []
         )
         lines.append(
-            _md_row(
+            row(
                 [
                     f"{r['label']}{' (baseline)' if r['is_baseline'] else ''}",
                     f"{r['n_runs']}/{r['n_runs'] + r['n_missing']}",
@@ -248,7 +244,7 @@ def length_markdown(table: LengthTable) -> list[str]:
     for r in table.rows:
         by_label.setdefault(r["label"], []).append(r)
     header = ["Configuration"] + [f"{b.label} (n={n})" for b, n in zip(table.buckets, table.n_sentences)]
-    rule = "|" + "|".join(["---"] + ["---:"] * len(table.buckets)) + "|"
+    line = rule("l" + "r" * len(table.buckets))
     interval = " [95% interval]" if table.n_bootstrap else ""
     ref = table.reference
     first = None if ref is None else table.buckets[ref].label
@@ -277,7 +273,7 @@ def length_markdown(table: LengthTable) -> list[str]:
         ]
     for title, key, ci, signed, with_baseline in tables:
         what = interval.replace("95%", "paired 95%") if signed and not with_baseline else interval
-        lines += ["", f"{title}{what}:", "", _md_row(header), rule]
+        lines += ["", f"{title}{what}:", "", row(header), line]
         for label, rows in by_label.items():
             if not with_baseline and rows[0]["is_baseline"]:
                 continue
@@ -285,7 +281,7 @@ def length_markdown(table: LengthTable) -> list[str]:
             cells = [_score_ci(r, key, ci, signed) for r in rows]
             if key.endswith("change_bleu"):  # nothing before the reference bucket, which reads "reference"
                 cells = ["" if b < ref else "reference" if b == ref else cell for b, cell in enumerate(cells)]
-            lines.append(_md_row([name] + cells))
+            lines.append(row([name] + cells))
     lines += [
         "",
         "Corpus BLEU and chrF (sacreBLEU, the runs' tokenizer and case) of the bucket's sentences, mean over the "

@@ -308,6 +308,51 @@ def verify_multi30k(root: str | os.PathLike) -> dict[str, bool]:
     return out
 
 
+def multi30k_excerpt(root: str | os.PathLike, folder: str | os.PathLike, sizes: dict[str, int]) -> Path:
+    """The first ``n`` pairs of each raw Multi30k split of ``sizes`` as plain ``<split>.en`` /
+    ``<split>.de`` files in ``folder`` (created): a small real corpus for ``data=parallel_text``
+    (:func:`excerpt_overrides`), used by the tests and the GPU check's smoke run.
+
+    Args:
+        root: the data root holding ``multi30k/{split}.{lang}.gz``.
+        folder: where the excerpt is written.
+        sizes: pairs per split by its Multi30k name, e.g. ``{"train": 300, "val": 20, "test_2016_flickr": 20}``.
+
+    Raises:
+        DataError: a split's file is missing under ``root``, or holds fewer than ``n`` lines.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in sizes.items():
+        for lang in ("en", "de"):
+            source = Path(root) / "multi30k" / multi30k_relpath(split, lang)
+            if not source.is_file():
+                raise DataError(f"{source}: no such Multi30k file (the data root is {root})")
+            with gzip.open(source, "rt", encoding="utf-8") as f:
+                lines = [line for _, line in zip(range(n), f)]
+            if len(lines) < n:
+                raise DataError(f"{source}: {len(lines)} lines, {n} asked for")
+            (folder / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
+    return folder
+
+
+def excerpt_overrides(folder: str | os.PathLike, vocab_size: int) -> list[str]:
+    """The ``data.*`` overrides that train on a :func:`multi30k_excerpt` of ``train``, ``val`` and
+    ``test_2016_flickr`` (en->de) with a ``vocab_size``-piece tokenizer and the data cache inside it."""
+    return [
+        "data=parallel_text",
+        f"data.root={folder}",
+        "data.src_lang=en",
+        "data.tgt_lang=de",
+        "data.train_prefix=train",
+        "data.valid_prefix=val",
+        "data.test_prefix=test_2016_flickr",
+        "data.test_splits=[test_2016_flickr]",
+        f"data.vocab_size={vocab_size}",
+        f"data.cache_dir={folder}/cache",
+    ]
+
+
 __all__ = [
     "ENV_DATA_DIR",
     "MULTI30K_BASE_URL",
@@ -315,6 +360,8 @@ __all__ = [
     "MULTI30K_TOK_CONTENT_SHA256",
     "download_multi30k_file",
     "ensure_multi30k",
+    "excerpt_overrides",
+    "multi30k_excerpt",
     "multi30k_relpath",
     "multi30k_splits",
     "multi30k_url",
