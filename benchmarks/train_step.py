@@ -233,7 +233,7 @@ def model_under_test(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, torch.Te
         def ctor() -> torch.nn.Module:
             return Ours(cfg, compile_model=spec.get("compile", False), fused_loss=spec.get("fused_loss", True))
     else:
-        import peers
+        from benchmarks import peers
 
         peers.preload(spec["model"])  # module imports are not the model's memory
         table = peers.encdec_peers() if cfg.arch == "encoder_decoder" else peers.decoder_only_peers()

@@ -3,8 +3,8 @@
     python -m benchmarks.gpu_check --device cuda                 # on a GPU machine: < 6 minutes
     python -m benchmarks.gpu_check --device cpu --quick --out /tmp/gpu_check   # smoke run on a CPU
 
-(from the repository root: ``benchmarks/gpu_check/`` is a package; its modules import
-``benchmarks/train_step.py`` and ``benchmarks/peers.py``, which this file puts on ``sys.path``).
+(from the repository root: ``benchmarks/gpu_check/`` is a package of the ``benchmarks`` package; its
+modules import ``benchmarks.train_step`` and ``benchmarks.peers``).
 
 ``scripts/gpu_check.sh`` runs this and then ``scripts/results_gpu.sh`` under one time cap (the one
 prepared command for a GPU machine). Results go to ``--out`` (default ``docs/benchmarks/gpu/`` with
@@ -75,12 +75,14 @@ of a ``scripts/results_gpu.sh`` study (updates reached, tokens/s, BLEU) into ``-
 
 Where the code is: ``cli.py`` (the command line and the order the sections run in; ``__main__.py``
 calls it after checking the required packages), ``report.py`` (the two files, the sections' status
-and checks, the time budget, the study summary), ``context.py`` (the ``environment`` section and
+and checks, the time budget, the guard of one measured row, the study summary: run folders read with
+:mod:`transformer.analysis.collect`), ``context.py`` (the ``environment`` section and
 what the sections share: the context, the runs' configs, one training run), ``trainer_rows.py``
 (``trainer``: its WMT-like corpus and rows), ``training.py`` (``training``, ``training_compile``,
 ``decoding``), ``sdpa.py``, ``throughput.py`` (on ``train_step.py``'s machinery), ``realistic.py``
 with ``presets.py`` (its models), ``batches.py`` (its batches and FLOP count),
-``realistic_decoding.py``, ``targets.py`` and ``render.py`` (its Markdown and the trainer's). The
+``realistic_decoding.py``, ``targets.py`` and ``render.py`` (its Markdown and the trainer's; every
+table is written with :mod:`transformer.analysis.markdown`). The
 bf16 peaks are ``train_step.DEVICE_PEAKS`` (H100 SXM / PCIe / NVL, H200 / H200 NVL, A100, L40S,
 L40, L4 by the name torch gives the device).
 """
@@ -88,13 +90,6 @@ L40, L4 by the name torch gives the device).
 from __future__ import annotations
 
 import importlib.util
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
-for _path in (REPO, REPO / "benchmarks"):  # the package (transformer) and the sibling modules (train_step, peers)
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
 
 REQUIRED = {  # module: distribution (what pip install -e . brings)
     "torch": "torch",

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from train_step import device_peak
 
+from benchmarks import REPO, git_commit
+from benchmarks.train_step import device_peak
 from transformer.training.step.precision import cpu_model_name
 
-from . import REPO, REQUIRED, missing_packages
+from . import REQUIRED, missing_packages
 from .context import (
     OPTIONAL,
     Context,
@@ -33,7 +34,6 @@ from .report import (
     Report,
     Stopped,
     check,
-    git_commit,
     markdown,
     study_summary,
 )
@@ -75,32 +75,51 @@ SECTION_NEED_S = {  # seconds a section's first piece of work needs on a GPU: le
 }
 
 
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+SIZES, TOKENS, MODES = ["tiny", "small", "base"], [16384, 8192, 32768], ["eager", "compiled", "cudagraphs"]
+STARRED: dict[str, tuple[Any, Any, str, dict[str, Any]]] = {  # option: (default, --quick's, help, argparse's)
+    "budget_s": (320.0, 0.0, "seconds for everything, 0: no limit", {"type": float}),
+    "updates": (40, 8, "updates of the bf16 and compile runs", {"type": int}),
+    "decode_updates": (300, 8, "updates of the fp32 run, the decoding model", {"type": int}),
+    "trainer_tokens": (16384, 1024, "trainer section: train.max_tokens", {"type": int}),
+    "trainer_vocab": (32000, 0, "trainer section: the model's vocabulary, 0: the data's own", {"type": int}),
+    "trainer_warmup": (5, 1, "trainer warm-up updates after the first", {"type": int}),
+    "trainer_updates": (30, 2, "trainer updates timed together", {"type": int}),
+    "cpu_ref_steps": (3, 2, "updates of each CPU reference", {"type": int}),
+    "sizes": (SIZES, SIZES[:1], "throughput sizes", {"nargs": "+", "choices": SIZES}),
+    "rows": (256, 4, "throughput batch rows x 24 target tokens", {"type": int}),
+    "warmup": (3, 1, "throughput warm-up steps", {"type": int}),
+    "steps": (10, 2, "throughput measured steps, median", {"type": int}),
+    "realistic_tokens": (TOKENS, [256], "realistic: max tokens per batch, first first", {"nargs": "+", "type": int}),
+    "realistic_modes": (MODES, MODES[:2], "realistic: modes (cudagraphs: CUDA)", {"nargs": "+", "choices": MODES}),
+    "realistic_vocab": (32000, 300, "realistic section: vocabulary", {"type": int}),
+    "realistic_warmup": (3, 1, "realistic warm-up steps", {"type": int}),
+    "realistic_steps": (10, 2, "realistic measured steps, median", {"type": int}),
+    "realistic_sentences": (1000, 48, "sentences decoded", {"type": int}),
+    "decode_batch": (64, 16, "sentences per decoding batch", {"type": int}),
+    "realistic_budget_s": (240.0, 0.0, "seconds for the realistic section, 0: no limit of its own", {"type": float}),
+    "threads": (CORES, 1, "torch CPU threads", {"type": int}),
+}
+
+
+def _shown(value: Any) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else f"{value:g}"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The command line (``--quick`` changes the defaults marked *)."""
+    """The command line (``--quick`` changes the defaults of :data:`STARRED`, marked * in the help)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--quick", action="store_true", help="tiny sizes and few steps: the CPU smoke mode (seconds)")
     p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="results folder (default docs/benchmarks/gpu/ on cuda, runs/gpu_check_cpu/ on cpu)",
+        "--out", type=Path, help="results folder (default docs/benchmarks/gpu/ on cuda, runs/gpu_check_cpu/ on cpu)"
     )
-    p.add_argument(
-        "--work",
-        type=Path,
-        default=REPO / "runs" / "gpu_check_work",
-        help="checkpoints, data cache, smoke corpus (not results)",
-    )
-    p.add_argument("--budget-s", type=float, default=None, help="* seconds for everything (320; --quick: no limit)")
+    work = REPO / "runs" / "gpu_check_work"
+    p.add_argument("--work", type=Path, default=work, help="checkpoints, data cache, smoke corpus (not results)")
+    for name, (normal, quick, what, kwargs) in STARRED.items():
+        help_ = f"* {what} ({_shown(normal)}; --quick {_shown(quick)})"
+        p.add_argument("--" + name.replace("_", "-"), default=None, help=help_, **kwargs)
     p.add_argument("--skip", nargs="*", default=[], choices=list(SECTIONS[1:]), help="sections recorded as skipped")
-    p.add_argument("--updates", type=int, default=None, help="* updates of the bf16 and compile runs (40; --quick 8)")
-    p.add_argument(
-        "--decode-updates",
-        type=int,
-        default=None,
-        help="* updates of the fp32 run, the decoding model (300; --quick 8)",
-    )
     p.add_argument(
         "--compile-precision",
         nargs="+",
@@ -119,79 +138,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="trainer section: rows, in order (ddp: DDP over a 1-rank process group)",
     )
     p.add_argument(
-        "--trainer-tokens", type=int, default=None, help="* trainer section: train.max_tokens (16384; --quick 1024)"
-    )
-    p.add_argument(
-        "--trainer-vocab",
-        type=int,
-        default=None,
-        help="* trainer section: the model's vocabulary (32000; --quick 0: the data's own)",
-    )
-    p.add_argument(
         "--trainer-mean-len", type=float, default=27.0, help="trainer section: mean target length of the joined pairs"
     )
-    p.add_argument(
-        "--trainer-warmup", type=int, default=None, help="* trainer warm-up updates after the first (5; --quick 1)"
-    )
-    p.add_argument("--trainer-updates", type=int, default=None, help="* trainer updates timed together (30; --quick 2)")
-    p.add_argument("--cpu-ref-steps", type=int, default=None, help="* updates of each CPU reference (3; --quick 2)")
     p.add_argument("--sentences", type=int, default=50, help="test sentences of the decoding check")
-    p.add_argument(
-        "--sizes",
-        nargs="+",
-        default=None,
-        choices=["tiny", "small", "base"],
-        help="* throughput sizes (tiny small base; --quick tiny)",
-    )
     p.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
-    p.add_argument("--rows", type=int, default=None, help="* throughput batch rows x 24 target tokens (256; --quick 4)")
-    p.add_argument("--warmup", type=int, default=None, help="* throughput warm-up steps (3; --quick 1)")
-    p.add_argument("--steps", type=int, default=None, help="* throughput measured steps, median (10; --quick 2)")
     p.add_argument(
         "--encdec-peers", nargs="*", default=["HF Marian"], help="encoder-decoder peers (benchmarks/peers.py)"
     )
     p.add_argument("--decoder-peers", nargs="*", default=["HF Llama"], help="decoder-only peers")
+    models = ["base", "big", "llama100m"]
     p.add_argument(
-        "--realistic-models",
-        nargs="+",
-        default=["base", "big", "llama100m"],
-        choices=["base", "big", "llama100m"],
-        help="realistic section: models (presets.py)",
+        "--realistic-models", nargs="+", default=models, choices=models, help="realistic section: models (presets.py)"
     )
-    p.add_argument(
-        "--realistic-tokens",
-        nargs="+",
-        type=int,
-        default=None,
-        help="* realistic section: max tokens per batch, the first first (16384 8192 32768; --quick 256)",
-    )
-    p.add_argument(
-        "--realistic-modes",
-        nargs="+",
-        default=None,
-        choices=["eager", "compiled", "cudagraphs"],
-        help="* realistic section: modes (all three; --quick eager compiled; cudagraphs on CUDA only)",
-    )
-    p.add_argument(
-        "--realistic-vocab", type=int, default=None, help="* realistic section: vocabulary (32000; --quick 300)"
-    )
-    p.add_argument("--realistic-warmup", type=int, default=None, help="* realistic warm-up steps (3; --quick 1)")
-    p.add_argument(
-        "--realistic-steps", type=int, default=None, help="* realistic measured steps, median (10; --quick 2)"
-    )
-    p.add_argument("--realistic-sentences", type=int, default=None, help="* sentences decoded (1000; --quick 48)")
-    p.add_argument("--decode-batch", type=int, default=None, help="* sentences per decoding batch (64; --quick 16)")
-    p.add_argument(
-        "--realistic-budget-s",
-        type=float,
-        default=None,
-        help="* seconds for the realistic section (240; --quick: no limit of its own)",
-    )
-    p.add_argument("--threads", type=int, default=None, help="* torch CPU threads (all cores; --quick 1)")
     p.add_argument(
         "--study-summary",
         type=Path,
-        default=None,
         metavar="RUNS_DIR",
         help="summarise a results_gpu.sh study's run folders into --out instead",
     )
@@ -200,33 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """Fill the *-marked options from ``--quick`` and ``--device``."""
-    q = args.quick
-    for name, normal, quick in (
-        ("budget_s", 320.0, 0.0),
-        ("updates", 40, 8),
-        ("decode_updates", 300, 8),
-        ("cpu_ref_steps", 3, 2),
-        ("sizes", ["tiny", "small", "base"], ["tiny"]),
-        ("rows", 256, 4),
-        ("warmup", 3, 1),
-        ("steps", 10, 2),
-        ("realistic_tokens", [16384, 8192, 32768], [256]),
-        ("realistic_modes", ["eager", "compiled", "cudagraphs"], ["eager", "compiled"]),
-        ("realistic_vocab", 32000, 300),
-        ("realistic_warmup", 3, 1),
-        ("realistic_steps", 10, 2),
-        ("realistic_sentences", 1000, 48),
-        ("decode_batch", 64, 16),
-        ("realistic_budget_s", 240.0, 0.0),
-        ("trainer_tokens", 16384, 1024),
-        ("trainer_vocab", 32000, 0),
-        ("trainer_warmup", 5, 1),
-        ("trainer_updates", 30, 2),
-        ("threads", len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 1),
-    ):
+    """Fill the options of :data:`STARRED` from ``--quick``, and ``--out`` from ``--device``."""
+    for name, (normal, quick, _, _) in STARRED.items():
         if getattr(args, name) is None:
-            setattr(args, name, quick if q else normal)
+            value = quick if args.quick else normal
+            setattr(args, name, list(value) if isinstance(value, list) else value)  # a run's own list
     if args.out is None:
         args.out = REPO / "docs" / "benchmarks" / "gpu" if args.device == "cuda" else REPO / "runs" / "gpu_check_cpu"
     return args

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
 import importlib.metadata
 import importlib.util
 import os
@@ -20,17 +19,18 @@ from typing import Any
 
 import torch
 from hydra import compose, initialize_config_dir
-from train_step import device_peak
 
+from benchmarks import REPO, git_commit
+from benchmarks.train_step import device_peak
 from transformer.config import register_configs, to_config, validate_config
 from transformer.data.dataset import load_translation_data
+from transformer.data.download import excerpt_overrides, multi30k_excerpt
 from transformer.training.distributed.process_group import DistInfo
 from transformer.training.loop.trainer import Trainer
 from transformer.training.step.precision import cpu_model_name, describe_hardware
 
-from .report import Budget, check, git_commit
+from .report import Budget, check
 
-REPO = Path(__file__).resolve().parents[2]
 OPTIONAL = {  # module: what is lost without it
     "transformers": "the HF Marian / HF Llama rows of the throughput section",
     "triton": "torch.compile on CUDA (inductor's GPU kernels): the training_compile section",
@@ -171,38 +171,20 @@ class Context:
     trainer_rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # its rows, for the realistic table
 
 
-def slice_corpus(data_dir: Path, root: Path) -> Path:
-    """The first lines of Multi30k en-de train/val/test as plain ``{split}.{lang}`` files (the CPU smoke corpus)."""
-    root.mkdir(parents=True, exist_ok=True)
-    for split, n in QUICK_SLICE.items():
-        for lang in ("en", "de"):
-            if (root / f"{split}.{lang}").is_file():
-                continue
-            with gzip.open(data_dir / "multi30k" / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-                lines = [next(f) for _ in range(n)]
-            (root / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
-    return root
-
-
 def data_overrides(ctx: Context) -> list[str]:
-    """The ``data`` part of every run's config: Multi30k en-de (a slice of it with ``--quick``)."""
+    """The ``data`` part of every run's config: Multi30k en-de (with ``--quick``, the first
+    :data:`QUICK_SLICE` pairs of it in ``<work>/corpus``, its data cache inside).
+
+    Raises:
+        RuntimeError: no Multi30k was found (``ctx.data_dir`` is None).
+    """
     if ctx.data_dir is None:
         raise RuntimeError("no Multi30k data (set TRANSFORMER_DATA_DIR to the folder holding multi30k/)")
-    cache = ctx.work / "cache"
     if ctx.args.quick:
-        corpus = slice_corpus(ctx.data_dir, ctx.work / "corpus")
-        return [
-            "data=parallel_text",
-            f"data.root={corpus}",
-            "data.src_lang=en",
-            "data.tgt_lang=de",
-            "data.train_prefix=train",
-            "data.valid_prefix=val",
-            "data.test_prefix=test_2016_flickr",
-            "data.test_splits=[test_2016_flickr]",
-            "data.vocab_size=300",
-            f"data.cache_dir={cache}",
-        ]
+        corpus = ctx.work / "corpus"
+        if not (corpus / "test_2016_flickr.de").is_file():  # the excerpt's last file: there, the excerpt is whole
+            multi30k_excerpt(ctx.data_dir, corpus, QUICK_SLICE)
+        return excerpt_overrides(corpus, 300)
     # the default data cache (keyed by the training files' contents): results_gpu.sh's preprocessing
     # of multi30k_en_de after the check then finds it built
     return ["data=multi30k_en_de", f"data.root={ctx.data_dir}", "data.test_splits=[test_2016_flickr]"]

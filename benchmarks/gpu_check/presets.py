@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from train_step import preset
+from benchmarks.train_step import preset
 
 MODELS: dict[str, tuple[str, list[str], str]] = {  # name: (preset, overrides, family)
     "base": ("transformer_2017_base", [], "encoder-decoder"),

@@ -40,9 +40,10 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-import peers
 import torch
-from train_step import (
+
+from benchmarks import peers
+from benchmarks.train_step import (
     Ours,
     cuda_matmul_peak,
     device_peak,
@@ -57,7 +58,7 @@ from .batches import describe, make_tensors, real_train_flops, representative_ba
 from .context import Context, load_data
 from .presets import MODELS, model_config
 from .realistic_decoding import decode_jobs
-from .report import Budget, OutOfTime, Report, Stopped, check
+from .report import Budget, OutOfTime, Report, check, guarded
 from .targets import evaluate_targets
 
 MODES = ("eager", "compiled", "cudagraphs")
@@ -261,18 +262,12 @@ def section_realistic(sec: dict[str, Any], ctx: Context, report: Report) -> None
             "mode": mode,
             "max_tokens": tokens,
         }
-        try:
+        with guarded(row):
             what = f"{name} {system} {mode} {tokens}"
             budget.need(need[mode], what)
             ctx.budget.need(need[mode], what)
             row.update(measure(name, system, mode, tokens, ctx, lengths))
             row["mfu"] = row["train_flops"] / row["step_s"] / peak
-        except Stopped:
-            raise
-        except OutOfTime as err:
-            row["skipped"] = str(err)
-        except Exception as err:  # an OOM or a failure stays in its row; the next row runs
-            row["error"] = " ".join(f"{type(err).__name__}: {err}".split())[:400]
         r["rows"].append(row)
         report.write()
     # the trainer section's rows (Trainer.train_step on WMT-like batches) shown beside these

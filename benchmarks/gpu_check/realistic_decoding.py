@@ -32,7 +32,7 @@ from transformer.generation.translate import make_src_tokens
 from transformer.models import build_model
 
 from .presets import model_config
-from .report import Budget, OutOfTime, Report, Stopped
+from .report import Budget, Report, guarded, one_line
 
 JOBS = (
     ("ours", "beam5"),
@@ -163,7 +163,7 @@ def decode_jobs(sec: dict[str, Any], ctx: Any, report: Report, data: Any, budget
     try:
         setup = _setup(ctx, data)
     except Exception as err:  # no test split, a model that cannot be built: recorded, the section goes on
-        rows.append({"system": "all", "strategy": "-", "error": " ".join(f"{type(err).__name__}: {err}".split())[:400]})
+        rows.append({"system": "all", "strategy": "-", "error": one_line(err)})
         report.write()
         return
     sec["results"]["decoding_setup"] = {
@@ -178,7 +178,7 @@ def decode_jobs(sec: dict[str, Any], ctx: Any, report: Report, data: Any, budget
     ours: dict[str, list[list[int]]] = {}
     for system, strategy in JOBS:
         row: dict[str, Any] = {"system": system, "strategy": strategy}
-        try:
+        with guarded(row):
             need = 3 if ctx.args.quick else NEED_S
             budget.need(need, f"decoding {system} {strategy}")
             ctx.budget.need(need, f"decoding {system} {strategy}")
@@ -189,12 +189,6 @@ def decode_jobs(sec: dict[str, Any], ctx: Any, report: Report, data: Any, budget
             elif strategy in ours:
                 same = sum(_body(a) == _body(b) for a, b in zip(outputs, ours[strategy]))
                 row["equal_to_ours"] = same / max(len(outputs), 1)
-        except Stopped:
-            raise
-        except OutOfTime as err:
-            row["skipped"] = str(err)
-        except Exception as err:
-            row["error"] = " ".join(f"{type(err).__name__}: {err}".split())[:400]
         rows.append(row)
         report.write()
 

@@ -5,24 +5,24 @@ status and checks, the time budget, and the summary of a ``results_gpu.sh`` stud
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
-import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
+from benchmarks import git_commit
+from transformer.analysis.collect import find_run_dirs, load_run
+from transformer.analysis.markdown import cell, table
 from transformer.io import atomic_write_text
 
-from .render import render_realistic, render_trainer
+from .render import Column, columns, render_realistic, render_trainer
 
-REPO = Path(__file__).resolve().parents[2]
 SECTIONS = (  # the order they run in: what a GPU session is for first, the parity checks done before last
     "environment",
     "trainer",
@@ -87,21 +87,17 @@ class Report:
 
     def start(self, name: str) -> dict[str, Any]:
         """A new section record, status ``running`` (what a killed process leaves)."""
-        sec = {
-            "status": "running",
-            "started": datetime.datetime.now().isoformat(timespec="seconds"),
-            "checks": [],
-            "results": {},
-            "notes": [],
-        }
-        self.data["sections"][name] = sec
-        self.write()
-        return sec
+        return self._record(name, status="running", started=datetime.datetime.now().isoformat(timespec="seconds"))
 
     def skip(self, name: str, reason: str) -> None:
         """Record ``name`` as skipped with ``reason``."""
-        self.data["sections"][name] = {"status": "skipped", "reason": reason, "checks": [], "results": {}, "notes": []}
+        self._record(name, status="skipped", reason=reason)
+
+    def _record(self, name: str, **fields: Any) -> dict[str, Any]:
+        sec = {**fields, "checks": [], "results": {}, "notes": []}
+        self.data["sections"][name] = sec
         self.write()
+        return sec
 
     def run(self, name: str, fn: Callable[[dict[str, Any]], None]) -> None:
         """Run section ``fn(sec)``; it fills ``sec["results"]`` / ``sec["checks"]`` and may call
@@ -122,74 +118,73 @@ class Report:
         except OutOfTime as err:
             sec.update(status="skipped", reason=f"time budget: {err}")
         except Exception as err:  # one section failing must not stop the others
-            sec.update(
-                status="failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(limit=12)[-4000:]
-            )
-            print(f"[{name}] failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+            error = f"{type(err).__name__}: {err}"
+            sec.update(status="failed", error=error, traceback=traceback.format_exc(limit=12)[-4000:])
+            print(f"[{name}] failed: {error}", file=sys.stderr, flush=True)
         finally:
             sec["seconds"] = round(time.time() - t, 1)
             self.write()
         print(f"[{name}] {sec['status']} in {sec['seconds']:.0f} s", file=sys.stderr, flush=True)
 
 
-def check(sec: dict[str, Any], name: str, passed: bool, detail: str = "") -> bool:
+def check(sec: dict[str, Any], name: str, passed: bool, detail: str = "") -> None:
     """Append one named check to a section."""
     sec["checks"].append({"name": name, "passed": bool(passed), "detail": detail})
-    return bool(passed)
 
 
-def git_commit() -> str:
-    """The short commit of the working tree ('+ local changes' when it differs), or '?'."""
+def one_line(err: BaseException, limit: int = 400) -> str:
+    """``Type: message`` on one line (whitespace runs joined), cut to ``limit`` characters: an error
+    as a row records it."""
+    return " ".join(f"{type(err).__name__}: {err}".split())[:limit]
+
+
+@contextlib.contextmanager
+def guarded(row: dict[str, Any], traceback_limit: int = 0) -> Iterator[None]:
+    """One row of a section, measured inside the block: :class:`OutOfTime` becomes ``row["skipped"]``
+    and any other error ``row["error"]`` (:func:`one_line`; with ``traceback_limit``, the last frames in
+    ``row["traceback"]`` too), so that the next row still runs; :class:`Stopped` goes on up."""
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        return (commit or "?") + (" + local changes" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "?"
+        yield
+    except Stopped:
+        raise
+    except OutOfTime as err:
+        row["skipped"] = str(err)
+    except Exception as err:  # an OOM or a failure stays in its row; the next row runs
+        row["error"] = one_line(err)
+        if traceback_limit:
+            row["traceback"] = traceback.format_exc(limit=traceback_limit)[-2500:]
 
 
 # ----------------------------------------------------------------------------- study summary
 
 
 def study_summary(runs_dir: Path, out: Path, device_name: str, note: str) -> dict[str, Any]:
-    """Per run folder of a ``results_gpu.sh`` study: updates reached, last tokens/s, validation and
-    test BLEU (``results.json`` when the run finished); written to ``out/study_progress.{json,md}``.
+    """Per run folder of a ``results_gpu.sh`` study (:func:`~transformer.analysis.collect.load_run`
+    of each one that has a ``metrics.jsonl``, finished or not): updates reached, last tokens/s,
+    validation and test BLEU (``results.json`` when the run finished); written to
+    ``out/study_progress.{json,md}``.
 
     A finished run's device is the one its ``results.json`` records (``cuda:0``, with the GPU's name),
     so a summary written on another machine names where the runs trained; ``device_name`` (this
-    machine's device) titles the summary only when no finished run records a GPU."""
+    machine's device) titles the summary only when no finished run records a GPU (an empty summary
+    when ``runs_dir`` does not exist: the study never started)."""
     rows, finished = [], []
-    for metrics in sorted(runs_dir.glob("**/metrics.jsonl")):
-        run = metrics.parent
-        recs = []
-        for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                recs.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        train = [x for x in recs if x.get("split") == "train"]
-        valid = [x for x in recs if x.get("split") == "valid"]
-        res = run / "results.json"
-        done = json.loads(res.read_text()) if res.is_file() else None
+    for run in map(load_run, find_run_dirs(runs_dir) if runs_dir.is_dir() else []):
+        if not (run.run_dir / "metrics.jsonl").is_file():  # a folder that never logged is no row
+            continue
+        train = [x for x in run.metrics if x.get("split") == "train"]
+        valid = [x for x in run.metrics if x.get("split") == "valid"]
+        done = run.results
         if done is not None:
             finished.append(done)
-        cfg_file = run / "config.yaml"
-        cfg = OmegaConf.load(cfg_file) if cfg_file.is_file() else None
+        cfg = (run.config or {}).get("train") or {}
         rows.append(
             {
-                "run": str(run.relative_to(runs_dir)),
+                "run": str(run.run_dir.relative_to(runs_dir)),
                 "updates": train[-1]["update"] if train else 0,
-                "precision": (done or {}).get("precision") or (cfg.train.precision if cfg is not None else None),
-                "device": _run_device(done) or (cfg.train.device if cfg is not None else None),
-                "max_updates": cfg.train.max_updates if cfg is not None else None,
+                "precision": (done or {}).get("precision") or cfg.get("precision"),
+                "device": _run_device(done) or cfg.get("device"),
+                "max_updates": cfg.get("max_updates"),
                 "tokens_per_s": train[-1].get("tokens_per_s") if train else None,
                 "last_valid": {k: valid[-1].get(k) for k in ("update", "loss", "bleu")} if valid else None,
                 "finished": done is not None,
@@ -217,20 +212,34 @@ def study_summary(runs_dir: Path, out: Path, device_name: str, note: str) -> dic
         f"`{res['commit']}`; runs in `{runs_dir}`. Precision as each run's config says (the ladder and the Wu "
         "recipe pin fp32, so that these runs compare with the CPU runs).",
         "",
-        "| run | device | precision | updates / budget | train tok/s (last window) | last valid (update: loss / BLEU) | "
-        "finished | test BLEU |",
-        "|---|---|---|---:|---:|---|---|---:|",
     ]
-    for x in rows:
-        v = x["last_valid"]
-        vs = f"{v['update']}: {v['loss']:.3f} / {_f(v['bleu'], '{:.2f}') or '-'}" if v else ""
-        lines.append(
-            f"| {x['run']} | {x['device']} | {x['precision']} | {x['updates']} / {x['max_updates']} | "
-            f"{x['tokens_per_s'] or 0:,.0f} | {vs} | "
-            f"{'yes' if x['finished'] else 'no'} | {_f(x['test_bleu'], '{:.2f}')} |"
-        )
+    lines += columns(STUDY, "lllrrllr", map(_study_record, rows))
     atomic_write_text(out / "study_progress.md", "\n".join(lines) + "\n")
     return res
+
+
+STUDY: list[Column] = [
+    ("run", "run", "{}"),
+    ("device", "device", "{}"),
+    ("precision", "precision", "{}"),
+    ("updates / budget", "updates", "{}"),
+    ("train tok/s (last window)", "tokens_per_s", "{:,.0f}"),
+    ("last valid (update: loss / BLEU)", "last_valid", "{}"),
+    ("finished", "finished", "{}"),
+    ("test BLEU", "test_bleu", "{:.2f}"),
+]
+
+
+def _study_record(x: dict[str, Any]) -> dict[str, Any]:
+    """A summary row as its table shows it."""
+    v = x["last_valid"]
+    return {
+        **x,
+        "updates": f"{x['updates']} / {cell(x['max_updates'])}",
+        "tokens_per_s": x["tokens_per_s"] or 0,
+        "last_valid": f"{v['update']}: {v['loss']:.3f} / {cell(v['bleu'], '{:.2f}') or '-'}" if v else None,
+        "finished": "yes" if x["finished"] else "no",
+    }
 
 
 def _run_device(done: dict[str, Any] | None) -> str | None:
@@ -242,10 +251,6 @@ def _run_device(done: dict[str, Any] | None) -> str | None:
 
 
 # ----------------------------------------------------------------------------- markdown
-
-
-def _f(x: Any, fmt: str = "{:.4f}") -> str:
-    return "" if x is None else fmt.format(x)
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -267,18 +272,18 @@ def markdown(data: dict[str, Any]) -> str:
         f"{', CUDA ' + str(m['cuda']) if m.get('cuda') else ''}; "
         f"{budget}; written {m.get('written', '')}",
         "",
-        "| section | status | seconds | note |",
-        "|---|---|---:|---|",
     ]
+    status = []
     for name in SECTIONS:
         s = data["sections"].get(name)
         if s is None:
-            lines.append(f"| {name} | not run | | |")
+            status.append([name, "not run"])
             continue
         note = s.get("error") or s.get("reason") or "; ".join(s.get("notes", [])) or ""
         if s["status"] == "running":
             note = "incomplete: the process stopped during this section"
-        lines.append(f"| {name} | {s['status']} | {_f(s.get('seconds'), '{:.0f}')} | {note.replace('|', '/')[:300]} |")
+        status.append([name, s["status"], cell(s.get("seconds"), "{:.0f}"), cell(note, limit=300)])
+    lines += table(["section", "status", "seconds", "note"], "llrl", status)
     skipped = data.get("skipped_for_time") or []
     if skipped:
         lines += [
@@ -293,12 +298,8 @@ def markdown(data: dict[str, Any]) -> str:
             continue
         lines += ["", f"## {name}", ""]
         if s["checks"]:
-            lines += ["| check | held | detail |", "|---|---|---|"]
-            lines += [
-                f"| {c['name']} | {'yes' if c['passed'] else '**no**'} | {c['detail'].replace('|', '/')} |"
-                for c in s["checks"]
-            ]
-            lines.append("")
+            checks = [[cell(c["name"]), "yes" if c["passed"] else "**no**", cell(c["detail"])] for c in s["checks"]]
+            lines += [*table(["check", "held", "detail"], "lll", checks), ""]
         lines += RENDER.get(name, _render_plain)(s["results"])
     return "\n".join(lines) + "\n"
 
@@ -307,32 +308,37 @@ def _render_plain(r: dict[str, Any]) -> list[str]:
     return [f"- {k}: {v}" for k, v in r.items()]
 
 
+TRAINING: list[Column] = [
+    ("run", "run", "{}"),
+    ("precision", "precision", "{}"),
+    ("compile", "compile", "{}"),
+    ("updates", "updates", "{}"),
+    ("first loss", "first_loss", "{:.6f}"),
+    ("CPU first loss", "cpu_first_loss", "{}"),
+    ("rel diff", "first_loss_rel_diff", "{:.1e}"),
+    ("tol", "tolerance", "{}"),
+    ("last loss", "last_loss", "{:.4f}"),
+    ("tok/s (median, 2nd half)", "tokens_per_s_median_2nd_half", "{:,.0f}"),
+    ("first update s", "first_update_s", "{:.2f}"),
+    ("peak MiB (training)", "peak", "{:,.0f}"),
+]
+
+
 def _render_training(r: dict[str, Any]) -> list[str]:
-    out = []
-    if r.get("config"):
-        out += [f"Config: {r['config']}", ""]
-    out += [
-        "| run | precision | compile | updates | first loss | CPU first loss | rel diff | tol | last loss | "
-        "tok/s (median, 2nd half) | first update s | peak MiB (training) |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    out = [f"Config: {r['config']}", ""] if r.get("config") else []
+    rows: list[dict[str, Any] | list[str]] = []
     for name, x in (r.get("runs") or {}).items():
         if "skipped" in x or "error" in x:
-            out.append(
-                f"| {name} | | | | {(x.get('skipped') or x.get('error')).replace('|', '/')[:200]} | | | | | | | |"
-            )
+            rows.append([name, "", "", "", cell(x.get("skipped") or x.get("error"), limit=200)])
             continue
         peak = (x.get("peak_memory_mb_by_phase") or {}).get("training")
         peak = peak if not isinstance(peak, dict) else peak.get("peak_mb", peak.get("allocated_mb"))
-        out.append(
-            f"| {name} | {x['precision']} | {x['compile']} | {x['updates']} | {_f(x.get('first_loss'), '{:.6f}')} | "
-            f"{_f(x.get('cpu_first_loss'), '{:.6f}')} ({x.get('cpu_precision')}) | {_f(x.get('first_loss_rel_diff'), '{:.1e}')} | "
-            f"{x.get('tolerance')} | {_f(x.get('last_loss'))} | {_f(x.get('tokens_per_s_median_2nd_half'), '{:,.0f}')} | "
-            f"{_f(x.get('first_update_s'), '{:.2f}')} | {_f(peak if isinstance(peak, (int, float)) else x.get('max_memory_allocated_mb'), '{:,.0f}')} |"
-        )
+        cpu = f"{cell(x.get('cpu_first_loss'), '{:.6f}')} ({x.get('cpu_precision')})"
+        peak = peak if isinstance(peak, (int, float)) else x.get("max_memory_allocated_mb")
+        rows.append({**x, "run": name, "cpu_first_loss": cpu, "peak": peak})
         if x.get("cpu_reference_note"):
-            out.append(f"| | note: {x['cpu_reference_note']} | | | | | | | | | | |")
-    return out
+            rows.append(["", cell(f"note: {x['cpu_reference_note']}")])
+    return out + columns(TRAINING, "lllrrrrrrrrr", rows)
 
 
 def _render_decoding(r: dict[str, Any]) -> list[str]:
@@ -340,42 +346,51 @@ def _render_decoding(r: dict[str, Any]) -> list[str]:
         f"{r.get('sentences')} sentences of {r.get('split')}, model after {r.get('model_updates')} updates, fp32, "
         f"{r.get('device_name')} vs the CPU.",
         "",
-        "| search | equal | device s | CPU s | mean length | first lines (device) |",
-        "|---|---:|---:|---:|---:|---|",
     ]
-    for key in ("greedy", "beam5"):
-        x = r.get(key)
-        if x:
-            out.append(
-                f"| {key} | {x['equal']}/{x['of']} | {x['device_s']:.2f} | {x['cpu_s']:.2f} | {x['mean_len']:.1f} | "
-                + " / ".join(x["first_lines"]).replace("|", "/")[:200]
-                + " |"
-            )
+    rows = [
+        [
+            key,
+            f"{x['equal']}/{x['of']}",
+            f"{x['device_s']:.2f}",
+            f"{x['cpu_s']:.2f}",
+            f"{x['mean_len']:.1f}",
+            cell(" / ".join(x["first_lines"]), limit=200),
+        ]
+        for key in ("greedy", "beam5")
+        if (x := r.get(key))
+    ]
+    out += table(["search", "equal", "device s", "CPU s", "mean length", "first lines (device)"], "lrrrrl", rows)
     for key in ("greedy", "beam5"):
         for d in (r.get(key) or {}).get("differing", []):
             out.append(
-                f"\n{key} line {d['line']}: device `{d['device']}` ({_f(d['device_score'])}) vs CPU `{d['cpu']}` "
-                f"({_f(d['cpu_score'])})"
+                f"\n{key} line {d['line']}: device `{d['device']}` ({cell(d['device_score'], '{:.4f}')}) vs CPU "
+                f"`{d['cpu']}` ({cell(d['cpu_score'], '{:.4f}')})"
             )
     return out
 
 
+SDPA: list[Column] = [
+    ("family", "family", "{}"),
+    ("phase", "phase", "{}"),
+    ("precision", "precision", "{}"),
+    ("attention", "role", "{}"),
+    ("calls", "calls", "{}"),
+    ("backend used", "backends", "{}"),
+    ("mask", "mask_example", "{}"),
+    ("is_causal", "is_causal", "{}"),
+    ("GQA", "enable_gqa", "{}"),
+    ("eligible", "eligible", "{}"),
+    ("why not flash / efficient", "why", "{}"),
+]
+
+
 def _render_sdpa(r: dict[str, Any]) -> list[str]:
-    out = [
-        r.get("rules", ""),
-        "",
-        "| family | phase | precision | attention | calls | backend used | mask | is_causal | "
-        "GQA | eligible | why not flash / efficient |",
-        "|---|---|---|---|---:|---|---|---|---|---|---|",
-    ]
+    rows = []
     for x in r.get("calls", []):
-        used = ", ".join(f"{b} x{n}" for b, n in x["backends"].items())
         why = "; ".join(f"{b}: {w}" for b, w in x["not_eligible_because"].items() if b in ("flash", "efficient"))
-        out.append(
-            f"| {x['family']} | {x['phase']} | {x['precision']} | {x['role']} | {x['calls']} | {used} | "
-            f"{x['mask_example']} | {x['is_causal']} | {x['enable_gqa']} | {', '.join(x['eligible'])} | "
-            f"{why.replace('|', '/')[:240]} |"
-        )
+        used = ", ".join(f"{b} x{n}" for b, n in x["backends"].items())
+        rows.append({**x, "backends": used, "eligible": ", ".join(x["eligible"]), "why": why[:240]})
+    out = [r.get("rules", ""), "", *columns(SDPA, "llllrllllll", rows)]
     kernels = sorted({k for x in r.get("calls", []) for k in x.get("kernels", [])})
     if kernels:
         out += ["", "CUDA kernels seen under the SDPA calls: " + ", ".join(f"`{k}`" for k in kernels[:12])]
@@ -388,6 +403,20 @@ def _render_sdpa(r: dict[str, Any]) -> list[str]:
     return out
 
 
+THROUGHPUT: list[Column] = [
+    ("size", "size", "{}"),
+    ("family", "family", "{}"),
+    ("model", "model", "{}"),
+    ("precision", "precision", "{}"),
+    ("target tok/s", "tok_s", "{:,.0f}"),
+    ("ratio to ours", "ratio_to_ours", "{:.2f}"),
+    ("MFU vs bf16 peak", "mfu_vs_bf16_peak", "{:.1%}"),
+    ("MFU vs dtype peak", "mfu_vs_dtype_peak", "{:.1%}"),
+    ("step ms", "step_ms", "{:.1f}"),
+    ("peak MiB", "mem_mb", "{:,.0f}"),
+]
+
+
 def _render_throughput(r: dict[str, Any]) -> list[str]:
     out = [
         f"Device {r.get('device_name')}; peaks (TFLOP/s) {r.get('peaks_tflops')} from {r.get('peak_source')}"
@@ -395,23 +424,17 @@ def _render_throughput(r: dict[str, Any]) -> list[str]:
         + f"; batch {r.get('batch')}, median of {r.get('steps')} steps after {r.get('warmup')}. MFU = 3 x forward "
         "FLOPs (benchmarks/train_throughput.py's count) / step time / peak.",
         "",
-        "| size | family | model | precision | target tok/s | ratio to ours | MFU vs bf16 peak | MFU vs dtype peak | "
-        "step ms | peak MiB |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for x in r.get("rows", []):
-        if "tok_s" not in x:
-            out.append(
-                f"| {x['size']} | {x['family']} | {x['model']} | {x['precision']} | skipped: "
-                f"{x.get('skipped', '').replace('|', '/')[:160]} | | | | | |"
-            )
-            continue
-        out.append(
-            f"| {x['size']} | {x['family']} | {x['model']} | {x['precision']} | {x['tok_s']:,.0f} | "
-            f"{_f(x.get('ratio_to_ours'), '{:.2f}')} | {100 * x['mfu_vs_bf16_peak']:.1f}% | "
-            f"{100 * x['mfu_vs_dtype_peak']:.1f}% | {x['step_ms']:.1f} | {_f(x.get('mem_mb'), '{:,.0f}')} |"
-        )
-    return out
+    rows = [
+        x
+        if "tok_s" in x
+        else [
+            *(cell(x[k]) for k in ("size", "family", "model", "precision")),
+            f"skipped: {cell(x.get('skipped', ''), limit=160)}",
+        ]
+        for x in r.get("rows", [])
+    ]
+    return out + columns(THROUGHPUT, "llllrrrrrr", rows)
 
 
 RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from train_step import (
+
+from benchmarks.train_step import (
     PRESET_OVERRIDES,
     SIZES,
     SRC_LEN,
@@ -24,7 +25,7 @@ from train_step import (
 )
 
 from .context import Context
-from .report import OutOfTime, Report, Stopped, check
+from .report import OutOfTime, Report, Stopped, check, one_line
 
 
 def section_throughput(sec: dict[str, Any], ctx: Context, report: Report) -> None:
@@ -109,7 +110,7 @@ def section_throughput(sec: dict[str, Any], ctx: Context, report: Report) -> Non
                     except OutOfTime as err:
                         row["skipped"] = row["out_of_time"] = str(err)
                     except Exception as err:
-                        row["skipped"] = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+                        row["skipped"] = one_line(err, 300)
                         if model == "ours":
                             check(sec, f"{size} {family} ours {prec}", False, row["skipped"])
                     r["rows"].append(row)

@@ -42,7 +42,6 @@ import contextlib
 import gc
 import math
 import time
-import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,7 +60,7 @@ from .batches import LengthBatch, real_train_flops
 from .context import Context, compose_config, data_overrides, load_data, make_trainer
 from .presets import MODELS, QUICK_DIMS
 from .realistic import bf16_peak
-from .report import OutOfTime, Report, Stopped, check
+from .report import OutOfTime, Report, check, guarded
 from .targets import evaluate_trainer_target
 
 MODES = ("eager", "compiled", "ddp", "ddp-compiled")
@@ -395,7 +394,7 @@ def section_trainer(sec: dict[str, Any], ctx: Context, report: Report) -> None:
     need = QUICK_NEED_S if a.quick else NEED_S
     for mode in a.trainer_modes:
         row: dict[str, Any] = {"model": a.trainer_model, "mode": mode, "max_tokens": a.trainer_tokens}
-        try:
+        with guarded(row, traceback_limit=8):
             ctx.budget.need(need[mode], f"trainer {a.trainer_model} {mode}")
             if "corpus" not in r:  # built for the first row that runs (the data load is in its time)
                 data = wmt_like_data(ctx)
@@ -407,13 +406,6 @@ def section_trainer(sec: dict[str, Any], ctx: Context, report: Report) -> None:
                     f"target mean of {a.trainer_mean_len:g} pieces",
                 )
             row.update(measure(ctx, mode, peak))
-        except Stopped:
-            raise
-        except OutOfTime as err:
-            row["skipped"] = str(err)
-        except Exception as err:  # an OOM or a failure stays in its row; the next row runs
-            row["error"] = " ".join(f"{type(err).__name__}: {err}".split())[:400]
-            row["traceback"] = traceback.format_exc(limit=8)[-2500:]
         r["rows"].append(row)
         ctx.trainer_rows.append(row)
         report.write()
