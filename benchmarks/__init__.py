@@ -3,16 +3,21 @@ as ``python -m benchmarks.NAME`` on the installed package (``pip install -e .``)
 
 Each module is one benchmark with its command line; what they share lives here:
 :data:`REPO` (the checkout they measure), :func:`git_commit` (the commit a report names) and
-:func:`module_command` (a benchmark run again in a fresh process, e.g. one per measured model). Their
+:func:`module_command` (a benchmark run again in a fresh process, e.g. one per measured model) and
+:func:`write_report` (a table printed and kept with its rows). Their
 tables are written by :mod:`transformer.analysis.markdown`; their pages are listed in
 ``docs/measuring.md``.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from transformer.io import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
 """The checkout the benchmarks belong to (its ``configs/``, ``scripts/`` and ``docs/benchmarks/``)."""
@@ -41,3 +46,12 @@ def module_command(module: str, *args: str) -> list[str]:
     """The command line that runs ``benchmarks.<module>`` with ``args`` in a fresh Python process (this
     interpreter; run it with ``cwd=REPO`` so that ``benchmarks`` is importable)."""
     return [sys.executable, "-m", f"benchmarks.{module}", *args]
+
+
+def write_report(out: Path | None, name: str, rows: list[dict[str, Any]], text: str) -> None:
+    """Print ``text`` (a benchmark's Markdown); with ``out``, also write ``out/<name>.json`` (the measured
+    rows) and ``out/<name>.md`` (the text), each atomically."""
+    print(text)
+    if out is not None:
+        atomic_write_text(out / f"{name}.json", json.dumps(rows, indent=1) + "\n")
+        atomic_write_text(out / f"{name}.md", text)

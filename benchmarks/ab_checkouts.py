@@ -24,9 +24,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from benchmarks import write_report
 from benchmarks.batch_shapes import run_once
 from transformer.analysis.markdown import cell, table
-from transformer.io import atomic_write_text
 
 
 def _sides(a_tok_s: float, b_tok_s: float, ratio: float, a_rss: float, b_rss: float) -> list[str]:
@@ -81,11 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = run_once(args.extra, args.updates, args.data_root, Path(work), root=root.resolve())
                 rows.append({**row, "pair": pair, "side": side, "checkout": str(root)})
                 print(json.dumps(rows[-1]), flush=True)
-    table = markdown(rows, (str(args.a), str(args.b)))
-    print(table)
-    if args.out is not None:
-        atomic_write_text(args.out / "ab_checkouts.json", json.dumps(rows, indent=1) + "\n")
-        atomic_write_text(args.out / "ab_checkouts.md", table)
+    write_report(args.out, "ab_checkouts", rows, markdown(rows, (str(args.a), str(args.b))))
     return 0
 
 

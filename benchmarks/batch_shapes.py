@@ -26,9 +26,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import REPO
+from benchmarks import REPO, write_report
 from transformer.analysis.markdown import cell, table
-from transformer.io import atomic_write_text
 
 FIXED = [
     "train.max_time=0",
@@ -39,10 +38,23 @@ FIXED = [
 ]
 
 
-def run_once(variant: str, updates: int, data_root: str, workdir: Path, root: Path = REPO) -> dict:
-    """One training process of ``variant`` (space-separated overrides) with the checkout ``root``
-    (its ``scripts/train.py`` and its ``transformer`` package, ahead of any installed one); its
-    measurements."""
+def train_process(
+    variant: str,
+    updates: int,
+    data_root: str,
+    workdir: Path,
+    root: Path = REPO,
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> tuple[Path, str, dict]:
+    """One ``scripts/train.py`` process of ``variant`` (space-separated overrides, after ``extra``) with
+    the checkout ``root`` (its ``scripts/train.py`` and its ``transformer`` package, ahead of any
+    installed one) under ``/usr/bin/time``: its run folder, its stderr and the measurements every A/B
+    reports (tok/s, max RSS, precision, CPU).
+
+    Raises:
+        RuntimeError: the process failed (its exit status and the end of its stderr).
+    """
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
     cmd = [
         "/usr/bin/time",
@@ -52,25 +64,35 @@ def run_once(variant: str, updates: int, data_root: str, workdir: Path, root: Pa
         str(root / "scripts" / "train.py"),
         f"train.max_updates={updates}",
         *FIXED,
+        *extra,
         *variant.split(),
         f"hydra.run.dir={run_dir}",
     ]
-    env = {**os.environ, "TRANSFORMER_DATA_DIR": data_root, "PYTHONPATH": str(root)}
+    env = {**os.environ, "TRANSFORMER_DATA_DIR": data_root, "PYTHONPATH": str(root), **(env or {})}
     out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{variant}: exit {out.returncode}: {out.stderr[-2000:]}")
     results = json.loads((run_dir / "results.json").read_text())
-    shapes = re.search(r"batches: (\d+) distinct", out.stderr)
-    return {
-        "variant": variant,
-        "tok_s": results["train_tokens_per_s"],
-        "updates": results["updates"],
-        "rss_mb": int(re.search(r"maxrss_kb=(\d+)", out.stderr).group(1)) / 1024,
-        "peak_memory_mb": results.get("peak_memory_mb"),
-        "shapes": int(shapes.group(1)) if shapes else None,
-        "precision": results.get("precision"),
-        "cpu": (results.get("hardware") or {}).get("cpu_capability"),
-    }
+    return (
+        run_dir,
+        out.stderr,
+        {
+            "variant": variant,
+            "tok_s": results["train_tokens_per_s"],
+            "updates": results["updates"],
+            "rss_mb": int(re.search(r"maxrss_kb=(\d+)", out.stderr).group(1)) / 1024,
+            "peak_memory_mb": results.get("peak_memory_mb"),
+            "precision": results.get("precision"),
+            "cpu": (results.get("hardware") or {}).get("cpu_capability"),
+        },
+    )
+
+
+def run_once(variant: str, updates: int, data_root: str, workdir: Path, root: Path = REPO) -> dict:
+    """:func:`train_process`'s measurements and the number of distinct batch shapes the run logged."""
+    _, stderr, row = train_process(variant, updates, data_root, workdir, root)
+    shapes = re.search(r"batches: (\d+) distinct", stderr)
+    return {**row, "shapes": int(shapes.group(1)) if shapes else None}
 
 
 def markdown(rows: list[dict], variants: list[str]) -> str:
@@ -131,11 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             args.rounds,
             lambda v: run_once(v, args.updates, args.data_root, Path(work), root=args.root.resolve()),
         )
-    table = markdown(rows, args.variants)
-    print(table)
-    if args.out is not None:
-        atomic_write_text(args.out / "batch_shapes.json", json.dumps(rows, indent=1) + "\n")
-        atomic_write_text(args.out / "batch_shapes.md", table)
+    write_report(args.out, "batch_shapes", rows, markdown(rows, args.variants))
     return 0
 
 

@@ -23,56 +23,38 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks import REPO
-from benchmarks.batch_shapes import FIXED, interleaved_rounds
+from benchmarks import write_report
+from benchmarks.batch_shapes import interleaved_rounds, train_process
 from transformer.analysis.markdown import cell, table
-from transformer.io import atomic_write_text
 
 VARIANTS = ("train.compile=false", "train.compile=true")
 KEYS = ("tok_s", "tok_s_after_first", "first_update_s", "recompiles", "rss_mb")
 
 
 def run_once(variant: str, updates: int, data_root: str, workdir: Path) -> dict:
-    """One training process of ``variant`` (space-separated overrides); its measurements."""
-    run_dir = Path(tempfile.mkdtemp(dir=workdir))
-    cmd = [
-        "/usr/bin/time",
-        "-f",
-        "maxrss_kb=%M",
-        sys.executable,
-        str(REPO / "scripts" / "train.py"),
-        f"train.max_updates={updates}",
-        *FIXED,
-        f"train.log_every={updates + 1}",  # update 1 and the last update only
-        *variant.split(),
-        f"hydra.run.dir={run_dir}",
-    ]
-    # dynamo logs each recompilation with its reason (a few lines per recompilation)
-    env = {**os.environ, "TRANSFORMER_DATA_DIR": data_root, "PYTHONPATH": str(REPO), "TORCH_LOGS": "recompiles"}
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
-    if out.returncode != 0:
-        raise RuntimeError(f"{variant}: exit {out.returncode}: {out.stderr[-2000:]}")
-    results = json.loads((run_dir / "results.json").read_text())
+    """:func:`~benchmarks.batch_shapes.train_process`'s measurements, tok/s after the first (compiling)
+    update, the first update's seconds and the recompilations."""
+    run_dir, stderr, row = train_process(
+        variant,
+        updates,
+        data_root,
+        workdir,
+        extra=(f"train.log_every={updates + 1}",),  # update 1 and the last update only
+        env={"TORCH_LOGS": "recompiles"},  # dynamo logs each recompilation with its reason
+    )
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in logged if r.get("split") == "train"]
     first, last = train[0], train[-1]
     return {
-        "variant": variant,
-        "tok_s": results["train_tokens_per_s"],
+        **row,
         "tok_s_after_first": last["tokens_per_s"] if last["update"] > 1 else None,
         "first_update_s": first["ntokens"] / first["tokens_per_s"],
-        "updates": results["updates"],
-        "rss_mb": int(re.search(r"maxrss_kb=(\d+)", out.stderr).group(1)) / 1024,
-        "recompiles": out.stderr.count("Recompiling function"),
-        "precision": results.get("precision"),
-        "cpu": (results.get("hardware") or {}).get("cpu_capability"),
+        "recompiles": stderr.count("Recompiling function"),
     }
 
 
@@ -127,11 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = interleaved_rounds(
             args.variants, args.rounds, lambda v: run_once(v, args.updates, args.data_root, Path(work))
         )
-    table = markdown(rows, args.variants)
-    print(table)
-    if args.out is not None:
-        atomic_write_text(args.out / "compile_ab.json", json.dumps(rows, indent=1) + "\n")
-        atomic_write_text(args.out / "compile_ab.md", table)
+    write_report(args.out, "compile_ab", rows, markdown(rows, args.variants))
     return 0
 
 

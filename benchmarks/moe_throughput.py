@@ -91,7 +91,7 @@ def build_rows(args: argparse.Namespace) -> list[tuple[str, Any]]:
         raise SystemExit(f"--preset {args.preset} is not decoder-only (MixtralForCausalLM is)")
     rows = [("ours", lambda: OursMoE(cfg, "auto")), ("ours, loop dispatch", lambda: OursMoE(cfg, "loop"))]
     if not args.no_peers:
-        import peers
+        from benchmarks import peers
 
         try:
             peers.preload("HF Mixtral")
