@@ -84,32 +84,19 @@ def test_the_plugin_examples_pass_the_kit(plugin, switch, option):
 ONE_LAYER_ARGS = ("model.n_encoder_layers=1", "model.n_decoder_layers=1")  # every check, compiling too: small
 
 
-def test_the_command_line_runs_the_kit_on_a_plugin():
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "transformer.testing",
-            f"plugins=[{EXAMPLES / 'diff_attention'}]",
-            "model/attention=diff",
-            "model.attention.lambda_init=0.5",
-            *ONE_LAYER_ARGS,
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.count("passed (model/attention=diff)") == 2
-    out = subprocess.run(
-        [sys.executable, "-m", "transformer.testing", f"plugins=[{EXAMPLES / 'reglu'}]", *ONE_LAYER_ARGS],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0 and out.stdout.count("passed (model/ffn=reglu)") == 2, out.stderr  # its options
+def _without_compiling(monkeypatch) -> None:
+    """The command line's plumbing without its slowest check: the plugin examples' compilation is
+    checked on its own below (``test_the_plugin_examples_compile_without_graph_breaks``)."""
+    monkeypatch.setitem(CHECKS, "compiles", lambda model: None)
+
+
+def test_the_command_line_runs_the_kit_on_a_plugin(capsys, monkeypatch):
+    _without_compiling(monkeypatch)
+    argv = [f"plugins=[{EXAMPLES / 'diff_attention'}]", "model/attention=diff", "model.attention.lambda_init=0.5"]
+    assert main([*argv, *ONE_LAYER_ARGS]) == 0
+    assert capsys.readouterr().out.count("passed (model/attention=diff)") == 2
+    assert main([f"plugins=[{EXAMPLES / 'reglu'}]", *ONE_LAYER_ARGS]) == 0  # its options
+    assert capsys.readouterr().out.count("passed (model/ffn=reglu)") == 2
 
 
 def test_the_command_line_refuses_in_one_line(capsys):
@@ -194,8 +181,8 @@ def test_the_command_line_checks_a_schedule(capsys):
     assert capsys.readouterr().err.startswith("error: lr_scheduler=cosine needs train.max_updates (40) > ")
 
 
-def test_the_command_line_checks_every_option_a_plugin_registers_schedules_included():
-    out = subprocess.run(
+def test_the_command_line_checks_every_option_a_plugin_registers_schedules_included(capsys, monkeypatch):
+    out = subprocess.run(  # the kit as its own process: python -m transformer.testing
         [sys.executable, "-m", "transformer.testing", f"plugins=[{EXAMPLES / 'wsd_schedule'}]"],
         cwd=REPO_ROOT,
         capture_output=True,
@@ -205,37 +192,13 @@ def test_the_command_line_checks_every_option_a_plugin_registers_schedules_inclu
     assert out.returncode == 0 and out.stdout == (
         "lr_scheduler=wsd: finite rates >= 0, a rising warmup, a pure function: passed\n"
     ), out.stderr
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "transformer.testing",
-            f"plugins=[{EXAMPLES / 'wsd_schedule'}]",
-            "lr_scheduler=wsd",
-            "lr_scheduler.decay_fraction=1.5",
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 2 and out.stderr == (
+    assert main([f"plugins=[{EXAMPLES / 'wsd_schedule'}]", "lr_scheduler=wsd", "lr_scheduler.decay_fraction=1.5"]) == 2
+    assert capsys.readouterr().err == (
         "error: lr_scheduler=wsd: lr_scheduler.decay_fraction=1.5 must be in (0, 1]\n"
     )  # the plugin's own validate()
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "transformer.testing",
-            f"plugins=[{EXAMPLES / 'scalenorm'}]",
-            "model.norm.scale_init=2.0",
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0 and out.stdout.count("passed (model/norm=scalenorm)") == 2, out.stderr
+    _without_compiling(monkeypatch)
+    assert main([f"plugins=[{EXAMPLES / 'scalenorm'}]", "model.norm.scale_init=2.0"]) == 0
+    assert capsys.readouterr().out.count("passed (model/norm=scalenorm)") == 2
 
 
 _CALLS = {"n": 0}

@@ -9,8 +9,8 @@ layer and loss (both), RMSNorm, rotary embeddings and a mixture of experts (deco
 ``random_`` (which dynamo cannot trace), the compiled step uses ``F.dropout``, and inductor draws
 with its own generator. The eager reference here takes ``F.dropout`` too and inductor falls back
 to eager's generator (``fallback_random``), so both draw the same masks. Compiling costs tens of
-seconds per graph on a CPU: one compile thread (no pool of compile workers for a few small
-kernels), few updates. The ``eager``-backend tests of the compiled step (graphs, recompilations):
+seconds per graph on a CPU: one layer per stack, one compile thread (no pool of compile workers for
+a few small kernels), few updates. The ``eager``-backend tests of the compiled step (graphs, recompilations):
 ``tests/training/test_compile.py``."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ UPDATES = 3
 CASES = {
     "decoder_only_rmsnorm_rotary_moe": (
         "model=llama_style_tiny",
-        "model.n_decoder_layers=2",
+        "model.n_decoder_layers=1",
         "model.d_model=32",
         "model.n_heads=4",
         "model.d_ff=64",
@@ -53,8 +53,8 @@ CASES = {
     ),
     "encoder_decoder": (
         "model=transformer_tiny",
-        "model.n_encoder_layers=2",
-        "model.n_decoder_layers=2",
+        "model.n_encoder_layers=1",
+        "model.n_decoder_layers=1",
         "model.d_model=32",
         "model.n_heads=4",
         "model.d_ff=64",
@@ -145,6 +145,8 @@ def test_two_process_inductor_trains_as_eager(small_corpus, tmp_path, distribute
     _cxx_or_skip()
     common = [
         f"train.distributed={distributed}",
+        "model.n_encoder_layers=1",  # one layer of each: inductor's C++ compile time grows with the kernels
+        "model.n_decoder_layers=1",
         "model.dropout=0.0",  # eager's and the compiled step's dropout masks differ (module docstring)
         f"train.max_updates={UPDATES}",
         "train.validate_every=0",
