@@ -84,6 +84,17 @@ def _example_plugins_imported() -> None:
     )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files holding the most ``slow`` tests run first, each file whole, the rest in their order:
+    pytest-xdist hands out files (``--dist=loadfile``) in this order, so the longest start first
+    and the workers end together instead of one finishing a long file alone."""
+    slow: dict[Path, int] = {}
+    for item in items:
+        slow[item.path] = slow.get(item.path, 0) + bool(item.get_closest_marker("slow"))
+    first_seen = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
+    items.sort(key=lambda item: (-slow[item.path], first_seen[item.path]))
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

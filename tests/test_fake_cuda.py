@@ -50,7 +50,7 @@ and the finished hypotheses at the end."""
 @pytest.fixture(scope="module")
 def shim(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The stand-in CUDA backend, compiled once per torch build (kept in pytest's cache)."""
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
     folder = cache.mkdir("fake_cuda") if cache is not None else tmp_path_factory.mktemp("fake_cuda")
     try:
         return build_shim(Path(folder))

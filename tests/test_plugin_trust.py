@@ -114,6 +114,7 @@ def _craft(run: Path, received: Path) -> Path:
     return received
 
 
+@pytest.mark.slow
 def test_a_run_folder_that_trusts_itself_is_refused_and_the_command_line_decides(home, tmp_path):
     moved = tmp_path / "moved_away"
     shutil.move(home["probe"], moved)

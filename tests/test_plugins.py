@@ -183,6 +183,7 @@ def test_a_sweep_over_a_plugin_option_and_a_builtin_one(user):
     assert "| diff (baseline)" in table and "| gqa" in table
 
 
+@pytest.mark.slow
 def test_translate_average_compare_and_export_a_plugin_run(user, run):
     src = user["root"] / "in.txt"
     src.write_text("A man rides a bike.\nTwo dogs play.\n", encoding="utf-8")
@@ -451,6 +452,7 @@ def test_a_plugin_option_refused_or_failing_ends_in_one_line_and_leaves_no_folde
     assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
 
 
+@pytest.mark.slow
 def test_a_run_with_a_plugin_schedule_exports_and_imports_back(user):
     pytest.importorskip("transformers")
     more = _other_plugins(user)
@@ -587,6 +589,7 @@ class FailingNorm(nn.LayerNorm):
 '''
 
 
+@pytest.mark.slow
 def test_a_plugin_rope_scalings_field_reaches_its_from_sizes_in_training_resume_and_translate(user):
     """Chosen with ``+model/position/rope_scaling=<name>`` (the group has no entry in the defaults list)."""
     probe = user["root"] / "rope_ideas" / "probe_rope"
@@ -676,6 +679,7 @@ def test_a_rope_scaling_is_a_function_or_a_class_whose_from_sizes_gets_the_node(
     assert "t43_fields" not in ROPE_SCALINGS
 
 
+@pytest.mark.slow
 def test_a_plugins_code_failing_in_translate_evaluate_and_export_ends_in_one_line(user):
     failing = user["root"] / "failing_ideas" / "failing_norm"
     if not failing.exists():

@@ -272,6 +272,7 @@ def test_the_compile_combinations_cover_every_case():
         _merged(ids)  # no switch set twice
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,case_ids", COMPILE_COMBINATIONS, ids=["+".join(ids) for _, ids in COMPILE_COMBINATIONS])
 def test_every_builtin_option_compiles_without_graph_breaks(arch, case_ids):
     options, fields = _merged(case_ids)

@@ -37,6 +37,8 @@ from transformer.training.distributed.process_group import DistInfo
 from transformer.training.loop.trainer import Trainer
 from transformer.training.step import compiled
 
+pytestmark = pytest.mark.slow  # inductor compiles for tens of seconds per graph on a CPU
+
 dropout_kernel = importlib.import_module("transformer.kernels.dropout")  # the package exports the function `dropout`
 
 UPDATES = 3
@@ -136,7 +138,6 @@ def _losses(run: Path) -> list[float]:
     return [r["loss"] for r in rows if r["split"] == "train"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("distributed", ["ddp", "fsdp"])
 def test_two_process_inductor_trains_as_eager(small_corpus, tmp_path, distributed):
     """DDP compiles its engine whole: graph breaks only in DDP's own frames around the model's

@@ -48,6 +48,7 @@ def test_model_loss_fused_path_equals_forward_path(arch):
     torch.testing.assert_close(g_fused, g_plain)
 
 
+@pytest.mark.slow
 def test_compiled_features_equal_eager_without_graph_breaks():
     """``train.compile``: the compiled layers (one graph, padded source) + fused loss = eager."""
     torch.manual_seed(0)

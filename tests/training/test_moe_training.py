@@ -305,6 +305,7 @@ def test_ddp_with_an_expert_that_gets_no_token_needs_no_unused_parameter_search(
             )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("distributed", ["ddp", "fsdp"])
 def test_two_ranks_equal_one_rank_with_twice_the_micro_batches(small_corpus, tmp_path, distributed):
     """2 gloo ranks x update_freq 1 = 1 rank x update_freq 2 through scripts/train.py: the router losses

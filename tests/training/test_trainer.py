@@ -221,6 +221,7 @@ def _torchrun(args: list[str], port: int | None = None) -> subprocess.CompletedP
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("distributed", "update_freq"), [("ddp", 1), ("ddp", 2), ("fsdp", 2)])
 def test_two_process_gloo_matches_one_process_same_global_batch(small_corpus, tmp_path, distributed, update_freq):
     """2 ranks x update_freq k = 1 rank x update_freq 2k, for DistributedDataParallel and FSDP2.
@@ -261,6 +262,7 @@ def test_two_process_gloo_matches_one_process_same_global_batch(small_corpus, tm
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_fsdp_resume_continues_from_full_weights(small_corpus, tmp_path):
     """An FSDP2 run saved at update 2 and resumed to 3 equals 1 process with update_freq 2."""
     one, two = tmp_path / "one", tmp_path / "two"
