@@ -9,6 +9,8 @@ Environment:
 * ``PROBE_CLOCK_RATE``: that rank's clock (``time.time``, ``monotonic``, ``perf_counter``) runs
   this many times faster than the others' (clocks that disagree).
 * ``PROBE_STEP_SLEEP``: that rank sleeps this many seconds in every update (a slower rank).
+* ``PROBE_COMPILE_BACKEND``: the ``torch.compile`` backend of ``train.compile=true`` on every rank
+  (default: the project's, inductor; ``eager`` checks dynamo's graphs without generating code).
 
 What each rank records, by update: the ``torch.distributed`` calls made (``origin`` ``gradients``
 for the engines' own gradient traffic: DDP's communication hook, FSDP2's internals; else the first
@@ -32,6 +34,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from transformer.training.step import compiled
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = str(ROOT / "transformer")
@@ -132,6 +136,8 @@ def main() -> None:
     if probed and float(os.environ.get("PROBE_CLOCK_RATE", "1")) != 1:
         _speed_up_clock(float(os.environ["PROBE_CLOCK_RATE"]))
     _watch_steps(float(os.environ.get("PROBE_STEP_SLEEP", "0")) if probed else 0.0)
+    if os.environ.get("PROBE_COMPILE_BACKEND"):
+        compiled.BACKEND = os.environ["PROBE_COMPILE_BACKEND"]
     for name in COLLECTIVES:
         _wrap_collective(name)
     for name in READS:

@@ -1,17 +1,19 @@
 """train.compile=true on its real backend, inductor (C++ code generation on the CPU): a few updates
-of each model family, and under 2-rank DDP and FSDP2, log eager's losses and end at eager's weights
-within fp32 tolerance, and each graph is compiled once (no recompilation after a first batch whose
-source and target lengths coincide) and traced once.
+of the decoder-only model in one process, and of the encoder-decoder under 2-rank FSDP2, log eager's
+losses and end at eager's weights within fp32 tolerance, and each graph is compiled once (no
+recompilation after a first batch whose source and target lengths coincide) and traced once. 2-rank
+DDP compiles its engine whole: its graphs are checked on dynamo's ``eager`` backend (graph breaks,
+restarts; inductor's code for the same step is the one-process test's).
 
-The options with their own ``autograd.Function`` are all in the two tiny models: the fused output
-layer and loss (both), RMSNorm, rotary embeddings and a mixture of experts (decoder-only), dropout
-(both). Dropout draws differently under compile: eager's CPU path draws its mask with an in-place
-``random_`` (which dynamo cannot trace), the compiled step uses ``F.dropout``, and inductor draws
-with its own generator. The eager reference here takes ``F.dropout`` too and inductor falls back
-to eager's generator (``fallback_random``), so both draw the same masks. Compiling costs tens of
-seconds per graph on a CPU: one layer per stack, one compile thread (no pool of compile workers for
-a few small kernels), few updates. The ``eager``-backend tests of the compiled step (graphs, recompilations):
-``tests/training/test_compile.py``."""
+The options with their own ``autograd.Function`` are in the decoder-only model: the fused output
+layer and loss, RMSNorm, rotary embeddings, a mixture of experts and dropout. Dropout draws
+differently under compile: eager's CPU path draws its mask with an in-place ``random_`` (which
+dynamo cannot trace), the compiled step uses ``F.dropout``, and inductor draws with its own
+generator. The eager reference here takes ``F.dropout`` too and inductor falls back to eager's
+generator (``fallback_random``), so both draw the same masks. Compiling costs tens of seconds per
+graph on a CPU: one layer per stack, one compile thread (no pool of compile workers for a few small
+kernels), few updates. The ``eager``-backend tests of the compiled step (graphs, recompilations, the
+encoder-decoder's first batch of equal lengths): ``tests/training/test_compile.py``."""
 
 from __future__ import annotations
 
@@ -52,14 +54,6 @@ CASES = {
         "model/ffn=moe",
         "model.ffn.n_experts=4",
         "model.ffn.top_k=2",
-    ),
-    "encoder_decoder": (
-        "model=transformer_tiny",
-        "model.n_encoder_layers=1",
-        "model.n_decoder_layers=1",
-        "model.d_model=32",
-        "model.n_heads=4",
-        "model.d_ff=64",
     ),
 }
 
@@ -121,15 +115,24 @@ def test_inductor_trains_as_eager(small_corpus, tmp_path, monkeypatch, inductor,
         torch.testing.assert_close(weights[name], ref, atol=1e-5, rtol=0, msg=name)
 
 
-def _torchrun(args: list[str]) -> subprocess.CompletedProcess:
+def _torchrun(args: list[str], backend: str, probe_out: Path) -> subprocess.CompletedProcess:
+    """``scripts/train.py`` under 2-rank torchrun through ``tests/training/rank_probe.py``, compiling
+    (when ``train.compile=true``) with ``backend``."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "TORCHINDUCTOR_COMPILE_THREADS": "1",
         "TORCH_LOGS": "graph_breaks,dynamo",
+        "PROBE_COMPILE_BACKEND": backend,
+        "PROBE_OUT": str(probe_out),
     }
     return subprocess.run(
-        torchrun_command("scripts/train.py", *args), cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
+        torchrun_command("tests/training/rank_probe.py", *args),
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -138,12 +141,13 @@ def _losses(run: Path) -> list[float]:
     return [r["loss"] for r in rows if r["split"] == "train"]
 
 
-@pytest.mark.parametrize("distributed", ["ddp", "fsdp"])
-def test_two_process_inductor_trains_as_eager(small_corpus, tmp_path, distributed):
+@pytest.mark.parametrize(("distributed", "backend"), [("ddp", "eager"), ("fsdp", "inductor")])
+def test_two_process_compiled_step_trains_as_eager(small_corpus, tmp_path, distributed, backend):
     """DDP compiles its engine whole: graph breaks only in DDP's own frames around the model's
     forward (no operation of ours in them). FSDP2 compiles each layer's forward: no graph break (the
-    whole engine broke at every FSDP2 hook). Each graph is traced once."""
-    _cxx_or_skip()
+    whole engine broke at every FSDP2 hook), through inductor. Each graph is traced once."""
+    if backend == "inductor":
+        _cxx_or_skip()
     common = [
         f"train.distributed={distributed}",
         "model.n_encoder_layers=1",  # one layer of each: inductor's C++ compile time grows with the kernels
@@ -160,7 +164,9 @@ def test_two_process_inductor_trains_as_eager(small_corpus, tmp_path, distribute
         out = _torchrun(
             small_cli_args(
                 small_corpus, run, *common, f"train.compile={str(name == 'compiled').lower()}", f"hydra.run.dir={run}"
-            )
+            ),
+            backend,
+            tmp_path / f"probe_{name}",
         )
         assert out.returncode == 0, out.stderr[-3000:]
     breaks = re.findall(r"Graph break .*?in user code at (\S+)", out.stderr)
