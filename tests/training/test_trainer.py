@@ -183,8 +183,10 @@ def test_sigkill_then_resume_continues_from_last_checkpoint(small_corpus, tmp_pa
         stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 240
-    while not (run / "checkpoint_6.json").exists():
-        assert proc.poll() is None and time.time() < deadline, "training ended or stalled before its 3rd checkpoint"
+    # checkpoint_last is written after each numbered checkpoint: once checkpoint_8 (or a later one,
+    # the oldest are pruned) exists, it holds update 6 or more
+    while max((int(p.stem.split("_")[1]) for p in run.glob("checkpoint_[0-9]*.json")), default=0) < 8:
+        assert proc.poll() is None and time.time() < deadline, "training ended or stalled before its 4th checkpoint"
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
