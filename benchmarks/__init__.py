@@ -2,11 +2,10 @@
 as ``python -m benchmarks.NAME`` on the installed package (``pip install -e .``).
 
 Each module is one benchmark with its command line; what they share lives here:
-:data:`REPO` (the checkout they measure), :func:`git_commit` (the commit a report names) and
+:data:`REPO` (the checkout they measure), :func:`git_commit` (the commit a report names),
 :func:`module_command` (a benchmark run again in a fresh process, e.g. one per measured model) and
-:func:`write_report` (a table printed and kept with its rows). Their
-tables are written by :mod:`transformer.analysis.markdown`; their pages are listed in
-``docs/measuring.md``.
+:func:`write_report` (a table printed and kept with its rows). Their tables are written by
+:mod:`transformer.analysis.markdown`; their pages are listed in ``docs/measuring.md``.
 """
 
 from __future__ import annotations
