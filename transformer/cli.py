@@ -37,7 +37,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 
 from transformer.plugins import PluginError, loaded_plugins
-from transformer.run_folder import JOBS_RECORD
+from transformer.run_folder import JOBS_RECORD, job_records_of
 
 __all__ = [
     "HYDRA_PLUGINS",
@@ -236,20 +236,9 @@ class SweepSummary(Callback):
 
 def _launched_jobs(sweep_dir: Path) -> dict[int, dict]:
     """Job number -> its last record in :data:`JOBS_RECORD`, for the sweep's latest launch."""
-    try:
-        lines = (sweep_dir / JOBS_RECORD).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return {}
     stamp = _launch_stamp(sweep_dir)
-    jobs: dict[int, dict] = {}
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and record.get("sweep") == stamp:
-            jobs[int(record.get("num", -1))] = record  # a job's last word counts
-    return jobs
+    # a job's last word counts: a later record of the same number replaces an earlier one
+    return {int(r.get("num", -1)): r for r in job_records_of(sweep_dir) if r.get("sweep") == stamp}
 
 
 def sweep_summary(sweep_dir: str | Path) -> str | None:

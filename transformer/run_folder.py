@@ -24,6 +24,7 @@ A *checkpoint* is named by its stem (``dir / "checkpoint_last"``); its files are
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "checkpoint_file",
     "checkpoint_stem",
     "has_checkpoint",
+    "job_records_of",
     "numbered",
     "references_file",
     "test_time_tag",
@@ -122,3 +124,21 @@ def references_file(hyps_file: str | Path) -> Path:
     """The references file beside the hypotheses file ``hyps_file`` (``hyps/<split>.txt`` ->
     ``hyps/<split>.ref``): one reference per line, line-aligned with the hypotheses."""
     return Path(hyps_file).with_suffix(REFS_SUFFIX)
+
+
+def job_records_of(sweep_dir: str | Path) -> list[dict]:
+    """Every readable record of the sweep's :data:`JOBS_RECORD`, in the order the jobs wrote them (a
+    line that is not a JSON object, e.g. one torn by a crash, is skipped); empty without the file."""
+    try:
+        lines = (Path(sweep_dir) / JOBS_RECORD).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records

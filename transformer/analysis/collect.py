@@ -21,7 +21,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from transformer.config import upgrade_config
-from transformer.run_folder import JOBS_RECORD, references_file
+from transformer.run_folder import job_records_of, references_file
 
 __all__ = ["Run", "expected_jobs", "find_run_dirs", "job_records", "load_run", "natural_key", "never_started"]
 
@@ -303,19 +303,7 @@ def job_records(sweep_dir: str | Path) -> dict[Path, dict]:
     """The last record of each job folder in the sweep's ``jobs.jsonl`` (written by
     ``scripts/train.py`` as each job of a multirun ends: its ``state`` and ``error`` line,
     :func:`transformer.cli.record_job`), by the folder's path; empty without one."""
-    try:
-        lines = (Path(sweep_dir) / JOBS_RECORD).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return {}
-    out: dict[Path, dict] = {}
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and record.get("folder"):
-            out[Path(sweep_dir) / str(record["folder"])] = record
-    return out
+    return {Path(sweep_dir) / str(r["folder"]): r for r in job_records_of(sweep_dir) if r.get("folder")}
 
 
 def _recorded_reason(record: dict) -> str:
