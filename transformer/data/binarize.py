@@ -140,9 +140,9 @@ class TokenSequences(Sequence[list[int]]):
         """Copy sequence ``r`` into ``out[r, columns[r] : columns[r] + lengths[r]]``, for every ``r``
         at once; the rest of ``out`` is left as it is (the caller fills the padding).
 
-        Every position of ``out`` looks up its token in the flat array (``starts[r] + column -
-        columns[r]``) and only the positions inside a sequence are written: a few numpy passes over
-        ``out``, whatever the number of rows.
+        Every position of ``out`` between the first start and the last end looks up its token in
+        the flat array (``starts[r] + column - columns[r]``) and only the positions inside a sequence
+        are written: a few numpy passes over that window, whatever the number of rows.
 
         Args:
             out: ``(n, width)`` array to write into (e.g. a numpy view of a tensor), ``n = len(self)``.
@@ -158,16 +158,16 @@ class TokenSequences(Sequence[list[int]]):
         columns = np.asarray(columns, dtype=np.int64).reshape(-1, 1)  # (1, 1) or (n, 1)
         if n == 0 or not len(self.tokens):
             return
-        ends = lengths[:, None] + columns
-        if int(columns.min()) < 0 or int(ends.max()) > out.shape[1]:
-            raise ValueError(f"sequences up to column {int(ends.max())} do not fit a width of {out.shape[1]}")
+        first, last = int(columns.min()), int((lengths[:, None] + columns).max())
+        if first < 0 or last > out.shape[1]:
+            raise ValueError(f"sequences up to column {last} do not fit a width of {out.shape[1]}")
         starts = self.offsets[self.rows] if self.rows is not None else self.offsets[:-1]
-        within = np.arange(out.shape[1]) - columns  # (n, width) or (1, width): position in the row's sequence
+        within = np.arange(first, last) - columns  # (n, w) or (1, w): position in the row's sequence
         # one comparison: a negative position, read as unsigned, is past every length
-        inside = within.view(np.uint64) < lengths[:, None].view(np.uint64)  # (n, width)
+        inside = within.view(np.uint64) < lengths[:, None].view(np.uint64)  # (n, w)
         # outside a sequence the looked-up position may leave the array: clipped, and not written
         flat = np.take(self.tokens, starts[:, None] + within, mode="clip")
-        np.copyto(out, flat, where=inside)
+        np.copyto(out[:, first:last], flat, where=inside)
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> TokenSequences:
         """A view of the sequences ``indices`` (in that order); tokens are shared, not copied.
