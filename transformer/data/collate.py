@@ -14,6 +14,11 @@ Decoder-only prefix LM (translation as conditional language modelling, e.g. Wang
 
 so the position of ``SEP`` predicts ``tgt[0]``, the last target token predicts ``EOS``, and no loss
 is taken on the source (``loss_mask = target != PAD``). All tensors are right-padded with ``PAD``.
+
+A batch's token tensors are views of one host buffer, filled by numpy straight from a binarized
+split's flat token array (:meth:`~transformer.data.binarize.TokenSequences.write_rows`; plain id
+lists are flattened first), with no Python loop over sentences holding the GIL that the thread
+launching the training step's kernels needs.
 """
 
 from __future__ import annotations
