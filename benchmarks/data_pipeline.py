@@ -23,12 +23,17 @@ built the same way from Multi30k's validation and test sets. It measures
   ranks at once (PSS shows the mapped files shared between them). Start-up is measured through
   the cache (same data options: the training files are hashed) and through ``data.binarized``.
 
+**Collation** (``--collate MAX_TOKENS ...``): on the Multi30k training split, the host time to
+collate one batch (:mod:`benchmarks.collate_speed`), the list-based path beside the numpy one, for
+both architectures at each ``max_tokens``.
+
 Usage (from the repository root; the data root defaults to ``$TRANSFORMER_DATA_DIR`` or
 ``../shared/data``)::
 
     flock /tmp/cpu.lock python -m benchmarks.data_pipeline [--config multi30k_en_de] [--vocab-size 8000]
     flock /tmp/cpu.lock python -m benchmarks.data_pipeline --synthetic-pairs 290000 --out docs/benchmarks/data_pipeline_290k.json
     flock /tmp/cpu.lock python -m benchmarks.data_pipeline --synthetic-pairs 4500000 --out docs/benchmarks/data_pipeline_4.5M.json
+    flock /tmp/cpu.lock python -m benchmarks.data_pipeline --collate 4096 16384
 """
 
 from __future__ import annotations
@@ -333,9 +338,10 @@ def padding_figures(train, max_tokens: int, arch: str) -> dict[str, float]:
 
 
 def multi30k(args: argparse.Namespace) -> dict[str, Any]:
-    """The Multi30k figures (see the module docstring)."""
+    """The Multi30k figures, or with ``--collate`` the collation times (see the module docstring)."""
     from omegaconf import OmegaConf
 
+    from benchmarks.collate_speed import print_collate_times
     from transformer.config import DataConfig
     from transformer.data import load_translation_data
 
@@ -349,6 +355,8 @@ def multi30k(args: argparse.Namespace) -> dict[str, Any]:
     tmp = tempfile.mkdtemp(prefix="data_bench_")
     cfg.cache_dir = tmp
     try:
+        if args.collate:
+            return print_collate_times(load_translation_data(cfg, log=None).splits["train"], args.collate)
         t = time.perf_counter()
         data = load_translation_data(cfg, log=None)
         scratch = time.perf_counter() - t
@@ -458,6 +466,9 @@ def main() -> None:
         "--work-dir",
         default=None,
         help="synthetic mode: keep the corpus and cache here (default: a removed temp folder)",
+    )
+    ap.add_argument(
+        "--collate", type=int, nargs="+", metavar="MAX_TOKENS", help="collation time per batch at these max_tokens"
     )
     ap.add_argument("--out", default=None, help="write the figures as JSON")
     ap.add_argument("--probe", default=None, help=argparse.SUPPRESS)

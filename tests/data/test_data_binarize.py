@@ -180,3 +180,32 @@ def test_binarized_folder_is_read_without_raw_files(toy_corpus: Path, tmp_path: 
         DataError, match=r"split\(s\) newstest not in data.binarized=.*available splits: train, valid, test"
     ):
         load_translation_data(cfg, splits=["train", "newstest"], log=None)
+
+
+def test_token_sequences_write_rows_into_a_padded_array() -> None:
+    seqs = TokenSequences.from_lists([[5, 6, 7], [], [8, 9]])
+    assert (
+        seqs.tokens.dtype == np.int64
+        and seqs.offsets.tolist() == [0, 3, 3, 5]
+        and seqs.tolist() == [[5, 6, 7], [], [8, 9]]
+    )
+    out = np.full((3, 5), -1, dtype=np.int64)
+    seqs.write_rows(out)
+    assert out.tolist() == [[5, 6, 7, -1, -1], [-1] * 5, [8, 9, -1, -1, -1]]
+    seqs.write_rows(out, columns=np.array([2, 0, 3]))  # each row from its own column, the rest kept
+    assert out.tolist() == [[5, 6, 5, 6, 7], [-1] * 5, [8, 9, -1, 8, 9]]
+    # a subset in another order, from a uint16 array: rows read through the offsets, ids widened
+    sub = TokenSequences(seqs.tokens.astype(np.uint16), seqs.offsets).subset([2, -3])
+    assert sub.lengths.tolist() == [2, 3] and len(sub) == 2
+    out = np.zeros((2, 3), dtype=np.int64)
+    sub.write_rows(out, columns=np.array([1, 0]))
+    assert out.tolist() == [[0, 8, 9], [5, 6, 7]]
+    with pytest.raises(ValueError, match="do not fit a width of 3"):
+        sub.write_rows(out, columns=1)
+    with pytest.raises(ValueError, match=r"expected \(2, width\)"):
+        sub.write_rows(np.zeros((3, 3), dtype=np.int64))
+    with pytest.raises(IndexError, match="out of range for 3 sequences"):
+        seqs.subset([0, 3])
+    empty = TokenSequences.from_lists([[], []])
+    empty.write_rows(np.zeros((2, 0), dtype=np.int64))  # nothing to write, nothing read
+    assert empty.lengths.tolist() == [0, 0]

@@ -1,4 +1,4 @@
-"""The background batch prefetcher: order, errors, stopping, and train.prefetch's values."""
+"""The background batch prefetcher: order, errors, stopping, its thread's device, and train.prefetch's values."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from transformer.data.prefetch import AUTO_PREFETCH, Prefetcher, resolve_prefetch
 
@@ -51,6 +52,31 @@ def test_close_stops_the_thread_of_an_endless_source():
     ahead.close()
     assert not ahead._thread.is_alive()
     assert "batch-prefetch" not in [t.name for t in threading.enumerate()]
+
+
+def test_the_thread_makes_a_cuda_device_its_current_one(monkeypatch):
+    """On CUDA the thread calls ``torch.cuda.set_device`` before it makes any item (a new thread's
+    current device is GPU 0); without an index, the caller's current device. Nothing is set for
+    the CPU, for no device, or without a thread."""
+    calls: list[tuple[int, str]] = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append((d, threading.current_thread().name)))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+
+    def source():
+        yield len(calls)  # what was set when the first item was made
+
+    for device, expected in (
+        (torch.device("cuda", 1), [(1, "batch-prefetch")]),
+        ("cuda:3", [(3, "batch-prefetch")]),
+        ("cuda", [(2, "batch-prefetch")]),
+        (torch.device("cpu"), []),
+        (None, []),
+    ):
+        calls.clear()
+        with Prefetcher(source(), 2, device=device) as ahead:
+            assert list(ahead) == [len(expected)] and calls == expected, device
+    calls.clear()
+    assert list(Prefetcher(source(), 0, device="cuda:1")) == [0] and calls == []
 
 
 def test_resolve_prefetch():

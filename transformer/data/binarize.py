@@ -74,8 +74,9 @@ class TokenSequences(Sequence[list[int]]):
         offsets: ``(n + 1,)`` int64; sequence ``i`` is ``tokens[offsets[i]:offsets[i + 1]]``.
         rows: optional ``(m,)`` row numbers selecting (and ordering) a subset; ``None`` for all.
 
-    ``seqs[i]`` is a ``list[int]`` (a small copy), so collation and decoding code written for
-    lists works unchanged; :attr:`lengths` is a numpy array.
+    ``seqs[i]`` is a ``list[int]`` (a small copy), so code written for lists works unchanged;
+    :attr:`lengths` is a numpy array, and :meth:`write_rows` copies many sequences into a padded
+    array at once (what collation does, without a Python loop over sentences).
     """
 
     def __init__(self, tokens: np.ndarray, offsets: np.ndarray, rows: np.ndarray | None = None) -> None:
@@ -109,24 +110,83 @@ class TokenSequences(Sequence[list[int]]):
         for i in range(len(self)):
             yield self[i]
 
+    @classmethod
+    def from_lists(cls, seqs: Sequence[Sequence[int]]) -> TokenSequences:
+        """Id lists (any sequence of sequences of ints) flattened into one int64 array and offsets.
+
+        Args:
+            seqs: ``n`` id lists.
+
+        Returns:
+            A :class:`TokenSequences` over new arrays holding the same ids.
+        """
+        lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        tokens = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(offsets[-1]))
+        return cls(tokens, offsets)
+
     @property
     def lengths(self) -> np.ndarray:
         """``(n,)`` int64 length of each sequence (computed once)."""
         if self._lengths is None:
-            d = np.diff(self.offsets)
-            self._lengths = d[self.rows] if self.rows is not None else d
+            if self.rows is None:
+                self._lengths = np.diff(self.offsets)
+            else:  # only the rows' offsets: a batch's subset reads a few, not the whole index
+                self._lengths = self.offsets[self.rows + 1] - self.offsets[self.rows]
         return self._lengths
+
+    def write_rows(self, out: np.ndarray, columns: int | np.ndarray = 0) -> None:
+        """Copy sequence ``r`` into ``out[r, columns[r] : columns[r] + lengths[r]]``, for every ``r``
+        at once; the rest of ``out`` is left as it is (the caller fills the padding).
+
+        Every position of ``out`` between the first start and the last end looks up its token in
+        the flat array (``starts[r] + column - columns[r]``) and only the positions inside a sequence
+        are written: a few numpy passes over that window, whatever the number of rows.
+
+        Args:
+            out: ``(n, width)`` array to write into (e.g. a numpy view of a tensor), ``n = len(self)``.
+            columns: where each row's sequence starts in ``out``: one column for all, or ``(n,)``.
+
+        Raises:
+            ValueError: ``out`` is not ``(len(self), width)``, or a sequence does not fit its row.
+        """
+        n = len(self)
+        if out.ndim != 2 or out.shape[0] != n:
+            raise ValueError(f"out of shape {tuple(out.shape)} for {n} sequences: expected ({n}, width)")
+        lengths = self.lengths
+        columns = np.asarray(columns, dtype=np.int64).reshape(-1, 1)  # (1, 1) or (n, 1)
+        if n == 0 or not len(self.tokens):
+            return
+        first, last = int(columns.min()), int((lengths[:, None] + columns).max())
+        if first < 0 or last > out.shape[1]:
+            raise ValueError(f"sequences up to column {last} do not fit a width of {out.shape[1]}")
+        starts = self.offsets[self.rows] if self.rows is not None else self.offsets[:-1]
+        within = np.arange(first, last) - columns  # (n, w) or (1, w): position in the row's sequence
+        # one comparison: a negative position, read as unsigned, is past every length
+        inside = within.view(np.uint64) < lengths[:, None].view(np.uint64)  # (n, w)
+        # outside a sequence the looked-up position may leave the array: clipped, and not written
+        flat = np.take(self.tokens, starts[:, None] + within, mode="clip")
+        np.copyto(out[:, first:last], flat, where=inside)
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> TokenSequences:
         """A view of the sequences ``indices`` (in that order); tokens are shared, not copied.
 
         Args:
-            indices: positions in this sequence.
+            indices: positions in this sequence (negative ones count from the end).
 
         Returns:
             A :class:`TokenSequences`.
+
+        Raises:
+            IndexError: an index out of range.
         """
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(self)
+        if len(idx) and (int(idx.min()) < -n or int(idx.max()) >= n):
+            raise IndexError(f"indices from {int(idx.min())} to {int(idx.max())} out of range for {n} sequences")
+        if len(idx) and int(idx.min()) < 0:  # counted from the end, as seqs[i] counts them
+            idx = np.where(idx < 0, idx + n, idx)
         return TokenSequences(self.tokens, self.offsets, self.rows[idx] if self.rows is not None else idx)
 
     def tolist(self) -> list[list[int]]:

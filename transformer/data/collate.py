@@ -14,6 +14,11 @@ Decoder-only prefix LM (translation as conditional language modelling, e.g. Wang
 
 so the position of ``SEP`` predicts ``tgt[0]``, the last target token predicts ``EOS``, and no loss
 is taken on the source (``loss_mask = target != PAD``). All tensors are right-padded with ``PAD``.
+
+A batch's token tensors are views of one host buffer, filled by numpy straight from a binarized
+split's flat token array (:meth:`~transformer.data.binarize.TokenSequences.write_rows`; plain id
+lists are flattened first), with no Python loop over sentences holding the GIL that the thread
+launching the training step's kernels needs.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.utils.data
 
+from transformer.data.binarize import TokenSequences
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SEP_ID
 
 if TYPE_CHECKING:
@@ -107,11 +114,42 @@ class Batch:
         )
 
 
+def _as_sequences(seqs: Sequence[Sequence[int]]) -> TokenSequences:
+    """``seqs`` as a :class:`~transformer.data.binarize.TokenSequences` (itself, or its id lists
+    flattened once), whose :meth:`~transformer.data.binarize.TokenSequences.write_rows` fills a batch."""
+    return seqs if isinstance(seqs, TokenSequences) else TokenSequences.from_lists(seqs)
+
+
+def _width(lengths: np.ndarray, multiple: int) -> int:
+    """The longest of ``lengths`` rounded up to ``multiple`` (0 for no rows)."""
+    width = int(lengths.max()) if len(lengths) else 0
+    return -(-width // multiple) * multiple
+
+
+_ALIGN = 8
+"""Elements of int64 in 64 bytes: each of a batch's tensors starts on such a boundary of its buffer."""
+
+
+def _views(buffer: torch.Tensor, n: int, widths: Sequence[int]) -> list[torch.Tensor]:
+    """``(n, width)`` tensors laid one after the other in ``buffer``, each starting on a 64-byte
+    boundary (``torch.compile``'s code assumes aligned inputs and copies a misaligned one first)."""
+    views, start = [], 0
+    for width in widths:
+        views.append(buffer[start : start + n * width].view(n, width))
+        start += -(-n * width // _ALIGN) * _ALIGN
+    return views
+
+
+def _buffer_size(n: int, widths: Sequence[int]) -> int:
+    """Elements of a buffer holding :func:`_views`' tensors."""
+    return sum(-(-n * width // _ALIGN) * _ALIGN for width in widths)
+
+
 def pad_sequences(seqs: Sequence[Sequence[int]], pad: int = PAD_ID, multiple: int = 1) -> torch.Tensor:
     """Right-pad id lists into one tensor.
 
     Args:
-        seqs: ``B`` id lists.
+        seqs: ``B`` id lists, or a :class:`~transformer.data.binarize.TokenSequences`.
         pad: padding id.
         multiple: round the width up to a multiple of this (``train.pad_to_multiple``).
 
@@ -119,11 +157,10 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad: int = PAD_ID, multiple: in
         ``(B, width)`` long tensor, ``width`` the longest list rounded up to ``multiple``
         (``(B, 0)`` when all are empty).
     """
-    width = max((len(s) for s in seqs), default=0)
-    width = -(-width // multiple) * multiple
-    # one torch.tensor call on padded lists: one copy, not a Python loop filling row by row
-    rows = [list(s) + [pad] * (width - len(s)) for s in seqs]
-    return torch.tensor(rows, dtype=torch.long).reshape(len(seqs), width)
+    seqs = _as_sequences(seqs)
+    out = torch.full((len(seqs), _width(seqs.lengths, multiple)), pad, dtype=torch.long)
+    seqs.write_rows(out.numpy())
+    return out
 
 
 def _ids_tensor(ids: Any, n: int) -> torch.Tensor:
@@ -136,14 +173,18 @@ def _ids_tensor(ids: Any, n: int) -> torch.Tensor:
 
 
 def collate_encoder_decoder(
-    src: list[list[int]], tgt: list[list[int]] | None, ids: Any = None, pad_to_multiple: int = 1
+    src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]] | None, ids: Any = None, pad_to_multiple: int = 1
 ) -> Batch:
     """Collate for an encoder-decoder.
 
+    The three token tensors are views of one host buffer, filled by numpy
+    (:meth:`~transformer.data.binarize.TokenSequences.write_rows`), not row by row in Python.
+
     Args:
-        src: ``B`` source id lists (no specials).
+        src: ``B`` source id lists (no specials), or a
+            :class:`~transformer.data.binarize.TokenSequences`.
         tgt: ``B`` target id lists (no specials), or ``None`` for generation-only batches.
-        ids: ``B`` dataset indices (list or tensor); ``None`` means ``0..B-1``.
+        ids: ``B`` dataset indices (list, array or tensor); ``None`` means ``0..B-1``.
         pad_to_multiple: widths rounded up to a multiple of this (the extra positions are padding:
             masked, out of the loss and of ``ntokens``).
 
@@ -155,19 +196,37 @@ def collate_encoder_decoder(
     Raises:
         ValueError: ``src`` and ``tgt`` (or ``ids``) differ in length.
     """
-    n = len(src)
-    m = pad_to_multiple
-    src_tokens = pad_sequences([list(s) + [EOS_ID] for s in src], multiple=m)
+    src = _as_sequences(src)
+    n, m = len(src), pad_to_multiple
+    if tgt is not None and len(tgt) != n:
+        raise ValueError(f"{n} sources but {len(tgt)} targets")
+    rows = np.arange(n)
+    src_len = src.lengths
+    width_s = _width(src_len + 1, m)
     if tgt is None:
+        buffer = torch.empty(_buffer_size(n, [width_s]), dtype=torch.long)
+        (src_tokens,) = _views(buffer, n, [width_s])
         prev = torch.empty((n, 0), dtype=torch.long)
         target = torch.empty((n, 0), dtype=torch.long)
         ntokens = 0
     else:
-        if len(tgt) != n:
-            raise ValueError(f"{n} sources but {len(tgt)} targets")
-        prev = pad_sequences([[BOS_ID] + list(t) for t in tgt], multiple=m)
-        target = pad_sequences([list(t) + [EOS_ID] for t in tgt], multiple=m)
-        ntokens = sum(len(t) + 1 for t in tgt)
+        tgt = _as_sequences(tgt)
+        tgt_len = tgt.lengths
+        width_t = _width(tgt_len + 1, m)
+        buffer = torch.empty(_buffer_size(n, [width_s, width_t, width_t]), dtype=torch.long)
+        src_tokens, prev, target = _views(buffer, n, [width_s, width_t, width_t])
+        p, y = prev.numpy(), target.numpy()
+        p.fill(PAD_ID)
+        p[:, :1] = BOS_ID  # (B, T): BOS + tgt (a slice: a batch of no rows has no column)
+        tgt.write_rows(p, columns=1)
+        y[:, :-1] = p[:, 1:]  # (B, T): tgt + EOS, the decoder input shifted left
+        y[:, -1:] = PAD_ID
+        y[rows, tgt_len] = EOS_ID
+        ntokens = int(tgt_len.sum()) + n
+    s = src_tokens.numpy()
+    s.fill(PAD_ID)
+    src.write_rows(s)
+    s[rows, src_len] = EOS_ID
     return Batch(
         net_input={"src_tokens": src_tokens, "prev_output_tokens": prev},
         target=target,
@@ -179,12 +238,16 @@ def collate_encoder_decoder(
 
 
 def collate_decoder_only(
-    src: list[list[int]], tgt: list[list[int]] | None, ids: Any = None, pad_to_multiple: int = 1
+    src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]] | None, ids: Any = None, pad_to_multiple: int = 1
 ) -> Batch:
     """Collate for a decoder-only prefix LM.
 
+    The token tensors are views of one host buffer, as in :func:`collate_encoder_decoder`: the
+    sequences are copied once into ``tokens``, the target and the source are shifted or cut from it.
+
     Args:
-        src: ``B`` source id lists (no specials).
+        src: ``B`` source id lists (no specials), or a
+            :class:`~transformer.data.binarize.TokenSequences`.
         tgt: ``B`` target id lists (no specials), or ``None`` for generation-only batches (then
             ``tokens`` is the prompt ``src + [SEP]``).
         ids: ``B`` dataset indices; ``None`` means ``0..B-1``.
@@ -198,19 +261,43 @@ def collate_decoder_only(
     Raises:
         ValueError: ``src`` and ``tgt`` (or ``ids``) differ in length.
     """
-    n = len(src)
-    m = pad_to_multiple
-    src_tokens = pad_sequences([list(s) for s in src], multiple=m)
+    src = _as_sequences(src)
+    n, m = len(src), pad_to_multiple
+    if tgt is not None and len(tgt) != n:
+        raise ValueError(f"{n} sources but {len(tgt)} targets")
+    rows = np.arange(n)
+    src_len = src.lengths
+    width_s = _width(src_len, m)
     if tgt is None:
-        tokens = pad_sequences([list(s) + [SEP_ID] for s in src], multiple=m)
+        width = _width(src_len + 1, m)
+        buffer = torch.empty(_buffer_size(n, [width, width_s]), dtype=torch.long)
+        tokens, src_tokens = _views(buffer, n, [width, width_s])
         target = torch.empty((n, 0), dtype=torch.long)
         ntokens = 0
     else:
-        if len(tgt) != n:
-            raise ValueError(f"{n} sources but {len(tgt)} targets")
-        tokens = pad_sequences([list(s) + [SEP_ID] + list(t) for s, t in zip(src, tgt)], multiple=m)
-        target = pad_sequences([[PAD_ID] * len(s) + list(t) + [EOS_ID] for s, t in zip(src, tgt)], multiple=m)
-        ntokens = sum(len(t) + 1 for t in tgt)
+        tgt = _as_sequences(tgt)
+        tgt_len = tgt.lengths
+        width = _width(src_len + 1 + tgt_len, m)
+        buffer = torch.empty(_buffer_size(n, [width, width, width_s]), dtype=torch.long)
+        tokens, target, src_tokens = _views(buffer, n, [width, width, width_s])
+        ntokens = int(tgt_len.sum()) + n
+    col = np.arange(width)
+    x = tokens.numpy()
+    x.fill(PAD_ID)
+    src.write_rows(x)  # (B, L): src + SEP (+ tgt)
+    x[rows, src_len] = SEP_ID
+    if tgt is not None:
+        tgt.write_rows(x, columns=src_len + 1)
+        # (B, L): tokens shifted left (SEP predicts tgt[0]), PAD over the source, EOS after tgt
+        y = target.numpy()
+        y[:, :-1] = x[:, 1:]
+        y[:, -1:] = PAD_ID
+        np.copyto(y, PAD_ID, where=col < src_len[:, None])
+        y[rows, src_len + tgt_len] = EOS_ID
+    # (B, S): the source alone, the start of tokens with SEP and tgt padded out (S <= L)
+    s = src_tokens.numpy()
+    s[:] = x[:, :width_s]
+    np.copyto(s, PAD_ID, where=col[:width_s] >= src_len[:, None])
     return Batch(
         net_input={"tokens": tokens},
         target=target,
@@ -221,10 +308,20 @@ def collate_decoder_only(
     )
 
 
+def _pick(seqs: Sequence[Sequence[int]], indices: np.ndarray) -> Sequence[Sequence[int]]:
+    """The sequences ``indices`` of ``seqs``: a view of a ``TokenSequences``, a list otherwise."""
+    if isinstance(seqs, TokenSequences):
+        return seqs.subset(indices)
+    return [seqs[i] for i in indices.tolist()]
+
+
 def collate(
     dataset: ParallelDataset, indices: Sequence[int], arch: str, *, with_target: bool = True, pad_to_multiple: int = 1
 ) -> Batch:
     """Collate examples of a dataset for ``arch``.
+
+    Binarized splits (:class:`~transformer.data.binarize.TokenSequences`) are read straight from
+    their flat token arrays; any other sequence of id lists is flattened once per batch.
 
     Args:
         dataset: a :class:`~transformer.data.dataset.ParallelDataset`.
@@ -240,13 +337,13 @@ def collate(
     Raises:
         ValueError: unknown ``arch``.
     """
-    src = [dataset.src[i] for i in indices]
-    tgt = [dataset.tgt[i] for i in indices] if with_target else None
-    if arch == "encoder_decoder":
-        return collate_encoder_decoder(src, tgt, list(indices), pad_to_multiple)
-    if arch == "decoder_only":
-        return collate_decoder_only(src, tgt, list(indices), pad_to_multiple)
-    raise ValueError(f"arch={arch!r} is not one of encoder_decoder, decoder_only")
+    if arch not in ("encoder_decoder", "decoder_only"):
+        raise ValueError(f"arch={arch!r} is not one of encoder_decoder, decoder_only")
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    src = _pick(dataset.src, idx)
+    tgt = _pick(dataset.tgt, idx) if with_target else None
+    fn = collate_encoder_decoder if arch == "encoder_decoder" else collate_decoder_only
+    return fn(src, tgt, idx, pad_to_multiple)
 
 
 class _IndexDataset(torch.utils.data.Dataset):

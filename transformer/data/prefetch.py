@@ -6,6 +6,9 @@ meanwhile, but only if the host is not busy collating. :class:`Prefetcher` runs 
 trainer's: sample, collate, pin) in a daemon thread and keeps up to ``depth`` items ready in a
 bounded queue, in order. An exception in the thread is raised by the ``next()`` that would have
 returned its item. With ``depth=0`` the iterator runs in the caller's thread (no thread at all).
+Given a CUDA device, the thread makes it its current device first, as ``DataLoader``'s pinning
+thread does: a new thread's current device is GPU 0, where its CUDA work (pinning before the
+rank's own GPU holds a context, an event, a stream) would otherwise go, with a context of every rank.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import queue
 import threading
 from collections.abc import Iterator
 from typing import Generic, TypeVar
+
+import torch
 
 __all__ = ["AUTO_PREFETCH", "Prefetcher", "resolve_prefetch"]
 
@@ -34,6 +39,8 @@ class Prefetcher(Generic[T]):
     Args:
         source: the iterator to run ahead (its items are yielded in the same order).
         depth: items kept ready; 0 iterates ``source`` in the calling thread.
+        device: the device the items are for; a CUDA one becomes the thread's current device
+            (without an index: the caller's current device). ``None`` or another type: nothing set.
 
     Raises:
         ValueError: ``depth < 0``.
@@ -41,10 +48,14 @@ class Prefetcher(Generic[T]):
     Use :meth:`close` (or ``with``) to stop the thread; the items not consumed are dropped.
     """
 
-    def __init__(self, source: Iterator[T], depth: int) -> None:
+    def __init__(self, source: Iterator[T], depth: int, device: torch.device | str | None = None) -> None:
         if depth < 0:
             raise ValueError(f"depth={depth} must be >= 0")
         self.source, self.depth = source, depth
+        self._cuda_index: int | None = None
+        if depth > 0 and device is not None and torch.device(device).type == "cuda":
+            index = torch.device(device).index
+            self._cuda_index = torch.cuda.current_device() if index is None else index
         self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -63,6 +74,8 @@ class Prefetcher(Generic[T]):
 
     def _run(self) -> None:
         try:
+            if self._cuda_index is not None:
+                torch.cuda.set_device(self._cuda_index)
             for item in self.source:
                 if not self._put(item):
                     return
