@@ -44,8 +44,8 @@ def record_updates(out: Path, trim: bool) -> None:
     f = out.open("w", encoding="utf-8")
     count = [0]
 
-    def recorded(self, batches):
-        stats = step(self, batches)
+    def recorded(self, batches, ntokens=None):
+        stats = step(self, batches, ntokens)
         count[0] += 1
         before = rss_mb()
         if malloc_trim is not None:

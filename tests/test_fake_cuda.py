@@ -300,3 +300,59 @@ def test_every_update_copies_its_batches_pinned_without_the_host_waiting(
             phases += ("train_step after resume",) if precision in case.resume else ()
             bad += [f"{case.name} [{precision}] {b}" for b in data_path_problems(run, phases)]
     assert not bad, "training batches copied to the GPU blocking or from pageable memory:\n" + "\n".join(bad)
+
+
+LAUNCH_BUDGET = {"loss": 150}
+"""The most device operators the output layer fused with the loss may dispatch in one quiet eager
+update of the base model at 16k target tokens (1,144 when its chunks followed Liger-Kernel's rule:
+32 chunks of ~36 operators)."""
+
+
+@pytest.fixture(scope="module")
+def launch_results(shim: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """:func:`tests.fake_cuda.dry_run.launch_counts` of ``transformer_2017_base`` in bf16 at 16k target
+    tokens and a 32k vocabulary (eager), and of the same with ``train.compile=auto``."""
+    base = {"preset": "transformer_2017_base", "precision": "bf16", "target_tokens": 16384, "vocab": 32000}
+    plan = {"cases": [], "launches": {"eager": base, "auto": {**base, "compile_step": "auto"}}}
+    folder = tmp_path_factory.mktemp("fake_cuda_launches")
+    (folder / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.fake_cuda.runner",
+            str(shim),
+            str(folder / "plan.json"),
+            str(folder / "out.json"),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"the dry-run process failed:\n{done.stderr[-5000:]}"
+    return json.loads((folder / "out.json").read_text(encoding="utf-8"))["launches"]
+
+
+def test_compile_auto_compiles_the_step_on_cuda(launch_results: dict[str, Any]) -> None:
+    assert launch_results["auto"]["error"] is None and launch_results["auto"]["compiled"] is True
+    assert launch_results["eager"]["compiled"] is False
+
+
+def test_an_eager_update_launches_few_kernels_in_its_loss_and_optimizer(launch_results: dict[str, Any]) -> None:
+    """The launch budget of an eager update on the accelerator's path (``transformer_2017_base``, bf16,
+    16k target tokens, 32k vocabulary): the fused output layer and loss in a few large chunks, and
+    after the backward pass the gradient norm and one fused AdamW kernel, with no pass dividing or
+    clipping the gradients (``train.clip_norm=0``: the loss was scaled before the backward pass)."""
+    eager = launch_results["eager"]
+    assert eager["error"] is None, eager["error"]
+    phases = {phase: sum(ops.values()) for phase, ops in eager["phases"].items()}
+    print("device operators per phase:", phases, eager["phases"]["optimizer"])  # with -s
+    assert phases["loss"] <= LAUNCH_BUDGET["loss"], eager["phases"]["loss"]
+    optimizer = eager["phases"]["optimizer"]
+    assert sum(n for op, n in optimizer.items() if op.startswith("_fused_adam")) == 1, optimizer
+    assert not {"_foreach_div_", "_foreach_mul_", "div_", "mul_"} & set(optimizer), optimizer
+    assert phases["optimizer"] <= 40, optimizer
+    assert all(phases[p] > 0 for p in ("forward", "backward")), phases

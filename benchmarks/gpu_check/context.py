@@ -266,11 +266,12 @@ class Collect:
         """Nothing to release."""
 
 
-def make_trainer(cfg: Any, data: Any, device: torch.device) -> Any:
-    """A :class:`~transformer.training.loop.trainer.Trainer` for one process on ``device``."""
+def make_trainer(cfg: Any, data: Any, device: torch.device, parallel_mode: str | None = None) -> Any:
+    """A :class:`~transformer.training.loop.trainer.Trainer` for one process on ``device``
+    (``parallel_mode="ddp"``: DDP over the one-rank process group that exists)."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(cfg, data, DistInfo(0, 1, device), run_dir)
+    trainer = Trainer(cfg, data, DistInfo(0, 1, device), run_dir, parallel_mode=parallel_mode)
     trainer.log = lambda msg: None
     return trainer
 

@@ -14,10 +14,9 @@ schedule. Modes (``--trainer-modes``):
   (``transformer/training/step/compiled.py``; ``--quick`` on a CPU compiles with dynamo's ``eager``
   backend, as the realistic section does, so that the smoke run takes seconds);
 * ``ddp`` / ``ddp-compiled``: the same through DistributedDataParallel over a process group of one
-  rank (nccl on CUDA, gloo on a CPU): its gradient hooks, bucket all-reduces and the token-count
-  all-reduce run as under ``torchrun``, with nothing to wait for on other ranks. The trainer wraps
-  DDP only when the group has several ranks, so the row wraps it itself
-  (:func:`one_rank_ddp`).
+  rank (nccl on CUDA, gloo on a CPU): its gradient hooks and bucket all-reduces run as under
+  ``torchrun``, with nothing to wait for on other ranks (the trainer built with
+  ``parallel_mode="ddp"``).
 
 Data (:func:`wmt_like_split`): consecutive Multi30k training pairs joined into one pair, a
 geometric number of sentences each, so that the target side's mean length is ``--trainer-mean-len``
@@ -52,8 +51,6 @@ import torch.distributed as dist
 from transformer.data.binarize import TokenSequences
 from transformer.data.dataset import ParallelDataset, TranslationData
 from transformer.data.tokenizer import PAD_ID
-from transformer.training.distributed.parallel import DataParallel, TrainingLoss
-from transformer.training.distributed.process_group import DistInfo
 from transformer.training.step import compiled
 
 from .batches import LengthBatch, real_train_flops
@@ -231,21 +228,6 @@ def one_rank_group(device: torch.device) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def one_rank_ddp(trainer: Any, backend: str | None) -> None:
-    """Put the trainer's model and loss under DistributedDataParallel over the one-rank group
-    (compiled with the trainer's step compilation when ``train.compile`` is on)."""
-    # DataParallel wraps DDP only for several ranks; told of two, it wraps the group that exists,
-    # whose one rank makes every all-reduce a real call with nothing to wait for
-    trainer.parallel = DataParallel(
-        TrainingLoss(trainer.model, trainer.criterion),
-        "ddp",
-        DistInfo(0, 2, trainer.device),
-        param_dtype=trainer.autocast_dtype if trainer.precision == "bf16" else None,
-    )
-    if trainer.cfg.train.compile:
-        compiled.compile_training_step(trainer.parallel, backend)
-
-
 def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work (nothing to wait for on a CPU)."""
     if device.type == "cuda":
@@ -318,11 +300,9 @@ def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(dev)
         with group:
-            with step_backend(backend):
-                trainer = make_trainer(cfg, data, dev)
+            with step_backend(backend):  # DDP over the one-rank group: the trainer's own engine
+                trainer = make_trainer(cfg, data, dev, "ddp" if mode.startswith("ddp") else None)
             try:
-                if mode.startswith("ddp"):
-                    one_rank_ddp(trainer, backend)
                 r = time_updates(trainer, a.trainer_warmup, a.trainer_updates, dev)
                 last = trainer.read_stats(r["stats"][-1])
                 ntokens = sum(int(s["ntokens"]) for s in r["stats"])
@@ -338,8 +318,8 @@ def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
         per_update = r["timed_s"] / a.trainer_updates
         row = {
             "precision": trainer.precision,
-            "compile": bool(cfg.train.compile),
-            "backend": backend if cfg.train.compile else None,
+            "compile": trainer.compiled,
+            "backend": backend if trainer.compiled else None,
             "distributed": "ddp, 1-rank group" if mode.startswith("ddp") else "none (one process)",
             "prefetch": trainer.prefetch,
             "pad_to_multiple": cfg.train.pad_to_multiple,

@@ -63,6 +63,25 @@ def test_resume_continues_the_same_order(corpus, seed) -> None:
 
 
 @FAST
+@given(corpora(), st.integers(0, 2**31), st.integers(1, 4), st.integers(1, 3))
+def test_step_tokens_are_the_target_tokens_of_every_ranks_batches(corpus, seed, world, epoch) -> None:
+    """Every rank computes a step's global target-token count (EOS included) from the shared batch
+    list alone: the sum over the ranks of what their batches collate to, padding repeats included."""
+    src, tgt, arch, max_tokens, _ = corpus
+    ranks = [
+        TokenBatchSampler(src, tgt, max_tokens, arch=arch, seed=seed, rank=r, world_size=world) for r in range(world)
+    ]
+    for s in ranks:
+        s.set_epoch(epoch)
+    per_rank = [list(s) for s in ranks]
+    for step in range(len(ranks[0])):
+        want = sum(tgt[i] + 1 for r in range(world) for i in per_rank[r][step])
+        assert all(s.step_tokens(epoch, step + 1) == want for s in ranks)
+    with pytest.raises(ValueError, match="outside"):
+        ranks[0].step_tokens(epoch, len(ranks[0]) + 1)
+
+
+@FAST
 @given(corpora(), st.integers(0, 2**31), st.integers(1, 5))
 def test_shards_are_equal_sized_disjoint_cover(corpus, seed, world) -> None:
     src, tgt, arch, max_tokens, _ = corpus

@@ -475,6 +475,85 @@ def inject_cpu_mask() -> Any:
 
 INJECTIONS["cpu_mask"] = inject_cpu_mask
 
+LAUNCH_PHASES = ("forward", "loss", "backward", "optimizer")
+"""The phases of an update whose device operators :func:`launch_counts` counts: the model up to its
+final hidden states (and the loss's scaling), the output layer fused with the loss, the backward
+pass, everything after it (norm, optimizer, schedule)."""
+
+
+def launch_counts(
+    preset: str, precision: str, target_tokens: int, vocab: int, compile_step: str = "false"
+) -> dict[str, Any]:
+    """The aten operators one quiet eager update dispatches on the device, by phase
+    (:data:`LAUNCH_PHASES`): ``model=preset`` in ``precision`` on fake ``cuda:0``, one batch of
+    ``target_tokens`` target tokens (rows of 127 target and 127 source ids) over a ``vocab``-id joint
+    vocabulary, the update after a first one (the optimizer's state then exists). Each operator
+    that meets a device tensor is one kernel launch at most (views launch none): an upper bound.
+
+    Returns:
+        ``{"phases": {phase: {operator: count}}, "compiled": whether ``train.compile=compile_step``
+        compiled the step on this device, "error": None or the first exception}``.
+    """
+    from transformer.data.collate import collate_encoder_decoder
+    from transformer.training.step import criterion
+
+    rows = target_tokens // 128
+    rng = random.Random(0)
+    src = [[rng.randrange(5, vocab) for _ in range(127)] for _ in range(rows)]
+    tgt = [[rng.randrange(5, vocab) for _ in range(127)] for _ in range(rows)]
+    tok = StubTokenizer(vocab)
+    train = ParallelDataset(src[:4], tgt[:4], None, None, "train")
+    valid = ParallelDataset(src[:2], tgt[:2], ["a", "b"], ["a", "b"], "valid")
+    data = TranslationData(src_tokenizer=tok, tgt_tokenizer=tok, splits={"train": train, "valid": valid})
+    out: dict[str, Any] = {"phases": {}, "compiled": None, "error": None}
+    with tempfile.TemporaryDirectory() as tmp:
+        overrides = [
+            f"model={preset}",
+            "train.device=cuda",
+            f"train.precision={precision}",
+            f"train.compile={compile_step}",
+        ]
+        cfg = compose_config([*overrides, "train.progress=false", "train.max_updates=10"], Path(tmp))
+        fc = FakeCuda()
+        try:
+            with fc:
+                trainer = build_trainer(fc, cfg, data, Path(tmp))
+                out["compiled"] = trainer.compiled
+                if trainer.compiled:
+                    return out
+                batch = collate_encoder_decoder(src, tgt).to(CUDA, non_blocking=True, training_only=True)
+                assert batch.ntokens == target_tokens
+                trainer.train_step([batch])  # the first update makes the optimizer's state
+                fused_loss = criterion.linear_label_smoothed_nll_loss
+                backward = Tensor.backward
+
+                def loss_phase(*args: Any, **kwargs: Any) -> Any:
+                    fc.phase("loss")
+                    try:
+                        return fused_loss(*args, **kwargs)
+                    finally:
+                        fc.phase("forward")
+
+                def backward_phase(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+                    fc.phase("backward")
+                    try:
+                        return backward(self, *args, **kwargs)
+                    finally:
+                        fc.phase("optimizer")
+
+                with (
+                    mock.patch.object(criterion, "linear_label_smoothed_nll_loss", loss_phase),
+                    mock.patch.object(Tensor, "backward", backward_phase),
+                ):
+                    fc.phase("forward")
+                    fc.host.launches.clear()
+                    trainer.train_step([batch])
+                    fc.phase("after")
+        except Exception as err:  # noqa: BLE001 - reported
+            out["error"] = failure(err)
+        out["phases"] = {phase: dict(fc.host.launches.get(phase, {})) for phase in LAUNCH_PHASES}
+    return out
+
 
 def run_plan(plan: dict[str, Any]) -> dict[str, Any]:
     """Run ``plan``: ``cases``, each ``{name, config, compose, precisions, fit, resume, decoding}`` (see
@@ -482,7 +561,9 @@ def run_plan(plan: dict[str, Any]) -> dict[str, Any]:
     :data:`INJECTIONS` applied while that case runs. Returns ``{"cases": {name: {"runs": {precision:
     run(...)}, "seconds": ...}}}`` (``error`` instead of ``runs`` for a case whose config fails)."""
     data = synthetic_data()
-    out: dict[str, Any] = {"cases": {}}
+    out: dict[str, Any] = {"cases": {}, "launches": {}}
+    for name, args in plan.get("launches", {}).items():
+        out["launches"][name] = launch_counts(**args)
     for case in plan["cases"]:
         start = time.time()
         res: dict[str, Any] = {"runs": {}}

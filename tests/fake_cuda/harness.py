@@ -68,7 +68,7 @@ aten = torch.ops.aten
 # value-dependent shape keeps. Everything not listed gets DEFAULTS.
 ANSWERS: dict[tuple[str, str], list[Any]] = {
     # training: no update diverged (DivergenceWatch's one read: update 0 = none)
-    ("check", "update, is_loss, value = self.found.tolist()"): [0.0],
+    ("check", "update, is_loss, value = found.tolist()"): [0.0],
     # decoding (the answers count from the start of each search, see dry_run.decode_valid): greedy's
     # one read per step (rows ended, rows with non-finite logits): none at the first step, all
     # rows at the second (where EOS is forced); beam search's (done sentences, dying beams,
@@ -139,6 +139,7 @@ class HostSide(TorchDispatchMode):
         self.answers = {**ANSWERS, **(answers or {})}
         self.calls: Counter = Counter()
         self.ops: Counter = Counter()  # phase -> operators dispatched
+        self.launches: dict[str, Counter] = {}  # phase -> {operator: times} of those that met the device
         self.syncs: list[Sync] = []
         self.phase = "setup"
         self.plans: dict[int, tuple[Tensor, Tensor]] = {}  # id(fake) -> (fake, its planned real values)
@@ -336,6 +337,7 @@ class HostSide(TorchDispatchMode):
         if not fake and (device is None or torch.device(device).type == "cpu"):
             with unset_fake_temporarily():  # host-side work: real CPU tensors, real values
                 return func(*args, **kwargs)
+        self.launches.setdefault(self.phase, Counter())[func.overloadpacket.__name__] += 1
         for a in args:  # host tensors entering the GPU path (copied there, or mixed in as scalars)
             if isinstance(a, Tensor) and not isinstance(a, FakeTensor) and id(a) not in self.fed:
                 self.fed[id(a)] = (a, f"{func.overloadpacket.__name__} at {(project_frame() or ('<torch>',))[0]}")

@@ -141,16 +141,35 @@ def test_masked_padding_equals_dropped_padding_values_and_gradients(eps, chunk, 
         assert torch.equal(dropped[0], ref_loss) and dropped[2] == ref_n
 
 
-def test_chunk_rows_cpu_rule_and_liger_rule_on_an_accelerator():
+def test_chunk_rows_cpu_rule_and_a_memory_budget_on_an_accelerator():
     for n, vocab, hidden in ((25_000, 37_000, 512), (100, 8000, 256), (7, 40, 16), (0, 300, 16)):
         assert chunk_rows("cpu", n, vocab, hidden) == max(16, (1 << 22) // vocab)  # the CPU's rule as measured
-    # Liger's worked example: BT = 4096 * 4, V = 32000, H = 4096 -> 8 chunks of 2048 rows
-    assert chunk_rows("cuda", 4096 * 4, 32_000, 4096) == 2048
-    # WMT base: ceil(37000 / 512) = 73 -> ceil(25000 / 73) = 343 rows -> 512 (49 chunks, not ~220)
-    assert chunk_rows("cuda", 25_000, 37_000, 512) == 512
-    assert chunk_rows("cuda", 1000, 300, 512) == 1000  # V <= H: one chunk, never more rows than N
-    assert chunk_rows("cuda", 5, 37_000, 512) == 1 and chunk_rows("cuda", 0, 37_000, 512) == 1
+    # 128M logits a chunk, rows a multiple of 128: WMT base at 16k target tokens is 4 chunks, not 32
+    assert chunk_rows("cuda", 16_384, 32_000, 512) == 4096 == chunk_rows("cuda", 16_384, 32_000, 1024)
+    assert chunk_rows("cuda", 25_000, 37_000, 512) == 3584  # 7 chunks
+    assert chunk_rows("cuda", 1000, 300, 512) == 1000  # never more rows than N
+    assert chunk_rows("cuda", 5, 37_000, 512) == 5 and chunk_rows("cuda", 0, 37_000, 512) == 1
+    assert chunk_rows("cuda", 10**6, 10**7, 512) == 128  # a huge vocabulary: one tile of rows
     assert compiled_chunks(37_000, 512) == 32 and compiled_chunks(40, 16) == 3 and compiled_chunks(300, 512) == 1
+
+
+def test_addmm_with_an_fp32_output_into_fp32_is_used_from_torch_2_10(monkeypatch):
+    """``torch.addmm(fp32, bf16, bf16, out_dtype=float32)`` came with torch 2.10 (2.8 and 2.9 raise
+    "self and mat2 must have the same dtype"), so older versions take the cast-and-add path."""
+    assert [
+        fused_loss.addmm_out_dtype_available(v) for v in ("2.5.1", "2.8.0+cu128", "2.9.1", "2.10.0", "2.13.0+cpu")
+    ] == [
+        False,
+        False,
+        False,
+        True,
+        True,
+    ]
+    calls = []
+    monkeypatch.setattr(fused_loss, "addmm_out_dtype_available", lambda: calls.append("asked") or False)
+    grad_w, g, h = torch.zeros(4, 3), torch.ones(2, 4, dtype=torch.bfloat16), torch.ones(2, 3, dtype=torch.bfloat16)
+    fused_loss._accumulate_grad_w(grad_w, g, h)  # the CPU: the cast-and-add path whatever the version
+    assert torch.equal(grad_w, torch.full((4, 3), 2.0)) and calls == ["asked"]
 
 
 def _unfused(hidden, weight, target, eps):
@@ -212,7 +231,7 @@ def test_compiled_loss_takes_fixed_chunks_one_graph_for_many_row_counts():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("rows", [None, 10, 2])  # Liger's rule, a ragged last chunk, many chunks
+@pytest.mark.parametrize("rows", [None, 10, 2])  # the memory budget, a ragged last chunk, many chunks
 def test_fused_on_cuda_under_bf16_autocast_equals_unfused(rows, monkeypatch):
     """The accelerator's path: the weight gradient accumulated by ``addmm(out_dtype=float32)``."""
     if rows is not None:

@@ -13,7 +13,8 @@ Environment:
   (default: the project's, inductor; ``eager`` checks dynamo's graphs without generating code).
 
 What each rank records, by update: the ``torch.distributed`` calls made (``origin`` ``gradients``
-for the engines' own gradient traffic: DDP's communication hook, FSDP2's internals; else the first
+for the engines' own gradient traffic made from Python: a DDP communication hook, FSDP2's
+internals (DDP's own C++ all-reduce is not seen); else the first
 project frame, ``file:function``), and the host reads (``.item()``, ``.tolist()``, ``bool``,
 ``int``, ``float`` of a tensor) that project code makes outside ``Trainer.train_step``. An event
 belongs to update ``u`` when it happens inside the step that makes update ``u`` or after it, before
@@ -54,7 +55,7 @@ COLLECTIVES = (
     "all_to_all_single",
 )
 READS = ("item", "tolist", "__bool__", "__int__", "__float__")
-ENGINE_FRAMES = ("_sum_hook", f"{os.sep}fsdp{os.sep}", f"{os.sep}_composable{os.sep}")
+ENGINE_FRAMES = (f"{os.sep}ddp_comm_hooks{os.sep}", f"{os.sep}fsdp{os.sep}", f"{os.sep}_composable{os.sep}")
 
 state: dict[str, Any] = {"trainer": None, "in_step": False}
 events: dict[int, dict[str, list[str]]] = defaultdict(lambda: {"collectives": [], "reads": []})
@@ -72,7 +73,7 @@ def _origin(engine_check: bool) -> str | None:
     first = None
     while frame is not None:
         name = frame.f_code.co_filename
-        if engine_check and (frame.f_code.co_name == "_sum_hook" or any(s in name for s in ENGINE_FRAMES[1:])):
+        if engine_check and any(s in name for s in ENGINE_FRAMES):
             return "gradients"
         if first is None and name.startswith(PROJECT):
             first = f"{Path(name).relative_to(ROOT)}:{frame.f_code.co_name}"
@@ -118,12 +119,12 @@ def _watch_steps(sleep: float) -> None:
 
     original = Trainer.train_step
 
-    def train_step(self: Trainer, batches: list) -> dict[str, Any]:
+    def train_step(self: Trainer, batches: list, ntokens: int | None = None) -> dict[str, Any]:
         state["trainer"], state["in_step"] = self, True
         try:
             if sleep:
                 time.sleep(sleep)
-            return original(self, batches)
+            return original(self, batches, ntokens)
         finally:
             state["in_step"] = False
 

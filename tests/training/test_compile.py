@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from tests.training.conftest import small_config
 from transformer.data.dataset import load_translation_data
 from transformer.training.distributed.process_group import DistInfo
-from transformer.training.loop.trainer import Trainer
+from transformer.training.job.run import train
+from transformer.training.loop.trainer import Trainer, TrainingError
 from transformer.training.step import compiled
 
 CASES = {
@@ -91,3 +93,37 @@ def test_an_epoch_compiles_one_graph_without_graph_breaks(small_corpus, tmp_path
     assert len(shapes) >= 5  # an epoch of token batches: many shapes
     assert graphs == 1 + one_row, f"{graphs} compilations for {len(shapes)} batch shapes ({one_row=})"
     print(f"{case}: {len(epoch)} updates, {len(shapes)} distinct batch shapes, {graphs} compiled graphs ({one_row=})")
+
+
+def test_compile_auto_is_eager_on_a_cpu_and_compiled_elsewhere(small_corpus, tmp_path):
+    """``train.compile=auto`` (the default) resolves by device (the fake-CUDA dry run shows CUDA's
+    side through the Trainer, ``tests/test_fake_cuda.py``); a run records what it resolved to."""
+    assert [compiled.resolve_compile(v, d) for v, d in (("auto", "cpu"), ("auto", "cuda"), ("auto", "xpu"))] == [
+        False,
+        True,
+        True,
+    ]
+    assert compiled.resolve_compile(True, "cpu") is True and compiled.resolve_compile(False, "cuda") is False
+    with pytest.raises(ValueError, match="train.compile='yes' is not one of auto, true, false"):
+        compiled.resolve_compile("yes", "cpu")
+    run = tmp_path / "run"
+    cfg = small_config(small_corpus, run, "train.max_updates=1", "train.validate_every=0", "train.valid_bleu=false")
+    assert cfg.train.compile == "auto"
+    train(cfg)
+    assert OmegaConf.load(run / "config.yaml").train.compile is False
+    assert "eager (train.compile=false)" in (run / "train.log").read_text()
+
+
+def test_a_step_that_fails_to_compile_stops_the_run_in_one_line_with_no_checkpoint(small_corpus, tmp_path, monkeypatch):
+    def no_compiler(gm, example_inputs):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(compiled, "BACKEND", no_compiler)
+    run = tmp_path / "run"
+    cfg = small_config(small_corpus, run, "train.compile=true", "train.max_updates=2", "train.save_every=1")
+    with pytest.raises(TrainingError) as err:
+        train(cfg)
+    message = str(err.value)
+    assert "\n" not in message and "no C++ compiler found" in message and "train.compile=false" in message
+    assert message.startswith("train.compile: the training step failed to compile (BackendCompilerFailed")
+    assert not list(run.glob("checkpoint*"))

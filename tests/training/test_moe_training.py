@@ -246,7 +246,8 @@ def _ddp_worker(rank: int, init_file: str, out_dir: str) -> None:
         batch = _batch("decoder_only", seed=10 * step + rank)
         with par.accumulate(last=True):
             out = par(batch.net_input, batch.target)
-            (out["loss"] + out["router_loss"]).backward()
+            # DDP averages over the ranks: scaled by world_size / 1 token, the summed gradients
+            ((out["loss"] + out["router_loss"]) * par.loss_scale(1)).backward()
         missing += [n for n, p in model.named_parameters() if p.grad is None]
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -265,31 +265,52 @@ def test_two_process_gloo_matches_one_process_same_global_batch(small_corpus, tm
 
 
 @pytest.mark.slow
-def test_fsdp_resume_continues_from_full_weights(small_corpus, tmp_path):
-    """An FSDP2 run saved at update 2 and resumed to 3 equals 1 process with update_freq 2."""
-    one, two = tmp_path / "one", tmp_path / "two"
+@pytest.mark.parametrize("distributed", ["ddp", "fsdp"])
+def test_two_ranks_resume_exactly_with_dropout(small_corpus, tmp_path, distributed):
+    """2 gloo ranks with dropout 0.3, saved at update 2 and resumed from there to update 4, end at
+    the uninterrupted run's weights bit for bit: each rank restores its own random state (rank 1
+    drew rank 0's masks before), the data position and, under FSDP2, the full weights and optimizer
+    state by parameter name. The final test, decoded by both ranks, equals one process's."""
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     common = [
-        "model.dropout=0.0",
+        "model.dropout=0.3",
+        "train.max_updates=4",
         "train.validate_every=0",
         "train.valid_bleu=false",
-        "train.save_every=1",
-        "optim.eps=1e-6",
+        "train.save_every=2",
+        f"train.distributed={distributed}",
     ]
-    out1 = _run_train(
-        small_cli_args(small_corpus, one, *common, "train.max_updates=3", "train.update_freq=2", f"hydra.run.dir={one}")
+    out1 = _torchrun(small_cli_args(small_corpus, whole, *common, f"hydra.run.dir={whole}"))
+    assert out1.returncode == 0, out1.stderr[-3000:]
+    _, state = load_checkpoint(whole, "checkpoint_2")
+    assert state["update"] == 2 and len(state["rng_ranks"]) == 2 and state["optimizer"]["state"]
+    assert not torch.equal(state["rng_ranks"][0]["torch"], state["rng_ranks"][1]["torch"])
+    out2 = _torchrun(
+        small_cli_args(
+            small_corpus, resumed, *common, f"train.resume_from={whole / 'checkpoint_2'}", f"hydra.run.dir={resumed}"
+        )
     )
-    assert out1.returncode == 0, out1.stderr[-2000:]
-    fsdp = [*common, "train.distributed=fsdp", f"hydra.run.dir={two}"]
-    out2 = _torchrun(small_cli_args(small_corpus, two, *fsdp, "train.max_updates=2"))
     assert out2.returncode == 0, out2.stderr[-3000:]
-    _, state = load_checkpoint(two, "checkpoint_last")
-    assert state["update"] == 2 and state["optimizer"]["state"]  # the full optimizer state, by parameter name
-    out3 = _torchrun(small_cli_args(small_corpus, two, *fsdp, "train.max_updates=3", "train.resume=true"))
+    assert "at update 2 " in out2.stderr
+    a, b = _weights(whole), _weights(resumed)
+    assert a.keys() == b.keys()
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    # the two ranks decoded the test split together: one process decoding the tested weights
+    # writes the same hypotheses and scores
+    evaluated = tmp_path / "evaluated"
+    out3 = subprocess.run(
+        [sys.executable, "scripts/evaluate.py", f"checkpoint={resumed}", f"output_dir={evaluated}", "progress=false"],
+        cwd=REPO_ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out3.returncode == 0, out3.stderr[-3000:]
-    assert "at update 2 " in out3.stderr
-    a, b = _weights(one), _weights(two)
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
+    trained = json.loads((resumed / "results.json").read_text())
+    split = trained["test_split"]
+    assert (evaluated / f"{split}.txt").read_bytes() == (resumed / "hyps" / f"{split}.txt").read_bytes()
+    assert json.loads((evaluated / "results.json").read_text())["splits"][split]["bleu"] == trained["bleu"]
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

@@ -319,6 +319,12 @@ def validate_config(cfg: Any) -> None:
         raise ConfigError(f"train.precision={t.precision!r} is not one of auto, fp32, bf16, fp16")
     if t.distributed not in ("ddp", "fsdp"):
         raise ConfigError(f"train.distributed={t.distributed!r} is not one of ddp, fsdp")
+    if t.compile not in ("auto", True, False):
+        raise ConfigError(f"train.compile={t.compile!r} is not one of auto, true, false")
+    if t.grad_reduce_dtype not in ("fp32", "bf16"):
+        raise ConfigError(f"train.grad_reduce_dtype={t.grad_reduce_dtype!r} is not one of fp32, bf16")
+    if t.bucket_cap_mb <= 0:
+        raise ConfigError(f"train.bucket_cap_mb={t.bucket_cap_mb} must be positive")
     if t.distributed == "fsdp" and t.precision == "fp16":
         raise ConfigError(
             "train.distributed=fsdp does not support train.precision=fp16 (no sharded GradScaler here); use bf16 or fp32"

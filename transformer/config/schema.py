@@ -336,7 +336,9 @@ class TrainConfig:
     # max_epochs is set, else no limit (an explicit update budget replaces the default time budget); 0 = no limit
     max_time: float | None = rule(None, resume="free", grouping="defines")
     precision: str = recipe("auto")  # auto (bf16 where the device has fast bf16, else fp32) | fp32 | bf16 | fp16
-    compile: bool = rule(False, resume="free", grouping="defines")  # how it computes, not what
+    # torch.compile of the training step: auto = on accelerators, eager on a CPU
+    # (transformer.training.step.compiled.AUTO_COMPILE); the run records what auto resolved to
+    compile: Any = rule("auto", resume="free", grouping="defines")  # how it computes, not what
     # the machine: free on resume; the device kind is compared from results.json, not from here
     device: str = rule("auto", resume="free", grouping="ignored")
     num_threads: int = rule(0, resume="free", grouping="ignored")  # 0 = torch default
@@ -377,6 +379,15 @@ class TrainConfig:
     prefetch: Any = rule("auto", resume="free", grouping="ignored")
     # under torchrun: ddp (DistributedDataParallel) | fsdp (FSDP2, sharded); how it computes, not what
     distributed: str = rule("ddp", resume="free", grouping="defines")
+    # DDP's gradient bucket size (MiB) and static_graph (the same parameters train every update)
+    bucket_cap_mb: float = rule(25.0, resume="free", grouping="ignored")
+    static_graph: bool = rule(False, resume="free", grouping="ignored")
+    # the dtype gradients cross the network in under torchrun: fp32 | bf16 (half the bytes, rounded)
+    grad_reduce_dtype: str = rule("fp32", resume="free", grouping="defines")
+    # seconds a collective waits for the other ranks (a rank saving or testing alone meanwhile)
+    dist_timeout: float = rule(1800.0, resume="free", grouping="ignored")
+    # FSDP2: free each layer's gathered weights after its forward (true) or keep them for the backward
+    reshard_after_forward: bool = rule(True, resume="free", grouping="ignored")
     # recompute each layer's activations in the backward pass
     activation_checkpointing: bool = rule(False, resume="free", grouping="defines")
 

@@ -180,6 +180,9 @@ class TokenBatchSampler:
         self._bounds = self._pack(self.padded_lengths(self.lengths[self._sorted]))
         self._num_global = len(self._bounds) - 1
         self._cache: tuple[int, np.ndarray, np.ndarray] | None = None
+        # target tokens of each example as collated (the target ends in EOS), for step_tokens
+        self._target_tokens = np.asarray(tgt_lengths, dtype=np.int64).reshape(-1) + 1
+        self._step_tokens: dict[int, np.ndarray] = {}  # epoch -> target tokens of each step, all ranks
 
     # ------------------------------------------------------------------ building one epoch
 
@@ -242,6 +245,37 @@ class TokenBatchSampler:
         mine = batch_order[np.arange(self.rank, padded, self.world_size) % max(b, 1)] if b else batch_order
         self._cache = (self.epoch, order, mine)
         return order, mine
+
+    def step_tokens(self, epoch: int, position: int) -> int:
+        """Target tokens of one step over all ranks: the batches every rank takes as its
+        ``position``-th of ``epoch`` (1-based, as :meth:`state_dict` counts them), padding repeats
+        included. Every rank computes the same number from the shared batch list, so the loss can be
+        normalised by the global count before the backward pass, with no collective (each rank's
+        ``collate(...).ntokens`` summed over ranks gives the same). Safe to call from another thread
+        than the one iterating (a batch-prefetching thread may be in another epoch).
+
+        Args:
+            epoch: the epoch of the step.
+            position: the step within the epoch, ``1 <= position <= len(self)``.
+
+        Returns:
+            The count, ``tgt_len + 1`` (EOS) summed over the step's examples of every rank.
+
+        Raises:
+            ValueError: ``position`` outside the epoch.
+        """
+        if not 1 <= position <= len(self):
+            raise ValueError(f"position={position} is outside [1, {len(self)}] batches per epoch")
+        steps = self._step_tokens.get(epoch)
+        if steps is None:
+            order, batch_order = self._epoch(epoch)
+            per_batch = np.add.reduceat(self._target_tokens[order], self._bounds[:-1]) if self._num_global else order
+            b, w = self._num_global, self.world_size
+            # step j of rank r is global batch (j * W + r) mod b, as _rank_batches shards them
+            which = batch_order[np.arange(len(self) * w) % max(b, 1)]
+            steps = per_batch[which].reshape(len(self), w).sum(axis=1)
+            self._step_tokens = {epoch: steps}  # one epoch at a time: an epoch is read in order
+        return int(steps[position - 1])
 
     # ------------------------------------------------------------------ public protocol
 

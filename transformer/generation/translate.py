@@ -127,6 +127,7 @@ def translate_sentences(
     progress: Any = False,
     desc: str = "translate",
     precision: str = "fp32",
+    shard: tuple[int, int] = (0, 1),
 ) -> list[list[Hypothesis]]:
     """Translate many sentences, batched by source tokens, results in input order.
 
@@ -153,10 +154,14 @@ def translate_sentences(
         precision: the run's ``train.precision``: on an accelerator the search runs under autocast
             in it (``bf16``, ``fp16``; ``auto`` as training resolves it), on the CPU in fp32
             (:func:`~transformer.generation.common.decoding_precision`).
+        shard: ``(rank, world_size)``: decode only the batches ``rank, rank + world_size, ...`` of
+            the batches one process would decode (the same batches, so the same hypotheses); the
+            other sentences get no hypotheses here
+            (:func:`~transformer.training.loop.validation.translate_and_score` joins the ranks').
 
     Returns:
         One list of hypotheses (best first) per input sentence, in input order (empty for an
-        empty source or a sentence recorded in ``errors``).
+        empty source, a sentence recorded in ``errors`` or one of another shard).
 
     Raises:
         ValueError: a source longer than the model's learned positions, when ``errors`` is None;
@@ -201,8 +206,13 @@ def translate_sentences(
                 errors[i] = "the model's output is not finite (NaN/inf): a diverged model?"
 
     try:
-        for batch in batches_by_tokens([len(src_ids[i]) + extra for i in todo], max_tokens, rows):
+        rank, world = shard
+        for k, batch in enumerate(batches_by_tokens([len(src_ids[i]) + extra for i in todo], max_tokens, rows)):
             idx = [todo[j] for j in batch]
+            if k % world != rank:  # another rank's batch
+                if bar is not None:
+                    bar.update(len(idx))
+                continue
             try:
                 decode(idx)
             except Exception as e:  # noqa: BLE001 - reported per sentence below
@@ -255,6 +265,7 @@ def translate_dataset(
     progress: Any = False,
     desc: str = "translate",
     precision: str = "fp32",
+    shard: tuple[int, int] = (0, 1),
 ) -> list[str]:
     """Translate a :class:`~transformer.data.ParallelDataset` and detokenise the best hypotheses.
 
@@ -264,12 +275,22 @@ def translate_dataset(
         tokenizer: the target tokenizer (``decode``).
         cfg: generation settings (see :func:`translate_sentences`).
         device: device of the model.
-        errors, progress, desc, precision: see :func:`translate_sentences` (a failed sentence gives ``""``).
+        errors, progress, desc, precision, shard: see :func:`translate_sentences` (a failed sentence,
+            or one of another shard, gives ``""``).
 
     Returns:
         Detokenised best hypotheses, in dataset order (compare with ``dataset.tgt_text``).
     """
     hyps = translate_sentences(
-        model, dataset.src, cfg, device, model.arch, errors=errors, progress=progress, desc=desc, precision=precision
+        model,
+        dataset.src,
+        cfg,
+        device,
+        model.arch,
+        errors=errors,
+        progress=progress,
+        desc=desc,
+        precision=precision,
+        shard=shard,
     )
     return detokenize(hyps, tokenizer)

@@ -18,24 +18,40 @@ from torch import Tensor
 # Logits per chunk on the CPU: ~4M (16 MiB in fp32), a chunk's logits and log-probabilities staying
 # in the cache between the matmul that writes them and the matmuls that read them back.
 _CPU_CHUNK_LOGITS = 1 << 22
+# Logits per chunk on an accelerator: 128M (512 MiB in fp32, plus their 16-bit gradient), so that a
+# 16k-row batch of a 32k vocabulary takes 4 chunks: each chunk is ~15 kernel launches, and an eager
+# GPU step is bound by its launches, not by this memory.
+_DEVICE_CHUNK_LOGITS = 1 << 27
+# Rows of an accelerator's chunk are a multiple of this (whole tensor-core tiles).
+_DEVICE_ROW_MULTIPLE = 128
 # Chunks of a call under torch.compile: every chunk is traced into the graph, so their number is
 # capped (the graph's size and compile time grow with it); 32 keeps a chunk's fp32 logits at
 # 1/32 of the (N, V) tensor.
 _MAX_COMPILED_CHUNKS = 32
-# torch.addmm(..., out_dtype=) (a low-precision product accumulated in an fp32 output): torch >= 2.8, CUDA.
-_ADDMM_OUT_DTYPE = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)
+# torch.addmm(..., out_dtype=) with an fp32 input and output and bf16/fp16 matrices: torch >= 2.10
+# (pytorch#167931; 2.8 and 2.9 have out_dtype but raise "self and mat2 must have the same dtype").
+_ADDMM_OUT_DTYPE_SINCE = (2, 10)
+
+
+def _torch_version(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a torch version string such as ``2.13.0+cpu``."""
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def addmm_out_dtype_available(version: str | None = None) -> bool:
+    """Whether this torch (or ``version``) has ``torch.addmm(fp32, bf16, bf16, out_dtype=float32)``."""
+    return _torch_version(version or torch.__version__) >= _ADDMM_OUT_DTYPE_SINCE
 
 
 def chunk_rows(device: str, n: int, vocab: int, hidden: int) -> int:
     """Rows per chunk of the fused output layer (eager mode).
 
     On the CPU, ``max(16, 2**22 // vocab)`` rows, whatever ``n`` and ``hidden``: about 4M logits
-    (16 MiB in fp32) a chunk, held in cache. On an accelerator, Liger-Kernel's rule (Hsu et al.
-    2024; ``fused_linear_cross_entropy_forward`` in ``liger_kernel/ops/fused_linear_cross_entropy.py``):
-    ``inc = ceil(vocab / hidden)`` chunks, so that a chunk's ``(rows, vocab)`` logits are about the
-    size of the ``(n, hidden)`` input, the rows rounded up to a power of two,
-    ``next_power_of_2(ceil(n / inc))``, and at most ``n``: few large matmuls, each adding one
-    ``vocab x hidden`` product into the weight gradient.
+    (16 MiB in fp32) a chunk, held in cache. On an accelerator as many rows as 128M logits take
+    (``2**27 // vocab``, a multiple of 128, at most ``n``): few large matmuls, since an eager step
+    there is bound by its kernel launches (about 15 a chunk), and each chunk adds one
+    ``vocab x hidden`` product into the weight gradient. ``hidden`` does not change either rule.
 
     Args:
         device: the device type of the rows (``"cpu"``, ``"cuda"``, ...).
@@ -48,9 +64,10 @@ def chunk_rows(device: str, n: int, vocab: int, hidden: int) -> int:
     """
     if device == "cpu":
         return max(16, _CPU_CHUNK_LOGITS // max(vocab, 1))
-    inc = -(-vocab // max(hidden, 1))  # ceil(V / H)
-    rows = -(-n // max(inc, 1))  # ceil(N / inc)
-    return max(1, min(1 << max(rows - 1, 0).bit_length(), n))  # next power of two, at most N
+    rows = max(
+        _DEVICE_ROW_MULTIPLE, _DEVICE_CHUNK_LOGITS // max(vocab, 1) // _DEVICE_ROW_MULTIPLE * _DEVICE_ROW_MULTIPLE
+    )
+    return max(1, min(rows, n))
 
 
 def compiled_chunks(vocab: int, hidden: int) -> int:
@@ -75,7 +92,7 @@ def _accumulate_grad_w(grad_w: Tensor, g: Tensor, h: Tensor) -> None:
     if g.dtype == torch.float32:
         grad_w.addmm_(g.t(), h)
     elif (
-        _ADDMM_OUT_DTYPE
+        addmm_out_dtype_available()
         and g.is_cuda
         and not torch.compiler.is_compiling()  # an out= variant with out_dtype: left to the compiler
         and torch.cuda.get_device_capability(g.device)[0] >= 8
@@ -94,7 +111,7 @@ class _LinearLabelSmoothedLoss(torch.autograd.Function):
     fused linear cross entropy, Hsu et al. 2024). The backward pass only scales them by the
     incoming gradient. The same three matmuls as ``F.linear`` + loss, but no ``(N, V)`` tensor
     (and its log-softmax, gather and mean backward passes) ever goes through memory. The chunks are
-    :func:`chunk_rows` rows each in eager mode (the CPU's cache-sized rule, Liger's rule on an
+    :func:`chunk_rows` rows each in eager mode (the CPU's cache-sized rule, a memory budget on an
     accelerator), and :func:`compiled_chunks` chunks of equal size under ``torch.compile``.
 
     With a row mask ``keep``, the rows where it is False take part in the matmuls but add nothing to
@@ -126,37 +143,41 @@ class _LinearLabelSmoothedLoss(torch.autograd.Function):
             spans = [(lo, min(step, n - lo)) for lo in range(0, n, step)]
         grad_h = torch.empty_like(hidden) if need_grad else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_grad else None
-        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        nll_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        picked, spread = [], []  # (C, 1) log p[y] and mean log p of each chunk, summed once at the end
         with torch.autocast(device, enabled=False):
             if keep is not None:  # masked rows: a valid class index, zero hidden rows for the weight gradient
                 target = target.masked_fill(~keep, 0)
                 hidden = hidden.masked_fill(~keep[:, None], 0.0)
             hidden_c, weight_c = hidden.to(cdt), weight.to(cdt)
+            weight_t, y = weight_c.t(), target[:, None]  # (d, V), (N, 1)
             for lo, size in spans:
                 h = hidden_c.narrow(0, lo, size)  # (C, d)
-                y = target.narrow(0, lo, size)[:, None]  # (C, 1)
-                lprobs = torch.log_softmax(torch.mm(h, weight_c.t()).float(), 1)  # (C, V) fp32
-                picked, spread = lprobs.gather(1, y).squeeze(1), lprobs.mean(1)  # (C,), (C,)
-                if keep is not None:
-                    k = keep.narrow(0, lo, size)
-                    picked, spread = picked.masked_fill(~k, 0.0), spread.masked_fill(~k, 0.0)
-                nll = -picked.sum()
-                nll_sum += nll
-                loss += (1.0 - epsilon) * nll - epsilon * spread.sum()
+                lprobs = torch.log_softmax(torch.mm(h, weight_t).float(), 1)  # (C, V) fp32
+                picked.append(lprobs.gather(1, y.narrow(0, lo, size)))
+                spread.append(lprobs.mean(1, keepdim=True))
                 if not need_grad:
                     continue
                 # d loss_i / d z = softmax - (1 - eps) * onehot(y) - eps / V: the softmax part goes
-                # through the matmuls, the two constant parts are added on (C, d) / (V, d) below
+                # through the matmuls, the two constant parts are added on (N, d) / (V, d) below
                 g = lprobs.exp_().to(cdt)  # (C, V)
                 rows = grad_h.narrow(0, lo, size)
                 if grad_h.dtype == cdt:
                     torch.mm(g, weight_c, out=rows)
                 else:
                     rows.copy_(torch.mm(g, weight_c))
-                rows.sub_(weight[y[:, 0]].to(rows.dtype), alpha=1.0 - epsilon)  # onehot part
                 _accumulate_grad_w(grad_w, g, h)
+            if not picked:  # no rows at all
+                picked, spread = (
+                    [hidden_c.new_zeros((0, 1), dtype=torch.float32)],
+                    [hidden_c.new_zeros((0, 1), dtype=torch.float32)],
+                )
+            picked_all, spread_all = torch.cat(picked).squeeze(1), torch.cat(spread).squeeze(1)  # (N,)
+            if keep is not None:
+                picked_all, spread_all = picked_all.masked_fill(~keep, 0.0), spread_all.masked_fill(~keep, 0.0)
+            nll_sum = -picked_all.sum()
+            loss = (1.0 - epsilon) * nll_sum - epsilon * spread_all.sum()
             if need_grad:
+                grad_h.sub_(weight.index_select(0, target).to(grad_h.dtype), alpha=1.0 - epsilon)  # onehot part
                 grad_w.index_add_(0, target, hidden.float(), alpha=-(1.0 - epsilon))  # onehot part
                 if epsilon > 0.0:  # uniform part: -eps / V for every class
                     grad_h.sub_(weight.float().sum(0).to(grad_h.dtype), alpha=epsilon / vocab)
@@ -197,4 +218,4 @@ def linear_label_smoothed_loss(
     return _LinearLabelSmoothedLoss.apply(hidden, weight, target, float(epsilon), keep)
 
 
-__all__ = ["chunk_rows", "compiled_chunks", "linear_label_smoothed_loss"]
+__all__ = ["addmm_out_dtype_available", "chunk_rows", "compiled_chunks", "linear_label_smoothed_loss"]

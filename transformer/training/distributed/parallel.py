@@ -1,21 +1,23 @@
 """Data parallelism with torch's engines: DistributedDataParallel or FSDP2, plus activation checkpointing.
 
 Every update's gradient is the gradient of the *summed* label-smoothed loss of all micro-batches
-of all ranks, divided by the global number of target tokens (fairseq's normalisation). Both
-engines are set to **sum** gradients across ranks instead of averaging them (DDP: a sum
-communication hook; FSDP2: gradient divide factor 1), and the trainer divides by the global token
-count afterwards, so ``N`` ranks compute the same update as one rank with ``update_freq=N`` (up to
-the order of summation).
+of all ranks, divided by the global number of target tokens (fairseq's normalisation). Every rank
+knows that number before the update starts (:meth:`~transformer.data.batching.TokenBatchSampler.step_tokens`),
+so the loss is scaled by ``world_size / ntokens`` before the backward pass
+(:meth:`DataParallel.loss_scale`) and both engines keep their own averaging reduction: ``N`` ranks
+compute the same update as one rank with ``update_freq=N`` (up to the order of summation), and a
+quiet update's only collective is the gradient reduction itself (torchtitan's way).
 
 * ``train.distributed=ddp``: :class:`torch.nn.parallel.DistributedDataParallel` over the model and
-  its loss; the all-reduce of each gradient bucket overlaps the backward pass; micro-batches
+  its loss; the all-reduce of each gradient bucket (``train.bucket_cap_mb``) overlaps the backward
+  pass, in fp32 or, with ``train.grad_reduce_dtype=bf16``, compressed to bf16; micro-batches
   before the last of an update run under ``no_sync()`` (accumulation without communication).
 * ``train.distributed=fsdp``: FSDP2 (``torch.distributed.fsdp.fully_shard``) on every Transformer
   layer, then on the whole model (embeddings, output layer, final norms): parameters, gradients
   and optimizer state are sharded across ranks and gathered layer by layer. With
-  ``train.precision=bf16`` the policy computes in bf16 and reduces gradients in fp32
-  (:class:`~torch.distributed.fsdp.MixedPrecisionPolicy`). Checkpoints stay full weights in the
-  usual safetensors format (gathered on rank 0, which writes them).
+  ``train.precision=bf16`` the policy computes in bf16 and reduces gradients in fp32 (bf16 with
+  ``train.grad_reduce_dtype=bf16``); ``train.reshard_after_forward=false`` keeps the gathered layers
+  for the backward pass (more memory, one all-gather less per layer).
 * ``train.activation_checkpointing=true``: each layer keeps only its input and recomputes its
   activations in the backward pass (torch's composable ``checkpoint``, module names unchanged).
 
@@ -32,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed._composable import checkpoint
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -44,7 +47,15 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from transformer.training.distributed.process_group import DistInfo
 from transformer.training.step.criterion import model_loss
 
-__all__ = ["DISTRIBUTED", "DataParallel", "TrainingLoss", "checkpoint_layers", "transformer_layers"]
+__all__ = [
+    "DISTRIBUTED",
+    "GRAD_REDUCE_DTYPES",
+    "MODES",
+    "DataParallel",
+    "TrainingLoss",
+    "checkpoint_layers",
+    "transformer_layers",
+]
 
 DISTRIBUTED = ("ddp", "fsdp")
 
@@ -104,12 +115,9 @@ def checkpoint_layers(model: nn.Module) -> int:
     return len(layers)
 
 
-def _sum_hook(process_group, bucket):  # no annotations: DDP checks them against dist.GradBucket
-    """DDP communication hook: all-reduce a gradient bucket (:class:`dist.GradBucket`) as a sum
-    (DDP's default divides by the world size; the trainer divides by the global token count
-    instead). Returns a future of the reduced flat buffer."""
-    work = dist.all_reduce(bucket.buffer(), group=process_group, async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
+MODES = ("none", *DISTRIBUTED)
+GRAD_REDUCE_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+"""``train.grad_reduce_dtype`` -> the dtype gradients cross the network in (None: as computed, fp32)."""
 
 
 class DataParallel:
@@ -117,25 +125,48 @@ class DataParallel:
 
     Args:
         loss_module: a :class:`TrainingLoss` over the model, on this rank's device.
-        mode: ``ddp`` or ``fsdp`` (``train.distributed``); ignored with one process.
+        mode: ``none``, ``ddp`` or ``fsdp``, taken as given (the trainer passes ``none`` for one
+            process; a DDP engine over a 1-rank group measures DDP's own overhead).
         dist_info: rank / world size / device.
         param_dtype: FSDP2's compute dtype for parameters (``torch.bfloat16`` under
             ``train.precision=bf16``); ``None`` keeps fp32.
+        bucket_cap_mb: DDP's gradient bucket size in MiB (``train.bucket_cap_mb``).
+        static_graph: DDP's ``static_graph`` (``train.static_graph``): the same parameters take
+            part in every update, so DDP may skip its per-update search for unused ones.
+        grad_reduce_dtype: ``fp32`` or ``bf16`` (``train.grad_reduce_dtype``): the dtype gradients
+            are all-reduced (DDP) or reduce-scattered (FSDP2) in.
+        reshard_after_forward: FSDP2's ``reshard_after_forward`` (``train.reshard_after_forward``).
 
     Raises:
-        ValueError: an unknown ``mode``.
+        ValueError: an unknown ``mode`` or ``grad_reduce_dtype``, or ``ddp`` / ``fsdp`` without a
+            process group.
     """
 
     def __init__(
-        self, loss_module: TrainingLoss, mode: str, dist_info: DistInfo, param_dtype: torch.dtype | None = None
+        self,
+        loss_module: TrainingLoss,
+        mode: str,
+        dist_info: DistInfo,
+        param_dtype: torch.dtype | None = None,
+        *,
+        bucket_cap_mb: float = 25.0,
+        static_graph: bool = False,
+        grad_reduce_dtype: str = "fp32",
+        reshard_after_forward: bool = True,
     ) -> None:
-        if mode not in DISTRIBUTED:
+        if mode not in MODES:
             raise ValueError(f"train.distributed={mode!r} is not one of {', '.join(DISTRIBUTED)}")
+        if grad_reduce_dtype not in GRAD_REDUCE_DTYPES:
+            raise ValueError(
+                f"train.grad_reduce_dtype={grad_reduce_dtype!r} is not one of {', '.join(GRAD_REDUCE_DTYPES)}"
+            )
+        if mode != "none" and not dist.is_initialized():
+            raise ValueError(f"train.distributed={mode} needs a process group (run under torchrun)")
         self.dist = dist_info
         self.loss_module = loss_module
-        self.mode = mode if dist_info.world_size > 1 else "none"
+        self.mode = mode
         self.fsdp_units: list[nn.Module] = []
-        self.mean_reduced = self.mode == "fsdp"  # gradients arrive divided by the world size
+        reduce_dtype = GRAD_REDUCE_DTYPES[grad_reduce_dtype]
         if self.mode == "ddp":
             cuda = dist_info.device.type == "cuda"
             self.engine: nn.Module = nn.parallel.DistributedDataParallel(
@@ -143,17 +174,21 @@ class DataParallel:
                 device_ids=[dist_info.device] if cuda else None,
                 broadcast_buffers=False,
                 gradient_as_bucket_view=True,
+                bucket_cap_mb=bucket_cap_mb,
+                static_graph=static_graph,
             )
-            self.engine.register_comm_hook(None, _sum_hook)
+            # the reducer's own C++ all-reduce (an average) unless the gradients travel in bf16
+            if reduce_dtype is torch.bfloat16:
+                self.engine.register_comm_hook(None, default_hooks.bf16_compress_hook)
         elif self.mode == "fsdp":
-            policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+            policy = MixedPrecisionPolicy(
+                param_dtype=param_dtype, reduce_dtype=reduce_dtype or (torch.float32 if param_dtype else None)
+            )
             for layer in transformer_layers(loss_module.model):
-                self.fsdp_units.append(fully_shard(layer, mp_policy=policy))
-            self.fsdp_units.append(fully_shard(loss_module, mp_policy=policy))
-            if dist.get_backend() != "gloo":  # gloo has no PREMUL_SUM: it averages, see normalise()
-                for unit in self.fsdp_units:
-                    unit.set_gradient_divide_factor(1.0)  # sum, not mean, across ranks
-                self.mean_reduced = False
+                self.fsdp_units.append(
+                    fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+                )
+            self.fsdp_units.append(fully_shard(loss_module, mp_policy=policy))  # FSDP2 keeps the root's gathered
             self.engine = loss_module
         else:
             self.engine = loss_module
@@ -186,35 +221,19 @@ class DataParallel:
         else:
             yield
 
-    def normalise(self, params: list[Tensor], ntokens: int | Tensor) -> None:
-        """Divide the reduced gradients of ``params`` by the global number of target tokens
-        (first undoing FSDP2's division by the world size where the backend averaged), in one
-        multi-tensor kernel (``torch._foreach_div_``) rather than one launch per parameter. A count
-        on the device is not read (no host sync): with no tokens the gradients are zero and stay so."""
-        if isinstance(ntokens, Tensor):
-            ntokens = ntokens.clamp(min=1).to(torch.float32)
-        elif ntokens <= 0:
-            return
-        grads = [p.grad for p in params]
-        if not grads:
-            return
-        if self.mean_reduced:
-            torch._foreach_mul_(grads, self.dist.world_size)
-        torch._foreach_div_(grads, ntokens)
+    def loss_scale(self, ntokens: int) -> float:
+        """The factor of the summed loss before the backward pass: ``world_size / ntokens``, so that
+        the engines' averaging reduction leaves the gradient of the update's summed loss divided by
+        its ``ntokens`` target tokens over all ranks (``1 / ntokens`` with one process)."""
+        return (self.dist.world_size if self.mode != "none" else 1) / max(int(ntokens), 1)
 
-    def global_sums(self, ntokens: int | Tensor, loss_sum: float | Tensor) -> tuple[int | Tensor, float | Tensor]:
-        """``(ntokens, loss_sum)`` summed over ranks (unchanged with one process). Given a tensor,
-        the sums stay on the device (int64 and fp64 scalars; no host sync), else they are read."""
+    def sum_over_ranks(self, value: int) -> int:
+        """An integer summed over the ranks (a collective and a host read; ``value`` with one process)."""
         if self.mode == "none":
-            return ntokens, loss_sum
-        device = self.dist.device
-        t = torch.stack(
-            [torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in (ntokens, loss_sum)]
-        )
+            return int(value)
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.dist.device)
         dist.all_reduce(t)
-        if isinstance(ntokens, Tensor) or isinstance(loss_sum, Tensor):
-            return t[0].round().long(), t[1]
-        return int(round(t[0].item())), float(t[1].item())
+        return int(round(t.item()))
 
     def agree(self, train_time: float, signalled: bool) -> tuple[float, bool]:
         """One clock and one stop flag for all ranks: the largest ``train_time`` (the slowest rank's
@@ -238,12 +257,14 @@ class DataParallel:
 
     # ------------------------------------------------------------------ full weights on rank 0
 
-    def full_state_dict(self) -> dict[str, Tensor]:
-        """The model's full weights for a checkpoint: on rank 0 (other ranks get ``{}``); under FSDP
-        a collective (every rank must call it), gathered to CPU."""
+    def full_state_dict(self, every_rank: bool = False) -> dict[str, Tensor]:
+        """The model's full weights: for a checkpoint, on rank 0 (other ranks get ``{}``), under FSDP
+        gathered to the CPU; with ``every_rank``, on every rank (under FSDP on the device: a model
+        each rank can decode with). Under FSDP a collective (every rank must call it)."""
         if self.mode != "fsdp":
-            return self.model.state_dict() if self.dist.is_main else {}
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return self.model.state_dict() if self.dist.is_main or every_rank else {}
+        options = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank)
+        return get_model_state_dict(self.model, options=options)
 
     def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
         """Load full weights (every rank passes the same dict; under FSDP each keeps its shard).

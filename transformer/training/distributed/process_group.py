@@ -10,6 +10,7 @@ the global number of target tokens, so N ranks compute the same update as one ra
 
 from __future__ import annotations
 
+import datetime
 import gc
 import os
 import time
@@ -23,6 +24,7 @@ from transformer.config import ConfigError
 from transformer.device import resolve_device, unavailable
 
 __all__ = [
+    "broadcast_weights",
     "DistInfo",
     "broadcast_from_main",
     "export_submitit_environment",
@@ -65,7 +67,7 @@ def export_submitit_environment() -> bool:
     return True
 
 
-def setup_distributed(device_name: str) -> DistInfo:
+def setup_distributed(device_name: str, timeout_s: float = 1800.0) -> DistInfo:
     """Initialise ``torch.distributed`` when launched by torchrun or submitit (``WORLD_SIZE > 1``).
 
     Uses NCCL on CUDA and gloo on CPU. The device is :func:`~transformer.device.resolve_device`'s
@@ -75,6 +77,9 @@ def setup_distributed(device_name: str) -> DistInfo:
 
     Args:
         device_name: ``train.device``: ``auto``, ``cpu``, ``cuda`` or any ``torch.device`` string.
+        timeout_s: how long a collective waits for the other ranks before it fails
+            (``train.dist_timeout``; NCCL's own default is 10 minutes, too short for a rank that
+            tests or saves a big model while the others wait).
 
     Returns:
         This process's :class:`DistInfo` (rank 0 of 1 without torchrun).
@@ -91,7 +96,12 @@ def setup_distributed(device_name: str) -> DistInfo:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        cuda = device.type == "cuda"
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if cuda else None,  # NCCL binds its communicator to this rank's GPU at once
+        )
     return DistInfo(rank, world_size, device)
 
 
@@ -118,6 +128,16 @@ def shutdown_distributed(parallel: Any = None) -> None:
     dist.barrier()
     time.sleep(0.05)  # releases the GIL: the gloo workers drop the barrier's work before the group goes
     dist.destroy_process_group()
+
+
+def broadcast_weights(model: Any, dist_info: DistInfo) -> None:
+    """Rank 0's parameters and buffers copied into every rank's ``model`` in place (nothing to do
+    without torchrun); every rank calls it, with models of the same structure."""
+    if dist_info.world_size <= 1:
+        return
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, src=0)
 
 
 def broadcast_from_main(obj: Any, dist_info: DistInfo) -> Any:

@@ -31,6 +31,7 @@ from transformer.io import atomic_write_text
 from transformer.models import forward_flops
 from transformer.run_folder import BEST, references_file, weights_path
 from transformer.training.checkpoint import load_checkpoint, save_run_average
+from transformer.training.distributed.process_group import broadcast_from_main, broadcast_weights
 from transformer.training.step.precision import describe_hardware
 
 __all__ = [
@@ -270,7 +271,9 @@ def final_test(
     ``test_weights`` names the file that holds the tested weights.
 
     Args:
-        trainer: the :class:`~transformer.training.loop.trainer.Trainer` of the run (rank 0).
+        trainer: the :class:`~transformer.training.loop.trainer.Trainer` of the run. Under torchrun
+            every rank calls it: rank 0 loads the tested weights and sends them to the others, the
+            ranks decode each split together, rank 0 writes the files.
         choices: Hydra's config-group choices, recorded in the results.
         params: the model's parameter count.
         start: ``time.time()`` when the run started.
@@ -281,17 +284,26 @@ def final_test(
     """
     cfg = trainer.cfg
     log = getattr(trainer, "log", lambda msg: print(msg, file=sys.stderr, flush=True))
+    dist_info = getattr(trainer, "dist", None)
+    main = dist_info is None or dist_info.is_main
     memory = getattr(trainer, "memory", None)
     if memory is not None:
         memory.enter("test")
-    try:
-        final_model, test_weights, tested_updates = load_final_weights(trainer)
-    except Exception as err:  # the training is done: test what is in memory rather than lose it
-        final_model, test_weights, tested_updates = "final", None, [trainer.update]
-        log(
-            f"[test] cannot load the weights chosen for the test ({' '.join(str(err).split())}); "
-            "testing the final weights instead"
+    final_model, test_weights, tested_updates = "final", None, [trainer.update]
+    if main:
+        try:
+            final_model, test_weights, tested_updates = load_final_weights(trainer)
+        except Exception as err:  # the training is done: test what is in memory rather than lose it
+            final_model, test_weights, tested_updates = "final", None, [trainer.update]
+            log(
+                f"[test] cannot load the weights chosen for the test ({' '.join(str(err).split())}); "
+                "testing the final weights instead"
+            )
+    if dist_info is not None and dist_info.world_size > 1:  # every rank decodes with rank 0's weights
+        final_model, test_weights, tested_updates = broadcast_from_main(
+            (final_model, test_weights, tested_updates), dist_info
         )
+        broadcast_weights(trainer.model, dist_info)
     saved_at = ", ".join(f"{u:,}" for u in tested_updates)
     if test_weights is not None:
         log(
@@ -309,8 +321,9 @@ def final_test(
         try:
             hyp_file = trainer.run_dir / "hyps" / f"{split}.txt"
             scores[split] = trainer.bleu(split, hyp_file=hyp_file)
-            # the references beside the hypotheses: compare.py tests the run without its data
-            atomic_write_text(references_file(hyp_file), "".join(r + "\n" for r in trainer.data.splits[split].tgt_text))
+            if main:  # the references beside the hypotheses: compare.py tests the run without its data
+                references = "".join(r + "\n" for r in trainer.data.splits[split].tgt_text)
+                atomic_write_text(references_file(hyp_file), references)
         except Exception as err:  # one split's failure never throws away the training or the other splits
             scores[split] = {"error": f"{type(err).__name__}: {' '.join(str(err).split())}"}
             log(f"[test] {split}: failed ({scores[split]['error']}); results.json records the error")
@@ -334,5 +347,6 @@ def final_test(
         test_weights=test_weights,
         test_weights_updates=tested_updates,
     )
-    write_results(trainer.run_dir, results)
+    if main:
+        write_results(trainer.run_dir, results)
     return results

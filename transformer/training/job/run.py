@@ -57,6 +57,7 @@ from transformer.training.job.results import (
 from transformer.training.job.resume import ResumePoint, checkpoint_names, completed_results, prepare_resume
 from transformer.training.loop.trainer import Trainer
 from transformer.training.monitoring.loggers import build_loggers
+from transformer.training.step.compiled import resolve_compile
 from transformer.training.step.precision import resolve_precision
 from transformer.training.stopping import GracefulStop, StopRequested
 
@@ -125,7 +126,7 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
             done["skipped_complete"] = True
             return done
     cfg = to_config(resume.cfg) if resume is not None else to_config(cfg)
-    auto_multiple = resume is None and _resolve_auto_batching(cfg)  # before train.finished_runs compares it
+    auto_multiple = _resolve_auto_batching(cfg) and resume is None  # before train.finished_runs compares it
     _record_plugins(cfg, plugins_named(cfg.plugins), resume, run_dir, recorded_plugins)
     if resume is None:  # nothing to continue here: finished on another machine (train.finished_runs)?
         done = skip_if_finished_elsewhere(cfg, run_dir, has_checkpoint=bool(checkpoint_names(run_dir)))
@@ -134,7 +135,7 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
     t = cfg.train
     if t.num_threads > 0:
         torch.set_num_threads(t.num_threads)
-    dist_info = setup_distributed(t.device)
+    dist_info = setup_distributed(t.device, t.dist_timeout)
     lock = FolderLock(run_dir).acquire() if dist_info.is_main else None  # one writer per run folder (rank 0)
     try:
         return _train(cfg, resume, dist_info, run_dir, start, auto_multiple and resume is None)
@@ -221,16 +222,19 @@ def _resolve_auto_batching(cfg: Config) -> bool:
     device and precision (:func:`~transformer.data.batching.resolve_pad_to_multiple`), before
     ``train.finished_runs`` compares it with a finished run's recorded number; whether it did. A
     resume keeps the run's own number (``auto`` on its command line changes nothing:
-    :func:`~transformer.training.job.resume.resume_config`). A device that is not here is left to the
-    device check (the Trainer resolves ``auto`` itself too)."""
+    :func:`~transformer.training.job.resume.resume_config`). ``train.compile=auto`` is set to what
+    it means on this device (:func:`~transformer.training.step.compiled.resolve_compile`), new run or
+    resume, so the run records whether it compiled. A device that is not here is left to the device
+    check (the Trainer resolves ``auto`` itself too)."""
     t = cfg.train
-    if str(t.pad_to_multiple) != "auto":
-        return False
     try:
         device = resolve_device(t.device)
     except RuntimeError:  # not a device torch knows: named by the device check
         return False
     if unavailable(device, "train.device") is not None:
+        return False
+    t.compile = resolve_compile(t.compile, device.type)
+    if str(t.pad_to_multiple) != "auto":
         return False
     t.pad_to_multiple = resolve_pad_to_multiple("auto", device.type, resolve_precision(t.precision, device))
     return True
@@ -276,7 +280,7 @@ def _train(
     shown = f"{params:,} parameters" + (f" ({active:,} active per token)" if active != params else "")
     log(
         f"model: {cfg.model.arch}, {shown}, precision {trainer.precision} "
-        f"(train.precision={t.precision}), {'compiled' if t.compile else 'eager'} (train.compile={str(t.compile).lower()}); "
+        f"(train.precision={t.precision}), {'compiled' if trainer.compiled else 'eager'} (train.compile={str(t.compile).lower()}); "
         f"run folder {run_dir}"
     )
     log(f"budget: training stops at {budget_sentence(t)}")
@@ -304,12 +308,12 @@ def _train(
             err.updates_done = trainer.update  # type: ignore[attr-defined]
             raise
     log(f"stopped: {stop}")
-    if trainer.parallel.mode == "fsdp":  # the final test runs on rank 0 alone, with full weights
+    if trainer.parallel.mode == "fsdp":  # the final test decodes with full weights on every rank
         trainer.model = trainer.eval_model()
 
-    results: dict[str, Any] = {}
-    if dist_info.is_main:
-        results = final_test(trainer, choices, params, start, active_params=active)
+    results = final_test(trainer, choices, params, start, active_params=active)  # the ranks decode together
+    if not dist_info.is_main:
+        results = {}
     loggers.log({k: v for k, v in results.items() if isinstance(v, (int, float))}, step=trainer.update, split="test")
     loggers.close()
     shutdown_distributed(trainer.parallel)

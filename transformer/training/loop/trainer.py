@@ -18,7 +18,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +39,11 @@ from transformer.training.errors import TrainingError
 from transformer.training.loop.validation import scorable_pairs, teacher_forced_loss, translate_and_score
 from transformer.training.monitoring.memory import PhaseMemory
 from transformer.training.monitoring.progress import TrainingBar
-from transformer.training.step.compiled import compile_dynamic, compile_training_step
+from transformer.training.step.compiled import compile_dynamic, compile_training_step, resolve_compile
 from transformer.training.step.criterion import LabelSmoothedCrossEntropy, perplexity
 from transformer.training.step.divergence import DivergenceWatch, divergence_message, nonfinite_weights
 from transformer.training.step.ema import EMA
-from transformer.training.step.optim import build_optimizer
+from transformer.training.step.optim import build_optimizer, total_norm
 from transformer.training.step.precision import resolve_precision
 from transformer.training.step.routing import RoutingMonitor, read_routing
 from transformer.training.step.schedules import build_scheduler
@@ -51,6 +51,15 @@ from transformer.training.step.update_stats import read_stats
 from transformer.training.stopping import GracefulStop, budget_reached, stop_on_signal
 
 __all__ = ["Trainer", "TrainingError"]
+
+
+def _compiler_error(err: BaseException) -> bool:
+    """Whether ``err`` comes from ``torch.compile`` (dynamo tracing, a backend, inductor's code)."""
+    import torch._dynamo  # loaded by torch.compile already
+
+    return isinstance(err, torch._dynamo.exc.TorchDynamoException) or type(err).__module__.startswith(
+        ("torch._dynamo", "torch._inductor")
+    )
 
 
 class Trainer:
@@ -61,11 +70,16 @@ class Trainer:
         data: the loaded corpus (tokenizers and splits).
         dist_info: rank / world size / device.
         run_dir: the run folder (checkpoints, metrics.jsonl, results.json).
+        parallel_mode: the data-parallel engine (``none``, ``ddp``, ``fsdp``); None:
+            ``train.distributed`` under torchrun, ``none`` for one process. ``ddp`` over a 1-rank
+            process group measures DDP's own cost (``benchmarks/gpu_check``).
     """
 
     read_stats = staticmethod(read_stats)  # the logged numbers of train_step's device values
 
-    def __init__(self, cfg: Config, data: TranslationData, dist_info: DistInfo, run_dir: Path) -> None:
+    def __init__(
+        self, cfg: Config, data: TranslationData, dist_info: DistInfo, run_dir: Path, parallel_mode: str | None = None
+    ) -> None:
         self.cfg, self.data, self.dist, self.run_dir = cfg, data, dist_info, run_dir
         t = cfg.train
         self.device = dist_info.device
@@ -74,9 +88,10 @@ class Trainer:
         self.model = self._build_model()
         if t.activation_checkpointing:
             checkpoint_layers(self.model)
-        # train.compile: validation's teacher-forced loss runs the compiled layers; training compiles
-        # the whole step (forward, fused loss, backward) below
-        self.features = compile_dynamic(self.model.features) if t.compile else None
+        self.compiled = resolve_compile(t.compile, self.device.type)  # auto: on accelerators
+        # compiled: validation's teacher-forced loss runs the compiled layers; training compiles the
+        # whole step (forward, fused loss, backward) below
+        self.features = compile_dynamic(self.model.features) if self.compiled else None
         self.criterion = LabelSmoothedCrossEntropy(cfg.criterion.label_smoothing, ignore_index=PAD_ID)
         self.precision = resolve_precision(t.precision, self.device)
         t.pad_to_multiple = resolve_pad_to_multiple(
@@ -86,13 +101,17 @@ class Trainer:
         # DDP or FSDP2 under torchrun; before the optimizer, since FSDP2 replaces parameters by shards
         self.parallel = DataParallel(
             TrainingLoss(self.model, self.criterion),
-            t.distributed,
+            parallel_mode or (t.distributed if dist_info.world_size > 1 else "none"),
             dist_info,
             param_dtype=self.autocast_dtype if self.precision == "bf16" else None,
+            bucket_cap_mb=t.bucket_cap_mb,
+            static_graph=t.static_graph,
+            grad_reduce_dtype=t.grad_reduce_dtype,
+            reshard_after_forward=t.reshard_after_forward,
         )
-        if t.compile:
+        if self.compiled:
             compile_training_step(self.parallel)  # one graph per micro-batch, dynamic shapes
-        self._replica: nn.Module | None = None  # FSDP: an unsharded copy on rank 0 for evaluation
+        self._replica: nn.Module | None = None  # FSDP: an unsharded copy on each rank for evaluation
         self.routing = RoutingMonitor(self.model, self.parallel.mode != "none")  # MoE: router stats, bias update
         self._routing: dict[str, Any] = {}  # MoE: the last update's routing, read (last_routing) or on the device
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device.type)
@@ -119,7 +138,7 @@ class Trainer:
         self.epoch = 1
         self.best_metric: float | None = None
         self.bad_validations = 0
-        self.train_tokens = 0  # a property: the host count plus the updates' device counts not read yet
+        self.train_tokens = 0  # target tokens trained on so far (all ranks), counted on the host
         self.train_time = 0.0  # training seconds of the run, at the ranks' last meeting (see fit)
         self._clock_start = time.time()  # since when training time runs and is not yet in train_time
         self.wall_time_before = 0.0  # wall seconds of the earlier processes of this run (resumes)
@@ -134,17 +153,9 @@ class Trainer:
         )  # (pairs the model can score, a note to log once)
         self.log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if dist_info.is_main else (lambda msg: None)
         self.stopping: GracefulStop | None = None  # set by training.run: the polite stop on train.stop_signals
-        self.divergence = DivergenceWatch(self.device)  # the first non-finite loss / gradient norm
-
-    @property
-    def train_tokens(self) -> int:
-        """Target tokens trained on so far (all ranks); reading it folds in the device counts (a host sync)."""
-        self._train_tokens, self._new_tokens = self._train_tokens + int(self._new_tokens), 0
-        return self._train_tokens
-
-    @train_tokens.setter
-    def train_tokens(self, value: int) -> None:
-        self._train_tokens, self._new_tokens = int(value), 0
+        self.divergence = DivergenceWatch(
+            self.device, dist_info.world_size
+        )  # the first non-finite loss / gradient norm
 
     @property
     def last_routing(self) -> dict[str, Any]:
@@ -171,13 +182,28 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
 
-    def train_state(self) -> dict[str, Any]:
+    def rng_states(self) -> list[dict[str, torch.Tensor]]:
+        """Every rank's random generators (:func:`~transformer.training.checkpoint.get_rng_state`), in
+        rank order, on rank 0; other ranks get ``[]``. A collective under torchrun: every rank calls it."""
+        mine = get_rng_state()
+        if self.dist.world_size == 1:
+            return [mine]
+        gathered: list[Any] | None = [None] * self.dist.world_size if self.dist.is_main else None
+        torch.distributed.gather_object(mine, gathered, dst=0)
+        return list(gathered or [])
+
+    def train_state(self, rng: list[dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
         """Everything but the saved weights needed to continue exactly (loadable with weights_only):
         optimizer, scheduler, grad scaler, RNG states, the data position, counters, the config.
+
+        ``rng`` is rank 0's random state and ``rng_ranks`` every rank's (``rng``: :meth:`rng_states`'
+        list; None: this process's alone), so that each rank of a resumed run draws the dropout
+        masks it would have drawn.
 
         With ``train.ema_decay > 0`` the checkpoint's weights file holds the moving average (the
         weights to translate with) and ``ema`` here holds the decay and the training weights.
         """
+        rng = rng or [get_rng_state()]
         ema = None
         if self.ema is not None:
             ema = {"decay": self.ema.decay, "model": self.model.state_dict()}
@@ -185,7 +211,8 @@ class Trainer:
             "optimizer": self.parallel.optimizer_state_dict(self.optimizer),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "rng": get_rng_state(),
+            "rng": rng[0],
+            "rng_ranks": rng,
             "sampler": self.data_position(),  # the batches trained on, not those prepared ahead
             "update": self.update,
             "epoch": self.epoch,
@@ -217,7 +244,16 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
+        ranks = state.get("rng_ranks") or [state["rng"]]  # a checkpoint that lacks it: rank 0's alone
+        if self.dist.rank < len(ranks):
+            set_rng_state(ranks[self.dist.rank])
+        else:
+            set_rng_state(state["rng"])
+            warnings.warn(
+                f"rank {self.dist.rank}: the checkpoint holds the random state of {len(ranks)} rank(s); this rank "
+                "continues from rank 0's, so its dropout masks differ from those of an uninterrupted run",
+                stacklevel=2,
+            )
         self.update, self.epoch = int(state["update"]), int(state["epoch"])
         self.best_metric = state["best_metric"]
         self.bad_validations = int(state["bad_validations"])
@@ -242,22 +278,21 @@ class Trainer:
             raise TrainingError(
                 divergence_message(f"non-finite weights ({', '.join(bad[:3])})", self.update, self.last_saved)
             )
+        rng = self.rng_states()  # every rank's (a collective under torchrun)
         if self.checkpoints is not None or self.parallel.mode == "fsdp":
-            weights, state = self.parallel.full_state_dict(), self.train_state()
+            weights, state = self.parallel.full_state_dict(), self.train_state(rng)
             if self.checkpoints is not None:
                 if self.ema is not None:
                     weights = self.ema.state_dict()
                 self.checkpoints.save(self.update, weights, state, is_best=is_best, numbered=numbered)
         self.last_saved = (self.run_dir / CheckpointManager.LAST, self.update)  # on every rank: the same stop message
 
-    def eval_model(self) -> nn.Module | None:
-        """A model rank 0 can evaluate alone: the model itself, or under FSDP an unsharded copy
-        loaded with the gathered weights (a collective: every rank calls it; others get None)."""
+    def eval_model(self) -> nn.Module:
+        """A model each rank can evaluate alone: the model itself, or under FSDP an unsharded copy
+        loaded with the gathered weights (a collective: every rank calls it and gets its copy)."""
         if self.parallel.mode != "fsdp":
             return self.model
-        weights = self.parallel.full_state_dict()
-        if not self.dist.is_main:
-            return None
+        weights = self.parallel.full_state_dict(every_rank=True)
         if self._replica is None:
             self._replica = self._build_model()
         self._replica.load_state_dict(weights, strict=True)
@@ -293,10 +328,35 @@ class Trainer:
         host waiting (from pinned memory); the training tensors only. The trainer's epoch and data
         position follow the batches handed out, not the ones prepared."""
         non_blocking = self.device.type == "cuda"
-        with Prefetcher(self._host_batches(), self.prefetch) as ahead:
+        with Prefetcher(self._host_batches(), self.prefetch, device=self.device) as ahead:
             for batch, position in ahead:
                 self.epoch, self._data_position = position["epoch"], position
                 yield batch.to(self.device, non_blocking=non_blocking, training_only=True)
+
+    @contextmanager
+    def _compile_errors_named(self, first: bool) -> Iterator[None]:
+        """Around this process's first update: a compiled step that fails to compile (an error of
+        dynamo or inductor) stops the run with one line naming the error and the eager switch."""
+        try:
+            yield
+        except Exception as err:
+            if not (first and self.compiled and _compiler_error(err)):
+                raise
+            what = " ".join(str(err).split())[:300]
+            raise TrainingError(
+                f"train.compile: the training step failed to compile ({type(err).__name__}: {what}); "
+                "train eagerly with train.compile=false"
+            ) from err
+
+    def _next_update(self, batches: Iterator[Batch]) -> tuple[list[Batch], int]:
+        """The next update's ``train.update_freq`` micro-batches of ``batches`` (:meth:`_batches`)
+        and their target tokens over all ranks, counted on the host from the shared batch list."""
+        micro, ntokens = [], 0
+        for _ in range(self.cfg.train.update_freq):
+            micro.append(next(batches))
+            position = self.data_position()  # the batch just handed out: its epoch and 1-based position
+            ntokens += self.sampler.step_tokens(position["epoch"], position["position"])
+        return micro, ntokens
 
     def data_position(self) -> dict[str, int]:
         """``{"epoch", "position"}``: the batches of this rank handed to training so far (a
@@ -310,50 +370,63 @@ class Trainer:
         finished = position["epoch"] == self.epoch and position["position"] >= len(self.sampler)
         return self.epoch - 1 + int(finished)
 
-    def train_step(self, batches: list[Batch]) -> dict[str, Any]:
+    def train_step(self, batches: list[Batch], ntokens: int | None = None) -> dict[str, Any]:
         """One update over ``update_freq`` micro-batches, reading nothing on the host.
+
+        The summed loss of each micro-batch is scaled by
+        :meth:`~transformer.training.distributed.parallel.DataParallel.loss_scale` before its backward
+        pass, so the reduced gradients arrive divided by the update's target tokens over all ranks:
+        no collective and no pass over the gradients after the backward pass but the engine's own
+        reduction, the gradient norm (a clipping pass only with ``train.clip_norm > 0``) and the
+        fused optimizer step.
+
+        Args:
+            batches: this rank's micro-batches of the update, on the device.
+            ntokens: the update's target tokens over all ranks (``Trainer.fit`` takes it from
+                :meth:`~transformer.data.batching.TokenBatchSampler.step_tokens`); None counts the
+                batches' own (summed over the ranks by a collective under torchrun).
 
         Returns:
             The update's statistics as they stand on the device, for
             :func:`~transformer.training.step.update_stats.read_stats` (a host sync): ``loss_sum`` and
-            ``nll_sum`` (fp64 sums over this rank's batches), ``local_tokens`` (this rank's target tokens), ``ntokens`` (all ranks), ``lr``
-            (a float), ``grad_norm``, and for a mixture of experts, which backpropagates
-            ``router_loss`` too (:func:`~transformer.training.step.criterion.model_loss`), ``routing``
-            (:meth:`RoutingMonitor.finish`: the selection biases then have moved). Token counts:
-            ints where the loss counts them on the host (eager CPU), else device tensors.
+            ``nll_sum`` (fp64 sums over this rank's batches), ``local_tokens`` (this rank's target
+            tokens, an int), ``ntokens`` (all ranks, an int), ``lr`` (a float), ``grad_norm``, and for
+            a mixture of experts, which backpropagates ``router_loss`` too
+            (:func:`~transformer.training.step.criterion.model_loss`), ``routing``
+            (:meth:`RoutingMonitor.finish`: the selection biases then have moved).
 
         Raises:
-            TrainingError: on the CPU, when the loss or the gradient norm is not finite (names the
-                update and the last finite checkpoint); on an accelerator that is found later, by
-                :meth:`DivergenceWatch.check`. fp16 leaves overflowing gradients to the GradScaler.
+            TrainingError: on the CPU of one process, when the loss or the gradient norm is not finite
+                (names the update and the last finite checkpoint); on an accelerator or under torchrun
+                that is found later, by :meth:`DivergenceWatch.check`. fp16 leaves overflowing
+                gradients to the GradScaler.
         """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        local_tokens = sum(b.ntokens for b in batches)
+        if ntokens is None:
+            ntokens = self.parallel.sum_over_ranks(local_tokens)
+        scale = self.parallel.loss_scale(ntokens)
         loss_sum = nll_sum = torch.zeros(
             (), dtype=torch.float64, device=self.device
         )  # fp64, as the floats they replace
-        ntokens: torch.Tensor | int = 0
         for i, batch in enumerate(batches):
-            with self.parallel.accumulate(last=i == len(batches) - 1):  # gradients summed over ranks
+            with self.parallel.accumulate(last=i == len(batches) - 1):  # gradients averaged over ranks
                 out = self._loss(batch)
                 objective = out["loss"] + out["router_loss"] if "router_loss" in out else out["loss"]
-                self.scaler.scale(objective).backward()
+                self.scaler.scale(objective * scale).backward()
             self.routing.add(out)
             loss_sum = loss_sum + out["loss"].detach().double()
             nll_sum = nll_sum + out["nll_loss"].detach().double()
-            ntokens = ntokens + out["ntokens"]
-        local_tokens = ntokens
         self.scaler.unscale_(self.optimizer)
-        ntokens, global_loss = self.parallel.global_sums(ntokens, loss_sum)
         params = [p for p in self.model.parameters() if p.grad is not None]
-        self.parallel.normalise(params, ntokens)  # per target token of the whole update
         clip = self.cfg.train.clip_norm
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip) if clip > 0 else total_norm(params)
         if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor of partial norms
             grad_norm = grad_norm.full_tensor()
         # a finite loss can come with NaN gradients; fp16 leaves overflowing gradients to the GradScaler
         self.divergence.record(
-            self.update + 1, global_loss, grad_norm if self.precision != "fp16" else None, self.last_saved
+            self.update + 1, loss_sum, grad_norm if self.precision != "fp16" else None, self.last_saved
         )
         lr = self.optimizer.param_groups[0]["lr"]
         self.scaler.step(self.optimizer)
@@ -368,7 +441,7 @@ class Trainer:
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
             self.scheduler.step()
         self.update += 1
-        self._new_tokens = self._new_tokens + ntokens
+        self.train_tokens += ntokens
         return dict(
             loss_sum=loss_sum,
             nll_sum=nll_sum,
@@ -406,7 +479,8 @@ class Trainer:
     ) -> dict[str, Any]:
         """Translate ``split`` (its first ``subset`` pairs when set) with ``cfg.generation`` and
         ``model`` (default: the trained model) and score it against the raw references; see
-        :func:`~transformer.training.loop.validation.translate_and_score`."""
+        :func:`~transformer.training.loop.validation.translate_and_score` (every rank calls it under
+        torchrun: each decodes its share, every rank gets the scores, rank 0 writes ``hyp_file``)."""
         dataset = self.data.splits[split]
         if subset and subset < len(dataset):
             dataset = dataset.subset(range(subset))
@@ -423,15 +497,16 @@ class Trainer:
             log=self.log,
             hyp_file=hyp_file,
             precision=self.precision,  # an accelerator decodes in the run's precision (the CPU in fp32)
+            dist_info=self.dist,  # under torchrun each rank decodes its share of the batches
         )
 
     def validate(self, logger: Any) -> bool:
-        """One validation round: the validation loss (and BLEU/chrF with ``train.valid_bleu``) of the
-        trained model, or of its moving average when on, on rank 0; the same numbers on every rank
-        (under FSDP the weights are gathered, and rank 0's metrics are broadcast so that every rank
-        takes the same best and patience decisions); ``best_metric`` / ``bad_validations`` updated;
-        the metrics logged (``logger.log(metrics, step, split="valid")``) with a line on rank 0.
-        Every rank calls it.
+        """One validation round: the validation loss of the trained model, or of its moving average
+        when on, on rank 0 (broadcast, so that every rank takes the same best and patience
+        decisions), and with ``train.valid_bleu`` BLEU/chrF decoded by all ranks together (under
+        FSDP the weights are gathered on every rank); ``best_metric`` / ``bad_validations``
+        updated; the metrics logged (``logger.log(metrics, step, split="valid")``) with a line on
+        rank 0. Every rank calls it.
 
         Returns:
             True when this is the best result so far (``bleu``, higher is better, when
@@ -442,13 +517,13 @@ class Trainer:
             t = self.cfg.train
             metrics: dict[str, Any] = {}
             model = self.eval_model()  # FSDP: gathers the weights (every rank)
-            if self.dist.is_main:
-                with self.ema.swapped(model) if self.ema is not None else nullcontext():
+            with self.ema.swapped(model) if self.ema is not None else nullcontext():
+                if self.dist.is_main:
                     metrics = self.valid_loss(model)
-                    if t.valid_bleu:
-                        scores = self.bleu("valid", subset=t.valid_bleu_subset, model=model)
-                        metrics.update(bleu=scores["bleu"], chrf=scores["chrf"])
-            metrics = broadcast_from_main(metrics, self.dist)  # every rank takes the same best/patience decisions
+                metrics = broadcast_from_main(metrics, self.dist)  # every rank takes the same best/patience decisions
+                if t.valid_bleu:  # decoded by every rank, the same scores on each
+                    scores = self.bleu("valid", subset=t.valid_bleu_subset, model=model)
+                    metrics.update(bleu=scores["bleu"], chrf=scores["chrf"])
             if t.best_metric == "bleu" and "bleu" in metrics:
                 value, better = metrics["bleu"], lambda a, b: a > b
             else:
@@ -539,6 +614,7 @@ class Trainer:
             enabled=self.dist.is_main and bool(t.progress),
         )
         batches = self._batches()
+        first_update = self.update  # the update this process compiles its step at (train.compile)
         self.memory.enter("training")
         stop = self.stop_reason()
         # target tokens since the last log (a device tensor off the eager CPU path) and the training
@@ -548,7 +624,8 @@ class Trainer:
         try:
             while stop is None:
                 step_start = time.time()
-                stats = self.train_step([next(batches) for _ in range(t.update_freq)])
+                with self._compile_errors_named(first=self.update == first_update):
+                    stats = self.train_step(*self._next_update(batches))
                 window_tokens = window_tokens + stats["ntokens"]
                 log_now = self.update % t.log_every == 0 or self.update == 1
                 validate_now = t.validate_every > 0 and self.update % t.validate_every == 0
@@ -594,8 +671,10 @@ class Trainer:
                     self.save(numbered=True)
                 if meet:
                     self._clock_start = time.time()  # validating and saving are not training time
-                if stop is None and (signalled or (one_process and self._signal_received())):
-                    stop_on_signal(self)
+                if signalled or (one_process and self._signal_received()):
+                    if stop is None:
+                        stop_on_signal(self)
+                    self.log(f"a stop signal arrived at update {self.update}, where training stops anyway: {stop}")
         finally:
             batches.close()  # stops the prefetching thread
             progress.close()

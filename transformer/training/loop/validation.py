@@ -125,8 +125,14 @@ def translate_and_score(
     log: Callable[[str], None],
     hyp_file: Path | None = None,
     precision: str = "fp32",
+    dist_info: Any = None,
 ) -> dict[str, Any]:
     """Translate ``dataset`` with ``generation`` and score it against its raw references.
+
+    Under torchrun (``dist_info`` of several ranks) every rank calls it: each decodes its share of
+    the batches one process would decode, the hypotheses are gathered in order on every rank, every
+    rank scores them (the same numbers) and rank 0 alone writes ``hyp_file``: the same hypotheses
+    and scores as one process, in a ``world_size``-th of the time.
 
     A sentence that cannot be translated (e.g. longer than learned positions) is reported through
     ``log``, left empty and listed (1-based) in ``failed_lines``; ``progress`` shows a bar of
@@ -145,11 +151,15 @@ def translate_and_score(
         hyp_file: where the hypotheses are written (one per line), or None.
         precision: the run's resolved precision: the search's autocast on an accelerator (the CPU
             decodes in fp32; :func:`~transformer.generation.common.decoding_precision`).
+        dist_info: the run's :class:`~transformer.training.distributed.process_group.DistInfo`, or
+            None for one process.
 
     Returns:
         :func:`~transformer.evaluation.metrics.corpus_scores` plus ``failed_lines``.
     """
     errors: dict[int, str] = {}
+    ranks = dist_info.world_size if dist_info is not None else 1
+    rank = dist_info.rank if dist_info is not None else 0
     hyps = translate_dataset(
         model,
         dataset,
@@ -157,17 +167,24 @@ def translate_and_score(
         generation,
         device,
         errors=errors,
-        progress=progress,
+        progress=progress and rank == 0,
         desc=split,
         precision=precision,
+        shard=(rank, ranks),
     )
+    if ranks > 1:  # each rank's sentences (every line belongs to one rank's batches, or to none)
+        mine = (hyps, errors)
+        every: list[Any] = [None] * ranks
+        torch.distributed.all_gather_object(every, mine)
+        hyps = [next((h[i] for h, _ in every if h[i]), "") for i in range(len(hyps))]
+        errors = {i: e for _, errs in every for i, e in errs.items()}
     if errors:
         first = min(errors)
         log(
             f"[{split}] {len(errors)} of {len(hyps)} sentences could not be translated (left empty), "
             f"e.g. line {first + 1}: {errors[first]}"
         )
-    if hyp_file is not None:
+    if hyp_file is not None and rank == 0:
         hyp_file.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(hyp_file, "".join(h + "\n" for h in hyps))
     scores = corpus_scores(hyps, dataset.tgt_text, tokenize=tokenize, lowercase=lowercase)

@@ -1,4 +1,5 @@
-"""``train.compile=true``: the training step's forward, loss and backward as compiled graphs.
+"""``train.compile``: the training step's forward, loss and backward as compiled graphs (``auto``,
+the default, compiles on accelerators and runs eager on a CPU: :data:`AUTO_COMPILE`).
 
 :func:`compile_training_step` compiles the module the trainer calls for each micro-batch (the
 model and its loss, :class:`~transformer.training.distributed.parallel.TrainingLoss`, or the DDP
@@ -47,7 +48,26 @@ import torch
 import torch.fx.experimental._config as shape_config
 from torch import nn
 
-__all__ = ["BACKEND", "compile_dynamic", "compile_training_step", "compiled_graphs"]
+__all__ = ["AUTO_COMPILE", "BACKEND", "compile_dynamic", "compile_training_step", "compiled_graphs", "resolve_compile"]
+
+AUTO_COMPILE: dict[str, bool] = {"cpu": False, "cuda": True}
+"""Whether ``train.compile=auto`` compiles, by device type; a device type not listed compiles. On a
+GPU an eager update is host-bound (thousands of kernel launches: docs/gpu.md); on a CPU the compiled
+step trains at 0.68x eager's pace, compile time included (docs/benchmarks/gpu_path_ab/README.md)."""
+
+
+def resolve_compile(value: bool | str, device_type: str) -> bool:
+    """``train.compile`` as a bool: ``value`` itself, or (``"auto"``) :data:`AUTO_COMPILE`'s entry.
+
+    Raises:
+        ValueError: neither ``auto`` nor a bool.
+    """
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return AUTO_COMPILE.get(device_type, True)
+    if not isinstance(value, bool):
+        raise ValueError(f"train.compile={value!r} is not one of auto, true, false")
+    return value
+
 
 BACKEND = "inductor"
 """The ``torch.compile`` backend of the training step (``tests/training/test_compile.py`` sets

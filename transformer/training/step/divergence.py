@@ -32,28 +32,35 @@ class DivergenceWatch:
     ``log_every`` updates late (the optimizer steps in between; non-finite weights are never saved)
     and the stop message still names the update that diverged.
 
+    Under torchrun each rank records its own loss, and findings are always deferred: :meth:`check`
+    (which every rank calls at the same updates) gathers them, so every rank raises at once, naming
+    the first update any rank found.
+
     Args:
         device: the training device.
+        world_size: ranks of the run (> 1: findings are gathered by :meth:`check`).
 
     Attributes:
-        deferred: whether findings wait on the device for :meth:`check` (not on the CPU, unless
-            :attr:`defer_on_cpu`).
+        deferred: whether findings wait on the device for :meth:`check` (not on the CPU of one
+            process, unless :attr:`defer_on_cpu`).
     """
 
     defer_on_cpu = False
     """Tests set it to run the accelerator's deferred path on the CPU."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.deferred = torch.device(device).type != "cpu" or self.defer_on_cpu
+    def __init__(self, device: torch.device, world_size: int = 1) -> None:
+        self.world_size = world_size
+        self.deferred = torch.device(device).type != "cpu" or self.defer_on_cpu or world_size > 1
+        self.device = torch.device(device)
         self.found: Tensor | None = None
 
     def record(self, update: int, loss: Tensor, grad_norm: Tensor | None, last_saved: tuple[Path, int] | None) -> None:
-        """Check one update's global loss and (unless None: fp16 leaves overflows to the GradScaler) its
+        """Check one update's loss and (unless None: fp16 leaves overflows to the GradScaler) its
         gradient norm.
 
         Args:
             update: the update (1-based).
-            loss: its summed loss over all ranks (a scalar tensor).
+            loss: its summed loss over this rank's batches (a scalar tensor).
             grad_norm: its total gradient norm (a scalar tensor), or None.
             last_saved: ``(stem, update)`` of the newest finite checkpoint, for the message.
 
@@ -80,9 +87,16 @@ class DivergenceWatch:
         Raises:
             TrainingError: when an update recorded so far was not finite (the first one is named).
         """
-        if self.found is None:
+        found = self.found
+        if self.world_size > 1:  # every rank's finding; the first update any rank found wins
+            mine = found if found is not None else torch.zeros(3, dtype=torch.float64, device=self.device)
+            every = [torch.zeros_like(mine) for _ in range(self.world_size)]
+            torch.distributed.all_gather(every, mine)
+            bad = [f for f in torch.stack(every).tolist() if f[0] > 0]
+            found = torch.tensor(min(bad)) if bad else None
+        if found is None:
             return
-        update, is_loss, value = self.found.tolist()
+        update, is_loss, value = found.tolist()
         if update > 0:
             self._raise(int(update), bool(is_loss), value, last_saved)
 
@@ -112,7 +126,7 @@ def nonfinite_weights(model: nn.Module, ema: Any, parallel: Any) -> list[str]:
     Args:
         model: the trained model (DTensor shards under FSDP).
         ema: the :class:`~transformer.training.step.ema.EMA` of its weights, or None.
-        parallel: the run's :class:`~transformer.training.distributed.parallel.DataParallel` (``global_sums``).
+        parallel: the run's :class:`~transformer.training.distributed.parallel.DataParallel` (``sum_over_ranks``).
 
     Returns:
         The names found on this rank, or one entry counting those found on other ranks; empty when
@@ -122,7 +136,7 @@ def nonfinite_weights(model: nn.Module, ema: Any, parallel: Any) -> list[str]:
     bad = nonfinite_tensors(local)
     if ema is not None:
         bad += [f"{name} (EMA)" for name in nonfinite_tensors(ema.state_dict().items())]
-    n_bad, _ = parallel.global_sums(len(bad), 0.0)
+    n_bad = parallel.sum_over_ranks(len(bad))
     return bad or ([f"{n_bad} tensors on other ranks"] if n_bad else [])
 
 

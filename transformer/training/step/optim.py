@@ -116,4 +116,22 @@ def build_optimizer(params: nn.Module | Iterable[Any], cfg: Any, device_type: st
     )
 
 
-__all__ = ["build_optimizer", "param_groups_for_weight_decay"]
+def total_norm(params: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of the gradients of ``params`` taken together, on the device (no host read): what
+    ``clip_grad_norm_`` measures, without its pass scaling every gradient (``train.clip_norm=0``).
+
+    Args:
+        params: parameters whose ``grad`` is set (DTensors under FSDP give a DTensor of partial norms).
+
+    Returns:
+        A scalar tensor (fp32 for fp32 gradients).
+    """
+    grads = [p.grad for p in params]
+    if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6
+        # one multi-tensor norm kernel per device and dtype off the CPU (which has no foreach kernels)
+        foreach = True if grads and grads[0].device.type != "cpu" else None
+        return torch.nn.utils.get_total_norm(grads, foreach=foreach)
+    return torch.nn.utils.clip_grad_norm_(params, float("inf"))  # torch 2.5: the same norm, one more pass
+
+
+__all__ = ["build_optimizer", "param_groups_for_weight_decay", "total_norm"]
