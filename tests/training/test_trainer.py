@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -327,3 +328,28 @@ def test_mixed_precision_trains(small_corpus, tmp_path, precision):
     assert results["updates"] == 2 and results["precision"] == precision
     weights = _weights(tmp_path / "run")
     assert all(t.dtype == torch.float32 and torch.isfinite(t).all() for t in weights.values())
+
+
+def test_an_old_checkpoint_with_one_random_state_loads_on_every_rank_and_warns_ranks_above_0(small_corpus, tmp_path):
+    """A checkpoint written before every rank's random state was saved (``rng`` alone) still
+    resumes under torchrun: rank 0 takes its state, a rank above 0 takes it too and is told its
+    dropout masks differ from an uninterrupted run's."""
+    from transformer.data.dataset import load_translation_data
+    from transformer.training.distributed.process_group import DistInfo
+
+    run = tmp_path / "run"
+    cfg = small_config(small_corpus, run, "train.max_updates=1", "train.validate_every=0", "train.valid_bleu=false")
+    train(cfg)
+    weights, state = load_checkpoint(run, "checkpoint_last")
+    assert len(state["rng_ranks"]) == 1 and torch.equal(state["rng_ranks"][0]["torch"], state["rng"]["torch"])
+    del state["rng_ranks"]  # as such a checkpoint was written
+    data = load_translation_data(cfg.data)
+    cpu = torch.device("cpu")
+    rank0 = Trainer(cfg, data, DistInfo(0, 2, cpu), tmp_path / "r0", parallel_mode="none")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rank0.load_state(weights, state)
+    rank1 = Trainer(cfg, data, DistInfo(1, 2, cpu), tmp_path / "r1", parallel_mode="none")
+    with pytest.warns(UserWarning, match="rank 1: the checkpoint holds the random state of 1 rank"):
+        rank1.load_state(weights, state)
+    assert torch.equal(torch.get_rng_state(), state["rng"]["torch"])
