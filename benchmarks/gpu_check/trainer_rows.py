@@ -322,7 +322,7 @@ def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
             "backend": backend if trainer.compiled else None,
             "distributed": "ddp, 1-rank group" if mode.startswith("ddp") else "none (one process)",
             "prefetch": trainer.prefetch,
-            "pad_to_multiple": cfg.train.pad_to_multiple,
+            "pad_to_multiple": trainer.pad_to_multiple,
             "vocab": vocab,
             "params": sum(p.numel() for p in trainer.model.parameters()),
             "updates_timed": a.trainer_updates,

@@ -94,9 +94,8 @@ class Trainer:
         self.features = compile_dynamic(self.model.features) if self.compiled else None
         self.criterion = LabelSmoothedCrossEntropy(cfg.criterion.label_smoothing, ignore_index=PAD_ID)
         self.precision = resolve_precision(t.precision, self.device)
-        t.pad_to_multiple = resolve_pad_to_multiple(
-            t.pad_to_multiple, self.device.type, self.precision
-        )  # auto: by device
+        # a run resolved auto before it recorded its config (job/run.py); a Trainer built directly resolves it here
+        self.pad_to_multiple = resolve_pad_to_multiple(t.pad_to_multiple, self.device.type, self.precision)
         self.autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
         # DDP or FSDP2 under torchrun; before the optimizer, since FSDP2 replaces parameters by shards
         self.parallel = DataParallel(
@@ -130,7 +129,7 @@ class Trainer:
             seed=cfg.seed,
             rank=dist_info.rank,
             world_size=dist_info.world_size,
-            bucket_multiple=t.pad_to_multiple,
+            bucket_multiple=self.pad_to_multiple,
         )
         self.prefetch = resolve_prefetch(t.prefetch, self.device.type)
         self._data_position: dict[str, int] | None = None  # see data_position
@@ -318,7 +317,7 @@ class Trainer:
         while True:
             self.sampler.set_epoch(epoch)  # keeps the saved position within the same epoch
             for indices in self.sampler:
-                batch = collate(self.train_set, indices, self.arch, pad_to_multiple=self.cfg.train.pad_to_multiple)
+                batch = collate(self.train_set, indices, self.arch, pad_to_multiple=self.pad_to_multiple)
                 yield batch.pin_memory(training_only=True) if pin else batch, self.sampler.state_dict()
             epoch += 1
 
