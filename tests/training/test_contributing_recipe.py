@@ -1,7 +1,7 @@
-"""docs/contributing.md's worked example ("Adding a switch option") is executed as written (issue #45
-item 2): its steps 1 and 2 are applied to a copy of ``transformer/``, ``configs/`` and
-``scripts/train.py``, and the new option trains one update there with every example plugin loaded
-(a plugin that held the option's name would stop the run: ``... is a built-in option already``).
+"""docs/contributing.md's worked example ("Adding a switch option") is executed as written: its steps 1
+and 2 are applied to a copy of ``transformer/``, ``configs/`` and ``scripts/train.py``, and the new
+option trains one update there with every example plugin loaded (a plugin that held the option's name
+would stop the run: ``... is a built-in option already``).
 """
 
 from __future__ import annotations
