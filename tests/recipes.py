@@ -1,4 +1,4 @@
-"""The resolved recipes that must not move when configs are reorganised (issue #24 item 1).
+"""The resolved recipes that must not move when configs are reorganised.
 
 ``RECIPES`` names command lines of ``scripts/train.py``; ``tests/fixtures/recipes/<name>.json`` holds
 each one's resolved job config as it composed before the defaults moved into the dataclasses

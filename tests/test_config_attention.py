@@ -1,4 +1,4 @@
-"""Validation of the issue #22 attention switches: every bad combination fails before anything is
+"""Validation of the attention switches: every bad combination fails before anything is
 built, with a sentence naming the fields (transformer.config.checks)."""
 
 from __future__ import annotations

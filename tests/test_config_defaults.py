@@ -1,4 +1,4 @@
-"""One source of truth for defaults (issue #24 item 1): the dataclasses hold every default, the
+"""One source of truth for defaults: the dataclasses hold every default, the
 YAML files only what a preset, option or experiment changes; ``Config()`` is the recipe of a bare
 ``python scripts/train.py``; and the recipes saved before the defaults moved compose unchanged."""
 

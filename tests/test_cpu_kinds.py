@@ -23,7 +23,7 @@ from tests.conftest import REPO_ROOT
 
 RECORDED_VALUE_FILES = (
     "tests/generation/test_search_unchanged.py",  # decoding scores and log-probabilities of 271 cases
-    "tests/training/test_criterion.py",  # the label-smoothed loss against a hand computation
+    "tests/training/step/test_criterion.py",  # the label-smoothed loss against a hand computation
 )
 """Test files comparing floats computed by ATen kernels with numbers written down on one machine."""
 

@@ -37,10 +37,10 @@ UPDATE_SYNCS_ALLOWED = {
 """Host syncs a training update that neither logs, validates nor saves may still make: (file, source line)."""
 DECODE_SYNCS_PER_STEP = {"greedy": 8.0, "beam": 8.5}
 """The most host reads per decoding step (per generated token) any decoding case makes, all of them
-counted, per-search ones included (beam 2, two steps: those weigh half a read each). Before issue 44
-item 4: greedy 16, beam 33.5. What remains above the searches' own reads is the model's: a
-mixture of experts' eager expert loop (``transformer/modules/moe.py``, as in training) in every
-step, and the decoder-only model's padding check once per search."""
+counted, per-search ones included (beam 2, two steps: those weigh half a read each). Before the searches
+read one packed status per step: greedy 16, beam 33.5. What remains above the searches' own reads is the
+model's: a mixture of experts' eager expert loop (``transformer/modules/moe.py``, as in training) in
+every step, and the decoder-only model's padding check once per search."""
 SEARCH_READS = {"greedy": 1, "beam": 2}
 """The searches' own host reads (lines of ``transformer/generation``), beyond one per step: greedy
 reads every finished row once at the end; beam search reads the longest ``max_len`` at the start
@@ -235,7 +235,7 @@ def test_a_training_update_reads_nothing_on_the_host(results: dict[str, Any], al
 
 def test_decoding_host_syncs_per_generated_token_are_reported(results: dict[str, Any], all_cases: list[Case]) -> None:
     """Greedy and beam search on the fake GPU, for every decoding case: the searches read the host
-    once per step (issue 44 item 4: one packed status read) plus :data:`SEARCH_READS` per search, and
+    once per step (one packed status read) plus :data:`SEARCH_READS` per search, and
     all host reads per ``decode_step`` call stay within :data:`DECODE_SYNCS_PER_STEP` (the table,
     with the reads made between the first and the last step per step, is the failure message)."""
     rows, over = [], []

@@ -1,5 +1,5 @@
 """Hydra's record of a job (transformer/hydra_record.py): a run refused before training leaves no
-folder behind (issue #34 item 2), a folder that held anything else is left alone, and the record's
+folder behind, a folder that held anything else is left alone, and the record's
 names and choices are read back."""
 
 from __future__ import annotations

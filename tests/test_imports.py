@@ -1,5 +1,5 @@
 """The package's import structure: every module imports on its own, no module imports another
-inside a function, the graph of internal imports has no cycle (issue #16), and it is the import
+inside a function, the graph of internal imports has no cycle, and it is the import
 order ``docs/contributing.md`` states."""
 
 import ast
@@ -224,7 +224,7 @@ def test_the_training_rooms_import_in_their_order():
 
 
 def test_no_training_room_is_too_big_without_sub_rooms():
-    """A room over ~2,500 lines is split into sub-rooms (issue 45)."""
+    """A room over ~2,500 lines is split into sub-rooms."""
     sizes: dict[str, int] = {}
     for path in (PACKAGE / "training").rglob("*.py"):
         parts = path.relative_to(PACKAGE / "training").parts

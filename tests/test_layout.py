@@ -2,7 +2,8 @@
 out"). Modules of functions stay small, no longer than :data:`MAX_LINES` lines as ``ruff format``
 lays them out; a file that is one class may be longer (:data:`ONE_CLASS`, each with its reason),
 since cutting a class along a line count scatters its attributes over files. Every test file that
-the pages, the code and the scripts name exists."""
+the pages, the code and the scripts name exists, and ``tests/training/`` mirrors the rooms of
+``transformer/training/``."""
 
 import ast
 import re
@@ -15,6 +16,12 @@ ONE_CLASS = {
     "transformer/training/loop/trainer.py": "the Trainer: its step, loop, validation round and own state",
 }
 """Files that may pass :data:`MAX_LINES`: one public class each, with the reason it stays whole."""
+TRAINING_ROOT_TESTS = {
+    "test_stopping.py": "stopping.py",
+    "test_optuna_sweep.py": "command.py",  # the Hydra task's return value is the sweep's objective
+}
+"""The test files at the root of ``tests/training/``, each with the root module of
+``transformer/training/`` it tests; every other one sits in the folder of its sub-package."""
 
 
 def _line_counts() -> dict[str, int]:
@@ -69,3 +76,26 @@ def test_a_longer_file_is_one_class():
         classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef) and not n.name.startswith("_")]
         functions = [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")]
         assert len(classes) == 1 and not functions, f"{path}: classes {classes}, functions {functions}"
+
+
+def test_training_tests_mirror_the_training_package():
+    """Each test file under ``tests/training/`` sits in a folder named after the sub-package of
+    ``transformer/training/`` it tests (``step/``, ``loop/``, ...), a package of its own, or at the root
+    for a root module (:data:`TRAINING_ROOT_TESTS`); helpers (``conftest.py``, ``rank_probe.py``) may
+    sit anywhere."""
+    package, tests = REPO_ROOT / "transformer" / "training", REPO_ROOT / "tests" / "training"
+    sub_packages = {path.parent.name for path in package.glob("*/__init__.py")}
+    folders = {path.name for path in tests.iterdir() if path.is_dir() and path.name != "__pycache__"}
+    assert folders <= sub_packages, f"tests/training/ folders without a sub-package: {sorted(folders - sub_packages)}"
+    assert all((tests / folder / "__init__.py").is_file() for folder in folders | {"."})
+    misplaced = []
+    for path in sorted(tests.rglob("test_*.py")):
+        parts = path.relative_to(tests).parts
+        if len(parts) == 1:
+            module = TRAINING_ROOT_TESTS.get(parts[0])
+            if module is None or not (package / module).is_file():
+                misplaced.append(f"{parts[0]} (at the root, testing no root module of TRAINING_ROOT_TESTS)")
+        elif len(parts) > 2:
+            misplaced.append("/".join(parts))
+    assert misplaced == [], "tests/training/ files not where their module is: " + ", ".join(misplaced)
+    assert all((tests / name).is_file() for name in TRAINING_ROOT_TESTS), "TRAINING_ROOT_TESTS names a file not there"

@@ -342,7 +342,7 @@ def test_a_recorded_plugin_says_whether_it_changed_or_was_renamed(tmp_path):
         set_user_choice([])
 
 
-# ---------------------------------------------------------------- issue 43: fields, checks, errors, export
+# ---------------------------------------------------------------- an option's own fields: checks, errors, export
 
 PROBE_NORM = '''"""A norm that says what its constructor received (the contract of transformer.registry)."""
 import sys
@@ -537,7 +537,7 @@ def test_a_norms_from_sizes_gets_the_norm_node_and_qk_norm_the_same_or_the_defau
     assert scales and all(v == pytest.approx(8**0.5) for v in scales.values())  # the option's default: sqrt(head_dim)
 
 
-# ---------------------------------------------------------------- issue 43: RoPE scalings' fields, failures at run time
+# ---------------------------------------------------------------- RoPE scalings' fields, failures at run time
 
 PROBE_ROPE = '''"""A RoPE scaling with a field of its own that says what its from_sizes received (transformer.registry)."""
 import sys

@@ -1,4 +1,4 @@
-"""The README and the documentation pages are held to the code (issue #24 item 3).
+"""The README and the documentation pages are held to the code.
 
 The text lives in README.md and the pages of the documentation site, ``docs/*.md`` (:data:`PAGES`);
 every check reads all of them, so a table or a command line is checked wherever it lives:

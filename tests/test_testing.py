@@ -155,7 +155,7 @@ def test_the_kit_catches_a_non_finite_gradient():
         check_model(model, ["gradients"])
 
 
-# ---------------------------------------------------------------- schedules (issue 43)
+# ---------------------------------------------------------------- schedules
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """The reading tour of ``docs/contributing.md`` ("A reading tour") is held to the code: every file it
-cites exists and every function, class or ``Class.method`` it names on a file's line is defined in
-that file."""
+cites exists, every function, class or ``Class.method`` it names on a file's line is defined in
+that file, and the number of files each path states ("Thirteen files: ...") is the number it cites."""
 
 import ast
 import re
@@ -13,17 +13,37 @@ STEP = re.compile(r"\d+\. `(?P<path>[\w/]+\.py)` (?P<names>(?:`[\w.]+`(?:, )?)+)
 
 TOURS = ("One encoder-decoder forward pass", "One training update", "One beam-search step")
 
+NUMBERS = {
+    word: n
+    for n, word in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+        "seventeen eighteen nineteen twenty".split()
+    )
+}
+FILE_COUNT = re.compile(r"\b(\d+|" + "|".join(NUMBERS) + r") files\b", re.IGNORECASE)
+"""A count of files in a tour's prose: ``Thirteen files``, ``13 files``."""
+
+
+def _sections() -> dict[str, str]:
+    """Each tour's text under its heading: ``{title: body}``."""
+    text = (REPO_ROOT / "docs" / "contributing.md").read_text(encoding="utf-8")
+    section = text.split("\n## A reading tour\n", 1)[1].split("\n## ", 1)[0]
+    return {title.strip(): body for title, body in (part.split("\n", 1) for part in section.split("\n### ")[1:])}
+
+
+def _file_counts(body: str) -> list[int]:
+    """The counts of files a tour's prose states, outside its numbered steps."""
+    prose = "\n".join(line for line in body.splitlines() if not re.match(r"\d+\. ", line))
+    return [int(m) if m.isdigit() else NUMBERS[m.lower()] for m in FILE_COUNT.findall(prose)]
+
 
 def _tour() -> dict[str, list[tuple[str, list[str]]]]:
     """Each tour's steps, in order: ``{title: [(file, [names])]}``."""
-    text = (REPO_ROOT / "docs" / "contributing.md").read_text(encoding="utf-8")
-    section = text.split("\n## A reading tour\n", 1)[1].split("\n## ", 1)[0]
     tours: dict[str, list[tuple[str, list[str]]]] = {}
-    for part in section.split("\n### ")[1:]:
-        title, body = part.split("\n", 1)
+    for title, body in _sections().items():
         steps = [m for line in body.splitlines() if re.match(r"\d+\. ", line) for m in [STEP.match(line)]]
         assert all(steps), f"a step of {title!r} is not '1. `file.py` `Name`, `Class.method`: ...'"
-        tours[title.strip()] = [(m["path"], re.findall(r"`([\w.]+)`", m["names"])) for m in steps]
+        tours[title] = [(m["path"], re.findall(r"`([\w.]+)`", m["names"])) for m in steps]
     return tours
 
 
@@ -59,6 +79,19 @@ def test_every_file_and_name_the_tour_cites_exists():
             defined = _definitions(file)
             missing += [f"{title}: {path} {name}" for name in names if name not in defined]
     assert missing == [], "the tour cites what the code lacks: " + ", ".join(missing)
+
+
+def test_each_path_states_the_number_of_files_it_cites():
+    tours = _tour()
+    stated = {title: _file_counts(body) for title, body in _sections().items()}
+    cited = {title: len({path for path, _ in steps}) for title, steps in tours.items()}
+    assert all(stated[title] for title in tours), f"a path states no count of its files: {stated}"
+    wrong = {title: (counts, cited[title]) for title, counts in stated.items() if set(counts) != {cited[title]}}
+    assert wrong == {}, "counts stated (left) against the distinct files cited (right): " + repr(wrong)
+
+
+def test_the_counter_reads_words_and_digits():
+    assert _file_counts("1. `a.py` `f`: three files\nEleven files: each.\nIn 13 files, twelve filesystems") == [11, 13]
 
 
 def test_the_checker_sees_a_missing_name(tmp_path):

@@ -1,4 +1,4 @@
-"""Old run folders keep loading (issue 45, item 5): every run committed under ``docs/results/`` is read
+"""Old run folders keep loading: every run committed under ``docs/results/`` is read
 by today's code as the tools read it, and every study's tables are what today's ``scripts/compare.py``
 writes from them, byte for byte.
 
@@ -127,7 +127,7 @@ def _assert_reproduces(trained_dir: Path, evaluated_dir: Path, evaluated: dict) 
 
 
 def test_a_committed_reproduction_is_there():
-    """At least one committed study run is reproduced from its checkpoint by ``evaluate.py`` (issue 45)."""
+    """At least one committed study run is reproduced from its checkpoint by ``evaluate.py``."""
     reproduced = [d for d in RUN_DIRS if d.name.endswith(REPRODUCED)]
     assert reproduced and all(d.with_name(d.name.removesuffix(REPRODUCED)) in RUN_DIRS for d in reproduced)
 

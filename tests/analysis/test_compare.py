@@ -581,7 +581,7 @@ def test_max_tokens_may_follow_the_architecture_only(tmp_path, corpus):
 
 
 def test_a_config_recorded_before_a_field_existed_groups_with_its_default(tmp_path):
-    """A run recorded without the issue #22 fields (qk_norm, attention_window, rope_scaling, ...)
+    """A run recorded without the attention fields added since (qk_norm, attention_window, rope_scaling, ...)
     is the same configuration as one that records their defaults."""
     from transformer.analysis.grouping import IGNORED_KEYS, _config_key
 

@@ -1,7 +1,6 @@
-"""The GPU check (issue #21 item 5) on the CPU: ``python -m benchmarks.gpu_check --device cpu --quick``
-end to end (the ``realistic`` section of issue #44 item 6 and the ``trainer`` section included), its
-report's pieces, its time budget, and the shell scripts around it (``scripts/gpu_check.sh``,
-``scripts/results_gpu.sh``) on a slice of Multi30k.
+"""The GPU check on the CPU: ``python -m benchmarks.gpu_check --device cpu --quick`` end to end (its
+``realistic`` and ``trainer`` sections included), its report's pieces, its time budget, and the shell
+scripts around it (``scripts/gpu_check.sh``, ``scripts/results_gpu.sh``) on a slice of Multi30k.
 
 No GPU runs here: the CPU smoke mode exercises every section's code (the trainer, the decoder, the
 SDPA profile, the throughput rows) with the CPU standing in for the device, so decoding parity

@@ -1,4 +1,4 @@
-"""Fault-injection suite (issue #13): each test reproduces a failure a user met with faults or bad
+"""Fault-injection suite: each test reproduces a failure a user met with faults or bad
 input, and checks that nothing hangs, no bad checkpoint is kept, no run folder is overwritten and no
 output is lost.
 

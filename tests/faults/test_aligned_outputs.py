@@ -1,4 +1,4 @@
-"""Issue #13 item 9: outputs stay line-aligned with the inputs (empty in, empty out) and BLEU covers
+"""Outputs stay line-aligned with the inputs (empty in, empty out) and BLEU covers
 every line, in training (validation/test), evaluate.py and translate.py."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue #13 item 19: checkpoint averaging as docs/decoding.md shows it, end to end: numbered checkpoints
+"""Checkpoint averaging as docs/decoding.md shows it, end to end: numbered checkpoints
 from ``train.save_every``, ``--num-last`` above what exists averages what there is (with a warning),
 and an average written outside the run folder can be translated and evaluated."""
 

@@ -1,4 +1,4 @@
-"""Issue #13 item 2: divergence is detected on the gradient norm and the weights too; non-finite
+"""Divergence is detected on the gradient norm and the weights too; non-finite
 weights are never saved; the stop message names the checkpoint that is truly the last finite one."""
 
 from __future__ import annotations

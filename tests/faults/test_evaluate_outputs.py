@@ -1,6 +1,6 @@
-"""Issue #13 items 11, 12 and 16 (scripts side): evaluate.py accepts a single hypothesis path, names its
-results by checkpoint (a second checkpoint does not overwrite the first), and translate.py /
-evaluate.py show progress on stderr unless ``progress=false``."""
+"""``evaluate.py`` accepts a single hypothesis path, names its results by checkpoint (a second
+checkpoint does not overwrite the first), and ``translate.py`` / ``evaluate.py`` show progress on stderr
+unless ``progress=false``."""
 
 from __future__ import annotations
 

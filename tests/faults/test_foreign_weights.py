@@ -1,4 +1,4 @@
-"""Issue #13 item 7: weights copied into a run folder from a run with another architecture (same
+"""Weights copied into a run folder from a run with another architecture (same
 tensor names and shapes: sinusoidal vs RoPE positions) must not load silently."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue #13 items 16-18: what a person sees on long work. Decoding inside training (validation BLEU,
+"""What a person sees on long work. Decoding inside training (validation BLEU,
 the final test) shows progress, off with ``train.progress=false``; the progress bar shows current
 values when ``train.max_updates < train.log_every`` (and metrics.jsonl records the last update);
 ``train.log`` in the run folder holds the run's log."""

@@ -1,10 +1,10 @@
-"""Issue #13 items 3, 4 and 6: resume never damages a run.
+"""Resume never damages a run.
 
-3. Resume takes the run's own saved config; the command line may change only a documented set of
+1. Resume takes the run's own saved config; the command line may change only a documented set of
    fields (``train.max_updates`` ...), any other difference is an error naming the fields, raised
    before anything in the folder is written (config.yaml and .hydra/ stay as they were).
-4. A truncated ``checkpoint_last`` names the numbered checkpoints and ``train.resume_from=PATH``.
-6. Temporary files left by a killed save are removed on start and on resume.
+2. A truncated ``checkpoint_last`` names the numbered checkpoints and ``train.resume_from=PATH``.
+3. Temporary files left by a killed save are removed on start and on resume.
 """
 
 from __future__ import annotations

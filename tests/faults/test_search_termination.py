@@ -1,4 +1,4 @@
-"""Issue #13 item 1: search always stops at its length bound. Non-finite model output (a diverged
+"""Search always stops at its length bound. Non-finite model output (a diverged
 model) ends with a warning and empty hypotheses, never a loop; greedy search warns too."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue #13 item 5: ``scripts/train.py`` reports user errors (here a checkpoint that cannot be
+"""``scripts/train.py`` reports user errors (here a checkpoint that cannot be
 resumed) as one line, with the traceback only under ``HYDRA_FULL_ERROR=1``, and no message ever
 suggests ``weights_only=False``."""
 

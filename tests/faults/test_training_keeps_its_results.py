@@ -1,5 +1,5 @@
-"""Issue #13 item 8 (training side) and item 13 (``optim.lr``): a finished training is never thrown
-away by its final test, and invalid optimiser settings fail before any work."""
+"""A finished training is never thrown away by its final test, and invalid optimiser settings
+(``optim.lr``) fail before any work."""
 
 from __future__ import annotations
 

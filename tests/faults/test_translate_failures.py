@@ -1,4 +1,4 @@
-"""Issue #13 item 8: a line that cannot be translated (longer than a model with learned positions can
+"""A line that cannot be translated (longer than a model with learned positions can
 read) gets a per-line error; every other line is translated and written."""
 
 from __future__ import annotations

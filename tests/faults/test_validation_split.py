@@ -1,4 +1,4 @@
-"""Issue #13 item 10 (training side): a validation split the model cannot score is refused before
+"""A validation split the model cannot score is refused before
 any update, with a sentence naming the fields, instead of a ``ZeroDivisionError`` at the first
 validation after all the training. (Files without any pair are refused by the data loader:
 tests/data/test_data_dataset.py::test_empty_validation_split_is_rejected_before_training.)"""

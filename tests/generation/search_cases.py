@@ -2,9 +2,8 @@
 the search tests cover, as a table of cases whose outputs are recorded in ``search_outputs.json``
 (:mod:`tests.generation.test_search_unchanged` holds the searches to them).
 
-The outputs were recorded before the searches stopped reading the device every step (issue 44
-item 4), from the searches as they were then; record them again only for a deliberate change of
-the hypotheses:
+The outputs were recorded before the searches stopped reading the device every step, from the searches
+as they were then; record them again only for a deliberate change of the hypotheses:
 
     python -m tests.generation.search_cases   # rewrites tests/generation/search_outputs.json
 """

@@ -1,5 +1,5 @@
 """The searches' hypotheses equal the ones recorded before they stopped reading the device every
-step (issue 44 item 4): every family and option combination of :mod:`tests.generation.search_cases`
+step: every family and option combination of :mod:`tests.generation.search_cases`
 (greedy, beam and sampling; both families; positions, windows, learned-position caps, forced and
 banned EOS, n-gram blocking, length penalties of both forms and signs, a beam holding every
 sequence, NaN output for some or all rows, an ensemble), by value: the same tokens and warnings,

@@ -1,6 +1,6 @@
-"""The issue #22 attention switches across the Hugging Face boundary: the qwen3_style_tiny preset
-as Qwen3ForCausalLM (logits by value), a Qwen3 local/global layer pattern, RoPE scaling exported
-to and imported from Llama (Llama 3.1 style), and refusals by name."""
+"""The attention switches (QK-norm, sliding windows, RoPE scaling) across the Hugging Face boundary: the
+qwen3_style_tiny preset as Qwen3ForCausalLM (logits by value), a Qwen3 local/global layer pattern, RoPE
+scaling exported to and imported from Llama (Llama 3.1 style), and refusals by name."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ def test_bf16_sublayer_into_fp32_residual_matches_fp32_with_gradients():
 
 def test_under_torch_compile_dropout_traces_whole_and_still_drops():
     """The in-place ``random_`` of the CPU mask is a graph break: compiled, the framework's dropout
-    runs instead, so a training step with dropout compiles as one graph (issue 44 item 2)."""
+    runs instead, so a training step with dropout compiles as one graph."""
     residual, x = torch.randn(64, 48), torch.randn(64, 48)
     fn = torch.compile(lambda r, y: dropout_add(r, dropout(y, 0.25, True), 0.25, True), fullgraph=True, backend="eager")
     out = fn(residual, x)  # fullgraph=True raises on a graph break

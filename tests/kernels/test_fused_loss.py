@@ -96,8 +96,8 @@ def test_fused_bf16_autocast_gradients_within_bf16_tolerance_of_fp32():
 
 
 def _dropped_rows_reference(hidden, weight, target, eps):
-    """The fused loss as it was before issue 44 (the reference of the masked path): the ignored
-    positions dropped with ``nonzero`` (a data-dependent shape), the rest through the kernel."""
+    """The fused loss with the padding removed, as it was before the masked path (its reference): the
+    ignored positions dropped with ``nonzero`` (a data-dependent shape), the rest through the kernel."""
     target = target.reshape(-1)
     keep = (target != PAD).nonzero().squeeze(1)
     h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, keep)

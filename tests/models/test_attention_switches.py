@@ -1,4 +1,4 @@
-"""The attention switches of issue #22 in whole models of both families: KV-cached greedy and beam
+"""The attention switches in whole models of both families: KV-cached greedy and beam
 decoding equal to recomputing the full forward (MLA, sliding windows past W, QK-norm), a windowed
 decoder-only model against HF MistralForCausalLM, layer patterns and the KV-cache sizes."""
 

@@ -171,7 +171,7 @@ def test_cpu_bf16_autocast_attention_runs_in_fp32_and_matches(causal):
 
 
 def test_is_causal_with_a_cache_aligns_bottom_right():
-    """One new query over a cache with ``is_causal=True`` sees every cached key (issue #13, item 14)."""
+    """One new query over a cache with ``is_causal=True`` sees every cached key."""
     attn = build_attention(32, 4, 2, True, 0.0)
     x = torch.randn(2, 6, 32)
     full = attn(x, is_causal=True)  # (2, 6, 32)
@@ -183,7 +183,7 @@ def test_is_causal_with_a_cache_aligns_bottom_right():
 
 def test_several_new_queries_over_a_cache_match_the_full_forward():
     """Chunked prefill / speculative steps: chunks of 3, 2 and 1 queries over a growing cache give
-    the rows of one full causal forward, with ``is_causal`` and with an explicit mask (item 15)."""
+    the rows of one full causal forward, with ``is_causal`` and with an explicit mask."""
     attn = build_attention(32, 4, 2, True, 0.0)
     x = torch.randn(2, 6, 32)
     full = attn(x, is_causal=True)

@@ -1,4 +1,4 @@
-"""Sweeps that search on validation (issue #23 item 3): ``hydra/sweeper=optuna`` drives
+"""Sweeps that search on validation: ``hydra/sweeper=optuna`` drives
 ``scripts/train.py``, whose return value is the best validation ``train.best_metric`` (never a test
 score); a diverged trial is a failed trial, not a 0; a direction that does not fit the metric is refused."""
 

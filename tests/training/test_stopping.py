@@ -1,4 +1,4 @@
-"""A polite stop (issue #23 item 1): a signal of ``train.stop_signals`` finishes the update (and the
+"""A polite stop: a signal of ``train.stop_signals`` finishes the update (and the
 validation) in progress, saves ``checkpoint_last``, says how to continue and exits with status 75;
 the resumed run equals one that was never stopped, bit for bit on the CPU."""
 

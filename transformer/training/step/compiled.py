@@ -34,8 +34,8 @@ sizes 0 and 1; the default run's epoch has none). Static shapes (``dynamic=False
 each shape its own specialised kernels at one compilation per distinct shape, minutes of
 compiling for a model on a GPU and beyond the recompile limit after 8 shapes. CUDA graphs
 (``mode="reduce-overhead"``) record one graph per shape either way.
-``tests/training/test_compile.py`` counts the compilations of an epoch;
-``tests/training/test_compile_inductor.py`` holds the inductor-compiled step to eager's numbers.
+``tests/training/step/test_compile.py`` counts the compilations of an epoch;
+``tests/training/step/test_compile_inductor.py`` holds the inductor-compiled step to eager's numbers.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def resolve_compile(value: bool | str, device_type: str) -> bool:
 
 
 BACKEND = "inductor"
-"""The ``torch.compile`` backend of the training step (``tests/training/test_compile.py`` sets
+"""The ``torch.compile`` backend of the training step (``tests/training/step/test_compile.py`` sets
 ``eager``: dynamo's graphs, guards and recompilations without code generation)."""
 
 

@@ -1,4 +1,4 @@
-"""Issue 44 item 1: the training update reads nothing on the host, and the numbers logged are the
+"""The training update reads nothing on the host, and the numbers logged are the
 ones the per-update reads gave (by value, against a copy of the update as it was before)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from transformer.training.step.divergence import DivergenceWatch
 
 
 def _reference_step(self: Trainer, batches: list) -> dict[str, Any]:
-    """``Trainer.train_step`` as it was before issue 44: every micro-batch's loss read with
+    """``Trainer.train_step`` as it was when it read the host: every micro-batch's loss read with
     ``.item()``, the finiteness checks on Python floats, the routing metrics read per update."""
     self.model.train()
     self.optimizer.zero_grad(set_to_none=True)

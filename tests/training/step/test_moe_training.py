@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from tests.conftest import tiny_model_config
 from tests.training.conftest import small_cli_args, small_config
-from tests.training.test_trainer import _run_train, _torchrun, _weights
+from tests.training.loop.test_trainer import _run_train, _torchrun, _weights
 from transformer.data.collate import collate_decoder_only, collate_encoder_decoder
 from transformer.models import build_model, moe_blocks
 from transformer.training.checkpoint import load_checkpoint

@@ -1,4 +1,4 @@
-"""The issue #22 attention options train and decode end to end on a slice of real Multi30k (tiny
+"""The attention options train and decode end to end on a slice of real Multi30k (tiny
 models, 2 updates), as scripts/train.py runs them, and the run folder loads for translation."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""docs/contributing.md's worked example ("Adding a switch option") is executed as written (issue #45
-item 2): its steps 1 and 2 are applied to a copy of ``transformer/``, ``configs/`` and
-``scripts/train.py``, and the new option trains one update there with every example plugin loaded
-(a plugin that held the option's name would stop the run: ``... is a built-in option already``).
+"""docs/contributing.md's worked example ("Adding a switch option") is executed as written: its steps 1
+and 2 are applied to a copy of ``transformer/``, ``configs/`` and ``scripts/train.py``, and the new
+option trains one update there with every example plugin loaded (a plugin that held the option's name
+would stop the run: ``... is a built-in option already``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from tests.conftest import REPO_ROOT
-from tests.training.conftest import small_cli_args
+from tests.training.conftest import small_cli_args, small_corpus  # noqa: F401 (fixture)
 
 GUIDE = REPO_ROOT / "docs" / "contributing.md"
 
@@ -68,7 +68,7 @@ def test_the_recipe_names_one_new_option_that_no_plugin_holds() -> None:
     assert held == [], f"model/ffn={recipe['option']} is an option of the example plugin(s) {held}"
 
 
-def test_the_recipe_applied_to_a_copy_builds_and_trains_one_update(small_corpus, tmp_path) -> None:
+def test_the_recipe_applied_to_a_copy_builds_and_trains_one_update(small_corpus, tmp_path) -> None:  # noqa: F811
     recipe = _recipe()
     root = tmp_path / "copy"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")

@@ -1,4 +1,4 @@
-"""The ladder study's one command resumes itself (issue #21 item 1).
+"""The ladder study's one command resumes itself.
 
 ``python scripts/train.py -m experiment=ladder hydra/launcher=joblib hydra.launcher.n_jobs=2`` runs
 every (step, seed) in a fixed folder (``runs/ladder/<step>_seed<seed>``) with ``train.resume=auto``:

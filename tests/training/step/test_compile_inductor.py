@@ -13,7 +13,7 @@ generator. The eager reference here takes ``F.dropout`` too and inductor falls b
 generator (``fallback_random``), so both draw the same masks. Compiling costs tens of seconds per
 graph on a CPU: one layer per stack, one compile thread (no pool of compile workers for a few small
 kernels), few updates. The ``eager``-backend tests of the compiled step (graphs, recompilations, the
-encoder-decoder's first batch of equal lengths): ``tests/training/test_compile.py``."""
+encoder-decoder's first batch of equal lengths): ``tests/training/step/test_compile.py``."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from torch._inductor.exc import InvalidCxxCompiler
 
 from tests.conftest import REPO_ROOT, torchrun_command
 from tests.training.conftest import small_cli_args, small_config
-from tests.training.test_compile import _lengths_coincide
+from tests.training.step.test_compile import _lengths_coincide
 from transformer.data.dataset import load_translation_data
 from transformer.training.checkpoint import load_checkpoint
 from transformer.training.distributed.process_group import DistInfo

@@ -1,7 +1,7 @@
 """Activation checkpointing, the single-process engine, and the train.distributed switch.
 
 The multi-process equalities (DDP and FSDP2 with 2 gloo ranks = 1 rank with doubled update_freq,
-FSDP2 checkpoints and resume) are in tests/training/test_trainer.py, since they run scripts/train.py
+FSDP2 checkpoints and resume) are in tests/training/loop/test_trainer.py, since they run scripts/train.py
 under torchrun.
 """
 

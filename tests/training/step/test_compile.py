@@ -7,7 +7,7 @@ graph the first time (sizes 0 and 1 are always specialised). Duck sizing and its
 dynamo's, before any backend: the ``eager`` backend runs dynamo's capture, guards and
 recompilations without AOTAutograd or code generation, the cheapest backend that shows them
 (``aot_eager`` and ``inductor`` add no guard here: the same counts). Inductor's numerics:
-``tests/training/test_compile_inductor.py``."""
+``tests/training/step/test_compile_inductor.py``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The training bar (issue #23 item 4): a total and an ETA when the run has a budget, from the
+"""The training bar: a total and an ETA when the run has a budget, from the
 resumed position."""
 
 from __future__ import annotations

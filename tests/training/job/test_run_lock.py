@@ -1,4 +1,4 @@
-"""One writer per run folder (issue #23 item 2): a run holds an OS lock on its folder; a second
+"""One writer per run folder: a run holds an OS lock on its folder; a second
 process on the same folder stops at once, naming the folder and the holder, before writing anything;
 a lock held by a killed process does not block the next run."""
 

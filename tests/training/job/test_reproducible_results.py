@@ -1,4 +1,4 @@
-"""Every test number of a run is reproducible from its folder (issue #45 item 1).
+"""Every test number of a run is reproducible from its folder.
 
 A ``train.average_last > 0`` run saves the averaged weights it tests as ``checkpoint_avg.safetensors``,
 ``results.json`` names that file (``test_weights``), and ``scripts/evaluate.py checkpoint=RUN`` loads
