@@ -43,7 +43,14 @@ from transformer.config.convert import (
     upgrade_config,
 )
 from transformer.config.diff import config_differences
-from transformer.config.fields import check_command_line, check_known_fields, unknown_field_sentence, unknown_fields
+from transformer.config.fields import (
+    UnknownOption,
+    check_command_line,
+    check_known_fields,
+    unknown_field_sentence,
+    unknown_fields,
+    unknown_option_sentence,
+)
 from transformer.config.options import (
     GROUPS,
     LR_SCHEDULERS,

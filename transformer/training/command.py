@@ -33,6 +33,7 @@ from transformer.cli import (
 from transformer.config import (
     SWEPT_KEYS_ENV,
     ConfigError,
+    UnknownOption,
     check_command_line,
     flat_group_override,
     swept_keys,
@@ -91,6 +92,8 @@ def prepare_command_line(argv: Sequence[str], config_dir: str | Path | None = No
         if config_dir is not None:
             try:
                 check_command_line(argv, config_dir, "train")
+            except UnknownOption:  # its sentence names the group and its options: no prefix
+                raise
             except ConfigError as err:
                 raise ConfigError(f"invalid configuration: {err}") from None
         return argv
