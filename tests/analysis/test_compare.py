@@ -603,11 +603,12 @@ def test_runs_that_differ_beyond_the_switches_are_refused_naming_runs_and_fields
 
 def test_a_plugin_run_is_compared_with_built_in_runs_and_its_code_tells_configurations_apart(tmp_path, corpus):
     a, b, c = _two_steps(tmp_path, corpus)
-    _set(c, plugin_files={"reglu/__init__.py": "ab12"}, plugins=["/home/me/my_ideas/reglu"])
+    _set(c, plugin_files={"reglu/__init__.py": "ab12"}, plugins=["/home/me/my_ideas/reglu"], model__ffn__name="reglu")
     comp = compare_sweeps([tmp_path / "s"], n_bootstrap=0)  # the baseline records no plugin files
     assert comp.mixed == [] and [r["n_runs"] for r in comp.rows] == [2, 1]
     d = make_run(tmp_path / "s" / "d", corpus, "step1_pre_ln", 2, _refs(corpus), bleu=4.0)
     _set(d, precision="fp32", torch="2.13.0+cpu", train__precision="fp32", plugin_files={"reglu/__init__.py": "cd34"})
+    _set(d, model__ffn__name="reglu")
     comp = compare_sweeps([tmp_path / "s"], n_bootstrap=0)  # the plugin's code changed: not a second seed
     assert [r["n_runs"] for r in comp.rows] == [2, 1, 1] and comp.mixed == []
 
@@ -639,15 +640,15 @@ def test_max_tokens_may_follow_the_architecture_only(tmp_path, corpus):
 def test_a_config_recorded_before_a_field_existed_groups_with_its_default(tmp_path):
     """A run recorded without the issue #22 fields (qk_norm, attention_window, rope_scaling, ...)
     is the same configuration as one that records their defaults."""
-    from transformer.analysis.grouping import IGNORED_KEYS, _config_key
+    from transformer.config import identity_key
 
     new = _config(tmp_path, "step0_vaswani2017", 1)
     new["model"].update(qk_norm="none", attention_window=None, attention_window_pattern=0, kv_lora_rank=None)
     new["model"]["position"] = {"rope_scaling": {"rope_type": "default", "factor": 1.0}}
     old = _config(tmp_path, "step0_vaswani2017", 2)
-    assert _config_key(new, IGNORED_KEYS) == _config_key(old, IGNORED_KEYS)
+    assert identity_key(new) == identity_key(old)
     new["model"]["qk_norm"] = "rmsnorm"
-    assert _config_key(new, IGNORED_KEYS) != _config_key(old, IGNORED_KEYS)
+    assert identity_key(new) != identity_key(old)
 
 
 def test_p_values_from_the_references_the_run_folders_store_without_the_data(sweep, corpus):

@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 
 from transformer.analysis.bootstrap import p_value, resampled_scores, seed_resamples, sentence_resamples
 from transformer.analysis.collect import Run
-from transformer.analysis.grouping import IGNORED_KEYS, Configuration, is_ignored, with_defaults
+from transformer.analysis.grouping import Configuration
+from transformer.config import IGNORED_KEYS, is_ignored, with_defaults
 from transformer.data.corpus import DataError, read_parallel, resolve_split_files
 from transformer.evaluation.metrics import scorers
 from transformer.models.flops import kv_cache_bytes_per_token

@@ -17,13 +17,14 @@ plain data; older stored shapes upgraded), :mod:`.sizes` (head width, key/value 
 :mod:`.checks` (the checks of field combinations; the options of each switch come from the
 tables beside the classes, e.g. :data:`transformer.modules.ffn.FFNS`), :mod:`.diff`
 (:func:`config_differences`: the fields where two configs differ), :mod:`.fields` (an unknown key
-refused by name with the nearest known fields, on a composed config or a command line before Hydra
-runs).
+or option refused by name with the nearest known ones, on a composed config or a command line before
+Hydra runs), :mod:`.identity` (what makes two runs the same configuration, for ``compare.py``,
+``train.finished_runs`` and a resume's plugin code).
 """
 
 from omegaconf import MISSING
 
-from transformer.config import checks, convert, diff, fields, options, rules, runtime, schema, sizes
+from transformer.config import checks, convert, diff, fields, identity, options, rules, runtime, schema, sizes
 from transformer.config.checks import (
     check_checkpoint_averaging,
     signal_number,
@@ -50,6 +51,15 @@ from transformer.config.fields import (
     unknown_field_sentence,
     unknown_fields,
     unknown_option_sentence,
+)
+from transformer.config.identity import (
+    IGNORED_KEYS,
+    config_identity,
+    flatten_config,
+    identity_key,
+    is_ignored,
+    used_plugin_files,
+    with_defaults,
 )
 from transformer.config.options import (
     GROUPS,
@@ -122,6 +132,7 @@ __all__ = [
     *convert.__all__,
     *diff.__all__,
     *fields.__all__,
+    *identity.__all__,
     *options.__all__,
     *rules.__all__,
     *runtime.__all__,
