@@ -10,38 +10,16 @@ two seconds a refusal."""
 
 from __future__ import annotations
 
-import runpy
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import train_in_process
 from tests.faults.conftest import small_cli_args
-from transformer.config import SWEPT_KEYS_ENV
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a CUDA device accepts train.device=cuda")
-
-
-def _train(monkeypatch, capsys, cwd: Path, *args: str) -> tuple[int, list[str]]:
-    """``python scripts/train.py ARGS`` in ``cwd``, in this process: (exit status, stderr's lines)."""
-    monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "argv", [str(REPO_ROOT / "scripts" / "train.py"), *args])
-    monkeypatch.setenv(SWEPT_KEYS_ENV, "")  # set for a multirun: restored after
-    capsys.readouterr()
-    try:
-        runpy.run_path(str(REPO_ROOT / "scripts" / "train.py"), run_name="__main__")
-        status = 0
-    except SystemExit as done:
-        status = done.code
-    finally:  # the next test is outside Hydra again
-        GlobalHydra.instance().clear()
-        HydraConfig.instance().cfg = None
-    return status, capsys.readouterr().err.strip().splitlines()
 
 
 def _args(corpus: Path, run: Path, *overrides: str) -> list[str]:
@@ -74,7 +52,7 @@ def _contents(folder: Path) -> dict[str, bytes | None]:
 def test_a_refused_new_run_leaves_no_folder(overrides, status, line, gappy_corpus, tmp_path, monkeypatch, capsys):
     run = tmp_path / "runs" / "run"
     args = _args(gappy_corpus, run, *(o.format(tmp=tmp_path) for o in overrides))
-    code, err = _train(monkeypatch, capsys, tmp_path, *args)
+    code, err = train_in_process(monkeypatch, capsys, tmp_path, *args)
     assert code == status and len(err) == 1 and err[0].startswith(line), err
     assert not (tmp_path / "runs").exists()
 
@@ -83,7 +61,7 @@ def test_a_refused_new_run_leaves_no_folder(overrides, status, line, gappy_corpu
 def test_a_refused_multirun_job_leaves_no_job_folder(gappy_corpus, tmp_path, monkeypatch, capsys):
     sweep = tmp_path / "sweep"
     args = [a for a in small_cli_args(gappy_corpus, tmp_path) if not a.startswith("run_dir=")]
-    code, err = _train(
+    code, err = train_in_process(
         monkeypatch, capsys, tmp_path, "-m", *args, "train.device=cuda", "seed=1,2", f"hydra.sweep.dir={sweep}"
     )
     assert code == 1 and err[-1].startswith("error: 0 of 2 jobs finished; 2 refused"), err
@@ -108,6 +86,6 @@ def test_a_refused_resume_leaves_its_folder_as_it_was(
     before = _contents(run)
     overrides = [o.format(tmp=tmp_path, run=run) for o in overrides]
     args = _args(gappy_corpus, run, "train.resume=true", "train.max_updates=8", *overrides)
-    code, err = _train(monkeypatch, capsys, tmp_path, *args)
+    code, err = train_in_process(monkeypatch, capsys, tmp_path, *args)
     assert code in (1, 2) and len(err) == 1 and err[0].startswith("error: "), err
     assert _contents(run) == before  # Hydra's record of the resume taken back too

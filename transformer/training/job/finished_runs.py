@@ -14,8 +14,8 @@ whose options neither chose), the same seed, with the same precision as it resol
 run trained counts at its default, and the twin must have trained on the same kind of device with
 as many processes (``train.max_tokens`` is per process). When the twin differs, the job trains and
 says in one line why. In a sweep, the folder Hydra made for a skipped job is removed again
-(``scripts/train.py``), so a sweep whose subfolders are job numbers lists the skipped jobs as never
-started in ``scripts/compare.py``; the ladder's subfolders are named ``<step>_seed<seed>``.
+(``scripts/train.py``); a sweep's subfolders are named by its swept values (``relu_seed1``; the
+ladder's ``<step>_seed<seed>``), so the twin is found by the same name.
 """
 
 from __future__ import annotations
