@@ -19,13 +19,15 @@ BLEU by reference length: test BLEU and chrF per bucket of reference length in w
 tokens of the detokenized reference; --length-buckets, default 1-10,11-15,16-20,21-30,31+), mean
 over seeds, with the sentence count and 95% bootstrap intervals, paired across configurations
 (also of each one's difference to the baseline); on the runs' own test split, or on several test
-splits pooled (--length-splits all, or names joined by commas).
+splits pooled (--length-splits all, or names joined by commas). BLEU by source length: the same,
+bucketed by the source's length in words (the sources read through the runs' data config).
 
 The runs must differ only in the study's switches and the seed: runs trained with another
 precision, budget, data or torch version stop the comparison with a sentence naming them, unless
 --allow-mixed (then the table shows the differences). Runs without results.json (crashed,
 unfinished) are listed, never dropped. Writes comparison.md, comparison.csv, runs.csv,
-length_buckets.csv, valid_curves.png, bleu_bars.png and bleu_by_length.png; prints the markdown.
+length_buckets.csv, source_length_buckets.csv, valid_curves.png, bleu_bars.png and
+bleu_by_length.png; prints the markdown.
 Without matplotlib (``pip install -e ".[plots]"``) the tables are written without the plots, with
 one warning line.
 

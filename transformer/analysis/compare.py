@@ -26,7 +26,8 @@ than the baseline's seed-to-seed range (``within_noise``) is never called signif
 p-value (:func:`significant`).
 
 Test BLEU and chrF are also given per bucket of reference length (:mod:`transformer.analysis.length`,
-:attr:`Comparison.length`), with paired bootstrap intervals.
+:attr:`Comparison.length`) and of source length (:attr:`Comparison.source_length`), with paired
+bootstrap intervals.
 
 The machine each run trained on comes from its ``results.json`` (``hardware``, ``precision``, as
 the operating system and torch report them) and is listed in :attr:`Comparison.machines`.
@@ -233,8 +234,9 @@ def compare_sweeps(
             ``mixed`` column and the notes.
         compare_prev: also test each configuration against the one above it (``Δ prev``); False
             for a branch study, so that the Holm family is each configuration against the baseline.
-        length_buckets: buckets of reference length in words for :attr:`Comparison.length`
-            (:func:`~transformer.analysis.length.parse_buckets`); None: no length table.
+        length_buckets: buckets of length in words for :attr:`Comparison.length` (by the reference)
+            and :attr:`Comparison.source_length` (by the source)
+            (:func:`~transformer.analysis.length.parse_buckets`); None: no length tables.
         length_splits: the test splits of the length table: None, the runs' own; ``"all"``; or
             names (:func:`~transformer.analysis.length.length_table`).
         untrained_below: a configuration whose mean test BLEU is under this is marked ``untrained``
@@ -414,9 +416,10 @@ def compare_sweeps(
         )
     if mixed:
         notes.append("runs trained differently are compared (--allow-mixed): " + "; ".join(m.sentence() for m in mixed))
-    length = (
-        None if buckets is None else length_table(configs, base, buckets, length_splits, n_bootstrap, bootstrap_seed)
-    )
+    length = source_length = None
+    if buckets is not None:  # by the reference's length, and by the source's (what a model is given)
+        length = length_table(configs, base, buckets, length_splits, n_bootstrap, bootstrap_seed)
+        source_length = length_table(configs, base, buckets, length_splits, n_bootstrap, bootstrap_seed, by="source")
     return Comparison(
         sweep_dirs,
         configs,
@@ -432,6 +435,7 @@ def compare_sweeps(
         compare_prev,
         length,
         unreferenced,
+        source_length=source_length,
         untrained_below=untrained_below,
     )
 

@@ -1,5 +1,6 @@
 """The length sections of a comparison's outputs: the markdown of a :class:`~transformer.analysis.length.LengthTable`
-(``comparison.md``'s "BLEU by reference length") and its CSV (``length_buckets.csv``)."""
+(``comparison.md``'s "BLEU by reference length" and "BLEU by source length") and its CSV
+(``length_buckets.csv``, ``source_length_buckets.csv``)."""
 
 from __future__ import annotations
 
@@ -27,15 +28,17 @@ def _score_ci(row: dict, key: str, ci: str, signed: bool = False) -> str:
 
 
 def length_markdown(table: LengthTable) -> list[str]:
-    """The "BLEU by reference length" section of ``comparison.md``: the buckets used, then BLEU,
+    """The "BLEU by reference length" (or "by source length", :attr:`LengthTable.by`) section of
+    ``comparison.md``: the buckets used, then BLEU,
     ΔBLEU against the baseline and chrF per configuration and bucket, with their intervals, and (with
     two buckets or more that hold sentences) each bucket's BLEU change from the shortest of them and
     that change against the baseline's."""
-    lines = ["## BLEU by reference length", ""]
+    by = table.by
+    lines = [f"## BLEU by {by} length", ""]
     splits = ", ".join(f"`{s}`" for s in table.splits) + (" pooled" if len(table.splits) > 1 else "")
     outside = f", {table.n_outside} of them in no bucket" if table.n_outside else ""
     lines.append(
-        f"Buckets of reference length in words (whitespace-separated tokens of the detokenized reference; "
+        f"Buckets of {by} length in words (whitespace-separated tokens of the detokenized {by}; "
         f"--length-buckets): {', '.join(b.label for b in table.buckets)}. Test sentences: {splits} "
         f"({sum(table.n_sentences) + table.n_outside} sentences{outside})."
     )
@@ -43,7 +46,7 @@ def length_markdown(table: LengthTable) -> list[str]:
         return [
             *lines,
             "",
-            "Not computed: no run's hypotheses and references could be read.",
+            f"Not computed: no run's hypotheses and references{' and sources' if by == 'source' else ''} could be read.",
             *(f"- {n}" for n in table.notes),
         ]
     by_label: dict[str, list[dict]] = {}

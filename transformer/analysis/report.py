@@ -131,8 +131,8 @@ def _unreferenced_line(c: Comparison) -> str:
 
 
 def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
-    """The comparison as a markdown document: table, notes, BLEU by reference length (:func:`length_markdown`),
-    runs without results, plots."""
+    """The comparison as a markdown document: table, notes, BLEU by reference length and by source length
+    (:func:`length_markdown`), runs without results, plots."""
     c = comparison
     lines = ["# Comparison", ""]
     if c.unreferenced:  # said first: a table without p-values reads as one without differences
@@ -223,6 +223,8 @@ def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
         lines += ["", "Notes:"] + [f"- {n}" for n in c.notes]
     if c.length is not None and c.rows:
         lines += ["", *length_markdown(c.length)]
+    if c.source_length is not None and c.rows:
+        lines += ["", *length_markdown(c.source_length)]
     lines += ["", f"## Runs without results ({len(c.missing)})", ""]
     lines += [_missing_line(r) for r in c.missing] or ["None: every run finished."]
     if plots:
@@ -279,7 +281,8 @@ def write_csv(comparison: Comparison, path: str | Path) -> Path:
 def write_outputs(comparison: Comparison, out_dir: str | Path, *, plots: bool | None = None) -> dict[str, Path]:
     """Write ``comparison.md``, ``comparison.csv``, ``runs.csv``, ``valid_curves.png`` and
     ``bleu_bars.png`` into ``out_dir`` (created), and with a length table (:attr:`Comparison.length`)
-    ``length_buckets.csv`` and ``bleu_by_length.png``.
+    ``length_buckets.csv`` and ``bleu_by_length.png``, with a source-length table
+    (:attr:`Comparison.source_length`) ``source_length_buckets.csv``.
 
     Args:
         comparison: the result of :func:`~transformer.analysis.compare.compare_sweeps`.
@@ -289,8 +292,8 @@ def write_outputs(comparison: Comparison, out_dir: str | Path, *, plots: bool | 
             plots the markdown has no Plots section.
 
     Returns:
-        ``{"valid_curves", "bleu_bars", "bleu_by_length", "csv", "runs_csv", "length_csv", "markdown"}``
-        -> path, in that order (plots only when drawn, and only when some configuration finished;
+        ``{"valid_curves", "bleu_bars", "bleu_by_length", "csv", "runs_csv", "length_csv",
+        "source_length_csv", "markdown"}`` -> path, in that order (plots only when drawn, and only when some configuration finished;
         the length files only with a length table that has rows).
 
     Raises:
@@ -311,6 +314,9 @@ def write_outputs(comparison: Comparison, out_dir: str | Path, *, plots: bool | 
     paths["runs_csv"] = out / "runs.csv"
     if length is not None:
         paths["length_csv"] = write_length_csv(length, out / "length_buckets.csv")
+    source = comparison.source_length
+    if comparison.rows and source is not None and source.rows:
+        paths["source_length_csv"] = write_length_csv(source, out / "source_length_buckets.csv")
     md = out / "comparison.md"
     drawn = [str(paths[k]) for k in ("valid_curves", "bleu_bars", "bleu_by_length") if k in paths]
     md.write_text(to_markdown(comparison, drawn), encoding="utf-8")

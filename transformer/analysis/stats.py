@@ -24,6 +24,7 @@ from transformer.models.flops import kv_cache_bytes_per_token
 __all__ = [
     "first_result",
     "MissingReferences",
+    "MissingSources",
     "Scores",
     "holm_bonferroni",
     "kv_cache_bytes",
@@ -32,6 +33,7 @@ __all__ = [
     "references",
     "seed_range",
     "significance",
+    "sources",
     "std",
 ]
 
@@ -123,11 +125,39 @@ def kv_cache_bytes(config: dict | None) -> int | None:
         return None
 
 
-_REF_CACHE: dict[tuple[str, str], list[str]] = {}
+_SPLIT_CACHE: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
 
 
 class MissingReferences(DataError):
     """A run's test references are neither stored in its folder nor on this machine."""
+
+
+class MissingSources(DataError):
+    """A run's test sources are not on this machine (a run folder stores none)."""
+
+
+def _split_from_data(run: Run, split: str, what: str, stored: str) -> tuple[list[str], list[str]]:
+    """The sources and references of ``run``'s test split ``split``, read through its data config,
+    line-aligned as the trainer tested them (every line, an empty source's included).
+
+    Raises:
+        DataError: the split's files are not on this machine; the message names ``what`` is missing
+            (and ``stored``, where the run folder would hold it) and where to point ``TRANSFORMER_DATA_DIR``.
+    """
+    data = run.config["data"]
+    cache_key = (json.dumps(data, sort_keys=True, default=str), str(split))
+    if cache_key not in _SPLIT_CACHE:
+        try:
+            src, tgt = resolve_split_files(OmegaConf.create(data), split, download=False)
+        except DataError:  # a split the run tested: its data config knows it, its files are elsewhere
+            kind = MissingReferences if what == "references" else MissingSources
+            raise kind(
+                f"the {what} of {split} are neither in {run.run_dir}{stored} nor on this "
+                "machine; set TRANSFORMER_DATA_DIR (or data.root) to the folder that holds the data "
+                "(e.g. TRANSFORMER_DATA_DIR=../shared/data)"
+            ) from None
+        _SPLIT_CACHE[cache_key] = read_parallel(src, tgt, keep_empty=True)  # line-aligned, as tested
+    return _SPLIT_CACHE[cache_key]
 
 
 def references(run: Run, split: str | None = None) -> list[str]:
@@ -145,19 +175,17 @@ def references(run: Run, split: str | None = None) -> list[str]:
     if stored is not None:
         lines = stored.read_text(encoding="utf-8").split("\n")  # exactly the lines written, one per hypothesis
         return lines[:-1] if lines[-1] == "" else lines
-    data = run.config["data"]
-    cache_key = (json.dumps(data, sort_keys=True, default=str), str(split))
-    if cache_key not in _REF_CACHE:
-        try:
-            src, tgt = resolve_split_files(OmegaConf.create(data), split, download=False)
-        except DataError:  # a split the run tested: its data config knows it, its files are elsewhere
-            raise MissingReferences(
-                f"the references of {split} are neither in {run.run_dir} (hyps/{split}.ref) nor on this "
-                "machine; set TRANSFORMER_DATA_DIR (or data.root) to the folder that holds the data "
-                "(e.g. TRANSFORMER_DATA_DIR=../shared/data)"
-            ) from None
-        _REF_CACHE[cache_key] = read_parallel(src, tgt, keep_empty=True)[1]  # line-aligned, as tested
-    return _REF_CACHE[cache_key]
+    return _split_from_data(run, split, "references", f" (hyps/{split}.ref)")[1]
+
+
+def sources(run: Run, split: str | None = None) -> list[str]:
+    """The raw sources of ``run``'s test split ``split`` (default its own), line-aligned with its
+    hypotheses, read through the run's data config (a run folder stores no sources).
+
+    Raises:
+        MissingSources: the split's files are not on this machine.
+    """
+    return _split_from_data(run, split or run.test_split, "sources", "")[0]
 
 
 def _same_test_set(a: Run, b: Run) -> bool:
