@@ -1,9 +1,11 @@
 """Compare the runs of one or more sweeps: one row per configuration, mean ± std over seeds.
 
 A *run* is a folder written by ``scripts/train.py`` (``results.json``, ``metrics.jsonl``,
-``hyps/{test_split}.txt``, ``config.yaml``). A *configuration* is the set of runs whose resolved
-config is the same once the keys in :data:`IGNORED_KEYS` (the seed, paths, logging) are removed,
-so a sweep ``ladder=step0,...,step6 seed=1,2,3`` gives seven configurations of three runs each.
+``hyps/{test_split}.txt``, ``config.yaml``). A *configuration* is the set of runs of the same
+identity (:mod:`transformer.config.identity`: the resolved config once the keys in
+:data:`IGNORED_KEYS`, the seed, paths, logging, are removed, a plugin's files only where its option
+is chosen), so a sweep ``ladder=step0,...,step6 seed=1,2,3`` gives seven configurations of three
+runs each.
 
 Runs without ``results.json`` (crashed, unfinished, still running) and sweep jobs whose folder
 was never created are kept in :attr:`Comparison.missing` and listed in every output.
