@@ -43,7 +43,7 @@ def test_a_plugin_loaded_but_not_chosen_is_no_part_of_the_identity():
     assert identity_key(edited) != identity_key(chosen)  # the chosen plugin's code tells runs apart
     # an option no plugin imported here registered: whose, unknown; every recorded plugin counts
     unknown = config_dict(_config(files=RECORDED))
-    unknown["model"]["position"]["name"] = "relbias"
+    unknown["model"]["position"]["name"] = "t5_bias_not_imported_here"
     assert used_plugin_files(unknown) == RECORDED
 
 

@@ -90,6 +90,7 @@ from transformer.config.runtime import (
     SWEPT_KEYS_ENV,
     budget_sentence,
     resume_mode,
+    sweep_subdir,
     swept_keys,
     swept_suffix,
     time_budget,
