@@ -9,21 +9,25 @@
 
 One row per configuration (runs whose resolved config differs only in seed, study name, paths and logging):
 BLEU and chrF mean ± std over seeds, parameters, FLOPs per token, KV-cache bytes per token,
-train tokens/s, peak memory, the paired-bootstrap p-values against the baseline row and the row
-above (not with --no-prev, for branches off one baseline), Holm-Bonferroni adjusted over the table,
-and the baseline's seed spread as the noise floor.
+train tokens/s, peak memory, the paired-bootstrap p-values (over test sentences and seeds) against
+the baseline row and the row above (not with --no-prev, for branches off one baseline),
+Holm-Bonferroni adjusted over the table, and the baseline's seed spread as the noise floor (a
+difference within it is never starred); a configuration under --untrained-below mean BLEU (default
+1) is marked untrained and left out of the adjustment.
 
 BLEU by reference length: test BLEU and chrF per bucket of reference length in words (whitespace
 tokens of the detokenized reference; --length-buckets, default 1-10,11-15,16-20,21-30,31+), mean
 over seeds, with the sentence count and 95% bootstrap intervals, paired across configurations
 (also of each one's difference to the baseline); on the runs' own test split, or on several test
-splits pooled (--length-splits all, or names joined by commas).
+splits pooled (--length-splits all, or names joined by commas). BLEU by source length: the same,
+bucketed by the source's length in words (the sources read through the runs' data config).
 
 The runs must differ only in the study's switches and the seed: runs trained with another
 precision, budget, data or torch version stop the comparison with a sentence naming them, unless
 --allow-mixed (then the table shows the differences). Runs without results.json (crashed,
 unfinished) are listed, never dropped. Writes comparison.md, comparison.csv, runs.csv,
-length_buckets.csv, valid_curves.png, bleu_bars.png and bleu_by_length.png; prints the markdown.
+length_buckets.csv, source_length_buckets.csv, valid_curves.png, bleu_bars.png and
+bleu_by_length.png; prints the markdown.
 Without matplotlib (``pip install -e ".[plots]"``) the tables are written without the plots, with
 one warning line.
 
@@ -39,7 +43,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from transformer.analysis import DEFAULT_BUCKETS, NoFinishedRun, compare_and_write
+from transformer.analysis import DEFAULT_BUCKETS, UNTRAINED_BELOW, NoFinishedRun, compare_and_write
 from transformer.cli import user_errors
 
 ERRORS = {NoFinishedRun: 1, (FileNotFoundError, ValueError): 2}
@@ -73,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             compare_prev=not args.no_prev,
             length_buckets=args.length_buckets,
             length_splits=args.length_splits,
+            untrained_below=args.untrained_below,
         )
     return 0
 
@@ -114,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="test splits of the length table, pooled: 'all' (every test split all runs have "
         "hypotheses for) or names joined by commas (default: the runs' own test split)",
+    )
+    parser.add_argument(
+        "--untrained-below",
+        type=float,
+        default=UNTRAINED_BELOW,
+        help="mean test BLEU under which a configuration is marked untrained and left out of the "
+        f"Holm-Bonferroni family (default {UNTRAINED_BELOW:g}; 0: none is)",
     )
     return parser
 

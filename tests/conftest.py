@@ -123,3 +123,29 @@ def parallel_text_args(corpus: Path, vocab_size: int) -> list[str]:
     """``scripts/train.py`` overrides that read a :func:`multi30k_excerpt` folder
     (:func:`transformer.data.download.excerpt_overrides`)."""
     return download.excerpt_overrides(corpus, vocab_size)
+
+
+def train_in_process(monkeypatch, capsys, cwd: Path, *args: str) -> tuple[int, list[str]]:
+    """``python scripts/train.py ARGS`` run in ``cwd`` in this process (its ``__main__``, a second or
+    two where a new interpreter takes several): (exit status, the lines it wrote on stderr). Hydra's
+    global state is cleared after, so that the next test is outside Hydra again."""
+    import runpy
+
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from transformer.config import SWEPT_KEYS_ENV
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", [str(REPO_ROOT / "scripts" / "train.py"), *args])
+    monkeypatch.setenv(SWEPT_KEYS_ENV, "")  # set for a multirun: restored after
+    capsys.readouterr()
+    try:
+        runpy.run_path(str(REPO_ROOT / "scripts" / "train.py"), run_name="__main__")
+        status = 0
+    except SystemExit as done:
+        status = done.code
+    finally:
+        GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = None
+    return status, capsys.readouterr().err.strip().splitlines()

@@ -200,7 +200,7 @@ def test_a_sweep_whose_jobs_were_refused_ends_with_one_line_counting_them(tmp_pa
     lines = [ln for ln in out.stderr.splitlines() if ln.strip() and not ln.startswith("[")]
     assert out.returncode == 1 and "Traceback" not in out.stderr and "Error executing" not in out.stderr, out.stderr
     assert lines[-1] == (
-        f"error: 0 of 2 jobs finished; 2 refused: 0: {refusal.format(3)}; 1: {refusal.format(5)} "
+        f"error: 0 of 2 jobs finished; 2 refused: n_heads=3: {refusal.format(3)}; n_heads=5: {refusal.format(5)} "
         f"(each job: {sweep / 'jobs.jsonl'}; compare.py lists them)"
     ), out.stderr
     compared = subprocess.run(
@@ -212,4 +212,4 @@ def test_a_sweep_whose_jobs_were_refused_ends_with_one_line_counting_them(tmp_pa
     )
     assert compared.returncode == 1, compared.stderr  # no finished run: the outputs list why
     assert "## Runs without results (2)" in compared.stdout
-    assert f"- `{sweep / '0'}`: refused: {refusal.format(3)}" in compared.stdout, compared.stdout
+    assert f"- `{sweep / 'n_heads=3'}`: refused: {refusal.format(3)}" in compared.stdout, compared.stdout

@@ -13,13 +13,16 @@ from hydra import compose, initialize_config_dir
 from tests.conftest import REPO_ROOT
 from tests.training.conftest import small_cli_args, small_corpus  # noqa: F401 (fixture)
 from transformer.config import (
+    SWEPT_KEYS_ENV,
     ConfigError,
+    UnknownOption,
     check_command_line,
     register_configs,
     unknown_fields,
     validate_config,
 )
-from transformer.plugins import command_line_plugins
+from transformer.plugins import ORIGINS, command_line_plugins
+from transformer.training.command import prepare_command_line
 
 CONFIGS = REPO_ROOT / "configs"
 DIFF = REPO_ROOT / "examples" / "plugins" / "diff_attention"
@@ -93,6 +96,54 @@ def test_a_multirun_is_refused_when_any_of_its_jobs_would_be():
         ["-m", "model/attention=mla,gqa", "model.attention.kv_lora_rank=16", "seed=1,2"]
     )
     assert "model.ffn.tau" in _refused(["--multirun", "model.ffn.tau=0.5,1", "seed=1,2"])
+
+
+def _positions() -> str:
+    """The ``model/position`` options Hydra lists: the built-in ones and those an example plugin that an
+    earlier test of this process imported registered (``examples/plugins/relbias``)."""
+    plugins = {name for switch, name in ORIGINS if switch == "model/position"}
+    return f"(options: {', '.join(sorted({'alibi', 'learned', 'none', 'rope', 'sinusoidal'} | plugins))})"
+
+
+@pytest.mark.parametrize(
+    "argv,line",
+    [
+        (
+            ["model/position=rotary"],
+            "model/position=rotary is not an option of model/position; did you mean rope? {positions}",
+        ),
+        (["model=llama_styl"], "model=llama_styl is not an option of model; did you mean llama_style? (options: "),
+        (["experiment=ladder", "+ladder=step9"], "ladder=step9 is not an option of ladder; did you mean "),
+        (["model/position=absolute"], "model/position=absolute is not an option of model/position {positions}"),
+    ],
+)
+def test_a_misspelt_option_names_the_group_its_options_and_the_nearest(argv, line):
+    with pytest.raises(UnknownOption) as err:
+        check_command_line(argv, CONFIGS, "train")
+    assert str(err.value).startswith(line.format(positions=_positions()))
+
+
+def test_a_misspelt_option_of_a_multirun_or_a_plugin_is_refused_before_any_job(capsys, monkeypatch):
+    """Every value of a sweep is an option; a plugin's options (stored, or its YAML files) are options;
+    ``scripts/train.py``'s check prints the one line and exits 2, before Hydra makes a folder."""
+    monkeypatch.setenv(SWEPT_KEYS_ENV, "")  # set by prepare_command_line for a multirun: restored after
+    with pytest.raises(SystemExit) as exit_:
+        prepare_command_line(["-m", "model/position=rope,alibii", "seed=1,2"], CONFIGS)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: model/position=alibii is not an option of model/position; did you mean alibi? {_positions()}"
+    ]
+    plugin = [f"plugins=[{DIFF}]"]
+    check_command_line(command_line_plugins([*plugin, "model/attention=diff"]), CONFIGS, "train")
+    with pytest.raises(
+        UnknownOption,
+        match=r"model/attention=dif is not an option of model/attention; did you mean diff\? \(options: diff, gqa, mha, mla, mqa\)",
+    ):
+        check_command_line(command_line_plugins([*plugin, "model/attention=dif"]), CONFIGS, "train")
+    with pytest.raises(UnknownOption, match="ladder=step5_dif is not an option of ladder; did you mean step5_diff"):
+        check_command_line(
+            command_line_plugins(["-m", *plugin, "experiment=branches", "ladder=step5_gqa,step5_dif"]), CONFIGS, "train"
+        )
 
 
 def test_the_job_refuses_an_appended_key_itself():

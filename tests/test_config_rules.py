@@ -9,14 +9,15 @@ from typing import get_type_hints
 import pytest
 
 from tests.conftest import REPO_ROOT
-from transformer.analysis.grouping import IGNORED_KEYS, flatten_config
 from transformer.config import (
     GROUPS,
+    IGNORED_KEYS,
     Config,
     FieldRule,
     LatentAttentionConfig,
     config_dict,
     field_rule,
+    flatten_config,
     keys_with,
     recipe,
     rule,

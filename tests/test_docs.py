@@ -161,6 +161,34 @@ def test_the_readme_says_how_to_build_and_serve_the_site():
     assert "site/" in (REPO_ROOT / ".gitignore").read_text().splitlines()
 
 
+_OUTPUT = re.compile(
+    r"(?:(?<![\w.])out|output_dir|hydra\.run\.dir|hydra\.sweep\.dir)=([\w./-]+)|--out(?:put)? ([\w./-]+)"
+)
+"""The output of a command: ``out=``, ``output_dir=``, ``hydra.run.dir=``, ``hydra.sweep.dir=``, ``--out``,
+``--output``."""
+
+
+def test_the_output_folders_the_docs_use_are_ignored_by_git():
+    """What a command of the README or a page writes inside the checkout (``outputs/``, ``runs/``,
+    ``exports/``, ...) is never shown by ``git status`` (the result pages' commands write the files they
+    commit, under ``docs/``)."""
+    pages = [REPO_ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    written = set()
+    for page in pages:
+        for block in re.findall(r"^```(?:bash|sh)?\n(.*?)^```$", page.read_text(encoding="utf-8"), flags=re.M | re.S):
+            for found in _OUTPUT.finditer(block):
+                path = next(g for g in found.groups() if g)
+                if not path.startswith(("/", "..", "docs/")) and not path.split("/")[0].isupper():
+                    written.add(path)
+    assert {"outputs/my_run", "exports/run_hf", "runs/ladder/comparison"} <= written
+    shown = [
+        p
+        for p in sorted(written)
+        if subprocess.run(["git", "check-ignore", "-q", "--no-index", p], cwd=REPO_ROOT).returncode != 0
+    ]
+    assert shown == [], "outputs of the docs' commands that .gitignore does not ignore"
+
+
 def test_the_docs_extra_is_installed_by_dev():
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]

@@ -1,6 +1,7 @@
-"""docs/plugins.md's complete FFN plugin with a field (examples/plugins/tempglu) as the page shows it:
-its files in full, the kit, a few updates of training with its field reaching the model, and the
-page's sweep of the field, two values, compared with significance from the run folders alone."""
+"""docs/plugins.md's complete FFN plugin with a field (examples/plugins/tempglu) and its position-encoding
+plugin (examples/plugins/relbias) as the page shows them: their files in full, the kit, a few updates of
+training with their fields reaching the model, and the page's sweep of the FFN's field, two values,
+compared with significance from the run folders alone."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from transformer.testing import CHECKS, check_option
 
 PAGE = REPO_ROOT / "docs" / "plugins.md"
 TEMPGLU = REPO_ROOT / "examples" / "plugins" / "tempglu"
+RELBIAS = REPO_ROOT / "examples" / "plugins" / "relbias"
 
 
 def _blocks(text: str) -> list[str]:
@@ -32,6 +34,7 @@ def test_the_page_shows_the_plugin_and_the_ladder_steps_in_full():
     blocks = _blocks(PAGE.read_text(encoding="utf-8"))
     for file in (
         TEMPGLU / "__init__.py",
+        RELBIAS / "__init__.py",
         TEMPGLU / "configs" / "ladder" / "step5_tempglu.yaml",
         REPO_ROOT / "examples" / "plugins" / "diff_attention" / "configs" / "ladder" / "step5_diff.yaml",
     ):
@@ -65,6 +68,40 @@ def test_the_plugin_trains_and_its_temperature_starts_at_tau0_and_learns(small_c
     assert len(first) == 4  # one per FFN of the 2+2 layers
     assert all(abs(float(v) - math.log(0.5)) < 0.05 for v in first.values())  # one update from tau0
     assert any(float(last[k]) != float(first[k]) for k in first)  # learned
+
+
+def test_the_position_plugin_passes_the_kit_on_both_families():
+    check_option(
+        "model/position",
+        "relbias",
+        plugins=[RELBIAS],
+        checks=[c for c in CHECKS if c != "compiles"],
+        **{"position.num_buckets": 16},
+    )
+
+
+def test_the_position_plugin_trains_and_its_bias_learns(small_corpus, tmp_path):  # noqa: F811
+    from transformer.training.job.run import train
+
+    run = tmp_path / "run"
+    cfg = small_config(
+        small_corpus,
+        run,
+        f"plugins=[{RELBIAS}]",
+        "model/position=relbias",
+        "model.position.num_buckets=16",
+        "train.max_updates=2",
+        "train.validate_every=0",
+        "train.save_every=1",
+        "train.keep_last=0",
+    )
+    results = train(cfg)
+    assert results["updates"] == 2 and results["config"]["model"]["position"]["num_buckets"] == 16
+    biases = {
+        k: v for k, v in load_file(run / "checkpoint_2.safetensors").items() if k.endswith("position.bias.weight")
+    }
+    assert biases and all(v.shape == (16, 4) for v in biases.values())  # (num_buckets, n_heads) per stack
+    assert any(float(v.abs().max()) > 0 for v in biases.values())  # learned from zero
 
 
 def _page_command(marker: str) -> list[str]:

@@ -88,7 +88,8 @@ def recorded_choices(run_dir: Path) -> dict[str, str] | None:
 def forget_record() -> Path | None:
     """Take back the record Hydra wrote for this job, when the job wrote nothing of its own.
 
-    A resume's record (``.hydra/resume-<time>/``) is removed; a new run's folder is removed when it
+    A resume's record (``.hydra/resume-<time>/``) is removed (and ``.hydra/`` when that leaves it
+    empty); a new run's folder is removed when it
     holds nothing but Hydra's record (``.hydra/``), and so are the folders above it that are left
     empty, up to the working directory (Hydra's dated ``outputs/<experiment>/<date>/`` leaves no
     ``outputs/<experiment>/`` behind; nothing outside the working directory is touched). A folder
@@ -112,6 +113,8 @@ def forget_record() -> Path | None:
     shutil.rmtree(target, ignore_errors=True)
     if target == folder:
         _remove_empty_parents(folder)
+    elif not any(target.parent.iterdir()):  # a run folder without a record of its own (trained by train())
+        target.parent.rmdir()
     return target
 
 

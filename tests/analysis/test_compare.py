@@ -223,6 +223,62 @@ def test_identical_hypotheses_get_p_one(tmp_path, corpus):
     assert any("identical" in n for n in comp.notes)
 
 
+def test_tied_scores_are_no_difference_and_untrained_rows_are_left_out(tmp_path, corpus):
+    """Two configurations that write a different nonsense word on every line score BLEU 0.00 in every
+    resample: p = 1 (not sacreBLEU's smallest p), no star; under the floor, both are untrained, left out
+    of the Holm family, and the table says so."""
+    refs = _refs(corpus)
+    make_run(tmp_path / "s" / "0", corpus, "step0_vaswani2017", 1, _degrade(refs, 0.5, 0), bleu=30.0)
+    make_run(tmp_path / "s" / "1", corpus, "step1_pre_ln", 1, ["blub"] * N_SENT, bleu=0.0)
+    make_run(tmp_path / "s" / "2", corpus, "step2_rmsnorm", 1, ["quork"] * N_SENT, bleu=0.0)
+    floorless = compare_sweeps([tmp_path / "s"], n_bootstrap=100, untrained_below=0.0)
+    assert floorless.rows[2]["p_value_prev"] == 1.0 and floorless.rows[2]["p_value_prev_holm"] == 1.0
+    assert not any(r["untrained"] for r in floorless.rows)
+    comp = compare_sweeps([tmp_path / "s"], n_bootstrap=100)
+    base, step1, step2 = comp.rows
+    assert [r["untrained"] for r in comp.rows] == [False, True, True]
+    assert step1["p_value"] < 0.05 and step2["p_value_prev"] == 1.0  # computed, in comparison.csv
+    assert step1["p_value_holm"] is step2["p_value_holm"] is step2["p_value_prev_holm"] is None
+    assert step1["significant"] is step2["significant_prev"] is None
+    md = to_markdown(comp)
+    assert "| step1_pre_ln (untrained) | 1/1 | 0.00 | -30.00 | untrained | -30.00 | untrained |" in md
+    assert "| step2_rmsnorm (untrained) | 1/1 | 0.00 | -30.00 | untrained | +0.00 | untrained |" in md
+    assert "*" not in md.split("| step1_pre_ln")[1].split("\n\n")[0]
+    assert any(n.startswith("untrained (mean test BLEU under 1): step1_pre_ln, step2_rmsnorm;") for n in comp.notes)
+
+
+def test_a_difference_within_the_seed_noise_is_never_starred(tmp_path, corpus):
+    """The baseline's two seeds are far apart (a noise floor of 70 BLEU); step1 beats each in its own seed
+    pair (per-seed p-values under 0.05, which starred it before), but its Δ is within the noise: no star,
+    and the table says why."""
+    refs = _refs(corpus)
+    runs = {"step0_vaswani2017": [(1, 0.9, 20.0), (2, 0.0, 90.0)], "step1_pre_ln": [(1, 0.3, 40.0), (2, 0.0, 95.0)]}
+    n = 0
+    for step, seeds in runs.items():
+        for seed, frac, bleu in seeds:
+            hyps = refs if frac == 0 else _degrade(refs, frac, seed)
+            if step == "step1_pre_ln" and seed == 2:
+                hyps = [h + " ." for h in refs]  # not the references: a difference, but a small one
+            make_run(tmp_path / "s" / str(n), corpus, step, seed, hyps, bleu=bleu)
+            n += 1
+    comp = compare_sweeps([tmp_path / "s"], n_bootstrap=200, compare_prev=False)
+    step1 = comp.rows[1]
+    seeds = dict(s.split(":") for s in step1["p_value_seeds"].split())
+    assert seeds.keys() == {"1", "2"} and all(float(p) < 0.05 for p in seeds.values())
+    assert step1["within_noise"] is True and step1["significant"] is False
+    assert step1["p_value_holm"] > 0.05  # over seeds: the baseline's own seeds differ by more
+
+    def p_cell(comparison) -> str:
+        return to_markdown(comparison).split("| step1_pre_ln | 2/2 |")[1].split("|")[2].strip()
+
+    assert p_cell(comp) == f"{step1['p_value_holm']:.4f}"
+    step1["p_value_holm"] = 0.01  # were it under 0.05: marked, not starred
+    assert p_cell(comp) == "0.0100 †"
+    assert "a Δ marked ≈ is within the seed noise and never starred, its p marked † where under 0.05" in to_markdown(
+        comp
+    )
+
+
 def test_missing_runs_are_listed(sweep):
     comp = compare_sweeps([sweep], n_bootstrap=0)
     reasons = {r.run_dir.name: r.reason for r in comp.missing}
@@ -547,11 +603,12 @@ def test_runs_that_differ_beyond_the_switches_are_refused_naming_runs_and_fields
 
 def test_a_plugin_run_is_compared_with_built_in_runs_and_its_code_tells_configurations_apart(tmp_path, corpus):
     a, b, c = _two_steps(tmp_path, corpus)
-    _set(c, plugin_files={"reglu/__init__.py": "ab12"}, plugins=["/home/me/my_ideas/reglu"])
+    _set(c, plugin_files={"reglu/__init__.py": "ab12"}, plugins=["/home/me/my_ideas/reglu"], model__ffn__name="reglu")
     comp = compare_sweeps([tmp_path / "s"], n_bootstrap=0)  # the baseline records no plugin files
     assert comp.mixed == [] and [r["n_runs"] for r in comp.rows] == [2, 1]
     d = make_run(tmp_path / "s" / "d", corpus, "step1_pre_ln", 2, _refs(corpus), bleu=4.0)
     _set(d, precision="fp32", torch="2.13.0+cpu", train__precision="fp32", plugin_files={"reglu/__init__.py": "cd34"})
+    _set(d, model__ffn__name="reglu")
     comp = compare_sweeps([tmp_path / "s"], n_bootstrap=0)  # the plugin's code changed: not a second seed
     assert [r["n_runs"] for r in comp.rows] == [2, 1, 1] and comp.mixed == []
 
@@ -583,15 +640,15 @@ def test_max_tokens_may_follow_the_architecture_only(tmp_path, corpus):
 def test_a_config_recorded_before_a_field_existed_groups_with_its_default(tmp_path):
     """A run recorded without the attention fields added since (qk_norm, attention_window, rope_scaling, ...)
     is the same configuration as one that records their defaults."""
-    from transformer.analysis.grouping import IGNORED_KEYS, _config_key
+    from transformer.config import identity_key
 
     new = _config(tmp_path, "step0_vaswani2017", 1)
     new["model"].update(qk_norm="none", attention_window=None, attention_window_pattern=0, kv_lora_rank=None)
     new["model"]["position"] = {"rope_scaling": {"rope_type": "default", "factor": 1.0}}
     old = _config(tmp_path, "step0_vaswani2017", 2)
-    assert _config_key(new, IGNORED_KEYS) == _config_key(old, IGNORED_KEYS)
+    assert identity_key(new) == identity_key(old)
     new["model"]["qk_norm"] = "rmsnorm"
-    assert _config_key(new, IGNORED_KEYS) != _config_key(old, IGNORED_KEYS)
+    assert identity_key(new) != identity_key(old)
 
 
 def test_p_values_from_the_references_the_run_folders_store_without_the_data(sweep, corpus):

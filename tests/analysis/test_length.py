@@ -15,7 +15,15 @@ import sacrebleu
 
 from tests.analysis.test_compare import make_run
 from tests.conftest import REPO_ROOT
-from transformer.analysis import Bucket, compare_sweeps, length_markdown, parse_buckets, write_outputs
+from transformer.analysis import (
+    Bucket,
+    compare_sweeps,
+    length_markdown,
+    parse_buckets,
+    stats,
+    to_markdown,
+    write_outputs,
+)
 from transformer.analysis.length import _scores, bucket_indices, reference_length
 from transformer.evaluation.metrics import scorers
 
@@ -166,6 +174,31 @@ def test_bucket_scores_are_sacrebleus_on_the_bucket_mean_over_seeds(sweep, corpu
     assert a["31+"]["delta_bleu"] == 0.0 and base["1-10"]["delta_bleu"] is None
     assert a["1-10"]["bleu_ci_low"] is None and a["1-10"]["n_runs"] == 2 and a["1-10"]["seeds"] == "1 2"
     assert table.signatures["bleu"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+
+
+def test_by_source_length_a_sentence_falls_in_the_bucket_of_its_source(sweep, corpus):
+    """The same scores, bucketed by the source's length in words (what a model is given); sources
+    the data does not hold leave the table empty, saying why."""
+    srcs = [_sentence(n, 90 + k) for k, n in enumerate([2] * 10 + [12] * 5 + [25] * 5)]
+    (corpus / "test.en").write_text("".join(x + "\n" for x in srcs), encoding="utf-8")
+    comp = compare_sweeps([sweep], n_bootstrap=0)
+    table, refs = comp.source_length, _refs(corpus)
+    indices, outside = bucket_indices(srcs, table.buckets)
+    assert table.by == "source" and table.n_sentences == [10, 5, 0, 5, 0] and outside == 0
+    assert comp.length.n_sentences == [6, 5, 4, 3, 2]  # by reference, as before
+    cells = {r["bucket"]: r for r in table.rows if r["label"] == "step1_pre_ln"}
+    for bucket, idx in zip(("1-10", "11-15", "21-30"), (indices[0], indices[1], indices[3])):
+        expected = sum(_bleu(_hyps_a(refs, s), refs, idx) for s in (1, 2)) / 2
+        assert cells[bucket]["bleu_mean"] == pytest.approx(expected), bucket
+    md = to_markdown(comp)
+    assert "## BLEU by reference length" in md and "## BLEU by source length" in md
+    assert "Buckets of source length in words (whitespace-separated tokens of the detokenized source;" in md
+    for hyps in sweep.glob("*/hyps/test.txt"):  # the references travel with the runs, the sources do not
+        hyps.with_suffix(".ref").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+    (corpus / "test.en").unlink()
+    stats._SPLIT_CACHE.clear()  # what this process read of the data
+    gone = compare_sweeps([sweep], n_bootstrap=0).source_length
+    assert gone.rows == [] and any("the sources of test are neither" in n for n in gone.notes), gone.notes
 
 
 def test_intervals_resample_the_buckets_sentences_alike_for_every_configuration(sweep, corpus):

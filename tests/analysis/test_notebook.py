@@ -83,8 +83,16 @@ def test_compare_cli_on_a_real_sweep(real_sweep, tmp_path):
     assert 0 < float(rows[1]["p_value"]) <= 1 and len(rows[1]["p_value_seeds"].split()) == 2
     assert int(rows[0]["params"]) > 0 and float(rows[1]["flops_per_token"]) > 0
     assert int(rows[1]["kv_cache_bytes_per_token"]) > 0 and float(rows[0]["train_tokens_per_s"]) > 0
-    assert "| step6_decoder_only | 2/2 |" in proc.stdout and "None: every run finished." in proc.stdout
+    # four updates train nothing: a row under 1 BLEU is marked untrained, out of the Holm family
+    assert [r["untrained"] for r in rows] == [str(float(r["bleu_mean"]) < 1.0) for r in rows]
+    assert f"| step6_decoder_only{_untrained(rows[1])} | 2/2 |" in proc.stdout
+    assert "None: every run finished." in proc.stdout
     assert (out / "valid_curves.png").stat().st_size > 5000 and (out / "bleu_bars.png").stat().st_size > 5000
+
+
+def _untrained(row: dict) -> str:
+    """The mark of an untrained row in comparison.md's first column (BLEU under 1: four updates)."""
+    return " (untrained)" if row["untrained"] in (True, "True") else ""
 
 
 def test_notebook_runs_on_a_real_sweep(real_sweep, tmp_path, monkeypatch):
@@ -112,7 +120,9 @@ def test_notebook_runs_on_a_real_sweep(real_sweep, tmp_path, monkeypatch):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     markdown = "\n".join(o["data"]["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {}))
-    assert "| step0_vaswani2017 (baseline) | 2/2 |" in markdown and "| step6_decoder_only | 2/2 |" in markdown
+    rows = list(csv.DictReader((tmp_path / "nb_out" / "comparison.csv").open()))
+    assert f"| step0_vaswani2017 (baseline){_untrained(rows[0])} | 2/2 |" in markdown
+    assert f"| step6_decoder_only{_untrained(rows[1])} | 2/2 |" in markdown
     assert "**step6_decoder_only** vs **step0_vaswani2017**" in markdown
     assert "| step5_gqa (baseline) | 2/2 |" in markdown and "| step5_mla | 2/2 |" in markdown  # the branches
     assert "ΔBLEU against the baseline [paired 95% interval]" in markdown  # ... by reference length

@@ -13,7 +13,7 @@ from tests.conftest import REPO_ROOT
 from transformer.analysis import NoFinishedRun, PlotsUnavailable, compare_and_write, compare_sweeps, write_outputs
 from transformer.analysis.plots import PLOTS_EXTRA, matplotlib_missing
 
-TABLES = {"comparison.md", "comparison.csv", "runs.csv", "length_buckets.csv"}
+TABLES = {"comparison.md", "comparison.csv", "runs.csv", "length_buckets.csv", "source_length_buckets.csv"}
 PLOTS = {"valid_curves.png", "bleu_bars.png", "bleu_by_length.png"}
 
 
@@ -29,11 +29,9 @@ def test_compare_and_write_prints_the_table_and_what_it_wrote(sweep, tmp_path, c
     out = capsys.readouterr()
     assert out.out == paths["markdown"].read_text(encoding="utf-8") + "\n"
     err = out.err.splitlines()
-    assert err[:7] == [
-        f"wrote {k}: {paths[k]}"
-        for k in ("valid_curves", "bleu_bars", "bleu_by_length", "csv", "runs_csv", "length_csv", "markdown")
-    ]
-    assert err[7:] == ["warning: 2 run(s) without results (listed above)"]
+    written = ("valid_curves", "bleu_bars", "bleu_by_length", "csv", "runs_csv", "length_csv", "source_length_csv")
+    assert err[:8] == [f"wrote {k}: {paths[k]}" for k in (*written, "markdown")]
+    assert err[8:] == ["warning: 2 run(s) without results (listed above)"]
 
 
 def test_the_default_output_folder_is_in_the_first_sweep(sweep, capsys):  # noqa: F811 (the fixture imported above)
@@ -46,7 +44,8 @@ def test_no_finished_run_is_raised_after_the_outputs_are_written(tmp_path, corpu
     with pytest.raises(NoFinishedRun, match="^no finished run found$"):
         compare_and_write([tmp_path / "s"], tmp_path / "out", n_bootstrap=0)
     assert {p.name for p in (tmp_path / "out").iterdir()} == TABLES - {
-        "length_buckets.csv"
+        "length_buckets.csv",
+        "source_length_buckets.csv",
     }  # listing the unfinished run
     assert "## Runs without results (1)" in (tmp_path / "out" / "comparison.md").read_text()
 
@@ -55,7 +54,7 @@ def test_without_matplotlib_the_tables_are_written_with_one_warning(sweep, tmp_p
     assert matplotlib_missing() == 'matplotlib is not installed (pip install -e ".[plots]")'
     paths = compare_and_write([sweep], tmp_path / "out", n_bootstrap=0)
     assert {p.name for p in (tmp_path / "out").iterdir()} == TABLES
-    assert set(paths) == {"csv", "runs_csv", "length_csv", "markdown"}
+    assert set(paths) == {"csv", "runs_csv", "length_csv", "source_length_csv", "markdown"}
     md = paths["markdown"].read_text(encoding="utf-8")
     assert "| step0_vaswani2017 (baseline) | 3/3 |" in md and "## Plots" not in md and ".png" not in md
     out = capsys.readouterr()
@@ -72,6 +71,7 @@ def test_asking_for_plots_without_matplotlib_names_the_extra(sweep, tmp_path, no
         "csv",
         "runs_csv",
         "length_csv",
+        "source_length_csv",
         "markdown",
     }
 

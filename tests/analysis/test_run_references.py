@@ -28,7 +28,7 @@ def test_a_run_stores_the_references_of_its_hypotheses_and_compare_reads_them(tr
 
     with monkeypatch.context() as patch:
         patch.setattr(stats, "resolve_split_files", nowhere)
-        stats._REF_CACHE.clear()
+        stats._SPLIT_CACHE.clear()
         assert stats.references(run) == scored
         run.refs_path().unlink()  # a folder trained before runs stored them: the data is read
         with pytest.raises(AssertionError, match="the data was read"):

@@ -2,7 +2,7 @@
 seed only.
 
 A run's *recipe* is its resolved config without the keys that never change what it computes
-(:data:`~transformer.analysis.grouping.IGNORED_KEYS`: seed, the study's name, paths, logging,
+(:data:`~transformer.config.IGNORED_KEYS`: seed, the study's name, paths, logging,
 threads) and without the switches (``model.*`` and the plugin files behind them), plus what the machine decided: ``train.precision``
 as resolved (``results["precision"]``: ``auto`` is fp32 on one CPU and bf16 on another) and the
 torch version (``results["hardware"]["torch"]``). Every run of a table must have the same recipe:
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from transformer.analysis.collect import Run
-from transformer.analysis.grouping import IGNORED_KEYS, Configuration, flatten_config, is_ignored, with_defaults
+from transformer.analysis.grouping import Configuration
+from transformer.config import IGNORED_KEYS, flatten_config, is_ignored, with_defaults
 
 __all__ = [
     "COUPLED",

@@ -1,27 +1,35 @@
 """Compare the runs of one or more sweeps: one row per configuration, mean ± std over seeds.
 
 A *run* is a folder written by ``scripts/train.py`` (``results.json``, ``metrics.jsonl``,
-``hyps/{test_split}.txt``, ``config.yaml``). A *configuration* is the set of runs whose resolved
-config is the same once the keys in :data:`IGNORED_KEYS` (the seed, paths, logging) are removed,
-so a sweep ``ladder=step0,...,step6 seed=1,2,3`` gives seven configurations of three runs each.
+``hyps/{test_split}.txt``, ``config.yaml``). A *configuration* is the set of runs of the same
+identity (:mod:`transformer.config.identity`: the resolved config once the keys in
+:data:`IGNORED_KEYS`, the seed, paths, logging, are removed, a plugin's files only where its option
+is chosen), so a sweep ``ladder=step0,...,step6 seed=1,2,3`` gives seven configurations of three
+runs each.
 
 Runs without ``results.json`` (crashed, unfinished, still running) and sweep jobs whose folder
 was never created are kept in :attr:`Comparison.missing` and listed in every output.
 
-Significance: each configuration's test hypotheses are compared with the baseline's by sacreBLEU's
-paired bootstrap resampling (:func:`transformer.evaluation.paired_bootstrap`) on the test split's
-references, once per *seed pair*: runs with the same seed are paired (when the two configurations
-share no seed, the i-th seeds in sorted order are paired). The reported ``p_value`` is the largest
-p-value over the seed pairs, i.e. a configuration is significant at level α only when it is
-significant against the baseline in every seed pair; the per-pair values are kept in
-``p_value_seeds``. (Concatenating the seeds' outputs into one corpus would count every test
-sentence several times and overstate significance.) The same test is also run between each
-configuration and the one before it in display order (``delta_prev_bleu``, ``p_value_prev``): in a
-ladder, the effect of the one switch a step adds; ``compare_prev=False`` leaves it out (a branch
-study, several alternatives off one baseline, where the row above is no reference).
+Significance: each configuration's test hypotheses are compared with the baseline's by a paired
+bootstrap over test sentences and seeds (:mod:`transformer.analysis.bootstrap`): each resample draws
+the test sentences (the same for both configurations) and each configuration's seeds, so the
+``p_value`` counts the seed-to-seed variation of training as well as the sampling of test sentences
+(Clark et al. 2011); with one seed each it is sacreBLEU's paired bootstrap. (Concatenating the seeds'
+outputs into one corpus would count every test sentence several times and overstate significance.)
+Each *seed pair* (runs with the same seed; when the two configurations share no seed, the i-th seeds
+in sorted order) is also tested alone, and these p-values are kept in ``p_value_seeds``. The same
+tests are also run between each configuration and the one before it in display order
+(``delta_prev_bleu``, ``p_value_prev``): in a ladder, the effect of the one switch a step adds;
+``compare_prev=False`` leaves it out (a branch study, several alternatives off one baseline, where
+the row above is no reference). The p-values are Holm-Bonferroni adjusted over the table's
+comparisons, leaving out those of an *untrained* configuration (mean test BLEU under
+``untrained_below``, 1.0 by default: its scores say nothing of its design). A difference no larger
+than the baseline's seed-to-seed range (``within_noise``) is never called significant, whatever its
+p-value (:func:`significant`).
 
 Test BLEU and chrF are also given per bucket of reference length (:mod:`transformer.analysis.length`,
-:attr:`Comparison.length`), with paired bootstrap intervals.
+:attr:`Comparison.length`) and of source length (:attr:`Comparison.source_length`), with paired
+bootstrap intervals.
 
 The machine each run trained on comes from its ``results.json`` (``hardware``, ``precision``, as
 the operating system and torch report them) and is listed in :attr:`Comparison.machines`.
@@ -49,6 +57,7 @@ from transformer.analysis.comparability import (
 from transformer.analysis.grouping import IGNORED_KEYS, Configuration, group_runs
 from transformer.analysis.length import DEFAULT_BUCKETS, Bucket, LengthTable, length_table, parse_buckets
 from transformer.analysis.stats import (
+    Scores,
     first_result,
     holm_bonferroni,
     kv_cache_bytes,
@@ -59,11 +68,27 @@ from transformer.analysis.stats import (
     std,
 )
 
-__all__ = ["CSV_COLUMNS", "Comparison", "MixedRunsError", "compare_sweeps", "describe_machine"]
+__all__ = [
+    "ALPHA",
+    "CSV_COLUMNS",
+    "UNTRAINED_BELOW",
+    "Comparison",
+    "MixedRunsError",
+    "compare_sweeps",
+    "describe_machine",
+    "significant",
+]
+
+ALPHA = 0.05
+"""The level below which an adjusted p-value is significant (starred)."""
+
+UNTRAINED_BELOW = 1.0
+"""Mean test BLEU under which a configuration is untrained (``--untrained-below``)."""
 
 CSV_COLUMNS = (
     "label",
     "is_baseline",
+    "untrained",
     "n_runs",
     "n_missing",
     "seeds",
@@ -76,10 +101,12 @@ CSV_COLUMNS = (
     "p_value_holm",
     "p_value_seeds",
     "within_noise",
+    "significant",
     "delta_prev_bleu",
     "p_value_prev",
     "p_value_prev_holm",
     "within_noise_prev",
+    "significant_prev",
     "chrf_mean",
     "chrf_std",
     "chrf_p_value",
@@ -120,6 +147,9 @@ class Comparison:
             ``allow_mixed=True``; otherwise :func:`compare_sweeps` refuses such runs).
         compare_prev: whether each row was also compared with the row above (``Δ prev``).
         length: test BLEU / chrF per bucket of reference length (None when not asked for).
+        source_length: the same per bucket of source length (None when not asked for, or when the
+            sources are not on this machine: a note says so).
+        untrained_below: the mean test BLEU under which a configuration is untrained.
         unreferenced: the run folders whose test references could be read neither from the folder
             (``hyps/<split>.ref``) nor from the data on this machine: their comparisons have no
             p-value, which the outputs say at their top.
@@ -139,6 +169,15 @@ class Comparison:
     compare_prev: bool = True
     length: LengthTable | None = None
     unreferenced: list[Path] = field(default_factory=list)
+    source_length: LengthTable | None = None
+    untrained_below: float = UNTRAINED_BELOW
+
+
+def significant(p_holm: float | None, within_noise: bool | None) -> bool | None:
+    """Whether a comparison is significant: its Holm-adjusted p under :data:`ALPHA` and its difference
+    larger than the noise floor (a difference within the seed noise is never significant, whatever its
+    p-value). None where there is no p-value (the baseline, an untrained configuration, no test)."""
+    return None if p_holm is None else p_holm < ALPHA and not within_noise
 
 
 def describe_machine(results: dict) -> str:
@@ -180,6 +219,7 @@ def compare_sweeps(
     compare_prev: bool = True,
     length_buckets: str | Sequence[Bucket] | None = DEFAULT_BUCKETS,
     length_splits: str | Sequence[str] | None = None,
+    untrained_below: float = UNTRAINED_BELOW,
 ) -> Comparison:
     """Load every run of ``sweep_dirs``, group them into configurations and compute the table.
 
@@ -196,16 +236,21 @@ def compare_sweeps(
             ``mixed`` column and the notes.
         compare_prev: also test each configuration against the one above it (``Δ prev``); False
             for a branch study, so that the Holm family is each configuration against the baseline.
-        length_buckets: buckets of reference length in words for :attr:`Comparison.length`
-            (:func:`~transformer.analysis.length.parse_buckets`); None: no length table.
+        length_buckets: buckets of length in words for :attr:`Comparison.length` (by the reference)
+            and :attr:`Comparison.source_length` (by the source)
+            (:func:`~transformer.analysis.length.parse_buckets`); None: no length tables.
         length_splits: the test splits of the length table: None, the runs' own; ``"all"``; or
             names (:func:`~transformer.analysis.length.length_table`).
+        untrained_below: a configuration whose mean test BLEU is under this is marked ``untrained``
+            and its comparisons are left out of the Holm family (0: none is).
 
     Returns:
         A :class:`Comparison`. Its p-values are also Holm-Bonferroni adjusted over the family of
         the table's comparisons (each row against the baseline and, with ``compare_prev``, against
-        the row above, a comparison counted once), and each difference is marked ``within_noise``
-        when it is no larger than the baseline's seed-to-seed range.
+        the row above, a comparison counted once; none of an untrained configuration), each
+        difference is marked ``within_noise`` when it is no larger than the baseline's seed-to-seed
+        range, and ``significant`` when its adjusted p is under :data:`ALPHA` and it is not within
+        the noise (:func:`significant`).
 
     Raises:
         FileNotFoundError: a sweep folder does not exist.
@@ -259,18 +304,25 @@ def compare_sweeps(
             signatures[name] = str(first[key])
     sig: dict[str, dict] = {}
     unreferenced: list[Path] = []
+    scores = Scores(n_bootstrap, bootstrap_seed)  # each run resampled once for all the comparisons
     if n_bootstrap > 0 and len(configs) > 1:
-        sig, boot_signature = significance(configs, base, n_bootstrap, bootstrap_seed, notes, unreferenced)
+        sig, boot_signature = significance(configs, base, n_bootstrap, bootstrap_seed, notes, unreferenced, scores)
         if boot_signature:
             signatures["bootstrap"] = boot_signature
     prev_sig: dict[str, dict] = {}
     if n_bootstrap > 0 and compare_prev:
         for prev, cur in zip(configs, configs[1:]):  # each configuration against the one before it
             pair_notes: list[str] = []
-            res, _ = significance([prev, cur], prev, n_bootstrap, bootstrap_seed, pair_notes, unreferenced)
+            res, _ = significance([prev, cur], prev, n_bootstrap, bootstrap_seed, pair_notes, unreferenced, scores)
             prev_sig[cur.label] = res.get(cur.label, {})
             notes.extend(f"{n} (against {prev.label})" for n in pair_notes)
     bleus_of = {c.label: [r.results["bleu"] for r in c.runs] for c in configs}  # test BLEU per seed
+    untrained = {c.label for c in configs if (mean(bleus_of[c.label]) or 0.0) < untrained_below}
+    if untrained:
+        notes.append(
+            f"untrained (mean test BLEU under {untrained_below:g}): {', '.join(sorted(untrained))}; their "
+            "comparisons are left out of the Holm-Bonferroni family and never starred"
+        )
     base_bleus = bleus_of[base.label]
     base_bleu = mean(base_bleus)
     pooled, pooled_configs = pooled_std(list(bleus_of.values()))
@@ -284,9 +336,10 @@ def compare_sweeps(
     }
     family: dict[tuple[str, str], float | None] = {}  # the table's comparisons, each once
     for i, c in enumerate(configs):
-        if c is not base:
+        if c is not base and not {c.label, base.label} & untrained:
             family[("base", c.label)] = sig.get(c.label, {}).get("p_value")
-        if compare_prev and i > 0 and configs[i - 1] is not base:  # against the baseline: counted above
+        prev = configs[i - 1] if i > 0 else None  # against the baseline: counted above
+        if compare_prev and prev is not None and prev is not base and not {c.label, prev.label} & untrained:
             family[("prev", c.label)] = prev_sig.get(c.label, {}).get("p_value")
     holm = holm_bonferroni(family)
 
@@ -306,6 +359,7 @@ def compare_sweeps(
         delta = None if c is base or bleu_mean is None or base_bleu is None else bleu_mean - base_bleu
         prev_is_base = not no_prev and configs[len(rows) - 1] is base
         prev_holm = holm.get(("base", c.label)) if prev_is_base else holm.get(("prev", c.label))
+        noisy, noisy_prev = within(delta), None if no_prev else within(delta_prev)
         # speed and memory average only over one machine and software (describe_machine: CPU and its
         # vector extensions, GPU, torch build, threads, precision, device): a mean of, say, a GPU's and
         # one CPU core's tokens/s means nothing
@@ -314,6 +368,7 @@ def compare_sweeps(
             {
                 "label": c.label,
                 "is_baseline": c is base,
+                "untrained": c.label in untrained,
                 "n_runs": len(c.runs),
                 "n_missing": len(c.missing),
                 "seeds": " ".join(str(r.seed) for r in c.runs),
@@ -325,11 +380,13 @@ def compare_sweeps(
                 "p_value": s.get("p_value"),
                 "p_value_holm": holm.get(("base", c.label)),
                 "p_value_seeds": s.get("p_value_seeds", ""),
-                "within_noise": within(delta),
+                "within_noise": noisy,
+                "significant": significant(holm.get(("base", c.label)), noisy),
                 "delta_prev_bleu": None if no_prev else delta_prev,
                 "p_value_prev": prev_sig.get(c.label, {}).get("p_value"),
                 "p_value_prev_holm": None if no_prev else prev_holm,
-                "within_noise_prev": None if no_prev else within(delta_prev),
+                "within_noise_prev": noisy_prev,
+                "significant_prev": None if no_prev else significant(prev_holm, noisy_prev),
                 "chrf_mean": mean(chrfs),
                 "chrf_std": std(chrfs),
                 "chrf_p_value": s.get("chrf_p_value"),
@@ -361,9 +418,10 @@ def compare_sweeps(
         )
     if mixed:
         notes.append("runs trained differently are compared (--allow-mixed): " + "; ".join(m.sentence() for m in mixed))
-    length = (
-        None if buckets is None else length_table(configs, base, buckets, length_splits, n_bootstrap, bootstrap_seed)
-    )
+    length = source_length = None
+    if buckets is not None:  # by the reference's length, and by the source's (what a model is given)
+        length = length_table(configs, base, buckets, length_splits, n_bootstrap, bootstrap_seed)
+        source_length = length_table(configs, base, buckets, length_splits, n_bootstrap, bootstrap_seed, by="source")
     return Comparison(
         sweep_dirs,
         configs,
@@ -379,6 +437,8 @@ def compare_sweeps(
         compare_prev,
         length,
         unreferenced,
+        source_length=source_length,
+        untrained_below=untrained_below,
     )
 
 

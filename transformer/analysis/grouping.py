@@ -1,28 +1,22 @@
-"""Grouping runs into configurations: runs whose resolved configs are equal once the keys in
-:data:`IGNORED_KEYS` are removed are one configuration (its seeds), labelled by what tells the
-configurations apart (a ``ladder`` step's name when it alone does). A key a run's config lacks
-(recorded before the field existed) counts as the field's default in :class:`~transformer.config.Config`,
-so seeds of one design trained before and after a new switch was added stay one configuration."""
+"""Grouping runs into configurations: runs of the same identity (:mod:`transformer.config.identity`:
+the resolved config without the keys in :data:`IGNORED_KEYS`, a plugin's files only where its option
+is chosen) are one configuration (its seeds), labelled by what tells the configurations apart (a
+``ladder`` step's name when it alone does). A key a run's config lacks (recorded before the field
+existed) counts as the field's default in :class:`~transformer.config.Config`, so seeds of one design
+trained before and after a new switch was added stay one configuration."""
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformer.analysis.collect import Run, natural_key
-from transformer.config import Config, config_dict, keys_with, upgrade_config
+from transformer.config import IGNORED_KEYS, flatten_config, identity_key, is_ignored, with_defaults
 from transformer.run_folder import test_time_tag
 
 __all__ = ["IGNORED_KEYS", "Configuration", "flatten_config", "group_runs", "is_ignored", "with_defaults"]
-
-IGNORED_KEYS: tuple[str, ...] = keys_with(Config, grouping=("ignored",))
-"""Resolved-config keys (dotted; a key also covers everything below it) that do not define a
-configuration: those whose rule, declared at the field in :mod:`transformer.config.schema`, says
-``grouping="ignored"`` (:mod:`transformer.config.rules`): the seed, the study's name, where files
-live, the machine's threads and how a run reports progress and resumes."""
 
 # Choices shown first when they name a configuration.
 _LABEL_CHOICES = ("ladder", "experiment", "model")
@@ -38,38 +32,6 @@ class Configuration:
     choices: dict[str, str]
     runs: list[Run] = field(default_factory=list)
     missing: list[Run] = field(default_factory=list)
-
-
-def flatten_config(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested config dict as ``{dotted key: leaf value}`` (an empty dict is a leaf)."""
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for k, v in tree.items():
-            out.update(flatten_config(v, f"{prefix}{k}."))
-        return out if out or not prefix else {prefix[:-1]: {}}
-    return {prefix[:-1]: tree}
-
-
-def is_ignored(key: str, ignore: Sequence[str]) -> bool:
-    """Whether dotted ``key`` is one of ``ignore`` or below one of them."""
-    return any(key == k or key.startswith(k + ".") for k in ignore)
-
-
-@functools.lru_cache(maxsize=1)
-def _schema_defaults() -> tuple[tuple[str, Any], ...]:
-    return tuple(flatten_config(config_dict(Config())).items())
-
-
-def with_defaults(config: dict) -> dict[str, Any]:
-    """``config`` in this version's shape (:func:`~transformer.config.upgrade_config`) and flattened,
-    every key it lacks at this version's default (:class:`~transformer.config.Config`): a field added
-    to the schema after a run trained defaults, by the project's rule, to what the run did."""
-    return {**dict(_schema_defaults()), **flatten_config(upgrade_config(config))}
-
-
-def _config_key(config: dict, ignore: Sequence[str]) -> str:
-    flat = {k: v for k, v in with_defaults(config).items() if not is_ignored(k, ignore)}
-    return json.dumps(flat, sort_keys=True, default=str)
 
 
 def _fmt_value(value: Any) -> str:
@@ -144,7 +106,7 @@ def group_runs(runs: Iterable[Run], ignore: Sequence[str] = IGNORED_KEYS) -> tup
         if run.config is None:
             unmatched.append(run)
             continue
-        key = _config_key(run.trained_config, ignore)  # train.precision as resolved (auto -> fp32 | bf16)
+        key = identity_key(run.trained_config, ignore)  # train.precision as resolved (auto -> fp32 | bf16)
         if key not in groups:
             groups[key] = Configuration(key=key, label="", config=run.config, choices=dict(run.choices))
         c = groups[key]

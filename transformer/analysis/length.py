@@ -1,10 +1,12 @@
-"""Test BLEU and chrF by reference length: the bucketed analysis of compare-mt (Neubig et al. 2019,
-*compare-mt: A Tool for Holistic Comparison of Language Generation Systems*, NAACL demos), which
-scores each system on the sentences whose reference length falls in a bucket.
+"""Test BLEU and chrF by reference length, or by source length: the bucketed analysis of compare-mt
+(Neubig et al. 2019, *compare-mt: A Tool for Holistic Comparison of Language Generation Systems*,
+NAACL demos), which scores each system on the sentences whose length falls in a bucket.
 
 A sentence's length is the number of whitespace-separated tokens of its detokenized reference
 (``len(reference.split())``, the words as the corpus writes them, punctuation attached; not
-sacreBLEU's tokens or subwords). Buckets are closed ranges of words, ``1-10,11-15,16-20,21-30,31+``
+sacreBLEU's tokens or subwords), or of its source (``by="source"``: what a model is given, so what a
+length-generalisation question is about; the sources are read through the runs' data config, as a
+run folder stores none). Buckets are closed ranges of words, ``1-10,11-15,16-20,21-30,31+``
 by default (:func:`parse_buckets`).
 
 For each configuration and bucket: corpus BLEU and chrF of the bucket's sentences by sacreBLEU
@@ -42,7 +44,7 @@ import numpy as np
 
 from transformer.analysis.collect import Run, natural_key
 from transformer.analysis.grouping import Configuration
-from transformer.analysis.stats import mean, references
+from transformer.analysis.stats import mean, references, sources
 from transformer.evaluation.metrics import scorers
 
 __all__ = [
@@ -203,6 +205,7 @@ class LengthTable:
         notes: sentences about runs left out or splits not pooled.
         reference: index of the bucket the changes with length are taken from (the first that holds
             sentences); None when fewer than two buckets hold sentences (no change is computed).
+        by: ``reference`` or ``source``: whose length in words puts a sentence in a bucket.
     """
 
     buckets: list[Bucket]
@@ -214,6 +217,7 @@ class LengthTable:
     signatures: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     reference: int | None = None
+    by: str = "reference"
 
 
 def _scored_splits(run: Run) -> set[str]:
@@ -256,16 +260,18 @@ def _resolve_splits(runs: list[Run], base: Run, splits: str | Sequence[str] | No
     return names
 
 
-def _pooled(run: Run, splits: Sequence[str]) -> tuple[list[str], list[str]]:
-    """A run's hypotheses and references of ``splits``, concatenated in that order.
+def _pooled(run: Run, splits: Sequence[str], with_sources: bool = False) -> tuple[list[str], list[str], list[str]]:
+    """A run's hypotheses, references and (``with_sources``) sources of ``splits``, concatenated in
+    that order (no sources: an empty list).
 
     Raises:
-        ValueError: a split without hypotheses, or not as many hypotheses as references.
-        DataError: references not on this machine (a ``ValueError`` too).
+        ValueError: a split without hypotheses, or not as many hypotheses as references or sources.
+        DataError: references or sources not on this machine (a ``ValueError`` too).
         OSError: a file that cannot be read.
     """
     hyps: list[str] = []
     refs: list[str] = []
+    srcs: list[str] = []
     for split in splits:
         path = run.hyps_path(split)
         if path is None:
@@ -273,9 +279,14 @@ def _pooled(run: Run, splits: Sequence[str]) -> tuple[list[str], list[str]]:
         h, r = path.read_text(encoding="utf-8").splitlines(), references(run, split)
         if len(h) != len(r):
             raise ValueError(f"{len(h)} hypotheses but {len(r)} references in {split}")
+        if with_sources:
+            src = sources(run, split)
+            if len(src) != len(r):
+                raise ValueError(f"{len(src)} sources but {len(r)} references in {split}")
+            srcs += src
         hyps += h
         refs += r
-    return hyps, refs
+    return hyps, refs, srcs
 
 
 def _interval(values: np.ndarray) -> tuple[float, float]:
@@ -301,6 +312,7 @@ def length_table(
     splits: str | Sequence[str] | None = None,
     n_bootstrap: int = 1000,
     seed: int = 12345,
+    by: str = "reference",
 ) -> LengthTable:
     """Test BLEU and chrF of every configuration per bucket of reference length (module docstring).
 
@@ -313,6 +325,9 @@ def length_table(
             commas): those splits, pooled in that order.
         n_bootstrap: resamples of each bucket's sentences (0: no intervals).
         seed: seed of the resampling.
+        by: ``reference`` (default) or ``source``: whose length in words buckets a sentence; the
+            sources are read through the runs' data config (a run whose sources are not on this
+            machine is left out with a note).
 
     Returns:
         A :class:`LengthTable`. Runs whose hypotheses or references cannot be read, or whose
@@ -321,17 +336,19 @@ def length_table(
 
     Raises:
         ValueError: ``splits`` names a split no run has, mixes ``all`` with names, or is ``all`` where the
-            runs have no test split in common.
+            runs have no test split in common; ``by`` is neither ``reference`` nor ``source``.
     """
+    if by not in ("reference", "source"):
+        raise ValueError(f"length by={by!r}: reference or source")
     notes: list[str] = []
     names = _resolve_splits([r for c in configs for r in c.runs], baseline.runs[0], splits, notes)
-    table = LengthTable(list(buckets), names, n_bootstrap=n_bootstrap, notes=notes)
-    corpora = _corpora(configs, baseline, names, notes)
+    table = LengthTable(list(buckets), names, n_bootstrap=n_bootstrap, notes=notes, by=by)
+    corpora = _corpora(configs, baseline, names, notes, by == "source")
     if not corpora:
         return table
     first = next(iter(corpora.values()))  # the baseline's first readable run when it has one
     refs = first[1]
-    indices, table.n_outside = bucket_indices(refs, buckets)
+    indices, table.n_outside = bucket_indices(first[3] if by == "source" else refs, buckets)
     table.n_sentences = [len(i) for i in indices]
     filled = [b for b, n in enumerate(table.n_sentences) if n]
     table.reference = filled[0] if len(filled) > 1 else None
@@ -350,13 +367,15 @@ def length_table(
     return table
 
 
-def _corpora(configs: list[Configuration], baseline: Configuration, splits: Sequence[str], notes: list[str]) -> dict:
-    """``{run folder: (run, references, hypotheses)}`` of the runs that can be scored, the baseline's
-    first; runs that cannot, or whose references differ from the first's, get a note instead."""
+def _corpora(
+    configs: list[Configuration], baseline: Configuration, splits: Sequence[str], notes: list[str], with_sources: bool
+) -> dict:
+    """``{run folder: (run, references, hypotheses, sources)}`` of the runs that can be scored, the
+    baseline's first; runs that cannot, or whose references differ from the first's, get a note instead."""
     out: dict = {}
     for run in [*baseline.runs, *(r for c in configs if c is not baseline for r in c.runs)]:
         try:
-            hyps, refs = _pooled(run, splits)
+            hyps, refs, srcs = _pooled(run, splits, with_sources)
         except (ValueError, OSError) as e:  # no hypotheses, references not on this machine (DataError)
             notes.append(f"{run.run_dir}: left out of the length table ({' '.join(str(e).split())})")
             continue
@@ -366,7 +385,7 @@ def _corpora(configs: list[Configuration], baseline: Configuration, splits: Sequ
                 f"{run.run_dir}: references differ from those of {first[0].run_dir}; left out of the length table"
             )
             continue
-        out[run.run_dir] = (run, refs, hyps)
+        out[run.run_dir] = (run, refs, hyps, srcs)
     return out
 
 

@@ -138,7 +138,8 @@ def plot_validation_curves(comparison: Comparison, path: str | Path) -> Path:
 
 def bleu_bars_figure(comparison: Comparison) -> Figure:
     """Test BLEU per configuration: bar = mean over seeds, error bar = sample std, dots = seeds;
-    the baseline bar is hatched and significant differences (p < 0.05) are starred.
+    the baseline bar is hatched and the differences the table stars (Holm-adjusted p < 0.05 and beyond
+    the noise floor, the row's ``significant``) are starred here too.
 
     ``comparison``: :func:`~transformer.analysis.compare.compare_sweeps`' result; returns the figure
     (Agg canvas); raises :class:`PlotsUnavailable` without matplotlib.
@@ -158,8 +159,8 @@ def bleu_bars_figure(comparison: Comparison) -> Figure:
         ax.scatter([x] * len(seeds), seeds, color="black", s=10, zorder=3)
     top = max((m + s for m, s in zip(means, stds)), default=0.0)
     for x, r in zip(xs, rows):
-        p = r["p_value"]
-        mark = "" if p is None or r["is_baseline"] else ("*" if p < 0.05 else "ns")
+        significant = r.get("significant")
+        mark = "" if significant is None else ("*" if significant else "ns")
         ax.text(
             x,
             means[x] + stds[x] + 0.02 * max(top, 1.0),
@@ -173,7 +174,8 @@ def bleu_bars_figure(comparison: Comparison) -> Figure:
     ax.set_ylabel(f"test BLEU ({split})")
     ax.set_ylim(0, max(top * 1.15, 1.0))
     ax.set_title(
-        f"Test BLEU, mean ± std over seeds\nbaseline hatched; * p < 0.05 vs {comparison.baseline}", fontsize="medium"
+        f"Test BLEU, mean ± std over seeds\nbaseline hatched; * Holm p < 0.05 vs {comparison.baseline}",
+        fontsize="medium",
     )
     ax.grid(axis="y", alpha=0.3)
     return fig

@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import csv
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from transformer.analysis.collect import Run
-from transformer.analysis.compare import CSV_COLUMNS, Comparison, compare_sweeps, describe_machine
-from transformer.analysis.length import DEFAULT_BUCKETS, LENGTH_COLUMNS, Bucket, LengthTable
+from transformer.analysis.compare import (
+    ALPHA,
+    CSV_COLUMNS,
+    UNTRAINED_BELOW,
+    Comparison,
+    compare_sweeps,
+    describe_machine,
+)
+from transformer.analysis.length import DEFAULT_BUCKETS, Bucket
+from transformer.analysis.length_report import length_markdown, write_length_csv, write_rows
 from transformer.analysis.markdown import row, rule
 from transformer.analysis.plots import matplotlib_missing, plot_bleu_bars, plot_bleu_by_length, plot_validation_curves
 
@@ -50,18 +58,28 @@ def _pm(mean: float | None, std: float | None) -> str:
     return f"{mean:.2f} ± {std:.2f}" if std is not None else f"{mean:.2f}"
 
 
+def _p_cell(p: float | None, significant: bool | None, within_noise: bool | None, missing: str) -> str:
+    """An adjusted p-value: ``*`` when significant, `` †`` when under :data:`ALPHA` but the difference
+    is within the noise floor (so not significant); ``missing`` without a p-value."""
+    if p is None:
+        return missing
+    return f"{p:.4f}" + ("*" if significant else " †" if p < ALPHA and within_noise else "")
+
+
 def _p(row: dict) -> str:
     if row["is_baseline"]:
         return "baseline"
-    p = row.get("p_value_holm")
-    if p is None:
-        return "n/a"
-    return f"{p:.4f}" + ("*" if p < 0.05 else "")
+    if row.get("untrained"):
+        return "untrained"
+    return _p_cell(row.get("p_value_holm"), row.get("significant"), row.get("within_noise"), "n/a")
 
 
-def _p_prev(row: dict) -> str:
-    p = row.get("p_value_prev_holm")
-    return "" if p is None else f"{p:.4f}" + ("*" if p < 0.05 else "")
+def _p_prev(row: dict, above: dict | None) -> str:
+    if above is None or row.get("delta_prev_bleu") is None:
+        return ""
+    if row.get("untrained") or above.get("untrained"):
+        return "untrained"
+    return _p_cell(row.get("p_value_prev_holm"), row.get("significant_prev"), row.get("within_noise_prev"), "")
 
 
 def _delta(value: float | None, within_noise: bool | None) -> str:
@@ -113,8 +131,8 @@ def _unreferenced_line(c: Comparison) -> str:
 
 
 def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
-    """The comparison as a markdown document: table, notes, BLEU by reference length (:func:`length_markdown`),
-    runs without results, plots."""
+    """The comparison as a markdown document: table, notes, BLEU by reference length and by source length
+    (:func:`length_markdown`), runs without results, plots."""
     c = comparison
     lines = ["# Comparison", ""]
     if c.unreferenced:  # said first: a table without p-values reads as one without differences
@@ -150,16 +168,17 @@ def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
         row(header),
         rule("l" + "r" * (len(header) - 1 - bool(c.mixed)) + "l" * bool(c.mixed)),
     ]
-    for r in c.rows:
+    for i, r in enumerate(c.rows):
         mixed_machines = r.get("machines", 1) > 1
         mem = "mixed" if mixed_machines else "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
+        above = c.rows[i - 1] if i else None
         prev_cells = (
-            [_delta(r.get("delta_prev_bleu"), r.get("within_noise_prev")), _p_prev(r)] if c.compare_prev else []
+            [_delta(r.get("delta_prev_bleu"), r.get("within_noise_prev")), _p_prev(r, above)] if c.compare_prev else []
         )
         lines.append(
             row(
                 [
-                    f"{r['label']}{' (baseline)' if r['is_baseline'] else ''}",
+                    f"{r['label']}{' (baseline)' if r['is_baseline'] else ''}{' (untrained)' if r.get('untrained') else ''}",
                     f"{r['n_runs']}/{r['n_runs'] + r['n_missing']}",
                     _pm(r["bleu_mean"], r["bleu_std"]),
                     _delta(r["delta_bleu"], r.get("within_noise")),
@@ -178,10 +197,14 @@ def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
     lines += [
         "",
         "BLEU and chrF: mean ± sample standard deviation over seeds (Runs: finished/all). "
-        f"p Holm: sacreBLEU paired bootstrap ({c.n_bootstrap} resamples) of the test hypotheses against the "
-        "baseline's, per seed-matched pair of runs, the largest p over the pairs, then Holm-Bonferroni "
-        "adjusted over all the comparisons of this table (* adjusted p < 0.05; the unadjusted p-values are "
-        "in comparison.csv). "
+        f"p Holm: paired bootstrap ({c.n_bootstrap} resamples) of the test hypotheses against the baseline's "
+        "that draws both the test sentences and each configuration's seeds, so that it counts the seed-to-seed "
+        "variation (Clark et al. 2011; with one seed each, sacreBLEU's paired bootstrap; each seed pair's own "
+        "p-value is in comparison.csv's p_value_seeds), then Holm-Bonferroni adjusted over all the comparisons "
+        "of this table (* adjusted p < 0.05 and the Δ larger than the noise floor; a Δ marked ≈ is within the "
+        "seed noise and never starred, its p marked † where under 0.05; the unadjusted p-values are in "
+        f"comparison.csv). A configuration whose mean BLEU is under {c.untrained_below:g} is untrained: its "
+        "comparisons are left out of the adjustment. "
         + (
             "Δ prev / p prev Holm: the same against the row above (the switch this row adds, in a ladder). "
             if c.compare_prev
@@ -200,6 +223,8 @@ def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
         lines += ["", "Notes:"] + [f"- {n}" for n in c.notes]
     if c.length is not None and c.rows:
         lines += ["", *length_markdown(c.length)]
+    if c.source_length is not None and c.rows:
+        lines += ["", *length_markdown(c.source_length)]
     lines += ["", f"## Runs without results ({len(c.missing)})", ""]
     lines += [_missing_line(r) for r in c.missing] or ["None: every run finished."]
     if plots:
@@ -207,131 +232,11 @@ def to_markdown(comparison: Comparison, plots: Sequence[str] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _score_ci(row: dict, key: str, ci: str, signed: bool = False) -> str:
-    """``row[key]`` and its interval ``row[ci + "_ci_low"]``, ``..._ci_high``: ``45.12 [43.00, 47.30]``, or
-    ``+0.88 [-0.50, +2.30]`` for a difference (`` *`` when its interval excludes 0)."""
-    value, low, high = row.get(key), row.get(f"{ci}_ci_low"), row.get(f"{ci}_ci_high")
-    if value is None:
-        return "n/a"
-    fmt = "{:+.2f}" if signed else "{:.2f}"
-    if low is None:
-        return fmt.format(value)
-    mark = " *" if signed and (low > 0 or high < 0) else ""
-    return f"{fmt.format(value)} [{fmt.format(low)}, {fmt.format(high)}]{mark}"
-
-
-def length_markdown(table: LengthTable) -> list[str]:
-    """The "BLEU by reference length" section of ``comparison.md``: the buckets used, then BLEU,
-    ΔBLEU against the baseline and chrF per configuration and bucket, with their intervals, and (with
-    two buckets or more that hold sentences) each bucket's BLEU change from the shortest of them and
-    that change against the baseline's."""
-    lines = ["## BLEU by reference length", ""]
-    splits = ", ".join(f"`{s}`" for s in table.splits) + (" pooled" if len(table.splits) > 1 else "")
-    outside = f", {table.n_outside} of them in no bucket" if table.n_outside else ""
-    lines.append(
-        f"Buckets of reference length in words (whitespace-separated tokens of the detokenized reference; "
-        f"--length-buckets): {', '.join(b.label for b in table.buckets)}. Test sentences: {splits} "
-        f"({sum(table.n_sentences) + table.n_outside} sentences{outside})."
-    )
-    if not table.rows:
-        return [
-            *lines,
-            "",
-            "Not computed: no run's hypotheses and references could be read.",
-            *(f"- {n}" for n in table.notes),
-        ]
-    by_label: dict[str, list[dict]] = {}
-    for r in table.rows:
-        by_label.setdefault(r["label"], []).append(r)
-    header = ["Configuration"] + [f"{b.label} (n={n})" for b, n in zip(table.buckets, table.n_sentences)]
-    line = rule("l" + "r" * len(table.buckets))
-    interval = " [95% interval]" if table.n_bootstrap else ""
-    ref = table.reference
-    first = None if ref is None else table.buckets[ref].label
-    # (title, value key, interval key prefix, signed, the baseline's own row shown)
-    tables = [
-        ("BLEU", "bleu_mean", "bleu", False, True),
-        ("ΔBLEU against the baseline", "delta_bleu", "delta_bleu", True, False),
-        ("chrF", "chrf_mean", "chrf", False, True),
-    ]
-    if ref is not None:
-        tables += [
-            (
-                f"BLEU change from the shortest bucket with sentences ({first}), how BLEU falls with length",
-                "change_bleu",
-                "change_bleu",
-                True,
-                True,
-            ),
-            (
-                "That change against the baseline's (+: loses less with length than the baseline)",
-                "delta_change_bleu",
-                "delta_change_bleu",
-                True,
-                False,
-            ),
-        ]
-    for title, key, ci, signed, with_baseline in tables:
-        what = interval.replace("95%", "paired 95%") if signed and not with_baseline else interval
-        lines += ["", f"{title}{what}:", "", row(header), line]
-        for label, rows in by_label.items():
-            if not with_baseline and rows[0]["is_baseline"]:
-                continue
-            name = f"{label}{' (baseline)' if rows[0]['is_baseline'] else ''}"
-            cells = [_score_ci(r, key, ci, signed) for r in rows]
-            if key.endswith("change_bleu"):  # nothing before the reference bucket, which reads "reference"
-                cells = ["" if b < ref else "reference" if b == ref else cell for b, cell in enumerate(cells)]
-            lines.append(row([name] + cells))
-    lines += [
-        "",
-        "Corpus BLEU and chrF (sacreBLEU, the runs' tokenizer and case) of the bucket's sentences, mean over the "
-        "configuration's seeds"
-        + (
-            f"; [low, high]: 95% bootstrap interval over {table.n_bootstrap} resamples of the bucket's sentences, the "
-            "same resamples for every configuration and seed, so the Δ intervals are paired (* a difference's or "
-            "change's interval excludes 0; not adjusted for the number of buckets). The intervals measure the sampling of test sentences, not "
-            "the seed-to-seed noise."
-            if table.n_bootstrap
-            else "; no intervals (--bootstrap 0)."
-        )
-        + (
-            f" The change from {first} words is a bucket's BLEU minus that bucket's"
-            + (", whose sentences are resampled independently of it" if table.n_bootstrap else "")
-            + f"; the change against the baseline's equals the bucket's ΔBLEU minus the {first} bucket's"
-            + (", paired over the same resamples" if table.n_bootstrap else "")
-            + "."
-            if ref is not None
-            else ""
-        )
-        + " Per-seed scores in length_buckets.csv.",
-    ]
-    lines += [f"- {name} signature: `{sig}`" for name, sig in table.signatures.items()]
-    if table.notes:
-        lines += ["", "Notes on the length table:"] + [f"- {n}" for n in table.notes]
-    return lines
-
-
-def write_length_csv(table: LengthTable, path: str | Path) -> Path:
-    """``length_buckets.csv``: one row per configuration and bucket
-    (:data:`~transformer.analysis.length.LENGTH_COLUMNS`)."""
-    return _write_rows(Path(path), LENGTH_COLUMNS, table.rows)
-
-
-def _write_rows(path: Path, columns: Sequence[str], rows: Iterable[dict]) -> Path:
-    """A CSV file of ``columns`` from dict ``rows`` (a missing or None value is written empty)."""
-    with path.open("w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in columns})
-    return path
-
-
 def write_csv(comparison: Comparison, path: str | Path) -> Path:
     """``comparison.csv`` at ``path``: one row per configuration (:data:`CSV_COLUMNS`); and
     ``runs.csv`` beside it: one row per run, finished (``status`` ok, its scores) or without results
     (``status`` missing, the reason)."""
-    path = _write_rows(Path(path), CSV_COLUMNS, comparison.rows)
+    path = write_rows(Path(path), CSV_COLUMNS, comparison.rows)
     runs_path = path.with_name("runs.csv")
     with runs_path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
@@ -376,7 +281,8 @@ def write_csv(comparison: Comparison, path: str | Path) -> Path:
 def write_outputs(comparison: Comparison, out_dir: str | Path, *, plots: bool | None = None) -> dict[str, Path]:
     """Write ``comparison.md``, ``comparison.csv``, ``runs.csv``, ``valid_curves.png`` and
     ``bleu_bars.png`` into ``out_dir`` (created), and with a length table (:attr:`Comparison.length`)
-    ``length_buckets.csv`` and ``bleu_by_length.png``.
+    ``length_buckets.csv`` and ``bleu_by_length.png``, with a source-length table
+    (:attr:`Comparison.source_length`) ``source_length_buckets.csv``.
 
     Args:
         comparison: the result of :func:`~transformer.analysis.compare.compare_sweeps`.
@@ -386,8 +292,8 @@ def write_outputs(comparison: Comparison, out_dir: str | Path, *, plots: bool | 
             plots the markdown has no Plots section.
 
     Returns:
-        ``{"valid_curves", "bleu_bars", "bleu_by_length", "csv", "runs_csv", "length_csv", "markdown"}``
-        -> path, in that order (plots only when drawn, and only when some configuration finished;
+        ``{"valid_curves", "bleu_bars", "bleu_by_length", "csv", "runs_csv", "length_csv",
+        "source_length_csv", "markdown"}`` -> path, in that order (plots only when drawn, and only when some configuration finished;
         the length files only with a length table that has rows).
 
     Raises:
@@ -408,6 +314,9 @@ def write_outputs(comparison: Comparison, out_dir: str | Path, *, plots: bool | 
     paths["runs_csv"] = out / "runs.csv"
     if length is not None:
         paths["length_csv"] = write_length_csv(length, out / "length_buckets.csv")
+    source = comparison.source_length
+    if comparison.rows and source is not None and source.rows:
+        paths["source_length_csv"] = write_length_csv(source, out / "source_length_buckets.csv")
     md = out / "comparison.md"
     drawn = [str(paths[k]) for k in ("valid_curves", "bleu_bars", "bleu_by_length") if k in paths]
     md.write_text(to_markdown(comparison, drawn), encoding="utf-8")
@@ -426,6 +335,7 @@ def compare_and_write(
     compare_prev: bool = True,
     length_buckets: str | Sequence[Bucket] | None = DEFAULT_BUCKETS,
     length_splits: str | Sequence[str] | None = None,
+    untrained_below: float = UNTRAINED_BELOW,
 ) -> dict[str, Path]:
     """What ``scripts/compare.py`` does: compare the runs of the sweeps, write the outputs, print
     the markdown on stdout and, on stderr, one ``wrote <name>: <path>`` line per file.
@@ -438,8 +348,7 @@ def compare_and_write(
     Args:
         sweep_dirs: multirun folders (or run folders).
         out: the output folder; None: ``<first sweep>/comparison``.
-        baseline, n_bootstrap, bootstrap_seed, allow_mixed, compare_prev, length_buckets, length_splits:
-            see :func:`~transformer.analysis.compare.compare_sweeps`.
+        baseline, n_bootstrap, bootstrap_seed, allow_mixed, compare_prev, length_buckets, length_splits, untrained_below: see :func:`~transformer.analysis.compare.compare_sweeps`.
 
     Returns:
         The paths written (see :func:`write_outputs`).
@@ -461,6 +370,7 @@ def compare_and_write(
         compare_prev=compare_prev,
         length_buckets=length_buckets,
         length_splits=length_splits,
+        untrained_below=untrained_below,
     )
     skipped = matplotlib_missing() if comparison.rows else None
     paths = write_outputs(

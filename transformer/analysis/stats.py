@@ -1,5 +1,6 @@
 """Statistics of a comparison: means and sample standard deviations over seeds, and the paired
-bootstrap of every configuration's test hypotheses against the baseline's, per seed pair."""
+bootstrap of every configuration's test hypotheses against the baseline's, over sentences and seeds
+(:mod:`.bootstrap`) and per seed pair."""
 
 from __future__ import annotations
 
@@ -9,17 +10,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 from omegaconf import OmegaConf
 
+from transformer.analysis.bootstrap import p_value, resampled_scores, seed_resamples, sentence_resamples
 from transformer.analysis.collect import Run
-from transformer.analysis.grouping import IGNORED_KEYS, Configuration, is_ignored, with_defaults
+from transformer.analysis.grouping import Configuration
+from transformer.config import IGNORED_KEYS, is_ignored, with_defaults
 from transformer.data.corpus import DataError, read_parallel, resolve_split_files
-from transformer.evaluation.metrics import paired_bootstrap
+from transformer.evaluation.metrics import scorers
 from transformer.models.flops import kv_cache_bytes_per_token
 
 __all__ = [
     "first_result",
     "MissingReferences",
+    "MissingSources",
+    "Scores",
     "holm_bonferroni",
     "kv_cache_bytes",
     "mean",
@@ -27,6 +33,7 @@ __all__ = [
     "references",
     "seed_range",
     "significance",
+    "sources",
     "std",
 ]
 
@@ -118,11 +125,39 @@ def kv_cache_bytes(config: dict | None) -> int | None:
         return None
 
 
-_REF_CACHE: dict[tuple[str, str], list[str]] = {}
+_SPLIT_CACHE: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
 
 
 class MissingReferences(DataError):
     """A run's test references are neither stored in its folder nor on this machine."""
+
+
+class MissingSources(DataError):
+    """A run's test sources are not on this machine (a run folder stores none)."""
+
+
+def _split_from_data(run: Run, split: str, what: str, stored: str) -> tuple[list[str], list[str]]:
+    """The sources and references of ``run``'s test split ``split``, read through its data config,
+    line-aligned as the trainer tested them (every line, an empty source's included).
+
+    Raises:
+        DataError: the split's files are not on this machine; the message names ``what`` is missing
+            (and ``stored``, where the run folder would hold it) and where to point ``TRANSFORMER_DATA_DIR``.
+    """
+    data = run.config["data"]
+    cache_key = (json.dumps(data, sort_keys=True, default=str), str(split))
+    if cache_key not in _SPLIT_CACHE:
+        try:
+            src, tgt = resolve_split_files(OmegaConf.create(data), split, download=False)
+        except DataError:  # a split the run tested: its data config knows it, its files are elsewhere
+            kind = MissingReferences if what == "references" else MissingSources
+            raise kind(
+                f"the {what} of {split} are neither in {run.run_dir}{stored} nor on this "
+                "machine; set TRANSFORMER_DATA_DIR (or data.root) to the folder that holds the data "
+                "(e.g. TRANSFORMER_DATA_DIR=../shared/data)"
+            ) from None
+        _SPLIT_CACHE[cache_key] = read_parallel(src, tgt, keep_empty=True)  # line-aligned, as tested
+    return _SPLIT_CACHE[cache_key]
 
 
 def references(run: Run, split: str | None = None) -> list[str]:
@@ -140,19 +175,17 @@ def references(run: Run, split: str | None = None) -> list[str]:
     if stored is not None:
         lines = stored.read_text(encoding="utf-8").split("\n")  # exactly the lines written, one per hypothesis
         return lines[:-1] if lines[-1] == "" else lines
-    data = run.config["data"]
-    cache_key = (json.dumps(data, sort_keys=True, default=str), str(split))
-    if cache_key not in _REF_CACHE:
-        try:
-            src, tgt = resolve_split_files(OmegaConf.create(data), split, download=False)
-        except DataError:  # a split the run tested: its data config knows it, its files are elsewhere
-            raise MissingReferences(
-                f"the references of {split} are neither in {run.run_dir} (hyps/{split}.ref) nor on this "
-                "machine; set TRANSFORMER_DATA_DIR (or data.root) to the folder that holds the data "
-                "(e.g. TRANSFORMER_DATA_DIR=../shared/data)"
-            ) from None
-        _REF_CACHE[cache_key] = read_parallel(src, tgt, keep_empty=True)[1]  # line-aligned, as tested
-    return _REF_CACHE[cache_key]
+    return _split_from_data(run, split, "references", f" (hyps/{split}.ref)")[1]
+
+
+def sources(run: Run, split: str | None = None) -> list[str]:
+    """The raw sources of ``run``'s test split ``split`` (default its own), line-aligned with its
+    hypotheses, read through the run's data config (a run folder stores no sources).
+
+    Raises:
+        MissingSources: the split's files are not on this machine.
+    """
+    return _split_from_data(run, split or run.test_split, "sources", "")[0]
 
 
 def _same_test_set(a: Run, b: Run) -> bool:
@@ -173,49 +206,77 @@ def _seed_pairs(base: list[Run], other: list[Run]) -> list[tuple[Run, Run]]:
     return pairs or list(zip(base, other))
 
 
-def significance(
-    configs: list[Configuration],
-    baseline: Configuration,
-    n_samples: int,
-    seed: int,
-    notes: list[str],
-    unreferenced: list[Path] | None = None,
-) -> tuple[dict[str, dict], str | None]:
-    """Paired bootstrap of every configuration against the baseline, per seed pair.
+METRICS = ("bleu", "chrf")
+"""The scores tested, as :func:`~transformer.evaluation.metrics.scorers` names them."""
+
+
+class Scores:
+    """Each run's corpus scores and resampled scores on its test sentences, computed once per run and
+    shared by every comparison of a table, over the same sentence resamples (:mod:`.bootstrap`).
 
     Args:
-        unreferenced: receives each baseline run folder whose references could not be read
-            (:class:`MissingReferences`), so that the comparison says so at its top.
-
-    Returns:
-        ``({label: {"p_value", "chrf_p_value", "p_value_seeds"}}, bootstrap BLEU signature)``.
+        n_samples: bootstrap resamples.
+        seed: seed of the sentence resamples (sacreBLEU's) and of the seed resamples.
     """
-    out: dict[str, dict] = {}
-    # baseline run -> {label: (hyps, system run)}
-    systems: dict[Path, dict[str, list[str]]] = {}
-    base_runs: dict[Path, Run] = {}
-    seed_of_pair: dict[tuple[Path, str], str] = {}
-    for c in configs:
-        if c is baseline:
+
+    def __init__(self, n_samples: int, seed: int) -> None:
+        self.n_samples, self.seed = n_samples, seed
+        self._runs: dict[Path, dict[str, tuple[float, np.ndarray]]] = {}
+        self._resamples: dict[int, np.ndarray] = {}
+        self.signature: str | None = None
+
+    def of(self, run: Run, hyps: list[str], refs: list[str], data: dict) -> dict[str, tuple[float, np.ndarray]]:
+        """``{metric: (corpus score, [n_samples] resampled scores)}`` of ``run`` whose hypotheses are
+        ``hyps``, scored against ``refs`` with the tokenizer and case of the ``data`` config."""
+        if run.run_dir not in self._runs:
+            n = len(refs)
+            if n not in self._resamples:
+                self._resamples[n] = sentence_resamples(n, self.n_samples, self.seed)
+            metrics = scorers(str(data.get("bleu_tokenize", "13a")), bool(data.get("lowercase", False)))
+            out = {}
+            for name in METRICS:
+                metric = metrics[name]
+                stats = metric._extract_corpus_statistics(hyps, [refs])
+                score = float(metric._aggregate_and_compute(stats).score)
+                out[name] = (score, resampled_scores(stats, metric, self._resamples[n]))
+            if self.signature is None:  # as sacreBLEU's PairedTest signs its bootstrap
+                signature = metrics["bleu"].get_signature()
+                signature.update("seed", str(self.seed))
+                signature.update("bs", self.n_samples)
+                self.signature = str(signature)
+            self._runs[run.run_dir] = out
+        return self._runs[run.run_dir]
+
+    def p_value(self, base: list[dict], system: list[dict], metric: str) -> float:
+        """The p-value of ``system``'s mean ``metric`` against ``base``'s over their runs' scores
+        (:meth:`of`), their seeds resampled too (:func:`~transformer.analysis.bootstrap.p_value`)."""
+        rng = np.random.default_rng([self.seed, len(base), len(system)])
+        observed = statistics.fmean(s[metric][0] for s in system) - statistics.fmean(b[metric][0] for b in base)
+        return p_value(
+            np.stack([b[metric][1] for b in base]),
+            np.stack([s[metric][1] for s in system]),
+            observed,
+            seed_resamples(len(base), self.n_samples, rng),
+            seed_resamples(len(system), self.n_samples, rng),
+        )
+
+
+def _paired_scores(
+    baseline: Configuration, c: Configuration, scores: Scores, notes: list[str], unreferenced: list[Path] | None
+) -> list[tuple[str, dict, dict]]:
+    """``[(seed pair, baseline run's scores, c's run's scores)]`` of the seed pairs of ``c`` and the
+    baseline that can be scored; each pair that cannot gets a note."""
+    out = []
+    for b, s in _seed_pairs(baseline.runs, c.runs):
+        if not _same_test_set(b, s):
+            notes.append(
+                f"{c.label}: test set differs from the baseline's ({s.test_split} vs {b.test_split}); no p-value"
+            )
+            return []
+        if s.hyps_path() is None or b.hyps_path() is None:
+            missing = s if s.hyps_path() is None else b
+            notes.append(f"{c.label}: no test hypotheses in {missing.run_dir}; seed pair skipped")
             continue
-        pairs = _seed_pairs(baseline.runs, c.runs)
-        for b, s in pairs:
-            if not _same_test_set(b, s):
-                notes.append(
-                    f"{c.label}: test set differs from the baseline's ({s.test_split} vs {b.test_split}); no p-value"
-                )
-                break
-            if s.hyps_path() is None or b.hyps_path() is None:
-                missing = s if s.hyps_path() is None else b
-                notes.append(f"{c.label}: no test hypotheses in {missing.run_dir}; seed pair skipped")
-                continue
-            systems.setdefault(b.run_dir, {})[c.label] = s.hyps_path().read_text(encoding="utf-8").splitlines()
-            base_runs[b.run_dir] = b
-            seed_of_pair[(b.run_dir, c.label)] = str(b.seed) if b.seed == s.seed else f"{b.seed}/{s.seed}"
-    signature = None
-    per_label: dict[str, list[tuple[str, float | None, float | None]]] = {}
-    for b_dir, sys_hyps in systems.items():
-        b = base_runs[b_dir]
         try:
             refs = references(b)
         except MissingReferences as e:
@@ -227,41 +288,56 @@ def significance(
             notes.append(f"references of {b.test_split} not found for {b.run_dir} ({e}); no p-values for seed {b.seed}")
             continue
         base_hyps = b.hyps_path().read_text(encoding="utf-8").splitlines()
-        ok = {}
-        for label, hyps in sys_hyps.items():
-            if len(hyps) != len(refs) or len(base_hyps) != len(refs):
-                notes.append(
-                    f"{label}: {len(hyps)} hypotheses / {len(base_hyps)} baseline hypotheses but {len(refs)} "
-                    f"references in {b.test_split}; seed pair skipped"
-                )
-            else:
-                ok[label] = hyps
-        for label in [k for k, v in ok.items() if v == base_hyps]:
-            # sacreBLEU counts only strictly larger resampled differences, so identical outputs
-            # would get p = 1/(n+1); no difference at all is p = 1.
+        hyps = s.hyps_path().read_text(encoding="utf-8").splitlines()
+        pair = str(b.seed) if b.seed == s.seed else f"{b.seed}/{s.seed}"
+        if len(hyps) != len(refs) or len(base_hyps) != len(refs):
             notes.append(
-                f"{label}: test hypotheses identical to the baseline's for seed {seed_of_pair[(b_dir, label)]}; p = 1"
+                f"{c.label}: {len(hyps)} hypotheses / {len(base_hyps)} baseline hypotheses but {len(refs)} "
+                f"references in {b.test_split}; seed pair skipped"
             )
-            per_label.setdefault(label, []).append((seed_of_pair[(b_dir, label)], 1.0, 1.0))
-            del ok[label]
-        if not ok:
             continue
-        tokenize = str(b.config["data"].get("bleu_tokenize", "13a"))
-        lowercase = bool(b.config["data"].get("lowercase", False))
-        res = paired_bootstrap(
-            base_hyps, ok, refs, n_samples=n_samples, seed=seed, tokenize=tokenize, lowercase=lowercase
-        )
-        signature = signature or res["baseline"]["signatures"]["bleu"]
-        for label in ok:
-            per_label.setdefault(label, []).append(
-                (seed_of_pair[(b_dir, label)], res[label]["bleu_p_value"], res[label]["chrf_p_value"])
-            )
-    for label, vals in per_label.items():
-        bleu_p = [p for _, p, _ in vals if p is not None]
-        chrf_p = [p for _, _, p in vals if p is not None]
-        out[label] = {
-            "p_value": max(bleu_p) if bleu_p else None,
-            "chrf_p_value": max(chrf_p) if chrf_p else None,
-            "p_value_seeds": " ".join(f"{s}:{p:.4f}" for s, p, _ in vals if p is not None),
+        if hyps == base_hyps:
+            notes.append(f"{c.label}: test hypotheses identical to the baseline's for seed {pair}; p = 1")
+        data = b.config["data"]
+        out.append((pair, scores.of(b, base_hyps, refs, data), scores.of(s, hyps, refs, data)))
+    return out
+
+
+def significance(
+    configs: list[Configuration],
+    baseline: Configuration,
+    n_samples: int,
+    seed: int,
+    notes: list[str],
+    unreferenced: list[Path] | None = None,
+    scores: Scores | None = None,
+) -> tuple[dict[str, dict], str | None]:
+    """Every configuration against the baseline: the paired bootstrap over test sentences and seeds
+    (:mod:`.bootstrap`), and the paired bootstrap of each seed-matched pair of runs alone.
+
+    Args:
+        unreferenced: receives each baseline run folder whose references could not be read
+            (:class:`MissingReferences`), so that the comparison says so at its top.
+        scores: the runs' resampled scores, shared by the comparisons of one table (default: new).
+
+    Returns:
+        ``({label: {"p_value", "chrf_p_value", "p_value_seeds"}}, bootstrap BLEU signature)``:
+        ``p_value`` and ``chrf_p_value`` over sentences and seeds; ``p_value_seeds`` each seed pair's
+        BLEU p-value (``"1:0.1189 2:0.0050"``; sacreBLEU's, but 1 for tied scores).
+    """
+    scores = Scores(n_samples, seed) if scores is None else scores
+    out: dict[str, dict] = {}
+    for c in configs:
+        if c is baseline:
+            continue
+        pairs = _paired_scores(baseline, c, scores, notes, unreferenced)
+        if not pairs:
+            continue
+        base = list({id(b): b for _, b, _ in pairs}.values())  # each run once, in seed order
+        system = list({id(s): s for _, _, s in pairs}.values())
+        out[c.label] = {
+            "p_value": scores.p_value(base, system, "bleu"),
+            "chrf_p_value": scores.p_value(base, system, "chrf"),
+            "p_value_seeds": " ".join(f"{pair}:{scores.p_value([b], [s], 'bleu'):.4f}" for pair, b, s in pairs),
         }
-    return out, signature
+    return out, scores.signature

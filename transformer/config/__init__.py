@@ -17,13 +17,14 @@ plain data; older stored shapes upgraded), :mod:`.sizes` (head width, key/value 
 :mod:`.checks` (the checks of field combinations; the options of each switch come from the
 tables beside the classes, e.g. :data:`transformer.modules.ffn.FFNS`), :mod:`.diff`
 (:func:`config_differences`: the fields where two configs differ), :mod:`.fields` (an unknown key
-refused by name with the nearest known fields, on a composed config or a command line before Hydra
-runs).
+or option refused by name with the nearest known ones, on a composed config or a command line before
+Hydra runs), :mod:`.identity` (what makes two runs the same configuration, for ``compare.py``,
+``train.finished_runs`` and a resume's plugin code).
 """
 
 from omegaconf import MISSING
 
-from transformer.config import checks, convert, diff, fields, options, rules, runtime, schema, sizes
+from transformer.config import checks, convert, diff, fields, identity, options, rules, runtime, schema, sizes
 from transformer.config.checks import (
     check_checkpoint_averaging,
     signal_number,
@@ -43,7 +44,23 @@ from transformer.config.convert import (
     upgrade_config,
 )
 from transformer.config.diff import config_differences
-from transformer.config.fields import check_command_line, check_known_fields, unknown_field_sentence, unknown_fields
+from transformer.config.fields import (
+    UnknownOption,
+    check_command_line,
+    check_known_fields,
+    unknown_field_sentence,
+    unknown_fields,
+    unknown_option_sentence,
+)
+from transformer.config.identity import (
+    IGNORED_KEYS,
+    config_identity,
+    flatten_config,
+    identity_key,
+    is_ignored,
+    used_plugin_files,
+    with_defaults,
+)
 from transformer.config.options import (
     GROUPS,
     LR_SCHEDULERS,
@@ -73,6 +90,7 @@ from transformer.config.runtime import (
     SWEPT_KEYS_ENV,
     budget_sentence,
     resume_mode,
+    sweep_subdir,
     swept_keys,
     swept_suffix,
     time_budget,
@@ -115,6 +133,7 @@ __all__ = [
     *convert.__all__,
     *diff.__all__,
     *fields.__all__,
+    *identity.__all__,
     *options.__all__,
     *rules.__all__,
     *runtime.__all__,

@@ -9,6 +9,12 @@ is not a field of train; did you mean train.max_updates?``), the group option th
 option of the group does (``model.ffn.tau0 is a field of model/ffn=tempglu``), through
 :class:`~transformer.config.ConfigError` (exit status 2 in ``scripts/train.py``).
 
+A command line's value of a config group that names no option of it (``model/position=rotary``, in a
+sweep's values too) is refused the same way, :class:`UnknownOption`: ``model/position=rotary is not an
+option of model/position; did you mean rope? (options: alibi, learned, none, rope, sinusoidal)``. The
+options are those Hydra finds for the group: the YAML files of ``configs/`` and of the plugins' config
+folders, and the options plugins store (:func:`unknown_option_sentence`).
+
 :func:`check_command_line` composes the command line once before Hydra runs (a multirun's sweeps
 with their first value, each swept config group with each of its options), so that nothing is
 written and no job of a sweep starts; :func:`check_known_fields` checks a composed config (the
@@ -25,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, HydraException
 from omegaconf import DictConfig, OmegaConf
@@ -33,7 +40,20 @@ from transformer.config import schema
 from transformer.config.options import GROUPS, structured_config
 from transformer.config.schema import ConfigError
 
-__all__ = ["check_command_line", "check_known_fields", "unknown_field_sentence", "unknown_fields"]
+__all__ = [
+    "UnknownOption",
+    "check_command_line",
+    "check_known_fields",
+    "unknown_field_sentence",
+    "unknown_fields",
+    "unknown_option_sentence",
+]
+
+
+class UnknownOption(ConfigError):
+    """A command line's value of a config group that is no option of the group (the message names the
+    group's options and the nearest)."""
+
 
 _WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn"}
 """Hydra's flags that take a value (the next argument, or ``--flag=value``)."""
@@ -47,6 +67,9 @@ _MAX_COMPOSES = 64
 _NOT_OVERRIDABLE = re.compile(r"Could not override '([^']+)'")
 _IN_FILE = re.compile(r"In '([^']+)': Config(?:Key|Attribute)Error raised while composing config")
 _FULL_KEY = re.compile(r"full_key: (\S+)")
+_NEAR_OPTION = 0.4
+"""The least :class:`difflib.SequenceMatcher` ratio of an option suggested for a misspelt one (``rotary``
+-> ``rope`` is 0.4: option names are short, so a low bar; field names keep difflib's 0.6)."""
 _OBJECT_TYPE = re.compile(r"object_type=(\w+)")
 
 
@@ -96,6 +119,58 @@ def unknown_field_sentence(path: str, known: Sequence[str], *, option: str | Non
     if close:
         return f"{sentence}; did you mean {' or '.join(prefix + c for c in close)}?"
     return f"{sentence}; its fields: {', '.join(sorted(known))}"
+
+
+def unknown_option_sentence(group: str, value: str, options: Sequence[str]) -> str:
+    """The sentence refusing ``<group>=<value>``, ``value`` not among the group's ``options``.
+
+    Returns:
+        ``<group>=<value> is not an option of <group>; did you mean <nearest>? (options: <all, sorted>)``,
+        the nearest being the options whose similarity to ``value`` is at least :data:`_NEAR_OPTION`
+        and within 0.1 of the best (none: no "did you mean").
+    """
+    ratios = {o: difflib.SequenceMatcher(None, value, o).ratio() for o in options}
+    best = max(ratios.values(), default=0.0)
+    near = sorted((o for o, r in ratios.items() if r >= max(_NEAR_OPTION, best - 0.1)), key=lambda o: -ratios[o])
+    guess = f"; did you mean {' or '.join(near)}?" if near else ""
+    return f"{group}={value} is not an option of {group}{guess} (options: {', '.join(sorted(options))})"
+
+
+def _option_values(override) -> list[str]:
+    """The option names a group override sets (each value of a sweep); none for a deletion, ``null``, or
+    a sweep that cannot be enumerated (``glob``)."""
+    if override.is_delete():
+        return []
+    if override.is_sweep_override():
+        try:
+            values = list(override.sweep_string_iterator())
+        except HydraException:
+            return []
+    else:
+        values = [override.value()]
+    return [str(v) for v in values if isinstance(v, (str, int, float)) and not isinstance(v, bool)]
+
+
+def unknown_options(config_dir: str | Path, config_name: str, overrides: Sequence[str]) -> list[str]:
+    """The sentences (:func:`unknown_option_sentence`) of each value of a config group in ``overrides``
+    that Hydra finds no option for, with ``config_name``'s search path and the overrides'
+    ``hydra.searchpath`` (a plugin's config folders). Hydra's own groups (``hydra/launcher``) are left to
+    :func:`~transformer.cli.check_hydra_plugins`; a key that is no group is a field."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    search = [o for o in overrides if o.lstrip("+").startswith("hydra.searchpath")]
+    found: list[str] = []
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        for override in parsed:
+            group = override.key_or_group
+            if "." in group or group.startswith("hydra"):
+                continue
+            values = _option_values(override)
+            options = loader.get_group_options(group, config_name=config_name, overrides=search) if values else []
+            for value in values:
+                if options and value not in options:
+                    found.append(unknown_option_sentence(group, value, options))
+    return found
 
 
 def _walk(node: DictConfig, typed: DictConfig, prefix: str) -> Iterator[str]:
@@ -255,10 +330,11 @@ def _compose_sentences(config_dir: Path, config_name: str, overrides: list[str])
 
 
 def check_command_line(argv: Sequence[str], config_dir: str | Path, config_name: str) -> None:
-    """Refuse, before Hydra runs anything, a command line that sets a key no typed node has: an
-    override (with Hydra's ``+`` or without), or a key of an experiment's, a ladder step's or a
-    plugin's YAML file it chooses. A multirun is composed at each sweep's first value and with each
-    option of a swept config group, so that no job of a refused sweep starts.
+    """Refuse, before Hydra runs anything, a command line that chooses an option no config group has
+    (each value of a sweep), or sets a key no typed node has: an override (with Hydra's ``+`` or
+    without), or a key of an experiment's, a ladder step's or a plugin's YAML file it chooses. A
+    multirun is composed at each sweep's first value and with each option of a swept config group, so
+    that no job of a refused sweep starts.
 
     Args:
         argv: the script's arguments, its plugins already imported (their options and search path
@@ -267,6 +343,8 @@ def check_command_line(argv: Sequence[str], config_dir: str | Path, config_name:
         config_name: its primary config (``train``), unless the command line names another.
 
     Raises:
+        UnknownOption: the sentences of the unknown options (:func:`unknown_option_sentence`), joined
+            by ``; ``; nothing is composed then.
         ConfigError: the sentences of the unknown keys (:func:`unknown_field_sentence`).
     """
     split = _split(argv)
@@ -275,8 +353,11 @@ def check_command_line(argv: Sequence[str], config_dir: str | Path, config_name:
     overrides, name = split
     try:
         variants = list(_variants(overrides))
+        options = unknown_options(config_dir, name or config_name, overrides)
     except Exception:  # a command line Hydra's parser refuses: Hydra says why
         return
+    if options:
+        raise UnknownOption("; ".join(options))
     found: list[str] = []
     for variant in variants[:_MAX_COMPOSES]:
         for sentence in _compose_sentences(Path(config_dir), name or config_name, variant):

@@ -16,7 +16,7 @@ Most fields are what a run computes: ``name: str = recipe("relu")`` declares ``f
 grouping="ignored")``. A rule on a field holding a dataclass (``logger``) covers every field below
 it. The lists the code reads are derived from the declarations (:func:`keys_with`):
 :data:`~transformer.training.job.resume.RESUME_OVERRIDES` and ``_ALWAYS_FROM_COMMAND_LINE`` there, and
-:data:`~transformer.analysis.grouping.IGNORED_KEYS`; ``tests/test_config_rules.py`` fails, naming
+:data:`~transformer.config.IGNORED_KEYS` (:mod:`transformer.config.identity`); ``tests/test_config_rules.py`` fails, naming
 the field, when a field of the schema declares no rule (:func:`undeclared`).
 
 The own fields of a group's option (a subclass registered in

@@ -1,19 +1,22 @@
 """What the ``train`` fields mean while a run runs: the time budget that stops it
 (:func:`time_budget`, :func:`budget_sentence`), the values of ``train.resume``
 (:func:`resume_mode`), where Hydra records a job (:func:`hydra_subdir`, the ``zoo.hydra_subdir``
-resolver of ``configs/train.yaml``) and the part of a sweep job's folder name that its swept values
-make (:func:`swept_suffix`, the ``zoo.swept`` resolver of the experiments that name their folders);
-the resolvers are registered when this module is imported."""
+resolver of ``configs/train.yaml``), a sweep job's folder name made of its swept values
+(:func:`sweep_subdir`, the ``zoo.sweep_subdir`` resolver of ``configs/train.yaml``) and the part of it
+that the studies, which name their folders themselves, add (:func:`swept_suffix`, the ``zoo.swept``
+resolver); the resolvers are registered when this module is imported."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, get_type_hints
 
 from omegaconf import OmegaConf
 
+from transformer.config.schema import Config
 from transformer.hydra_record import record_subdir
 from transformer.run_folder import has_checkpoint
 
@@ -23,6 +26,7 @@ __all__ = [
     "SWEPT_KEYS_ENV",
     "budget_sentence",
     "resume_mode",
+    "sweep_subdir",
     "swept_keys",
     "swept_suffix",
     "time_budget",
@@ -163,6 +167,51 @@ def swept_suffix(task_overrides: Iterable[Any] | None = None, *named: str) -> st
     return re.sub(r"[\s'\"/\\]+", "-", "".join(parts))
 
 
+_TOP_LEVEL_VALUES = {name for name, hint in get_type_hints(Config).items() if not dataclasses.is_dataclass(hint)}
+"""The top-level fields of the config that hold a value (``seed``, ``experiment_name``, ...), not a
+group's node: every other swept key without a dot is a config group."""
+
+
+def _shown(key: str, value: str, keys: Sequence[str]) -> str:
+    """How a swept key's value shows in a job's folder name, as the studies name their folders: a config
+    group's option as it is (``step5_gqa``, ``rope``), the seed as ``seed<value>``, any other key as
+    ``<last part>=<value>`` (``dropout=0.1``; the whole key where two swept keys share the last part)."""
+    if key == "seed":
+        return f"seed{value}"
+    if "." not in key and key not in _TOP_LEVEL_VALUES:  # a config group (model/ffn, ladder, optim)
+        return value
+    tails = [k.replace("/", ".").rsplit(".", 1)[-1] for k in keys]
+    tail = key.replace("/", ".").rsplit(".", 1)[-1]
+    return f"{tail if tails.count(tail) == 1 else key}={value}"
+
+
+def sweep_subdir(task_overrides: Iterable[Any] | None = None, job_num: Any = 0, sweeper: Any = "basic") -> str:
+    """A multirun job's folder name (``hydra.sweep.subdir`` of ``configs/train.yaml``): the values of the
+    keys the command line sweeps (:data:`SWEPT_KEYS_ENV`), in its order, joined by ``_`` as the studies
+    name theirs (``-m model/ffn=relu,swiglu seed=1,2`` -> ``relu_seed1``, ..., ``swiglu_seed2``;
+    ``model.dropout=0.1,0.2`` -> ``dropout=0.1``), so that the same command re-run finds each job's
+    folder again and a folder says what its run trained. The job number when the command line sweeps
+    nothing (the sweep's values come from a config) or when a search (Optuna) samples the values, which
+    two trials may share.
+
+    Args:
+        task_overrides: the job's overrides (``${hydra:overrides.task}``), ``key=value`` each.
+        job_num: ``${hydra.job.num}``.
+        sweeper: ``${hydra:runtime.choices.hydra/sweeper}`` (``basic``: a grid).
+    """
+    keys = [k for k in os.environ.get(SWEPT_KEYS_ENV, "").split(",") if k]
+    values: dict[str, str] = {}
+    for item in task_overrides or []:
+        key, _, value = str(item).partition("=")
+        values[key.lstrip("+~")] = value
+    if str(sweeper) != "basic" or not keys or any(k not in values for k in keys):
+        return str(job_num)
+    name = "_".join(_shown(k, values[k], keys) for k in keys)
+    return re.sub(r"[\s'\"/\\]+", "-", name)
+
+
+if not OmegaConf.has_resolver("zoo.sweep_subdir"):
+    OmegaConf.register_new_resolver("zoo.sweep_subdir", sweep_subdir)
 if not OmegaConf.has_resolver("zoo.swept"):
     OmegaConf.register_new_resolver("zoo.swept", swept_suffix)
 if not OmegaConf.has_resolver("zoo.hydra_subdir"):  # at import: jobs unpickled on a cluster node have it too

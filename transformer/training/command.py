@@ -10,6 +10,7 @@ behind and a refused resume leaves its folder as it was.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -33,6 +34,7 @@ from transformer.cli import (
 from transformer.config import (
     SWEPT_KEYS_ENV,
     ConfigError,
+    UnknownOption,
     check_command_line,
     flat_group_override,
     swept_keys,
@@ -91,6 +93,8 @@ def prepare_command_line(argv: Sequence[str], config_dir: str | Path | None = No
         if config_dir is not None:
             try:
                 check_command_line(argv, config_dir, "train")
+            except UnknownOption:  # its sentence names the group and its options: no prefix
+                raise
             except ConfigError as err:
                 raise ConfigError(f"invalid configuration: {err}") from None
         return argv
@@ -110,12 +114,41 @@ def _refused(err: BaseException) -> None:
     _forget_if_untouched(err)
 
 
-def _failed(err: BaseException) -> None:
-    """A job ended by a user error: ``refused`` when it wrote nothing (a resume refused, a folder
-    in use), else ``failed``, recorded in the sweep; what it wrote taken back when it wrote nothing."""
+def _failed(err: BaseException, before: tuple[dict[str, tuple[int, int]], bool] | None = None) -> None:
+    """A job ended by a user error: ``refused`` when it wrote nothing (a resume refused, a folder in
+    use, data missing, a device that is not here), else ``failed``, recorded in the sweep; Hydra's
+    record taken back when the job wrote nothing (``before``: the run folder as it was,
+    :func:`_folder_state`)."""
     untouched = getattr(err, "run_folder_untouched", False) and not isinstance(err, PluginError)
+    if not isinstance(err, PluginError):
+        untouched = _as_it_was(before) or untouched
+        err.run_folder_untouched = untouched  # type: ignore[attr-defined]
     record_job("refused" if untouched else "failed", str(err))
     _forget_if_untouched(err)
+
+
+def _folder_state(folder: Path | None) -> tuple[dict[str, tuple[int, int]], bool] | None:
+    """The run folder's entries but Hydra's record (written for this job already) and the lock:
+    ``({name: (size, mtime_ns)}, whether the lock file is there)``; None outside Hydra or without a
+    folder. (The lock's holder is rewritten by each run that takes it.)"""
+    if folder is None or not folder.is_dir():
+        return None
+    state = {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()}
+    state.pop(HYDRA_RECORD, None)
+    return state, state.pop(LOCK_NAME, None) is not None
+
+
+def _as_it_was(before: tuple[dict[str, tuple[int, int]], bool] | None) -> bool:
+    """Whether this job's run folder is as ``before`` (:func:`_folder_state`), the job having been
+    refused before it wrote anything; a lock file it created is removed then (a new run's folder then
+    holds only Hydra's record, which :func:`~transformer.hydra_record.forget_record` takes back)."""
+    folder = job_run_dir()
+    now = _folder_state(folder)
+    if before is None or now is None or now[0] != before[0]:
+        return False
+    if now[1] and not before[1]:  # the lock this job took
+        (folder / LOCK_NAME).unlink(missing_ok=True)
+    return True
 
 
 def _untrained_folder_taken_back(err: BaseException) -> bool:
@@ -178,7 +211,8 @@ def _train_job(cfg: DictConfig) -> float | None:
             refused = ConfigError(f"invalid configuration: {err}")
             refused.run_folder_untouched = True  # nothing was written: Hydra's record is taken back
             raise refused from None
-    with user_errors(RUN_ERRORS, on_error=_failed):
+    before = _folder_state(job_run_dir())  # a refusal leaves the run folder as it was
+    with user_errors(RUN_ERRORS, on_error=functools.partial(_failed, before=before)):
         try:
             results = train(config)
         except StopRequested as err:  # a polite stop: checkpoint_last saved, the line saying how to continue logged

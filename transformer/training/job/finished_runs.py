@@ -6,16 +6,16 @@ under ``docs/results/ladder/runs/<step>_seed<seed>/``, without checkpoints), but
 ``train.finished_runs=docs/results/ladder/runs`` a job whose run folder holds no checkpoint looks for
 its finished twin there, ``<finished_runs>/<run folder name>/results.json`` (or
 ``<finished_runs>/results.json`` when the folder is itself one run's), and skips training when that
-run trained exactly this job: the same resolved config, seed and budget included, apart from the
-keys that never change what a run computes
-(:data:`~transformer.analysis.grouping.IGNORED_KEYS`: the study's name, paths, logging, threads, how
-it resumes), with the same precision as it resolves on this machine and the same torch version (what
+run trained exactly this job: the same configuration as ``scripts/compare.py`` groups runs
+(:mod:`transformer.config.identity`: the resolved config, budget included, apart from the keys that
+never change what a run computes, :data:`~transformer.config.IGNORED_KEYS`, and the files of a plugin
+whose options neither chose), the same seed, with the same precision as it resolves on this machine and the same torch version (what
 ``scripts/compare.py`` requires of the runs of one table). A field added to the schema after the
 run trained counts at its default, and the twin must have trained on the same kind of device with
 as many processes (``train.max_tokens`` is per process). When the twin differs, the job trains and
 says in one line why. In a sweep, the folder Hydra made for a skipped job is removed again
-(``scripts/train.py``), so a sweep whose subfolders are job numbers lists the skipped jobs as never
-started in ``scripts/compare.py``; the ladder's subfolders are named ``<step>_seed<seed>``.
+(``scripts/train.py``); a sweep's subfolders are named by its swept values (``relu_seed1``; the
+ladder's ``<step>_seed<seed>``), so the twin is found by the same name.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from typing import Any
 
 import torch
 
-from transformer.analysis.grouping import IGNORED_KEYS, is_ignored, with_defaults
-from transformer.config import Config, ConfigError, config_dict
+from transformer.config import IGNORED_KEYS, Config, ConfigError, config_dict, config_identity
 from transformer.device import resolve_device
 from transformer.training.step.precision import resolve_precision
 
@@ -89,11 +88,11 @@ def finished_twin(cfg: Config, run_dir: Path) -> tuple[Path | None, dict[str, An
         return path, None, f"{path} cannot be read ({err})"
     if not isinstance(results, dict) or not isinstance(results.get("config"), dict):
         return path, None, f"{path} records no config"
-    then, now = with_defaults(results["config"]), with_defaults(config_dict(cfg))
+    then, now = config_identity(results["config"], _NOT_COMPARED), config_identity(config_dict(cfg), _NOT_COMPARED)
     differs = [
         f"{k} ({then.get(k)!r} there, {now.get(k)!r} here)"
         for k in sorted(set(then) | set(now))
-        if not is_ignored(k, _NOT_COMPARED) and then.get(k) != now.get(k)
+        if then.get(k) != now.get(k)
     ]
     precision = resolve_precision(cfg.train.precision, resolve_device(cfg.train.device))
     if results.get("precision") != precision:

@@ -25,6 +25,7 @@ from transformer.config import (
     config_dict,
     resume_mode,
     to_config,
+    used_plugin_files,
 )
 from transformer.data.batching import resolve_pad_to_multiple
 from transformer.data.dataset import load_translation_data
@@ -173,8 +174,9 @@ def _record_plugins(
 ) -> None:
     """Set ``cfg.plugins`` (absolute) and ``cfg.plugin_files`` (hashes) from the imported plugins, and
     ``cfg.plugins_trust`` to false (trust is each command's, never recorded:
-    :func:`~transformer.plugins.untrusted`); a resume whose plugin files differ from the ones the run
-    started with is refused. A plugin a resume imported from the run folder's own copy
+    :func:`~transformer.plugins.untrusted`); a resume whose chosen plugins' files differ from the ones
+    the run started with is refused (a plugin loaded but not chosen computes nothing:
+    :func:`~transformer.config.used_plugin_files`). A plugin a resume imported from the run folder's own copy
     (``plugins_trust=true``) keeps the path the run recorded, not the copy's.
 
     Raises:
@@ -183,8 +185,10 @@ def _record_plugins(
     paths, files = record_plugins(plugins)
     if resume is not None:
         paths = kept_recorded_paths(plugins, paths, recorded, run_dir)
-    if resume is not None and cfg.plugin_files and files != dict(cfg.plugin_files):
-        changed = sorted(k for k in set(files) | set(cfg.plugin_files) if files.get(k) != cfg.plugin_files.get(k))
+    saved = used_plugin_files(config_dict(cfg))  # the files of the plugins whose options the run chose
+    now = {k: v for k, v in files.items() if k.split("/", 1)[0] in {p.split("/", 1)[0] for p in saved}}
+    if resume is not None and saved != now:
+        changed = sorted(k for k in set(now) | set(saved) if now.get(k) != saved.get(k))
         err = ConfigError(
             f"the plugin files of this run changed since it started ({', '.join(changed[:5])}): a resumed "
             "run continues with the code it trained with; restore the files or train a new run"
