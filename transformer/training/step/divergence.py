@@ -93,7 +93,10 @@ class DivergenceWatch:
             every = [torch.zeros_like(mine) for _ in range(self.world_size)]
             torch.distributed.all_gather(every, mine)
             bad = [f for f in torch.stack(every).tolist() if f[0] > 0]
-            found = torch.tensor(min(bad)) if bad else None
+            if bad:
+                update, is_loss, value = min(bad)
+                self._raise(int(update), bool(is_loss), value, last_saved)
+            return
         if found is None:
             return
         update, is_loss, value = found.tolist()
