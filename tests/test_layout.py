@@ -99,3 +99,40 @@ def test_training_tests_mirror_the_training_package():
             misplaced.append("/".join(parts))
     assert misplaced == [], "tests/training/ files not where their module is: " + ", ".join(misplaced)
     assert all((tests / name).is_file() for name in TRAINING_ROOT_TESTS), "TRAINING_ROOT_TESTS names a file not there"
+
+
+TRAINER_FILE = REPO_ROOT / "transformer" / "training" / "loop" / "trainer.py"
+
+
+def _trainer_attribute_writes(source: str) -> list[tuple[int, str]]:
+    """``(line, "trainer.attr")`` of each assignment to an attribute of a name ending in ``trainer``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if not isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            continue
+        for target in targets:
+            for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id.endswith("trainer"):
+                    found.append((t.lineno, f"{t.value.id}.{t.attr}"))
+    return found
+
+
+def test_the_trainer_writer_finder_sees_assignments():
+    assert _trainer_attribute_writes("trainer.log = f\nx.trainer = 1\nself.trainer.a = 2\ntrainer.n += 1") == [
+        (1, "trainer.log"),
+        (4, "trainer.n"),
+    ]
+
+
+def test_no_module_outside_the_trainer_writes_its_attributes():
+    """The Trainer's collaborators come in through its constructor and ``fit``; no caller in the
+    package, the scripts or the benchmarks writes a Trainer attribute."""
+    writes = [
+        f"{path.relative_to(REPO_ROOT)}:{line}: {what}"
+        for folder in ("transformer", "scripts", "benchmarks")
+        for path in sorted((REPO_ROOT / folder).rglob("*.py"))
+        if path != TRAINER_FILE
+        for line, what in _trainer_attribute_writes(path.read_text(encoding="utf-8"))
+    ]
+    assert writes == []

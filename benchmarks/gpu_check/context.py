@@ -271,8 +271,7 @@ def make_trainer(cfg: Any, data: Any, device: torch.device, parallel_mode: str |
     (``parallel_mode="ddp"``: DDP over the one-rank process group that exists)."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(cfg, data, DistInfo(0, 1, device), run_dir, parallel_mode=parallel_mode)
-    trainer.log = lambda msg: None
+    trainer = Trainer(cfg, data, DistInfo(0, 1, device), run_dir, parallel_mode=parallel_mode, log=lambda msg: None)
     return trainer
 
 

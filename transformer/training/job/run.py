@@ -256,8 +256,7 @@ def _train(
     log = RunLog(run_dir, dist_info.is_main)
     data = load_translation_data(cfg.data, log=log)
     run_dir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(cfg, data, dist_info, run_dir)
-    trainer.log = log
+    trainer = Trainer(cfg, data, dist_info, run_dir, log=log)
     choices = job_choices()
     if resume is not None:
         try:
@@ -296,9 +295,8 @@ def _train(
     )
     loggers = build_loggers(cfg.logger, run_dir, run_name(cfg, choices), config_dict(cfg), dist_info.is_main)
     with GracefulStop(t.stop_signals, announce=dist_info.is_main) as stopping:
-        trainer.stopping = stopping
         try:
-            stop = trainer.fit(loggers)
+            stop = trainer.fit(loggers, stopping)
         except StopRequested as stopped:
             log(
                 f"{stopped}; to continue, run the same command with train.resume=auto (a sweep's own command does), "
@@ -312,8 +310,7 @@ def _train(
             err.updates_done = trainer.update  # type: ignore[attr-defined]
             raise
     log(f"stopped: {stop}")
-    if trainer.parallel.mode == "fsdp":  # the final test decodes with full weights on every rank
-        trainer.model = trainer.eval_model()
+    trainer.unshard_for_test()  # FSDP: the final test decodes with full weights on every rank
 
     results = final_test(trainer, choices, params, start, active_params=active)  # the ranks decode together
     if not dist_info.is_main:
@@ -331,11 +328,10 @@ def restore(trainer: Trainer, resume: ResumePoint) -> None:
         CheckpointError: the saved weights or optimiser state do not fit the model of the config.
     """
     try:
-        trainer.load_state(resume.model_state, resume.train_state)
+        trainer.load_state(resume.model_state, resume.train_state, saved_as=resume.stem)
     except (RuntimeError, KeyError, ValueError) as err:
         reason = " ".join(str(err).split())
         raise CheckpointError(
             f"cannot resume from {resume.stem}: its weights or optimiser state do not fit the model of its "
             f"config ({reason[:300]})"
         ) from err
-    trainer.last_saved = (resume.stem, trainer.update)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -73,12 +73,19 @@ class Trainer:
         parallel_mode: the data-parallel engine (``none``, ``ddp``, ``fsdp``); None:
             ``train.distributed`` under torchrun, ``none`` for one process. ``ddp`` over a 1-rank
             process group measures DDP's own cost (``benchmarks/gpu_check``).
+        log: where the run's lines go (e.g. the run folder's ``train.log``); None: stderr on rank 0.
     """
 
     read_stats = staticmethod(read_stats)  # the logged numbers of train_step's device values
 
     def __init__(
-        self, cfg: Config, data: TranslationData, dist_info: DistInfo, run_dir: Path, parallel_mode: str | None = None
+        self,
+        cfg: Config,
+        data: TranslationData,
+        dist_info: DistInfo,
+        run_dir: Path,
+        parallel_mode: str | None = None,
+        log: Callable[[str], None] | None = None,
     ) -> None:
         self.cfg, self.data, self.dist, self.run_dir = cfg, data, dist_info, run_dir
         t = cfg.train
@@ -150,8 +157,10 @@ class Trainer:
         self.valid_set = scorable_pairs(
             data.splits["valid"], cfg.model
         )  # (pairs the model can score, a note to log once)
-        self.log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if dist_info.is_main else (lambda msg: None)
-        self.stopping: GracefulStop | None = None  # set by training.run: the polite stop on train.stop_signals
+        if log is None:
+            log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if dist_info.is_main else (lambda msg: None)
+        self.log = log
+        self.stopping: GracefulStop | None = None  # fit's: the polite stop on train.stop_signals
         self.divergence = DivergenceWatch(
             self.device, dist_info.world_size
         )  # the first non-finite loss / gradient norm
@@ -225,8 +234,11 @@ class Trainer:
             "config": config_dict(self.cfg),
         }
 
-    def load_state(self, model_state: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
-        """Restore weights and training state saved by :meth:`save` (every rank loads the same files).
+    def load_state(
+        self, model_state: dict[str, torch.Tensor], state: dict[str, Any], saved_as: Path | None = None
+    ) -> None:
+        """Restore weights and training state saved by :meth:`save` (every rank loads the same files);
+        ``saved_as``: the checkpoint's stem, the newest finite one a divergence message names.
 
         A checkpoint written with a moving average restores the training weights from the state and
         the average from ``model_state``; turning ``train.ema_decay`` on at resume starts the average
@@ -259,6 +271,8 @@ class Trainer:
         self.train_tokens, self.train_time = int(state["train_tokens"]), float(state["train_time"])
         self.wall_time_before = float(state.get("wall_time", 0.0))  # a checkpoint that lacks it counts 0
         self.last_routing = dict(state.get("routing") or {})  # a checkpoint that lacks it: none
+        if saved_as is not None:
+            self.last_saved = (saved_as, self.update)
 
     def wall_time(self) -> float:
         """Wall-clock seconds of the whole run: its earlier processes (until their last save) and this one."""
@@ -285,6 +299,12 @@ class Trainer:
                     weights = self.ema.state_dict()
                 self.checkpoints.save(self.update, weights, state, is_best=is_best, numbered=numbered)
         self.last_saved = (self.run_dir / CheckpointManager.LAST, self.update)  # on every rank: the same stop message
+
+    def unshard_for_test(self) -> None:
+        """Under FSDP, decode the final test with full weights: the trained model replaced by an
+        unsharded copy on every rank (a collective); nothing to do otherwise."""
+        if self.parallel.mode == "fsdp":
+            self.model = self.eval_model()
 
     def eval_model(self) -> nn.Module:
         """A model each rank can evaluate alone: the model itself, or under FSDP an unsharded copy
@@ -574,7 +594,7 @@ class Trainer:
         self.train_time, signalled = self.parallel.agree(self.train_time, self._signal_received())
         return signalled
 
-    def fit(self, logger: Any) -> str:
+    def fit(self, logger: Any, stopping: GracefulStop | None = None) -> str:
         """Train until a ``train.*`` limit is reached: updates of ``update_freq`` micro-batches,
         training metrics every ``log_every`` updates, validation every ``validate_every`` (and at
         the end), checkpoints after each validation and every ``save_every`` updates. The host reads
@@ -592,6 +612,8 @@ class Trainer:
 
         Args:
             logger: a :class:`~transformer.training.monitoring.loggers.MetricsLogger` (``log(metrics, step, split)``).
+            stopping: the run's :class:`~transformer.training.stopping.GracefulStop` (the polite stop
+                on ``train.stop_signals``), or None.
 
         Returns:
             The reason training stopped (see :meth:`stop_reason`).
@@ -603,6 +625,7 @@ class Trainer:
             StopRequested: a stop signal, after saving ``checkpoint_last``.
         """
         t = self.cfg.train
+        self.stopping = stopping
         one_process = self.parallel.mode == "none"
         progress = TrainingBar(
             max_updates=t.max_updates,
