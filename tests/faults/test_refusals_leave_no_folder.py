@@ -3,7 +3,7 @@ folder behind: an invalid configuration, a misspelt option, unusable data (a mis
 CUDA device on a machine without one, a ``train.finished_runs`` folder that does not exist; and a
 refused resume (a changed field, missing data, no CUDA device, a checkpoint that cannot be read)
 leaves its folder as it was. (A key no node has and a folder in use: ``tests/test_config_fields.py``,
-``tests/training/test_run_lock.py``.)
+``tests/training/job/test_run_lock.py``.)
 
 The script runs in this process (its ``__main__``, as ``python scripts/train.py`` runs it), one to
 two seconds a refusal."""

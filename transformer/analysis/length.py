@@ -403,13 +403,13 @@ def _scores(
         point: list[list[float]] = [[] for _ in indices]
         boot: list[list[np.ndarray]] = [[] for _ in indices]
         for hyps in runs_hyps:
-            stats = None
-            if any(c is not None for c in counts):  # sacreBLEU's sentence statistics, [n_sentences, n_stats]
-                stats = np.asarray(metric._extract_corpus_statistics(hyps, [refs]), dtype=np.float64)
+            segments = metric._extract_corpus_statistics(hyps, [refs])  # [n_sentences][n_stats] ints
+            stats = np.asarray(segments, dtype=np.float64) if any(c is not None for c in counts) else None
             for b, idx in enumerate(indices):
                 if not idx:
                     continue
-                point[b].append(float(metric.corpus_score([hyps[i] for i in idx], [[refs[i] for i in idx]]).score))
+                # corpus_score of the bucket's sentences: the same sums of the same sentence statistics
+                point[b].append(float(metric._aggregate_and_compute([segments[i] for i in idx]).score))
                 if counts[b] is not None:
                     sums = counts[b] @ stats[idx]  # [n_bootstrap, n_stats]: each resample's summed statistics
                     boot[b].append(np.array([metric._compute_score_from_stats(s).score for s in sums]))
