@@ -225,7 +225,9 @@ def _torchrun(args: list[str], port: int | None = None) -> subprocess.CompletedP
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("distributed", "update_freq"), [("ddp", 1), ("ddp", 2), ("fsdp", 2)])
+@pytest.mark.parametrize(
+    ("distributed", "update_freq"), [("ddp", 2), ("fsdp", 2)]
+)  # 2 ranks with update_freq 1: the resume test
 def test_two_process_gloo_matches_one_process_same_global_batch(small_corpus, tmp_path, distributed, update_freq):
     """2 ranks x update_freq k = 1 rank x update_freq 2k, for DistributedDataParallel and FSDP2.
 
@@ -271,7 +273,8 @@ def test_two_ranks_resume_exactly_with_dropout(small_corpus, tmp_path, distribut
     """2 gloo ranks with dropout 0.3, saved at update 2 and resumed from there to update 4, end at
     the uninterrupted run's weights bit for bit: each rank restores its own random state (rank 1
     drew rank 0's masks before), the data position and, under FSDP2, the full weights and optimizer
-    state by parameter name. The final test, decoded by both ranks, equals one process's."""
+    state by parameter name. The final test, decoded by both ranks, equals one process's (checked
+    under DDP)."""
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     common = [
         "model.dropout=0.3",
@@ -296,6 +299,8 @@ def test_two_ranks_resume_exactly_with_dropout(small_corpus, tmp_path, distribut
     a, b = _weights(whole), _weights(resumed)
     assert a.keys() == b.keys()
     assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    if distributed == "fsdp":
+        return  # the shared decoding is the same code under both engines (FSDP: full weights on every rank)
     # the two ranks decoded the test split together: one process decoding the tested weights
     # writes the same hypotheses and scores
     evaluated = tmp_path / "evaluated"
