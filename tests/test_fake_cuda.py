@@ -102,9 +102,11 @@ def data_path_results(shim: Path, all_cases: list[Case], tmp_path_factory: pytes
     return run_plan(plan, tmp_path_factory.mktemp("fake_cuda_data_path"), shim)
 
 
-def run_plan(plan: list[dict[str, Any]], folder: Path, shim: Path) -> dict[str, Any]:
-    """Run the cases in ``python -m tests.fake_cuda.runner``; returns its results by case name."""
-    (folder / "plan.json").write_text(json.dumps({"cases": plan}), encoding="utf-8")
+def run_plan(plan: list[dict[str, Any]], folder: Path, shim: Path, launches: dict | None = None) -> dict[str, Any]:
+    """Run the cases (and ``launches``: name -> :func:`tests.fake_cuda.dry_run.launch_counts`
+    arguments) in ``python -m tests.fake_cuda.runner``; returns its results by case name (by
+    launch-count name when ``launches`` is given)."""
+    (folder / "plan.json").write_text(json.dumps({"cases": plan, "launches": launches or {}}), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
         [
@@ -122,7 +124,7 @@ def run_plan(plan: list[dict[str, Any]], folder: Path, shim: Path) -> dict[str, 
         timeout=600,
     )
     assert done.returncode == 0, f"the dry-run process failed:\n{done.stderr[-5000:]}"
-    return json.loads((folder / "results.json").read_text(encoding="utf-8"))["cases"]
+    return json.loads((folder / "results.json").read_text(encoding="utf-8"))["launches" if launches else "cases"]
 
 
 def failures(results: dict[str, Any], names: list[str]) -> list[str]:
@@ -313,27 +315,8 @@ def launch_results(shim: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     """:func:`tests.fake_cuda.dry_run.launch_counts` of ``transformer_2017_base`` in bf16 at 16k target
     tokens and a 32k vocabulary (eager), and of the same with ``train.compile=auto``."""
     base = {"preset": "transformer_2017_base", "precision": "bf16", "target_tokens": 16384, "vocab": 32000}
-    plan = {"cases": [], "launches": {"eager": base, "auto": {**base, "compile_step": "auto"}}}
-    folder = tmp_path_factory.mktemp("fake_cuda_launches")
-    (folder / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.fake_cuda.runner",
-            str(shim),
-            str(folder / "plan.json"),
-            str(folder / "out.json"),
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, f"the dry-run process failed:\n{done.stderr[-5000:]}"
-    return json.loads((folder / "out.json").read_text(encoding="utf-8"))["launches"]
+    launches = {"eager": base, "auto": {**base, "compile_step": "auto"}}
+    return run_plan([], tmp_path_factory.mktemp("fake_cuda_launches"), shim, launches)
 
 
 def test_compile_auto_compiles_the_step_on_cuda(launch_results: dict[str, Any]) -> None:
