@@ -266,13 +266,23 @@ class Collect:
         """Nothing to release."""
 
 
-def make_trainer(cfg: Any, data: Any, device: torch.device, parallel_mode: str | None = None) -> Any:
+def make_trainer(
+    cfg: Any, data: Any, device: torch.device, parallel_mode: str | None = None, compile_backend: str | None = None
+) -> Any:
     """A :class:`~transformer.training.loop.trainer.Trainer` for one process on ``device``
-    (``parallel_mode="ddp"``: DDP over the one-rank process group that exists)."""
+    (``parallel_mode="ddp"``: DDP over the one-rank process group that exists; ``compile_backend``:
+    the compiled step's ``torch.compile`` backend)."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(cfg, data, DistInfo(0, 1, device), run_dir, parallel_mode=parallel_mode, log=lambda msg: None)
-    return trainer
+    return Trainer(
+        cfg,
+        data,
+        DistInfo(0, 1, device),
+        run_dir,
+        parallel_mode=parallel_mode,
+        log=lambda msg: None,
+        compile_backend=compile_backend,
+    )
 
 
 def fit_run(ctx: Context, cfg: Any) -> tuple[Any, dict[str, Any]]:

@@ -245,8 +245,8 @@ def profile_sdpa(ctx: Context, family: str, precision: str, phases: list[str]) -
         with rec, profile(activities=activities) as prof:
             if phase == "train forward":
                 trainer.model.train()
-                batch = next(trainer._batches())
-                out_loss = trainer._loss(batch)
+                batch = next(trainer.batches())
+                out_loss = trainer.micro_loss(batch)
                 backward = out_loss["loss"]
             else:
                 trainer.model.eval()

@@ -4,7 +4,7 @@ itself at WMT sizes, what a user's ``scripts/train.py`` run does every update.
 Each row builds a :class:`~transformer.training.loop.trainer.Trainer` the way
 ``transformer/training/job/run.py`` does (one process, rank 0 of 1 on the device; the
 config composed from ``configs/train.yaml``) and runs its own update on its own data path
-(:meth:`Trainer._batches <transformer.training.loop.trainer.Trainer._batches>`: batches collated
+(:meth:`Trainer.batches <transformer.training.loop.trainer.Trainer.batches>`: batches collated
 ``train.prefetch`` ahead in a background thread, pinned and copied with ``non_blocking`` on CUDA),
 ``train.precision=auto`` (bf16 on a GPU that has it), the preset's dropout, optimizer, clipping and
 schedule. Modes (``--trainer-modes``):
@@ -197,16 +197,6 @@ def trainer_config(ctx: Context, mode: str) -> Any:
 
 
 @contextlib.contextmanager
-def step_backend(name: str) -> Iterator[None]:
-    """``train.compile``'s backend set to ``name`` while a trainer is built (it compiles then)."""
-    old, compiled.BACKEND = compiled.BACKEND, name
-    try:
-        yield
-    finally:
-        compiled.BACKEND = old
-
-
-@contextlib.contextmanager
 def one_rank_group(device: torch.device) -> Iterator[None]:
     """A ``torch.distributed`` process group of this process alone (nccl on CUDA, else gloo),
     destroyed on the way out.
@@ -244,7 +234,7 @@ def time_updates(trainer: Any, warmup: int, updates: int, device: torch.device) 
         :meth:`Trainer.train_step` results) and ``batches`` (the timed batches).
     """
     freq = trainer.cfg.train.update_freq
-    batches = trainer._batches()  # the trainer's own data path: prefetching, pinned, non_blocking
+    batches = trainer.batches()  # the trainer's own data path: prefetching, pinned, non_blocking
     out: dict[str, Any] = {}
     try:
         step = lambda: trainer.train_step([next(batches) for _ in range(freq)])  # noqa: E731
@@ -291,7 +281,7 @@ def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
     a, dev = ctx.args, ctx.device
     data = wmt_like_data(ctx)
     cfg = trainer_config(ctx, mode)
-    backend = "eager" if a.quick and dev.type == "cpu" else compiled.BACKEND
+    backend = "eager" if a.quick and dev.type == "cpu" else "inductor"
     trainer = None
     group = one_rank_group(dev) if mode.startswith("ddp") else contextlib.nullcontext()
     try:
@@ -300,8 +290,8 @@ def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(dev)
         with group:
-            with step_backend(backend):  # DDP over the one-rank group: the trainer's own engine
-                trainer = make_trainer(cfg, data, dev, "ddp" if mode.startswith("ddp") else None)
+            # DDP over the one-rank group: the trainer's own engine
+            trainer = make_trainer(cfg, data, dev, "ddp" if mode.startswith("ddp") else None, backend)
             try:
                 r = time_updates(trainer, a.trainer_warmup, a.trainer_updates, dev)
                 last = trainer.read_stats(r["stats"][-1])

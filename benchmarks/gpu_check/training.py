@@ -49,7 +49,7 @@ def cpu_reference(ctx: Context, family: str, precision: str, steps: int) -> dict
         return ref
     cfg = run_config(ctx, f"cpu_ref_{precision}", family, precision, False, steps, "cpu")
     trainer = make_trainer(cfg, load_data(ctx), torch.device("cpu"))
-    batches = trainer._batches()  # the trainer's own batch order (the sampler seeded by cfg.seed)
+    batches = trainer.batches()  # the trainer's own batch order (the sampler seeded by cfg.seed)
     t = time.time()
     losses = [trainer.read_stats(trainer.train_step([next(batches)]))["loss"] for _ in range(steps)]
     ref = {

@@ -7,7 +7,7 @@ drives the project's own functions as ``scripts/train.py`` runs them on ``train.
 * **update**: :class:`~transformer.training.loop.trainer.Trainer` built as the run builds it (the
   model built on the CPU by ``Trainer._build_model``, then moved: see
   :meth:`~tests.fake_cuda.harness.FakeCuda.to_device`), then one :meth:`Trainer.train_step` over
-  ``train.update_freq`` batches of :meth:`Trainer._batches` (with ``train.prefetch=auto``: collated
+  ``train.update_freq`` batches of :meth:`Trainer.batches` (with ``train.prefetch=auto``: collated
   and pinned ahead in the prefetching thread, copied by ``Batch.to`` with ``non_blocking``; every
   copy of a batch tensor to the device is counted, :func:`copy_counts`): autocast, the
   label-smoothed loss through the fused output layer, router losses, backward (through the
@@ -208,9 +208,9 @@ def prefetching(result: dict[str, Any], when: str) -> None:
 
 def train_step_on_gpu(trainer: Trainer, updates: int = 1) -> None:
     """``updates`` of ``Trainer.train_step`` over ``train.update_freq`` batches each of one
-    ``Trainer._batches()`` (as ``Trainer.fit`` takes them), which is then closed (its prefetching
+    ``Trainer.batches()`` (as ``Trainer.fit`` takes them), which is then closed (its prefetching
     thread stopped, as ``fit`` does at its end)."""
-    batches = trainer._batches()
+    batches = trainer.batches()
     try:
         for _ in range(updates):
             trainer.train_step([next(batches) for _ in range(trainer.cfg.train.update_freq)])
@@ -234,7 +234,7 @@ def run(
     """One case in one precision on the fake GPU.
 
     Without ``fit``: one ``Trainer.train_step`` over ``train.update_freq`` batches of
-    ``Trainer._batches``. With ``fit``: ``Trainer.fit`` itself, stopped after its first update by
+    ``Trainer.batches``. With ``fit``: ``Trainer.fit`` itself, stopped after its first update by
     ``train.max_time`` (so it also validates, BLEU by beam search included, and saves
     ``checkpoint_last`` through :class:`_GpuFiles`, as the loop does at its last update), with a
     moving average (``train.ema_decay=0.99`` unless set). Then the

@@ -58,7 +58,7 @@ def test_huge_learning_rate_never_saves_nan_weights(small_corpus, tmp_path):
 def test_nan_gradient_with_finite_loss_stops_at_that_update(small_corpus, tmp_path, monkeypatch):
     run = tmp_path / "run"
     cfg = small_config(small_corpus, run, "train.save_every=1", "train.validate_every=0", "train.max_updates=6")
-    original = Trainer._loss
+    original = Trainer.micro_loss
 
     def poisoned(self, batch):
         out = original(self, batch)
@@ -66,7 +66,7 @@ def test_nan_gradient_with_finite_loss_stops_at_that_update(small_corpus, tmp_pa
             next(self.model.parameters()).register_hook(lambda g: torch.full_like(g, float("nan")))
         return out
 
-    monkeypatch.setattr(Trainer, "_loss", poisoned)
+    monkeypatch.setattr(Trainer, "micro_loss", poisoned)
     with pytest.raises(TrainingError, match=r"gradient norm.*update 3") as err:
         train(cfg)
     assert _named_checkpoint(str(err.value), run) == ("checkpoint_last", 2)

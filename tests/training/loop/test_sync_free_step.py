@@ -31,7 +31,7 @@ def _reference_step(self: Trainer, batches: list) -> dict[str, Any]:
     load, micro = None, 0
     for i, batch in enumerate(batches):
         with self.parallel.accumulate(last=i == len(batches) - 1):
-            out = self._loss(batch)
+            out = self.micro_loss(batch)
             objective = out["loss"] + out["router_loss"] if "router_loss" in out else out["loss"]
             self.scaler.scale(objective).backward()
         if "moe_load" in out:
@@ -103,7 +103,7 @@ def test_the_update_logs_the_numbers_it_logged_before(small_corpus, tmp_path, mo
     update (padding masked rather than dropped)."""
     cfg = small_config(small_corpus, tmp_path / "run", *overrides)
     ref, new = _trainer(cfg, tmp_path / "a"), _trainer(cfg, tmp_path / "b")
-    ref_batches, new_batches = ref._batches(), new._batches()
+    ref_batches, new_batches = ref.batches(), new.batches()
     tokens = 0
     for _ in range(4):
         rng = torch.get_rng_state()  # the same dropout masks in both
@@ -157,7 +157,7 @@ def test_logging_every_third_update_logs_the_same_numbers(small_corpus, tmp_path
 
 
 def _poison_update(monkeypatch, update: int) -> None:
-    original = Trainer._loss
+    original = Trainer.micro_loss
 
     def poisoned(self, batch):
         out = original(self, batch)
@@ -165,7 +165,7 @@ def _poison_update(monkeypatch, update: int) -> None:
             out["loss"] = out["loss"] * float("nan")
         return out
 
-    monkeypatch.setattr(Trainer, "_loss", poisoned)
+    monkeypatch.setattr(Trainer, "micro_loss", poisoned)
 
 
 @pytest.mark.parametrize("save_every, found_at_save", [(3, True), (0, False)])

@@ -136,7 +136,7 @@ def test_tested_weights_older_than_the_last_update_are_named():
 def test_nan_loss_stops_naming_the_update_and_keeps_last_checkpoint(small_corpus, tmp_path, monkeypatch):
     run = tmp_path / "run"
     cfg = small_config(small_corpus, run, "train.max_updates=10", "train.save_every=2", "train.validate_every=0")
-    original = Trainer._loss
+    original = Trainer.micro_loss
 
     def poisoned(self, batch):
         out = original(self, batch)
@@ -144,7 +144,7 @@ def test_nan_loss_stops_naming_the_update_and_keeps_last_checkpoint(small_corpus
             out["loss"] = out["loss"] * float("nan")
         return out
 
-    monkeypatch.setattr(Trainer, "_loss", poisoned)
+    monkeypatch.setattr(Trainer, "micro_loss", poisoned)
     with pytest.raises(TrainingError, match="at update 5"):
         train(cfg)
     _, state = load_checkpoint(run, "checkpoint_last")

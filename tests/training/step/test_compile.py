@@ -60,7 +60,7 @@ def test_an_epoch_compiles_one_graph_without_graph_breaks(small_corpus, tmp_path
     eager = _trainer(small_corpus, tmp_path / "eager", *CASES[case])
     trainer = _trainer(small_corpus, tmp_path / "compiled", "train.compile=true", *CASES[case])
     assert isinstance(trainer.parallel.engine, torch._dynamo.eval_frame.OptimizedModule)
-    epoch = [batch for _, batch in zip(range(len(trainer.sampler)), trainer._batches())]
+    epoch = [batch for _, batch in zip(range(len(trainer.sampler)), trainer.batches())]
     # the first compilation sees a batch whose source and target lengths coincide
     first = next(i for i, batch in enumerate(epoch) if _lengths_coincide(batch) and batch.target.shape[0] > 1)
     epoch.insert(0, epoch.pop(first))
@@ -71,7 +71,7 @@ def test_an_epoch_compiles_one_graph_without_graph_breaks(small_corpus, tmp_path
             for t in (eager, trainer):
                 t.model.train()
                 t.model.zero_grad(set_to_none=True)
-            ours, ref = trainer._loss(batch), eager._loss(batch)
+            ours, ref = trainer.micro_loss(batch), eager.micro_loss(batch)
             for key in ("loss", "nll_loss", "ntokens", *(("router_loss",) if "router_loss" in ref else ())):
                 torch.testing.assert_close(
                     torch.as_tensor(ours[key]).double(),

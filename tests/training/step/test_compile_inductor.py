@@ -80,7 +80,7 @@ def inductor(monkeypatch):
 def _batches(trainer: Trainer) -> list:
     """``UPDATES`` batches of the first epoch, of more than one row: first one whose source and target
     lengths coincide (duck sizing's case), then ones where they differ (encoder-decoder)."""
-    epoch = [b for _, b in zip(range(len(trainer.sampler)), trainer._batches()) if b.target.shape[0] > 1]
+    epoch = [b for _, b in zip(range(len(trainer.sampler)), trainer.batches()) if b.target.shape[0] > 1]
     first = next(b for b in epoch if _lengths_coincide(b))
     return [first, *sorted((b for b in epoch if b is not first), key=_lengths_coincide)[: UPDATES - 1]]
 

@@ -74,6 +74,9 @@ class Trainer:
             ``train.distributed`` under torchrun, ``none`` for one process. ``ddp`` over a 1-rank
             process group measures DDP's own cost (``benchmarks/gpu_check``).
         log: where the run's lines go (e.g. the run folder's ``train.log``); None: stderr on rank 0.
+        compile_backend: the ``torch.compile`` backend when the step is compiled; None: inductor
+            (:data:`~transformer.training.step.compiled.BACKEND`). ``eager`` checks dynamo's graphs
+            without generating code.
     """
 
     read_stats = staticmethod(read_stats)  # the logged numbers of train_step's device values
@@ -86,6 +89,7 @@ class Trainer:
         run_dir: Path,
         parallel_mode: str | None = None,
         log: Callable[[str], None] | None = None,
+        compile_backend: str | None = None,
     ) -> None:
         self.cfg, self.data, self.dist, self.run_dir = cfg, data, dist_info, run_dir
         t = cfg.train
@@ -98,7 +102,7 @@ class Trainer:
         self.compiled = resolve_compile(t.compile, self.device.type)  # auto: on accelerators
         # compiled: validation's teacher-forced loss runs the compiled layers; training compiles the
         # whole step (forward, fused loss, backward) below
-        self.features = compile_dynamic(self.model.features) if self.compiled else None
+        self.features = compile_dynamic(self.model.features, compile_backend) if self.compiled else None
         self.criterion = LabelSmoothedCrossEntropy(cfg.criterion.label_smoothing, ignore_index=PAD_ID)
         self.precision = resolve_precision(t.precision, self.device)
         # a run resolved auto before it recorded its config (job/run.py); a Trainer built directly resolves it here
@@ -116,7 +120,7 @@ class Trainer:
             reshard_after_forward=t.reshard_after_forward,
         )
         if self.compiled:
-            compile_training_step(self.parallel)  # one graph per micro-batch, dynamic shapes
+            compile_training_step(self.parallel, compile_backend)  # one graph per micro-batch, dynamic shapes
         self._replica: nn.Module | None = None  # FSDP: an unsharded copy on each rank for evaluation
         self.routing = RoutingMonitor(self.model, self.parallel.mode != "none")  # MoE: router stats, bias update
         self._routing: dict[str, Any] = {}  # MoE: the last update's routing, read (last_routing) or on the device
@@ -324,7 +328,7 @@ class Trainer:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def _loss(self, batch: Batch) -> dict[str, torch.Tensor]:
+    def micro_loss(self, batch: Batch) -> dict[str, torch.Tensor]:
         # through DDP / FSDP2 (or the bare model); the output layer is fused with the loss
         with self._autocast():
             return self.parallel(batch.net_input, batch.target)
@@ -341,7 +345,7 @@ class Trainer:
                 yield batch.pin_memory(training_only=True) if pin else batch, self.sampler.state_dict()
             epoch += 1
 
-    def _batches(self) -> Iterator[Batch]:
+    def batches(self) -> Iterator[Batch]:
         """This rank's training batches on the device, collated ``train.prefetch`` batches ahead in a
         background thread (:class:`~transformer.data.prefetch.Prefetcher`) and copied without the
         host waiting (from pinned memory); the training tensors only. The trainer's epoch and data
@@ -368,7 +372,7 @@ class Trainer:
             ) from err
 
     def _next_update(self, batches: Iterator[Batch]) -> tuple[list[Batch], int]:
-        """The next update's ``train.update_freq`` micro-batches of ``batches`` (:meth:`_batches`)
+        """The next update's ``train.update_freq`` micro-batches of ``batches`` (:meth:`batches`)
         and their target tokens over all ranks, counted on the host from the shared batch list."""
         micro, ntokens = [], 0
         for _ in range(self.cfg.train.update_freq):
@@ -431,7 +435,7 @@ class Trainer:
         )  # fp64, as the floats they replace
         for i, batch in enumerate(batches):
             with self.parallel.accumulate(last=i == len(batches) - 1):  # gradients averaged over ranks
-                out = self._loss(batch)
+                out = self.micro_loss(batch)
                 objective = out["loss"] + out["router_loss"] if "router_loss" in out else out["loss"]
                 self.scaler.scale(objective * scale).backward()
             self.routing.add(out)
@@ -635,7 +639,7 @@ class Trainer:
             desc=f"train {self.precision}",
             enabled=self.dist.is_main and bool(t.progress),
         )
-        batches = self._batches()
+        batches = self.batches()
         first_update = self.update  # the update this process compiles its step at (train.compile)
         self.memory.enter("training")
         stop = self.stop_reason()
