@@ -311,7 +311,7 @@ def fit_run(ctx: Context, cfg: Any) -> tuple[Any, dict[str, Any]]:
         "wall_s": wall,
         "first_update_s": first_s,
         "tokens_per_s_median_2nd_half": statistics.median(later) if later else None,
-        "tokens_per_s_overall": trainer.train_tokens / max(trainer.train_time, 1e-9),
+        "tokens_per_s_overall": trainer.state.train_tokens / max(trainer.state.train_time, 1e-9),
         "peak_memory_mb_by_phase": trainer.memory.as_dict(),
     }
     if ctx.device.type == "cuda":

@@ -52,6 +52,7 @@ from transformer.data.binarize import TokenSequences
 from transformer.data.dataset import ParallelDataset, TranslationData
 from transformer.data.tokenizer import PAD_ID
 from transformer.training.step import compiled
+from transformer.training.step.update_stats import read_stats
 
 from .batches import LengthBatch, real_train_flops
 from .context import Context, compose_config, data_overrides, load_data, make_trainer
@@ -294,7 +295,7 @@ def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
             trainer = make_trainer(cfg, data, dev, "ddp" if mode.startswith("ddp") else None, backend)
             try:
                 r = time_updates(trainer, a.trainer_warmup, a.trainer_updates, dev)
-                last = trainer.read_stats(r["stats"][-1])
+                last = read_stats(r["stats"][-1])
                 ntokens = sum(int(s["ntokens"]) for s in r["stats"])
             finally:
                 if mode.startswith("ddp"):  # DDP's reducer goes before its process group (see shutdown_distributed)

@@ -17,6 +17,7 @@ import torch
 from transformer.config import GenerationConfig
 from transformer.generation import translate_sentences
 from transformer.training.step.precision import cpu_has_fast_bf16
+from transformer.training.step.update_stats import read_stats
 
 from .context import (
     QUICK_SLICE,
@@ -51,7 +52,7 @@ def cpu_reference(ctx: Context, family: str, precision: str, steps: int) -> dict
     trainer = make_trainer(cfg, load_data(ctx), torch.device("cpu"))
     batches = trainer.batches()  # the trainer's own batch order (the sampler seeded by cfg.seed)
     t = time.time()
-    losses = [trainer.read_stats(trainer.train_step([next(batches)]))["loss"] for _ in range(steps)]
+    losses = [read_stats(trainer.train_step([next(batches)]))["loss"] for _ in range(steps)]
     ref = {
         "precision": ref_precision,
         "losses": losses,

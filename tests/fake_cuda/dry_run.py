@@ -304,7 +304,7 @@ def fit_on_gpu(fc: FakeCuda, trainer: Trainer, result: dict[str, Any]) -> None:
     moving average swapped in when there is one, and ``checkpoint_last``. A validation sentence that
     failed to translate (the trainer logs the error and goes on) is a problem."""
     logged: list[str] = []
-    trainer.log = logged.append
+    trainer.log = trainer.validator.log = logged.append
     validate = trainer.validate
 
     def validate_phase(logger: Any) -> bool:

@@ -26,11 +26,12 @@ import os
 import signal
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from transformer.config import signal_number, time_budget
 
-__all__ = ["STOP_EXIT_STATUS", "GracefulStop", "StopRequested", "budget_reached", "stop_on_signal"]
+__all__ = ["STOP_EXIT_STATUS", "Due", "GracefulStop", "StopRequested", "budget_reached", "due_at", "signal_stop"]
 
 STOP_EXIT_STATUS = 75
 """Exit status of a run stopped by a signal after saving (``EX_TEMPFAIL``: not finished, run again to continue)."""
@@ -140,25 +141,32 @@ def budget_reached(train: Any, *, update: int, epochs_done: int, train_time: flo
     return None
 
 
-def stop_on_signal(trainer: Any) -> None:
-    """After an update (and its validation) at which the ranks found a stop signal (received by
-    this rank or, under torchrun, by another): save ``checkpoint_last`` unless this update is saved
-    already, then raise :class:`StopRequested`. Every rank calls it at the same update (under FSDP
-    the save gathers the weights).
-
-    Args:
-        trainer: the :class:`~transformer.training.loop.trainer.Trainer` (``stopping``,
-            ``last_saved``, ``save``, ``update``, ``run_dir``).
-
-    Raises:
-        StopRequested: always.
-    """
-    stopping = trainer.stopping
-    if trainer.last_saved is None or trainer.last_saved[1] != trainer.update:
-        trainer.save()
+def signal_stop(stopping: GracefulStop | None, update: int, run_dir: Any) -> StopRequested:
+    """The :class:`StopRequested` to raise after the update (and its validation) at which the ranks
+    found a stop signal, received by this rank or, under torchrun, by another; the caller has saved
+    ``checkpoint_last``."""
     name = stopping.received.name if stopping is not None and stopping.received else "a signal on another rank"
-    raise StopRequested(
-        name,
-        trainer.update,
-        f"stopped by {name} after update {trainer.update}: checkpoint_last saved in {trainer.run_dir}",
+    return StopRequested(name, update, f"stopped by {name} after update {update}: checkpoint_last saved in {run_dir}")
+
+
+@dataclass(frozen=True)
+class Due:
+    """What an update owes: a log line (``train.log_every``, and the first update), a validation
+    (``train.validate_every``), a numbered checkpoint (``train.save_every``). The ranks meet at each."""
+
+    log: bool
+    validate: bool
+    save: bool
+
+    @property
+    def meeting(self) -> bool:
+        return self.log or self.validate or self.save
+
+
+def due_at(train: Any, update: int) -> Due:
+    """What update ``update`` (1-based) owes under the ``train`` config."""
+    return Due(
+        log=update % train.log_every == 0 or update == 1,
+        validate=train.validate_every > 0 and update % train.validate_every == 0,
+        save=train.save_every > 0 and update % train.save_every == 0,
     )

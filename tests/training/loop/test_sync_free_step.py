@@ -18,6 +18,7 @@ from transformer.training.distributed.process_group import DistInfo
 from transformer.training.job.run import train
 from transformer.training.loop.trainer import Trainer, TrainingError
 from transformer.training.step.divergence import DivergenceWatch
+from transformer.training.step.update_stats import read_stats
 
 
 def _reference_step(self: Trainer, batches: list) -> dict[str, Any]:
@@ -69,7 +70,7 @@ def _reference_step(self: Trainer, batches: list) -> dict[str, Any]:
     if self.ema is not None:
         self.ema.update(self.model)
     self.scheduler.step()
-    self.update += 1
+    self.state.update += 1
     return {
         "loss": loss_sum / max(local_tokens, 1),
         "nll_loss": nll_sum / max(local_tokens, 1),
@@ -114,16 +115,16 @@ def test_the_update_logs_the_numbers_it_logged_before(small_corpus, tmp_path, mo
                 m.setattr("transformer.training.step.criterion._on_host", lambda t: False)
             stats = new.train_step([next(new_batches) for _ in range(cfg.train.update_freq)])
         assert isinstance(stats["ntokens"], int) and isinstance(stats["local_tokens"], int)  # counted on the host
-        got = Trainer.read_stats(stats)
+        got = read_stats(stats)
         tokens += want["ntokens"]
         _same(got, want, exact=False)
-    assert new.train_tokens == tokens
+    assert new.state.train_tokens == tokens
     for a, b in zip(ref.model.state_dict().values(), new.model.state_dict().values()):
         # Adam normalises the rounding noise of gradients that are zero in exact arithmetic (the
         # key projection's bias): within a few learning-rate steps, not to the last bits
         torch.testing.assert_close(b, a, rtol=1e-3, atol=2e-3)
-    if "moe_counts" in new._routing:
-        _same(new.last_routing, {k: v for k, v in want.items() if k.startswith("moe_")}, exact=not device_path)
+    if new.routing.enabled:
+        _same(new.routing.last, {k: v for k, v in want.items() if k.startswith("moe_")}, exact=not device_path)
 
 
 def _same(got: dict[str, Any], want: dict[str, Any], exact: bool) -> None:

@@ -38,6 +38,7 @@ from transformer.training.checkpoint import load_checkpoint
 from transformer.training.distributed.process_group import DistInfo
 from transformer.training.loop.trainer import Trainer
 from transformer.training.step import compiled
+from transformer.training.step.update_stats import read_stats
 
 pytestmark = pytest.mark.slow  # inductor compiles for tens of seconds per graph on a CPU
 
@@ -90,7 +91,7 @@ def _trained(corpus: Path, run: Path, overrides: tuple[str, ...]) -> tuple[list[
     final weights."""
     cfg = small_config(corpus, run, *overrides)
     trainer = Trainer(cfg, load_translation_data(cfg.data), DistInfo(0, 1, torch.device("cpu")), run)
-    logged = [trainer.read_stats(trainer.train_step([batch])) for batch in _batches(trainer)]
+    logged = [read_stats(trainer.train_step([batch])) for batch in _batches(trainer)]
     return logged, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
 

@@ -126,13 +126,16 @@ def test_validation_and_test_use_the_average(small_corpus, tmp_path) -> None:
     average, state = load_checkpoint(run, "checkpoint_last")
     trainer = Trainer(cfg, load_translation_data(cfg.data), DistInfo(0, 1, torch.device("cpu")), run)
     trainer.model.load_state_dict(average)
-    assert trainer.valid_loss()["loss"] == pytest.approx(logged[-1], abs=1e-6)
+    assert trainer.validator.loss(trainer.model)["loss"] == pytest.approx(logged[-1], abs=1e-6)
     trainer.model.load_state_dict(state["ema"]["model"])
-    assert trainer.valid_loss()["loss"] != pytest.approx(logged[-1], abs=1e-6)
+    assert trainer.validator.loss(trainer.model)["loss"] != pytest.approx(logged[-1], abs=1e-6)
     # the test translated with the average: the same hypotheses as the averaged weights give now
     trainer.model.load_state_dict(average)
     hyps = (run / "hyps" / "test_2016_flickr.txt").read_text(encoding="utf-8").splitlines()
-    assert trainer.bleu("test_2016_flickr")["bleu"] == json.loads((run / "results.json").read_text())["bleu"]
+    assert (
+        trainer.validator.bleu(trainer.model, "test_2016_flickr")["bleu"]
+        == json.loads((run / "results.json").read_text())["bleu"]
+    )
     assert len(hyps) == 30
 
 

@@ -28,12 +28,33 @@ __all__ = [
     "META_SUFFIX",
     "STATE_SUFFIX",
     "SUFFIXES",
+    "TRAINING_STATE_KEYS",
     "WEIGHTS_SUFFIX",
     "CheckpointError",
     "check_plain",
     "checkpoint_file",
     "weights_path",
 ]
+
+TRAINING_STATE_KEYS = (
+    "optimizer",
+    "scheduler",
+    "scaler",
+    "rng",  # rank 0's random state
+    "rng_ranks",  # every rank's, in rank order
+    "sampler",  # the data position
+    "update",
+    "epoch",
+    "best_metric",
+    "bad_validations",
+    "train_tokens",
+    "train_time",
+    "wall_time",
+    "ema",
+    "routing",
+    "config",
+)
+"""The entries of a run's training state, in the order they are written (its ``.json`` lists them so)."""
 
 _PLAIN_SCALARS = (type(None), bool, int, float, str, bytes, torch.dtype, torch.device)
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+import warnings
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["get_rng_state", "set_rng_state"]
+__all__ = ["gather_rng_states", "get_rng_state", "restore_rank_rng", "set_rng_state"]
 
 
 def get_rng_state() -> dict[str, Tensor]:
@@ -57,3 +59,30 @@ def set_rng_state(state: dict[str, Tensor]) -> None:
     if "cuda" in state and torch.cuda.is_available():
         for i in range(min(state["cuda"].shape[0], torch.cuda.device_count())):
             torch.cuda.set_rng_state(state["cuda"][i].cpu().to(torch.uint8), i)
+
+
+def gather_rng_states(rank: int, world_size: int) -> list[dict[str, Tensor]]:
+    """Every rank's :func:`get_rng_state` in rank order on rank 0 (``[]`` on the others); a
+    collective under torchrun (every rank calls it)."""
+    mine = get_rng_state()
+    if world_size == 1:
+        return [mine]
+    gathered: list[Any] | None = [None] * world_size if rank == 0 else None
+    torch.distributed.gather_object(mine, gathered, dst=0)
+    return list(gathered or [])
+
+
+def restore_rank_rng(state: dict[str, Any], rank: int) -> None:
+    """Restore this rank's generators from a training state's ``rng_ranks`` (``rng``: rank 0's,
+    all an older checkpoint holds; a rank it lacks continues from it, with a warning, since its
+    dropout masks then differ from an uninterrupted run's)."""
+    ranks = state.get("rng_ranks") or [state["rng"]]
+    if rank < len(ranks):
+        set_rng_state(ranks[rank])
+        return
+    set_rng_state(state["rng"])
+    warnings.warn(
+        f"rank {rank}: the checkpoint holds the random state of {len(ranks)} rank(s); this rank "
+        "continues from rank 0's, so its dropout masks differ from those of an uninterrupted run",
+        stacklevel=3,
+    )

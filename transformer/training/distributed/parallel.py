@@ -27,7 +27,7 @@ One process (no torchrun) uses the model as it is.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -166,6 +166,7 @@ class DataParallel:
         self.loss_module = loss_module
         self.mode = mode
         self.fsdp_units: list[nn.Module] = []
+        self._replica: nn.Module | None = None  # FSDP: an unsharded copy on each rank for evaluation
         reduce_dtype = GRAD_REDUCE_DTYPES[grad_reduce_dtype]
         if self.mode == "ddp":
             cuda = dist_info.device.type == "cuda"
@@ -265,6 +266,17 @@ class DataParallel:
             return self.model.state_dict() if self.dist.is_main or every_rank else {}
         options = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank)
         return get_model_state_dict(self.model, options=options)
+
+    def eval_model(self, build: Callable[[], nn.Module]) -> nn.Module:
+        """A model each rank can evaluate alone: the trained model, or under FSDP an unsharded copy
+        (made once by ``build``) loaded with the gathered weights (a collective: every rank calls it)."""
+        if self.mode != "fsdp":
+            return self.model
+        weights = self.full_state_dict(every_rank=True)
+        if self._replica is None:
+            self._replica = build()
+        self._replica.load_state_dict(weights, strict=True)
+        return self._replica
 
     def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
         """Load full weights (every rank passes the same dict; under FSDP each keeps its shard).

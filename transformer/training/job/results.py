@@ -43,6 +43,7 @@ __all__ = [
     "RunLog",
     "run_dir_for",
     "run_name",
+    "run_progress",
     "write_results",
 ]
 
@@ -254,6 +255,22 @@ def _load_final_weights(trainer: Any) -> tuple[str, str | None, list[int]]:
     return "final", None, [trainer.update]
 
 
+def run_progress(trainer: Any) -> dict[str, Any]:
+    """A trainer's counters as ``results.json`` records them (``progress``); ``routing``: a mixture
+    of experts' metrics of the last update (``{}`` for a dense model)."""
+    return {
+        "updates": trainer.update,
+        "epochs": trainer.epoch,
+        "best_valid": trainer.validator.best_metric,
+        "train_time_s": trainer.state.train_time,
+        "train_tokens": trainer.state.train_tokens,
+        "precision": trainer.precision,
+        "world_size": trainer.dist.world_size,
+        "peak_memory_mb_by_phase": trainer.memory.as_dict(),
+        "routing": trainer.routing.last,
+    }
+
+
 def tested_updates_note(updates: list[int], last: int) -> str | None:
     """A sentence when the tested weights predate the run's last update, e.g. ``the tested weights
     (checkpoint_best) come from update 1,500 of 2,557``; None when they include it."""
@@ -320,7 +337,7 @@ def final_test(
     for split in test_splits:
         try:
             hyp_file = trainer.run_dir / "hyps" / f"{split}.txt"
-            scores[split] = trainer.bleu(split, hyp_file=hyp_file)
+            scores[split] = trainer.validator.bleu(trainer.model, split, hyp_file=hyp_file)
             if main:  # the references beside the hypotheses: compare.py tests the run without its data
                 references = "".join(r + "\n" for r in trainer.data.splits[split].tgt_text)
                 atomic_write_text(references_file(hyp_file), references)
@@ -339,10 +356,10 @@ def final_test(
         final_model=final_model,
         params=params,
         flops_per_token=flops["per_target_token"],
-        progress=trainer.progress(),
+        progress=run_progress(trainer),
         device=trainer.device,
         choices=choices,
-        wall_time_s=trainer.wall_time() if hasattr(trainer, "wall_time") else time.time() - start,
+        wall_time_s=trainer.state.wall_time() if hasattr(trainer, "state") else time.time() - start,
         active_params=active_params,
         test_weights=test_weights,
         test_weights_updates=tested_updates,

@@ -1,10 +1,5 @@
-"""Scoring a model during training: which validation pairs its loss can cover, the teacher-forced
-loss per target token over them, and BLEU/chrF of a translated split against its raw references.
-
-The :class:`~transformer.training.loop.trainer.Trainer` calls these with its own parts
-(:meth:`~transformer.training.loop.trainer.Trainer.valid_loss`, :meth:`~transformer.training.loop.trainer.Trainer.bleu`);
-they take the model, the data and the settings explicitly.
-"""
+"""Scoring a model during training: the :class:`Validator` (validation rounds, the best result,
+patience), the teacher-forced loss per target token, and BLEU/chrF of a translated split."""
 
 from __future__ import annotations
 
@@ -16,17 +11,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from transformer.config import GenerationConfig, ModelConfig
+from transformer.config import Config, GenerationConfig, ModelConfig
 from transformer.data.batching import TokenBatchSampler
 from transformer.data.collate import collate
 from transformer.data.tokenizer import Tokenizer
 from transformer.evaluation.metrics import corpus_scores
 from transformer.generation.translate import translate_dataset
 from transformer.io import atomic_write_text
+from transformer.training.distributed.process_group import DistInfo, broadcast_from_main
 from transformer.training.errors import TrainingError
 from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss, perplexity
 
-__all__ = ["scorable_pairs", "teacher_forced_loss", "translate_and_score"]
+__all__ = ["Validator", "scorable_pairs", "teacher_forced_loss", "translate_and_score"]
 
 
 def scorable_pairs(valid: Any, model: ModelConfig) -> tuple[Any, str | None]:
@@ -189,3 +185,118 @@ def translate_and_score(
         atomic_write_text(hyp_file, "".join(h + "\n" for h in hyps))
     scores = corpus_scores(hyps, dataset.tgt_text, tokenize=tokenize, lowercase=lowercase)
     return {**scores, "failed_lines": [i + 1 for i in sorted(errors)]}
+
+
+class Validator:
+    """A run's validation: the teacher-forced loss, BLEU/chrF with ``train.valid_bleu``, and the
+    best result so far with the validations since it (``train.patience``).
+
+    Args:
+        cfg: the run's config (``train``, ``generation``, ``data``, ``model``).
+        data: the corpus (``splits``, ``tgt_tokenizer``).
+        criterion: the training loss.
+        dist_info: rank, world size and device; every rank validates together.
+        precision: the run's resolved precision (decoding's autocast on an accelerator).
+        autocast: a context (the run's precision) around each forward of the loss.
+        log: where lines go (rank 0's).
+
+    Raises:
+        TrainingError: no validation pair fits learned positions (:func:`scorable_pairs`).
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        data: Any,
+        criterion: LabelSmoothedCrossEntropy,
+        dist_info: DistInfo,
+        precision: str,
+        autocast: Callable[[], AbstractContextManager[Any]],
+        log: Callable[[str], None],
+    ) -> None:
+        self.cfg, self.data, self.criterion, self.dist = cfg, data, criterion, dist_info
+        self.precision, self.autocast, self.log = precision, autocast, log
+        self.valid_set = scorable_pairs(data.splits["valid"], cfg.model)  # (pairs, a note to log once)
+        self.best_metric: float | None = None
+        self.bad_validations = 0  # validations in a row without improvement
+
+    def loss(self, model: nn.Module, features: Callable[..., torch.Tensor] | None = None) -> dict[str, float]:
+        """``{"loss", "nll_loss", "ppl"}`` per target token of ``model`` on the validation pairs it
+        can score (:func:`teacher_forced_loss`); ``features``: its compiled hidden states, or None."""
+        valid, note = self.valid_set
+        if note:
+            self.log(note)
+            self.valid_set = (valid, None)
+        return teacher_forced_loss(
+            model,
+            valid,
+            self.criterion,
+            arch=self.cfg.model.arch,
+            max_tokens=self.cfg.train.max_tokens,
+            device=self.dist.device,
+            autocast=self.autocast,
+            features=features,
+        )
+
+    def bleu(self, model: nn.Module, split: str, subset: int = 0, hyp_file: Path | None = None) -> dict[str, Any]:
+        """Translate ``split`` (its first ``subset`` pairs when set) with ``cfg.generation`` and score
+        it (:func:`translate_and_score`; every rank calls it under torchrun)."""
+        dataset = self.data.splits[split]
+        if subset and subset < len(dataset):
+            dataset = dataset.subset(range(subset))
+        return translate_and_score(
+            model,
+            dataset,
+            self.data.tgt_tokenizer,
+            self.cfg.generation,
+            self.dist.device,
+            split=split,
+            tokenize=self.cfg.data.bleu_tokenize,
+            lowercase=self.cfg.data.lowercase,
+            progress=bool(self.cfg.train.progress),
+            log=self.log,
+            hyp_file=hyp_file,
+            precision=self.precision,
+            dist_info=self.dist,
+        )
+
+    def validate(
+        self, model: nn.Module, update: int, logger: Any, features: Callable[..., torch.Tensor] | None = None
+    ) -> bool:
+        """One round on every rank: the loss on rank 0, broadcast so that every rank takes the same
+        best and patience decisions, BLEU/chrF decoded by all ranks with ``train.valid_bleu``; the
+        metrics logged (``logger.log(metrics, step, split="valid")``) with a line on rank 0.
+
+        Returns:
+            Whether this is the best result so far: BLEU (higher is better) with
+            ``train.best_metric=bleu`` when computed, else the loss (lower is better).
+        """
+        t = self.cfg.train
+        metrics: dict[str, Any] = self.loss(model, features) if self.dist.is_main else {}
+        metrics = broadcast_from_main(metrics, self.dist)
+        if t.valid_bleu:
+            scores = self.bleu(model, "valid", subset=t.valid_bleu_subset)
+            metrics.update(bleu=scores["bleu"], chrf=scores["chrf"])
+        if t.best_metric == "bleu" and "bleu" in metrics:
+            value, better = metrics["bleu"], lambda a, b: a > b
+        else:
+            value, better = metrics["loss"], lambda a, b: a < b
+        is_best = self.best_metric is None or better(value, self.best_metric)
+        if is_best:
+            self.best_metric, self.bad_validations = value, 0
+        else:
+            self.bad_validations += 1
+        metrics["best"] = self.best_metric
+        logger.log(metrics, step=update, split="valid")
+        if self.dist.is_main:
+            shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float))
+            self.log(f"[valid] update {update}: {shown}")
+        return is_best
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"best_metric", "bad_validations"}``, as a checkpoint holds them."""
+        return {"best_metric": self.best_metric, "bad_validations": self.bad_validations}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s entries (``state`` may hold a checkpoint's others too)."""
+        self.best_metric, self.bad_validations = state["best_metric"], int(state["bad_validations"])

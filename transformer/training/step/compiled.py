@@ -41,14 +41,25 @@ compiling for a model on a GPU and beyond the recompile limit after 8 shapes. CU
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.fx.experimental._config as shape_config
 from torch import nn
 
-__all__ = ["AUTO_COMPILE", "BACKEND", "compile_dynamic", "compile_training_step", "compiled_graphs", "resolve_compile"]
+from transformer.training.errors import TrainingError
+
+__all__ = [
+    "AUTO_COMPILE",
+    "BACKEND",
+    "compile_dynamic",
+    "compile_errors_named",
+    "compile_training_step",
+    "compiled_graphs",
+    "resolve_compile",
+]
 
 AUTO_COMPILE: dict[str, bool] = {"cpu": False, "cuda": True}
 """Whether ``train.compile=auto`` compiles, by device type; a device type not listed compiles. On a
@@ -139,3 +150,29 @@ def compiled_graphs() -> int:
     """Graphs dynamo has compiled in this process so far (``torch._dynamo.utils.counters``: each
     first compilation and recompilation of a frame counts once)."""
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+def _compiler_error(err: BaseException) -> bool:
+    """Whether ``err`` comes from ``torch.compile`` (dynamo tracing, a backend, inductor's code)."""
+    import torch._dynamo  # loaded by torch.compile already
+
+    return isinstance(err, torch._dynamo.exc.TorchDynamoException) or type(err).__module__.startswith(
+        ("torch._dynamo", "torch._inductor")
+    )
+
+
+@contextmanager
+def compile_errors_named(compiling: bool) -> Iterator[None]:
+    """Around a process's first compiled update (``compiling``): an error of dynamo or inductor
+    becomes one :class:`~transformer.training.errors.TrainingError` line naming it and the eager
+    switch; other errors, and every error when not ``compiling``, pass unchanged."""
+    try:
+        yield
+    except Exception as err:
+        if not (compiling and _compiler_error(err)):
+            raise
+        what = " ".join(str(err).split())[:300]
+        raise TrainingError(
+            f"train.compile: the training step failed to compile ({type(err).__name__}: {what}); "
+            "train eagerly with train.compile=false"
+        ) from err

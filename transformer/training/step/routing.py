@@ -35,6 +35,7 @@ class RoutingMonitor:
     def __init__(self, model: nn.Module, distributed: bool) -> None:
         self.model, self.distributed = model, distributed
         self.enabled = bool(moe_blocks(model))
+        self._last: dict[str, Any] = {}  # the last update's routing, on the device until read
         self._reset()
 
     def _reset(self) -> None:
@@ -77,7 +78,20 @@ class RoutingMonitor:
             "moe_layers": self.load.shape[0],
         }
         self._reset()
+        self._last = raw
         return raw
+
+    @property
+    def last(self) -> dict[str, Any]:
+        """The last update's routing metrics (:func:`read_routing`), read on first access; ``{}``
+        for a dense model."""
+        if "moe_counts" in self._last:
+            self._last = read_routing(self._last)
+        return self._last
+
+    def load_last(self, routing: dict[str, Any] | None) -> None:
+        """Continue from a checkpoint's ``routing`` (None: a checkpoint that lacks it)."""
+        self._last = dict(routing or {})
 
 
 def read_routing(raw: dict[str, Any]) -> dict[str, Any]:
