@@ -1,5 +1,6 @@
 """Decoder-only Llama-style models <-> Hugging Face ``LlamaForCausalLM`` (Touvron et al. 2023) and,
-with ``model.qk_norm=rmsnorm``, ``Qwen3ForCausalLM`` (Qwen Team 2025). docs/export.md#llama-and-qwen3-formathf-decoder-only.
+with ``model.qk_norm=rmsnorm``, ``Qwen3ForCausalLM`` (Qwen Team 2025);
+docs/export.md#llama-and-qwen3-formathf-decoder-only.
 
 The architectures match (half-split RoPE, fp32 RMSNorm, no embedding scale); only the packing
 differs: our ``in_proj`` stacks HF's ``q_proj``/``k_proj``/``v_proj`` rows and our ``w13`` its
