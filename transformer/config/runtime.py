@@ -99,7 +99,8 @@ def hydra_subdir(resume: Any = False, resume_from: Any = None, output_dir: Any =
 
 
 def swept_keys(overrides: Sequence[str]) -> list[str]:
-    """The keys a multirun's overrides sweep (``a=1,2``, ``seed=range(1,4)``, ``model/ffn=relu,swiglu``), Hydra's own left out."""
+    """The keys a multirun's overrides sweep (``a=1,2``, ``seed=range(1,4)``, ``model/ffn=relu,swiglu``),
+    Hydra's own left out."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
