@@ -27,7 +27,8 @@ class EnsembleState:
         self.states = list(states)
 
     def reorder(self, index: Tensor, host_index: Sequence[int] | None = None) -> None:
-        """Select (and repeat) rows of every member's state (:meth:`~transformer.models.state.DecodingState.reorder`)."""
+        """Select (and repeat) rows of every member's state
+        (:meth:`~transformer.models.state.DecodingState.reorder`)."""
         for state in self.states:
             state.reorder(index, host_index)
 
