@@ -93,7 +93,8 @@ class Run:
 
     @property
     def test_time(self) -> list[str]:
-        """The settings an evaluation changed at test time (``["model.position.rope_scaling.rope_type=dynamic", ...]``)."""
+        """The settings an evaluation changed at test time (``["model.position.rope_scaling.rope_type=dynamic",
+        ...]``)."""
         value = (self.results or {}).get("test_time") if self.evaluation else None
         return [str(v) for v in value] if isinstance(value, list) else []
 
