@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "transformer"
-CEILING = 0.32  # the target is about 20%: lower this as modules are trimmed, never raise it
+CEILING = 0.20  # the target is about 20% (31% before the docstrings were trimmed): lower it, never raise it
 
 
 def _files() -> list[Path]:
