@@ -1,23 +1,6 @@
-"""What the command-line scripts share: checks before Hydra starts, and the sweep objective.
-
-Hydra resolves ``hydra/launcher=...`` and ``hydra/sweeper=...`` itself and, when the plugin's
-distribution is not installed, stops with "Could not find 'hydra/launcher/submitit_slurm'" and a
-list of the options it has. :func:`check_hydra_plugins` reads the command line first and names the
-``pip install`` that provides the plugin instead.
-
-A Hydra sweeper (``hydra/sweeper=optuna``) optimises what the task function returns:
-``scripts/train.py`` returns :func:`sweep_objective`, the best validation metric, and checks the
-sweeper's direction against ``train.best_metric`` before training (:func:`check_sweep_objective`).
-
-Every script reports a user error the same way, through :func:`user_errors`: one line
-``error: ...`` on stderr and the script's exit status for that kind of error (the traceback only
-with ``HYDRA_FULL_ERROR=1``); inside a Hydra multirun (``-m``) the failed job raises
-:class:`RunFailed` instead of exiting, so that the sweep's other jobs still run. Each script names
-its own errors and statuses (e.g. ``scripts/train.py``: ``ConfigError`` 2, ``DataError`` 1). An
-exception raised inside a plugin's code (:mod:`transformer.plugins`: its constructor, forward or
-schedule failing) is one line naming the plugin, its file and line (:func:`plugin_failure`), with the
-status the script gives ``plugins=`` (2 in every script).
-"""
+"""What the command-line scripts share: checks before Hydra starts (a missing Hydra plugin named with
+its ``pip install``), the sweep objective, and the one-line report of a user error
+(docs/runs.md#errors-and-exit-codes)."""
 
 from __future__ import annotations
 
@@ -80,10 +63,7 @@ def _installed(module: str) -> bool:
 
 
 def check_hydra_plugins(argv: Sequence[str]) -> None:
-    """Refuse a command line whose ``hydra/launcher=`` or ``hydra/sweeper=`` plugin is missing.
-
-    Args:
-        argv: the script's arguments (``sys.argv[1:]``).
+    """Refuse a command line (``sys.argv[1:]``) whose ``hydra/launcher=`` or ``hydra/sweeper=`` plugin is missing.
 
     Raises:
         MissingPlugin: naming the option, the distribution and the ``pip install`` that provides it.
@@ -111,8 +91,8 @@ def sweeper_direction() -> str | list | None:
 
 
 def check_sweep_objective(train_cfg, direction: str | list | None) -> None:
-    """A sweeper that optimises the run's return value (:func:`sweep_objective`) must optimise it
-    the right way: ``maximize`` for ``train.best_metric=bleu``, ``minimize`` for ``loss``.
+    """Refuse a sweeper direction that does not fit ``train.best_metric`` (``maximize`` for bleu,
+    ``minimize`` for loss).
 
     Raises:
         ValueError: naming ``hydra.sweeper.direction`` and ``train.best_metric`` (or ``train.valid_bleu``).
@@ -138,9 +118,8 @@ def check_sweep_objective(train_cfg, direction: str | list | None) -> None:
 
 
 def sweep_objective(results: dict) -> float | None:
-    """What ``scripts/train.py`` returns to a Hydra sweeper: the run's best **validation**
-    ``train.best_metric`` (``results["best_valid"]``), never a test score; None when the run has
-    none (a sweeper then records the trial as failed)."""
+    """What ``scripts/train.py`` returns to a Hydra sweeper: the best validation ``train.best_metric``,
+    never a test score; None when the run has none (a failed trial)."""
     value = results.get("best_valid")
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -149,16 +128,9 @@ def sweep_objective(results: dict) -> float | None:
 
 
 class RunFailed(CompactHydraException):
-    """One job of a Hydra multirun failed with a user error (already reported on stderr): raised
-    instead of exiting, so that Hydra runs the sweep's other jobs and, at the end, raises the first
-    failed job's error. Hydra prints a compact error as its message alone (no traceback), and the
-    message is then the sweep's one-line summary (:func:`sweep_summary`) when its record is readable.
-
-    Args:
-        message: the job's one line.
-        sweep_dir: the sweep's folder, where :data:`JOBS_RECORD` is (default: the running job's;
-            None outside a multirun).
-    """
+    """One job of a Hydra multirun failed with a user error (already on stderr): raised instead of
+    exiting, so the sweep's other jobs run. Its message is the sweep's one-line summary when the
+    record of ``sweep_dir`` (default: the running job's) is readable."""
 
     def __init__(self, message: str, sweep_dir: str | None = None) -> None:
         if sweep_dir is None and (found := _sweep_of_job()) is not None:
@@ -192,9 +164,8 @@ def _launch_stamp(sweep_dir: Path) -> int | None:
 
 
 def record_job(state: str, message: str | None = None) -> None:
-    """Append the outcome of the multirun job running now to :data:`JOBS_RECORD` in its sweep's
-    folder (one ``write`` per line: jobs that end together append whole lines); nothing outside a
-    multirun. ``compare.py`` lists the jobs that left no results with these states and lines."""
+    """Append the outcome of the running multirun job as one line of :data:`JOBS_RECORD` in its sweep's
+    folder (whole-line writes); nothing outside a multirun."""
     found = _sweep_of_job()
     if found is None:
         return
@@ -215,11 +186,9 @@ def record_job(state: str, message: str | None = None) -> None:
 
 
 class SweepSummary(Callback):
-    """Hydra callback (``hydra.callbacks`` of ``configs/train.yaml``): when a multirun's jobs are
-    done and any of them did not finish, one line ``error: 6 of 8 jobs finished; 2 refused: ...``
-    (:func:`sweep_summary`) on stderr and exit status 1; nothing when every job finished. A search
-    (a sweeper other than Hydra's basic one, e.g. Optuna's, whose failed trials are part of the
-    search: ``max_failure_rate``) gets the line without ``error:`` and keeps its exit status."""
+    """Hydra callback: when any job of a multirun did not finish, one line ``error: 6 of 8 jobs
+    finished; 2 refused: ...`` on stderr and exit status 1. A search sweeper (Optuna's, whose failed
+    trials are part of the search) gets the line without ``error:`` and keeps its status."""
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         try:
@@ -242,8 +211,8 @@ def _launched_jobs(sweep_dir: Path) -> dict[int, dict]:
 
 
 def sweep_summary(sweep_dir: str | Path) -> str | None:
-    """One line on the latest launch of the sweep in ``sweep_dir`` from its :data:`JOBS_RECORD`:
-    ``6 of 8 jobs finished; 2 refused: <folder>: <line>; ...``; None without a record."""
+    """``6 of 8 jobs finished; 2 refused: <folder>: <line>; ...`` for the latest launch of the sweep in
+    ``sweep_dir``; None without a record."""
     sweep_dir = Path(sweep_dir)
     jobs = _launched_jobs(sweep_dir)
     if not jobs:
@@ -259,11 +228,7 @@ def sweep_summary(sweep_dir: str | Path) -> str | None:
 
 
 def in_multirun() -> bool:
-    """Whether the running Hydra job is one job of a multirun (``-m``).
-
-    Returns:
-        True in a multirun's job; False in a single run and outside Hydra.
-    """
+    """Whether the running Hydra job is one job of a multirun (``-m``); False outside Hydra."""
     try:
         return HydraConfig.get().mode == RunMode.MULTIRUN
     except Exception:  # not under Hydra
@@ -271,29 +236,14 @@ def in_multirun() -> bool:
 
 
 def one_line(err: BaseException) -> str:
-    """The exception's message on one line.
-
-    Args:
-        err: any exception.
-
-    Returns:
-        ``str(err)`` with every run of whitespace (newlines included) as one space, stripped.
-    """
+    """``str(err)`` with every run of whitespace as one space, stripped."""
     return " ".join(str(err).split())
 
 
 def plugin_failure(err: BaseException) -> PluginError | None:
-    """The error to report for ``err`` when a loaded plugin's code raised it: the innermost frame of
-    its traceback (or of what it was raised from) that lies in a loaded plugin's folder
-    (:func:`~transformer.plugins.loaded_plugins`) names the plugin, its file and line.
-
-    Args:
-        err: any exception.
-
-    Returns:
-        A :class:`~transformer.plugins.PluginError` ``the plugin <name> failed at <file>:<line>:
-        <type>: <message>`` (one line), or None when no plugin's code is in the traceback.
-    """
+    """A :class:`~transformer.plugins.PluginError` ``the plugin <name> failed at <file>:<line>: ...``
+    from the innermost traceback frame of ``err`` (or its causes) inside a loaded plugin's folder, or
+    None when no plugin's code is in the traceback."""
     roots = [(p.name, p.root.resolve()) for p in loaded_plugins()]
     if not roots:
         return None
@@ -327,8 +277,8 @@ def _status(err: BaseException, statuses: Mapping[type | tuple[type, ...], int])
 
 
 def _report(err: BaseException, status: int, prefix: str) -> NoReturn:
-    """Print ``prefix + message`` as one line on stderr, then exit with ``status`` (raise
-    :class:`RunFailed` in a multirun); with ``HYDRA_FULL_ERROR=1`` re-raise ``err`` instead."""
+    """Print ``prefix + message`` on one line of stderr and exit with ``status`` (raise :class:`RunFailed`
+    in a multirun); re-raise ``err`` under ``HYDRA_FULL_ERROR=1``."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise err
     message = one_line(err)
@@ -349,36 +299,25 @@ def user_errors(
 ) -> Iterator[None]:
     """Turn the user errors raised in the block into one line on stderr and an exit status.
 
-    An exception that is an instance of a key of ``statuses`` (checked in order; a key may be a
-    tuple of types) is reported as ``prefix + message`` on one line of stderr (the message's
-    whitespace, newlines included, collapsed to single spaces) and the process exits with that
-    key's status. Inside a Hydra multirun the job raises :class:`RunFailed` instead (after the
-    line), so that the other jobs go on. With ``HYDRA_FULL_ERROR=1`` in the environment the
-    exception is re-raised unchanged (its traceback is shown; nothing is printed). Any other
-    exception, ``SystemExit`` and ``KeyboardInterrupt`` included, passes through untouched::
+    An instance of a key of ``statuses`` (checked in order) is printed as ``prefix + message`` on one
+    line and the process exits with that status. In a Hydra multirun the job raises :class:`RunFailed`
+    instead; under ``HYDRA_FULL_ERROR=1`` the exception is re-raised unchanged. Anything else passes
+    through::
 
         with user_errors({(LoadError, ConfigError, FileNotFoundError): 2, LinesFailed: 1}):
             translate_file(cfg)
 
     Args:
         statuses: exception type, or tuple of types, -> exit status.
-        prefix: what the line starts with (``"error: "``; ``scripts/average_checkpoints.py`` names
-            itself, ``"average_checkpoints.py: error: "``).
-        on_error: called with a matching exception before anything else (also under
-            ``HYDRA_FULL_ERROR=1`` and in a multirun), e.g. to remove what a refused run wrote.
-        broken_pipe: the exit status for a ``BrokenPipeError`` (stdout closed early, e.g. piped
-            into ``head``), without a message; None lets it pass through.
-        plugins: the exit status for any other ``Exception`` raised inside a loaded plugin's code,
-            reported as :func:`plugin_failure`'s line (under ``HYDRA_FULL_ERROR=1`` that error is
-            raised from the plugin's); None lets it pass through.
-
-    Yields:
-        Nothing; the block runs inside.
+        on_error: called with a matching exception first (also in a multirun or under
+            ``HYDRA_FULL_ERROR=1``), e.g. to remove what a refused run wrote.
+        broken_pipe: the exit status for a ``BrokenPipeError`` (stdout closed early), silent; None lets it pass.
+        plugins: the exit status for any other ``Exception`` raised in a loaded plugin's code, reported
+            as :func:`plugin_failure`'s line; None lets it pass.
 
     Raises:
-        SystemExit: with the matching status (not in a multirun, not under ``HYDRA_FULL_ERROR=1``).
-        RunFailed: in a Hydra multirun, after the line was printed.
-        BaseException: the matching exception itself under ``HYDRA_FULL_ERROR=1``; any other one as raised.
+        SystemExit: with the matching status.
+        RunFailed: in a Hydra multirun, after the line.
     """
     try:
         yield

@@ -1,19 +1,7 @@
-"""Hydra's record of a training job in its run folder, in one place.
-
-Hydra writes the record of a job (its composed config, its own config with the group choices, the
-command line's overrides) before the task function runs::
-
-    <run>/.hydra/{config,hydra,overrides}.yaml               the run's first start
-    <run>/.hydra/resume-<date>_<time>/{...}.yaml             each resume (the first record is kept)
-
-``configs/train.yaml`` chooses the subfolder through the ``zoo.hydra_subdir`` resolver
-(:func:`transformer.config.runtime.hydra_subdir`, which decides whether the job resumes and asks
-:func:`record_subdir` for the name). This module reads the record (:func:`job_run_dir`,
-:func:`job_choices`, :func:`recorded_choices`) and takes it back when a job ends before it wrote
-anything of its own (:func:`forget_record`): a run refused before training leaves no folder behind,
-a refused or skipped resume leaves its folder as it was, and a sweep job skipped by
-``train.finished_runs`` leaves no empty folder in the sweep.
-"""
+"""Hydra's record of a training job in its run folder: ``.hydra/`` at the first start,
+``.hydra/resume-<date>_<time>/`` at each resume. Reading it, and taking it back when a job ends
+before it wrote anything (:func:`forget_record`), so a refused run leaves no folder and a refused
+resume leaves its folder as it was."""
 
 from __future__ import annotations
 
@@ -34,17 +22,8 @@ RESUME_RECORD = HYDRA_RECORD + "/resume-"
 
 
 def record_subdir(resuming: bool, output_dir: str | Path | None = None) -> str | None:
-    """Where Hydra records this job (``hydra.output_subdir``).
-
-    Args:
-        resuming: whether the job continues a run already in ``output_dir``.
-        output_dir: the job's run folder, when known.
-
-    Returns:
-        ``.hydra`` for a new run, ``.hydra/resume-<date>_<time>`` for a resume (the run's own record
-        is never overwritten), None (no record) when another live process holds the folder's lock
-        (:class:`~transformer.io.FolderLock`): the job then stops naming it, having written nothing.
-    """
+    """``.hydra`` for a new run, ``.hydra/resume-<date>_<time>`` for a resume, None (no record) when
+    another live process holds the folder's lock."""
     if (
         output_dir is not None
         and str(output_dir).lower() not in ("", "none", "null")
@@ -76,9 +55,7 @@ def job_choices() -> dict[str, str]:
 
 
 def recorded_choices(run_dir: Path) -> dict[str, str] | None:
-    """The config-group choices recorded when the run in ``run_dir`` started
-    (``.hydra/hydra.yaml``), for a resumed run whose command line does not repeat them; None when
-    there is no readable record."""
+    """The config-group choices recorded when the run in ``run_dir`` started; None without a readable record."""
     try:
         return _choices(OmegaConf.load(Path(run_dir) / HYDRA_RECORD / "hydra.yaml").hydra.runtime.choices)
     except Exception:  # no record, or not Hydra's
@@ -86,18 +63,10 @@ def recorded_choices(run_dir: Path) -> dict[str, str] | None:
 
 
 def forget_record() -> Path | None:
-    """Take back the record Hydra wrote for this job, when the job wrote nothing of its own.
+    """Take back Hydra's record of this job when the job wrote nothing; return the path removed, or None.
 
-    A resume's record (``.hydra/resume-<time>/``) is removed (and ``.hydra/`` when that leaves it
-    empty); a new run's folder is removed when it
-    holds nothing but Hydra's record (``.hydra/``), and so are the folders above it that are left
-    empty, up to the working directory (Hydra's dated ``outputs/<experiment>/<date>/`` leaves no
-    ``outputs/<experiment>/`` behind; nothing outside the working directory is touched). A folder
-    holding anything else is left alone. Outside Hydra, or when Hydra wrote no record, nothing happens.
-
-    Returns:
-        The path removed, or None.
-    """
+    A resume's record is removed; a new run's folder holding only ``.hydra/`` is removed with the empty
+    folders above it, up to the working directory. Nothing else is touched."""
     try:
         hc = HydraConfig.get()
     except ValueError:

@@ -1,17 +1,8 @@
-"""Crash-safe file writing and the one safetensors reader/writer of the package.
+"""Crash-safe file writing, the one safetensors reader/writer of the package, and the run folder's lock.
 
-Every file the project writes that a later run reads back (checkpoints, results, caches,
-tokenizers, downloads) goes through :func:`atomic_write`: the content is written to a temporary
-file in the destination's folder, flushed and ``fsync``-ed, then moved into place with
-``os.replace`` (atomic on POSIX). A crash while writing leaves the previous file untouched and no
-half-written file under the destination's name. :func:`atomic_write_all` does the same for several
-files that belong together: all are staged completely before the first is moved into place.
-
-A run folder has one writer at a time: :class:`FolderLock` (an OS file lock released when its
-process dies). Safetensors files are read with :func:`read_safetensors` (tensors and header metadata, one error
-type naming the file) and written with :func:`write_safetensors` (atomic; tied or non-contiguous
-tensors made acceptable by :func:`weights_for_safetensors`).
-"""
+:func:`atomic_write` writes to an fsync-ed temporary file next to the destination, then
+``os.replace`` moves it into place (atomic on POSIX): a crash leaves the previous file or nothing,
+never half a file. :func:`atomic_write_all` stages several files completely before the first moves."""
 
 from __future__ import annotations
 
@@ -84,19 +75,10 @@ def _stage(path: Path, write: Callable[[Path], None]) -> Path:
 
 
 def atomic_write_all(writes: Sequence[tuple[Path | str, Callable[[Path], None]]]) -> None:
-    """Write several files so that none is replaced before all are complete.
+    """Write several ``(destination, write)`` files so that none is replaced before all are complete.
 
-    Each ``write(tmp)`` fills a temporary file next to its destination; only when every one has
-    been written and fsync-ed are they moved into place (``os.replace``, in the given order).
-
-    Args:
-        writes: ``(destination, write)`` pairs; ``write`` receives the temporary path to fill (it
-            exists and is empty; ``write`` may replace it, e.g. with a hard link).
-
-    Raises:
-        Whatever a ``write`` raises; the destinations are then unchanged and the temporary files
-        removed.
-    """
+    ``write`` receives an empty temporary path to fill (it may replace it, e.g. with a hard link).
+    Whatever a ``write`` raises leaves the destinations unchanged and no temporary file."""
     pairs = [(Path(path), write) for path, write in writes]
     staged: list[tuple[Path, Path]] = []
     try:
@@ -112,19 +94,9 @@ def atomic_write_all(writes: Sequence[tuple[Path | str, Callable[[Path], None]]]
 
 
 def atomic_write(path: Path | str, write: Callable[[Path], None]) -> Path:
-    """Write a file atomically: ``write(tmp)`` fills a temporary file in the same folder, which is
-    fsync-ed and moved onto ``path`` with ``os.replace``.
+    """Write ``path`` atomically (its folder created when missing) with ``write(tmp)``; return it.
 
-    Args:
-        path: the destination; its folder is created when missing.
-        write: a function that writes the whole content to the path it receives.
-
-    Returns:
-        ``path`` as a :class:`Path`.
-
-    Raises:
-        Whatever ``write`` raises; ``path`` is then unchanged and the temporary file removed.
-    """
+    Whatever ``write`` raises leaves ``path`` unchanged and no temporary file."""
     path = Path(path)
     atomic_write_all([(path, write)])
     return path
@@ -144,19 +116,11 @@ def atomic_write_text(path: Path | str, text: str, encoding: str = "utf-8") -> P
 
 
 def weights_for_safetensors(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Make a state dict acceptable to safetensors: detached, contiguous, no shared storage.
-
-    Tensors are not copied unless needed: a tensor is cloned when its storage already appeared
-    under an earlier name (tied weights, views of one buffer) or made contiguous when it is not.
-
-    Args:
-        state: name -> tensor (e.g. ``model.state_dict()``), any devices and dtypes.
-
-    Returns:
-        A new dict with the same names and values.
+    """A new dict safetensors accepts: detached, contiguous, no shared storage (a tensor whose storage
+    appeared under an earlier name, a tied weight, is cloned; nothing else is copied).
 
     Raises:
-        TypeError: when a value is not a tensor (the message names the key).
+        TypeError: a value is not a tensor (its key named).
     """
     out: dict[str, Tensor] = {}
     seen: set[tuple[str, int]] = set()
@@ -175,42 +139,26 @@ def weights_for_safetensors(state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def safetensors_writer(tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -> Callable[[Path], None]:
-    """A ``write`` function for :func:`atomic_write` that saves already prepared ``tensors``
-    (see :func:`weights_for_safetensors`) with the string header ``metadata``."""
+    """A ``write`` for :func:`atomic_write` saving prepared ``tensors`` with string header ``metadata``."""
     return lambda tmp: save_file(tensors, str(tmp), metadata=metadata)
 
 
 def write_safetensors(path: Path | str, state: dict[str, Tensor], metadata: dict[str, str] | None = None) -> Path:
-    """Write ``state`` atomically as a safetensors file (see :func:`weights_for_safetensors`).
-
-    Args:
-        path: the ``.safetensors`` file to write.
-        state: name -> tensor.
-        metadata: optional string -> string header entries.
-
-    Returns:
-        ``path`` as a :class:`Path`.
+    """Write ``state`` atomically as a safetensors file; returns ``path``.
 
     Raises:
-        TypeError: when a value is not a tensor.
+        TypeError: a value is not a tensor.
     """
     return atomic_write(path, safetensors_writer(weights_for_safetensors(state), metadata))
 
 
 def read_safetensors(path: Path | str, device: str | torch.device = "cpu") -> tuple[dict[str, Tensor], dict[str, str]]:
-    """Read every tensor and the header metadata of a safetensors file.
-
-    Args:
-        path: the ``.safetensors`` file.
-        device: where to put the tensors.
-
-    Returns:
-        ``(tensors, metadata)``: name -> tensor, and the header's string -> string entries
-        (empty when the file has none).
+    """``(tensors, metadata)`` of a safetensors file: name -> tensor on ``device``, and the header's
+    string entries.
 
     Raises:
-        FileNotFoundError: when ``path`` is not a file.
-        SafetensorsReadError: when the file cannot be parsed (``"cannot read {path}: {reason}"``).
+        FileNotFoundError: ``path`` is not a file.
+        SafetensorsReadError: the file cannot be parsed (named).
     """
     path = Path(path)
     if not path.is_file():
@@ -245,17 +193,11 @@ def _holder(path: Path) -> str:
 
 
 class FolderLock:
-    """An exclusive lock on a folder: one writer per run folder.
+    """An exclusive lock on a folder (created when absent): one writer per run folder.
 
-    ``fcntl.flock`` on ``<folder>/.lock``: the operating system releases it when the holding process
-    ends in any way (kill -9 included), so no stale lock is ever left to clean by hand. The holder
-    writes its host, pid and start time into the file; a second process that finds the folder
-    locked raises :class:`FolderLocked` naming them, having written nothing (it opens an existing
-    lock file without changing it).
-
-    Args:
-        folder: the run folder (created when absent).
-    """
+    ``fcntl.flock`` on ``<folder>/.lock``, released by the OS when the holder ends in any way (kill -9
+    included), so no stale lock is left. The holder writes its host, pid and start time into the file;
+    another process raises :class:`FolderLocked` naming them, having written nothing."""
 
     def __init__(self, folder: str | os.PathLike) -> None:
         self.folder = Path(folder)

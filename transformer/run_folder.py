@@ -1,26 +1,7 @@
-"""A run folder's layout and the names and suffixes of a checkpoint, in one place.
-
-Every layer that reads or writes a run folder (training, generation, the config's Hydra resolver,
-interop, analysis) takes the names from here, so a format change is made once. It sits at the
-package's lowest floor (it imports nothing from the package), beside :mod:`transformer.io`.
-
-A run folder holds::
-
-    config.yaml                       the resolved config (also read: .hydra/config.yaml)
-    spm.model | spm.src.model, spm.tgt.model   the tokenizer(s)
-    checkpoint_last.{safetensors,pt,json}      a checkpoint: weights, training state, metadata
-    checkpoint_best.*, checkpoint_<update>.*   the same three files each
-    checkpoint_avg.safetensors                 the averaged weights a train.average_last run tested
-    metrics.jsonl, results.json, train.log, plugins/, .hydra/
-    hyps/<split>.txt, hyps/<split>.ref         a test split's hypotheses and the references they were scored against
-    eval/<checkpoint>[+<test-time tag>]/       scripts/evaluate.py's results.json and <split>.txt
-
-A multirun's sweep folder holds, beside Hydra's ``multirun.yaml`` and the jobs' run folders,
-``jobs.jsonl``: how each job ended (:data:`JOBS_RECORD`).
-
-A *checkpoint* is named by its stem (``dir / "checkpoint_last"``); its files are the stem plus
-:data:`SUFFIXES`. :func:`checkpoint_stem` is the one place a suffix is stripped.
-"""
+"""A run folder's layout and a checkpoint's names and suffixes, in one place: every layer that reads
+or writes a run folder takes the names from here. It imports nothing from the package. The layout:
+docs/runs.md#the-run-folder; a sweep folder also holds ``jobs.jsonl`` (:data:`JOBS_RECORD`). A
+checkpoint is named by its stem (``dir / "checkpoint_last"``), its files the stem plus :data:`SUFFIXES`."""
 
 from __future__ import annotations
 
@@ -79,10 +60,9 @@ EVAL_DIR = "eval"
 
 
 def test_time_tag(overrides: list[str]) -> str:
-    """A short name for settings changed at test time, for an evaluation's folder and its label:
-    ``["model.position.rope_scaling.rope_type=dynamic", "model.position.rope_scaling.factor=2.0",
-    "model.position.rope_scaling.original_max_position_embeddings=16"]`` -> ``"rope_dynamic_x2_L0=16"``
-    (any other field as ``<field>=<value>``); ``""`` for none."""
+    """A short name for settings changed at test time (``rope_type=dynamic``, ``factor=2.0``,
+    ``original_max_position_embeddings=16`` -> ``rope_dynamic_x2_L0=16``; other fields as
+    ``<field>=<value>``); ``""`` for none."""
     short = {"rope_type": "rope_{}", "factor": "x{}", "original_max_position_embeddings": "L0={}"}
     parts = []
     for item in overrides:

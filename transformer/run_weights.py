@@ -1,19 +1,6 @@
-"""Which weights a run folder means, and reading a weights file: the one home of both, for
-loading a run to decode with (:func:`transformer.generation.load_run`) and for training's
-checkpoints (:mod:`transformer.training.checkpoint`).
-
-A run folder means the weights its ``results.json`` was tested with (``test_weights``:
-``checkpoint_avg.safetensors`` for a ``train.average_last > 0`` run, else
-``checkpoint_best.safetensors``); a folder whose ``results.json`` names none (a run from before the
-record, or one still training) falls back to ``checkpoint_best``, else ``checkpoint_last``
-(:func:`find_checkpoint`). :func:`read_weights` reads one ``.safetensors`` file, tensors and header
-metadata, and names a file it cannot parse.
-
-Errors: :class:`LoadError` (a run or checkpoint that cannot be loaded) and its kind
-:class:`CheckpointError` (a checkpoint's files that cannot be read or do not belong together), so
-that a script loading a run reports either as one line. It sits beside
-:mod:`transformer.run_folder` (the names it resolves) and imports only that and :mod:`transformer.io`.
-"""
+"""Which weights a run folder means (docs/decoding.md#which-weights-checkpointrun-loads), and reading
+a weights file: the one home of both, for decoding and for training's checkpoints. Its errors,
+:class:`LoadError` and its kind :class:`CheckpointError`, are one line in a script."""
 
 from __future__ import annotations
 
@@ -41,19 +28,12 @@ class CheckpointError(LoadError):
 
 
 def read_weights(path: Path | str, device: str = "cpu") -> tuple[dict[str, Tensor], dict[str, str]]:
-    """Read a ``.safetensors`` weights file: every tensor and the header metadata.
-
-    Args:
-        path: the ``.safetensors`` file.
-        device: where to put the tensors.
-
-    Returns:
-        ``(tensors, metadata)``: name -> tensor, and the header's string -> string entries.
+    """``(tensors, metadata)`` of a ``.safetensors`` file: name -> tensor on ``device``, and the header's
+    string entries.
 
     Raises:
-        FileNotFoundError: when ``path`` is not a file.
-        CheckpointError: when it cannot be parsed (``"<path> is not a safetensors weights file
-            (cannot read <path>: <reason>); expected ..."``).
+        FileNotFoundError: ``path`` is not a file.
+        CheckpointError: it cannot be parsed (named).
     """
     try:
         return read_safetensors(path, device)
@@ -64,24 +44,13 @@ def read_weights(path: Path | str, device: str = "cpu") -> tuple[dict[str, Tenso
 
 
 def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
-    """Resolve a run folder, checkpoint file or checkpoint stem to ``(run_dir, weights_file)``.
+    """``(run_dir, weights_file)`` of a run folder, checkpoint file (``.safetensors`` / ``.pt``) or stem.
 
-    A run folder resolves to the weights its ``results.json`` names as ``test_weights`` (the file
-    its test scores came from: ``checkpoint_avg.safetensors`` after ``train.average_last > 0``),
-    else to ``checkpoint_best``, else ``checkpoint_last``. When the folder has a ``results.json``,
-    one line on stderr says which file and why (for a fallback: what ``results.json`` says its
-    scores came from instead); a folder without one (a run still training) reports no numbers,
-    and its best or last checkpoint is loaded silently, as the callers name the file they load.
-
-    Args:
-        path: a run folder, a ``.safetensors`` or ``.pt`` checkpoint file, or a stem such as
-            ``runs/x/checkpoint_best``.
-
-    Returns:
-        The run folder (the checkpoint's folder) and the ``.safetensors`` weights file.
+    A folder resolves to its ``results.json``'s ``test_weights``, else ``checkpoint_best``, else
+    ``checkpoint_last``; with a ``results.json``, one line on stderr says which and why.
 
     Raises:
-        LoadError: nothing usable at ``path`` (the message lists what was looked for).
+        LoadError: nothing usable at ``path`` (what was looked for listed).
     """
     p = Path(path).expanduser()
     if p.is_dir():
@@ -115,9 +84,8 @@ def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
 
 
 def _tested_weights(run_dir: Path) -> tuple[Path | None, str]:
-    """The weights file ``run_dir/results.json`` names as ``test_weights`` when it is there, and a
-    few words on it; else None and why the folder falls back to its best or last checkpoint
-    (``""`` when it has no ``results.json``)."""
+    """The ``test_weights`` file of ``run_dir/results.json`` and a few words on it, or None and why the
+    folder falls back (``""`` without ``results.json``)."""
     try:
         results = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -1,28 +1,8 @@
-"""The paired bootstrap over test sentences and seeds: is a configuration's mean score over its
-seeds different from the baseline's, counting both the sampling of test sentences and the
-seed-to-seed variation of training?
-
-Each resample draws the test sentences with replacement (the same sentences for every run, so the
-comparison is paired over sentences) and, independently for each of the two configurations, its
-seeds with replacement (the replicates of Clark et al. 2011, *Better Hypothesis Testing for
-Statistical Machine Translation: Controlling for Optimizer Instability*; a two-level bootstrap,
-Davison & Hinkley 1997, §3.8). A configuration's score in a resample is the mean, over its drawn
-seeds, of each seed's corpus score on the drawn sentences; the resample's difference is the
-system's minus the baseline's. The p-value is sacreBLEU's paired bootstrap statistic applied to these
-differences (:mod:`sacrebleu.significance`, after Moses'
-``bootstrap-hypothesis-difference-significance.pl``): with ``d_r`` the absolute difference of
-resample ``r`` and ``d`` the observed one,
-
-    p = (1 + #{r : d_r - mean(d_r) > d}) / (R + 1),
-
-so with one seed per configuration it is sacreBLEU's ``PairedTest(test_type="bs")`` p-value, the same
-resamples included (:func:`sentence_resamples` draws them as sacreBLEU does). An observed difference
-of exactly 0 (the same score, e.g. BLEU 0.00 twice, or tied in every resample) is no evidence of a
-difference: ``p = 1``, where sacreBLEU's strict ``>`` gives the smallest p, ``1 / (R + 1)``.
-
-Scores of a resample come from sacreBLEU's own sentence statistics, summed as its paired bootstrap
-sums them (float32, exact for counts below 2**24).
-"""
+"""The paired bootstrap over test sentences and seeds (Clark et al. 2011; Davison & Hinkley 1997
+§3.8): is a configuration's mean score over its seeds different from the baseline's, counting both
+the sampling of test sentences and the seed-to-seed variation? The p-value is sacreBLEU's paired
+bootstrap statistic on the resampled differences, 1 for an observed difference of 0
+(docs/design.md#the-paired-bootstrap-over-sentences-and-seeds)."""
 
 from __future__ import annotations
 
@@ -48,17 +28,8 @@ def seed_resamples(n_runs: int, n_samples: int, rng: np.random.Generator) -> np.
 
 
 def resampled_scores(stats: Sequence, metric, resamples: np.ndarray) -> np.ndarray:
-    """One run's corpus score in each resample of its test sentences.
-
-    Args:
-        stats: sacreBLEU's sentence statistics of the run (``metric._extract_corpus_statistics``),
-            ``[n_sentences, n_stats]``.
-        metric: the sacreBLEU metric (BLEU, chrF) that extracted them.
-        resamples: ``[n_samples, n_sentences]`` sentence indices (:func:`sentence_resamples`).
-
-    Returns:
-        ``[n_samples]`` scores (0-100), float64.
-    """
+    """``[n_samples]`` float64 scores (0-100) of one run in each resample: sacreBLEU sentence statistics
+    ``[n_sentences, n_stats]`` of ``metric``, summed over ``[n_samples, n_sentences]`` resample indices."""
     stats = np.asarray(stats, dtype=np.float32)
     scores = []
     for start in range(0, len(resamples), _CHUNK):
@@ -74,19 +45,12 @@ def p_value(
     baseline_seeds: np.ndarray,
     system_seeds: np.ndarray,
 ) -> float:
-    """The p-value of the difference between two configurations' mean scores (module docstring).
+    """The p-value in ``(0, 1]`` of the difference of two configurations' mean scores (1 when ``observed`` is 0).
 
     Args:
-        baseline: ``[n_baseline_runs, n_samples]``: each of the baseline's runs' scores in each
-            resample of the sentences (:func:`resampled_scores`, the same resamples for every run).
-        system: ``[n_system_runs, n_samples]``, the other configuration's.
-        observed: the observed difference of the mean scores (system minus baseline).
-        baseline_seeds: ``[n_samples, n_baseline_runs]`` the baseline's runs drawn in each resample
-            (:func:`seed_resamples`).
-        system_seeds: ``[n_samples, n_system_runs]``, the system's.
-
-    Returns:
-        ``p`` in ``(0, 1]``; 1 when ``observed`` is 0.
+        baseline, system: ``[n_runs, n_samples]`` each run's score per sentence resample.
+        observed: the observed difference of the means (system minus baseline).
+        baseline_seeds, system_seeds: ``[n_samples, n_runs]`` the runs drawn in each resample.
     """
     if observed == 0:  # tied scores: no difference to attribute to chance or not
         return 1.0

@@ -1,12 +1,7 @@
 """Run folders of a sweep: finding them, reading each one (:class:`Run`), and the jobs a Hydra
-multirun launched but never started.
-
-A *run* is a folder written by ``scripts/train.py`` (``results.json``, ``metrics.jsonl``,
-``hyps/{test_split}.txt``, ``config.yaml``), or one written by ``scripts/evaluate.py`` for one
-checkpoint (``results.json`` with the config as evaluated, ``{split}.txt``): a run of the model as
-evaluated, e.g. at a test-time RoPE scaling (:attr:`Run.test_time`). Reading never raises for
-missing or damaged files: a run without results carries the reason in :attr:`Run.reason`.
-"""
+multirun launched but never started. A run is a training run's folder or an evaluation's (the
+model as evaluated, :attr:`Run.test_time`); reading never raises: a run without results carries
+the reason in :attr:`Run.reason`."""
 
 from __future__ import annotations
 
@@ -33,15 +28,13 @@ class Run:
     """One run folder.
 
     Attributes:
-        run_dir: the folder.
-        results: ``results.json`` (None when the run has none).
-        config: the resolved config (from ``results.json``, else ``config.yaml``, else Hydra's
-            ``.hydra/config.yaml``), None when none is readable.
-        choices: Hydra group choices (``{"ladder": "step3_swiglu", "model": ...}``).
-        overrides: the command-line overrides of the job (``.hydra/overrides.yaml``).
-        metrics: the records of ``metrics.jsonl`` (a torn last line is skipped).
-        reason: why the run has no results (None for a finished run).
-        evaluation: whether the folder is an evaluation (``scripts/evaluate.py``), not a training run.
+        results: ``results.json``, or None.
+        config: the resolved config (``results.json``, ``config.yaml`` or ``.hydra/config.yaml``), or None.
+        choices: Hydra group choices (``{"ladder": "step3_swiglu", ...}``).
+        overrides: the job's command-line overrides.
+        metrics: the records of ``metrics.jsonl`` (a torn last line skipped).
+        reason: why the run has no results (None when finished).
+        evaluation: whether the folder is an evaluation, not a training run.
     """
 
     run_dir: Path
@@ -92,16 +85,16 @@ class Run:
         return path if split and path.is_file() else None
 
     def refs_path(self, split: str | None = None) -> Path | None:
-        """The references the hypotheses of test split ``split`` were scored against, stored beside
-        them (``hyps/<split>.ref``), None when the folder holds none (runs trained before runs stored
-        them, evaluations): then they are read from the data (:func:`~transformer.analysis.stats.references`)."""
+        """``hyps/<split>.ref``, the references the split's hypotheses were scored against, or None when
+        the folder holds none (they are then read from the data)."""
         hyps = self.hyps_path(split)
         path = None if hyps is None else references_file(hyps)
         return path if path is not None and path.is_file() else None
 
     @property
     def test_time(self) -> list[str]:
-        """The settings an evaluation changed at test time (``["model.position.rope_scaling.rope_type=dynamic", ...]``)."""
+        """The settings an evaluation changed at test time (``["model.position.rope_scaling.rope_type=dynamic",
+        ...]``)."""
         value = (self.results or {}).get("test_time") if self.evaluation else None
         return [str(v) for v in value] if isinstance(value, list) else []
 
@@ -124,10 +117,8 @@ def _is_run_dir(path: Path) -> bool:
 
 
 def find_run_dirs(sweep_dir: str | Path) -> list[Path]:
-    """Every run folder at or below ``sweep_dir`` (hidden folders skipped), in natural order.
-
-    A run folder holds ``results.json``, ``metrics.jsonl``, ``config.yaml`` or ``.hydra/``; its
-    own subfolders are not searched.
+    """Every run folder at or below ``sweep_dir`` (holding ``results.json``, ``metrics.jsonl``,
+    ``config.yaml`` or ``.hydra/``; hidden folders and run subfolders skipped), in natural order.
 
     Raises:
         FileNotFoundError: ``sweep_dir`` is not a folder.
@@ -183,10 +174,8 @@ def _is_evaluation(results: Any) -> bool:
 
 
 def _evaluation_as_run(results: dict, config: dict) -> dict:
-    """An evaluation's results in the keys of a training run's: the training run's facts
-    (``trained``: choices, parameters, precision, machine, ...), then the evaluation's own: ``test``
-    (the splits' scores), ``test_split`` (the run's ``data.test_split`` when evaluated, else the
-    first split) and its ``bleu`` / ``chrf``."""
+    """An evaluation's results in a training run's keys: the trained run's facts, then its own ``test``,
+    ``test_split`` and ``bleu`` / ``chrf``."""
     splits = {k: v for k, v in results["splits"].items() if isinstance(v, dict) and "bleu" in v}
     trained = results.get("trained") if isinstance(results.get("trained"), dict) else {}
     if not splits:
@@ -274,15 +263,8 @@ def load_run(run_dir: str | Path) -> Run:
 
 
 def expected_jobs(sweep_dir: str | Path) -> list[list[str]] | None:
-    """The override lists of the jobs a Hydra basic-sweeper multirun launched (job number = index).
-
-    Rebuilt from ``multirun.yaml`` the way Hydra's ``BasicSweeper`` builds them: its
-    ``hydra.sweeper.params`` then the command-line overrides, cartesian product in that key order.
-
-    Returns:
-        The jobs' overrides, or None when ``sweep_dir`` has no ``multirun.yaml`` or another
-        sweeper ran.
-    """
+    """The override lists of a basic-sweeper multirun's jobs (job number = index), rebuilt from
+    ``multirun.yaml`` as Hydra's ``BasicSweeper`` builds them; None without one or for another sweeper."""
     path = Path(sweep_dir) / "multirun.yaml"
     if not path.is_file():
         return None
@@ -300,9 +282,7 @@ def expected_jobs(sweep_dir: str | Path) -> list[list[str]] | None:
 
 
 def job_records(sweep_dir: str | Path) -> dict[Path, dict]:
-    """The last record of each job folder in the sweep's ``jobs.jsonl`` (written by
-    ``scripts/train.py`` as each job of a multirun ends: its ``state`` and ``error`` line,
-    :func:`transformer.cli.record_job`), by the folder's path; empty without one."""
+    """The last ``jobs.jsonl`` record of each job folder of the sweep, by path; empty without one."""
     return {Path(sweep_dir) / str(r["folder"]): r for r in job_records_of(sweep_dir) if r.get("folder")}
 
 
@@ -317,18 +297,9 @@ def _job_key(overrides: list[str]) -> frozenset[str]:
 
 
 def never_started(sweep_dir: Path, found: set[Path]) -> list[Run]:
-    """The jobs of a multirun that left no folder: each job ``jobs.jsonl`` records whose folder is
-    gone (refused by a check, or failed before its first update: their folders are taken back;
-    or deleted since), with its state and line; then each job ``multirun.yaml`` expects (:func:`expected_jobs`) that
-    no folder of the sweep holds (by its overrides, or ``<sweep>/<job_num>``) and no record names.
-
-    Args:
-        sweep_dir: the sweep's folder.
-        found: the run folders found in it (:func:`find_run_dirs`).
-
-    Returns:
-        One :class:`Run` per such job (no results, no config; its overrides and :attr:`Run.reason`).
-    """
+    """One :class:`Run` (no results, its overrides and reason) per multirun job that left no folder: those
+    ``jobs.jsonl`` records whose folder is gone, then those ``multirun.yaml`` expects that no folder in
+    ``found`` holds and no record names."""
     records = job_records(sweep_dir)
     out = [
         Run(run_dir=folder, overrides=[str(o) for o in record.get("overrides") or []], reason=_recorded_reason(record))

@@ -1,16 +1,8 @@
 """Whether the runs of one table are comparable: they may differ in the study's switches and the
-seed only.
-
-A run's *recipe* is its resolved config without the keys that never change what it computes
-(:data:`~transformer.config.IGNORED_KEYS`: seed, the study's name, paths, logging,
-threads) and without the switches (``model.*`` and the plugin files behind them), plus what the machine decided: ``train.precision``
-as resolved (``results["precision"]``: ``auto`` is fp32 on one CPU and bf16 on another) and the
-torch version (``results["hardware"]["torch"]``). Every run of a table must have the same recipe:
-the same budget, data, optimiser, schedule, criterion, decoding, precision and torch. One exception
-is coupled to a switch (:data:`COUPLED`): the decoder-only ladder step doubles ``train.max_tokens``
-because its rows hold source and target, so ``train.max_tokens`` may differ between runs whose
-``model.arch`` differs (and must agree among runs of the same ``model.arch``).
-"""
+seed only. A run's recipe is its resolved config without :data:`~transformer.config.IGNORED_KEYS`
+and the switches, plus what the machine decided (the resolved ``train.precision``, the torch
+version). One key is coupled to a switch (:data:`COUPLED`): the decoder-only step doubles
+``train.max_tokens``, so it may differ across ``model.arch``."""
 
 from __future__ import annotations
 
@@ -49,12 +41,8 @@ class MixedRunsError(ValueError):
 
 @dataclass
 class MixedField:
-    """A recipe key whose value is not the same for every run.
-
-    Attributes:
-        key: the dotted key (``train.precision``, ``torch``, ``train.max_updates``, ...).
-        values: ``{value as text: [run folders]}``, in first-seen order.
-    """
+    """A recipe key whose value is not the same for every run: ``key`` (dotted) and ``values``
+    (``{value as text: [run folders]}``, first seen first)."""
 
     key: str
     values: dict[str, list[str]]
@@ -69,9 +57,7 @@ class MixedField:
 
 
 def recipe_of(run: Run, ignore: Sequence[str] = IGNORED_KEYS) -> dict[str, Any]:
-    """The flat recipe of a finished run (see the module docstring). A key the run's config lacks
-    (a field added to the schema after the run trained) takes its default, which by the project's
-    rule is the behaviour the run had."""
+    """The flat recipe of a finished run; a key its config lacks takes its default (the behaviour it had)."""
     flat = with_defaults(run.trained_config or {})
     recipe = {k: v for k, v in flat.items() if not is_ignored(k, ignore) and not is_ignored(k, SWITCH_PREFIXES)}
     hardware = (run.results or {}).get("hardware")
@@ -89,15 +75,7 @@ def _value_text(recipe: dict, key: str) -> str:
 
 
 def mixed_fields(configs: Sequence[Configuration], ignore: Sequence[str] = IGNORED_KEYS) -> list[MixedField]:
-    """The recipe keys in which the finished runs of ``configs`` differ (beyond :data:`COUPLED` ones).
-
-    Args:
-        configs: the table's configurations (their finished runs are compared).
-        ignore: config keys that never count.
-
-    Returns:
-        One :class:`MixedField` per key that differs, in key order; empty when the runs are comparable.
-    """
+    """One :class:`MixedField` per recipe key in which the finished runs of ``configs`` differ, in key order."""
     runs = [r for c in configs for r in c.runs]
     recipes = [(r, recipe_of(r, ignore)) for r in runs]
     flats = {id(r): flatten_config(r.config or {}) for r in runs}
@@ -131,13 +109,8 @@ def mixed_runs_message(mixed: Sequence[MixedField]) -> str:
 
 
 def repeated_seeds(configs: Sequence[Configuration]) -> str | None:
-    """The sentence for configurations holding two finished runs of one seed, None when none does.
-
-    A row's runs are its seeds: its mean, its seed-to-seed spread (the noise floor) and its
-    seed-matched bootstrap pairs count each seed once. Two runs of one configuration and seed are
-    not two seeds: the same folder copied twice, or two evaluations (``scripts/evaluate.py``) of
-    one run's checkpoints (say ``checkpoint_best`` and an average), whose config is the same.
-    """
+    """The sentence for configurations holding two finished runs of one seed (a copied folder, or two
+    evaluations of one run), None when none does: a row counts each seed once."""
     found = []
     for c in configs:
         by_seed: dict[int, list[str]] = {}

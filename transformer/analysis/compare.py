@@ -1,43 +1,14 @@
 """Compare the runs of one or more sweeps: one row per configuration, mean ± std over seeds.
 
-A *run* is a folder written by ``scripts/train.py`` (``results.json``, ``metrics.jsonl``,
-``hyps/{test_split}.txt``, ``config.yaml``). A *configuration* is the set of runs of the same
-identity (:mod:`transformer.config.identity`: the resolved config once the keys in
-:data:`IGNORED_KEYS`, the seed, paths, logging, are removed, a plugin's files only where its option
-is chosen), so a sweep ``ladder=step0,...,step6 seed=1,2,3`` gives seven configurations of three
-runs each.
+A configuration is the set of runs of one identity (:mod:`transformer.config.identity`: the
+resolved config without :data:`IGNORED_KEYS` and the seed). Each configuration is tested against
+the baseline, and the row above, by a paired bootstrap over test sentences and seeds (Clark et al.
+2011; :mod:`transformer.analysis.bootstrap`), Holm-Bonferroni adjusted; a difference within the
+baseline's seed range is never significant. The method and how to read it:
+docs/studies.md#comparing-runs-comparepy.
 
-Runs without ``results.json`` (crashed, unfinished, still running) and sweep jobs whose folder
-was never created are kept in :attr:`Comparison.missing` and listed in every output.
-
-Significance: each configuration's test hypotheses are compared with the baseline's by a paired
-bootstrap over test sentences and seeds (:mod:`transformer.analysis.bootstrap`): each resample draws
-the test sentences (the same for both configurations) and each configuration's seeds, so the
-``p_value`` counts the seed-to-seed variation of training as well as the sampling of test sentences
-(Clark et al. 2011); with one seed each it is sacreBLEU's paired bootstrap. (Concatenating the seeds'
-outputs into one corpus would count every test sentence several times and overstate significance.)
-Each *seed pair* (runs with the same seed; when the two configurations share no seed, the i-th seeds
-in sorted order) is also tested alone, and these p-values are kept in ``p_value_seeds``. The same
-tests are also run between each configuration and the one before it in display order
-(``delta_prev_bleu``, ``p_value_prev``): in a ladder, the effect of the one switch a step adds;
-``compare_prev=False`` leaves it out (a branch study, several alternatives off one baseline, where
-the row above is no reference). The p-values are Holm-Bonferroni adjusted over the table's
-comparisons, leaving out those of an *untrained* configuration (mean test BLEU under
-``untrained_below``, 1.0 by default: its scores say nothing of its design). A difference no larger
-than the baseline's seed-to-seed range (``within_noise``) is never called significant, whatever its
-p-value (:func:`significant`).
-
-Test BLEU and chrF are also given per bucket of reference length (:mod:`transformer.analysis.length`,
-:attr:`Comparison.length`) and of source length (:attr:`Comparison.source_length`), with paired
-bootstrap intervals.
-
-The machine each run trained on comes from its ``results.json`` (``hardware``, ``precision``, as
-the operating system and torch report them) and is listed in :attr:`Comparison.machines`.
-
-    from transformer.analysis import compare_sweeps, write_outputs
     comparison = compare_sweeps(["multirun/ladder/2026-01-01_10-00-00"])
-    paths = write_outputs(comparison, "multirun/ladder/2026-01-01_10-00-00/comparison")
-"""
+    paths = write_outputs(comparison, "multirun/ladder/2026-01-01_10-00-00/comparison")"""
 
 from __future__ import annotations
 
@@ -129,30 +100,18 @@ class Comparison:
     """The outcome of :func:`compare_sweeps`.
 
     Attributes:
-        sweep_dirs: the folders read.
         configurations: in display order; the baseline is one of them.
         rows: one dict per configuration with the :data:`CSV_COLUMNS` keys.
         baseline: the baseline's label (None when no configuration finished).
         missing: every run without results, and every expected sweep job without a folder.
-        notes: sentences about anything that could not be computed.
-        signatures: sacreBLEU signatures of the BLEU / chrF scores and of the bootstrap.
         n_bootstrap: paired-bootstrap resamples (0: no significance test).
-        machines: one line per distinct machine / torch / precision the finished runs report.
-        noise_floor: the baseline's seed-to-seed spread of test BLEU: ``{"label", "n_seeds", "std",
-            "range", "pooled_std", "pooled_configs"}`` (``range`` = max - min over its seeds; None with
-            fewer than two seeds). ``pooled_std`` is the seed std pooled over every configuration with
-            two or more seeds (:func:`~transformer.analysis.stats.pooled_std`; ``pooled_configs`` of
-            them), a fuller measure of the seed noise than the baseline's alone.
-        mixed: the recipe keys the runs differ in beyond the switches and the seed (only with
-            ``allow_mixed=True``; otherwise :func:`compare_sweeps` refuses such runs).
-        compare_prev: whether each row was also compared with the row above (``Δ prev``).
-        length: test BLEU / chrF per bucket of reference length (None when not asked for).
-        source_length: the same per bucket of source length (None when not asked for, or when the
-            sources are not on this machine: a note says so).
-        untrained_below: the mean test BLEU under which a configuration is untrained.
-        unreferenced: the run folders whose test references could be read neither from the folder
-            (``hyps/<split>.ref``) nor from the data on this machine: their comparisons have no
-            p-value, which the outputs say at their top.
+        machines: one line per distinct machine / torch / precision of the finished runs.
+        noise_floor: ``{"label", "n_seeds", "std", "range", "pooled_std", "pooled_configs"}`` of the
+            baseline's test BLEU over seeds (``range`` = max - min; None under two seeds) and the seed
+            std pooled over configurations with two or more seeds.
+        mixed: the recipe keys the runs differ in beyond the switches and the seed (``allow_mixed``).
+        length, source_length: test scores per bucket of reference / source length, or None.
+        unreferenced: run folders whose test references could not be read: no p-values for them.
     """
 
     sweep_dirs: list[Path]
@@ -174,14 +133,13 @@ class Comparison:
 
 
 def significant(p_holm: float | None, within_noise: bool | None) -> bool | None:
-    """Whether a comparison is significant: its Holm-adjusted p under :data:`ALPHA` and its difference
-    larger than the noise floor (a difference within the seed noise is never significant, whatever its
-    p-value). None where there is no p-value (the baseline, an untrained configuration, no test)."""
+    """Whether a comparison is significant: Holm-adjusted p under :data:`ALPHA` and not within the
+    noise floor. None without a p-value."""
     return None if p_holm is None else p_holm < ALPHA and not within_noise
 
 
 def describe_machine(results: dict) -> str:
-    """One line naming where a run trained, from its ``results.json`` (``hardware``, ``precision``)."""
+    """One line naming where a run trained, from its ``results.json``."""
     hw = results.get("hardware")
     if not isinstance(hw, dict):
         return "machine not recorded (results.json without `hardware`)"
@@ -224,42 +182,23 @@ def compare_sweeps(
     """Load every run of ``sweep_dirs``, group them into configurations and compute the table.
 
     Args:
-        sweep_dirs: multirun folders (or parents of several, or single run folders).
-        baseline: label (exact, or a unique case-insensitive substring) of the baseline
-            configuration; default the first configuration (ladder order, else first appearance)
-            that is not an evaluation at test-time settings.
+        sweep_dirs: multirun folders, parents of several, or run folders.
+        baseline: label (exact, or a unique case-insensitive substring); default the first
+            configuration that is not an evaluation at test-time settings.
         n_bootstrap: paired-bootstrap resamples; 0 skips significance testing.
-        bootstrap_seed: seed of the resampling.
-        ignore: config keys that do not define a configuration (default :data:`IGNORED_KEYS`).
-        allow_mixed: accept runs whose recipes differ beyond the switches and the seed
-            (:mod:`transformer.analysis.comparability`); the differences are then listed in the
-            ``mixed`` column and the notes.
-        compare_prev: also test each configuration against the one above it (``Δ prev``); False
-            for a branch study, so that the Holm family is each configuration against the baseline.
-        length_buckets: buckets of length in words for :attr:`Comparison.length` (by the reference)
-            and :attr:`Comparison.source_length` (by the source)
-            (:func:`~transformer.analysis.length.parse_buckets`); None: no length tables.
-        length_splits: the test splits of the length table: None, the runs' own; ``"all"``; or
-            names (:func:`~transformer.analysis.length.length_table`).
-        untrained_below: a configuration whose mean test BLEU is under this is marked ``untrained``
-            and its comparisons are left out of the Holm family (0: none is).
-
-    Returns:
-        A :class:`Comparison`. Its p-values are also Holm-Bonferroni adjusted over the family of
-        the table's comparisons (each row against the baseline and, with ``compare_prev``, against
-        the row above, a comparison counted once; none of an untrained configuration), each
-        difference is marked ``within_noise`` when it is no larger than the baseline's seed-to-seed
-        range, and ``significant`` when its adjusted p is under :data:`ALPHA` and it is not within
-        the noise (:func:`significant`).
+        allow_mixed: accept runs whose recipes differ beyond the switches and the seed (listed).
+        compare_prev: also test each configuration against the row above; False for a branch study.
+        length_buckets: buckets in words (:func:`~transformer.analysis.length.parse_buckets`); None: no
+            length tables.
+        length_splits: the length tables' test splits (:func:`~transformer.analysis.length.length_table`).
+        untrained_below: mean test BLEU under which a configuration is untrained and left out of the
+            Holm family (0: none is).
 
     Raises:
         FileNotFoundError: a sweep folder does not exist.
-        MixedRunsError: the runs differ in more than the switches and the seed (precision, budget,
-            data, torch version ...), naming the runs and fields; see ``allow_mixed``.
-        ValueError: a configuration has two finished runs of one seed (e.g. two evaluations of one
-            run's checkpoints; :func:`~transformer.analysis.comparability.repeated_seeds`);
-            ``baseline`` names no (or several) configurations; ``length_buckets`` are not
-            ascending ranges, or ``length_splits`` names a split no run has.
+        MixedRunsError: runs differ beyond the switches and the seed (runs and fields named).
+        ValueError: one seed twice in a configuration, a ``baseline`` matching none or several, bad
+            ``length_buckets`` or ``length_splits``.
     """
     buckets = None if length_buckets is None else parse_buckets(length_buckets)
     sweep_dirs = [Path(d) for d in sweep_dirs]

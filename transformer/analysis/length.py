@@ -1,38 +1,10 @@
-"""Test BLEU and chrF by reference length, or by source length: the bucketed analysis of compare-mt
-(Neubig et al. 2019, *compare-mt: A Tool for Holistic Comparison of Language Generation Systems*,
-NAACL demos), which scores each system on the sentences whose length falls in a bucket.
+"""Test BLEU and chrF by reference or source length: the bucketed analysis of compare-mt (Neubig et
+al. 2019), with paired 95% bootstrap intervals (Koehn 2004) from sacreBLEU's sentence statistics.
 
-A sentence's length is the number of whitespace-separated tokens of its detokenized reference
-(``len(reference.split())``, the words as the corpus writes them, punctuation attached; not
-sacreBLEU's tokens or subwords), or of its source (``by="source"``: what a model is given, so what a
-length-generalisation question is about; the sources are read through the runs' data config, as a
-run folder stores none). Buckets are closed ranges of words, ``1-10,11-15,16-20,21-30,31+``
-by default (:func:`parse_buckets`).
-
-For each configuration and bucket: corpus BLEU and chrF of the bucket's sentences by sacreBLEU
-(``BLEU.corpus_score`` / ``CHRF.corpus_score`` on the subset, with the runs' recorded
-``data.bleu_tokenize`` and ``data.lowercase``), the mean over the configuration's seeds as in the
-main table, and a 95% bootstrap interval (Koehn 2004): the bucket's sentences are resampled with
-replacement, the same resamples for every configuration and seed, so the intervals are paired and
-the interval of each configuration's difference to the baseline is the paired one. A resample's
-scores come from sacreBLEU's own sentence statistics, summed as its paired bootstrap sums them
-(:mod:`sacrebleu.significance`); the interval's ends are the 2.5% and 97.5% order statistics as in
-sacreBLEU's ``estimate_ci``. The intervals measure test-set sampling only, not the seed-to-seed
-noise, and are not adjusted for the number of buckets.
-
-How BLEU falls with length is read from each bucket's change against the shortest bucket that holds
-sentences (the reference bucket, :attr:`LengthTable.reference`), ``change_bleu`` = BLEU(bucket) -
-BLEU(reference bucket), per configuration: the two buckets hold different sentences, resampled
-independently (a stratified bootstrap), so its interval is that of the difference of the two
-buckets' resampled scores. ``delta_change_bleu`` compares that change with the baseline's, paired
-over the same resamples (positive: the configuration loses fewer BLEU points with length than the
-baseline). It equals ΔBLEU(bucket) - ΔBLEU(reference bucket): it takes out the configurations' gap on
-the shortest sentences, in absolute BLEU points, so where a bucket's BLEU is near its floor (a few
-points) it mostly mirrors that gap.
-
-The test sentences are those of the runs' own test split by default, or several test splits pooled
-by concatenating their hypotheses and references (:func:`length_table`, ``splits``).
-"""
+A sentence's length is the number of whitespace-separated words of its detokenized reference (or
+source, ``by="source"``). ``change_bleu`` is a bucket's BLEU minus that of the shortest bucket that
+holds sentences (a stratified bootstrap); ``delta_change_bleu`` compares that change with the
+baseline's, paired. How to read both: docs/studies.md#comparing-runs-comparepy."""
 
 from __future__ import annotations
 
@@ -191,21 +163,18 @@ def bucket_indices(refs: Sequence[str], buckets: Sequence[Bucket]) -> tuple[list
 
 @dataclass
 class LengthTable:
-    """Test scores by reference-length bucket (:func:`length_table`).
+    """Test scores by length bucket (:func:`length_table`).
 
     Attributes:
-        buckets: the buckets, ascending.
         splits: the test splits pooled (their sentences concatenated, in this order).
         n_sentences: sentences per bucket (the same for every configuration).
         n_outside: sentences in no bucket (a gap, or a reference of 0 words).
-        rows: one dict per configuration and bucket (configurations in display order, then buckets),
-            with the :data:`LENGTH_COLUMNS` keys; scores in 0-100, None where not computed.
+        rows: :data:`LENGTH_COLUMNS` dicts per configuration and bucket; scores in 0-100, None where
+            not computed.
         n_bootstrap: resamples per bucket (0: no intervals).
-        signatures: sacreBLEU signatures of the BLEU and chrF scores.
         notes: sentences about runs left out or splits not pooled.
-        reference: index of the bucket the changes with length are taken from (the first that holds
-            sentences); None when fewer than two buckets hold sentences (no change is computed).
-        by: ``reference`` or ``source``: whose length in words puts a sentence in a bucket.
+        reference: index of the bucket changes are taken from; None when fewer than two hold sentences.
+        by: ``reference`` or ``source``.
     """
 
     buckets: list[Bucket]
@@ -231,8 +200,7 @@ def _resolve_splits(runs: list[Run], base: Run, splits: str | Sequence[str] | No
     """The test splits to pool: the baseline's own, ``all`` (those every run has), or the ones named.
 
     Raises:
-        ValueError: ``all`` mixed with names or with no split common to the runs, or a named split that
-            no run has hypotheses for.
+        ValueError: ``all`` mixed with names or with no common split, or a split no run has.
     """
     if splits is None:
         return [base.test_split]
@@ -314,29 +282,21 @@ def length_table(
     seed: int = 12345,
     by: str = "reference",
 ) -> LengthTable:
-    """Test BLEU and chrF of every configuration per bucket of reference length (module docstring).
+    """Test BLEU and chrF of every configuration per length bucket, against ``baseline``.
 
     Args:
-        configs: the configurations, in display order (their finished runs are scored).
-        baseline: the one the differences are taken against.
-        buckets: from :func:`parse_buckets`.
+        configs: in display order (their finished runs are scored).
         splits: None: the baseline's test split; ``"all"``: every test split all runs have hypotheses
-            for (``hyps/<split>.txt``, scored in ``results.json``); names (a list, or joined by
-            commas): those splits, pooled in that order.
+            for; names (a list, or joined by commas): those splits, pooled in that order.
         n_bootstrap: resamples of each bucket's sentences (0: no intervals).
-        seed: seed of the resampling.
-        by: ``reference`` (default) or ``source``: whose length in words buckets a sentence; the
-            sources are read through the runs' data config (a run whose sources are not on this
-            machine is left out with a note).
+        by: ``reference`` or ``source`` (sources read through the runs' data config).
 
     Returns:
-        A :class:`LengthTable`. Runs whose hypotheses or references cannot be read, or whose
-        references differ from the baseline's (another test set), are left out with a note; when no
-        run can be read, it has no rows.
+        A :class:`LengthTable`; runs that cannot be read, or score another test set, are left out with
+        a note.
 
     Raises:
-        ValueError: ``splits`` names a split no run has, mixes ``all`` with names, or is ``all`` where the
-            runs have no test split in common; ``by`` is neither ``reference`` nor ``source``.
+        ValueError: a bad ``splits`` (see :func:`_resolve_splits`), or ``by`` neither ``reference`` nor ``source``.
     """
     if by not in ("reference", "source"):
         raise ValueError(f"length by={by!r}: reference or source")

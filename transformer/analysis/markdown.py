@@ -12,14 +12,8 @@ from typing import Any
 
 
 def cell(value: Any, spec: str = "{}", limit: int | None = None) -> str:
-    """One cell: ``spec.format(value)`` (``""`` for ``None``), ``|`` replaced by ``/``, cut to ``limit``
-    characters.
-
-    Args:
-        value: what the cell shows; ``None`` is an empty cell.
-        spec: a :meth:`str.format` template, e.g. ``"{:,.0f}"`` or ``"{:.2f}x"``.
-        limit: the most characters kept (a long error message in a table row).
-    """
+    """One table cell: ``spec.format(value)`` (``""`` for None), ``|`` replaced by ``/``, cut to ``limit``
+    characters."""
     if value is None:
         return ""
     text = spec.format(value).replace("|", "/")
@@ -44,12 +38,10 @@ def rule(align: str) -> str:
 
 
 def table(header: Sequence[str], align: str, rows: Iterable[Sequence[str]]) -> list[str]:
-    """The lines of a table: header, rule and one line per row of cells (a shorter row, e.g. one
-    saying why a measurement was skipped, is padded with empty cells).
+    """The lines of a table: header, rule and one line per row (a shorter row is padded).
 
     Raises:
-        ValueError: ``align`` does not have one letter per column of ``header``, or a row has more
-            cells than the header.
+        ValueError: ``align`` without one letter per column, or a row with more cells than the header.
     """
     if len(align) != len(header):
         raise ValueError(f"alignment {align!r} has {len(align)} columns, the header {len(header)}")

@@ -1,15 +1,7 @@
-"""PNG plots of a :class:`~transformer.analysis.compare.Comparison`.
-
-Figures are built with :class:`matplotlib.figure.Figure` (Agg canvas) rather than ``pyplot``: no
-display or global backend is needed, and a notebook's own backend is left alone. Each function
-saves the PNG and returns its path; :func:`validation_curves_figure` / :func:`bleu_bars_figure` /
-:func:`bleu_by_length_figure` return the figure itself.
-
-matplotlib is optional (``pip install -e ".[plots]"``; ``[dev]`` has it too) and imported only when a
-plot is made; without it every plot function raises :class:`PlotsUnavailable`, whose message names
-the extra, and :func:`matplotlib_missing` says so beforehand (``scripts/compare.py`` then writes
-the tables without plots).
-"""
+"""PNG plots of a :class:`~transformer.analysis.compare.Comparison`, built on
+:class:`matplotlib.figure.Figure` (Agg canvas), not ``pyplot``, so no display is needed and a
+notebook's backend is left alone. matplotlib is optional (the ``plots`` extra): without it every
+plot raises :class:`PlotsUnavailable`, and :func:`matplotlib_missing` says so beforehand."""
 
 from __future__ import annotations
 
@@ -41,12 +33,7 @@ class PlotsUnavailable(ImportError):
 
 
 def matplotlib_missing() -> str | None:
-    """Why no plot can be made, or None when matplotlib imports.
-
-    Returns:
-        ``matplotlib is not installed (pip install -e ".[plots]")`` when ``import matplotlib``
-        fails, else None.
-    """
+    """Why no plot can be made (the ``pip install`` named), or None when matplotlib imports."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -82,12 +69,8 @@ def _save_png(fig: Figure, path: str | Path) -> Path:
 
 
 def validation_curves_figure(comparison: Comparison) -> Figure:
-    """Validation NLL (and validation BLEU when logged) against updates, one colour per
-    configuration: thin lines per seed, a thick line for the mean over the seeds at each update.
-
-    ``comparison``: :func:`~transformer.analysis.compare.compare_sweeps`' result; returns the figure
-    (Agg canvas); raises :class:`PlotsUnavailable` without matplotlib.
-    """
+    """Validation NLL (and BLEU when logged) against updates, one colour per configuration: thin lines
+    per seed, a thick line for their mean. Raises :class:`PlotsUnavailable` without matplotlib."""
     configs = comparison.configurations
     metrics = ["nll_loss"] if any(r.valid_curve("nll_loss") for c in configs for r in c.runs) else ["loss"]
     if any(r.valid_curve("bleu") for c in configs for r in c.runs):
@@ -129,21 +112,14 @@ def validation_curves_figure(comparison: Comparison) -> Figure:
 
 
 def plot_validation_curves(comparison: Comparison, path: str | Path) -> Path:
-    """Save :func:`validation_curves_figure` of ``comparison`` as a PNG at ``path`` (120 dpi).
-
-    Returns ``path`` as a :class:`~pathlib.Path`; raises what :func:`validation_curves_figure` raises.
-    """
+    """Save :func:`validation_curves_figure` as a PNG at ``path`` (120 dpi) and return the path."""
     return _save_png(validation_curves_figure(comparison), path)
 
 
 def bleu_bars_figure(comparison: Comparison) -> Figure:
-    """Test BLEU per configuration: bar = mean over seeds, error bar = sample std, dots = seeds;
-    the baseline bar is hatched and the differences the table stars (Holm-adjusted p < 0.05 and beyond
-    the noise floor, the row's ``significant``) are starred here too.
-
-    ``comparison``: :func:`~transformer.analysis.compare.compare_sweeps`' result; returns the figure
-    (Agg canvas); raises :class:`PlotsUnavailable` without matplotlib.
-    """
+    """Test BLEU per configuration: bar = mean over seeds, error bar = sample std, dots = seeds; the
+    baseline hatched, the table's significant differences starred. Raises :class:`PlotsUnavailable`
+    without matplotlib."""
     rows = comparison.rows
     fig, (ax,) = _new_figure(max(5.5, 1.1 * len(rows) + 1.5), 4.2)
     xs = list(range(len(rows)))
@@ -182,24 +158,13 @@ def bleu_bars_figure(comparison: Comparison) -> Figure:
 
 
 def plot_bleu_bars(comparison: Comparison, path: str | Path) -> Path:
-    """Save :func:`bleu_bars_figure` of ``comparison`` as a PNG at ``path`` (120 dpi).
-
-    Returns ``path`` as a :class:`~pathlib.Path`; raises what :func:`bleu_bars_figure` raises.
-    """
+    """Save :func:`bleu_bars_figure` as a PNG at ``path`` (120 dpi) and return the path."""
     return _save_png(bleu_bars_figure(comparison), path)
 
 
 def bleu_by_length_figure(comparison: Comparison) -> Figure:
-    """Test BLEU against the bucket of reference length, one line per configuration (the mean over
-    its seeds), error bars = the 95% bootstrap interval (:mod:`transformer.analysis.length`); the
-    baseline's line is dashed. Lines are shifted sideways a little so that their bars do not overlap.
-
-    Args:
-        comparison: the result of :func:`~transformer.analysis.compare.compare_sweeps`, with a
-            length table (:attr:`~transformer.analysis.compare.Comparison.length`).
-
-    Returns:
-        The matplotlib figure (Agg canvas).
+    """Test BLEU per reference-length bucket, one line per configuration (mean over seeds), error bars =
+    the 95% bootstrap interval, the baseline dashed, lines shifted sideways so bars do not overlap.
 
     Raises:
         PlotsUnavailable: matplotlib is not installed.
@@ -252,8 +217,5 @@ def bleu_by_length_figure(comparison: Comparison) -> Figure:
 
 
 def plot_bleu_by_length(comparison: Comparison, path: str | Path) -> Path:
-    """Save :func:`bleu_by_length_figure` of ``comparison`` as a PNG at ``path`` (120 dpi).
-
-    Returns ``path`` as a :class:`~pathlib.Path`; raises what :func:`bleu_by_length_figure` raises.
-    """
+    """Save :func:`bleu_by_length_figure` as a PNG at ``path`` (120 dpi) and return the path."""
     return _save_png(bleu_by_length_figure(comparison), path)

@@ -65,17 +65,10 @@ def seed_range(values: Sequence[float]) -> float | None:
 
 
 def pooled_std(groups: Sequence[Sequence[float]]) -> tuple[float | None, int]:
-    """Pooled within-group standard deviation: ``sqrt(sum((n_i - 1) s_i^2) / sum(n_i - 1))``.
-
-    Over the configurations of a ladder, each group being one configuration's test BLEU over its
-    seeds, this is the seed-to-seed noise measured with every seed run, not only the baseline's
-    (the textbook pooled variance of a one-way layout; e.g. Montgomery, *Design and Analysis of
-    Experiments*, §3.3).
-
-    Returns:
-        ``(std, n_groups)``: groups with fewer than two numbers add nothing; ``std`` is None when
-        no group has two.
-    """
+    """``(std, n_groups)``: the pooled within-group standard deviation
+    ``sqrt(sum((n_i - 1) s_i^2) / sum(n_i - 1))`` (Montgomery, *Design and Analysis of Experiments*,
+    §3.3), here the seed noise over every configuration. Groups under two numbers add nothing; ``std``
+    is None when none has two."""
     squares, dof, used = 0.0, 0, 0
     for values in groups:
         values = _numbers(values)
@@ -88,18 +81,8 @@ def pooled_std(groups: Sequence[Sequence[float]]) -> tuple[float | None, int]:
 
 
 def holm_bonferroni(p_values: Mapping[K, float | None]) -> dict[K, float | None]:
-    """Holm-Bonferroni adjusted p-values of a family of tests (Holm 1979).
-
-    With the m p-values sorted ascending, p_(1) <= ... <= p_(m), the adjusted value of the i-th is
-    ``max_{j <= i} min(1, (m - j + 1) * p_(j))``; rejecting where the adjusted p < alpha controls the
-    family-wise error rate at alpha. Missing p-values (None) are not tests and keep None.
-
-    Args:
-        p_values: ``{test: p}``.
-
-    Returns:
-        ``{test: adjusted p}`` for the same keys.
-    """
+    """``{test: adjusted p}``: Holm-Bonferroni (Holm 1979), ``max_{j <= i} min(1, (m - j + 1) * p_(j))``
+    over the ascending p-values; None (no test) stays None."""
     tests = sorted(((p, k) for k, p in p_values.items() if p is not None), key=lambda t: t[0])
     m = len(tests)
     adjusted: dict[K, float | None] = {k: None for k in p_values}
@@ -137,12 +120,10 @@ class MissingSources(DataError):
 
 
 def _split_from_data(run: Run, split: str, what: str, stored: str) -> tuple[list[str], list[str]]:
-    """The sources and references of ``run``'s test split ``split``, read through its data config,
-    line-aligned as the trainer tested them (every line, an empty source's included).
+    """Sources and references of ``run``'s test split, read through its data config, line-aligned as tested.
 
     Raises:
-        DataError: the split's files are not on this machine; the message names ``what`` is missing
-            (and ``stored``, where the run folder would hold it) and where to point ``TRANSFORMER_DATA_DIR``.
+        DataError: the split's files are not on this machine (says where to point ``TRANSFORMER_DATA_DIR``).
     """
     data = run.config["data"]
     cache_key = (json.dumps(data, sort_keys=True, default=str), str(split))
@@ -161,14 +142,11 @@ def _split_from_data(run: Run, split: str, what: str, stored: str) -> tuple[list
 
 
 def references(run: Run, split: str | None = None) -> list[str]:
-    """The raw references of ``run``'s test split ``split`` (default its own, :attr:`Run.test_split`),
-    as the trainer scored them (every line, one per hypothesis, an empty source's included): those
-    the run folder stores beside its hypotheses (:meth:`Run.refs_path`), else read through the
-    run's data config.
+    """The raw references of ``run``'s test split (default its own), one per hypothesis: those stored
+    beside its hypotheses, else read through its data config.
 
     Raises:
-        MissingReferences: the folder stores none and the split's files are not on this machine
-            (never downloaded); the message says where to point ``TRANSFORMER_DATA_DIR``.
+        MissingReferences: none stored and the split's files are not on this machine.
     """
     split = split or run.test_split
     stored = run.refs_path(split)
@@ -179,8 +157,8 @@ def references(run: Run, split: str | None = None) -> list[str]:
 
 
 def sources(run: Run, split: str | None = None) -> list[str]:
-    """The raw sources of ``run``'s test split ``split`` (default its own), line-aligned with its
-    hypotheses, read through the run's data config (a run folder stores no sources).
+    """The raw sources of ``run``'s test split (default its own), line-aligned with its hypotheses, read
+    through its data config.
 
     Raises:
         MissingSources: the split's files are not on this machine.
@@ -211,13 +189,8 @@ METRICS = ("bleu", "chrf")
 
 
 class Scores:
-    """Each run's corpus scores and resampled scores on its test sentences, computed once per run and
-    shared by every comparison of a table, over the same sentence resamples (:mod:`.bootstrap`).
-
-    Args:
-        n_samples: bootstrap resamples.
-        seed: seed of the sentence resamples (sacreBLEU's) and of the seed resamples.
-    """
+    """Each run's corpus and resampled scores, computed once per run and shared by every comparison of a
+    table over the same resamples (``seed`` seeds both the sentence and the seed resamples)."""
 
     def __init__(self, n_samples: int, seed: int) -> None:
         self.n_samples, self.seed = n_samples, seed
@@ -312,18 +285,13 @@ def significance(
     unreferenced: list[Path] | None = None,
     scores: Scores | None = None,
 ) -> tuple[dict[str, dict], str | None]:
-    """Every configuration against the baseline: the paired bootstrap over test sentences and seeds
-    (:mod:`.bootstrap`), and the paired bootstrap of each seed-matched pair of runs alone.
-
-    Args:
-        unreferenced: receives each baseline run folder whose references could not be read
-            (:class:`MissingReferences`), so that the comparison says so at its top.
-        scores: the runs' resampled scores, shared by the comparisons of one table (default: new).
+    """Every configuration against the baseline: the paired bootstrap over test sentences and seeds, and
+    that of each seed-matched pair alone.
 
     Returns:
-        ``({label: {"p_value", "chrf_p_value", "p_value_seeds"}}, bootstrap BLEU signature)``:
-        ``p_value`` and ``chrf_p_value`` over sentences and seeds; ``p_value_seeds`` each seed pair's
-        BLEU p-value (``"1:0.1189 2:0.0050"``; sacreBLEU's, but 1 for tied scores).
+        ``({label: {"p_value", "chrf_p_value", "p_value_seeds"}}, bootstrap BLEU signature)``;
+        ``p_value_seeds`` reads ``"1:0.1189 2:0.0050"`` (1 for tied scores). Baseline runs whose
+        references could not be read are added to ``unreferenced``.
     """
     scores = Scores(n_samples, seed) if scores is None else scores
     out: dict[str, dict] = {}

@@ -83,14 +83,11 @@ def _get(cfg: Any, dotted: str) -> Any:
 
 
 def validate_model_config(model: Any, joint_vocab: bool = True) -> None:
-    """Reject invalid model field combinations before anything is built.
-
-    Args:
-        model: a :class:`ModelConfig` (or a DictConfig with the same fields).
-        joint_vocab: whether source and target share one vocabulary (``data.joint_vocab``).
+    """Reject invalid model field combinations before anything is built (``joint_vocab``:
+    ``data.joint_vocab``).
 
     Raises:
-        ConfigError: with a sentence naming the offending fields.
+        ConfigError: naming the offending fields.
     """
     for key, options in _CHOICES.items():
         choices = options()
@@ -159,20 +156,12 @@ def _run_check(switch: str, name: str, check: Callable[..., Any], *args: Any) ->
 
 
 def validate_option_fields(model: Any, cfg: Any = None) -> None:
-    """Run each chosen option's own checks, after the built-in rules: a ``validate(self)`` method of
-    the option's config dataclass (a plugin option's ``config=``), called with the option's node
-    (``self.<field>`` reads its fields), and with the whole config ``cfg`` a ``validate_config(self,
-    cfg)`` method, called with the node and ``cfg`` (to refuse a combination with other fields, e.g.
-    ``cfg.train.max_updates``). Each raises ``ValueError`` naming what is wrong.
-
-    Args:
-        model: the model config (its groups: ``model/attention``, ``model/ffn``, ``model/norm``,
-            ``model/position`` and its RoPE scaling).
-        cfg: the whole config, or None: then only the model's groups and ``validate(self)`` run;
-            else every group (``lr_scheduler`` too) and both methods.
+    """Run each chosen option's own checks after the built-in rules: its config dataclass's
+    ``validate(self)`` and, with the whole ``cfg``, ``validate_config(self, cfg)`` (``cfg`` None: the
+    model's groups and ``validate`` only).
 
     Raises:
-        ConfigError: ``<group>=<option>: <the option's message>`` (one line).
+        ConfigError: ``<group>=<option>: <the option's message>``.
     """
     root = {"model": model}
     if cfg is not None:
@@ -453,15 +442,8 @@ def validate_generation_config(g: Any) -> None:
 
 
 def check_checkpoint_averaging(t: Any) -> None:
-    """Refuse a new run's ``train.average_last`` that its checkpoints cannot give.
-
-    The final test averages the last ``train.average_last`` numbered checkpoints, which only
-    ``train.save_every > 0`` writes and ``train.keep_last`` (0 keeps every one) prunes. Checked for a
-    new run only (:func:`~transformer.training.job.run.train`): a run folder trained before
-    this check continues as it was trained.
-
-    Args:
-        t: the ``train`` node (:class:`~transformer.config.schema.TrainConfig`).
+    """Refuse a new run's ``train.average_last`` that its checkpoints cannot give (numbered checkpoints
+    need ``train.save_every > 0``, and ``train.keep_last`` must keep enough).
 
     Raises:
         ConfigError: ``average_last > 0`` with ``save_every == 0``, or ``0 < keep_last < average_last``.

@@ -34,23 +34,12 @@ group like the others (configs saved before carry ``model.attention: gqa`` and t
 
 
 def upgrade_config(cfg: Any) -> Any:
-    """A stored config (a whole config with a ``model`` key, or a model config alone) in this
-    version's shape; the input is not changed.
+    """A stored config (whole, or a model config) in this version's shape; the input is not changed.
 
-    Shapes read: ``model.attention: <name>`` with ``model.n_kv_heads`` and the latent sizes flat
-    beside it (runs saved before the ``model/attention`` group had its own node) becomes
-    ``model.attention: {name, n_kv_heads[, latent sizes]}``; the latent sizes are kept for ``mla``
-    only (other kinds never read them, and validation kept them null). A ``train`` node without
-    ``pad_to_multiple`` (runs saved before bounded batch shapes) gets ``1``, what those runs did,
-    not today's default. A config already in this shape, or one that is not a mapping, is
-    returned as it is.
-
-    Args:
-        cfg: a dict or DictConfig.
-
-    Returns:
-        ``cfg`` itself when nothing moves, else a plain dict (a DictConfig converted unresolved).
-    """
+    A flat ``model.attention: <name>`` with ``model.n_kv_heads`` and latent sizes beside it becomes
+    the ``model.attention`` node (latent sizes kept for ``mla`` only); a ``train`` node without
+    ``pad_to_multiple`` gets ``1``, what those runs did. Returns ``cfg`` itself when nothing moves,
+    else a plain dict."""
     if not isinstance(cfg, (dict, DictConfig)):
         return cfg
     whole = isinstance(cfg.get("model"), (dict, DictConfig))
@@ -81,13 +70,11 @@ def upgrade_config(cfg: Any) -> Any:
 
 
 def typed_config(cfg: Any = None) -> DictConfig:
-    """A stored or composed config (dict, DictConfig or None) as a DictConfig over
-    :class:`~transformer.config.Config`: upgraded to this version's shape (:func:`upgrade_config`),
-    each group typed by its chosen option's dataclass, missing fields at their defaults;
-    interpolations are kept (unlike :func:`to_config`).
+    """A stored or composed config as a DictConfig over :class:`~transformer.config.Config`: upgraded,
+    each group typed by its option, missing fields at their defaults, interpolations kept.
 
     Raises:
-        ConfigError: a field the schema (or the chosen option's dataclass) lacks, or a mistyped value.
+        ConfigError: a field the schema lacks, or a mistyped value.
     """
     if isinstance(cfg, DictConfig) and "hydra" in cfg:
         cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
@@ -115,13 +102,8 @@ def _typed(schema: type, cfg: Any) -> Any:
 
 
 def to_config(cfg: Config | DictConfig | dict[str, Any]) -> Config:
-    """The typed config of a composed Hydra config or a stored one: interpolations resolved, an older
-    shape upgraded (:func:`upgrade_config`), every value checked against :class:`Config` and the
-    dataclass of each chosen option (:func:`~transformer.config.options.structured_config`);
-    missing fields take the dataclass defaults.
-
-    Args:
-        cfg: a :class:`Config` (returned as is), a DictConfig (``hydra`` key ignored) or a dict.
+    """The typed :class:`Config` of a composed or stored config (a :class:`Config` as is; ``hydra``
+    ignored): interpolations resolved, upgraded, checked, missing fields at their defaults.
 
     Raises:
         ConfigError: a field the schema does not have or a value of the wrong type (named).
@@ -130,11 +112,10 @@ def to_config(cfg: Config | DictConfig | dict[str, Any]) -> Config:
 
 
 def to_generation_config(cfg: GenerationConfig | DictConfig | dict[str, Any] | None) -> GenerationConfig:
-    """The typed generation settings: a :class:`GenerationConfig` as is, a DictConfig / dict with
-    some of its fields over the defaults, None for the defaults.
+    """The typed :class:`GenerationConfig` of one, of a mapping of some of its fields, or of None.
 
     Raises:
-        ConfigError: a field :class:`GenerationConfig` does not have or a value of the wrong type.
+        ConfigError: a field it does not have or a value of the wrong type.
     """
     if isinstance(cfg, GenerationConfig):
         return cfg

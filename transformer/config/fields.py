@@ -1,25 +1,9 @@
-"""Every key of a config must be a field of its typed node: an unknown key is refused, never dropped.
+"""Every key of a config must be a field of its typed node, and every config group value one of its
+options: an unknown one is refused in one sentence naming the nearest, never dropped.
 
-A key reaches a composed config that its typed node lacks in three ways: an override with Hydra's
-``+`` (``+train.max_updatez=5``: Hydra appends it, and the typed :class:`~transformer.config.Config`
-would silently leave it out), an override without it (Hydra stops with "To append to your config use
-+..."), or a key of an experiment's or a plugin's YAML file (Hydra stops at composition). Each is
-refused here in one line that names the key and the nearest fields its node has (``train.max_updatez
-is not a field of train; did you mean train.max_updates?``), the group option that has it when another
-option of the group does (``model.ffn.tau0 is a field of model/ffn=tempglu``), through
-:class:`~transformer.config.ConfigError` (exit status 2 in ``scripts/train.py``).
-
-A command line's value of a config group that names no option of it (``model/position=rotary``, in a
-sweep's values too) is refused the same way, :class:`UnknownOption`: ``model/position=rotary is not an
-option of model/position; did you mean rope? (options: alibi, learned, none, rope, sinusoidal)``. The
-options are those Hydra finds for the group: the YAML files of ``configs/`` and of the plugins' config
-folders, and the options plugins store (:func:`unknown_option_sentence`).
-
-:func:`check_command_line` composes the command line once before Hydra runs (a multirun's sweeps
-with their first value, each swept config group with each of its options), so that nothing is
-written and no job of a sweep starts; :func:`check_known_fields` checks a composed config (the
-training job checks its own config again, e.g. a sweeper's trial).
-"""
+A key a node lacks arrives by an override (with Hydra's ``+`` or without) or in an experiment's,
+ladder step's or plugin's YAML file; :func:`check_command_line` composes the command line once
+before Hydra runs, so no job of a refused sweep starts. Examples: docs/runs.md#errors-and-exit-codes."""
 
 from __future__ import annotations
 
@@ -87,19 +71,8 @@ def _group_at(path: str):
 
 
 def unknown_field_sentence(path: str, known: Sequence[str], *, option: str | None = None, source: str = "") -> str:
-    """The sentence refusing the key ``path`` whose node has the fields ``known``.
-
-    Args:
-        path: the dotted key (``model.ffn.tau``).
-        known: the fields of its parent node.
-        option: the option chosen for the parent node's group, when it is one (``relu``).
-        source: the config file that holds the key (``experiment/bad``), when not the command line.
-
-    Returns:
-        ``<path>[ (in <source>)] is not a field of <parent>[ (<group>=<option>)]; did you mean
-        <nearest>?``, or naming the option of the same group that has the field, or listing the
-        node's fields when none is near.
-    """
+    """``<path> [(in <source>)] is not a field of <parent> [(<group>=<option>)]; did you mean ...?``,
+    or the option of the group that has the field, or the node's fields when none is near."""
     parent, _, leaf = path.rpartition(".")
     where = f"{parent}" if parent else "the config"
     group = _group_at(parent)
@@ -122,13 +95,8 @@ def unknown_field_sentence(path: str, known: Sequence[str], *, option: str | Non
 
 
 def unknown_option_sentence(group: str, value: str, options: Sequence[str]) -> str:
-    """The sentence refusing ``<group>=<value>``, ``value`` not among the group's ``options``.
-
-    Returns:
-        ``<group>=<value> is not an option of <group>; did you mean <nearest>? (options: <all, sorted>)``,
-        the nearest being the options whose similarity to ``value`` is at least :data:`_NEAR_OPTION`
-        and within 0.1 of the best (none: no "did you mean").
-    """
+    """``<group>=<value> is not an option of <group>; did you mean <nearest>? (options: ...)``; the
+    nearest are within 0.1 of the best similarity and at least :data:`_NEAR_OPTION`."""
     ratios = {o: difflib.SequenceMatcher(None, value, o).ratio() for o in options}
     best = max(ratios.values(), default=0.0)
     near = sorted((o for o, r in ratios.items() if r >= max(_NEAR_OPTION, best - 0.1)), key=lambda o: -ratios[o])
@@ -202,28 +170,18 @@ def _walk(node: DictConfig, typed: DictConfig, prefix: str) -> Iterator[str]:
 
 
 def unknown_fields(cfg: Any) -> list[str]:
-    """The sentences refusing each key of ``cfg`` that its typed node does not have.
-
-    Args:
-        cfg: a composed config (DictConfig; its ``hydra`` node is Hydra's and not checked) or a dict.
-            Each group's node is typed by the dataclass of the option it names
-            (:func:`~transformer.config.options.structured_config`); a field holding a plain
-            mapping (``extra``, ``plugin_files``) takes any key.
-
-    Returns:
-        One :func:`unknown_field_sentence` per unknown key, in the config's order; empty when every
-        key is known.
-    """
+    """One :func:`unknown_field_sentence` per key of ``cfg`` its typed node lacks, in order (the
+    ``hydra`` node and plain-mapping fields such as ``extra`` take any key)."""
     node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
     node = OmegaConf.masked_copy(node, [k for k in node.keys() if k != "hydra"])
     return list(_walk(node, structured_config(node), ""))
 
 
 def check_known_fields(cfg: Any) -> None:
-    """Refuse a config holding a key its typed node does not have (:func:`unknown_fields`).
+    """Refuse a config holding a key its typed node does not have.
 
     Raises:
-        ConfigError: the sentences of every unknown key, joined by ``; ``.
+        ConfigError: every unknown key's sentence, joined by ``; ``.
     """
     if found := unknown_fields(cfg):
         raise ConfigError("; ".join(found))
@@ -330,22 +288,14 @@ def _compose_sentences(config_dir: Path, config_name: str, overrides: list[str])
 
 
 def check_command_line(argv: Sequence[str], config_dir: str | Path, config_name: str) -> None:
-    """Refuse, before Hydra runs anything, a command line that chooses an option no config group has
-    (each value of a sweep), or sets a key no typed node has: an override (with Hydra's ``+`` or
-    without), or a key of an experiment's, a ladder step's or a plugin's YAML file it chooses. A
-    multirun is composed at each sweep's first value and with each option of a swept config group, so
-    that no job of a refused sweep starts.
+    """Refuse, before Hydra runs, a command line choosing an unknown option or setting an unknown
+    key; a multirun is composed at each sweep's first value and with each option of a swept group.
 
-    Args:
-        argv: the script's arguments, its plugins already imported (their options and search path
-            known: :func:`~transformer.plugins.command_line_plugins`).
-        config_dir: the script's config folder (``configs/``).
-        config_name: its primary config (``train``), unless the command line names another.
+    ``argv``'s plugins must be imported already; ``config_name`` is the primary config (``train``).
 
     Raises:
-        UnknownOption: the sentences of the unknown options (:func:`unknown_option_sentence`), joined
-            by ``; ``; nothing is composed then.
-        ConfigError: the sentences of the unknown keys (:func:`unknown_field_sentence`).
+        UnknownOption: the unknown options' sentences, joined by ``; ``.
+        ConfigError: the unknown keys' sentences.
     """
     split = _split(argv)
     if split is None:

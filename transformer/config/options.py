@@ -1,20 +1,11 @@
 """The config groups whose options may carry fields of their own, and the typed node of each option.
 
-Every switch group of the model (``model/attention``, ``model/ffn``, ``model/norm``,
-``model/position``, ``model/position/rope_scaling``) and ``lr_scheduler`` is a node of the config
-with a discriminating field (``name``, or ``rope_type``) and a dataclass of the fields every option
-reads (:class:`OptionGroup`). An option that needs more fields has a subclass of that dataclass,
-registered here (:func:`register_option_config`), e.g. ``mla`` ->
-:class:`~transformer.config.schema.LatentAttentionConfig`: its fields then exist, typed, under the
-group's node (``model.attention.kv_lora_rank``) when that option is chosen, and nowhere else.
-
-Hydra learns the option classes through the ConfigStore: :func:`store_option_schemas` stores each
-under ``schema/<group>/<name>``, which the option's YAML file names first in its defaults list (as
-``configs/model/attention/mla.yaml`` does, Hydra's "config group schema" pattern); an option
-registered by a plugin without a YAML file is also stored as the option itself, so
-``model/attention=<name>`` selects it. Outside Hydra, :func:`structured_config` gives the typed
-node a stored config dict needs (``to_config`` and ``validate_config`` merge into it).
-"""
+Each model switch group and ``lr_scheduler`` is a node told apart by one field (``name``, or
+``rope_type``) with a base dataclass (:class:`OptionGroup`). An option with more fields has a
+subclass registered here (``mla`` -> :class:`~transformer.config.schema.LatentAttentionConfig`),
+whose fields exist under the node only when that option is chosen. Hydra learns them through the
+ConfigStore as ``schema/<group>/<name>`` (its "config group schema" pattern); a plugin option
+without a YAML file is stored as the option itself."""
 
 from __future__ import annotations
 
@@ -58,14 +49,13 @@ class OptionGroup:
     """One config group whose options are told apart by one field.
 
     Attributes:
-        switch: the group as Hydra names it on the command line (``model/attention``).
-        path: where its node lives in :class:`~transformer.config.Config` (``model.attention``).
+        switch: the group on the command line (``model/attention``).
+        path: its node in :class:`~transformer.config.Config` (``model.attention``).
         key: the field naming the option (``name``; ``rope_type`` for RoPE scalings).
         base: the dataclass of the fields every option reads.
-        options: option name -> its own dataclass (a subclass of ``base``), for the options that
-            carry fields of their own; every other option's node is a ``base``.
-        stored: option names stored in the ConfigStore as options (plugins without a YAML file).
-        plain: those of them without fields of their own (stored as ``{key: name}``).
+        options: option name -> its own subclass of ``base``, for options with fields of their own.
+        stored: options stored in the ConfigStore as options (plugins without a YAML file).
+        plain: those of them without fields of their own.
     """
 
     switch: str
@@ -116,18 +106,12 @@ def store_plugin_option(switch: str, name: str) -> None:
 
 def register_option_config(switch: str, name: str, config: type, *, store_option: bool = False) -> None:
     """Give option ``name`` of group ``switch`` its own fields: ``config``, a dataclass subclassing the
-    group's base whose ``key`` field (``name``) defaults to ``name``.
-
-    Args:
-        switch: a key of :data:`GROUPS`, e.g. ``"model/attention"``.
-        name: the option.
-        config: its dataclass.
-        store_option: also store it as the option in Hydra's ConfigStore, so that ``<switch>=<name>``
-            selects it without a YAML file (plugins).
+    group's base whose ``key`` field defaults to ``name``. ``store_option`` also stores it as the
+    option, so ``<switch>=<name>`` selects it without a YAML file (plugins).
 
     Raises:
-        ConfigError: an unknown group, a class that is not a dataclass subclass of the group's base,
-            a ``key`` default other than ``name``, or a name another class already holds.
+        ConfigError: an unknown group, a class that is not a dataclass subclass of the base, a ``key``
+            default other than ``name``, or a name another class holds.
     """
     if switch not in GROUPS:
         raise ConfigError(f"no config group {switch!r}; groups with option fields: {', '.join(GROUPS)}")
@@ -174,9 +158,8 @@ def _select(cfg: Any, path: str) -> Any:
 
 
 def structured_config(cfg: Any = None) -> DictConfig:
-    """The structured :class:`~transformer.config.Config` that ``cfg`` (a dict or DictConfig of a whole
-    config, or None) merges into: each group's node typed by the dataclass of the option ``cfg``
-    chooses, so that the option's own fields are known and checked.
+    """The structured :class:`~transformer.config.Config` that ``cfg`` (a whole config, or None) merges
+    into, each group's node typed by the option ``cfg`` chooses.
 
     Raises:
         ConfigError: a group node of ``cfg`` that is not a mapping.
@@ -199,13 +182,9 @@ def structured_config(cfg: Any = None) -> DictConfig:
 
 
 def register_configs() -> None:
-    """Register the structured configs with Hydra's ConfigStore: ``base_config`` (:class:`Config`),
-    ``generation_overrides``, ``rope_scaling_overrides`` and the option classes (:func:`store_option_schemas`).
-
-    ``configs/train.yaml`` names ``base_config`` first in its defaults list, so every YAML value is
-    type-checked against :class:`Config` and the chosen options' classes (an unknown key or a wrong
-    type fails at composition).
-    """
+    """Register ``base_config`` (:class:`Config`), ``generation_overrides``, ``rope_scaling_overrides``
+    and the option classes with Hydra's ConfigStore; ``configs/train.yaml`` names ``base_config``
+    first, so every YAML value is type-checked at composition."""
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     cs.store(name="generation_overrides", node=GenerationOverrides)
@@ -214,10 +193,8 @@ def register_configs() -> None:
 
 
 def flat_group_override(overrides: list[str]) -> str | None:
-    """The sentence refusing a command-line override that sets a group's node to a name with dots
-    (``model.attention=gqa``) where the group is chosen with slashes (``model/attention=gqa``), or
-    None when there is none. Hydra's own error for it ("Cannot assign str to AttentionConfig") does
-    not say what to type."""
+    """The sentence refusing an override like ``model.attention=gqa`` where the group takes
+    ``model/attention=gqa`` (Hydra's own error does not say what to type), or None."""
     for override in overrides:
         key, sep, value = override.lstrip("+~").partition("=")
         for group in GROUPS.values():

@@ -1,29 +1,9 @@
-"""The rules on a config field, declared where the field is declared.
-
-Every field of the schema (:mod:`transformer.config.schema`) says two things in its dataclass
-field's metadata:
-
-* **resume**: what a resumed run (:mod:`transformer.training.job.resume`) takes from the command line:
-  ``fixed``, nothing (the run's saved value; naming another one is an error); ``free``, the command
-  line's value when the command line names it (when to stop, what to show, where the run and its data
-  are); ``always``, the command line's value, named or not (what to resume, and where).
-* **grouping**: whether the field defines a configuration (``defines``: runs that differ in it are
-  different configurations for ``scripts/compare.py``, and a finished twin of ``train.finished_runs``
-  must have its value) or not (``ignored``: the seed, the study's name, paths, logging, threads).
-
-Most fields are what a run computes: ``name: str = recipe("relu")`` declares ``fixed`` and
-``defines``; any other pair is spelled out, ``device: str = rule("auto", resume="free",
-grouping="ignored")``. A rule on a field holding a dataclass (``logger``) covers every field below
-it. The lists the code reads are derived from the declarations (:func:`keys_with`):
-:data:`~transformer.training.job.resume.RESUME_OVERRIDES` and ``_ALWAYS_FROM_COMMAND_LINE`` there, and
-:data:`~transformer.config.IGNORED_KEYS` (:mod:`transformer.config.identity`); ``tests/test_config_rules.py`` fails, naming
-the field, when a field of the schema declares no rule (:func:`undeclared`).
-
-The own fields of a group's option (a subclass registered in
-:data:`~transformer.config.options.GROUPS`, e.g. ``model.attention.kv_lora_rank`` of ``mla``, or a
-plugin's) define the configuration and are fixed on resume: the built-in ones declare ``recipe``, a
-plugin's need declare nothing (:mod:`transformer.registry`).
-"""
+"""The rules on a config field, declared where the field is declared: **resume** (``fixed``, ``free``
+or ``always``: what a resumed run takes from the command line) and **grouping** (``defines`` or
+``ignored``: whether runs that differ in it are different configurations). ``recipe(default)`` is
+``fixed`` and ``defines``; ``rule(default, resume=..., grouping=...)`` spells out any other pair.
+The lists the code reads derive from them (:func:`keys_with`). What each rule means:
+docs/contributing.md#adding-a-config-field."""
 
 from __future__ import annotations
 
@@ -51,16 +31,7 @@ class FieldRule(NamedTuple):
 
 
 def rule(default: Any = MISSING, *, factory: Callable[[], Any] | Any = MISSING, resume: str, grouping: str) -> Any:
-    """A dataclass field with ``default`` (or ``factory``) and its rule.
-
-    Args:
-        default: the field's default.
-        factory: or a callable making it (mutable defaults: lists, dicts, dataclasses).
-        resume: one of :data:`RESUMES`.
-        grouping: one of :data:`GROUPINGS`.
-
-    Returns:
-        ``dataclasses.field(...)`` with the rule in its metadata.
+    """``dataclasses.field`` with ``default`` (or ``factory``) and the rule in its metadata.
 
     Raises:
         ValueError: an unknown ``resume`` or ``grouping``.
@@ -83,13 +54,8 @@ def field_rule(f: Field) -> FieldRule | None:
 
 
 def rule_table(cls: type, prefix: str = "") -> dict[str, FieldRule | None]:
-    """Dotted key -> rule for every field of dataclass ``cls``: a field without a rule that holds a
-    dataclass is replaced by the fields below it; any other field without one maps to None.
-
-    Args:
-        cls: a dataclass (:class:`~transformer.config.Config`).
-        prefix: put before each key (``"model."``).
-    """
+    """Dotted key (after ``prefix``) -> rule for every field of dataclass ``cls``; a ruleless field
+    holding a dataclass is replaced by the fields below it, any other maps to None."""
     hints = get_type_hints(cls)
     table: dict[str, FieldRule | None] = {}
     for f in dataclasses.fields(cls):

@@ -1,10 +1,6 @@
-"""What the ``train`` fields mean while a run runs: the time budget that stops it
-(:func:`time_budget`, :func:`budget_sentence`), the values of ``train.resume``
-(:func:`resume_mode`), where Hydra records a job (:func:`hydra_subdir`, the ``zoo.hydra_subdir``
-resolver of ``configs/train.yaml``), a sweep job's folder name made of its swept values
-(:func:`sweep_subdir`, the ``zoo.sweep_subdir`` resolver of ``configs/train.yaml``) and the part of it
-that the studies, which name their folders themselves, add (:func:`swept_suffix`, the ``zoo.swept``
-resolver); the resolvers are registered when this module is imported."""
+"""What the ``train`` fields mean while a run runs: the time budget, the values of ``train.resume``,
+and the ``zoo.*`` resolvers of ``configs/train.yaml`` (where Hydra records a job, a sweep job's
+folder name), registered when this module is imported."""
 
 from __future__ import annotations
 
@@ -41,11 +37,8 @@ DEFAULT_TIME_BUDGET_S = 1380.0
 
 
 def time_budget(train: Any) -> float:
-    """The training-time limit in seconds that ``train`` (a
-    :class:`~transformer.config.schema.TrainConfig` or its DictConfig) stops at: ``train.max_time``
-    when set (0 = none); when null, :data:`DEFAULT_TIME_BUDGET_S` if neither ``train.max_updates``
-    nor ``train.max_epochs`` is set, else 0 (an explicit update or epoch budget is not cut by the
-    default time limit, on a first start as on a resume)."""
+    """Training seconds ``train`` stops at: ``train.max_time`` when set (0: none); when null,
+    :data:`DEFAULT_TIME_BUDGET_S` unless ``train.max_updates`` or ``train.max_epochs`` is set (then 0)."""
     if train.max_time is not None:
         return float(train.max_time)
     return DEFAULT_TIME_BUDGET_S if train.max_updates <= 0 and train.max_epochs <= 0 else 0.0
@@ -76,11 +69,10 @@ RESUME_MODES = (False, True, "auto")
 
 
 def resume_mode(value: Any) -> bool | str:
-    """``train.resume`` as one of :data:`RESUME_MODES` (Hydra gives ``true``/``false`` as bools, and
-    a str-typed override as ``"true"``/``"false"``).
+    """``train.resume`` as one of :data:`RESUME_MODES` (bools and ``"true"``/``"false"`` alike).
 
     Raises:
-        ValueError: any other value (the message names the field and the allowed values).
+        ValueError: any other value.
     """
     text = str(value).strip().lower()
     if text in ("true", "false", "auto"):
@@ -89,20 +81,9 @@ def resume_mode(value: Any) -> bool | str:
 
 
 def hydra_subdir(resume: Any = False, resume_from: Any = None, output_dir: Any = None) -> str | None:
-    """Where Hydra records a training job in its run folder (``hydra.output_subdir`` of
-    ``configs/train.yaml``, as the resolver
-    ``${zoo.hydra_subdir:${train.resume},${train.resume_from},${hydra:runtime.output_dir}}``).
-
-    Args:
-        resume: ``train.resume``.
-        resume_from: ``train.resume_from``.
-        output_dir: the job's run folder, when known: with ``train.resume=true|auto`` the job is a
-            resume only when the folder holds a ``checkpoint_last`` (else it is the run's first start).
-
-    Returns:
-        :func:`transformer.hydra_record.record_subdir`'s name: ``.hydra`` for a new run,
-        ``.hydra/resume-<date>_<time>`` for a resumed one, None when another process holds the folder.
-    """
+    """Where Hydra records a training job (the ``zoo.hydra_subdir`` resolver): ``.hydra`` for a new run,
+    ``.hydra/resume-<date>_<time>`` for a resume (``train.resume=true|auto`` with a ``checkpoint_last``
+    in ``output_dir``), None when another process holds the folder."""
     if str(resume_from or "").lower() not in ("", "none", "null"):
         resuming = True
     else:
@@ -118,12 +99,8 @@ def hydra_subdir(resume: Any = False, resume_from: Any = None, output_dir: Any =
 
 
 def swept_keys(overrides: Sequence[str]) -> list[str]:
-    """The keys a multirun command line sweeps (``model.ffn.tau0=0.5,1,2``, ``seed=range(1,4)``,
-    ``model/ffn=relu,swiglu``), Hydra's own (``hydra.*``, ``hydra/...``) left out.
-
-    Args:
-        overrides: the command line's overrides (no options such as ``-m``).
-    """
+    """The keys a multirun's overrides sweep (``a=1,2``, ``seed=range(1,4)``, ``model/ffn=relu,swiglu``),
+    Hydra's own left out."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
@@ -139,16 +116,9 @@ def swept_keys(overrides: Sequence[str]) -> list[str]:
 
 
 def swept_suffix(task_overrides: Iterable[Any] | None = None, *named: str) -> str:
-    """``_<key>=<value>`` for each key this job's multirun sweeps (:data:`SWEPT_KEYS_ENV`) that its
-    folder name does not hold already (``named``: e.g. ``ladder``, ``seed``), so that the jobs of a
-    sweep over any field get folders of their own; ``""`` outside a multirun. A key is shortened to
-    its last part (``model.ffn.tau0`` -> ``tau0``) unless two swept keys share it; the text is kept
-    filesystem-safe (``/`` -> ``-``, no quotes or spaces).
-
-    Args:
-        task_overrides: the job's overrides (``${hydra:overrides.task}``), ``key=value`` each.
-        named: the keys the folder name already shows.
-    """
+    """``_<key>=<value>`` for each swept key (:data:`SWEPT_KEYS_ENV`) the folder name does not show
+    (``named``); ``""`` outside a multirun. Keys are shortened to their last part unless two share it,
+    and the text is filesystem-safe."""
     keys = [k for k in os.environ.get(SWEPT_KEYS_ENV, "").split(",") if k and k not in named]
     if not keys:
         return ""
@@ -173,9 +143,8 @@ group's node: every other swept key without a dot is a config group."""
 
 
 def _shown(key: str, value: str, keys: Sequence[str]) -> str:
-    """How a swept key's value shows in a job's folder name, as the studies name their folders: a config
-    group's option as it is (``step5_gqa``, ``rope``), the seed as ``seed<value>``, any other key as
-    ``<last part>=<value>`` (``dropout=0.1``; the whole key where two swept keys share the last part)."""
+    """A swept value in a folder name: a group option as it is (``rope``), ``seed<value>``, else
+    ``<last part>=<value>`` (the whole key where two share the last part)."""
     if key == "seed":
         return f"seed{value}"
     if "." not in key and key not in _TOP_LEVEL_VALUES:  # a config group (model/ffn, ladder, optim)
@@ -186,19 +155,9 @@ def _shown(key: str, value: str, keys: Sequence[str]) -> str:
 
 
 def sweep_subdir(task_overrides: Iterable[Any] | None = None, job_num: Any = 0, sweeper: Any = "basic") -> str:
-    """A multirun job's folder name (``hydra.sweep.subdir`` of ``configs/train.yaml``): the values of the
-    keys the command line sweeps (:data:`SWEPT_KEYS_ENV`), in its order, joined by ``_`` as the studies
-    name theirs (``-m model/ffn=relu,swiglu seed=1,2`` -> ``relu_seed1``, ..., ``swiglu_seed2``;
-    ``model.dropout=0.1,0.2`` -> ``dropout=0.1``), so that the same command re-run finds each job's
-    folder again and a folder says what its run trained. The job number when the command line sweeps
-    nothing (the sweep's values come from a config) or when a search (Optuna) samples the values, which
-    two trials may share.
-
-    Args:
-        task_overrides: the job's overrides (``${hydra:overrides.task}``), ``key=value`` each.
-        job_num: ``${hydra.job.num}``.
-        sweeper: ``${hydra:runtime.choices.hydra/sweeper}`` (``basic``: a grid).
-    """
+    """A multirun job's folder name (``hydra.sweep.subdir``): the swept values joined by ``_``
+    (``-m model/ffn=relu,swiglu seed=1,2`` -> ``relu_seed1``, ...), so a re-run finds each job's folder;
+    the job number when nothing is swept on the command line or a search samples the values."""
     keys = [k for k in os.environ.get(SWEPT_KEYS_ENV, "").split(",") if k]
     values: dict[str, str] = {}
     for item in task_overrides or []:

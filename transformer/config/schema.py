@@ -1,13 +1,7 @@
-"""The dataclasses of every experiment's configuration, one per config group.
-
-They mirror the YAML files under ``configs/`` one to one (torchtitan style): Hydra validates each
-YAML file against them through the ConfigStore
-(:func:`transformer.config.options.register_configs`).
-
-Every field declares its rule (:mod:`transformer.config.rules`): ``recipe(default)`` for what a run
-computes (fixed on resume, part of the configuration), ``rule(default, resume=..., grouping=...)``
-otherwise, from which the fields a resume may change and those ``compare.py`` leaves aside are derived.
-"""
+"""The dataclasses of every experiment's configuration, one per config group, mirroring the YAML
+files under ``configs/`` (torchtitan style); Hydra validates each file against them. Every field
+declares its rule (:mod:`transformer.config.rules`): ``recipe(default)`` for what a run computes,
+``rule(default, resume=..., grouping=...)`` otherwise. The fields: docs/switches.md."""
 
 from __future__ import annotations
 
@@ -55,15 +49,9 @@ class NormConfig:
 
 @dataclass
 class FFNConfig:
-    """``model/ffn``: the position-wise feed-forward block.
-
-    ``relu``/``gelu`` use two matrices (Vaswani et al. 2017 §3.3); ``swiglu``/``geglu`` three
-    (Shazeer 2020). With ``glu_match_params`` the GLU hidden size is ``2/3 * d_ff`` rounded up to a
-    multiple of ``multiple_of`` so that the parameter count matches the two-matrix block.
-
-    ``moe`` is a mixture of experts (Fedus et al. 2021; Jiang et al. 2024; DeepSeek-AI 2024): the
-    fields after ``multiple_of`` size and route it and are read by that option only.
-    """
+    """``model/ffn``: the position-wise feed-forward block: ``relu``/``gelu`` two matrices (Vaswani et al.
+    2017 §3.3), ``swiglu``/``geglu`` three (Shazeer 2020; ``glu_match_params``: width ``2/3 * d_ff``
+    rounded up to ``multiple_of``), ``moe`` a mixture of experts whose fields follow ``multiple_of``."""
 
     name: str = recipe("relu")  # a key of transformer.modules.ffn.FFNS
     glu_match_params: bool = recipe(True)
@@ -114,16 +102,10 @@ class PositionConfig:
 
 @dataclass
 class AttentionConfig:
-    """``model/attention``: the self-attention kind and its key/value heads.
-
-    ``name`` is a key of :data:`transformer.modules.attention.ATTENTION_KINDS`; the option's rule
-    there turns ``(model.n_heads, n_kv_heads)`` into the key/value heads (``mha``: null = n_heads,
-    ``gqa``: a divisor of n_heads, ``mqa``: 1, ``mla``: null). An option with sizes of its own has a
-    subclass of this class (:class:`LatentAttentionConfig` for ``mla``), registered in
-    :data:`transformer.config.options.GROUPS`, so ``model.attention.kv_lora_rank`` exists only under
-    ``model/attention=mla``. Runs saved before the group had this shape (``model.attention: gqa``,
-    ``model.n_kv_heads: 2``) are read through :func:`transformer.config.convert.upgrade_config`.
-    """
+    """``model/attention``: the self-attention kind and its key/value heads (``mha``: null = n_heads,
+    ``gqa``: a divisor, ``mqa``: 1, ``mla``: null). An option with sizes of its own subclasses it
+    (:class:`LatentAttentionConfig`); older flat records are read through
+    :func:`transformer.config.convert.upgrade_config`."""
 
     name: str = recipe("mha")  # a key of transformer.modules.attention.ATTENTION_KINDS
     n_kv_heads: int | None = recipe(None)
@@ -146,20 +128,11 @@ class LatentAttentionConfig(AttentionConfig):
 
 @dataclass
 class ModelConfig:
-    """``model``: one architecture. Presets live in ``configs/model/*.yaml``.
+    """``model``: one architecture; presets in ``configs/model/*.yaml`` list only what they change.
 
-    The defaults are the project's CPU default model, ``model=transformer_small``: the 2017
-    Transformer (post-LN LayerNorm, ReLU, sinusoidal positions, MHA, shared embeddings) at 3+3
-    layers, d_model 256, 4 heads, d_ff 512, dropout 0.1. Each preset file lists only what it
-    changes (``transformer_2017_base``: 6+6, d_model 512, 8 heads, d_ff 2048).
-
-    ``arch=decoder_only`` stacks ``n_encoder_layers + n_decoder_layers`` causal layers so that
-    flipping the switch keeps the depth; decoder-only presets set ``n_encoder_layers: 0``.
-    ``attention`` is the ``model/attention`` group (:class:`AttentionConfig`: its kind, key/value
-    heads and, for ``mla``, the latent sizes). ``qk_norm``, ``attention_window`` and
-    ``attention_window_pattern`` default to what every earlier model does (no QK-norm, global
-    attention), so older checkpoints load unchanged.
-    """
+    The defaults are ``model=transformer_small``: the 2017 Transformer (post-LN, ReLU, sinusoidal, MHA,
+    shared embeddings) at 3+3 layers, d_model 256, 4 heads, d_ff 512, dropout 0.1.
+    ``arch=decoder_only`` stacks ``n_encoder_layers + n_decoder_layers`` causal layers, keeping the depth."""
 
     arch: str = recipe("encoder_decoder")  # encoder_decoder | decoder_only
     norm_position: str = recipe("post")  # a key of transformer.modules.residual.RESIDUALS
@@ -194,14 +167,8 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    """``data``: a parallel corpus, its SentencePiece vocabulary and length filters.
-
-    The defaults are ``data=multi30k_en_de`` (Multi30k en->de, 8,000 joint BPE pieces, tested on its
-    four test sets); each ``configs/data/*.yaml`` lists only what it changes.
-
-    ``root`` (or the environment variable ``TRANSFORMER_DATA_DIR``, or a user cache folder) holds
-    ``{prefix}.{lang}`` files, plain or ``.gz``.
-    """
+    """``data``: a parallel corpus, its SentencePiece vocabulary and length filters; the defaults are
+    ``data=multi30k_en_de`` (8,000 joint BPE pieces, four test sets)."""
 
     name: str = recipe("multi30k_en_de")
     corpus: str = recipe("multi30k")  # multi30k | multi30k_tok | parallel_text

@@ -77,13 +77,10 @@ class LatentSizes:
 def latent_sizes(model: Any) -> LatentSizes | None:
     """The :class:`LatentSizes` of a ``model/attention=mla`` config (None for other kinds).
 
-    A null field is derived from ``head_dim = d_model // n_heads`` in DeepSeek-V2's proportions
-    (head 128: kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128):
-    ``kv_lora_rank = 4 * head_dim``, ``qk_nope_head_dim = v_head_dim = head_dim``,
-    ``qk_rope_head_dim = head_dim / 2`` rounded down to even with ``model/position=rope`` (0
-    otherwise: no decoupled key without RoPE). The cache then holds 4.5 head widths per token and
-    layer, as GQA with 2.25 groups (§2.1.4).
-    """
+    Null fields follow DeepSeek-V2's proportions of ``head_dim = d_model // n_heads``:
+    ``kv_lora_rank = 4 * head_dim``, ``qk_nope_head_dim = v_head_dim = head_dim``, ``qk_rope_head_dim =
+    head_dim / 2`` rounded down to even with RoPE (0 without). The cache then holds 4.5 head widths per
+    token and layer (§2.1.4)."""
     attention = model.attention
     if not ATTENTION_KINDS[attention.name].latent:
         return None
@@ -119,9 +116,8 @@ def layer_windows(model: Any, n_layers: int) -> list[int | None]:
 
 
 def kv_cache_values(model: Any) -> int:
-    """Values one self-attention layer caches per token (:attr:`ModelSizes.kv_cache_values`), read
-    from the attention fields only, so that a partial record (``results.json`` of an older run)
-    still gives it."""
+    """Values one self-attention layer caches per token, from the attention fields only (so an older
+    run's partial record still gives it)."""
     latent = latent_sizes(model)
     if latent is not None:
         return latent.kv_lora_rank + latent.qk_rope_head_dim
@@ -137,10 +133,9 @@ def kv_cache_values(model: Any) -> int:
 
 
 def rope_scaling(model: Any) -> RopeScaling | None:
-    """The :class:`~transformer.modules.rope_scaling.RopeScaling` of ``model.position.rope_scaling``
-    (None for ``rope_type=default`` or a config without the field); ``dynamic`` without
-    ``original_max_position_embeddings`` takes ``model.max_positions``. Its ``config`` is the node
-    itself: a plugin scaling's own fields reach its ``from_sizes`` (:mod:`transformer.registry`)."""
+    """The :class:`~transformer.modules.rope_scaling.RopeScaling` of ``model.position.rope_scaling`` (None
+    for ``default``); ``dynamic`` without ``original_max_position_embeddings`` takes
+    ``model.max_positions``; its ``config`` is the node (a plugin's own fields)."""
     rs = getattr(model.position, "rope_scaling", None)
     if rs is None or rs.rope_type == "default":
         return None
@@ -165,18 +160,13 @@ class ModelSizes:
     """Sizes derived from a model config.
 
     Attributes:
-        d_model: model width.
-        n_heads: query heads.
-        head_dim: width of one head, ``d_model // n_heads``.
-        n_kv_heads: key/value heads (see :func:`resolve_n_kv_heads`).
-        ffn_hidden: hidden width of the feed-forward block (``d_ff``, or the parameter-matched GLU
-            width for gated blocks with ``glu_match_params``); of one expert for ``model/ffn=moe``.
-        ffn_matrices: ``d_model x ffn_hidden`` matrices of the feed-forward block (2, or 3 gated);
-            of one expert for ``model/ffn=moe``.
-        latent: the MLA sizes (``model/attention=mla``), or None.
-        n_experts: routed experts per feed-forward block (0: a dense block).
-        top_k: experts per token (0: a dense block).
-        shared_hidden: hidden width of the shared-expert block, ``n_shared_experts * ffn_hidden`` (0: none).
+        head_dim: ``d_model // n_heads``.
+        ffn_hidden: the feed-forward hidden width (``d_ff``, or the parameter-matched GLU width); of
+            one expert for ``model/ffn=moe``.
+        ffn_matrices: ``d_model x ffn_hidden`` matrices (2, or 3 gated); of one expert for moe.
+        latent: the MLA sizes, or None.
+        n_experts, top_k: routed experts per block and per token (0: dense).
+        shared_hidden: ``n_shared_experts * ffn_hidden`` (0: none).
     """
 
     d_model: int
@@ -210,12 +200,11 @@ class ModelSizes:
 
 
 def ffn_size(model: Any) -> tuple[int, int]:
-    """``(hidden width, number of d_model x hidden matrices)`` of the feed-forward block named by
-    ``model.ffn.name`` (:data:`~transformer.modules.ffn.FFNS`); for ``moe``, of one expert: the
-    ``model.ffn.expert`` block at width ``model.ffn.expert_d_ff`` (null: ``model.d_ff``).
+    """``(hidden width, d_model x hidden matrices)`` of ``model.ffn.name``; for ``moe``, of one expert
+    (``model.ffn.expert`` at ``model.ffn.expert_d_ff``, null: ``model.d_ff``).
 
     Raises:
-        ConfigError: when ``model.ffn.name`` (or, for ``moe``, ``model.ffn.expert``) is unknown.
+        ConfigError: an unknown ``model.ffn.name`` (or ``model.ffn.expert``).
     """
     choice = FFNS.get(model.ffn.name)
     if choice is None:
@@ -231,11 +220,10 @@ def ffn_size(model: Any) -> tuple[int, int]:
 
 
 def model_sizes(model: Any) -> ModelSizes:
-    """The :class:`ModelSizes` of ``model`` (a :class:`~transformer.config.ModelConfig` or DictConfig).
+    """The :class:`ModelSizes` of ``model``.
 
     Raises:
-        ConfigError: when ``model.attention.name`` and ``model.attention.n_kv_heads`` disagree or ``model.ffn.name``
-            (``model.ffn.expert``) is unknown.
+        ConfigError: ``model.attention`` name and ``n_kv_heads`` disagree, or an unknown feed-forward block.
     """
     hidden, matrices = ffn_size(model)
     routed = FFNS[model.ffn.name].routed

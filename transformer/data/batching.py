@@ -1,34 +1,11 @@
-"""Token-bounded, length-bucketed batches, sharded across ranks and resumable mid-epoch.
+"""Token-bounded, length-bucketed batches (fairseq's ``--max-tokens``, Ott et al. 2019), sharded
+across ranks and resumable mid-epoch. How batches are packed, sharded and bucketed:
+docs/design.md#token-batches.
 
-Batches are bounded by ``max_tokens`` *counting padding* (fairseq's ``--max-tokens``, Ott et al.
-2019): a batch of ``n`` items whose longest item has length ``L`` costs ``n * L``. Per epoch:
+Item length (the positions one example occupies, padding counted in ``max_tokens``):
 
-1. the indices are randomly permuted (generator seeded from ``(seed, epoch)``), then
-   stably sorted by ``(item_length, src_len + tgt_len)``: equal-length items land in a new
-   random order every epoch;
-2. consecutive items are packed greedily while ``n * L <= max_tokens`` (and ``n <= max_sentences``);
-3. the batch order is shuffled with the same generator.
-
-The epoch's global batch list is therefore identical on every rank; rank ``r`` of ``W`` takes
-batches ``r, r + W, r + 2W, ...``. When the number of batches is not a multiple of ``W``, the list
-is **padded by repeating its first batches** (like ``DistributedSampler(drop_last=False)``), so
-every rank gets the same number of batches and no sentence is skipped; a few sentences are then
-seen twice in that epoch.
-
-With ``bucket_multiple=m > 1`` (``train.pad_to_multiple``) item lengths are rounded up to a multiple
-of ``m`` and a batch never mixes two rounded lengths: every full batch of a rounded length ``R``
-has ``max_tokens // R`` rows, and each ``R`` has one smaller batch (the same every epoch, as bucket
-membership does not change), so an epoch has at most two (rows, ``R``) shapes per ``R`` (collation
-pads to the multiple, :func:`~transformer.data.collate.collate`). fairseq pads to a multiple of 8
-(``--pad-to-multiple``); HF collators take ``pad_to_multiple_of``. Fewer distinct shapes mean fewer
-oneDNN primitives (memory) on CPUs, and fewer cuBLAS heuristics and ``torch.compile`` recompiles on
-GPUs. ``m = 1`` packs as before (greedily across lengths).
-
-Item length (the positions one example occupies):
-
-* ``encoder_decoder``: ``max(len(src) + 1, len(tgt) + 1)`` (source + EOS; BOS + target / target + EOS);
-* ``decoder_only``: ``len(src) + 1 + len(tgt)`` (``src + [SEP] + tgt``, target shifted to end in EOS).
-"""
+* ``encoder_decoder``: ``max(len(src), len(tgt)) + 1`` (EOS or BOS added);
+* ``decoder_only``: ``len(src) + 1 + len(tgt)`` (``src + [SEP] + tgt``)."""
 
 from __future__ import annotations
 
@@ -45,15 +22,7 @@ ARCHS = ("encoder_decoder", "decoder_only")
 def item_lengths(
     src_lengths: Sequence[int] | np.ndarray, tgt_lengths: Sequence[int] | np.ndarray, arch: str
 ) -> np.ndarray:
-    """Padded-cost length of each example (see the module docstring).
-
-    Args:
-        src_lengths: source lengths in pieces, without specials (a list or an array).
-        tgt_lengths: target lengths in pieces, without specials.
-        arch: ``encoder_decoder`` or ``decoder_only``.
-
-    Returns:
-        ``(n,)`` int64 array, one length per example.
+    """``(n,)`` int64 item lengths (module docstring) from source and target lengths without specials.
 
     Raises:
         ValueError: unknown ``arch`` or different numbers of source and target lengths.
@@ -77,16 +46,13 @@ AUTO_PAD_TO_MULTIPLE: dict[tuple[str, str], int] = {
     ("cuda", "bf16"): 8,
     ("cuda", "fp16"): 8,
 }
-"""``(device type, resolved precision) -> multiple`` that ``train.pad_to_multiple=auto`` takes; any
-other device takes 8. On a CPU rounding only adds compute, in fp32 and in bf16 (where a smaller
-oneDNN cache costs more than fewer shapes save), so 1 (measured in docs/benchmarks/cpu_choices.md).
-On CUDA every shape is a ``torch.compile`` graph specialisation and a CUDA graph, and 8 keeps
-tensor-core-friendly widths (fairseq's ``--pad-to-multiple 8``)."""
+"""``(device type, resolved precision) -> multiple`` of ``train.pad_to_multiple=auto``; any other
+device takes 8 (docs/design.md#token-batches)."""
 
 
 def resolve_pad_to_multiple(value: int | str, device_type: str, precision: str) -> int:
-    """``train.pad_to_multiple`` as a number: ``value`` itself when it is one, else (``"auto"``) the
-    :data:`AUTO_PAD_TO_MULTIPLE` entry of the device type and the run's resolved precision.
+    """``train.pad_to_multiple`` as a number: ``value``, or for ``"auto"`` the
+    :data:`AUTO_PAD_TO_MULTIPLE` entry of the device type and resolved precision.
 
     Raises:
         ValueError: ``value`` is neither ``"auto"`` nor an integer >= 1.
@@ -104,31 +70,18 @@ def _epoch_seed(seed: int, epoch: int) -> int:
 
 
 class TokenBatchSampler:
-    """Iterable of index lists (``list[int]``) for one rank; usable as a DataLoader ``batch_sampler``.
-
-    Works on numpy arrays of lengths (memory: a few int64 arrays of the dataset's size, no
-    per-example Python objects), so that a WMT-size corpus (4.5M pairs) is bucketed in about a
-    second. Because every epoch sorts the same lengths, the batch boundaries (positions in the
-    sorted order) are computed once; an epoch only draws a new order of equal-length items and a
-    new order of batches.
+    """Index lists for one rank, usable as a DataLoader ``batch_sampler``.
 
     Args:
-        src_lengths: source length of each example (pieces, no specials).
-        tgt_lengths: target length of each example (pieces, no specials).
-        max_tokens: bound on ``len(batch) * max(item_length)`` (padding included).
-        arch: ``encoder_decoder`` or ``decoder_only`` (defines item length).
-        shuffle: random order per epoch; with ``False`` batches come in ascending length and
-            the order is the same every epoch (evaluation).
-        seed: base seed; the epoch's order depends only on ``(seed, epoch)``.
-        rank: this process's rank.
-        world_size: number of ranks.
-        max_sentences: optional bound on the number of examples per batch.
-        bucket_multiple: round item lengths up to a multiple of this and keep each batch within one
-            rounded length (see the module docstring); 1 = greedy packing across lengths.
+        src_lengths, tgt_lengths: per-example lengths in pieces, without specials.
+        max_tokens: bound on ``len(batch) * max(item_length)``.
+        shuffle: random order per epoch; False gives ascending length, the same every epoch.
+        seed: an epoch's order depends only on ``(seed, epoch)``.
+        max_sentences: optional bound on examples per batch.
+        bucket_multiple: round item lengths up to a multiple of this, one rounded length per batch.
 
     Raises:
-        ValueError: an example alone is longer than ``max_tokens`` (the message names its index
-            and length), or invalid arguments.
+        ValueError: an example alone longer than ``max_tokens`` (named), or invalid arguments.
     """
 
     def __init__(
@@ -192,12 +145,8 @@ class TokenBatchSampler:
         return lengths if m == 1 else -(-lengths // m) * m
 
     def _pack(self, lengths: np.ndarray) -> np.ndarray:
-        """Greedy packing of ascending ``lengths``: ``(n_batches + 1,)`` batch start positions.
-
-        A batch grows while ``(items + 1) * length_of_next <= max_tokens`` (the next item is the
-        longest so far, lengths being sorted) and ``items < max_sentences``; with
-        ``bucket_multiple > 1`` it also ends where the (rounded) length changes.
-        """
+        """``(n_batches + 1,)`` batch starts of ascending ``lengths``, packed greedily (a batch
+        also ends where the rounded length changes)."""
         n = len(lengths)
         cap = self.max_sentences or n + 1
         bounds = [0]
@@ -223,14 +172,7 @@ class TokenBatchSampler:
         return order, torch.randperm(b, generator=g).numpy()
 
     def global_batches(self, epoch: int | None = None) -> list[list[int]]:
-        """All batches of an epoch, in order, before sharding (identical on every rank).
-
-        Args:
-            epoch: defaults to the current epoch.
-
-        Returns:
-            Index lists.
-        """
+        """All index lists of an epoch (default: the current), before sharding."""
         order, batch_order = self._epoch(self.epoch if epoch is None else epoch)
         return [order[self._bounds[j] : self._bounds[j + 1]].tolist() for j in batch_order.tolist()]
 
@@ -247,19 +189,8 @@ class TokenBatchSampler:
         return order, mine
 
     def step_tokens(self, epoch: int, position: int) -> int:
-        """Target tokens of one step over all ranks: the batches every rank takes as its
-        ``position``-th of ``epoch`` (1-based, as :meth:`state_dict` counts them), padding repeats
-        included. Every rank computes the same number from the shared batch list, so the loss can be
-        normalised by the global count before the backward pass, with no collective (each rank's
-        ``collate(...).ntokens`` summed over ranks gives the same). Safe to call from another thread
-        than the one iterating (a batch-prefetching thread may be in another epoch).
-
-        Args:
-            epoch: the epoch of the step.
-            position: the step within the epoch, ``1 <= position <= len(self)``.
-
-        Returns:
-            The count, ``tgt_len + 1`` (EOS) summed over the step's examples of every rank.
+        """Target tokens (``tgt_len + 1``) of step ``position`` (1-based) of ``epoch`` summed over
+        all ranks, padding repeats included, with no collective. Safe from a prefetching thread.
 
         Raises:
             ValueError: ``position`` outside the epoch.
@@ -280,14 +211,8 @@ class TokenBatchSampler:
     # ------------------------------------------------------------------ public protocol
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose order :meth:`__iter__` yields.
-
-        Changing the epoch resets the position to 0; setting the current epoch again keeps it
-        (so ``load_state_dict`` followed by ``set_epoch(same_epoch)`` resumes).
-
-        Args:
-            epoch: the epoch number (any integer; usually 1-based in the trainer).
-        """
+        """Select the epoch :meth:`__iter__` yields; a new epoch resets the position, the same
+        epoch keeps it (so ``load_state_dict`` then ``set_epoch`` resumes)."""
         if epoch != self.epoch:
             self.epoch = epoch
             self.position = 0
@@ -295,14 +220,7 @@ class TokenBatchSampler:
     def __iter__(self) -> Iterator[list[int]]:
         """Yield this rank's batches of the current epoch from the saved position.
 
-        ``position`` is advanced as each batch is handed out, and reset to 0 when the epoch is
-        exhausted. Note that a DataLoader with workers prefetches: save the number of batches the
-        training loop has *consumed* (and restore it with :meth:`load_state_dict`) rather than
-        reading ``position`` while a DataLoader is running ahead.
-
-        Yields:
-            Lists of dataset indices.
-        """
+        A DataLoader with workers runs ahead: save the batches the loop consumed, not ``position``."""
         order, mine = self._rank_batches()
         bounds = self._bounds
         for j in range(self.position, len(mine)):
@@ -312,31 +230,21 @@ class TokenBatchSampler:
         self.position = 0
 
     def shapes(self) -> list[tuple[int, int]]:
-        """The distinct ``(rows, padded item length)`` of the epoch's batches, sorted (the same set
-        every epoch: bucket boundaries do not move; with ``bucket_multiple=1`` the length is the
-        batch's longest item)."""
+        """The distinct ``(rows, padded item length)`` of the epoch's batches, sorted (the same every epoch)."""
         lengths = self.padded_lengths(self.lengths[self._sorted])
         b = self._bounds
         return sorted({(int(b[j + 1] - b[j]), int(lengths[b[j + 1] - 1])) for j in range(self._num_global)})
 
     def __len__(self) -> int:
-        """Number of batches this rank yields per (whole) epoch; the same for every epoch."""
+        """Batches this rank yields per epoch."""
         return -(-self._num_global // self.world_size)
 
     def state_dict(self) -> dict[str, int]:
-        """Resumable state.
-
-        Returns:
-            ``{"epoch": e, "position": p}`` where ``p`` batches of epoch ``e`` were handed out on
-            this rank.
-        """
+        """``{"epoch": e, "position": p}``: ``p`` batches of epoch ``e`` handed out on this rank."""
         return {"epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output; the next :meth:`__iter__` continues from there.
-
-        Args:
-            state: ``{"epoch": int, "position": int}``.
+        """Restore :meth:`state_dict`; the next :meth:`__iter__` continues from there.
 
         Raises:
             ValueError: the position is beyond the epoch's length.

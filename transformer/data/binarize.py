@@ -1,29 +1,5 @@
-"""Binarized splits: flat token arrays plus offsets on disk, read back memory-mapped.
-
-The idea of fairseq's ``.bin``/``.idx`` files (Ott et al. 2019): every token of a split sits in one
-flat array on disk, ``uint16`` when the vocabulary has at most 65,536 pieces (``int32``
-otherwise), and an index of offsets says where each sentence starts. Training maps the files
-read-only (:func:`numpy.memmap`), so memory holds only the pages in use and every process on a
-machine (every torchrun rank) shares them through the page cache.
-
-One split is one folder::
-
-    split-<key>/
-        manifest.json         format, inputs (paths, SHA-256, sizes), options, counts, dropped
-                              lines by reason, and the byte size of every file below
-        src.bin, tgt.bin      token ids of the kept pairs, concatenated (no BOS/EOS)
-        src.idx.npy, tgt.idx.npy
-                              int64 offsets, one more than the pairs: pair ``i`` is
-                              ``bin[idx[i]:idx[i + 1]]``
-        src.txt, tgt.txt      the original lines, one per pair (evaluation splits only: BLEU
-                              references and sources to translate)
-
-:func:`binarize_split` streams the two input files (:func:`~transformer.data.reading.iter_parallel`),
-encodes chunks of lines in worker processes and appends the results in order; it writes into a
-temporary folder that is renamed into place only when complete, so an interrupted run leaves no
-folder that :func:`load_split` accepts. :func:`load_split` checks the manifest and every file
-size before mapping anything.
-"""
+"""Binarized splits: flat token arrays plus offsets on disk, read back memory-mapped (fairseq's
+``.bin``/``.idx``, Ott et al. 2019). The folder layout and why: docs/design.md#binarized-splits."""
 
 from __future__ import annotations
 
@@ -55,28 +31,20 @@ SIDES = ("src", "tgt")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
-    """The smallest id type for a vocabulary: ``uint16`` up to 65,536 pieces, else ``int32``.
-
-    Args:
-        vocab_size: number of pieces, specials included.
-
-    Returns:
-        A numpy dtype.
-    """
+    """``uint16`` for a vocabulary of up to 65,536 pieces (specials included), else ``int32``."""
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.int32)
 
 
 class TokenSequences(Sequence[list[int]]):
     """Read-only sequence of id lists over a flat token array and its offsets.
 
+    ``seqs[i]`` is a small ``list[int]`` copy, :attr:`lengths` a numpy array, and :meth:`write_rows`
+    copies many sequences into a padded array at once.
+
     Args:
         tokens: ``(n_tokens,)`` flat ids (usually a read-only memory map).
         offsets: ``(n + 1,)`` int64; sequence ``i`` is ``tokens[offsets[i]:offsets[i + 1]]``.
-        rows: optional ``(m,)`` row numbers selecting (and ordering) a subset; ``None`` for all.
-
-    ``seqs[i]`` is a ``list[int]`` (a small copy), so code written for lists works unchanged;
-    :attr:`lengths` is a numpy array, and :meth:`write_rows` copies many sequences into a padded
-    array at once (what collation does, without a Python loop over sentences).
+        rows: optional ``(m,)`` row numbers selecting (and ordering) a subset.
     """
 
     def __init__(self, tokens: np.ndarray, offsets: np.ndarray, rows: np.ndarray | None = None) -> None:
@@ -88,8 +56,7 @@ class TokenSequences(Sequence[list[int]]):
         return len(self.rows) if self.rows is not None else len(self.offsets) - 1
 
     def __getitem__(self, i: int | slice) -> Any:
-        """Ids of sequence ``i`` (negative indices count from the end); a slice gives a list of
-        id lists, as slicing a list of lists would.
+        """Ids of sequence ``i``; a slice gives a list of id lists.
 
         Raises:
             IndexError: ``i`` out of range.
@@ -112,14 +79,7 @@ class TokenSequences(Sequence[list[int]]):
 
     @classmethod
     def from_lists(cls, seqs: Sequence[Sequence[int]]) -> TokenSequences:
-        """Id lists (any sequence of sequences of ints) flattened into one int64 array and offsets.
-
-        Args:
-            seqs: ``n`` id lists.
-
-        Returns:
-            A :class:`TokenSequences` over new arrays holding the same ids.
-        """
+        """``n`` id lists flattened into new int64 tokens and offsets."""
         lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
         offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
@@ -137,16 +97,12 @@ class TokenSequences(Sequence[list[int]]):
         return self._lengths
 
     def write_rows(self, out: np.ndarray, columns: int | np.ndarray = 0) -> None:
-        """Copy sequence ``r`` into ``out[r, columns[r] : columns[r] + lengths[r]]``, for every ``r``
-        at once; the rest of ``out`` is left as it is (the caller fills the padding).
-
-        Every position of ``out`` between the first start and the last end looks up its token in
-        the flat array (``starts[r] + column - columns[r]``) and only the positions inside a sequence
-        are written: a few numpy passes over that window, whatever the number of rows.
+        """Copy sequence ``r`` into ``out[r, columns[r] : columns[r] + lengths[r]]`` for every ``r`` at
+        once, without a Python loop; the padding is left to the caller.
 
         Args:
-            out: ``(n, width)`` array to write into (e.g. a numpy view of a tensor), ``n = len(self)``.
-            columns: where each row's sequence starts in ``out``: one column for all, or ``(n,)``.
+            out: ``(len(self), width)`` array (e.g. a numpy view of a tensor).
+            columns: where each row's sequence starts: one column for all, or ``(n,)``.
 
         Raises:
             ValueError: ``out`` is not ``(len(self), width)``, or a sequence does not fit its row.
@@ -170,13 +126,7 @@ class TokenSequences(Sequence[list[int]]):
         np.copyto(out[:, first:last], flat, where=inside)
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> TokenSequences:
-        """A view of the sequences ``indices`` (in that order); tokens are shared, not copied.
-
-        Args:
-            indices: positions in this sequence (negative ones count from the end).
-
-        Returns:
-            A :class:`TokenSequences`.
+        """A view of the sequences ``indices`` (in that order, negative ones from the end); tokens are shared.
 
         Raises:
             IndexError: an index out of range.
@@ -284,32 +234,23 @@ def binarize_split(
     options: dict[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Encode a pair of line-aligned files into the split folder ``dest``, atomically.
+    """Encode a pair of line-aligned files (plain or gzip) into the split folder ``dest``, atomically.
 
-    The files are streamed chunk by chunk (memory holds a few chunks, never a whole file),
-    encoded in ``workers`` processes, and appended in order to files in a temporary folder next
-    to ``dest``; the manifest is written last and the folder is then renamed to ``dest``.
+    The files are streamed in chunks of ``chunk_lines`` pairs (default :data:`CHUNK_LINES`), encoded in
+    ``workers`` processes, and written to a temporary folder renamed to ``dest`` once the manifest is
+    written.
 
     Args:
-        src_path: source file (plain or gzip).
-        tgt_path: target file (plain or gzip).
-        tokenizers: ``(src, tgt)`` :class:`~transformer.data.tokenizer.Tokenizer` objects (the same
-            object twice for a joint vocabulary).
-        dest: the split folder to create (replaced if it exists).
-        keep_text: also store the original lines (``src.txt``/``tgt.txt``).
-        drop_empty: drop pairs with an empty side (see :func:`~transformer.data.reading.iter_parallel`).
-        workers: encoding processes (``<= 1``: encode in this process).
-        chunk_lines: pairs per encoding task; ``None`` uses :data:`CHUNK_LINES`.
-        inputs: recorded in the manifest (e.g. paths and SHA-256 of the files).
-        options: recorded in the manifest (what the split's key was computed from).
-        log: called with one line when done; ``None`` for silence.
+        tokenizers: ``(src, tgt)`` tokenizers (the same object twice for a joint vocabulary).
+        keep_text: also store the original lines.
+        inputs, options: recorded in the manifest.
 
     Returns:
-        The manifest (also written to ``dest/manifest.json``).
+        The manifest (also in ``dest/manifest.json``).
 
     Raises:
-        DataError: the files have different line counts, or a line is not valid UTF-8 (the
-            message names the file and line), or a file is unreadable; nothing is left behind.
+        DataError: different line counts, invalid UTF-8 (file and line named) or an unreadable file;
+            nothing is left behind.
     """
     t0 = time.perf_counter()
     dest = Path(dest)
@@ -388,12 +329,7 @@ def binarize_split(
 
 
 def read_manifest(folder: str | os.PathLike) -> dict[str, Any] | None:
-    """The manifest of a complete split folder, or ``None`` when the folder is missing,
-    incomplete or damaged (a file absent or of another size than recorded).
-
-    Args:
-        folder: a split folder written by :func:`binarize_split`.
-    """
+    """The manifest of a complete split folder, or None when it is missing, incomplete or damaged."""
     folder = Path(folder)
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
@@ -427,16 +363,12 @@ def _read_text(path: Path, n: int) -> list[str]:
 def load_split(folder: str | os.PathLike) -> tuple[list[TokenSequences], list[list[str]] | None, dict[str, Any]]:
     """Map a split folder written by :func:`binarize_split`.
 
-    Args:
-        folder: the split folder.
-
     Returns:
-        ``([src, tgt], texts, manifest)``: two :class:`TokenSequences` over read-only memory maps,
-        the original ``[src_lines, tgt_lines]`` (``None`` when the split stores no text), and the
-        manifest.
+        ``([src, tgt], texts, manifest)``: :class:`TokenSequences` over read-only memory maps, the
+        original ``[src_lines, tgt_lines]`` (None when not stored), and the manifest.
 
     Raises:
-        DataError: the folder is missing, incomplete or damaged (the message says to rebuild it).
+        DataError: the folder is missing, incomplete or damaged.
     """
     folder = Path(folder)
     manifest = read_manifest(folder)

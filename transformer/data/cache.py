@@ -1,19 +1,8 @@
-"""The binarized-data cache: one folder per corpus and vocabulary, built once, found again.
-
-Layout (``data.cache_dir``, default ``~/.cache/transformer_zoo/cache``)::
-
-    <cache>/<data.name>-<key>/manifest.json    data options, vocabulary options, split -> folder
-    <cache>/<data.name>-<key>/spm.model        joint model (or spm.src.model + spm.tgt.model)
-    <cache>/<data.name>-<key>/split-<hash>/    one binarized split (see transformer.data.binarize)
-
-``key`` hashes the SHA-256 of the two training files' contents and every option that changes the
-vocabulary (corpus, languages, vocab size, model type, joint, coverage, lowercase, sample size,
-the SentencePiece version); ``<hash>`` hashes the split's two files and whether it keeps its text
-and its empty lines. Changed inputs therefore rebuild. Building holds a file lock in the folder,
-so concurrent ranks wait for one another instead of racing; what an interrupted build left
-behind is removed by the next one. :func:`find_binarized` reads such a folder directly
-(``data.binarized``) without the raw files.
-"""
+"""The binarized-data cache: one folder per corpus and vocabulary,
+``<data.cache_dir>/<data.name>-<key>/`` (``manifest.json``, the SentencePiece model(s), one
+``split-<hash>/`` per split), built once and found again. ``key`` hashes the training files'
+contents and every vocabulary option, ``<hash>`` a split's files and options, so changed inputs
+rebuild; a file lock makes concurrent ranks wait for one build. docs/switches.md#the-data-pipeline."""
 
 from __future__ import annotations
 
@@ -45,14 +34,7 @@ _DIGESTS: dict[tuple[str, int, int], str] = {}
 
 
 def file_digest(path: str | os.PathLike) -> str:
-    """SHA-256 of a file's bytes, memoised per process by (path, size, mtime).
-
-    Args:
-        path: the file.
-
-    Returns:
-        64 hex digits.
-    """
+    """Hex SHA-256 of a file's bytes, memoised per process by (path, size, mtime)."""
     p = Path(path).resolve()
     st = p.stat()
     key = (str(p), st.st_size, st.st_mtime_ns)
@@ -62,14 +44,7 @@ def file_digest(path: str | os.PathLike) -> str:
 
 
 def cache_root(cfg: Any) -> Path:
-    """The cache folder: ``data.cache_dir`` or ``~/.cache/transformer_zoo/cache``.
-
-    Args:
-        cfg: a :class:`~transformer.config.DataConfig`.
-
-    Returns:
-        The folder (not created here).
-    """
+    """``data.cache_dir`` or ``~/.cache/transformer_zoo/cache`` (not created)."""
     return Path(str(cfg.cache_dir)).expanduser() if cfg.cache_dir else user_cache_root() / "cache"
 
 
@@ -200,18 +175,13 @@ def _split_key(digests: list[str], keep_text: bool, drop_empty: bool) -> str:
 def build(cfg: Any, names: list[str], say: Callable[[str], None]) -> tuple[Path, dict[str, Path], dict[str, str], bool]:
     """Find or build the vocabulary and every split of ``names`` in the cache.
 
-    Args:
-        cfg: a :class:`~transformer.config.DataConfig`.
-        names: split names (see :func:`~transformer.data.corpus.available_splits`).
-        say: called with progress lines.
-
     Returns:
-        ``(folder, split_dirs, split_cache, tokenizer_hit)``: the binarized folder, ``{split:
-        split folder}``, ``{split: "hit" | "miss"}``, and whether the vocabulary was there.
+        ``(folder, split_dirs, split_cache, tokenizer_hit)``: the binarized folder, ``{split: folder}``,
+        ``{split: "hit" | "miss"}``, and whether the vocabulary was there.
 
     Raises:
-        DataError: unknown or missing splits, unreadable files (naming file and line), parallel
-            files of different lengths, training files without a non-empty pair.
+        DataError: unknown or missing splits, unreadable files (file and line named), parallel files of
+            different lengths, or no non-empty training pair.
     """
     # files first (fail fast on an unknown split, before training anything)
     train_files = resolve_split_files(cfg, "train")
@@ -269,19 +239,11 @@ def build(cfg: Any, names: list[str], say: Callable[[str], None]) -> tuple[Path,
 
 
 def find_binarized(cfg: Any, folder: Path, names: list[str]) -> dict[str, Path]:
-    """The split folders of ``names`` in a binarized folder built with ``cfg``'s data options.
-
-    Args:
-        cfg: a :class:`~transformer.config.DataConfig` (its vocabulary options are compared).
-        folder: a folder written by :func:`build` (``data.binarized``).
-        names: split names.
-
-    Returns:
-        ``{split: split folder}``.
+    """``{split: folder}`` of ``names`` in a ``data.binarized`` folder built with ``cfg``'s data options.
 
     Raises:
-        DataError: no readable manifest, other vocabulary options (naming the fields), or a
-            split that the folder lacks (listing those it has).
+        DataError: no readable manifest, other vocabulary options (named), or a missing split (those
+            it has listed).
     """
     top = folder / "manifest.json"
     try:

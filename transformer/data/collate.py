@@ -1,25 +1,17 @@
-"""Turning lists of id lists into padded tensors for the two architectures.
+"""Lists of id lists -> padded tensors for the two architectures, all right-padded with ``PAD``.
 
-Encoder-decoder (Vaswani et al. 2017), teacher forcing with a right-shifted decoder input::
+Encoder-decoder (Vaswani et al. 2017), teacher forcing::
 
     src_tokens          = src + [EOS]            (B, S)
     prev_output_tokens  = [BOS] + tgt            (B, T)
     target              = tgt + [EOS]            (B, T)
 
-Decoder-only prefix LM (translation as conditional language modelling, e.g. Wang et al. 2021
-"Language Models are Good Translators"; Raffel et al. 2020 for the prefix-LM form)::
+Decoder-only prefix LM (Wang et al. 2021; Raffel et al. 2020), no loss on the source::
 
     tokens = src + [SEP] + tgt                   (B, L),  L = len(src) + 1 + len(tgt)
     target = [PAD] * len(src) + tgt + [EOS]      (B, L)
 
-so the position of ``SEP`` predicts ``tgt[0]``, the last target token predicts ``EOS``, and no loss
-is taken on the source (``loss_mask = target != PAD``). All tensors are right-padded with ``PAD``.
-
-A batch's token tensors are views of one host buffer, filled by numpy straight from a binarized
-split's flat token array (:meth:`~transformer.data.binarize.TokenSequences.write_rows`; plain id
-lists are flattened first), with no Python loop over sentences holding the GIL that the thread
-launching the training step's kernels needs.
-"""
+A batch's tensors are views of one host buffer filled by numpy, with no Python loop per sentence."""
 
 from __future__ import annotations
 
@@ -45,14 +37,11 @@ class Batch:
     """One collated batch.
 
     Attributes:
-        net_input: model inputs. encoder_decoder: ``{"src_tokens": (B, S), "prev_output_tokens":
-            (B, T)}``; decoder_only: ``{"tokens": (B, L)}``.
-        target: ``(B, T)`` or ``(B, L)`` next-token targets, ``PAD`` where no loss is taken;
-            ``(B, 0)`` for generation-only batches.
-        src_tokens: the source for generation, ``(B, S)``: encoder_decoder ``ids + [EOS]``,
-            decoder_only ids only; right-padded with ``PAD``.
+        net_input: ``{"src_tokens": (B, S), "prev_output_tokens": (B, T)}`` or ``{"tokens": (B, L)}``.
+        target: ``(B, T)`` or ``(B, L)``, ``PAD`` where no loss is taken; ``(B, 0)`` without a target.
+        src_tokens: ``(B, S)`` source for generation (encoder-decoder: with EOS; decoder-only: ids only).
         ids: ``(B,)`` dataset indices of the rows.
-        ntokens: number of non-pad target tokens (the loss normaliser).
+        ntokens: non-pad target tokens (the loss normaliser).
         nsentences: ``B``.
     """
 
@@ -69,18 +58,7 @@ class Batch:
         return self.target.ne(PAD_ID)
 
     def to(self, device: torch.device | str, non_blocking: bool = False, *, training_only: bool = False) -> Batch:
-        """Move the tensors to ``device``.
-
-        Args:
-            device: target device.
-            non_blocking: passed to :meth:`torch.Tensor.to`: from pinned memory (:meth:`pin_memory`)
-                the copy then runs on the device's stream without the host waiting for it.
-            training_only: move ``net_input`` and ``target`` only (what a training step reads);
-                ``src_tokens`` and ``ids`` stay where they are.
-
-        Returns:
-            A new :class:`Batch`.
-        """
+        """A new :class:`Batch` on ``device``; ``training_only`` moves ``net_input`` and ``target`` only."""
         mv = functools.partial(torch.Tensor.to, device=device, non_blocking=non_blocking)
         keep = (lambda t: t) if training_only else mv
         return Batch(
@@ -93,16 +71,8 @@ class Batch:
         )
 
     def pin_memory(self, training_only: bool = False) -> Batch:
-        """Pin the tensors in page-locked host memory (a DataLoader with ``pin_memory=True`` calls
-        it), so that a ``non_blocking`` copy to an accelerator does not wait for it (a copy from
-        pageable memory synchronises the stream).
-
-        Args:
-            training_only: pin ``net_input`` and ``target`` only (what a training step reads).
-
-        Returns:
-            A new :class:`Batch` with pinned tensors.
-        """
+        """A new :class:`Batch` in page-locked memory, so a ``non_blocking`` copy does not wait;
+        ``training_only`` pins ``net_input`` and ``target`` only."""
         keep = (lambda t: t) if training_only else torch.Tensor.pin_memory
         return Batch(
             net_input={k: v.pin_memory() for k, v in self.net_input.items()},
@@ -115,8 +85,7 @@ class Batch:
 
 
 def _as_sequences(seqs: Sequence[Sequence[int]]) -> TokenSequences:
-    """``seqs`` as a :class:`~transformer.data.binarize.TokenSequences` (itself, or its id lists
-    flattened once), whose :meth:`~transformer.data.binarize.TokenSequences.write_rows` fills a batch."""
+    """``seqs`` as a :class:`~transformer.data.binarize.TokenSequences` (itself, or flattened once)."""
     return seqs if isinstance(seqs, TokenSequences) else TokenSequences.from_lists(seqs)
 
 
@@ -131,8 +100,8 @@ _ALIGN = 8
 
 
 def _views(buffer: torch.Tensor, n: int, widths: Sequence[int]) -> list[torch.Tensor]:
-    """``(n, width)`` tensors laid one after the other in ``buffer``, each starting on a 64-byte
-    boundary (``torch.compile``'s code assumes aligned inputs and copies a misaligned one first)."""
+    """``(n, width)`` tensors laid one after the other in ``buffer``, each on a 64-byte boundary
+    (``torch.compile``'s code copies a misaligned input first)."""
     views, start = [], 0
     for width in widths:
         views.append(buffer[start : start + n * width].view(n, width))
@@ -146,17 +115,7 @@ def _buffer_size(n: int, widths: Sequence[int]) -> int:
 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], pad: int = PAD_ID, multiple: int = 1) -> torch.Tensor:
-    """Right-pad id lists into one tensor.
-
-    Args:
-        seqs: ``B`` id lists, or a :class:`~transformer.data.binarize.TokenSequences`.
-        pad: padding id.
-        multiple: round the width up to a multiple of this (``train.pad_to_multiple``).
-
-    Returns:
-        ``(B, width)`` long tensor, ``width`` the longest list rounded up to ``multiple``
-        (``(B, 0)`` when all are empty).
-    """
+    """``(B, width)`` long: ``B`` id lists right-padded, ``width`` the longest rounded up to ``multiple``."""
     seqs = _as_sequences(seqs)
     out = torch.full((len(seqs), _width(seqs.lengths, multiple)), pad, dtype=torch.long)
     seqs.write_rows(out.numpy())
@@ -175,23 +134,10 @@ def _ids_tensor(ids: Any, n: int) -> torch.Tensor:
 def collate_encoder_decoder(
     src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]] | None, ids: Any = None, pad_to_multiple: int = 1
 ) -> Batch:
-    """Collate for an encoder-decoder.
+    """Collate ``B`` source and target id lists (no specials) for an encoder-decoder (module docstring).
 
-    The three token tensors are views of one host buffer, filled by numpy
-    (:meth:`~transformer.data.binarize.TokenSequences.write_rows`), not row by row in Python.
-
-    Args:
-        src: ``B`` source id lists (no specials), or a
-            :class:`~transformer.data.binarize.TokenSequences`.
-        tgt: ``B`` target id lists (no specials), or ``None`` for generation-only batches.
-        ids: ``B`` dataset indices (list, array or tensor); ``None`` means ``0..B-1``.
-        pad_to_multiple: widths rounded up to a multiple of this (the extra positions are padding:
-            masked, out of the loss and of ``ntokens``).
-
-    Returns:
-        A :class:`Batch` with ``src_tokens (B, S)`` = src + EOS, ``prev_output_tokens (B, T)`` =
-        BOS + tgt and ``target (B, T)`` = tgt + EOS; with ``tgt=None`` the last two are ``(B, 0)``
-        and ``ntokens`` is 0.
+    ``tgt=None`` gives a generation-only batch (``(B, 0)`` decoder tensors, ``ntokens`` 0); ``ids``
+    defaults to ``0..B-1``; widths are rounded up to ``pad_to_multiple``.
 
     Raises:
         ValueError: ``src`` and ``tgt`` (or ``ids``) differ in length.
@@ -240,23 +186,9 @@ def collate_encoder_decoder(
 def collate_decoder_only(
     src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]] | None, ids: Any = None, pad_to_multiple: int = 1
 ) -> Batch:
-    """Collate for a decoder-only prefix LM.
+    """Collate ``B`` source and target id lists for a decoder-only prefix LM (module docstring).
 
-    The token tensors are views of one host buffer, as in :func:`collate_encoder_decoder`: the
-    sequences are copied once into ``tokens``, the target and the source are shifted or cut from it.
-
-    Args:
-        src: ``B`` source id lists (no specials), or a
-            :class:`~transformer.data.binarize.TokenSequences`.
-        tgt: ``B`` target id lists (no specials), or ``None`` for generation-only batches (then
-            ``tokens`` is the prompt ``src + [SEP]``).
-        ids: ``B`` dataset indices; ``None`` means ``0..B-1``.
-        pad_to_multiple: widths rounded up to a multiple of this (extra padding, out of the loss).
-
-    Returns:
-        A :class:`Batch` with ``tokens (B, L)`` = src + SEP + tgt, ``target (B, L)`` =
-        ``[PAD] * len(src) + tgt + [EOS]`` (``(B, 0)`` with ``tgt=None``) and ``src_tokens
-        (B, S)`` = the source ids only.
+    ``tgt=None`` gives the prompt ``src + [SEP]`` and a ``(B, 0)`` target.
 
     Raises:
         ValueError: ``src`` and ``tgt`` (or ``ids``) differ in length.
@@ -318,21 +250,7 @@ def _pick(seqs: Sequence[Sequence[int]], indices: np.ndarray) -> Sequence[Sequen
 def collate(
     dataset: ParallelDataset, indices: Sequence[int], arch: str, *, with_target: bool = True, pad_to_multiple: int = 1
 ) -> Batch:
-    """Collate examples of a dataset for ``arch``.
-
-    Binarized splits (:class:`~transformer.data.binarize.TokenSequences`) are read straight from
-    their flat token arrays; any other sequence of id lists is flattened once per batch.
-
-    Args:
-        dataset: a :class:`~transformer.data.dataset.ParallelDataset`.
-        indices: dataset indices of the batch (e.g. one list from a
-            :class:`~transformer.data.batching.TokenBatchSampler`).
-        arch: ``encoder_decoder`` or ``decoder_only``.
-        with_target: ``False`` builds a generation-only batch (no target).
-        pad_to_multiple: widths rounded up to a multiple of this (``train.pad_to_multiple``).
-
-    Returns:
-        A :class:`Batch` whose ``ids`` are ``indices``.
+    """Collate ``indices`` of ``dataset`` for ``arch`` (``encoder_decoder`` | ``decoder_only``).
 
     Raises:
         ValueError: unknown ``arch``.
@@ -372,19 +290,7 @@ def make_dataloader(
     pin_memory: bool = False,
     with_target: bool = True,
 ) -> torch.utils.data.DataLoader:
-    """A DataLoader yielding :class:`Batch` objects in the sampler's order.
-
-    Args:
-        dataset: the examples.
-        sampler: batches of indices (its epoch/position decide what is yielded).
-        arch: ``encoder_decoder`` or ``decoder_only``.
-        num_workers: DataLoader worker processes (collation is cheap; 0 is usually fine).
-        pin_memory: pin batches for faster host-to-GPU copies.
-        with_target: ``False`` for generation-only batches.
-
-    Returns:
-        A :class:`torch.utils.data.DataLoader`.
-    """
+    """A DataLoader yielding :class:`Batch` objects in the sampler's order."""
     return torch.utils.data.DataLoader(
         _IndexDataset(len(dataset)),
         batch_sampler=sampler,

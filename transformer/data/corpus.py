@@ -1,21 +1,10 @@
-"""Reading parallel text: ``{prefix}.{lang}`` files, plain or gzip, one sentence per line.
+"""Where the files of each split live (``{prefix}.{lang}``, plain or gzip), and reading them as the
+original lines, which are kept as BLEU references (re-exported from :mod:`transformer.data.reading`).
 
-This module knows where the files of each split live (:func:`resolve_split_files`) and how to
-read them (:func:`read_lines`, :func:`read_parallel`, re-exported from
-:mod:`transformer.data.reading`, which also streams large files). It never tokenizes: the lines it
-returns are the original strings, which are kept as BLEU references.
-
-Where data comes from (first match wins):
-
-1. ``data.root`` (the Hydra override),
-2. the environment variable ``TRANSFORMER_DATA_DIR``,
-3. a user cache folder, ``$XDG_CACHE_HOME/transformer_zoo/data`` (``~/.cache/...`` by default).
-
-Multi30k files are looked up in ``<root>/multi30k/`` (raw, cased: ``{split}.{lang}.gz``) and
-``<root>/multi30k/tok/`` (lowercased, tokenized: ``{split}.lc.norm.tok.{lang}.gz``) and are
-downloaded there when missing (:mod:`transformer.data.download`). A ``parallel_text`` corpus is
-given by prefixes (paths without the ``.{lang}`` suffix), relative to the root when relative.
-"""
+The data root is ``data.root``, else ``$TRANSFORMER_DATA_DIR``, else
+``$XDG_CACHE_HOME/transformer_zoo/data``. Multi30k lives in ``<root>/multi30k/`` (raw) and
+``<root>/multi30k/tok/`` (tokenized) and is downloaded there when missing; a ``parallel_text``
+corpus is given by prefixes, relative to the root when relative."""
 
 from __future__ import annotations
 
@@ -34,26 +23,13 @@ CORPORA = ("multi30k", "multi30k_tok", "parallel_text")
 
 
 def user_cache_root() -> Path:
-    """The per-user cache folder of the project.
-
-    Returns:
-        ``$XDG_CACHE_HOME/transformer_zoo`` or ``~/.cache/transformer_zoo`` (not created here).
-    """
+    """``$XDG_CACHE_HOME/transformer_zoo`` or ``~/.cache/transformer_zoo`` (not created)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "transformer_zoo"
 
 
 def data_root(cfg: Any) -> Path:
-    """The folder that holds the corpora for ``cfg``.
-
-    Args:
-        cfg: a :class:`~transformer.config.DataConfig` (or a DictConfig with its fields).
-
-    Returns:
-        ``cfg.root`` if set, else ``$TRANSFORMER_DATA_DIR`` if set, else
-        ``user_cache_root() / "data"``; ``~`` is expanded, relative paths stay relative to the
-        working directory.
-    """
+    """``cfg.root``, else ``$TRANSFORMER_DATA_DIR``, else ``user_cache_root() / "data"``; ``~`` expanded."""
     if cfg.root:
         return Path(str(cfg.root)).expanduser()
     env = os.environ.get(ENV_DATA_DIR)
@@ -63,18 +39,8 @@ def data_root(cfg: Any) -> Path:
 
 
 def split_prefixes(cfg: Any) -> dict[str, str]:
-    """Split names configured by ``cfg`` and the file prefix of each.
-
-    ``train`` and ``valid`` map to ``train_prefix`` / ``valid_prefix``; ``test`` maps to
-    ``test_prefix`` when that is set (an alias: it is usually also one of ``test_splits``); each
-    entry of ``test_splits`` is its own split, named by itself.
-
-    Args:
-        cfg: a :class:`~transformer.config.DataConfig`.
-
-    Returns:
-        ``{split_name: prefix}`` in the order train, valid, test, test_splits.
-    """
+    """``{split: prefix}`` in the order train, valid, test (an alias of ``test_prefix``, when set),
+    then each of ``test_splits``."""
     out = {"train": str(cfg.train_prefix), "valid": str(cfg.valid_prefix)}
     if cfg.test_prefix:
         out["test"] = str(cfg.test_prefix)
@@ -87,12 +53,8 @@ _REQUIRED_PARALLEL = ("src_lang", "tgt_lang", "train_prefix", "valid_prefix")
 
 
 def _check_corpus(cfg: Any) -> None:
-    """Reject an unknown corpus, and a ``parallel_text`` corpus whose required fields are unset.
-
-    ``configs/data/parallel_text.yaml`` leaves the required fields empty (``""``): a YAML ``???``
-    would not work there, because Hydra merges the file onto :class:`DataConfig`, whose defaults
-    (``en``, ``de``, ``train``, ...) a ``???`` does not replace.
-    """
+    """Reject an unknown corpus, and a ``parallel_text`` corpus whose required fields are unset (``""``:
+    a YAML ``???`` would not replace :class:`DataConfig`'s defaults when Hydra merges the file)."""
     if cfg.corpus not in CORPORA:
         raise DataError(f"data.corpus={cfg.corpus!r} is not one of {', '.join(CORPORA)}")
     if cfg.corpus == "parallel_text":
@@ -134,20 +96,11 @@ def _existing(prefix: Path, lang: str) -> Path | None:
 
 
 def available_splits(cfg: Any) -> list[str]:
-    """Split names that :func:`resolve_split_files` (and the dataset loader) accept for ``cfg``.
-
-    Multi30k: the configured splits plus every upstream test set that exists for both languages
-    (files are downloaded on demand, so they need not be on disk). ``parallel_text``: the
-    configured splits whose two files exist.
-
-    Args:
-        cfg: a :class:`~transformer.config.DataConfig`.
-
-    Returns:
-        Split names, e.g. ``["train", "valid", "test", "test_2016_flickr", ...]``.
+    """Split names :func:`resolve_split_files` accepts: Multi30k's configured splits plus every upstream
+    test set of both languages; for ``parallel_text`` the configured splits whose files exist.
 
     Raises:
-        DataError: for an unknown ``data.corpus``.
+        DataError: an unknown ``data.corpus``.
     """
     _check_corpus(cfg)
     if cfg.corpus in ("multi30k", "multi30k_tok"):
@@ -161,20 +114,12 @@ def available_splits(cfg: Any) -> list[str]:
 
 
 def resolve_split_files(cfg: Any, split: str, *, download: bool | None = None) -> tuple[Path, Path]:
-    """Find (and for Multi30k, download when missing) the source and target files of a split.
-
-    Args:
-        cfg: a :class:`~transformer.config.DataConfig`.
-        split: ``train``, ``valid``, ``test`` or a test split name (see :func:`available_splits`).
-        download: whether missing Multi30k files may be fetched; ``None`` uses ``cfg.download``.
-
-    Returns:
-        ``(src_path, tgt_path)``: existing files, ``{prefix}.{lang}`` or ``{prefix}.{lang}.gz``.
+    """``(src_path, tgt_path)`` of a split, downloading missing Multi30k files unless ``download``
+    (default ``cfg.download``) is false.
 
     Raises:
-        DataError: the split is unknown or its files are missing (the message lists the
-            available splits), or Multi30k files are missing and cannot be downloaded (the
-            message names the files and the variable ``TRANSFORMER_DATA_DIR``).
+        DataError: an unknown split or missing files (the available splits listed), or Multi30k files
+            that cannot be downloaded (``TRANSFORMER_DATA_DIR`` named).
     """
     _check_corpus(cfg)
     if cfg.corpus in ("multi30k", "multi30k_tok"):

@@ -1,26 +1,9 @@
 """Load a translation corpus: files -> SentencePiece model(s) -> binarized, memory-mapped splits.
 
-:func:`load_translation_data` is the one entry point used by training (and by
-``scripts/preprocess.py``, which only builds). It
-
-1. resolves (and for Multi30k downloads) the files of every requested split
-   (:func:`~transformer.data.corpus.resolve_split_files`);
-2. trains a SentencePiece model on the training split (joint over source and target, or one per
-   side with ``data.joint_vocab=false``), streaming the files, or loads it from the cache;
-3. binarizes every split (:func:`~transformer.data.binarize.binarize_split`: flat ``uint16`` /
-   ``int32`` token arrays + offsets, written atomically, encoded in worker processes), or finds
-   it in the cache, and maps it read-only (training pairs with an empty side are dropped;
-   validation and test splits keep every line, so that outputs stay line-aligned with their
-   files, and keep their raw text);
-4. removes training pairs longer than ``data.max_source_positions`` /
-   ``data.max_target_positions``, and with ``data.train_max_target_tokens=L`` those whose target
-   has more than ``L`` subword tokens (validation and test sets are kept whole).
-
-The cache *is* the binarized data, for Multi30k and for a WMT-size ``parallel_text`` corpus
-alike (``<data.cache_dir>/<data.name>-<key>/``, see :mod:`transformer.data.cache`). With
-``data.binarized=<folder>`` such a folder is read directly (no raw file is read or hashed): the
-way to train on a corpus preprocessed once.
-"""
+:func:`load_translation_data` resolves (and for Multi30k downloads) the files, trains or loads the
+SentencePiece model(s), binarizes or finds every split in the cache, maps it read-only, and filters
+the training pairs by length. The cache is the binarized data; ``data.binarized=<folder>`` reads
+such a folder directly. docs/switches.md#the-data-pipeline."""
 
 from __future__ import annotations
 
@@ -44,14 +27,10 @@ class ParallelDataset:
     """One split of a parallel corpus.
 
     Attributes:
-        src: source ids per example, without specials (no BOS/EOS): a
-            :class:`~transformer.data.binarize.TokenSequences` over memory-mapped arrays, or any
-            sequence of id lists.
-        tgt: target ids per example, without specials.
-        src_text: the original source lines (raw, as in the file); ``None`` for the training
-            split, whose text is not kept.
-        tgt_text: the original target lines: the BLEU references (``None`` for training).
-        name: split name (``train``, ``valid``, ``test_2016_flickr``, ...).
+        src, tgt: ids per example without specials (a :class:`~transformer.data.binarize.TokenSequences`
+            over memory maps, or any sequence of id lists).
+        src_text, tgt_text: the original lines (``tgt_text``: the BLEU references); None for training.
+        name: ``train``, ``valid``, ``test_2016_flickr``, ...
     """
 
     src: Sequence[Sequence[int]]
@@ -81,15 +60,7 @@ class ParallelDataset:
         return self._lengths(self.tgt)
 
     def subset(self, indices: Sequence[int] | np.ndarray, name: str | None = None) -> ParallelDataset:
-        """A new dataset with the examples ``indices`` (in that order).
-
-        Args:
-            indices: example indices.
-            name: name of the result (defaults to this name).
-
-        Returns:
-            A :class:`ParallelDataset` sharing the token arrays (not copied).
-        """
+        """A new dataset of the examples ``indices`` (in that order), sharing the token arrays."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
 
         def pick(seqs: Any) -> Any:
@@ -113,17 +84,12 @@ class TranslationData:
     """Everything a run needs from the data side.
 
     Attributes:
-        src_tokenizer: source vocabulary.
-        tgt_tokenizer: target vocabulary (the same object as ``src_tokenizer`` when joint).
-        splits: ``"train"``, ``"valid"``, each test split by its name (e.g.
-            ``"test_2016_flickr"``) and ``"test"`` (an alias of the ``data.test_prefix`` split,
-            the same object), as requested.
-        stats: ``dropped_empty`` {split: pairs dropped for an empty side},
-            ``filtered_by_length`` {"train": pairs removed}, ``over_length`` {split: kept pairs
-            longer than the position limits, valid/test only}, ``sizes`` {split: pairs},
-            ``files`` {split: [src, tgt]}, ``cache`` ("hit" when nothing was built, else "miss"),
-            ``tokenizer_cache`` and ``split_cache`` (hit/miss each), ``cache_dir`` (the binarized
-            folder), ``split_dirs`` {split: folder}, ``seconds``, ``vocab_size``.
+        tgt_tokenizer: the same object as ``src_tokenizer`` when joint.
+        splits: ``train``, ``valid``, each test split by name, and ``test`` (an alias of the
+            ``data.test_prefix`` split), as requested.
+        stats: ``dropped_empty``, ``filtered_by_length``, ``over_length`` (kept valid/test pairs over
+            the position limits), ``sizes``, ``files``, ``cache`` / ``tokenizer_cache`` /
+            ``split_cache`` (hit or miss), ``cache_dir``, ``split_dirs``, ``seconds``, ``vocab_size``.
     """
 
     src_tokenizer: Tokenizer
@@ -141,14 +107,7 @@ class TranslationData:
 
 
 def default_splits(cfg: Any) -> list[str]:
-    """Splits loaded when none are requested: train, valid, test (if set) and every test split.
-
-    Args:
-        cfg: a :class:`~transformer.config.DataConfig`.
-
-    Returns:
-        Split names.
-    """
+    """Splits loaded when none are requested: train, valid, test (if set) and every test split."""
     return list(split_prefixes(cfg))
 
 
@@ -164,24 +123,18 @@ def load_translation_data(
 
     Args:
         cfg: a :class:`~transformer.config.DataConfig`.
-        splits: split names (see :func:`~transformer.data.corpus.available_splits`); ``None``
-            loads :func:`default_splits`. The training files are always needed for the
-            vocabulary (unless ``data.binarized`` is set), but the train split is only returned
-            when requested.
-        log: called with a few progress lines; ``None`` for silence.
+        splits: split names; None loads :func:`default_splits`. The training files are read for the
+            vocabulary (unless ``data.binarized``), but the train split is returned only when asked.
+        log: called with a few progress lines; None for silence.
 
     Returns:
-        A :class:`TranslationData`. Training pairs with ``len(src) + 1 > max_source_positions``
-        or ``len(tgt) + 1 > max_target_positions`` (the ``+ 1`` is EOS / BOS) are removed and
-        counted; other splits keep every pair (those over the limits are counted in
-        ``stats["over_length"]``).
+        A :class:`TranslationData`. Training pairs with ``len(src) + 1 > max_source_positions`` or
+        ``len(tgt) + 1 > max_target_positions`` are removed; other splits keep every pair.
 
     Raises:
-        DataError: a split is unknown or missing (the message lists the available splits), files
-            are missing and cannot be downloaded, a file is not valid UTF-8 (names file and
-            line), parallel files have different line counts, the training files hold no
-            non-empty pair or the validation split is empty (names the files), or
-            ``data.binarized`` is not a folder built with these data options.
+        DataError: an unknown or missing split (the available ones listed), missing files that cannot
+            be downloaded, invalid UTF-8, parallel files of different lengths, no training pair or an
+            empty validation split, or a ``data.binarized`` folder built with other options.
         ValueError: invalid SentencePiece options.
     """
     say = log or (lambda _msg: None)

@@ -1,23 +1,11 @@
-"""Multi30k files: where they come from upstream, their checksums, and a verified download.
+"""Multi30k files (Elliott et al. 2016; WMT 2016-2018 multimodal task 1): where they come from,
+their checksums, and a verified download from the ``multi30k/dataset`` repository.
 
-Multi30k (Elliott et al. 2016, "Multi30K: Multilingual English-German Image Descriptions"; the
-WMT 2016-2018 multimodal translation task 1) is fetched from the public ``multi30k/dataset``
-repository, folder ``data/task1/``:
-
-* raw, cased text: ``raw/{split}.{lang}.gz``, stored locally with the same bytes as
-  ``<root>/multi30k/{split}.{lang}.gz``;
-* lowercased, normalised, Moses-tokenized text: ``tok/{split}.lc.norm.tok.{lang}`` (plain text
-  upstream), stored locally gzip-compressed as ``<root>/multi30k/tok/{split}.lc.norm.tok.{lang}.gz``.
-
-Every download goes to a temporary name in the destination folder, is checked against SHA-256
-and only then renamed into place, so a damaged or partial file is never left behind. Raw files
-are checked against :data:`MULTI30K_SHA256` (the bytes of the ``.gz`` file); tokenized files
-against :data:`MULTI30K_TOK_CONTENT_SHA256` (the upstream plain text, i.e. the *decompressed*
-content of our ``.gz``, since gzip bytes depend on the compressor). The sums are the ones in
-``shared/data/multi30k/SHA256SUMS`` and ``tok/SHA256SUMS``.
-
-Tests point :data:`MULTI30K_BASE_URL` (or the ``base_url`` argument) at a local HTTP server.
-"""
+Raw files are stored as upstream's ``raw/{split}.{lang}.gz`` and checked byte for byte
+(:data:`MULTI30K_SHA256`); tokenized files (``tok/{split}.lc.norm.tok.{lang}``, plain upstream) are
+stored gzip-compressed and checked by their decompressed content
+(:data:`MULTI30K_TOK_CONTENT_SHA256`), since gzip bytes depend on the compressor. A download is
+verified before it is renamed into place. Tests point :data:`MULTI30K_BASE_URL` at a local server."""
 
 from __future__ import annotations
 
@@ -106,29 +94,12 @@ MULTI30K_TOK_CONTENT_SHA256: dict[str, str] = {
 
 
 def multi30k_relpath(split: str, lang: str, tokenized: bool = False) -> str:
-    """Local path of a Multi30k file relative to ``<root>/multi30k``.
-
-    Args:
-        split: e.g. ``train``, ``val``, ``test_2016_flickr``.
-        lang: ``en``, ``de``, ``fr`` or ``cs``.
-        tokenized: the lowercased tokenized version (``tok/``).
-
-    Returns:
-        e.g. ``train.en.gz`` or ``tok/train.lc.norm.tok.en.gz``.
-    """
+    """Path under ``<root>/multi30k``: ``train.en.gz`` or ``tok/train.lc.norm.tok.en.gz``."""
     return f"tok/{split}.lc.norm.tok.{lang}.gz" if tokenized else f"{split}.{lang}.gz"
 
 
 def multi30k_url(relpath: str, base_url: str | None = None) -> str:
-    """Upstream URL of a local Multi30k file.
-
-    Args:
-        relpath: as returned by :func:`multi30k_relpath`.
-        base_url: upstream folder; ``None`` uses :data:`MULTI30K_BASE_URL` (read at call time).
-
-    Returns:
-        ``{base}/raw/{split}.{lang}.gz`` or ``{base}/tok/{split}.lc.norm.tok.{lang}`` (no ``.gz``).
-    """
+    """Upstream URL of a local Multi30k file (``base_url`` default :data:`MULTI30K_BASE_URL`, read at call time)."""
     base = (base_url or MULTI30K_BASE_URL).rstrip("/")
     if relpath.startswith("tok/"):
         return f"{base}/{relpath[:-3]}"
@@ -136,16 +107,7 @@ def multi30k_url(relpath: str, base_url: str | None = None) -> str:
 
 
 def multi30k_splits(src_lang: str, tgt_lang: str, tokenized: bool = False) -> list[str]:
-    """Upstream split prefixes that exist for both languages.
-
-    Args:
-        src_lang: source language code.
-        tgt_lang: target language code.
-        tokenized: look at the ``tok/`` version (which has no Czech).
-
-    Returns:
-        Prefixes in upstream order, e.g. ``["test_2016_flickr", ..., "train", "val"]`` (sorted).
-    """
+    """Upstream split prefixes that exist for both languages, sorted (``tok/`` has no Czech)."""
     out = []
     for rel in MULTI30K_SHA256:
         if rel.startswith("tok/") != tokenized:
@@ -165,15 +127,7 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file's bytes, read in chunks.
-
-    Args:
-        path: the file.
-        chunk: read size in bytes.
-
-    Returns:
-        64 hex digits.
-    """
+    """Hex SHA-256 of a file's bytes, read in chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
@@ -196,23 +150,10 @@ def download_multi30k_file(
 ) -> Path:
     """Download one Multi30k file into ``<root>/multi30k/<relpath>``, verified by SHA-256.
 
-    The bytes go to a temporary file in the destination folder, are verified, then renamed into
-    place (atomic on POSIX). A tokenized file is verified as upstream plain text and then
-    gzip-compressed deterministically (level 9, mtime 0).
-
-    Args:
-        root: the data root (the folder that holds ``multi30k/``).
-        relpath: as returned by :func:`multi30k_relpath`.
-        base_url: upstream folder; ``None`` uses :data:`MULTI30K_BASE_URL`.
-        timeout: seconds per HTTP request.
-        log: called with one progress line; ``None`` for silence.
-
-    Returns:
-        The path of the verified file.
+    A tokenized file is gzip-compressed deterministically (level 9, mtime 0) after the check.
 
     Raises:
-        DataError: unknown file name, network failure, or a checksum mismatch (nothing is left
-            behind in that case).
+        DataError: unknown file name, network failure, or a checksum mismatch (nothing is left behind).
     """
     if relpath not in MULTI30K_SHA256:
         raise DataError(f"{relpath!r} is not a Multi30k file")
@@ -246,23 +187,11 @@ def ensure_multi30k(
     base_url: str | None = None,
     log: Callable[[str], None] | None = print,
 ) -> list[Path]:
-    """Make sure Multi30k files exist under ``<root>/multi30k``, downloading the missing ones.
-
-    Files already on disk are used as they are (see :func:`verify_multi30k` to check them).
-
-    Args:
-        root: the data root.
-        relpaths: files as returned by :func:`multi30k_relpath`.
-        download: allow downloading missing files.
-        base_url: upstream folder; ``None`` uses :data:`MULTI30K_BASE_URL`.
-        log: progress lines; ``None`` for silence.
-
-    Returns:
-        The local paths, in the order of ``relpaths``.
+    """The local paths of ``relpaths`` under ``<root>/multi30k``, downloading the missing ones.
 
     Raises:
-        DataError: files are missing and ``download`` is false or the download failed; the
-            message names the missing files and the variable ``TRANSFORMER_DATA_DIR``.
+        DataError: files missing and ``download`` false or failed (the message names the files and
+            ``TRANSFORMER_DATA_DIR``).
     """
     folder = Path(root) / "multi30k"
     paths = [folder / rel for rel in relpaths]
@@ -286,16 +215,7 @@ def ensure_multi30k(
 
 
 def verify_multi30k(root: str | os.PathLike) -> dict[str, bool]:
-    """Check the Multi30k files present under ``<root>/multi30k`` against the known sums.
-
-    Raw files are compared byte for byte; tokenized ``.gz`` files by their decompressed content.
-
-    Args:
-        root: the data root.
-
-    Returns:
-        ``{relpath: ok}`` for every known file that exists.
-    """
+    """``{relpath: ok}`` for every known Multi30k file present under ``root``, checked against its sum."""
     out = {}
     for rel, digest in MULTI30K_SHA256.items():
         p = Path(root) / "multi30k" / rel
@@ -309,14 +229,8 @@ def verify_multi30k(root: str | os.PathLike) -> dict[str, bool]:
 
 
 def multi30k_excerpt(root: str | os.PathLike, folder: str | os.PathLike, sizes: dict[str, int]) -> Path:
-    """The first ``n`` pairs of each raw Multi30k split of ``sizes`` as plain ``<split>.en`` /
-    ``<split>.de`` files in ``folder`` (created): a small real corpus for ``data=parallel_text``
-    (:func:`excerpt_overrides`), used by the tests and the GPU check's smoke run.
-
-    Args:
-        root: the data root holding ``multi30k/{split}.{lang}.gz``.
-        folder: where the excerpt is written.
-        sizes: pairs per split by its Multi30k name, e.g. ``{"train": 300, "val": 20, "test_2016_flickr": 20}``.
+    """The first ``n`` pairs of each raw split in ``sizes`` (e.g. ``{"train": 300}``) as plain
+    ``<split>.en`` / ``<split>.de`` files in ``folder``: a small real corpus for the tests.
 
     Raises:
         DataError: a split's file is missing under ``root``, or holds fewer than ``n`` lines.
@@ -337,8 +251,8 @@ def multi30k_excerpt(root: str | os.PathLike, folder: str | os.PathLike, sizes: 
 
 
 def excerpt_overrides(folder: str | os.PathLike, vocab_size: int) -> list[str]:
-    """The ``data.*`` overrides that train on a :func:`multi30k_excerpt` of ``train``, ``val`` and
-    ``test_2016_flickr`` (en->de) with a ``vocab_size``-piece tokenizer and the data cache inside it."""
+    """The ``data.*`` overrides that train on a :func:`multi30k_excerpt` (en->de) with a
+    ``vocab_size``-piece tokenizer."""
     return [
         "data=parallel_text",
         f"data.root={folder}",

@@ -1,15 +1,8 @@
-"""Reading one-sentence-per-line text files, plain or gzip, as a stream of line blocks.
+"""Reading one-sentence-per-line text files, plain or gzip (detected by its magic bytes, not the
+name), as a stream of line blocks of about a megabyte. Errors name the file and the 1-based line.
 
-Every reader in the data package goes through :func:`iter_line_blocks`: it reads the file in
-blocks of about a megabyte (never the whole file), decompresses gzip (detected by the magic bytes
-``1f 8b``, not by the name), decodes UTF-8 and splits lines. Errors name the file and the 1-based
-line: invalid UTF-8, a damaged gzip stream, a file named ``.gz`` that is not gzip, two parallel
-files of different lengths.
-
-Line rules (the same for every reader): only the terminator (``\\n`` or ``\\r\\n``) is removed;
-leading, trailing and internal whitespace is kept; a UTF-8 byte-order mark at the start is
-dropped; a final line without a terminator counts as a line.
-"""
+Line rules: only the terminator (``\n`` or ``\r\n``) is removed, other whitespace is kept, a
+leading UTF-8 byte-order mark is dropped, and a final line without a terminator counts."""
 
 from __future__ import annotations
 
@@ -30,17 +23,10 @@ BLOCK_BYTES = 1 << 20
 
 
 def open_binary(path: str | os.PathLike) -> BinaryIO:
-    """Open a file for reading bytes, decompressing it when it is gzip.
-
-    Args:
-        path: a plain or gzip-compressed file.
-
-    Returns:
-        A binary file object (a :class:`gzip.GzipFile` for gzip data); close it after use.
+    """A binary file object for ``path``, a :class:`gzip.GzipFile` when its content is gzip.
 
     Raises:
-        DataError: the file is missing, or its name ends in ``.gz`` but its content is not gzip
-            (which would otherwise be read as text and fail later with a misleading message).
+        DataError: the file is missing, or named ``.gz`` without being gzip.
     """
     path = Path(path)
     try:
@@ -78,21 +64,11 @@ def _decode(path: Path, data: bytes, lines_before: int, first: bool) -> list[str
 
 
 def iter_line_blocks(path: str | os.PathLike, block_bytes: int = BLOCK_BYTES) -> Iterator[list[str]]:
-    """Stream a UTF-8 text file (plain or gzip) as lists of consecutive lines.
-
-    Memory holds one block (``block_bytes`` plus the rest of its last line) at a time.
-
-    Args:
-        path: the file.
-        block_bytes: bytes read per block.
-
-    Yields:
-        Lists of lines (terminators removed, see the module docstring), in file order.
+    """Stream a UTF-8 text file (plain or gzip) as lists of consecutive lines, one block in memory.
 
     Raises:
-        DataError: a missing file, a ``.gz`` name on a file that is not gzip, a damaged gzip
-            stream (the message names the file and the number of lines read before), or invalid
-            UTF-8 (the message names the file and the 1-based line number).
+        DataError: a missing file, a ``.gz`` name on a file that is not gzip, a damaged gzip stream or
+            invalid UTF-8 (file and line named).
     """
     path = Path(path)
     lines_before = 0
@@ -121,19 +97,10 @@ def iter_line_blocks(path: str | os.PathLike, block_bytes: int = BLOCK_BYTES) ->
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
-    """Read a whole UTF-8 text file (plain or gzip), one sentence per line.
-
-    For small files (references, test sets); large corpora are streamed with
-    :func:`iter_line_blocks` / :func:`iter_parallel`.
-
-    Args:
-        path: the file.
-
-    Returns:
-        The lines, in order (see the module docstring for what is removed).
+    """The lines of a whole (small) UTF-8 text file, plain or gzip.
 
     Raises:
-        DataError: see :func:`iter_line_blocks`.
+        DataError: as :func:`iter_line_blocks`.
     """
     return [line for block in iter_line_blocks(path) for line in block]
 
@@ -142,7 +109,7 @@ def count_lines(path: str | os.PathLike) -> int:
     """Number of lines of a file as :func:`read_lines` counts them (streamed).
 
     Raises:
-        DataError: see :func:`iter_line_blocks`.
+        DataError: as :func:`iter_line_blocks`.
     """
     return sum(len(block) for block in iter_line_blocks(path))
 
@@ -157,9 +124,8 @@ class ParallelChunk:
     """Consecutive pairs of two line-aligned files.
 
     Attributes:
-        src: kept source lines (unchanged).
-        tgt: kept target lines.
-        first_line: 1-based line number of the first line read into this chunk.
+        src, tgt: the kept lines (unchanged).
+        first_line: 1-based line number of the chunk's first line.
         n_read: lines read (kept + dropped).
         n_dropped: pairs dropped because a side is empty or whitespace only.
     """
@@ -178,23 +144,14 @@ def iter_parallel(
     *,
     drop_empty: bool = True,
 ) -> Iterator[ParallelChunk]:
-    """Stream two line-aligned files in chunks of ``chunk_lines`` pairs.
+    """Stream two line-aligned files (plain or gzip) in :class:`ParallelChunk` of ``chunk_lines`` pairs.
 
-    Args:
-        src_path: source-language file (plain or gzip).
-        tgt_path: target-language file (plain or gzip).
-        chunk_lines: pairs read per chunk.
-        drop_empty: drop pairs with an empty (or whitespace-only) side, keeping the two sides
-            aligned; ``False`` keeps every line (evaluation sets stay line-aligned with their
-            files).
-
-    Yields:
-        :class:`ParallelChunk` objects, in file order.
+    ``drop_empty`` drops pairs with an empty or whitespace-only side; False keeps every line (evaluation
+    sets stay aligned with their files).
 
     Raises:
-        DataError: the files have different numbers of lines (the message names both files and
-            both counts; it comes when the shorter file ends), or a file is unreadable (see
-            :func:`iter_line_blocks`).
+        DataError: different line counts (both files and counts named, when the shorter ends), or an
+            unreadable file.
     """
     src_path, tgt_path = Path(src_path), Path(tgt_path)
     src_it, tgt_it = _lines(src_path), _lines(tgt_path)
@@ -235,25 +192,11 @@ def iter_parallel(
 def read_parallel(
     src_path: str | os.PathLike, tgt_path: str | os.PathLike, *, keep_empty: bool = False
 ) -> tuple[list[str], list[str], int]:
-    """Read two line-aligned files and drop pairs with an empty side (training data).
-
-    A pair is dropped when either side is empty or whitespace only; dropping whole pairs keeps
-    the two sides aligned. Evaluation data passes ``keep_empty=True``: every line stays, so that
-    hypotheses stay line-aligned with the input files (empty source in, empty output out) and
-    BLEU covers every line.
-
-    Args:
-        src_path: source-language file (plain or gzip).
-        tgt_path: target-language file (plain or gzip).
-        keep_empty: keep pairs with an empty side (validation and test splits).
-
-    Returns:
-        ``(src_lines, tgt_lines, n_dropped)``: the kept lines, unchanged, and the number of
-        dropped pairs.
+    """``(src_lines, tgt_lines, n_dropped)`` of two line-aligned files, pairs with an empty side
+    dropped unless ``keep_empty`` (evaluation splits, which must stay line-aligned).
 
     Raises:
-        DataError: the files have different numbers of lines (the message names both files and
-            both counts), or either file is unreadable (see :func:`iter_line_blocks`).
+        DataError: different line counts, or an unreadable file.
     """
     src, tgt, dropped = [], [], 0
     for chunk in iter_parallel(src_path, tgt_path, chunk_lines=1 << 30, drop_empty=not keep_empty):
@@ -262,17 +205,10 @@ def read_parallel(
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
-    """The content of a file, decompressed when it is gzip (detected by its magic bytes).
-
-    Args:
-        path: a plain or gzip-compressed file.
-
-    Returns:
-        The (decompressed) bytes.
+    """The content of a file, decompressed when it is gzip.
 
     Raises:
-        DataError: the file is missing, is a damaged gzip file, or is named ``.gz`` without
-            being gzip.
+        DataError: missing, damaged gzip, or named ``.gz`` without being gzip.
     """
     out = io.BytesIO()
     with open_binary(path) as f:

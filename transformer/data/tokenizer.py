@@ -1,7 +1,5 @@
-"""SentencePiece subword vocabulary (Kudo & Richardson 2018) with fixed special ids.
-
-BPE (Sennrich et al. 2016) or unigram LM (Kudo 2018) models are trained on the training split,
-jointly over source and target by default. Every model produced here has the same special ids:
+"""SentencePiece subword vocabulary (Kudo & Richardson 2018): BPE (Sennrich et al. 2016) or unigram
+(Kudo 2018), trained on the training split, joint over source and target by default.
 
 =========  ====  ==================================================================
 ``<pad>``  0     padding, never a loss target
@@ -11,10 +9,8 @@ jointly over source and target by default. Every model produced here has the sam
 ``<sep>``  4     separator between source and target in the decoder-only prefix-LM
 =========  ====  ==================================================================
 
-Text is normalised with SentencePiece's ``nmt_nfkc`` rule (``nmt_nfkc_cf``, i.e. case folded,
-with ``lowercase=True``), so :meth:`Tokenizer.decode` returns normalised text: BLEU must be
-computed against the original reference lines, which the datasets keep.
-"""
+Text is normalised with ``nmt_nfkc`` (``nmt_nfkc_cf`` with ``lowercase=True``), so decoded text is
+normalised: BLEU is computed against the original reference lines."""
 
 from __future__ import annotations
 
@@ -35,12 +31,7 @@ SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID, SEP_ID))
 
 
 class Tokenizer:
-    """A SentencePiece model with the project's special ids.
-
-    Args:
-        model_path: a ``.model`` file written by :meth:`train` (or any SentencePiece model with
-            pad=0, unk=1, bos=2, eos=3 and ``<sep>`` = 4).
-        num_threads: threads for :meth:`encode_batch`.
+    """A SentencePiece model with the project's special ids (pad 0, unk 1, bos 2, eos 3, ``<sep>`` 4).
 
     Raises:
         ValueError: the model does not have the expected special ids.
@@ -81,42 +72,18 @@ class Tokenizer:
     pad_id, unk_id, bos_id, eos_id, sep_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID, SEP_ID
 
     def encode(self, text: str) -> list[int]:
-        """Encode one sentence.
-
-        Args:
-            text: a raw sentence.
-
-        Returns:
-            Piece ids, without BOS/EOS.
-        """
+        """Piece ids of one raw sentence, without BOS/EOS."""
         return self.sp.encode(text, out_type=int)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Encode many sentences (multi-threaded inside SentencePiece).
-
-        Args:
-            texts: raw sentences.
-
-        Returns:
-            One id list per sentence, without BOS/EOS.
-        """
+        """Piece ids of each raw sentence, without BOS/EOS (multi-threaded inside SentencePiece)."""
         if not texts:
             return []
         return self.sp.encode(list(texts), out_type=int, num_threads=self.num_threads)
 
     def decode(self, ids: Sequence[int] | Any) -> str:
-        """Turn ids back into text.
-
-        Everything from the first EOS on is ignored; PAD, BOS and ``<sep>`` are dropped; ids
-        outside the vocabulary (e.g. from an output layer padded to a multiple of 8) decode as
-        ``<unk>``.
-
-        Args:
-            ids: a sequence of ids, or a 1-D tensor / array ``(seq_len,)``.
-
-        Returns:
-            The detokenized (normalised) sentence.
-        """
+        """The normalised text of ``ids`` (a sequence or a ``(seq_len,)`` tensor/array): everything from the
+        first EOS on ignored, PAD/BOS/``<sep>`` dropped, ids past the vocabulary decoded as ``<unk>``."""
         if hasattr(ids, "tolist"):
             ids = ids.tolist()
         out = []
@@ -148,37 +115,23 @@ class Tokenizer:
         max_sentence_length: int = 4192,
         seed: int = 17,
     ) -> Tokenizer:
-        """Train a SentencePiece model and write ``{model_prefix}.model`` / ``.vocab``.
+        """Train a SentencePiece model and write ``{model_prefix}.model`` / ``.vocab`` atomically.
 
-        Training is deterministic for given inputs: a fixed random seed for SentencePiece's
-        sentence sampling (``input_sentence_size`` caps the sample, shuffled), and
-        ``hard_vocab_limit=False`` so a small corpus yields a slightly smaller vocabulary instead
-        of an error. The files are written to a temporary name first and then renamed.
+        Deterministic for given inputs (a fixed seed for SentencePiece's sample of ``input_sentence_size``
+        sentences); ``hard_vocab_limit=False``, so a small corpus gives a slightly smaller vocabulary.
 
         Args:
-            inputs: sentences (``str``) or files (``pathlib.Path``, plain or gzip; streamed with
-                :func:`~transformer.data.reading.iter_line_blocks`), or a mix; any iterable (a
-                generator is consumed once, never held in memory: SentencePiece keeps a random
-                sample of ``input_sentence_size`` sentences). Empty lines are skipped.
-            model_prefix: output path without ``.model``.
-            vocab_size: target number of pieces (specials included).
+            inputs: sentences and/or files (``Path``, plain or gzip, streamed), any iterable; empty lines
+                are skipped.
+            vocab_size: target number of pieces, specials included.
             model_type: ``bpe`` or ``unigram``.
-            character_coverage: fraction of characters covered by the alphabet (1.0 for
-                alphabetic European languages, ~0.9995 for CJK).
-            lowercase: case-fold during normalisation (``nmt_nfkc_cf``); :meth:`encode` then
-                lowercases by itself.
-            num_threads: trainer threads.
-            input_sentence_size: at most this many sentences are sampled for training.
-            max_sentence_length: longer sentences (in bytes) are skipped by the trainer.
-            seed: SentencePiece's random seed (sampling only).
-
-        Returns:
-            The trained tokenizer.
+            character_coverage: 1.0 for alphabetic European languages, ~0.9995 for CJK.
+            lowercase: case-fold during normalisation.
+            max_sentence_length: longer sentences (bytes) are skipped.
 
         Raises:
-            ValueError: unknown ``model_type``, non-positive ``vocab_size`` or no non-empty
-                sentences (the message names the input files).
-            DataError: an input file is unreadable (names the file and line).
+            ValueError: unknown ``model_type``, non-positive ``vocab_size`` or no non-empty sentence.
+            DataError: an unreadable input file (file and line named).
         """
         if model_type not in ("bpe", "unigram"):
             raise ValueError(f"model_type={model_type!r} is not one of bpe, unigram")

@@ -1,23 +1,10 @@
-"""The work of ``scripts/evaluate.py``: BLEU and chrF of a trained run on its test splits, and
-paired bootstrap between systems (config: ``configs/evaluate.yaml``).
+"""The work of ``scripts/evaluate.py`` (``configs/evaluate.yaml``): BLEU and chrF (sacreBLEU, with
+signatures) of a trained run on its test splits, and paired bootstrap between systems.
 
-:func:`evaluate` dispatches on the config: ``checkpoint=...`` (:func:`evaluate_checkpoint`) reads
-each split's raw source and reference lines (the run's ``data`` config, ``data.*`` of the config on
-top), encodes the sources with the run's tokenizer, translates with the run's ``generation``
-settings (``generation.*`` on top), and scores the detokenised output against the raw references
-with sacreBLEU: BLEU with ``data.bleu_tokenize`` (``none`` for ``multi30k_tok_*``) and chrF, each
-with its signature. Hypotheses go to ``<output_dir>/<split>.txt`` and everything to
-``<output_dir>/results.json``; the default ``output_dir`` is ``<run folder>/eval/<checkpoint
-name>/`` (``eval/ensemble_<n>_<hash>/`` for an ensemble; a test-time RoPE scaling adds its
-settings, ``eval/checkpoint_best+rope_dynamic_x2_L0=16/``). The folder of one checkpoint reads as a
-run in ``scripts/compare.py`` (its config is the model as evaluated). ``refs=FILE hyps=[...]``
-(:func:`score_files`) scores hypothesis files, with paired bootstrap against the first one.
-
-Scores and tables go to stdout, progress and per-line errors to stderr. Unlike the rest of this
-package (:mod:`.metrics` imports nothing), this module loads models: it imports
-:mod:`transformer.generation`, :mod:`transformer.data` and :mod:`transformer.config`, and
-``transformer.evaluation`` does not import it (``from transformer.evaluation.command import evaluate``).
-"""
+``checkpoint=...`` translates each split's raw sources with the run's tokenizer and settings and
+scores against the raw references into ``<run>/eval/<checkpoint name>/``, a folder ``compare.py``
+reads as a run; ``refs=FILE hyps=[...]`` scores files. docs/decoding.md. Unlike the rest of
+``transformer.evaluation``, this module loads models, and the package does not import it."""
 
 from __future__ import annotations
 
@@ -90,23 +77,15 @@ def _bootstrap(
 
 
 def score_files(cfg: Any) -> dict[str, Any]:
-    """Files mode: score every file of ``cfg.hyps`` against ``cfg.refs``; paired bootstrap when > 1.
-
-    Prints each file's BLEU and chrF, the signatures and (several files) the bootstrap table on
-    stdout; writes ``results.json`` into ``cfg.output_dir`` when it is set.
-
-    Args:
-        cfg: ``configs/evaluate.yaml`` as composed (a DictConfig): ``refs``, ``hyps`` (one path or a
-            list; the first is the baseline), ``tokenize`` (null: ``13a``), ``lowercase``,
-            ``bootstrap_samples``, ``bootstrap_seed``, ``output_dir``.
+    """Files mode: score every file of ``cfg.hyps`` against ``cfg.refs``, with a paired bootstrap
+    against the first when there are several; ``results.json`` into ``cfg.output_dir`` when set.
 
     Returns:
-        ``{"scores": {file: corpus_scores(...)}}``, plus ``"bootstrap"`` (system -> sacreBLEU's
-        paired bootstrap results, baseline first) with several files.
+        ``{"scores": {file: corpus_scores(...)}}``, plus ``"bootstrap"`` with several files.
 
     Raises:
-        ConfigError: no ``refs`` or no ``hyps``, or a file whose line count differs from the references'.
-        FileNotFoundError: a missing file (the message names it).
+        ConfigError: no ``refs`` or ``hyps``, or a file whose line count differs from the references'.
+        FileNotFoundError: a missing file.
     """
     hyp_files = _paths(cfg.hyps)
     if not cfg.refs or not hyp_files:
@@ -138,37 +117,22 @@ def score_files(cfg: Any) -> dict[str, Any]:
 
 def evaluate_checkpoint(cfg: Any) -> dict[str, Any]:
     """Checkpoint mode: translate the test splits with a run (or an ensemble), score them, and
-    optionally bootstrap the one split against a baseline file.
+    optionally bootstrap one split against a baseline file.
 
-    Prints a header line (checkpoint, architecture, languages, search), then per split its BLEU,
-    chrF, sentence count, speed and signatures on stdout; a line that cannot be translated is
-    reported on stderr as ``error: <split> line N (<file>): ...``, its hypothesis left empty and its
-    number listed in ``failed_lines``. Writes ``<output_dir>/<split>.txt`` and ``results.json`` once
-    every split is done; a split that is unknown or whose files are missing, or a missing baseline
-    file, stops it before anything is translated or written.
-
-    Args:
-        cfg: ``configs/evaluate.yaml`` as composed (a DictConfig): ``checkpoint`` (a run folder or
-            checkpoint, or a list of them: an ensemble), ``splits`` (null: the run's
-            ``data.test_splits``), ``limit``, ``output_dir``, ``progress``, ``device``,
-            ``num_threads``, ``src_tokenizer``/``tgt_tokenizer``, ``data.*`` and ``generation.*``
-            overrides (null keeps the run's), ``model.position.rope_scaling.*`` (a RoPE scaling at
-            test time; null keeps the run's), ``tokenize``/``lowercase`` (null: the run's),
-            ``precision`` (null: the run's ``train.precision``; the CPU decodes in fp32),
-            ``baseline``, ``bootstrap_samples``, ``bootstrap_seed``.
+    A line that cannot be translated is reported on stderr, left empty and listed in
+    ``failed_lines``. ``<output_dir>/<split>.txt`` and ``results.json`` are written once every split
+    is done; a bad split or baseline stops it before anything is translated.
 
     Returns:
-        ``{"checkpoint", "test_time", "limit", "generation", "precision", "tokenize", "lowercase", "splits": {split:
-        scores}}`` (as written to ``results.json``), plus ``"bootstrap"`` with a ``baseline``; for
-        one checkpoint (not an ensemble) also ``"config"`` (the model as evaluated) and ``"trained"``
-        (the training run's ``results.json`` without its scores), so that ``scripts/compare.py``
-        reads the folder as a run of that configuration.
+        ``{"checkpoint", "test_time", "limit", "generation", "precision", "tokenize", "lowercase",
+        "splits"}`` as in ``results.json``, plus ``"bootstrap"``; one checkpoint also gives ``"config"``
+        (the model as evaluated) and ``"trained"`` (the run's results without scores).
 
     Raises:
-        LoadError: a missing or foreign checkpoint, a tokenizer that does not match it, ensemble
-            members with different vocabularies, a test-time RoPE scaling of a run without RoPE.
-        ConfigError: no split to evaluate, a baseline with several splits or another line count,
-            invalid generation settings, or ``device=cuda`` where torch sees no GPU.
+        LoadError: a missing or foreign checkpoint, a mismatched tokenizer, ensemble members of
+            different vocabularies, a test-time RoPE scaling of a run without RoPE.
+        ConfigError: no split, a baseline with several splits or another line count, invalid
+            generation settings, or ``device=cuda`` without a GPU.
         DataError: a split whose files are missing.
         FileNotFoundError: a missing baseline file.
     """
@@ -307,16 +271,5 @@ def _ensemble_name(checkpoints: list[Path]) -> str:
 
 def evaluate(cfg: Any) -> dict[str, Any]:
     """What ``scripts/evaluate.py`` does: :func:`evaluate_checkpoint` when ``cfg.checkpoint`` is set,
-    else :func:`score_files` (``cfg.refs`` with ``cfg.hyps``).
-
-    Args:
-        cfg: ``configs/evaluate.yaml`` as composed (a DictConfig).
-
-    Returns:
-        The results of the mode that ran (see the two functions).
-
-    Raises:
-        LoadError, ConfigError, DataError, FileNotFoundError: see :func:`evaluate_checkpoint` and
-            :func:`score_files`.
-    """
+    else :func:`score_files`; raises what they raise."""
     return evaluate_checkpoint(cfg) if cfg.checkpoint else score_files(cfg)

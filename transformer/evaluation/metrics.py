@@ -1,14 +1,7 @@
-"""Corpus BLEU / chrF with sacreBLEU signatures, and paired bootstrap resampling between systems.
-
-BLEU (Papineni et al. 2002) and chrF (Popović 2015) are computed by sacreBLEU (Post 2018) on
-detokenised text with its ``13a`` tokenizer by default; for the pre-tokenized, lowercased
-``multi30k_tok_*`` corpora use ``tokenize="none"`` (multi-bleu style, as in published Multi30k
-numbers; with ``none`` sacreBLEU's "forgot to detokenize" warning is turned off, since the text is
-tokenized on purpose: ``force=True``, which changes neither the score nor the signature). Paired
-bootstrap resampling (Koehn 2004) is sacreBLEU's own implementation
-(:class:`sacrebleu.significance.PairedTest` with ``test_type="bs"``, which replicates Moses'
-``bootstrap-hypothesis-difference-significance.pl``).
-"""
+"""Corpus BLEU (Papineni et al. 2002) and chrF (Popović 2015) by sacreBLEU (Post 2018) with their
+signatures, and sacreBLEU's paired bootstrap resampling (Koehn 2004; Moses'
+``bootstrap-hypothesis-difference-significance.pl``). ``tokenize="none"`` is for the pre-tokenized
+``multi30k_tok_*`` corpora (multi-bleu style), with sacreBLEU's "forgot to detokenize" warning off."""
 
 from __future__ import annotations
 
@@ -27,15 +20,8 @@ def _bleu(tokenize: str, lowercase: bool) -> BLEU:
 
 
 def scorers(tokenize: str = "13a", lowercase: bool = False) -> dict[str, BLEU | CHRF]:
-    """The sacreBLEU metrics :func:`corpus_scores` uses, for scoring subsets of a test set alike.
-
-    Args:
-        tokenize: sacreBLEU tokenizer for BLEU (``none`` for pre-tokenized text).
-        lowercase: case-insensitive scores.
-
-    Returns:
-        ``{"bleu": BLEU, "chrf": CHRF}`` (new objects; ``.corpus_score(hyps, [refs]).score`` in 0-100).
-    """
+    """``{"bleu": BLEU, "chrf": CHRF}``, new sacreBLEU metrics as :func:`corpus_scores` uses them
+    (``.corpus_score(hyps, [refs]).score`` in 0-100)."""
     return {"bleu": _bleu(tokenize, lowercase), "chrf": CHRF(lowercase=lowercase)}
 
 
@@ -47,22 +33,14 @@ def _check(hyps: Sequence[str], refs: Sequence[str], what: str = "hypotheses") -
 
 
 def corpus_scores(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a", lowercase: bool = False) -> dict:
-    """Corpus-level BLEU and chrF of detokenised hypotheses against one reference each.
-
-    Args:
-        hyps: one hypothesis per line.
-        refs: one reference per line (same order).
-        tokenize: sacreBLEU tokenizer for BLEU (``13a``, ``intl``, ``none`` for pre-tokenized text,
-            which also turns off sacreBLEU's "forgot to detokenize" warning...).
-        lowercase: case-insensitive BLEU and chrF.
+    """Corpus BLEU and chrF of detokenised hypotheses against one reference each.
 
     Returns:
-        ``{"bleu": float, "chrf": float, "bleu_signature": str, "chrf_signature": str,
-        "bleu_details": str}`` (scores in 0-100; details is sacreBLEU's one-line BLEU summary with
-        the n-gram precisions and brevity penalty).
+        ``{"bleu", "chrf", "bleu_signature", "chrf_signature", "bleu_details"}``: scores in 0-100, and
+        sacreBLEU's one-line summary with the n-gram precisions and brevity penalty.
 
     Raises:
-        ValueError: when the lists differ in length or are empty.
+        ValueError: the lists differ in length or are empty.
     """
     _check(hyps, refs)
     hyps, refs_t = list(hyps), [list(refs)]
@@ -103,27 +81,16 @@ def paired_bootstrap(
 ) -> dict[str, dict]:
     """Paired bootstrap resampling (Koehn 2004) of BLEU and chrF, each system against a baseline.
 
-    The p-value is sacreBLEU's: the probability, under resampling centred at no difference, of a
-    score difference at least as large as the observed one (two-sided, ``abs``). Small p-values
-    mean the difference is unlikely to be chance.
-
-    Args:
-        baseline_hyps: the baseline's hypotheses.
-        system_hyps: ``{name: hypotheses}`` of the systems to compare with the baseline.
-        refs: one reference per line.
-        n_samples: bootstrap resamples.
-        seed: RNG seed for the resampling indices (None: not fixed).
-        tokenize: sacreBLEU tokenizer for BLEU (``none`` for pre-tokenized text).
-        lowercase: case-insensitive scores.
+    The p-value is sacreBLEU's two-sided one: the probability, under resampling centred at no
+    difference, of a difference at least as large as observed.
 
     Returns:
-        ``{name: {"bleu", "bleu_p_value", "bleu_mean", "bleu_ci", "chrf", "chrf_p_value",
-        "chrf_mean", "chrf_ci", "p_value", "signatures"}}`` with ``"baseline"`` first (its p-values
-        are None); ``p_value`` is the BLEU p-value; ``signatures`` is ``{"bleu": str, "chrf": str}``
-        (sacreBLEU signatures including the seed and the number of resamples).
+        ``{name: {"bleu", "bleu_p_value", "bleu_mean", "bleu_ci", "chrf", "chrf_p_value", "chrf_mean",
+        "chrf_ci", "p_value", "signatures"}}``, ``"baseline"`` first (p-values None); ``p_value`` is
+        BLEU's.
 
     Raises:
-        ValueError: mismatched lengths, no systems, or the name ``baseline`` used by a system.
+        ValueError: mismatched lengths, no systems, or a system named ``baseline``.
     """
     from sacrebleu.significance import PairedTest
 

@@ -1,15 +1,9 @@
-"""Beam search batched over sentences and beams, with exact early termination.
+"""Beam search batched over sentences and beams, with exact early termination (Sutskever et al.
+2014; fairseq's ``SequenceGenerator``, 2 x beam candidates; tensor2tensor's termination bound).
+How a step chooses and when a sentence stops: docs/decoding.md#beam-search.
 
-Uses only the models' decoding interface (``start_decoding``, ``decode_step``, ``state.reorder``)
-and the conventions of :mod:`transformer.generation.common`. References: Sutskever et al. 2014;
-fairseq ``SequenceGenerator`` (2 x beam candidates, so finished hypotheses do not shrink the beam);
-tensor2tensor ``beam_search`` (the early termination bound, used by Vaswani et al. 2017).
-
-A step is a selection that keeps no state, :func:`select_candidates` (fairseq's ``search.py``
-``BeamSearch.step``), then the bookkeeping: :func:`finishing` (into
-:class:`~transformer.generation.finished.Finished`), :func:`running_beams` (pruning to ``K``),
-:func:`cannot_improve` (termination) and the done sentences leaving the batch.
-"""
+A step is a stateless selection, :func:`select_candidates` (fairseq's ``BeamSearch.step``), then the
+bookkeeping: :func:`finishing`, :func:`running_beams`, :func:`cannot_improve`."""
 
 from __future__ import annotations
 
@@ -46,31 +40,12 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Beam search batched over sentences and beams, with exact early termination.
 
-    Each step scores every extension of the ``beam_size`` running beams of a sentence and keeps the
-    ``2 * beam_size`` best candidates (fairseq): candidates ending in EOS that rank among the best
-    ``beam_size`` are moved to the sentence's finished list (at most ``beam_size`` kept, best by
-    length-penalised score), and the best ``beam_size`` others continue, so EOS never shrinks the
-    beam. With ``beam_size=1`` and no length penalty this is greedy search, token for token. At the first step only beam 0 is
-    alive (the others start at ``-inf``), so no duplicate hypotheses arise.
-
-    A sentence stops when no running beam can still beat its ``nbest``-th finished hypothesis
-    (tensor2tensor's bound, made exact for either sign of the length penalty): log-probabilities
-    only decrease, so a running beam with summed log-probability ``s <= 0`` and ``t`` tokens can end
-    with at best ``s / max(lp(t + 1), lp(max_len + 1))``, i.e. divided by the penalty at the longest
-    allowed length when ``alpha > 0`` and at the shortest when ``alpha < 0``. It also stops when all
-    its beams are finished or dead; at ``max_len`` EOS is forced, and the search never runs past
-    the longest ``max_len``. Finished sentences leave the batch. Beams that receive non-finite model
-    output (NaN/+inf) die; a sentence left without a finished hypothesis then gets none, with a
-    :class:`~transformer.generation.common.NonFiniteOutputWarning`.
-
     Args:
-        model: an encoder-decoder or decoder-only model (see module docstring).
-        src_tokens: ``(batch, src_len)`` source in the model's format, right-padded.
+        src_tokens: ``(batch, src_len)`` right-padded source in the model's format.
         beam_size: running beams per sentence (``K``); rows are ``batch * K``.
         nbest: hypotheses returned per sentence (``<= beam_size``).
-        **limits: the fields of :class:`~transformer.generation.common.SearchLimits` (maximum and
-            minimum length, ``no_repeat_ngram_size``, length penalty), defaults as there except
-            ``length_penalty_alpha=0.6``.
+        **limits: :class:`~transformer.generation.common.SearchLimits` fields; ``length_penalty_alpha``
+            defaults to 0.6.
 
     Returns:
         ``batch`` lists of up to ``nbest`` hypotheses, best first, in input order.
@@ -89,23 +64,15 @@ def beam_search(
 
 
 def select_candidates(step: int, lprobs: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """A beam step's selection: each sentence's ``2 * K`` best one-token extensions of its beams.
-
-    The part of a step that keeps no state (fairseq's ``BeamSearch.step``): what finishes, which
-    beams run on and when a sentence stops are decided from its result by :func:`finishing`,
-    :func:`running_beams` and :func:`cannot_improve`.
+    """Each sentence's ``2 * K`` best one-token extensions of its beams (fairseq's ``BeamSearch.step``).
 
     Args:
-        step: tokens generated before this step. The selection does not need it: at step 0 only
-            beam 0 is alive because the others' ``scores`` start at ``-inf``; it is there so that a
-            search's step has fairseq's signature.
-        lprobs: ``(n, K, V)`` float32 next-token log-probabilities of each running beam;
-            overwritten with the candidates' cumulative scores (the search does not read it again).
-        scores: ``(n, K)`` float32 summed log-probabilities of the running beams (``-inf``: dead).
+        step: unused (fairseq's signature; at step 0 the other beams' ``-inf`` scores keep beam 0 alone).
+        lprobs: ``(n, K, V)`` float32 log-probabilities, overwritten with cumulative scores.
+        scores: ``(n, K)`` float32 summed log-probabilities of the beams (``-inf``: dead).
 
     Returns:
-        ``(scores, tokens, beams)``, each ``(n, min(2 * K, K * V))``: the candidates' cumulative
-        scores best first (``torch.topk``'s order), their tokens and the beam each one extends.
+        ``(scores, tokens, beams)``, each ``(n, min(2 * K, K * V))``, best first.
     """
     del step
     n, K, vocab = lprobs.shape
@@ -115,32 +82,19 @@ def select_candidates(step: int, lprobs: Tensor, scores: Tensor) -> tuple[Tensor
 
 
 def finishing(cand_scores: Tensor, is_eos: Tensor, K: int) -> Tensor:
-    """``(n, K)`` bool: the candidates that finish a hypothesis, EOS with a finite score among the
-    ``K`` best (fairseq); an EOS ranked below ``K`` non-EOS candidates is not a beam-search result.
-
-    Args:
-        cand_scores: ``(n, C)`` candidate scores, best first (``C >= K`` unless the vocabulary is tiny).
-        is_eos: ``(n, C)`` bool, the candidate's token is EOS.
-        K: the beam size.
-    """
+    """``(n, K)`` bool: the candidates that finish a hypothesis, EOS with a finite score among the ``K``
+    best of ``(n, C)`` candidates."""
     return (is_eos & (cand_scores > float("-inf")))[:, :K]
 
 
 def running_beams(
     cand_scores: Tensor, cand_tok: Tensor, cand_beam: Tensor, is_eos: Tensor, K: int, eos: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The next step's ``K`` beams: the first ``K`` candidates that do not end in EOS, in rank order
-    (among ``2 * K`` candidates there are at least ``K``, so EOS never shrinks the beam).
-
-    Args:
-        cand_scores, cand_tok, cand_beam: ``(n, C)`` the candidates of :func:`select_candidates`.
-        is_eos: ``(n, C)`` bool, the candidate's token is EOS.
-        K: the beam size.
-        eos: the EOS id, the token of a dead beam's slot.
+    """The next ``K`` beams: the first ``K`` candidates not ending in EOS, in rank order.
 
     Returns:
-        ``(scores, tokens, beams)``, each ``(n, K)``; a slot left without a non-EOS candidate (a tiny
-        vocabulary) is a dead beam: score ``-inf``, token EOS, beam 0.
+        ``(scores, tokens, beams)``, each ``(n, K)``; a slot without a candidate (a tiny vocabulary)
+        is a dead beam: ``-inf``, EOS, beam 0.
     """
     ninf = float("-inf")
     n, n_cand = cand_scores.shape
@@ -159,17 +113,14 @@ def running_beams(
 
 
 def cannot_improve(running: Tensor, kth: Tensor, bound_pen: Tensor | None, next_pen: Tensor) -> Tensor:
-    """``(n,)`` bool: the sentences that stop, their best running beam cannot beat their
-    ``nbest``-th finished hypothesis any more (the bound of :func:`beam_search`); all beams dead
-    (``-inf``) always stops.
+    """``(n,)`` bool: sentences whose best running beam cannot beat their ``nbest``-th finished score
+    ``kth``; all beams dead always stops.
 
     Args:
-        running: ``(n, K)`` float32 summed log-probabilities of the running beams, best first.
-        kth: ``(n,)`` float64 length-penalised score of the ``nbest``-th finished hypothesis
-            (``-inf`` while there are fewer).
-        bound_pen: ``(n,)`` float64 ``lp(max_len + 1)`` per sentence, ``None`` without a length
-            penalty (``alpha == 0``).
-        next_pen: 0-dim float64 ``lp(t + 1)`` for the running beams' ``t`` tokens.
+        running: ``(n, K)`` float32 summed log-probabilities, best first.
+        kth: ``(n,)`` float64 (``-inf`` while there are fewer).
+        bound_pen: ``(n,)`` float64 ``lp(max_len + 1)``, None without a length penalty.
+        next_pen: 0-dim float64 ``lp(t + 1)``.
     """
     best = running[:, 0].double()  # (n,)
     if bound_pen is not None:
@@ -188,8 +139,8 @@ class _Active:
         self.row_base = torch.arange(len(self.ids), device=max_len.device)[:, None] * K  # (n, 1)
 
     def drop(self, done: Tensor, finished: Finished) -> tuple[Tensor, Tensor]:
-        """Let the sentences ``done`` (``(n,)`` bool, on the host) leave: store their finished lists,
-        keep the others' rows. Returns the kept rows' sentence indices, on the host and on the device."""
+        """Let the sentences ``done`` leave (their finished lists stored); return the kept rows' sentence
+        indices, on the host and on the device."""
         gone = done.nonzero().squeeze(1).tolist()
         kept = (~done).nonzero().squeeze(1)  # (n',)
         finished.store(gone, [self.ids[s] for s in gone])
@@ -210,10 +161,8 @@ def _beam_search(
     K: int,
     nbest: int,
 ) -> list[list[Hypothesis]]:
-    """The search of :func:`beam_search`. Host reads: the longest ``max_len`` once, then one packed
-    read per step (which sentences are done, which met non-finite output, each new beam's parent),
-    and the finished hypotheses once at the end (:class:`~transformer.generation.finished.Finished`
-    keeps them on the device)."""
+    """The search of :func:`beam_search`. Host reads: the longest ``max_len`` once, one packed read per
+    step, and the finished hypotheses at the end."""
     alpha = limits.length_penalty_alpha
     device = src_tokens.device
     bsz = src_tokens.shape[0]

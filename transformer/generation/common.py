@@ -1,35 +1,9 @@
 """What greedy search, beam search and sampling share: the output type, the length limits and
-penalty, the token constraints, and the generation settings as one typed object.
+penalty, the token constraints and the decoding precision. The conventions every strategy follows
+(EOS, lengths, scores, non-finite output) are in docs/decoding.md#search-conventions.
 
-Conventions shared by all strategies (and relied on by :mod:`transformer.generation.translate`):
-
-* ``Hypothesis.tokens`` holds the generated ids *without* the start token and always ends with
-  exactly one EOS. When a hypothesis reaches the maximum length, EOS is forced as its next token
-  (with the model's own log-probability for EOS), so "cut at max length" hypotheses also end with
-  EOS and carry ``max_len + 1`` tokens.
-* Maximum length per sentence: ``int(max_len_a * src_len + max_len_b)`` tokens before EOS, where
-  ``src_len`` is the number of non-pad source tokens (for the encoder-decoder that includes the
-  source EOS). Each sentence of a batch has its own limit, so batched and one-at-a-time decoding
-  agree.
-  A model with learned positions (``model/position=learned``) caps it further, so that no token
-  is ever fed at a position past its table (:func:`position_limits`): search always stops at its
-  length bound.
-* ``min_len``: EOS is forbidden while a hypothesis has fewer than ``min_len`` tokens; the maximum
-  length wins when the two conflict.
-* Non-finite model output (NaN or +inf logits, e.g. from a diverged model) ends the rows that
-  receive it: a sentence left without a hypothesis gets none (an empty list), and a
-  :class:`NonFiniteOutputWarning` says so. Search never loops on NaN scores.
-* PAD is never generated.
-* Length (for the length penalty) counts the generated tokens including EOS.
-* ``score`` is the length-penalised log-probability ``logprob / lp(len)`` (beam, greedy and sampling
-  alike); ``logprob`` is the sum of the model's log-probabilities (temperature 1, no filtering) of
-  every generated token including EOS, with the constraints above applied (banned tokens removed
-  by setting them to ``-inf`` *before* the log-softmax is read, i.e. the model distribution is not
-  renormalised over the allowed tokens; this is fairseq's convention).
-
-References: Wu et al. 2016 (GNMT length penalty ``((5 + len) / 6) ** alpha``); fairseq
-``SequenceGenerator`` (``len ** alpha``, ``max_len_a``/``max_len_b``, ``no_repeat_ngram_size``).
-"""
+References: Wu et al. 2016 (GNMT length penalty); fairseq ``SequenceGenerator`` (``len ** alpha``,
+``max_len_a``/``max_len_b``, ``no_repeat_ngram_size``)."""
 
 from __future__ import annotations
 
@@ -77,7 +51,7 @@ class Hypothesis:
 
     Attributes:
         tokens: generated ids without the start token, ending with exactly one EOS.
-        score: length-penalised log-probability ``logprob / lp(len(tokens))`` (higher is better).
+        score: ``logprob / lp(len(tokens))`` (higher is better).
         logprob: summed log-probability of ``tokens`` under the model (EOS included).
     """
 
@@ -88,17 +62,13 @@ class Hypothesis:
 
 @dataclass(frozen=True)
 class SearchLimits:
-    """The settings every search strategy takes (the keyword arguments of
-    :func:`~transformer.generation.sampling.greedy_search`, :func:`~transformer.generation.sampling.sample`
-    and :func:`~transformer.generation.beam.beam_search`).
+    """The settings every search strategy takes as keyword arguments.
 
     Attributes:
-        max_len_a, max_len_b: maximum length ``int(a * n_src + b)`` tokens before EOS
-            (see :func:`max_lengths`).
+        max_len_a, max_len_b: at most ``int(a * n_src + b)`` tokens before EOS (:func:`max_lengths`).
         min_len: minimum number of tokens before EOS.
         no_repeat_ngram_size: forbid repeating n-grams of this size within a hypothesis (0 = off).
-        length_penalty_alpha: exponent of the length penalty (0 = plain log-probability).
-        length_penalty_form: ``gnmt`` or ``fairseq`` (see :func:`length_penalty`).
+        length_penalty_alpha, length_penalty_form: see :func:`length_penalty`.
     """
 
     max_len_a: float = 1.0
@@ -126,16 +96,9 @@ class SearchLimits:
 
 
 def length_penalty(length: Tensor | float, alpha: float, form: str = "gnmt") -> Tensor | float:
-    """The divisor of the summed log-probability.
-
-    Args:
-        length: number of generated tokens including EOS (a number or a tensor of them).
-        alpha: exponent; 0 disables the penalty, > 0 favours longer outputs, < 0 shorter ones.
-        form: ``gnmt`` for ``((5 + len) / 6) ** alpha`` (Wu et al. 2016, used by Vaswani et al. 2017)
-            or ``fairseq`` for ``len ** alpha``.
-
-    Returns:
-        ``lp(length)`` with the type of ``length``.
+    """The divisor of the summed log-probability: ``((5 + len) / 6) ** alpha`` for ``gnmt`` (Wu et
+    al. 2016), ``len ** alpha`` for ``fairseq``. ``length`` counts tokens including EOS (a number or a
+    tensor); alpha 0 disables the penalty, > 0 favours longer outputs.
 
     Raises:
         ValueError: unknown ``form``.
@@ -148,54 +111,28 @@ def length_penalty(length: Tensor | float, alpha: float, form: str = "gnmt") -> 
 
 
 def max_lengths(src_tokens: Tensor, pad_id: int, max_len_a: float, max_len_b: int) -> Tensor:
-    """Per-sentence maximum number of generated tokens before the (forced) EOS.
-
-    Args:
-        src_tokens: ``(batch, src_len)`` right-padded source.
-        pad_id: padding id.
-        max_len_a, max_len_b: ``int(a * n_src + b)`` with ``n_src`` the non-pad source tokens.
-
-    Returns:
-        ``(batch,)`` long tensor, at least 0.
-    """
+    """``(batch,)`` long: ``int(a * n_src + b)`` tokens before EOS per row of ``(batch, src_len)``
+    right-padded ``src_tokens``, ``n_src`` its non-pad tokens; at least 0."""
     n_src = src_tokens.ne(pad_id).sum(1).double()  # (B,)
     return (max_len_a * n_src + max_len_b).floor().long().clamp(min=0)
 
 
 def max_length_bound(src_tokens: Tensor, max_len_a: float, max_len_b: int) -> int:
-    """A host-known upper bound of every row's :func:`max_lengths` (read from the padded width, not
-    from the device): ``int(max(a, 0) * src_len + b)``, at least 0.
-
-    Args:
-        src_tokens: ``(batch, src_len)`` right-padded source.
-        max_len_a, max_len_b: as in :func:`max_lengths`.
-    """
+    """Host-known upper bound of every row's :func:`max_lengths`, from the padded width:
+    ``int(max(a, 0) * src_len + b)``, at least 0."""
     return max(0, math.floor(max(max_len_a, 0.0) * src_tokens.shape[1] + max_len_b))
 
 
 def reserve_steps(state: Any, steps: int) -> None:
-    """Tell a decoding state how many ``decode_step`` calls may still come (its KV caches then
-    allocate once: :meth:`transformer.models.state.DecodingState.reserve`); a state without
-    ``reserve`` (a model of one's own) is left as it is.
-
-    Args:
-        state: from the model's ``start_decoding``.
-        steps: the most ``decode_step`` calls the search will make.
-    """
+    """Tell a decoding state that at most ``steps`` ``decode_step`` calls follow, so its KV caches
+    allocate once; a state without ``reserve`` is left as it is."""
     reserve = getattr(state, "reserve", None)
     if reserve is not None:
         reserve(steps)
 
 
 def learned_positions(embedding: nn.Module | None) -> int | None:
-    """Rows of an embedding's learned position table (``model/position=learned``), else None.
-
-    Args:
-        embedding: a :class:`~transformer.modules.embedding.TokenEmbedding` (or None).
-
-    Returns:
-        ``model.max_positions`` for learned positions; None for encodings without a limit.
-    """
+    """Rows of an embedding's learned position table (``model/position=learned``), else None."""
     position = getattr(embedding, "position", None)
     return position.weight.shape[0] if isinstance(position, LearnedPositionalEmbedding) else None
 
@@ -208,19 +145,10 @@ def _decoder_embedding(model: nn.Module) -> nn.Module | None:
 
 
 def position_limits(model: nn.Module, state: Any) -> Tensor | None:
-    """Per-row maximum length (tokens before EOS) that the decoder's learned positions allow.
+    """``(batch,)`` long: the most tokens before EOS the decoder's learned positions allow, or None.
 
-    The token chosen at step ``t`` is predicted from the input at position ``start + t`` (``start``:
-    ``state.positions`` before the first step: 0 for the encoder-decoder, the source length for
-    the decoder-only model), so ``max_len <= rows - 1 - start``.
-
-    Args:
-        model: the model being decoded (an ensemble: its tightest member).
-        state: its decoding state right after ``start_decoding`` (``positions``: ``(batch,)``).
-
-    Returns:
-        ``(batch,)`` long tensor, or None when the positions have no limit.
-    """
+    The token chosen at step ``t`` is predicted from position ``start + t`` (``state.positions`` right
+    after ``start_decoding``), so ``max_len <= rows - 1 - start``. An ensemble takes its tightest member."""
     members = getattr(model, "models", None)
     if members is not None:  # an ensemble: the tightest limit of its members
         caps = [c for c in (position_limits(m, s) for m, s in zip(members, state.states)) if c is not None]
@@ -237,10 +165,7 @@ class NonFiniteOutputWarning(RuntimeWarning):
 
 
 def nonfinite_rows(logits: Tensor) -> Tensor:
-    """``(rows,)`` bool: rows of ``(rows, vocab)`` logits holding NaN or +inf (-inf is a masked token).
-
-    Read from each row's maximum (``amax`` propagates NaN, and +inf is the largest value): one pass
-    over the logits and a ``(rows,)`` result, not two ``(rows, vocab)`` masks."""
+    """``(rows,)`` bool: rows of ``(rows, vocab)`` logits holding NaN or +inf (-inf is a masked token)."""
     top = logits.amax(-1)  # (rows,)
     return top.isnan() | top.isposinf()
 
@@ -265,19 +190,10 @@ _AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def decoding_precision(precision: str, device: torch.device | str) -> str:
-    """The precision decoding runs in on ``device`` for a run of ``train.precision=precision``.
+    """``fp32``, ``bf16`` or ``fp16``: what decoding runs in on ``device`` for ``train.precision=precision``.
 
-    fp32 on the devices of :data:`FP32_DEVICES` (the CPU); elsewhere the run's own: ``bf16`` and
-    ``fp16`` as they are (an fp16 run decodes in fp16, the format its activations were trained
-    in), ``auto`` as :func:`~transformer.training.step.precision.resolve_precision` resolves it on
-    an accelerator (``bf16`` on a CUDA device of compute capability 8.0 or more, else ``fp32``).
-
-    Args:
-        precision: ``auto`` | ``fp32`` | ``bf16`` | ``fp16``.
-        device: where the model decodes.
-
-    Returns:
-        ``fp32``, ``bf16`` or ``fp16``.
+    fp32 on :data:`FP32_DEVICES`; elsewhere the run's own, ``auto`` resolved as in training (bf16 on
+    CUDA with compute capability 8.0 or more, else fp32). See docs/decoding.md#precision-and-the-kv-cache.
 
     Raises:
         ValueError: an unknown precision.
@@ -298,10 +214,7 @@ def autocast_dtype(precision: str, device: torch.device | str) -> torch.dtype | 
 
 
 def decoding_autocast(precision: str, device: torch.device | str) -> contextlib.AbstractContextManager[Any]:
-    """``torch.autocast`` in the decoding precision of ``precision`` on ``device``
-    (:func:`decoding_precision`), or a context that changes nothing for fp32. The matrix products
-    run in the autocast dtype, the KV caches hold it; the searches' log-probabilities stay fp32
-    (:func:`log_probs`).
+    """``torch.autocast`` in :func:`decoding_precision`, or a null context for fp32.
 
     Raises:
         ValueError: an unknown precision.
@@ -314,11 +227,7 @@ def decoding_autocast(precision: str, device: torch.device | str) -> contextlib.
 
 @contextlib.contextmanager
 def decoding(model: nn.Module) -> Iterator[None]:
-    """Eval mode and ``torch.inference_mode`` for the duration; the training flags are restored.
-
-    Args:
-        model: the model (may be mid-training).
-    """
+    """Eval mode and ``torch.inference_mode`` for the duration; the training flags are restored."""
     was_training = [m.training for m in model.modules()]
     model.eval()
     try:
@@ -332,22 +241,17 @@ def decoding(model: nn.Module) -> Iterator[None]:
 def constrain(
     lprobs: Tensor, step: int, max_len: Tensor, history: Tensor, limits: SearchLimits, *, pad_id: int, eos_id: int
 ) -> Tensor:
-    """Apply PAD ban, ``min_len``, ``no_repeat_ngram_size`` and the forced EOS at max length in place.
-
-    Reads nothing back on the host: every mask is computed on the device from ``step`` (which the
-    host knows), ``max_len`` and ``history``.
+    """Apply the PAD ban, ``min_len``, ``no_repeat_ngram_size`` and the forced EOS at max length, in
+    place and without a host read.
 
     Args:
         lprobs: ``(rows, vocab)`` log-probabilities (or logits) of the next token.
         step: number of tokens each row has generated so far.
         max_len: ``(rows,)`` per-row maximum length (tokens before EOS).
         history: ``(rows, step)`` generated tokens so far (without the start token).
-        limits: ``min_len`` (EOS is banned while ``step < min_len``) and ``no_repeat_ngram_size``
-            (ban tokens that would repeat an n-gram of the row; 0 = off).
-        pad_id, eos_id: special ids.
 
     Returns:
-        ``lprobs`` (modified in place).
+        ``lprobs``.
     """
     ninf = float("-inf")
     eos_lp = lprobs[:, eos_id].clone()  # (rows,) kept for the forced EOS
@@ -371,8 +275,8 @@ def constrain(
 
 
 def to_device(values: list[int], device: torch.device) -> Tensor:
-    """``values`` (host ints) as a long tensor on ``device``, copied without waiting for the device
-    (a copy from pageable memory that is not ``non_blocking`` synchronizes the stream)."""
+    """``values`` as a long tensor on ``device``, copied with ``non_blocking`` (a blocking copy from
+    pageable memory synchronizes the stream)."""
     return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
 
 

@@ -1,15 +1,10 @@
-"""Ensembles of checkpoints at decoding time: several models that share one vocabulary decode as one.
-
-At every step each model scores the next token from its own KV caches; the ensemble's scores are
-the models' log-probabilities averaged (then renormalised by the search's log-softmax: the
-normalised geometric mean of the members' distributions, as Marian's and Sockeye's ensembles; fairseq
-averages probabilities instead). Every search strategy works unchanged: the ensemble offers the same
-``start_decoding`` / ``decode_step`` / ``state.reorder`` interface, and a reorder (beams following
-their parents, finished sentences leaving) reorders every member's caches together.
+"""Ensembles at decoding time: several models of one vocabulary decode as one, through the same
+``start_decoding`` / ``decode_step`` / ``state.reorder`` interface, so every search works unchanged.
+The scores are the members' log-probabilities averaged, i.e. the normalised geometric mean of their
+distributions (Marian's and Sockeye's; fairseq averages probabilities).
 
     loaded = load_models(["runs/a", "runs/b/checkpoint_last.safetensors"])   # a LoadedRun
-    hyps = translate_sentences(loaded.model, ids, loaded.cfg.generation, "cpu")
-"""
+    hyps = translate_sentences(loaded.model, ids, loaded.cfg.generation, "cpu")"""
 
 from __future__ import annotations
 
@@ -26,23 +21,14 @@ __all__ = ["EnsembleModel", "EnsembleState", "load_models"]
 
 
 class EnsembleState:
-    """The decoding states of every member, reordered together.
-
-    Args:
-        states: one state per model (from its ``start_decoding``).
-    """
+    """The decoding states of every member (one per model), reordered together."""
 
     def __init__(self, states: Sequence[Any]) -> None:
         self.states = list(states)
 
     def reorder(self, index: Tensor, host_index: Sequence[int] | None = None) -> None:
-        """Select (and repeat) rows of every member's state.
-
-        Args:
-            index: ``(new_batch,)`` long tensor of row indices.
-            host_index: the same indices on the host, when the caller has them (see
-                :meth:`transformer.models.state.DecodingState.reorder`).
-        """
+        """Select (and repeat) rows of every member's state
+        (:meth:`~transformer.models.state.DecodingState.reorder`)."""
         for state in self.states:
             state.reorder(index, host_index)
 
@@ -61,16 +47,10 @@ class EnsembleState:
 
 
 class EnsembleModel(nn.Module):
-    """Several models of one family and one vocabulary decoding as one model.
-
-    Args:
-        models: the members (all encoder-decoders or all decoder-only, with the same special ids
-            and output vocabulary size).
-        checkpoints: where each member was loaded from (recorded for reports), optional.
+    """Several models of one family, special ids and output vocabulary decoding as one.
 
     Raises:
-        ValueError: fewer than one model, or members that differ in family, special ids or
-            output size (the message names the member).
+        ValueError: no model, or members that differ in family, special ids or output size (named).
     """
 
     def __init__(self, models: Sequence[nn.Module], checkpoints: Sequence[Path | str] = ()) -> None:
@@ -121,25 +101,13 @@ def load_models(
     tgt_tokenizer: str | Path | None = None,
     overrides: list[str] | None = None,
 ) -> LoadedRun:
-    """Load one checkpoint (:func:`~transformer.generation.loading.load_run`) or an ensemble of several.
-
-    An ensemble is loaded as a :class:`~transformer.generation.loading.LoadedRun` whose ``model`` is
-    an :class:`EnsembleModel`, with the first checkpoint's tokenizers, config (generation settings)
-    and run folder.
-
-    Args:
-        checkpoints: a run folder / checkpoint, or a list of them.
-        device: where the models go.
-        src_tokenizer, tgt_tokenizer: SentencePiece models to use instead of the runs' own.
-        overrides: dotlist overrides of every run's config (:func:`~transformer.generation.loading.load_run`).
-
-    Returns:
-        The loaded run (or ensemble).
+    """Load one checkpoint (:func:`~transformer.generation.loading.load_run`) or an ensemble of several,
+    as a :class:`~transformer.generation.loading.LoadedRun` whose ``model`` is an :class:`EnsembleModel`
+    with the first checkpoint's tokenizers, config and run folder.
 
     Raises:
-        LoadError: a checkpoint that does not load, an empty list, or members whose source or target
-            vocabularies differ from the first one's, or whose model families differ (the message
-            names both checkpoints).
+        LoadError: a checkpoint that does not load, an empty list, or members whose vocabularies or
+            model families differ from the first's (both named).
     """
     if isinstance(checkpoints, (str, Path)):
         return load_run(

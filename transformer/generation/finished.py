@@ -1,10 +1,6 @@
-"""A beam search's finished hypotheses, kept on the device until the search ends.
-
-Each sentence keeps at most ``K`` (the beam size) finished hypotheses, best first by length-penalised
-score, ties in the order they finished (earlier, i.e. shorter, first; within a step, in candidate
-order): the list fairseq's ``SequenceGenerator`` keeps, here as fixed-shape tensors merged by a
-stable sort every step, so that the search never reads them back before it ends.
-"""
+"""A beam search's finished hypotheses, kept on the device until the search ends: at most ``K`` per
+sentence, best first by length-penalised score, ties in finishing order (fairseq's
+``SequenceGenerator`` list), as fixed-shape tensors merged by a stable sort every step."""
 
 from __future__ import annotations
 
@@ -17,22 +13,13 @@ __all__ = ["Finished"]
 
 
 class Finished:
-    """The finished hypotheses of a beam search over ``bsz`` sentences, on ``device``.
-
-    The active sentences' lists are the first dimension of :attr:`tokens` and :attr:`scores` (they
-    follow the search's active sentences through :meth:`select`); :meth:`store` copies a sentence's
-    list to its slot by original index when it leaves the search, and :meth:`read` reads them all.
-
-    Args:
-        bsz: sentences of the batch.
-        K: hypotheses kept per sentence (the beam size).
-        width: the most tokens a hypothesis can have (EOS included).
-        device: where the lists live.
+    """The finished hypotheses of a beam search over ``bsz`` sentences, ``K`` per sentence, at most
+    ``width`` tokens each (EOS included). The active sentences' lists follow the search
+    (:meth:`select`); :meth:`store` copies a leaving sentence's list to its slot; :meth:`read` reads all.
 
     Attributes:
-        tokens: ``(n, K, 1 + width)`` long: the length (0 = an empty slot), then the tokens.
-        scores: ``(n, K, 2)`` float64: the length-penalised score (``-inf`` in an empty slot), then
-            the summed log-probability.
+        tokens: ``(n, K, 1 + width)`` long: the length (0: an empty slot), then the tokens.
+        scores: ``(n, K, 2)`` float64: the penalised score (``-inf``: empty), then the summed log-probability.
     """
 
     def __init__(self, bsz: int, K: int, width: int, device: torch.device) -> None:
@@ -47,15 +34,11 @@ class Finished:
         """Merge the hypotheses that finish at this step into each sentence's list.
 
         Args:
-            fin: ``(n, K)`` bool: the candidate finishes here (an EOS with a finite score among the
-                ``K`` best candidates).
-            logprob: ``(n, K)`` float32 summed log-probabilities of the candidates (EOS included).
-            penalty: 0-dim float64, the length penalty of ``step + 1`` tokens (divided by on the
-                device: the same IEEE division as a Python float's).
+            fin: ``(n, K)`` bool, the candidates that finish here.
+            logprob: ``(n, K)`` float32 summed log-probabilities (EOS included).
+            penalty: 0-dim float64 length penalty of ``step + 1`` tokens.
             history: ``(n, K, step)`` tokens of the running beams before this step.
             parents: ``(n, K)`` the beam each candidate extends.
-            step: tokens generated before this step.
-            eos: the EOS id appended to each hypothesis.
         """
         n, K = fin.shape
         ninf = float("-inf")

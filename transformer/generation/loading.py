@@ -1,26 +1,10 @@
 """Load a trained run (its folder, or one checkpoint in it) into a model, its tokenizers and config.
 
-A run folder written by ``scripts/train.py`` holds::
-
-    config.yaml                       the resolved config (also read: .hydra/config.yaml)
-    spm.model                         joint SentencePiece model, or spm.src.model + spm.tgt.model
-    checkpoint_best.safetensors       weights (+ checkpoint_best.pt training state with "config")
-    checkpoint_last.safetensors, checkpoint_{update}.safetensors, ...
-
-:func:`load_run` accepts the folder or any ``.safetensors`` / ``.pt`` file or checkpoint stem inside
-it. A folder means the weights its ``results.json`` was tested with (``test_weights``:
-``checkpoint_avg.safetensors`` for a ``train.average_last > 0`` run, else
-``checkpoint_best.safetensors``); a folder whose ``results.json`` names none (a run from before the
-record, or one still training) falls back to ``checkpoint_best``, else ``checkpoint_last``. Which
-one, and why, is one line on stderr when the folder has a ``results.json``
-(:func:`~transformer.run_weights.find_checkpoint`, the one home of both). It fails with a sentence
-that says what is wrong: a missing checkpoint, a file that is not this project's weights, weights that do not
-fit the run's config (names, shapes, or the model config recorded in the weights), weights whose
-``checkpoint_id`` differs from their ``.json`` metadata (copied over from another save), or a
-tokenizer whose vocabulary does not match the embedding matrices. An averaged file
-(``scripts/average_checkpoints.py``) written outside its run folder names that run in its metadata
-(``source_run``); its config and tokenizers are read from there.
-"""
+A folder means the weights its ``results.json`` was tested with (docs/decoding.md#which-weights-checkpointrun-loads).
+Every failure is a sentence saying what is wrong: a missing checkpoint, a foreign file, weights that
+do not fit the run's config, a ``checkpoint_id`` that differs from the ``.json`` metadata, or a
+tokenizer that does not match the embeddings. An averaged file outside its run names that run in
+its metadata (``source_run``)."""
 
 from __future__ import annotations
 
@@ -64,17 +48,14 @@ class Tokenizers(NamedTuple):
 
 @dataclass
 class LoadedRun:
-    """A loaded model with everything needed to translate with it.
-
-    Unpacks as ``model, tokenizers, cfg = load_run(path)``.
+    """A loaded model with everything needed to translate with it; unpacks as ``model, tokenizers, cfg``.
 
     Attributes:
-        model: the model in eval mode on the requested device.
+        model: in eval mode on the requested device.
         tokenizers: :class:`Tokenizers` ``(src, tgt)``.
         cfg: the run's typed :class:`~transformer.config.Config`.
-        run_dir: the run folder (of the config and tokenizers: for an averaged file written
-            outside its run, the run it was averaged from).
-        checkpoint: the ``.safetensors`` file that was loaded.
+        run_dir: the folder of the config and tokenizers (an averaged file's source run).
+        checkpoint: the ``.safetensors`` file loaded.
     """
 
     model: nn.Module
@@ -217,25 +198,18 @@ def load_run(
     tgt_tokenizer: str | Path | None = None,
     overrides: list[str] | None = None,
 ) -> LoadedRun:
-    """Load a trained model, its tokenizers and its config.
+    """Load a trained model (eval mode), its tokenizers and its config as a :class:`LoadedRun`.
 
     Args:
         path: run folder, checkpoint file (``.safetensors`` / ``.pt``) or checkpoint stem.
-        device: where the model goes (:func:`~transformer.device.resolve_device`: ``auto``, ``cuda``, ...).
-        src_tokenizer, tgt_tokenizer: SentencePiece models to use instead of the run folder's
-            (one path alone is used for both sides).
-        overrides: dotlist overrides of the run's config (e.g. ``["data.root=/data"]``, or a
-            test-time RoPE scaling from
-            :func:`~transformer.generation.overrides.test_time_overrides`); the weights are
-            checked against the run's own model config before they apply.
-
-    Returns:
-        A :class:`LoadedRun` (unpacks as ``model, tokenizers, cfg``), the model in eval mode.
+        device: :func:`~transformer.device.resolve_device`'s (``auto``, ``cuda``, ...).
+        src_tokenizer, tgt_tokenizer: SentencePiece models instead of the run's (one alone: both sides).
+        overrides: dotlist overrides of the run's config (e.g. a test-time RoPE scaling), applied after
+            the weights are checked against the run's own model config.
 
     Raises:
-        LoadError: a missing checkpoint/config/tokenizer, a foreign file, weights that do not fit
-            the config, a tokenizer whose size differs from the weights' vocabulary, or a test-time
-            RoPE scaling of a run trained without RoPE.
+        LoadError: a missing checkpoint/config/tokenizer, a foreign file, weights that do not fit the
+            config, a tokenizer of another vocabulary size, or a test-time RoPE scaling without RoPE.
     """
     run_dir, weights = find_checkpoint(path)
     state, meta = read_weights(weights)
@@ -305,20 +279,11 @@ def load_run(
 
 
 def merge_generation(base: Any, overrides: Any) -> GenerationConfig:
-    """The run's generation settings with every non-null field of ``overrides`` on top.
-
-    Args:
-        base: the run's ``cfg.generation`` (DictConfig, dataclass or dict), or None for defaults.
-        overrides: a mapping whose null values mean "keep the run's value" (the script configs list
-            every generation field as null so that ``generation.beam_size=10`` works on the command
-            line), or None.
-
-    Returns:
-        The typed :class:`~transformer.config.GenerationConfig`, validated.
+    """The run's generation settings (``base``, None: defaults) with every non-null field of
+    ``overrides`` on top (null means "keep the run's"), typed and validated.
 
     Raises:
-        ConfigError: an unknown field, a value of the wrong type, or an invalid value (strategy,
-            beam_size/nbest, length_penalty_form, top_p, temperature, top_k); the message names it.
+        ConfigError: an unknown field, a wrong type or an invalid value (named).
     """
     merged = OmegaConf.structured(GenerationConfig)
     try:

@@ -1,11 +1,6 @@
-"""Settings a script may change at test time: a trained model decoded with a RoPE scaling it did
-not train with (``model.position.rope_scaling.*`` of ``translate.yaml`` / ``evaluate.yaml``).
-
-:func:`test_time_overrides` turns the fields a user set into overrides of the run's config, which
-:func:`~transformer.generation.loading.load_run` applies after checking the weights against the run's
-own config; :func:`test_time_refusal` says why they cannot apply (a run without RoPE, or settings that
-change nothing).
-"""
+"""Settings a script may change at test time: a RoPE scaling the model did not train with
+(``model.position.rope_scaling.*`` of ``translate.yaml`` / ``evaluate.yaml``,
+docs/decoding.md#rope-scaling-at-test-time)."""
 
 from __future__ import annotations
 
@@ -22,22 +17,9 @@ fields below it): they change what a model computes without changing its weights
 
 
 def test_time_overrides(script_cfg: Any) -> list[str]:
-    """The test-time model overrides a script's config asks for, as a dotlist for
-    :func:`~transformer.generation.loading.load_run`.
-
-    ``translate.yaml`` and ``evaluate.yaml`` hold the nodes of :data:`TEST_TIME_FIELDS` (e.g.
-    ``model.position.rope_scaling``, :class:`~transformer.config.RopeScalingOverrides`) with every
-    field null; a field set on the command line becomes ``"<dotted field>=<value>"``. A plugin RoPE
-    scaling's own field, which that node lacks, is appended with Hydra's ``+``
-    (``+model.position.rope_scaling.stretch=4``) and becomes an override the same way.
-
-    Args:
-        script_cfg: the script's composed config (a DictConfig or dict); one without a ``model``
-            node asks for nothing.
-
-    Returns:
-        e.g. ``["model.position.rope_scaling.rope_type=dynamic", "model.position.rope_scaling.factor=2.0"]``.
-    """
+    """The dotlist of test-time overrides a script's config asks for: each non-null field of
+    :data:`TEST_TIME_FIELDS`' nodes (and a plugin scaling's own field given with ``+``), e.g.
+    ``["model.position.rope_scaling.rope_type=dynamic", "model.position.rope_scaling.factor=2.0"]``."""
     container = OmegaConf.to_container(script_cfg, resolve=True) if isinstance(script_cfg, DictConfig) else script_cfg
     out = []
     for dotted in TEST_TIME_FIELDS:
@@ -51,18 +33,8 @@ def test_time_overrides(script_cfg: Any) -> list[str]:
 
 
 def test_time_refusal(overrides: list[str], trained: Any, cfg: Any, run_dir: Path) -> str | None:
-    """Why test-time overrides cannot apply to a run, None when they can: a test-time RoPE scaling
-    needs a run trained with RoPE, and must change what the model computes.
-
-    Args:
-        overrides: the dotlist applied to the run's config.
-        trained: ``model.position.rope_scaling`` as the run trained (a DictConfig node, or None).
-        cfg: the run's config with the overrides applied.
-        run_dir: the run folder (for the messages).
-
-    Returns:
-        The sentence :func:`~transformer.generation.loading.load_run` raises as a ``LoadError``, or None.
-    """
+    """The sentence :func:`~transformer.generation.loading.load_run` raises when ``overrides`` cannot
+    apply (a run trained without RoPE, or settings that change nothing), None when they can."""
     touched = [o for o in overrides if o.startswith("model.position.rope_scaling.")]
     if not touched:
         return None

@@ -1,12 +1,6 @@
-"""What ``scripts/translate.py`` and ``scripts/evaluate.py`` do before they decode, in one place:
-the thread count, the device (refused when torch cannot use it), the test-time overrides, the run or
-ensemble loaded with them, its generation settings with the script's on top, and the precision it
-decodes in.
-
-:func:`prepare_decoding` is called by :func:`transformer.generation.translate_file.translate_file`
-and :func:`transformer.evaluation.command.evaluate_checkpoint`; :func:`run_script` is the body of
-both scripts' ``main``.
-"""
+"""What ``scripts/translate.py`` and ``scripts/evaluate.py`` do before they decode: threads, device,
+test-time overrides, the run or ensemble loaded, its generation settings with the script's on top,
+and the decoding precision. :func:`run_script` is both scripts' ``main``."""
 
 from __future__ import annotations
 
@@ -34,14 +28,10 @@ class PreparedDecoding:
     """A loaded run (or ensemble) ready to decode with a script's settings.
 
     Attributes:
-        device: where the model is.
-        test_time: the test-time overrides applied to the run's config (e.g. a RoPE scaling), a dotlist.
-        loaded: the run or ensemble (:class:`~transformer.generation.loading.LoadedRun`).
+        test_time: the test-time overrides applied (a dotlist, e.g. a RoPE scaling).
         gen: the run's generation settings with the script's non-null ``generation.*`` on top.
         members: an ensemble's checkpoints, else None.
-        precision: what the search runs in on ``device``: ``fp32`` on the CPU, else the script's
-            ``precision`` or the run's ``train.precision`` (an ensemble: the first member's), as
-            :func:`~transformer.generation.common.decoding_precision` resolves it.
+        precision: the search's precision on ``device`` (:func:`~transformer.generation.common.decoding_precision`).
     """
 
     device: torch.device
@@ -60,22 +50,11 @@ class PreparedDecoding:
 
 
 def prepare_decoding(cfg: Any) -> PreparedDecoding:
-    """Set up decoding from a script's config (``configs/translate.yaml`` or ``configs/evaluate.yaml``).
-
-    Args:
-        cfg: the composed config: ``num_threads`` (> 0 sets torch's), ``device``, ``checkpoint``
-            (a run folder or checkpoint, or a list: an ensemble), ``src_tokenizer``/``tgt_tokenizer``,
-            ``generation.*`` (null keeps the run's) and ``model.position.rope_scaling.*`` (a test-time
-            RoPE scaling, :func:`~transformer.generation.overrides.test_time_overrides`) and
-            ``precision`` (null: the run's ``train.precision``; the CPU decodes in fp32 whatever it says).
-
-    Returns:
-        The :class:`PreparedDecoding`.
+    """Set up decoding from ``configs/translate.yaml`` or ``configs/evaluate.yaml`` as composed.
 
     Raises:
-        ConfigError: ``device=cuda`` where torch sees no GPU, invalid generation settings or an
-            unknown ``precision``.
-        LoadError: a checkpoint that does not load (see :func:`~transformer.generation.load_models`).
+        ConfigError: ``device=cuda`` without a GPU, invalid generation settings or an unknown ``precision``.
+        LoadError: a checkpoint that does not load.
     """
     if cfg.num_threads > 0:
         torch.set_num_threads(int(cfg.num_threads))
@@ -103,22 +82,11 @@ def prepare_decoding(cfg: Any) -> PreparedDecoding:
 
 
 def run_script(cfg: Any, work: Callable[[Any], Any], errors: dict, **options: Any) -> Any:
-    """A script's ``main`` for a run it loads: the run's plugins found (where they are, or trust in
-    the run's copy: :func:`~transformer.plugins.set_user_choice`), then ``work(cfg)``; a user error
-    or a plugin's code raising is one line on stderr and an exit status.
-
-    Args:
-        cfg: the script's composed config (``plugins``, ``plugins_trust`` and what ``work`` reads).
-        work: the script's work (``translate_file``, ``evaluate``).
-        errors: exception type (or tuple of types) -> exit status, as :func:`~transformer.cli.user_errors` takes.
-        **options: more of :func:`~transformer.cli.user_errors`' keywords (``broken_pipe=0``);
-            ``plugins`` is 2.
-
-    Returns:
-        What ``work`` returns.
+    """A script's ``main``: find the run's plugins (or trust its copy), then return ``work(cfg)``; a user
+    error (``errors``: type -> status) or a plugin failure (status 2) is one line and an exit status.
 
     Raises:
-        SystemExit: a user error (:func:`~transformer.cli.user_errors`).
+        SystemExit: a user error.
     """
     with user_errors(errors, plugins=2, **options):
         set_user_choice(cfg.plugins, cfg.plugins_trust)

@@ -1,10 +1,6 @@
-"""Greedy search and ancestral sampling (temperature, top-k, nucleus): one loop over the rows of a
-batch, finished rows leaving it.
-
-Both use only the models' decoding interface (``start_decoding``, ``decode_step``,
-``state.reorder``) and the conventions of :mod:`transformer.generation.common`. References:
-Holtzman et al. 2020 (nucleus sampling); Fan et al. 2018 (top-k sampling).
-"""
+"""Greedy search and ancestral sampling (temperature, top-k: Fan et al. 2018; nucleus: Holtzman et
+al. 2020): one loop over the rows of a batch, finished rows leaving it. Conventions:
+docs/decoding.md#search-conventions."""
 
 from __future__ import annotations
 
@@ -34,14 +30,10 @@ __all__ = ["greedy_search", "sample", "top_k_top_p_filter"]
 def greedy_search(model: nn.Module, src_tokens: Tensor, **limits: Any) -> list[list[Hypothesis]]:
     """Pick the most probable next token until EOS, batched over sentences.
 
-    Finished sentences leave the batch (their cache rows are dropped through ``state.reorder``).
-
     Args:
-        model: an encoder-decoder or decoder-only model (see :mod:`transformer.generation.search`).
-        src_tokens: ``(batch, src_len)`` source in the model's format, right-padded.
-        **limits: the fields of :class:`~transformer.generation.common.SearchLimits` (``max_len_a``,
-            ``max_len_b``, ``min_len``, ``no_repeat_ngram_size``; ``length_penalty_alpha`` and
-            ``length_penalty_form`` only for ``Hypothesis.score``), defaults as there.
+        src_tokens: ``(batch, src_len)`` right-padded source in the model's format.
+        **limits: :class:`~transformer.generation.common.SearchLimits` fields (the length penalty only
+            sets ``Hypothesis.score``).
 
     Returns:
         ``batch`` lists with one :class:`Hypothesis` each, in input order.
@@ -56,19 +48,8 @@ def greedy_search(model: nn.Module, src_tokens: Tensor, **limits: Any) -> list[l
 
 
 def top_k_top_p_filter(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """Set the logits outside the top-k / nucleus to ``-inf`` (in place).
-
-    The nucleus (Holtzman et al. 2020) is the smallest set of most probable tokens whose probability
-    reaches ``top_p``: a token is kept when the probability of the tokens ranked above it is below
-    ``top_p``, so the token that crosses ``top_p`` is kept and the most probable token always is.
-
-    Args:
-        logits: ``(rows, vocab)`` (already divided by the temperature).
-        top_k: keep the ``top_k`` largest logits (0 = all).
-        top_p: nucleus mass in ``(0, 1]`` (1 = all).
-
-    Returns:
-        ``logits`` (modified in place).
+    """Set ``(rows, vocab)`` logits outside the top-k (0: all) and the nucleus of mass ``top_p`` (1: all)
+    to ``-inf``, in place. The token crossing ``top_p`` is kept, and so is the most probable one.
 
     Raises:
         ValueError: ``top_p`` outside ``(0, 1]`` or negative ``top_k``.
@@ -103,21 +84,16 @@ def sample(
     n_samples: int = 1,
     **limits: Any,
 ) -> list[list[Hypothesis]]:
-    """Ancestral sampling with temperature, top-k and nucleus filtering, seeded.
+    """Ancestral sampling with temperature (0: argmax), top-k and nucleus filtering.
 
     Args:
-        model: an encoder-decoder or decoder-only model.
-        src_tokens: ``(batch, src_len)`` source in the model's format, right-padded.
-        temperature: logits are divided by it; 0 means argmax (greedy).
-        top_k: sample among the ``top_k`` most probable tokens (0 = all).
-        top_p: sample from the nucleus of mass ``top_p`` (1 = all).
+        src_tokens: ``(batch, src_len)`` right-padded source in the model's format.
         seed: seed of a private :class:`torch.Generator` (the global RNG is untouched).
-        n_samples: independent samples per sentence (returned best first by ``score``).
-        **limits: the fields of :class:`~transformer.generation.common.SearchLimits`, as in
-            :func:`greedy_search` (the length penalty ranks the samples).
+        n_samples: samples per sentence, returned best first by ``score``.
+        **limits: :class:`~transformer.generation.common.SearchLimits` fields.
 
     Returns:
-        ``batch`` lists of ``n_samples`` hypotheses, best first, in input order.
+        ``batch`` lists of ``n_samples`` hypotheses, in input order.
 
     Raises:
         ValueError: negative temperature, or invalid ``top_k`` / ``top_p``.
@@ -149,13 +125,9 @@ def _greedy_or_sample(
     top_p: float,
     seed: int,
 ) -> list[list[Hypothesis]]:
-    """Shared loop of greedy search (``temperature == 0``) and sampling; rows = batch x n_samples.
-
-    One host read per step: which rows ended (EOS) and which met non-finite output, read together
-    (sampling reads the non-finite rows once more before it draws: a row's draw depends on the rows
-    drawn with it). The tokens and log-probabilities of finished rows stay on the device until
-    the end (one read); which rows remain is known on the host, so nothing else is read.
-    """
+    """Shared loop of greedy search (``temperature == 0``) and sampling; rows = batch x n_samples. One
+    host read per step (ended rows, non-finite rows; sampling reads the latter once more before it
+    draws); finished tokens stay on the device until the end."""
     device = src_tokens.device
     bsz = src_tokens.shape[0]
     eos, pad = model.eos_id, model.pad_id

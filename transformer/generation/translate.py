@@ -36,17 +36,8 @@ def make_src_tokens(
     eos_id: int = 3,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """Build the right-padded source batch in the format of ``arch``.
-
-    Args:
-        src_ids: source ids per sentence, without specials.
-        arch: ``encoder_decoder`` (ids + [EOS]) or ``decoder_only`` (ids only; the model appends
-            the separator itself as the first decoder input).
-        pad_id, eos_id: special ids.
-        device: where the tensor goes.
-
-    Returns:
-        ``(batch, max_len)`` long tensor.
+    """``(batch, max_len)`` right-padded source ids: ``ids + [EOS]`` for ``encoder_decoder``, ids only
+    for ``decoder_only`` (the model adds the separator).
 
     Raises:
         ValueError: unknown ``arch``.
@@ -66,19 +57,8 @@ def make_src_tokens(
 
 
 def batches_by_tokens(lengths: Sequence[int], max_tokens: int, rows_per_sentence: int = 1) -> Iterator[list[int]]:
-    """Group sentence indices, longest first, into batches of at most ``max_tokens`` padded tokens.
-
-    A batch costs ``n_sentences * longest * rows_per_sentence`` tokens (e.g. beams per sentence);
-    a sentence too long for ``max_tokens`` on its own still gets a batch of one.
-
-    Args:
-        lengths: source length of each sentence (in the model's format).
-        max_tokens: budget per batch.
-        rows_per_sentence: decoder rows per sentence (beam size, samples).
-
-    Yields:
-        Lists of indices into ``lengths`` (sorted by decreasing length, ties by index).
-    """
+    """Yield sentence indices, longest first (ties by index), in batches of at most ``max_tokens``
+    padded tokens, ``n_sentences * longest * rows_per_sentence``; a sentence too long alone gets a batch."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     batch: list[int] = []
     longest = 0
@@ -94,19 +74,8 @@ def batches_by_tokens(lengths: Sequence[int], max_tokens: int, rows_per_sentence
 
 
 def max_source_length(model: nn.Module, arch: str | None = None) -> int | None:
-    """The longest source (ids without specials) the model can encode, or None when unbounded.
-
-    Only learned absolute positions (``model/position=learned``) have a limit: ``model.max_positions``
-    rows. The encoder-decoder reads the source plus EOS; the decoder-only model reads the source
-    and then ``<sep>`` at the next position.
-
-    Args:
-        model: an encoder-decoder or decoder-only model, or an ensemble of them (its members' minimum).
-        arch: unused (both families read their source through the same embedding table).
-
-    Returns:
-        The maximum number of source ids, or None.
-    """
+    """The most source ids (without specials) the model's learned positions can encode, or None when
+    unbounded; an ensemble's tightest member. ``arch`` is unused."""
     members = getattr(model, "models", None)  # an ensemble: the tightest member's limit
     if members is not None:
         limits = [n for n in (max_source_length(m, arch) for m in members) if n is not None]
@@ -131,42 +100,25 @@ def translate_sentences(
 ) -> list[list[Hypothesis]]:
     """Translate many sentences, batched by source tokens, results in input order.
 
-    Empty sources (no ids: an empty input line) are not decoded and get no hypotheses (an empty
-    output line), so outputs stay line-aligned with the input.
+    Empty sources get no hypotheses, so outputs stay line-aligned with the input.
 
     Args:
-        model: an encoder-decoder or decoder-only model (already on ``device``).
         src_ids: source ids per sentence, without specials.
-        cfg: a :class:`~transformer.config.GenerationConfig` (or a DictConfig / dict with some of its
-            fields, see :func:`~transformer.config.to_generation_config`);
-            ``max_tokens`` bounds ``sentences * longest source * rows per sentence`` per batch, with
-            ``beam_size`` rows per sentence for beam search and ``nbest`` for sampling.
-        device: device of the model.
-        arch: ``encoder_decoder`` or ``decoder_only``; defaults to ``model.arch``.
-        errors: None to raise on the first sentence that cannot be translated; a dict to go on:
-            such a sentence (a source longer than the model's learned positions, or one whose
-            decoding raises; its batch is then retried one sentence at a time) gets no hypotheses,
-            and ``errors[index]`` says why. An exception raised inside a loaded plugin's code is
-            raised all the same (:func:`transformer.cli.plugin_failure`: a bug, not a sentence's).
-        progress: a tqdm progress bar of sentences on stderr: True for a new one (closed at the
-            end), an existing bar to update, or False.
-        desc: the label of a new bar.
-        precision: the run's ``train.precision``: on an accelerator the search runs under autocast
-            in it (``bf16``, ``fp16``; ``auto`` as training resolves it), on the CPU in fp32
-            (:func:`~transformer.generation.common.decoding_precision`).
-        shard: ``(rank, world_size)``: decode only the batches ``rank, rank + world_size, ...`` of
-            the batches one process would decode (the same batches, so the same hypotheses); the
-            other sentences get no hypotheses here
-            (:func:`~transformer.training.loop.validation.translate_and_score` joins the ranks').
+        cfg: generation settings (:func:`~transformer.config.to_generation_config`); ``max_tokens``
+            bounds ``sentences * longest source * rows`` per batch (``beam_size`` or ``nbest`` rows).
+        arch: defaults to ``model.arch``.
+        errors: None raises on the first sentence that cannot be translated; a dict collects
+            ``errors[index] = why`` and goes on (a failed batch is retried one sentence at a time). A
+            plugin's exception is raised all the same.
+        progress: True for a new tqdm bar on stderr, an existing bar, or False.
+        precision: the run's ``train.precision`` (:func:`~transformer.generation.common.decoding_precision`).
+        shard: ``(rank, world_size)``: decode only every ``world_size``-th batch from ``rank``.
 
     Returns:
-        One list of hypotheses (best first) per input sentence, in input order (empty for an
-        empty source, a sentence recorded in ``errors`` or one of another shard).
+        Hypotheses (best first) per sentence; empty for an empty source, an error or another shard.
 
     Raises:
-        ValueError: a source longer than the model's learned positions, when ``errors`` is None;
-            an unknown ``precision``.
-        Whatever decoding raises, when ``errors`` is None or it was raised in a plugin's code.
+        ValueError: a source longer than the learned positions (``errors`` None), or an unknown precision.
     """
     arch = arch or model.arch
     g = to_generation_config(cfg)
@@ -236,17 +188,7 @@ def translate_sentences(
 
 
 def detokenize(hyps: Sequence[Sequence[Hypothesis]] | Sequence[Hypothesis], tokenizer: Any) -> list[str]:
-    """Text of the best hypothesis of each sentence (or of each hypothesis of a flat list).
-
-    Args:
-        hyps: output of :func:`translate_sentences` (lists, best first; an empty list gives an
-            empty string), or plain hypotheses.
-        tokenizer: anything with ``decode(ids) -> str`` that stops at EOS
-            (:class:`~transformer.data.Tokenizer`).
-
-    Returns:
-        One string per item.
-    """
+    """Text of the best hypothesis of each sentence (or of each hypothesis of a flat list); ``""`` for none."""
     out = []
     for h in hyps:
         best = h if isinstance(h, Hypothesis) else (h[0] if h else None)
@@ -267,20 +209,8 @@ def translate_dataset(
     precision: str = "fp32",
     shard: tuple[int, int] = (0, 1),
 ) -> list[str]:
-    """Translate a :class:`~transformer.data.ParallelDataset` and detokenise the best hypotheses.
-
-    Args:
-        model: the model, on ``device``.
-        dataset: anything with ``src`` (source ids per example, no specials).
-        tokenizer: the target tokenizer (``decode``).
-        cfg: generation settings (see :func:`translate_sentences`).
-        device: device of the model.
-        errors, progress, desc, precision, shard: see :func:`translate_sentences` (a failed sentence,
-            or one of another shard, gives ``""``).
-
-    Returns:
-        Detokenised best hypotheses, in dataset order (compare with ``dataset.tgt_text``).
-    """
+    """Detokenised best hypotheses of a dataset's ``src``, in dataset order (:func:`translate_sentences`'s
+    keywords; a failed sentence, or one of another shard, gives ``""``)."""
     hyps = translate_sentences(
         model,
         dataset.src,

@@ -1,14 +1,9 @@
-"""The work of ``scripts/translate.py``: translate a text file (or stdin) line by line with a run or
-an ensemble, into a file or stdout (config: ``configs/translate.yaml``).
-
-Lines are read in chunks of ``buffer_lines``, sorted and batched by tokens
-(``generation.max_tokens`` x beam, :func:`~transformer.generation.translate.translate_sentences`),
-decoded, and written back in input order, detokenised, so the output stays line-aligned with the
-input: an empty input line gives an empty output line, and a line that cannot be translated is
-reported on stderr and left empty while every other line is written (:class:`LinesFailed` at the
-end). With ``generation.nbest > 1`` or ``scores=true`` every hypothesis is written as
-``index ||| text ||| score ||| logprob`` (index from 0, best first).
-"""
+"""The work of ``scripts/translate.py`` (``configs/translate.yaml``): translate a text file or stdin
+line by line with a run or an ensemble. Chunks of ``buffer_lines`` are sorted, batched by tokens,
+decoded and written back in input order, so the output stays line-aligned: an empty line gives an
+empty line, and a line that fails is reported and left empty (:class:`LinesFailed` at the end).
+With ``generation.nbest > 1`` or ``scores=true`` each hypothesis is ``index ||| text ||| score |||
+logprob`` (index from 0, best first)."""
 
 from __future__ import annotations
 
@@ -33,13 +28,7 @@ class LinesFailed(RuntimeError):
 
 
 def open_input(name: str) -> IO[str]:
-    """Open the text to translate.
-
-    Args:
-        name: ``-`` for stdin (UTF-8, undecodable bytes replaced), or a file, plain or ``.gz``.
-
-    Returns:
-        A text stream (close it, or use it in ``with``).
+    """A text stream of ``-`` (stdin, UTF-8, undecodable bytes replaced) or a file, plain or ``.gz``.
 
     Raises:
         FileNotFoundError: ``input file not found: <path>``.
@@ -55,15 +44,7 @@ def open_input(name: str) -> IO[str]:
 
 
 def read_chunks(stream: IO[str], size: int) -> Iterator[list[str]]:
-    """The lines of ``stream`` without their line endings, ``size`` at a time (the last chunk may be shorter).
-
-    Args:
-        stream: a text stream.
-        size: lines per chunk (>= 1).
-
-    Yields:
-        Lists of lines.
-    """
+    """Yield the lines of ``stream`` without their endings, ``size`` at a time."""
     chunk: list[str] = []
     for line in stream:
         chunk.append(line.rstrip("\r\n"))
@@ -75,32 +56,17 @@ def read_chunks(stream: IO[str], size: int) -> Iterator[list[str]]:
 
 
 def translate_file(cfg: Any) -> int:
-    """Translate ``cfg.input`` into ``cfg.output`` (stdout when null), line by line.
+    """Translate ``cfg.input`` into ``cfg.output`` (stdout when null); return the number of input lines.
 
-    A progress bar of lines goes to stderr (``progress=false`` turns it off), and at the end one
-    line ``translated N of M lines in Ss (<checkpoint or ensemble>, <search>)``. A line that cannot
-    be translated (e.g. longer than a model with learned positions can read) is reported at once on
-    stderr as ``error: line N: ...; its output line is left empty``.
-
-    Args:
-        cfg: ``configs/translate.yaml`` as composed (a DictConfig): ``checkpoint`` (a run folder or
-            checkpoint, or a list of them: an ensemble averaging log-probabilities; the first
-            one's generation settings apply), ``input`` (a file, ``.gz``, or ``-``), ``output``,
-            ``device``, ``num_threads``, ``buffer_lines``, ``scores``, ``progress``,
-            ``src_tokenizer``/``tgt_tokenizer``, ``generation.*`` overrides (null keeps the run's)
-            and a test-time RoPE scaling, ``model.position.rope_scaling.*`` (:func:`test_time_overrides`),
-            ``precision`` (null: the run's ``train.precision``; on the CPU always fp32).
-
-    Returns:
-        The number of input lines.
+    A failed line is reported at once on stderr and its output left empty; a summary line ends the run.
+    ``checkpoint`` may be a list (an ensemble; the first's generation settings apply); ``precision``
+    null takes the run's (fp32 on the CPU).
 
     Raises:
-        LinesFailed: after everything was written, when some lines could not be translated (their
-            output lines are empty; each one was reported on stderr).
-        LoadError: a missing or foreign checkpoint, a tokenizer that does not match it, ensemble
-            members with different vocabularies, a test-time RoPE scaling of a run without RoPE or
-            with invalid fields.
-        ConfigError: invalid generation settings, or ``device=cuda`` where torch sees no GPU.
+        LinesFailed: after everything was written, when some lines could not be translated.
+        LoadError: a missing or foreign checkpoint, a mismatched tokenizer, ensemble members of
+            different vocabularies, or a test-time RoPE scaling without RoPE or with invalid fields.
+        ConfigError: invalid generation settings, or ``device=cuda`` without a GPU.
         FileNotFoundError: a missing input file.
     """
     prepared = prepare_decoding(cfg)

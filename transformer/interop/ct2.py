@@ -1,26 +1,11 @@
-"""Our models -> CTranslate2 model folders (Klein et al.'s inference engine), through its spec API.
+"""Our models -> CTranslate2 model folders (Klein et al.), written by CTranslate2's own converter
+from its spec API (``TransformerSpec``, ``TransformerDecoderModelSpec``), with the vocabulary and
+SentencePiece model(s); usage: docs/export.md#ctranslate2-formatctranslate2.
 
-The weights go into ``ctranslate2.specs`` layer specifications (``TransformerSpec`` for
-encoder-decoders, ``TransformerDecoderModelSpec`` for decoder-only models) and a
-``ctranslate2.converters.Converter`` validates, optionally quantizes and writes them: CTranslate2's
-own code writes its binary format. The folder also holds the vocabulary (our SentencePiece pieces in
-id order) and the SentencePiece model(s), so a translation is::
-
-    sp = sentencepiece.SentencePieceProcessor(model_file="OUT/spm.model")
-    ctranslate2.Translator("OUT").translate_batch([sp.encode(line, out_type=str)])    # EOS added by the model
-
-    # decoder-only: the prompt is the source pieces and <sep>
-    ctranslate2.Generator("OUT").generate_batch([sp.encode(line, out_type=str) + ["<sep>"]],
-                                               include_prompt_in_result=False)
-
-Mapping: our packed ``in_proj`` is CTranslate2's fused q/k/v (self-attention) or q + fused k/v
-(cross-attention); ``w13`` splits into ``linear_0`` (gate) and ``linear_0_noact`` (up); absolute
-positions (sinusoidal, learned, none) are written out as a table of ``model.max_positions`` rows;
-RoPE uses CTranslate2's half-split rotation (``rotary_interleave=False``, in the encoder and decoder
-self-attention, as ours); ALiBi its decoder bias (decoder-only models only). Pre/post-LN,
-LayerNorm/RMSNorm (with ``model.norm.eps``), ReLU/GELU/SwiGLU/GEGLU, MHA/GQA/MQA (cross-attention
-included), biases on or off, tied or untied embeddings and the ``sqrt(d_model)`` scale all map.
-"""
+Mapping: our packed ``in_proj`` is CTranslate2's fused q/k/v (q + fused k/v in cross-attention);
+``w13`` splits into ``linear_0`` (gate) and ``linear_0_noact`` (up); absolute positions are
+written out as a ``model.max_positions``-row table; RoPE is the half-split rotation
+(``rotary_interleave=False``); ALiBi is the decoder bias (decoder-only only)."""
 
 from __future__ import annotations
 
@@ -46,14 +31,7 @@ _ACTIVATIONS = {F.relu: "RELU", F.gelu: "GELU", F.silu: "SWISH"}
 
 
 def ct2_unsupported(cfg: Any) -> list[str]:
-    """Why CTranslate2 cannot run a model of this config (empty when it can).
-
-    Args:
-        cfg: a model config (``cfg.model`` of a run).
-
-    Returns:
-        One sentence per switch CTranslate2 cannot represent.
-    """
+    """One sentence per switch of model config ``cfg`` that CTranslate2 cannot represent (empty: it can)."""
     why = []
     ffn = FFNS.get(cfg.ffn.name)
     if ffn is not None and ffn.routed:
@@ -137,18 +115,10 @@ def _set_stack(
 
 
 def ct2_spec(model: nn.Module, cfg: Any, tokenizers: Sequence[Any]) -> Any:
-    """The CTranslate2 model specification of our model, weights and vocabularies set.
-
-    Args:
-        model: an encoder-decoder or decoder-only model.
-        cfg: its model config (must pass :func:`ct2_unsupported`).
-        tokenizers: ``(src, tgt)`` tokenizers (the same one for a joint vocabulary / decoder-only).
-
-    Returns:
-        A ``TransformerSpec`` or ``TransformerDecoderModelSpec`` (not yet validated).
+    """The CTranslate2 specification of our model, weights and vocabularies set (not yet validated).
 
     Raises:
-        ExportError: a switch CTranslate2 cannot represent (the message names it).
+        ExportError: a switch CTranslate2 cannot represent (named).
     """
     from ctranslate2.specs import transformer_spec
 
@@ -189,19 +159,12 @@ def ct2_spec(model: nn.Module, cfg: Any, tokenizers: Sequence[Any]) -> Any:
 def save_ct2(
     model: nn.Module, cfg: Any, tokenizers: Sequence[Any], folder: Path, quantization: str | None = None
 ) -> None:
-    """Write a CTranslate2 model folder (``model.bin``, ``config.json``, vocabularies, SentencePiece
-    model(s): ``spm.model``, or ``source.spm`` + ``target.spm`` for separate vocabularies).
-
-    Args:
-        model: the model.
-        cfg: its model config.
-        tokenizers: ``(src, tgt)`` tokenizers.
-        folder: the output folder (created by CTranslate2's converter; replaced when it exists).
-        quantization: CTranslate2 weight type (``int8``, ``float16``, ...); None keeps fp32.
+    """Write a CTranslate2 folder (``model.bin``, ``config.json``, vocabularies, ``spm.model`` or
+    ``source.spm`` + ``target.spm``), replacing ``folder``; ``quantization`` None keeps fp32.
 
     Raises:
         ExportError: a switch CTranslate2 cannot represent.
-        ImportError: the ``ctranslate2`` package is missing (``pip install -e '.[interop]'``).
+        ImportError: ``ctranslate2`` is missing (``pip install -e '.[interop]'``).
     """
     from ctranslate2.converters.converter import Converter
 
@@ -223,15 +186,8 @@ def save_ct2(
 def load_ct2(
     folder: str | Path, arch: str, *, device: str = "cpu", compute_type: str = "default", threads: int = 0
 ) -> Any:
-    """A ``ctranslate2.Translator`` (encoder-decoder) or ``ctranslate2.Generator`` (decoder-only).
-
-    Args:
-        folder: an exported CTranslate2 folder.
-        arch: ``encoder_decoder`` or ``decoder_only``.
-        device: ``cpu`` or ``cuda``.
-        compute_type: ``default`` (as saved), ``float32``, ``int8``, ... (quantized on load).
-        threads: intra-op threads (0 = CTranslate2's default).
-    """
+    """A ``ctranslate2.Translator`` (encoder-decoder) or ``Generator`` (decoder-only); ``compute_type``
+    ``default`` keeps the saved type, ``threads`` 0 is CTranslate2's default."""
     import ctranslate2
 
     cls = ctranslate2.Translator if arch == "encoder_decoder" else ctranslate2.Generator
@@ -247,25 +203,12 @@ def ct2_translate(
     arch: str,
     max_batch_tokens: int = 8000,
 ) -> list[list[int]]:
-    """Decode with CTranslate2 under our settings; outputs in our format (ids ending with EOS).
+    """Decode with CTranslate2 under our settings: one id list per sentence (EOS when produced; an
+    empty source gives an empty list).
 
-    PAD is suppressed, at least ``min_len`` tokens come before EOS, and the maximum is one number
-    per call: ``int(max_len_a * longest source + max_len_b)`` tokens (a cut output gets no EOS, as
-    ours gets a forced one: compare the tokens before EOS). The length penalty is CTranslate2's
-    ``len ** alpha`` (use ``length_penalty_form=fairseq`` for comparable beams).
-
-    Args:
-        engine: from :func:`load_ct2`.
-        src_ids: source ids per sentence, without specials.
-        gen: a :class:`~transformer.config.GenerationConfig` (``greedy`` or ``beam``).
-        src_tok, tgt_tok: our tokenizers (pieces of the ids).
-        arch: ``encoder_decoder`` or ``decoder_only``.
-        max_batch_tokens: CTranslate2 batches by this many source tokens.
-
-    Returns:
-        One id list per sentence (EOS included when the model produced it); an empty source gets an
-        empty list, as :func:`~transformer.generation.translate_sentences` gives it no hypothesis.
-    """
+    PAD is suppressed, ``min_len`` holds, and the maximum is one per call, ``int(max_len_a * longest
+    + max_len_b)`` (a cut output has no EOS). The penalty is ``len ** alpha``: use
+    ``length_penalty_form=fairseq`` for comparable beams."""
     todo = [i for i, s in enumerate(src_ids) if len(s)]
     out: list[list[int]] = [[] for _ in src_ids]
     if not todo:

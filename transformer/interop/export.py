@@ -1,11 +1,7 @@
-"""One entry point per direction: :func:`export_run` (a run -> HF / CTranslate2 folder) and
-:func:`import_hf_llama` (a HF ``LlamaForCausalLM``, ``Qwen3ForCausalLM``, ``MixtralForCausalLM`` or
-``DeepseekV3ForCausalLM`` folder -> a run folder our scripts load);
-:func:`run_export` is the work of ``scripts/export.py`` (config: ``configs/export.yaml``).
-
-Both check everything first (the model's switches against the target, the optional packages, the
-output folder) and write into a temporary folder that is renamed to ``out`` only when complete.
-"""
+"""One entry point per direction: :func:`export_run` (a run -> HF / CTranslate2 folder),
+:func:`import_hf_llama` (a HF decoder-only folder -> a run folder), and :func:`run_export`, the work
+of ``scripts/export.py``. Everything is checked first, and the output is written into a temporary
+folder renamed to ``out`` only when complete. docs/export.md."""
 
 from __future__ import annotations
 
@@ -46,13 +42,9 @@ def _model_type(folder: Path) -> str | None:
 
 
 def unsupported(cfg: Any, fmt: str) -> tuple[str, list[str]]:
-    """``(target name, reasons)``: why format ``fmt`` cannot represent a model of config ``cfg``.
-
-    Args:
-        cfg: a model config.
-        fmt: ``hf`` (for decoder-only models DeepSeek-V3 with ``model/attention=mla``, Mixtral with
-            ``model/ffn=moe``, Qwen3 with ``model.qk_norm=rmsnorm``, else Llama; Marian for
-            encoder-decoders) or ``ctranslate2``.
+    """``(target name, reasons)``: why format ``fmt`` (``hf`` or ``ctranslate2``) cannot represent a model
+    of ``cfg``. ``hf`` picks DeepSeek-V3 (MLA), Mixtral (MoE), Qwen3 (QK-norm), else Llama, and Marian
+    for encoder-decoders.
 
     Raises:
         ExportError: unknown ``fmt``.
@@ -76,25 +68,10 @@ def unsupported(cfg: Any, fmt: str) -> tuple[str, list[str]]:
 def export_run(
     checkpoint: str | Path, fmt: str, out: str | Path, *, force: bool = False, quantization: str | None = None
 ) -> Path:
-    """Export a trained run to a Hugging Face or CTranslate2 model folder.
+    """Export a trained run (folder, checkpoint file or stem) to a Hugging Face or CTranslate2 folder ``out``.
 
-    ``hf``: decoder-only Llama-style models become ``LlamaForCausalLM`` folders (``Qwen3ForCausalLM``
-    with QK-norm, e.g. ``model=qwen3_style_tiny``; ``MixtralForCausalLM`` with ``model/ffn=moe``, e.g.
-    ``model=mixtral_style_tiny``; ``DeepseekV3ForCausalLM`` with ``model/attention=mla``, e.g.
-    ``model=deepseek_style_tiny``), 2017-style
-    encoder-decoders ``MarianMTModel`` folders (with their tokenizer files). ``ctranslate2``: a
-    CTranslate2 model folder with the vocabulary and SentencePiece model(s).
-
-    Args:
-        checkpoint: a run folder, checkpoint file or stem (as ``scripts/translate.py`` takes).
-        fmt: ``hf`` or ``ctranslate2``.
-        out: the folder to create.
-        force: replace an existing ``out``.
-        quantization: CTranslate2 only: weight type (``int8``, ``int8_float32``, ``int16``,
-            ``float16``, ``bfloat16``, ``float32``); None keeps fp32.
-
-    Returns:
-        ``out``.
+    ``quantization`` (CTranslate2 only): ``int8``, ``int8_float32``, ``int16``, ``float16``,
+    ``bfloat16``, ``float32``; None keeps fp32.
 
     Raises:
         ExportError: a switch the target cannot represent (named), a missing optional package, an
@@ -132,25 +109,13 @@ def export_run(
 
 
 def import_hf_llama(folder: str | Path, out: str | Path, *, force: bool = False) -> Path:
-    """Turn a HF ``LlamaForCausalLM`` (or ``Qwen3ForCausalLM``, ``MixtralForCausalLM``,
-    ``DeepseekV3ForCausalLM``: by ``config.json``'s ``model_type``) folder into a run folder
-    (``config.yaml``, ``spm.model``, ``checkpoint_best``) that ``scripts/translate.py`` /
-    ``evaluate.py`` / ``train.py`` load.
-
-    The folder's ``tokenizer.model`` must be a SentencePiece model with this project's special ids
-    (as our Llama exports ship): the imported model is our prefix LM (``source <sep> target``).
-
-    Args:
-        folder: the HF folder.
-        out: the run folder to create.
-        force: replace an existing ``out``.
-
-    Returns:
-        ``out``.
+    """Turn a HF ``LlamaForCausalLM``, ``Qwen3ForCausalLM``, ``MixtralForCausalLM`` or
+    ``DeepseekV3ForCausalLM`` folder into a run folder our scripts load. Its ``tokenizer.model`` must
+    have this project's special ids (our exports ship one).
 
     Raises:
-        ExportError: a feature of the HF model that ours lacks (named), a missing or foreign
-            tokenizer, a vocabulary size that differs from the tokenizer's, or an existing ``out``.
+        ExportError: a feature ours lacks (named), a missing or foreign tokenizer, a vocabulary size
+            other than the tokenizer's, or an existing ``out`` without ``force``.
     """
     _require("transformers", "interop")
     folder, out = Path(folder), Path(out)
@@ -183,28 +148,15 @@ def import_hf_llama(folder: str | Path, out: str | Path, *, force: bool = False)
 
 
 def run_export(cfg: Any) -> Path:
-    """What ``scripts/export.py`` does: export ``cfg.run`` (:func:`export_run`), or with
-    ``format=zoo`` import a HF folder (:func:`import_hf_llama`); then ``wrote <out> (format=...)``
-    on stderr.
-
-    Args:
-        cfg: ``configs/export.yaml`` as composed (a DictConfig, or anything with its fields):
-            ``run``, ``format`` (``hf``, ``ctranslate2`` or ``zoo``), ``out``, ``force``,
-            ``quantization``.
-
-    Returns:
-        The folder written.
-
-    With ``format=zoo`` the plugins ``cfg.plugins`` names are imported first: the exported run's
-    training-only options of theirs (``lr_scheduler``) are then kept with their fields, those of
-    plugins not named are dropped with a note (:func:`~transformer.interop.export_common.readable_run_config`).
+    """What ``scripts/export.py`` does: export ``cfg.run``, or with ``format=zoo`` import a HF folder
+    (after importing ``cfg.plugins``); returns the folder written.
 
     Raises:
-        ExportError: see :func:`export_run` and :func:`import_hf_llama`; also ``quantization``
-            with ``format=zoo``. Nothing is written.
+        ExportError: see :func:`export_run` and :func:`import_hf_llama`; ``quantization`` with
+            ``format=zoo``. Nothing is written.
         LoadError: the checkpoint cannot be loaded.
         ConfigError: a run config beside the exported model that does not fit the schema.
-        PluginError: a plugin named that cannot be imported.
+        PluginError: a named plugin cannot be imported.
     """
     if cfg.format == "zoo":
         if cfg.quantization is not None:

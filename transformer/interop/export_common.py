@@ -44,11 +44,8 @@ _KIND_WORDS = {
 
 
 def plugin_options_unsupported(cfg: Any) -> list[str]:
-    """One sentence per option of a model config that a plugin registered
-    (:data:`transformer.plugins.ORIGINS`) and that reaches the exported model (``model/attention``,
-    ``model/ffn``, ``model/norm``, ``model/position``, its RoPE scaling, ``model.qk_norm``, a mixture
-    of experts' expert and router): no exporter maps them, whatever their shape. A plugin's
-    training-only option (``lr_scheduler``) shapes no weight and is never refused."""
+    """One sentence per plugin option of a model config that reaches the exported model (no exporter
+    maps them); a training-only option (``lr_scheduler``) is never refused."""
     rope = getattr(getattr(cfg.position, "rope_scaling", None), "rope_type", "default")
     chosen = [
         ("model/attention", "model/attention", cfg.attention.name),
@@ -79,18 +76,9 @@ in, or registered by a plugin imported in this process)."""
 
 
 def readable_run_config(raw: dict[str, Any]) -> dict[str, Any]:
-    """A run config kept beside an exported model (``transformer_zoo.yaml``, a plain dict) made readable
-    in this process: a training-only option (``lr_scheduler``) of a plugin that is not imported here
-    (``plugins=[...]`` names it) is dropped with a note on stderr, the group taking its default, and
-    ``plugins`` / ``plugin_files`` then hold only the plugins whose options remain (those imported
-    here, recorded from where they were imported). The model's options come from ``config.json``.
-
-    Args:
-        raw: the run config as a plain dict (not changed).
-
-    Returns:
-        A new dict.
-    """
+    """A new dict of a run config kept beside an exported model, readable here: a training-only option
+    of a plugin not imported here is dropped with a note (its group back to the default), and
+    ``plugins`` / ``plugin_files`` keep only the plugins whose options remain."""
     raw = dict(raw)
     dropped, kept = [], set()
     for group in GROUPS.values():
@@ -118,30 +106,17 @@ def readable_run_config(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def is_latent(cfg: Any) -> bool:
-    """Whether the model config's ``model/attention`` option caches a latent (multi-head latent
-    attention), asked of its :data:`~transformer.modules.attention.ATTENTION_KINDS` entry (an option
-    missing from the table, e.g. a plugin's that is not loaded, counts as not latent)."""
+    """Whether the config's ``model/attention`` option caches a latent (MLA); an unknown option is not."""
     kind = ATTENTION_KINDS.get(cfg.attention.name)
     return kind is not None and kind.latent
 
 
 class ExportError(ValueError):
-    """A model a target format cannot represent, or an output folder that cannot be written.
-
-    The message names the switches (e.g. ``model/position=alibi``) that stand in the way.
-    """
+    """A model a target format cannot represent (the switches named), or an output folder that cannot be written."""
 
 
 def refuse(target: str, reasons: Sequence[str]) -> None:
-    """Raise :class:`ExportError` listing every reason, or return when there is none.
-
-    Args:
-        target: what was asked for, e.g. ``"Hugging Face MarianMTModel"``.
-        reasons: one sentence per switch the target cannot represent.
-
-    Raises:
-        ExportError: ``reasons`` is not empty.
-    """
+    """Raise :class:`ExportError` listing every reason the ``target`` cannot hold the model; return when none."""
     if reasons:
         raise ExportError(f"cannot export to {target}: " + "; ".join(reasons))
 
@@ -155,19 +130,15 @@ def attention_unsupported(
     kinds: tuple[str, ...] = KV_HEAD_KINDS,
     sliding_window: bool = False,
 ) -> list[str]:
-    """The attention switches (MLA, QK-norm, sliding window, RoPE scaling, key/value head kinds) a
-    target lacks, one sentence each (empty when it has them all).
+    """One sentence per attention switch (MLA, QK-norm, sliding window, RoPE scaling, key/value head
+    kind) the ``target`` lacks.
 
     Args:
-        cfg: a model config (fields missing from configs written before them count as off).
-        target: the target's name, for the sentences.
-        qk_norm: the ``model.qk_norm`` norms the target has (none by default).
-        rope_types: the ``model.position.rope_scaling.rope_type`` values besides ``default`` it has.
-        kinds: the ``model/attention`` options the target holds (default :data:`KV_HEAD_KINDS`;
-            DeepSeek-V3: ``("mla",)``); any other option, a plugin's included, is refused by name.
-        sliding_window: whether the target has one sliding window for every layer (Mistral's
-            ``sliding_window``): then ``model.attention_window`` is kept and only a local/global
-            pattern (``model.attention_window_pattern``) is refused.
+        qk_norm: the ``model.qk_norm`` norms the target has.
+        rope_types: the RoPE scaling types besides ``default`` it has.
+        kinds: the ``model/attention`` options it holds (default :data:`KV_HEAD_KINDS`).
+        sliding_window: it has one window for every layer (Mistral's), so only a local/global pattern
+            is refused.
     """
     why = []
     name = cfg.attention.name
@@ -204,21 +175,11 @@ def attention_unsupported(
 
 @contextmanager
 def staging_dir(out: str | os.PathLike, force: bool = False) -> Iterator[Path]:
-    """A temporary folder next to ``out`` that becomes ``out`` only when the block succeeds.
-
-    On any exception the temporary folder is deleted and ``out`` is untouched, so no half-written
-    export ever sits at ``out``. With ``force`` an existing ``out`` is replaced (moved aside, then
-    deleted after the rename).
-
-    Args:
-        out: the final folder.
-        force: replace an existing ``out``.
-
-    Yields:
-        The temporary folder to write into.
+    """Yield a temporary folder next to ``out`` that becomes ``out`` only when the block succeeds (an
+    exception deletes it); ``force`` replaces an existing ``out``.
 
     Raises:
-        ExportError: ``out`` exists and ``force`` is false, or it is a file.
+        ExportError: ``out`` exists without ``force``, or is a file.
     """
     out = Path(out)
     if out.exists() and not force:

@@ -39,14 +39,9 @@ HF_ACT = {"swiglu": "silu", "geglu": "gelu"}  # gated blocks -> HF hidden_act
 
 
 def decoder_unsupported(cfg: Any, family: str) -> list[str]:
-    """The reasons a pre-norm RMSNorm RoPE decoder family (Llama, Mixtral, DeepSeek-V3) cannot hold
-    a model of this config, one sentence each (empty when none): the architecture, norm position,
-    norm, positions and an embedding scale that cannot be folded.
-
-    Args:
-        cfg: a model config.
-        family: the family's name in the sentences (``"Llama"``; the class is ``<family>ForCausalLM``).
-    """
+    """One sentence per reason a pre-norm RMSNorm RoPE decoder family (``family``: ``Llama``, ...)
+    cannot hold a model of ``cfg``: architecture, norm position, norm, positions, an unfoldable
+    embedding scale."""
     why = []
     if cfg.arch != "decoder_only":
         why.append(
@@ -87,14 +82,7 @@ def rope_parameters(cfg: Any) -> dict[str, Any]:
 
 def hf_config_fields(cfg: Any, vocab_size: int, hidden_act: str, pad_id: int, eos_id: int) -> dict[str, Any]:
     """The HF config fields every decoder family exports alike: sizes, activation, positions, norm,
-    tying, special ids (no BOS: our prefix LM starts with the first source piece) and init.
-
-    Args:
-        cfg: our model config.
-        vocab_size: rows of the embedding matrix.
-        hidden_act: HF's name of the feed-forward activation (:data:`HF_ACT`).
-        pad_id, eos_id: special ids.
-    """
+    tying, special ids (no BOS) and init."""
     return dict(
         vocab_size=vocab_size,
         hidden_size=cfg.d_model,
@@ -114,15 +102,8 @@ def hf_config_fields(cfg: Any, vocab_size: int, hidden_act: str, pad_id: int, eo
 
 
 def imported_fields(hc: Any, rope_theta: float, scaling: dict[str, Any]) -> dict[str, Any]:
-    """Our ``model`` fields that every imported decoder family reads alike from its HF config ``hc``
-    (a pre-norm RMSNorm RoPE decoder without dropout or embedding scale); the caller adds the
-    attention, feed-forward block, biases and what its family has of its own.
-
-    Args:
-        hc: the HF config.
-        rope_theta: the RoPE base.
-        scaling: ``model.position.rope_scaling`` (:func:`scaling_from_hf`).
-    """
+    """Our ``model`` fields every decoder family reads alike from its HF config ``hc``; the caller adds
+    attention, feed-forward block, biases and its own."""
     return {
         "arch": "decoder_only",
         "norm_position": "pre",
@@ -152,16 +133,8 @@ def hf_max_positions(cfg: Any) -> int:
 
 
 def scaling_from_hf(rope: dict[str, Any], max_position_embeddings: int) -> tuple[dict[str, Any], list[str]]:
-    """``model.position.rope_scaling`` of HF ``rope_parameters``, and why it cannot be mapped.
-
-    Args:
-        rope: HF ``rope_parameters`` (``rope_type``, ``factor``, ...).
-        max_position_embeddings: HF's value (dynamic NTK's original length).
-
-    Returns:
-        ``(fields, reasons)``: the ``rope_scaling`` fields, and one sentence per HF field we lack
-        (then the fields are empty).
-    """
+    """``(fields, reasons)``: ``model.position.rope_scaling`` of HF ``rope_parameters``, and one
+    sentence per HF field we lack (the fields then empty)."""
     rope_type = rope.get("rope_type", "default")
     if rope_type == "default":
         return {"rope_type": "default"}, []
@@ -193,17 +166,11 @@ def scaling_from_hf(rope: dict[str, Any], max_position_embeddings: int) -> tuple
 
 
 def hf_model_holding(hf_class: Any, hf_cfg: Any, state: dict[str, Tensor], mapping: str) -> Any:
-    """``hf_class(hf_cfg)`` in eval mode with SDPA attention, holding the exported weights ``state``.
-
-    Args:
-        hf_class: the HF causal-LM class (``LlamaForCausalLM``, ``MixtralForCausalLM``, ...).
-        hf_cfg: its config; with ``tie_word_embeddings`` the embedding matrix is the output layer,
-            so ``lm_head.weight`` is popped from ``state``.
-        state: HF parameter names -> tensors.
-        mapping: the mapping's name in the error (``"Llama"``).
+    """``hf_class(hf_cfg)`` in eval mode with SDPA attention, holding ``state`` (``lm_head.weight``
+    popped under ``tie_word_embeddings``).
 
     Raises:
-        ExportError: a weight of either side left unmatched (the first five of each named).
+        ExportError: a weight of either side left unmatched (the first five named).
     """
     hf_cfg._attn_implementation = "sdpa"
     hf = hf_class(hf_cfg).eval()
@@ -220,16 +187,7 @@ def hf_model_holding(hf_class: Any, hf_cfg: Any, state: dict[str, Tensor], mappi
 
 def write_hf_folder(hf: Any, model: nn.Module, tokenizer: Any, folder: Path, run_cfg: Any = None) -> None:
     """Write a HF causal-LM folder: config.json, model.safetensors, generation_config.json, the
-    SentencePiece model (``tokenizer.model`` + ``tokenizer_config.json``) and our run config.
-
-    Args:
-        hf: the HF model holding ``model``'s weights.
-        model: our decoder-only model (its special ids).
-        tokenizer: its :class:`~transformer.data.Tokenizer` (``model_path`` is copied).
-        folder: an existing, empty folder.
-        run_cfg: the whole run config, saved as ``transformer_zoo.yaml`` (read back by the
-            importers, :func:`imported_run_config`), or None.
-    """
+    SentencePiece model (``tokenizer.model``) and ``run_cfg`` as ``transformer_zoo.yaml``."""
     hf.generation_config.update(
         eos_token_id=model.eos_id,
         pad_token_id=model.pad_id,
@@ -256,18 +214,11 @@ def write_hf_folder(hf: Any, model: nn.Module, tokenizer: Any, folder: Path, run
 def imported_model(
     hc: Any, model_cfg: Any, state: dict[str, Tensor], folder: Path, layout: str, optional: tuple[str, ...] = ()
 ) -> nn.Module:
-    """Our model of ``model_cfg`` holding an imported folder's weights, in eval mode.
-
-    Args:
-        hc: the folder's HF config (vocabulary size; PAD and the first EOS, 0 and 3 where it has none).
-        model_cfg: our ``model`` config (:func:`imported_run_config`'s ``model``).
-        state: the weights under our parameter names.
-        folder: the folder, named in the error.
-        layout: the HF layout's name in the error (``"LlamaForCausalLM"``).
-        optional: suffixes of our parameter names the folder may lack (they keep their initial value).
+    """Our model of ``model_cfg`` holding an imported folder's weights, in eval mode; ``optional``
+    parameter suffixes may be missing (they keep their initial value).
 
     Raises:
-        ExportError: weights missing or left over (the first five of each named).
+        ExportError: weights missing or left over (the first five named).
     """
     eos = hc.eos_token_id[0] if isinstance(hc.eos_token_id, (list, tuple)) else hc.eos_token_id
     model = build_model(
@@ -286,18 +237,11 @@ def imported_model(
 
 
 def imported_run_config(folder: Path, model_fields: dict[str, Any]) -> Any:
-    """The run config of an imported HF folder: ``transformer_zoo.yaml`` when the folder has one (else
-    the defaults; a plugin's training-only option not imported here dropped with a note,
-    :func:`~transformer.interop.export_common.readable_run_config`), with its ``model`` section replaced by
-    ``model_fields`` over
-    :class:`~transformer.config.ModelConfig`'s defaults (``config.json`` is the source of truth for
-    the architecture).
-
-    Returns:
-        A DictConfig over :class:`~transformer.config.Config`.
+    """The run config of an imported HF folder: its ``transformer_zoo.yaml`` (else the defaults) with
+    ``model`` replaced by ``model_fields`` (``config.json`` rules the architecture).
 
     Raises:
-        ConfigError: ``transformer_zoo.yaml`` does not fit the schema (the message names the file).
+        ConfigError: ``transformer_zoo.yaml`` does not fit the schema (named).
     """
     zoo = folder / ZOO_CONFIG
     saved = readable_run_config(OmegaConf.to_container(OmegaConf.load(zoo), resolve=False)) if zoo.is_file() else None

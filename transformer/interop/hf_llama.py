@@ -1,23 +1,11 @@
-"""Decoder-only Llama-style models <-> Hugging Face ``LlamaForCausalLM`` (and ``Qwen3ForCausalLM``).
+"""Decoder-only Llama-style models <-> Hugging Face ``LlamaForCausalLM`` (Touvron et al. 2023) and,
+with ``model.qk_norm=rmsnorm``, ``Qwen3ForCausalLM`` (Qwen Team 2025);
+docs/export.md#llama-and-qwen3-formathf-decoder-only.
 
-Our decoder-only model with pre-norm RMSNorm, a gated feed-forward block (SwiGLU or GEGLU), RoPE
-and MHA/GQA/MQA is the architecture of Llama (Touvron et al. 2023; ``transformers``'
-``modeling_llama``): the same half-split RoPE layout, RMSNorm in fp32, no embedding scale. Only the
-packing differs: our ``in_proj`` stacks the q, k and v rows (HF ``q_proj``/``k_proj``/``v_proj``)
-and our ``w13`` the gate and up rows (HF ``gate_proj``/``up_proj``). Biases map to
-``attention_bias``/``mlp_bias``; ``tie_embeddings`` to ``tie_word_embeddings``; an embedding scale
-``sqrt(d_model)`` is folded into an untied embedding matrix.
-
-With ``model.qk_norm=rmsnorm`` the model is Qwen3's architecture (Qwen Team 2025; ``modeling_qwen3``:
-Llama plus an RMSNorm over each query and key head before RoPE, ``q_norm``/``k_norm``) and
-exports as ``Qwen3ForCausalLM``. RoPE scaling maps to ``rope_parameters`` (``linear``, ``dynamic``,
-``yarn``, ``llama3``), so Llama-3.1-style folders import and export; static ``ntk`` has no HF
-counterpart and is refused.
-
-The model reads ``source <sep> target`` (ids of the SentencePiece model shipped as
-``tokenizer.model``; ``<sep>`` = 4, EOS = 3, PAD = 0): translate with HF by feeding
-``sp.encode(source) + [4]`` and generating until EOS.
-"""
+The architectures match (half-split RoPE, fp32 RMSNorm, no embedding scale); only the packing
+differs: our ``in_proj`` stacks HF's ``q_proj``/``k_proj``/``v_proj`` rows and our ``w13`` its
+``gate_proj``/``up_proj``. An embedding scale is folded into an untied embedding matrix. RoPE
+scaling maps to ``rope_parameters`` (static ``ntk`` has no HF counterpart and is refused)."""
 
 from __future__ import annotations
 
@@ -60,15 +48,7 @@ QWEN3_TARGET = "Hugging Face Qwen3ForCausalLM"
 
 
 def llama_unsupported(cfg: Any, target: str = TARGET) -> list[str]:
-    """Why ``LlamaForCausalLM`` cannot hold a model of this config (empty when it can).
-
-    Args:
-        cfg: a model config (``cfg.model`` of a run).
-        target: the name used in the sentences (the Qwen3 check shares these).
-
-    Returns:
-        One sentence per switch Llama cannot represent.
-    """
+    """One sentence per switch of model config ``cfg`` that ``LlamaForCausalLM`` cannot hold (empty: it can)."""
     why = [] if target != TARGET else attention_unsupported(cfg, "LlamaForCausalLM", rope_types=HF_ROPE_TYPES)
     why += decoder_unsupported(cfg, "Llama")
     if cfg.ffn.name not in HF_ACT:
@@ -77,8 +57,7 @@ def llama_unsupported(cfg: Any, target: str = TARGET) -> list[str]:
 
 
 def qwen3_unsupported(cfg: Any) -> list[str]:
-    """Why ``Qwen3ForCausalLM`` cannot hold a model of this config: Llama's reasons plus QK-norm
-    other than RMSNorm (empty when it can)."""
+    """Llama's reasons plus QK-norm other than RMSNorm and MLP biases (empty: Qwen3 can hold it)."""
     why = llama_unsupported(cfg, QWEN3_TARGET) + attention_unsupported(
         cfg, "Qwen3ForCausalLM", qk_norm=("rmsnorm",), rope_types=HF_ROPE_TYPES
     )
@@ -88,17 +67,8 @@ def qwen3_unsupported(cfg: Any) -> list[str]:
 
 
 def llama_config(cfg: Any, vocab_size: int, ffn_hidden: int, *, pad_id: int = 0, eos_id: int = 3) -> Any:
-    """The ``transformers.LlamaConfig`` of a model config.
-
-    Args:
-        cfg: our model config (must pass :func:`llama_unsupported`).
-        vocab_size: rows of the embedding matrix.
-        ffn_hidden: width of the gated block (``w2``'s input).
-        pad_id, eos_id: special ids (no BOS: our prefix LM starts with the first source piece).
-
-    Returns:
-        A ``LlamaConfig`` (SDPA attention), or a ``Qwen3Config`` with ``model.qk_norm=rmsnorm``.
-    """
+    """The ``LlamaConfig`` of a model config (SDPA attention), or a ``Qwen3Config`` with QK-norm; no BOS,
+    as our prefix LM starts with the first source piece."""
     from transformers import LlamaConfig, Qwen3Config
 
     kwargs = dict(
@@ -114,15 +84,7 @@ def llama_config(cfg: Any, vocab_size: int, ffn_hidden: int, *, pad_id: int = 0,
 
 
 def hf_llama_state(model: nn.Module, cfg: Any) -> dict[str, Tensor]:
-    """Our decoder-only state dict renamed and split into ``LlamaForCausalLM``'s (fp32, CPU).
-
-    Args:
-        model: a :class:`~transformer.models.DecoderOnlyModel`.
-        cfg: its model config (must pass :func:`llama_unsupported`).
-
-    Returns:
-        HF parameter name -> tensor (``lm_head.weight`` included even when tied).
-    """
+    """Our decoder-only state dict as ``LlamaForCausalLM``'s (fp32, CPU; ``lm_head.weight`` even when tied)."""
     ours = state_dict_fp32(model)
     q = cfg.n_heads * (cfg.d_model // cfg.n_heads)
     kv = resolve_n_kv_heads(cfg) * (cfg.d_model // cfg.n_heads)
@@ -153,17 +115,8 @@ def hf_llama_state(model: nn.Module, cfg: Any) -> dict[str, Tensor]:
 
 
 def zoo_state_from_llama(hf: dict[str, Tensor], n_layers: int, bias: bool) -> dict[str, Tensor]:
-    """The inverse of :func:`hf_llama_state`: a ``LlamaForCausalLM`` state dict in our names.
-
-    Args:
-        hf: HF parameter name -> tensor.
-        n_layers: decoder layers.
-        bias: whether the projections carry biases.
-
-    Returns:
-        Our decoder-only state dict (``output_proj.weight`` is the embedding matrix when ``hf`` has
-        no ``lm_head.weight``, i.e. tied).
-    """
+    """The inverse of :func:`hf_llama_state`; ``output_proj.weight`` is the embedding matrix when ``hf``
+    has no ``lm_head.weight`` (tied)."""
     new = {
         "embed.embedding.weight": hf["model.embed_tokens.weight"],
         "decoder.final_norm.weight": hf["model.norm.weight"],
@@ -189,18 +142,10 @@ def zoo_state_from_llama(hf: dict[str, Tensor], n_layers: int, bias: bool) -> di
 
 
 def to_hf_llama(model: nn.Module, cfg: Any) -> Any:
-    """A ``LlamaForCausalLM`` (fp32, eval mode) holding our decoder-only model's weights; a
-    ``Qwen3ForCausalLM`` for ``model.qk_norm=rmsnorm``.
-
-    Args:
-        model: a :class:`~transformer.models.DecoderOnlyModel`.
-        cfg: its model config.
-
-    Returns:
-        The HF model; its logits on ``tokens`` equal ``model(tokens)``.
+    """A ``LlamaForCausalLM`` (or ``Qwen3ForCausalLM``), fp32 in eval mode, whose logits equal ``model``'s.
 
     Raises:
-        ExportError: the config has a switch Llama (or Qwen3) cannot represent (the message names it).
+        ExportError: a switch Llama (or Qwen3) cannot represent (named).
     """
     from transformers import LlamaForCausalLM, Qwen3ForCausalLM
 
@@ -215,16 +160,8 @@ def to_hf_llama(model: nn.Module, cfg: Any) -> Any:
 
 
 def save_hf_llama(model: nn.Module, cfg: Any, tokenizer: Any, folder: Path, run_cfg: Any = None) -> None:
-    """Write a ``LlamaForCausalLM`` folder: config.json, model.safetensors, generation_config.json,
-    the SentencePiece model (``tokenizer.model`` + ``tokenizer_config.json``) and our run config.
-
-    Args:
-        model: the decoder-only model.
-        cfg: its model config.
-        tokenizer: its :class:`~transformer.data.Tokenizer` (``model_path`` is copied).
-        folder: an existing, empty folder.
-        run_cfg: the whole run config, saved as ``transformer_zoo.yaml`` (read back by
-            :func:`from_hf_llama`), or None.
+    """Write a ``LlamaForCausalLM`` folder: config, safetensors, generation config, the SentencePiece
+    model and ``run_cfg`` as ``transformer_zoo.yaml``.
 
     Raises:
         ExportError: as :func:`to_hf_llama`.
@@ -233,21 +170,16 @@ def save_hf_llama(model: nn.Module, cfg: Any, tokenizer: Any, folder: Path, run_
 
 
 def from_hf_llama(folder: str | Path) -> tuple[nn.Module, Any]:
-    """Import a ``LlamaForCausalLM`` (or ``Qwen3ForCausalLM``) folder (config.json + safetensors) into
-    our decoder-only model (Qwen3: with ``model.qk_norm=rmsnorm``).
-
-    Args:
-        folder: a Hugging Face model folder of ``model_type: llama``.
+    """Import a ``LlamaForCausalLM`` or ``Qwen3ForCausalLM`` folder into our decoder-only model.
 
     Returns:
-        ``(model, cfg)``: our model in eval mode (fp32) with the folder's weights, and the whole run
-        config (a DictConfig over :class:`~transformer.config.Config`; the ``model`` section comes
-        from ``config.json``, the rest from ``transformer_zoo.yaml`` when the folder has one).
+        ``(model, cfg)``: the model in eval mode (fp32), and the run config (``model`` from
+        ``config.json``, the rest from ``transformer_zoo.yaml`` when present).
 
     Raises:
-        ExportError: not a Llama folder, or a Llama feature our model lacks (the message names it:
-            a RoPE scaling other than linear/dynamic/yarn/llama3 (or with fields we lack), a head width other than ``hidden_size / num_attention_heads``, biases on
-            only some projections, an activation other than SiLU/GELU).
+        ExportError: not such a folder, or a feature our model lacks (named): an unsupported RoPE
+            scaling, a head width other than ``hidden_size / num_attention_heads``, biases on only some
+            projections, an activation other than SiLU/GELU.
     """
     from safetensors.torch import load_file
     from transformers import AutoConfig

@@ -1,21 +1,10 @@
-"""2017 encoder-decoders -> Hugging Face ``MarianMTModel`` (and its ``generate``).
+"""2017 encoder-decoders -> Hugging Face ``MarianMTModel`` (Junczys-Dowmunt et al. 2018) and its
+``generate``; docs/export.md#marian-formathf-encoder-decoder.
 
-Marian (Junczys-Dowmunt et al. 2018; ``transformers``' ``modeling_marian``) is the 2017 Transformer:
-post-LN, ReLU (or GELU), sinusoidal positions, ``sqrt(d_model)``-scaled embeddings, MHA with biases,
-no embedding LayerNorm. Two things differ from ours and are absorbed by the mapping:
-
-* q/k/v: our packed ``in_proj`` rows are split into ``q_proj``/``k_proj``/``v_proj``.
-* sinusoids: Marian puts all sines first and all cosines second, we interleave them (the paper's
-  formula), and Marian recomputes its table on load, so it cannot be overwritten. Both tables hold the
-  same frequencies, so the hidden dimension is *permuted* instead: every vector indexed by
-  ``d_model`` (embedding columns, LayerNorm parameters, rows of the matrices writing the residual
-  stream, columns of those reading it) is reordered with :func:`marian_permutation`. A post-LN
-  Transformer is equivariant under such a permutation, so the exported model computes the same
-  logits with Marian's own table, in memory and after ``from_pretrained``.
-
-Tied embeddings map to ``share_encoder_decoder_embeddings`` (``model.tie_embeddings=all``) and
-``tie_word_embeddings`` (``decoder`` or ``all``); ``bias=false`` becomes zero biases.
-"""
+The q/k/v rows are split, and the hidden dimension is permuted so that Marian's own sinusoid
+table gives our logits (docs/design.md#marians-sinusoids-a-permuted-hidden-dimension). Tied
+embeddings map to ``share_encoder_decoder_embeddings`` / ``tie_word_embeddings``; ``bias=false``
+becomes zero biases."""
 
 from __future__ import annotations
 
@@ -47,14 +36,7 @@ MARIAN_LAYERNORM_EPS = 1e-5  # nn.LayerNorm's default; Marian has no setting for
 
 
 def marian_unsupported(cfg: Any) -> list[str]:
-    """Why ``MarianMTModel`` cannot hold a model of this config (empty when it can).
-
-    Args:
-        cfg: a model config (``cfg.model`` of a run).
-
-    Returns:
-        One sentence per switch Marian cannot represent.
-    """
+    """One sentence per switch of model config ``cfg`` that ``MarianMTModel`` cannot hold (empty: it can)."""
     why = []
     if cfg.arch != "encoder_decoder":
         why.append(
@@ -80,25 +62,13 @@ def marian_unsupported(cfg: Any) -> list[str]:
 
 
 def marian_permutation(d_model: int) -> Tensor:
-    """Index ``p`` with ``marian_hidden[j] = our_hidden[p[j]]``: even (sine) columns, then odd (cosine).
-
-    Returns:
-        ``(d_model,)`` long tensor ``[0, 2, 4, ..., 1, 3, 5, ...]``.
-    """
+    """``(d_model,)`` long ``[0, 2, 4, ..., 1, 3, 5, ...]``: ``marian_hidden[j] = our_hidden[p[j]]``."""
     return torch.cat((torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)))
 
 
 def marian_state(model: nn.Module, cfg: Any) -> dict[str, Tensor]:
-    """Our encoder-decoder state dict in ``MarianMTModel``'s names and hidden order (fp32, CPU).
-
-    Args:
-        model: an :class:`~transformer.models.EncoderDecoderModel` whose config passes
-            :func:`marian_unsupported`.
-        cfg: its model config.
-
-    Returns:
-        Marian parameter name -> tensor (without the position tables, which Marian computes).
-    """
+    """Our encoder-decoder state dict in ``MarianMTModel``'s names and hidden order (fp32, CPU), without
+    the position tables Marian computes."""
     ours = state_dict_fp32(model)
     d = cfg.d_model
     p = marian_permutation(d)
@@ -188,18 +158,10 @@ def _marian_config(cfg: Any, src_vocab: int, tgt_vocab: int, model: nn.Module) -
 
 
 def to_marian(model: nn.Module, cfg: Any) -> Any:
-    """A ``MarianMTModel`` (fp32, eval mode) computing the same logits as our encoder-decoder.
-
-    Args:
-        model: an :class:`~transformer.models.EncoderDecoderModel`.
-        cfg: its model config.
-
-    Returns:
-        The HF model: ``hf(input_ids=src, attention_mask=src.ne(pad), decoder_input_ids=prev).logits``
-        equals ``model(src, prev)``.
+    """A ``MarianMTModel`` (fp32, eval mode) whose ``logits`` equal ``model(src, prev)``.
 
     Raises:
-        ExportError: the config has a switch Marian cannot represent (the message names it).
+        ExportError: a switch Marian cannot represent (named).
     """
     from transformers import MarianMTModel
 
@@ -221,16 +183,8 @@ def to_marian(model: nn.Module, cfg: Any) -> Any:
 
 
 def marian_generate_kwargs(gen: Any, model: Any) -> dict[str, Any]:
-    """``generate`` arguments reproducing our search settings (``len ** alpha`` penalty, PAD banned,
-    EOS forced at the maximum length, at least ``min_len`` tokens).
-
-    Args:
-        gen: a :class:`~transformer.config.GenerationConfig` (greedy or beam).
-        model: the HF model (its config's special ids).
-
-    Returns:
-        Keyword arguments for ``hf.generate`` without the length limit (see :func:`marian_generate`).
-    """
+    """``hf.generate`` arguments (without the length limit) reproducing our search settings:
+    ``len ** alpha`` penalty, PAD banned, EOS forced at the maximum length, ``min_len``."""
     c = model.config
     beam = int(gen.beam_size) if gen.strategy == "beam" else 1
     return dict(
@@ -250,23 +204,12 @@ def marian_generate_kwargs(gen: Any, model: Any) -> dict[str, Any]:
 
 
 def marian_generate(hf: Any, src_tokens: Tensor, gen: Any, **overrides: Any) -> list[list[int]]:
-    """Decode a batch with ``hf.generate`` under our settings; outputs in our format.
+    """Decode ``(batch, src_len)`` ids + EOS with ``hf.generate`` under our settings; one token list per
+    sentence, without the start token, ending with EOS.
 
-    The maximum length is one number per batch in HF, so it is ``int(max_len_a * longest + max_len_b)``
-    tokens plus the forced EOS; with ``max_len_a = 0`` (or sentences of one length) it equals ours.
-    HF's beam search has no GNMT penalty: use ``length_penalty_form=fairseq`` for equal results.
-
-    Args:
-        hf: a Marian model from :func:`to_marian` (or loaded from an export).
-        src_tokens: ``(batch, src_len)`` ids + EOS, right-padded with PAD.
-        gen: a :class:`~transformer.config.GenerationConfig` (``greedy`` or ``beam``).
-        overrides: ``generate`` arguments to change, e.g. ``early_stopping=True`` (stop at ``beam``
-            finished hypotheses instead of our exact bound, ``"never"``).
-
-    Returns:
-        One token list per sentence, without the start token, ending with EOS (as
-        :class:`~transformer.generation.Hypothesis.tokens`).
-    """
+    HF's maximum length is one per batch, ``int(max_len_a * longest + max_len_b)`` (ours with
+    ``max_len_a = 0``), and it has no GNMT penalty: use ``length_penalty_form=fairseq`` for equal
+    results. ``overrides`` change ``generate`` arguments (``early_stopping=True``)."""
     pad, eos = hf.config.pad_token_id, hf.config.eos_token_id
     n_src = int(src_tokens.ne(pad).sum(1).max())
     max_new = int(float(gen.max_len_a) * n_src + int(gen.max_len_b)) + 1
@@ -283,16 +226,8 @@ def marian_generate(hf: Any, src_tokens: Tensor, gen: Any, **overrides: Any) -> 
 
 
 def save_marian(model: nn.Module, cfg: Any, tokenizers: Sequence[Any], folder: Path, run_cfg: Any = None) -> None:
-    """Write a ``MarianMTModel`` folder that ``from_pretrained`` loads, with its ``MarianTokenizer``
-    (``source.spm``/``target.spm``, ``vocab.json`` mapping our pieces to our ids) and a
-    ``generation_config.json`` holding the run's beam size and length penalty.
-
-    Args:
-        model: the encoder-decoder.
-        cfg: its model config.
-        tokenizers: ``(src, tgt)`` :class:`~transformer.data.Tokenizer` s (the same one when joint).
-        folder: an existing, empty folder.
-        run_cfg: the whole run config (its ``generation`` section; saved as ``transformer_zoo.yaml``).
+    """Write a ``MarianMTModel`` folder with its ``MarianTokenizer`` (``source.spm``/``target.spm``,
+    ``vocab.json`` of our ids) and the run's beam size and length penalty in ``generation_config.json``.
 
     Raises:
         ExportError: as :func:`to_marian`.

@@ -1,30 +1,10 @@
-"""Decoder-only mixture-of-experts and latent-attention models <-> Hugging Face ``MixtralForCausalLM``
-and ``DeepseekV3ForCausalLM``.
-
-*Mixtral* (Jiang et al. 2024; ``modeling_mixtral``) is Llama with every MLP a sparse mixture of
-experts: softmax router, top ``num_experts_per_tok`` weights always renormalised, gated experts, no
-shared experts or biases, Mistral's ``sliding_window`` in every layer. That is our ``model/ffn=moe``
-with ``router=softmax``, ``norm_topk_prob=true``, ``routed_scaling_factor=1``, no selection bias and
-no shared experts, over MHA/GQA/MQA and ``model.attention_window`` (``attention_window_pattern=0``).
-
-*DeepSeek-V3* (DeepSeek-AI 2024; ``modeling_deepseek_v3``): multi-head latent attention, which
-``transformer/modules/mla.py`` lays out as ``DeepseekV3Attention`` with ``rope_interleave=false``,
-and DeepSeekMoE: sigmoid router, ``e_score_correction_bias`` = our ``expert_bias``,
-``norm_topk_prob``, ``routed_scaling_factor``, ``n_shared_experts`` (one MLP of their summed width,
-as ours). Our layers are all MoE (``first_k_dense_replace=0``) or all dense (``= num_hidden_layers``),
-our router picks among all experts (``n_group=topk_group=1``), we have no multi-token-prediction
-modules (``num_nextn_predict_layers=0``). HF's latent RMSNorms have eps 1e-6 fixed where ours take
-``model.norm.eps``, so the export needs ``model.norm.eps=1e-6`` (V3's ``rms_norm_eps``).
+"""Decoder-only mixture-of-experts and latent-attention models -> Hugging Face ``MixtralForCausalLM``
+(Jiang et al. 2024) and ``DeepseekV3ForCausalLM`` (DeepSeek-AI 2024); what maps and what is refused:
+docs/export.md#mixtral-and-deepseek-v3-formathf-decoder-only.
 
 Our stacked experts are HF's in-memory layout (``gate_up_proj``, gate rows first = ``w13``;
-``down_proj`` = ``w2``); ``save_pretrained`` writes per-expert checkpoint tensors, so the import
-reads folders through ``from_pretrained`` (either layout). A ``rope_interleave=true`` folder
-(DeepSeek's checkpoints) has its rotated query/key rows permuted into our half-split layout on
-import, which gives the same scores.
-
-This module exports; :mod:`transformer.interop.hf_moe_import` imports
-(:func:`~transformer.interop.hf_moe_import.from_hf_moe`), with this module's :func:`layer_pairs`.
-"""
+``down_proj`` = ``w2``); ``save_pretrained`` writes per-expert tensors, so the import
+(:mod:`transformer.interop.hf_moe_import`) reads folders through ``from_pretrained``."""
 
 from __future__ import annotations
 
@@ -200,16 +180,8 @@ def layer_pairs(cfg: Any) -> list[tuple[str, tuple[str, ...], tuple[int, ...] | 
 
 
 def hf_moe_state(model: nn.Module, cfg: Any) -> dict[str, Tensor]:
-    """Our decoder-only state dict in the HF class's in-memory names (fp32, CPU).
-
-    Args:
-        model: a :class:`~transformer.models.DecoderOnlyModel`.
-        cfg: its model config (must pass :func:`moe_unsupported`).
-
-    Returns:
-        HF parameter name -> tensor (``lm_head.weight`` included even when tied; DeepSeek-V3 without
-        shared experts gets its zero-width ``shared_experts`` matrices).
-    """
+    """Our decoder-only state dict in the HF class's in-memory names (fp32, CPU; ``lm_head.weight`` even
+    when tied; zero-width ``shared_experts`` for DeepSeek-V3 without shared experts)."""
     ours = state_dict_fp32(model)
     emb = ours["embed.embedding.weight"]
     if cfg.scale_embeddings:  # untied (refused otherwise): fold the scale in
@@ -284,17 +256,12 @@ def _hf_config(cfg: Any, vocab_size: int, pad_id: int, eos_id: int) -> Any:
 
 
 def to_hf_moe(model: nn.Module, cfg: Any) -> Any:
-    """A ``MixtralForCausalLM`` or ``DeepseekV3ForCausalLM`` (:func:`moe_target`; fp32, eval mode,
-    SDPA attention) holding our decoder-only model's weights; its logits ``(batch, seq_len, vocab)``
-    on ``input_ids`` equal ``model(tokens)``.
-
-    Args:
-        model: a :class:`~transformer.models.DecoderOnlyModel` (fp32).
-        cfg: its model config.
+    """A ``MixtralForCausalLM`` or ``DeepseekV3ForCausalLM`` (:func:`moe_target`; fp32, eval mode, SDPA)
+    whose logits equal ``model(tokens)``.
 
     Raises:
-        ExportError: a switch the class cannot represent (named), or a Mixtral export of a model
-            whose routers hold a non-zero selection bias.
+        ExportError: a switch the class cannot represent (named), or a Mixtral export of routers with
+            a non-zero selection bias.
     """
     from transformers import DeepseekV3ForCausalLM, MixtralForCausalLM
 
@@ -313,14 +280,7 @@ def to_hf_moe(model: nn.Module, cfg: Any) -> Any:
 
 
 def save_hf_moe(model: nn.Module, cfg: Any, tokenizer: Any, folder: Path, run_cfg: Any = None) -> None:
-    """Write a ``MixtralForCausalLM`` / ``DeepseekV3ForCausalLM`` folder (config.json, model.safetensors,
-    generation_config.json, ``tokenizer.model``, ``transformer_zoo.yaml``), as the Llama export does.
-
-    Args:
-        model, cfg: as :func:`to_hf_moe`.
-        tokenizer: the run's :class:`~transformer.data.Tokenizer`.
-        folder: an existing, empty folder.
-        run_cfg: the whole run config (saved as ``transformer_zoo.yaml``), or None.
+    """Write a ``MixtralForCausalLM`` / ``DeepseekV3ForCausalLM`` folder as the Llama export does.
 
     Raises:
         ExportError: as :func:`to_hf_moe`.

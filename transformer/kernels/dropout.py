@@ -1,20 +1,6 @@
-"""Dropout (Srivastava et al. 2014) with a faster mask on CPU, and dropout fused with a residual add.
-
-``torch.nn.functional.dropout`` draws its CPU mask with ``bernoulli_``, which costs about twice as
-much as drawing uniform 32-bit integers and comparing them with a threshold (measured in
-``docs/benchmarks/cpu_choices.md``). On CPU this module draws
-``r ~ U{0 .. 2^31 - 1}`` with ``random_`` from the default generator (so ``torch.manual_seed``
-and the trainer's saved RNG state make it reproducible) and keeps an element when
-``r >= round(p * 2^31)``: the drop probability is ``p`` to within ``2^-32``. The kept elements
-are scaled by ``1 / (1 - p)`` (inverted dropout, as PyTorch does). On other devices, and under
-``torch.compile`` (whose tracer cannot take the in-place ``random_``), the framework's dropout is
-used unchanged.
-
-:func:`dropout_add` computes ``residual + dropout(x)`` in one pass (``addcmul``) for the
-residual blocks. Under bf16/fp16 autocast the sublayer output ``x`` is low precision while the
-residual stream stays fp32: the mask is drawn the same way, kept in ``x``'s dtype (so the
-backward gradient of ``x`` has ``x``'s dtype), and ``addcmul`` promotes the sum to fp32.
-"""
+"""Dropout (Srivastava et al. 2014) with a faster mask on the CPU, and dropout fused with a residual
+add (docs/design.md#dropouts-mask-on-the-cpu). Elsewhere, and under ``torch.compile``, the
+framework's dropout runs."""
 
 from __future__ import annotations
 
@@ -66,18 +52,11 @@ def _use_fast_path(x: Tensor, residual: Tensor | None = None) -> bool:
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """Inverted dropout: zero each element with probability ``p``, scale the rest by ``1 / (1 - p)``.
-
-    Args:
-        x: any shape, floating point.
-        p: drop probability in ``[0, 1)``.
-        training: identity when False.
-
-    Returns:
-        Tensor of ``x``'s shape and dtype.
+    """Inverted dropout: zero each element with probability ``p``, scale the rest by ``1 / (1 - p)``;
+    identity unless ``training``.
 
     Raises:
-        ValueError: if ``p`` is outside ``[0, 1)``.
+        ValueError: ``p`` outside ``[0, 1)``.
     """
     check_probability(p)
     if not training or p == 0.0:
@@ -88,19 +67,11 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
 
 
 def dropout_add(residual: Tensor, x: Tensor, p: float, training: bool) -> Tensor:
-    """``residual + dropout(x, p)`` — the residual connection of Vaswani et al. 2017, §5.4.
-
-    Args:
-        residual: ``(batch, seq_len, d_model)``, the block's input.
-        x: the sublayer output, same shape.
-        p: drop probability in ``[0, 1)``.
-        training: no dropout when False.
-
-    Returns:
-        ``(batch, seq_len, d_model)``.
+    """``residual + dropout(x, p)``, both ``(batch, seq_len, d_model)``: the residual connection of
+    Vaswani et al. 2017 §5.4, summed in the residual's dtype.
 
     Raises:
-        ValueError: if ``p`` is outside ``[0, 1)``.
+        ValueError: ``p`` outside ``[0, 1)``.
     """
     check_probability(p)
     if not training or p == 0.0:

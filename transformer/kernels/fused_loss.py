@@ -1,11 +1,7 @@
 """The output layer fused with the label-smoothed cross entropy (Liger-Kernel's fused linear cross
-entropy, Hsu et al. 2024): ``sum_i loss_i(hidden_i @ weight.T)`` without the ``(N, V)`` logits.
-
-The textbook formula, per row ``i`` with logits ``z_i = hidden_i @ weight.T`` and ``log p_i =
-log_softmax(z_i)``, is ``(1 - eps) * (-log p_i[y_i]) + eps * mean_c(-log p_i[c])`` (the definition of
-:mod:`transformer.training.step.criterion`, where the arguments are checked). Ignored positions are either
-dropped by the caller (eager CPU) or masked here (``keep``: every shape fixed, no host sync).
-"""
+entropy, Hsu et al. 2024): ``sum_i loss_i(hidden_i @ weight.T)`` without the ``(N, V)`` logits, per
+row ``(1 - eps) * (-log p_i[y_i]) + eps * mean_c(-log p_i[c])``. Chunking and the gradient:
+docs/design.md#the-fused-output-layer-and-loss."""
 
 from __future__ import annotations
 
@@ -45,23 +41,9 @@ def addmm_out_dtype_available(version: str | None = None) -> bool:
 
 
 def chunk_rows(device: str, n: int, vocab: int, hidden: int) -> int:
-    """Rows per chunk of the fused output layer (eager mode).
-
-    On the CPU, ``max(16, 2**22 // vocab)`` rows, whatever ``n`` and ``hidden``: about 4M logits
-    (16 MiB in fp32) a chunk, held in cache. On an accelerator as many rows as 128M logits take
-    (``2**27 // vocab``, a multiple of 128, at most ``n``): few large matmuls, since an eager step
-    there is bound by its kernel launches (about 15 a chunk), and each chunk adds one
-    ``vocab x hidden`` product into the weight gradient. ``hidden`` does not change either rule.
-
-    Args:
-        device: the device type of the rows (``"cpu"``, ``"cuda"``, ...).
-        n: rows (target positions) of the call, ``>= 0``.
-        vocab: rows of the output layer ``V``, ``>= 1``.
-        hidden: its width ``d_model``, ``>= 1``.
-
-    Returns:
-        Rows per chunk, ``>= 1`` (the last chunk holds the remainder).
-    """
+    """Rows per chunk of the fused output layer in eager mode (the last chunk holds the remainder):
+    ``max(16, 2**22 // vocab)`` on the CPU, ``2**27 // vocab`` (a multiple of 128, at most ``n``) on an
+    accelerator."""
     if device == "cpu":
         return max(16, _CPU_CHUNK_LOGITS // max(vocab, 1))
     rows = max(
@@ -71,24 +53,13 @@ def chunk_rows(device: str, n: int, vocab: int, hidden: int) -> int:
 
 
 def compiled_chunks(vocab: int, hidden: int) -> int:
-    """Chunks of the fused output layer under ``torch.compile``: ``ceil(vocab / hidden)`` (Liger's
-    count, see :func:`chunk_rows`), at most 32 (each chunk is traced into the graph).
-
-    A fixed count rather than rows per chunk: the rows ``N`` are a symbol of the graph, and a loop
-    over a count that depends on ``N`` would guard on its value (a recompilation per batch shape).
-    """
+    """Chunks under ``torch.compile``: ``ceil(vocab / hidden)``, at most 32 (a count, not rows: no guard on ``N``)."""
     return max(1, min(_MAX_COMPILED_CHUNKS, math.ceil(vocab / max(hidden, 1))))
 
 
 def _accumulate_grad_w(grad_w: Tensor, g: Tensor, h: Tensor) -> None:
-    """``grad_w += g.T @ h`` in place: ``grad_w`` ``(V, d)`` fp32, ``g`` ``(C, V)`` and ``h`` ``(C, d)`` in
-    the compute dtype.
-
-    fp32: one ``addmm_`` (beta = 1, the sum in the matmul). bf16/fp16 on CUDA: the same with an fp32
-    output (``out_dtype``: no 16-bit product, no fp32 copy of it, the product never rounded to 16
-    bits). Elsewhere (the CPU has no ``out_dtype`` kernel; under ``torch.compile`` the compiler fuses
-    the cast into the add) the 16-bit ``(V, d)`` product is cast to fp32 and added.
-    """
+    """``grad_w += g.T @ h`` in place: ``grad_w`` ``(V, d)`` fp32, ``g`` ``(C, V)`` and ``h`` ``(C, d)``
+    in the compute dtype, never rounded to 16 bits."""
     if g.dtype == torch.float32:
         grad_w.addmm_(g.t(), h)
     elif (
@@ -103,21 +74,9 @@ def _accumulate_grad_w(grad_w: Tensor, g: Tensor, h: Tensor) -> None:
 
 
 class _LinearLabelSmoothedLoss(torch.autograd.Function):
-    """``sum_i loss_i(hidden_i @ weight.T)`` without materialising the ``(N, V)`` logits.
-
-    The forward pass walks over row chunks: logits of a chunk (in cache), its log-sum-exp, the
-    smoothed loss and NLL, then the gradient ``softmax - target_distribution`` of the chunk, which
-    is multiplied straight away into the gradients of ``hidden`` and ``weight`` (Liger-Kernel's
-    fused linear cross entropy, Hsu et al. 2024). The backward pass only scales them by the
-    incoming gradient. The same three matmuls as ``F.linear`` + loss, but no ``(N, V)`` tensor
-    (and its log-softmax, gather and mean backward passes) ever goes through memory. The chunks are
-    :func:`chunk_rows` rows each in eager mode (the CPU's cache-sized rule, a memory budget on an
-    accelerator), and :func:`compiled_chunks` chunks of equal size under ``torch.compile``.
-
-    With a row mask ``keep``, the rows where it is False take part in the matmuls but add nothing to
-    the sums and get zero gradient (their hidden rows are zeroed for the weight gradient, their
-    gradient rows zeroed at the end): the same sums as dropping those rows beforehand, on fixed shapes.
-    """
+    """``sum_i loss_i(hidden_i @ weight.T)`` without the ``(N, V)`` logits: the gradients are computed
+    chunk by chunk in the forward pass and scaled in the backward; rows where ``keep`` is False add
+    nothing and get zero gradient."""
 
     @staticmethod
     def forward(
@@ -204,16 +163,13 @@ def linear_label_smoothed_loss(
     """Summed label-smoothed loss and NLL of ``logits = hidden @ weight.T``, never storing the logits.
 
     Args:
-        hidden: ``(N, d_model)`` the rows (contiguous).
-        weight: the output layer ``(vocab, d_model)``.
-        target: ``(N,)`` class indices; any value where ``keep`` is False.
-        epsilon: label smoothing in ``[0, 1)``.
-        keep: optional ``(N,)`` bool, True at the rows that take a loss; the others add nothing and
-            get zero gradient (None: every row counts).
+        hidden: ``(N, d_model)``, contiguous.
+        weight: ``(vocab, d_model)``.
+        target: ``(N,)`` class indices (any value where ``keep`` is False).
+        keep: optional ``(N,)`` bool, True at the rows that take a loss.
 
     Returns:
-        ``(loss_sum, nll_sum)``, fp32 scalars in nats; the gradient reaches ``hidden`` and
-        ``weight`` through ``loss_sum`` only (``nll_sum`` is not differentiable).
+        ``(loss_sum, nll_sum)``, fp32 scalars in nats; only ``loss_sum`` is differentiable.
     """
     return _LinearLabelSmoothedLoss.apply(hidden, weight, target, float(epsilon), keep)
 

@@ -1,19 +1,5 @@
-"""RMSNorm (Zhang & Sennrich 2019) with a two-pass forward and hand-written backward.
-
-:class:`torch.nn.RMSNorm` has no fused CPU kernel in PyTorch 2.13: it runs as ``pow``, ``mean``,
-``add``, ``rsqrt`` and two products, and autograd replays about ten more passes backwards.
-:func:`rms_norm` (behind :class:`transformer.modules.norms.RMSNorm`, which keeps
-:class:`torch.nn.RMSNorm`'s parameters, state dict and numerics: fp32 statistics) computes
-``x * rsqrt(mean(x^2) + eps) * weight`` as one norm reduction plus two products, and the
-gradient
-
-    d x = rsqrt(ms + eps) * (g w - x_hat * mean(g w x_hat)),    d weight = sum_rows(g x_hat)
-
-directly (``x_hat = x * rsqrt(ms + eps)``), with fewer passes over the tensor than autograd's graph
-of the formula (measured in ``docs/benchmarks/cpu_choices.md``). A bf16/fp16 input with the fp32 weight is normalised in fp32 and
-returned in its own dtype (the module uses :class:`torch.nn.RMSNorm`'s own forward for a
-low-precision weight, under ``torch.compile`` and without ``elementwise_affine``).
-"""
+"""RMSNorm (Zhang & Sennrich 2019) with a two-pass forward and a hand-written backward
+(docs/design.md#hand-written-backward-passes-rmsnorm-and-rope)."""
 
 from __future__ import annotations
 
@@ -44,17 +30,8 @@ class _RMSNormFunction(torch.autograd.Function):
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension, with the hand-written backward.
-
-    Args:
-        x: ``(..., d_model)``, fp32, bf16 or fp16; a low-precision input is normalised in fp32 and
-            returned in its own dtype.
-        weight: ``(d_model,)`` fp32.
-        eps: added to the mean square.
-
-    Returns:
-        Tensor of ``x``'s shape and dtype.
-    """
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension: ``x`` ``(..., d_model)``, weight
+    ``(d_model,)`` fp32; a bf16/fp16 ``x`` is normalised in fp32 and returned in its own dtype."""
     if x.dtype != torch.float32:  # low-precision input, fp32 weight: statistics in fp32
         return _RMSNormFunction.apply(x.float(), weight, float(eps)).to(x.dtype)
     return _RMSNormFunction.apply(x, weight, float(eps))

@@ -1,10 +1,5 @@
-"""RoPE's rotation (Su et al. 2021) as one autograd function: the rotation forward, the inverse
-rotation backward.
-
-The textbook formula is ``x * cos + rotate_half(x) * sin`` with ``rotate_half([x1, x2]) = [-x2, x1]``
-(half-split layout, as GPT-NeoX and HF Llama); :func:`apply_rotary` computes it in fp32 and
-returns ``x``'s dtype.
-"""
+"""RoPE's rotation (Su et al. 2021) as one autograd function, the inverse rotation backward
+(docs/design.md#hand-written-backward-passes-rmsnorm-and-rope)."""
 
 from __future__ import annotations
 
@@ -26,13 +21,7 @@ def _rotate_half_split(x: Tensor, c: Tensor, s: Tensor, sign: float) -> Tensor:
 
 
 class _Rotary(torch.autograd.Function):
-    """RoPE as one rotation forward and the inverse rotation backward (4 passes each way).
-
-    The autograd graph of the textbook formula (``x * cos + rotate_half(x) * sin``) stores the
-    rotated copy and runs negation, concatenation, two products and a sum in both directions;
-    this one does less (measured in ``docs/benchmarks/cpu_choices.md``). The transpose of a rotation by ``theta`` is the rotation by
-    ``-theta``, so the backward pass is the same kernel with the sine negated.
-    """
+    """RoPE as one rotation forward and the rotation with the sine negated backward."""
 
     @staticmethod
     def forward(ctx, x: Tensor, cos_half: Tensor, sin_half: Tensor) -> Tensor:
@@ -46,19 +35,13 @@ class _Rotary(torch.autograd.Function):
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate ``x`` by the RoPE angles (Su et al. 2021), half-split layout as in GPT-NeoX / HF Llama.
-
-    ``out = x * cos + rotate_half(x) * sin`` with ``rotate_half([x1, x2]) = [-x2, x1]``; computed
-    as one rotation (:class:`_Rotary`) in eager mode and as the formula under ``torch.compile``.
+    """``x * cos + rotate_half(x) * sin``, ``rotate_half([x1, x2]) = [-x2, x1]`` (half-split, GPT-NeoX /
+    HF Llama), computed in fp32 and returned in ``x``'s dtype; :class:`_Rotary` in eager mode, the
+    formula under ``torch.compile``.
 
     Args:
         x: ``(batch, n_heads, seq_len, head_dim)``.
-        cos, sin: ``(batch, 1, seq_len, head_dim)`` fp32 tables from
-            :meth:`transformer.modules.positions.RotaryEmbedding.rotary`
-            (half-split layout: both halves of the last dimension hold the same angles).
-
-    Returns:
-        Tensor like ``x`` (same dtype); the rotation is computed in fp32.
+        cos, sin: ``(batch, 1, seq_len, head_dim)`` fp32, both halves holding the same angles.
     """
     xf = x.float()
     if torch.compiler.is_compiling():

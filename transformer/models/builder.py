@@ -1,11 +1,6 @@
-"""The builder: turns a :class:`~transformer.config.ModelConfig` into modules.
-
-Component builders (``build_norm``, ``build_ffn``, ``build_moe``, ``build_attention``, ``build_mla``,
-``build_position``) wire one part from sizes, choosing its class from the switch's table beside the
-classes (``NORMS``, ``FFNS``, ``POSITIONS``, ``RESIDUALS``, ``ROUTER_SCORES``, ``ATTENTION_KINDS``; the
-sizes through :func:`~transformer.config.model_sizes`); :func:`build_model` wires a whole model.
-Modules never see the config.
-"""
+"""The builder: a :class:`~transformer.config.ModelConfig` into modules. Component builders wire one
+part from sizes (:func:`~transformer.config.model_sizes`), its class taken from the switch's table
+beside the classes; :func:`build_model` wires a whole model. Modules never see the config."""
 
 from __future__ import annotations
 
@@ -72,12 +67,8 @@ def _option_defaults(switch: str, name: str) -> Any:
 
 
 def build_norm(name: str, width: int, eps: float, config: Any = None) -> nn.Module:
-    """The norm named by ``model/norm`` (:data:`~transformer.modules.norms.NORMS`) over ``width``.
-
-    A class with a classmethod ``from_sizes(*, width, eps[, config])`` (a plugin's norm with fields of
-    its own: ``config`` is the norm's node, :mod:`transformer.registry`) is built by it; any other
-    class is called as ``cls(width, eps=eps)`` (the built-in ``nn.LayerNorm`` and ``RMSNorm``).
-    """
+    """The ``model/norm`` norm over ``width``: built by a plugin class's ``from_sizes(*, width, eps[,
+    config])``, else ``cls(width, eps=eps)``."""
     cls = _pick(NORMS, name, "model/norm")
     if callable(getattr(cls, "from_sizes", None)):
         return _call_with_config(cls.from_sizes, config, width=width, eps=eps)
@@ -107,13 +98,8 @@ def build_ffn(
     multiple_of: int,
     config: Any = None,
 ) -> nn.Module:
-    """The feed-forward block named by ``model/ffn`` (:data:`~transformer.modules.ffn.FFNS`).
-
-    Its hidden width is the block's ``hidden_size(d_ff, glu_match_params, multiple_of)``: ``d_ff``
-    for two-matrix blocks; for gated blocks the parameter-matched ``glu_hidden_size(d_ff)`` when
-    ``glu_match_params``, else ``d_ff``. ``config`` (the ``model.ffn`` node) reaches a plugin block
-    whose ``from_sizes`` takes it.
-    """
+    """The ``model/ffn`` block, its hidden width the block's ``hidden_size(d_ff, glu_match_params,
+    multiple_of)``; ``config`` reaches a plugin's ``from_sizes``."""
     choice = _pick(FFNS, name, "model/ffn")
     hidden = choice.block.hidden_size(d_ff, glu_match_params, multiple_of)
     return _call_with_config(
@@ -128,11 +114,8 @@ def build_ffn(
 
 
 def build_moe(cfg: Any) -> MixtureOfExperts:
-    """The mixture of experts of ``model/ffn=moe`` for a model config ``cfg`` (sizes from
-    :func:`~transformer.config.model_sizes`): a :class:`TopKRouter` over ``model.ffn.n_experts``
-    experts, each a ``model.ffn.expert`` block (:data:`~transformer.modules.ffn.FFNS`) with the
-    model's bias and activation dropout, plus one block of ``n_shared_experts`` times the expert
-    width when ``model.ffn.n_shared_experts > 0``."""
+    """The ``model/ffn=moe`` mixture of experts: a :class:`TopKRouter` over ``n_experts`` experts, each a
+    ``model.ffn.expert`` block, plus one shared block ``n_shared_experts`` experts wide when > 0."""
     f, sizes = cfg.ffn, model_sizes(cfg)
     expert = _pick(FFNS, f.expert, "model.ffn.expert")
     router = TopKRouter(
@@ -182,12 +165,8 @@ def build_attention(
     eps: float = 1e-5,
     qk_norm_fields: Any = None,
 ) -> Attention:
-    """An :class:`Attention` with packed q/k/v projections of ``d_model // n_heads`` wide heads.
-
-    ``qk_norm`` (``none`` or a key of :data:`~transformer.modules.norms.NORMS`) adds a norm over
-    ``head_dim`` (epsilon ``eps``; ``qk_norm_fields``: its fields, :func:`qk_norm_config`) on every
-    query and key head (QK-norm).
-    """
+    """An :class:`Attention` with packed q/k/v projections of ``d_model // n_heads`` wide heads; ``qk_norm``
+    (``none`` or a norm option) adds a norm over ``head_dim`` on every query and key head."""
     head_dim = d_model // n_heads
     in_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
     out_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias)
@@ -213,12 +192,8 @@ def build_attention(
 def build_mla(
     d_model: int, n_heads: int, latent: LatentSizes, bias: bool, dropout: float, eps: float
 ) -> MultiHeadLatentAttention:
-    """A :class:`MultiHeadLatentAttention` of the given sizes, laid out as HF ``DeepseekV3Attention``.
-
-    ``bias`` goes to the projections that take ``d_model`` inputs or give ``d_model`` outputs
-    (``q_a_proj``, ``kv_a_proj_with_mqa``, ``o_proj``: HF's ``attention_bias``); the up-projections
-    from a latent never have one. The latents are normalised by RMSNorm (epsilon ``eps``).
-    """
+    """A :class:`MultiHeadLatentAttention` laid out as HF ``DeepseekV3Attention``: ``bias`` on the
+    projections from or to ``d_model`` only (HF's ``attention_bias``), RMSNorm latents."""
     qk = n_heads * latent.qk_head_dim
     if latent.q_lora_rank is None:
         q_proj: nn.Module = nn.Linear(d_model, qk, bias=False)
@@ -253,12 +228,8 @@ def build_position(
     scaling: RopeScaling | None = None,
     config: Any = None,
 ) -> PositionEncoding:
-    """The position encoding named by ``model/position`` (:data:`~transformer.modules.positions.POSITIONS`).
-
-    ``rotary_dim`` is the width RoPE rotates per head (default ``d_model // n_heads``; MLA's
-    ``qk_rope_head_dim``), ``scaling`` its RoPE scaling (or None); ``config`` (the ``model.position``
-    node) reaches a plugin class whose ``from_sizes`` takes it.
-    """
+    """The ``model/position`` encoding; ``rotary_dim`` defaults to ``d_model // n_heads`` (MLA:
+    ``qk_rope_head_dim``)."""
     cls = _pick(POSITIONS, name, "model/position")
     return _call_with_config(
         cls.from_sizes,

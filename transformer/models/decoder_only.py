@@ -12,18 +12,13 @@ from transformer.modules.layers import TransformerStack
 
 
 class DecoderOnlyModel(nn.Module):
-    """Causal Transformer LM (Radford et al. 2018; Llama, Touvron et al. 2023) used as a prefix LM.
-
-    Training reads ``source <sep> target`` in one sequence with the loss on the target only (the
-    collator puts padding in the target over the source). Decoding processes the source prefix once
-    into the KV cache, then starts from ``<sep>``.
+    """Causal Transformer LM (Radford et al. 2018; Llama, Touvron et al. 2023) used as a prefix LM:
+    ``source <sep> target`` in one sequence, the loss on the target only; decoding runs the source
+    prefix once into the KV cache, then starts from ``<sep>``.
 
     Args:
-        embed: token embedding with its position encoding.
-        decoder: stack of causal layers without cross-attention.
         output_proj: Linear ``d_model -> vocab``.
         n_heads: query heads (ALiBi bias shape).
-        pad_id, sep_id, eos_id: special token ids.
     """
 
     arch = "decoder_only"
@@ -46,24 +41,12 @@ class DecoderOnlyModel(nn.Module):
         self.decoder_start_token_id = sep_id
 
     def forward(self, tokens: Tensor) -> Tensor:
-        """Teacher-forced forward pass over right-padded sequences.
-
-        Args:
-            tokens: ``(batch, seq_len)`` ``source <sep> target`` right-padded.
-
-        Returns:
-            Logits ``(batch, seq_len, vocab)``.
-        """
+        """Teacher-forced logits ``(batch, seq_len, vocab)`` of right-padded ``source <sep> target`` tokens."""
         return self.output_proj(self.features(tokens))
 
     def features(self, tokens: Tensor) -> Tensor:
-        """:meth:`forward` without the output layer: the final hidden states ``(batch, seq_len, d_model)``.
-
-        The training loss applies ``output_proj`` at the target positions only (no logits over the
-        source), see :meth:`~transformer.training.step.criterion.LabelSmoothedCrossEntropy.from_hidden`.
-        The mixture-of-experts layers leave the row's padding (after ``source <sep> target``) out of
-        their statistics (:func:`real_token_mask`).
-        """
+        """:meth:`forward` without the output layer: ``(batch, seq_len, d_model)``, which the fused loss
+        projects at the target positions only."""
         b, t = tokens.shape
         positions = torch.arange(t, device=tokens.device)[None]  # (1, T)
         x = self.embed(tokens, positions.expand(b, t))
@@ -73,14 +56,8 @@ class DecoderOnlyModel(nn.Module):
         return self.decoder(x, attn, token_mask=real_token_mask(tokens, self.pad_id, self.decoder))
 
     def start_decoding(self, src_tokens: Tensor) -> DecodingState:
-        """Left-pad the sources and run them once through the stack, filling the KV caches.
-
-        Args:
-            src_tokens: ``(batch, src_len)`` right-padded source ids (no specials).
-
-        Returns:
-            A :class:`DecodingState` whose caches hold the source; feed ``sep_id`` first.
-        """
+        """Left-pad the ``(batch, src_len)`` sources (no specials) and run them once through the stack; a
+        :class:`DecodingState` holding them, to be fed ``sep_id`` first."""
         b, s = src_tokens.shape
         device = src_tokens.device
         lengths = src_tokens.ne(self.pad_id).sum(1)  # (B,)

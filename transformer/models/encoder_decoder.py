@@ -15,13 +15,10 @@ class EncoderDecoderModel(nn.Module):
     """Sequence-to-sequence Transformer: an encoder over the source, a causal decoder over the target.
 
     Args:
-        src_embed: source :class:`TokenEmbedding` (its position encoding is the encoder's).
-        tgt_embed: target :class:`TokenEmbedding` (its position encoding is the decoder's).
-        encoder: encoder stack (layers without cross-attention).
-        decoder: decoder stack (layers with cross-attention).
-        output_proj: Linear ``d_model -> tgt_vocab`` (weight possibly tied to the embeddings).
+        src_embed, tgt_embed: :class:`TokenEmbedding` s, each with its stack's position encoding.
+        output_proj: Linear ``d_model -> tgt_vocab`` (possibly tied to the embeddings).
         n_heads: query heads (ALiBi bias shape).
-        pad_id, bos_id, eos_id: special token ids; ``bos_id`` starts every decoder input.
+        pad_id, bos_id, eos_id: special ids; ``bos_id`` starts every decoder input.
     """
 
     arch = "encoder_decoder"
@@ -47,16 +44,8 @@ class EncoderDecoderModel(nn.Module):
         self.decoder_start_token_id = bos_id
 
     def encode(self, src_tokens: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Run the encoder.
-
-        Args:
-            src_tokens: ``(batch, src_len)`` right-padded with ``pad_id``.
-
-        Returns:
-            memory ``(batch, src_len, d_model)`` and the cross-attention mask
-            ``(batch, 1, 1, src_len)`` (bool, True = attend) or None when nothing is padded. The
-            encoder's mixture-of-experts layers leave the source padding out of their statistics.
-        """
+        """``(batch, src_len)`` right-padded source -> memory ``(batch, src_len, d_model)`` and the
+        cross-attention mask ``(batch, 1, 1, src_len)`` (True = attend), or None without padding."""
         b, s = src_tokens.shape
         pad = src_tokens.eq(self.pad_id)
         # eager CPU: no mask when nothing is padded (reading the mask is free there); on an accelerator
@@ -76,28 +65,13 @@ class EncoderDecoderModel(nn.Module):
         return memory, (~pad[:, None, None, :] if has_pad else None)
 
     def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
-        """Teacher-forced forward pass.
-
-        Args:
-            src_tokens: ``(batch, src_len)``.
-            prev_output_tokens: ``(batch, tgt_len)`` decoder input (BOS + target), right-padded.
-
-        Returns:
-            Logits ``(batch, tgt_len, tgt_vocab)``.
-        """
+        """Teacher-forced logits ``(batch, tgt_len, tgt_vocab)`` of ``(batch, src_len)`` sources and
+        ``(batch, tgt_len)`` decoder inputs (BOS + target)."""
         return self.output_proj(self.features(src_tokens, prev_output_tokens))
 
     def features(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
-        """:meth:`forward` without the output layer: the decoder's final hidden states.
-
-        The training loss applies ``output_proj`` itself, at the target positions only
-        (:meth:`~transformer.training.step.criterion.LabelSmoothedCrossEntropy.from_hidden`). The
-        mixture-of-experts layers leave the padding out of their statistics: the source's in the
-        encoder, ``prev_output_tokens``' in the decoder (:func:`real_token_mask`).
-
-        Returns:
-            ``(batch, tgt_len, d_model)``.
-        """
+        """:meth:`forward` without the output layer: ``(batch, tgt_len, d_model)``, which the fused loss
+        projects at the target positions only."""
         memory, memory_mask = self.encode(src_tokens)
         b, t = prev_output_tokens.shape
         positions = torch.arange(t, device=prev_output_tokens.device)[None].expand(b, t)
@@ -109,14 +83,8 @@ class EncoderDecoderModel(nn.Module):
         return self.decoder(x, attn, memory=memory, memory_mask=memory_mask, token_mask=token_mask)
 
     def start_decoding(self, src_tokens: Tensor) -> DecodingState:
-        """Encode the source once and return an empty decoder state.
-
-        Args:
-            src_tokens: ``(batch, src_len)`` right-padded source (ids + EOS).
-
-        Returns:
-            A :class:`DecodingState`; feed ``decoder_start_token_id`` first.
-        """
+        """Encode ``(batch, src_len)`` sources (ids + EOS) once; an empty :class:`DecodingState`, to be fed
+        ``decoder_start_token_id`` first."""
         memory, memory_mask = self.encode(src_tokens)
         b = src_tokens.shape[0]
         n = len(self.decoder.layers)
@@ -130,13 +98,5 @@ class EncoderDecoderModel(nn.Module):
         )
 
     def decode_step(self, tokens: Tensor, state: DecodingState) -> Tensor:
-        """One incremental decoder step.
-
-        Args:
-            tokens: ``(batch, 1)`` previous tokens.
-            state: from :meth:`start_decoding` (updated in place).
-
-        Returns:
-            Logits ``(batch, tgt_vocab)``.
-        """
+        """``(batch, 1)`` previous tokens -> ``(batch, tgt_vocab)`` logits; ``state`` updated in place."""
         return incremental_step(self.tgt_embed, self.decoder, self.output_proj, tokens, state)

@@ -13,18 +13,8 @@ from transformer.modules.moe_losses import moe_blocks
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False, active_only: bool = False) -> int:
-    """Number of distinct parameters (tied matrices count once).
-
-    Args:
-        model: any module.
-        trainable_only: count only parameters with ``requires_grad``.
-        active_only: count the parameters one token uses: in each mixture-of-experts block only
-            ``top_k`` of the ``n_experts`` routed experts (the router and shared experts fully).
-            Equal to the total for a dense model.
-
-    Returns:
-        The count.
-    """
+    """Number of distinct parameters (tied matrices once); ``active_only`` counts what one token uses
+    (``top_k`` of the routed experts, the router and shared experts fully)."""
     seen: set[int] = set()
     total = 0
     for p in model.parameters():
@@ -39,9 +29,8 @@ def count_parameters(model: nn.Module, trainable_only: bool = False, active_only
 
 
 def ffn_flops_per_token(sizes: ModelSizes) -> int:
-    """Forward matmul FLOPs of one token through one feed-forward block: ``2 * matrices * d_model *
-    hidden``; for a mixture of experts the ``top_k`` experts it is routed to, the shared experts and
-    the router (``2 * d_model * n_experts``), i.e. the *active* computation."""
+    """Forward matmul FLOPs of one token through one feed-forward block, ``2 * matrices * d_model *
+    hidden``; for a mixture of experts the active experts, shared experts and router."""
     d = sizes.d_model
     if sizes.n_experts == 0:
         return 2 * sizes.ffn_matrices * d * sizes.ffn_hidden
@@ -50,24 +39,15 @@ def ffn_flops_per_token(sizes: ModelSizes) -> int:
 
 
 def forward_flops(cfg: Any, vocab_size: int, src_len: int, tgt_len: int) -> dict[str, float]:
-    """Forward-pass FLOPs (2 per multiply-add) of one sentence pair, matmuls only.
+    """Forward-pass matmul FLOPs (2 per multiply-add) of one sentence pair.
 
-    Counts the projections, the attention scores and weighted sums (causal: half the square; a
-    sliding window of ``W`` caps each query's keys at ``W``), the feed-forward block (for a mixture
-    of experts the active experts and the router, see :func:`ffn_flops_per_token`) and the output
-    projection; embeddings, norms and softmax are ignored (they are < 1% at these sizes). A training
-    step costs about 3x the forward pass (Kaplan et al. 2020). The decoder-only model reads
-    ``src_len + 1 + tgt_len`` tokens. Multi-head latent attention counts its down- and
-    up-projections and scores over ``qk_nope_head_dim + qk_rope_head_dim`` per head.
-
-    Args:
-        cfg: a model config.
-        vocab_size: output vocabulary.
-        src_len, tgt_len: sentence lengths in tokens (with their EOS/BOS).
+    Projections, attention scores and sums (causal: half the square; a window caps the keys), the
+    feed-forward block and the output layer; embeddings, norms and softmax (< 1%) are ignored. A
+    training step is about 3x (Kaplan et al. 2020). ``src_len``, ``tgt_len`` count EOS/BOS.
 
     Returns:
         ``{"total": F, "per_target_token": F / tgt_len, "train_per_target_token": 3 F / tgt_len}``;
-        each None (unknown) for a plugin's attention that does not give its cost.
+        None each for a plugin attention without a cost.
     """
     sizes = model_sizes(cfg)
     d, kv, lat = sizes.d_model, sizes.kv_width, sizes.latent
@@ -117,21 +97,14 @@ def _self_attention_layers(cfg: Any) -> int:
 
 
 def kv_cache_bytes_per_token(cfg: Any, bytes_per_value: int = 4) -> int:
-    """Self-attention KV-cache bytes added per generated token (all decoder layers).
-
-    ``layers * values * bytes``, with ``values`` per layer and token ``2 * n_kv_heads * head_dim``
-    (K and V; scales with ``n_kv_heads / n_heads``) or, for multi-head latent attention,
-    ``kv_lora_rank + qk_rope_head_dim`` (the latent and the shared RoPE key, DeepSeek-V2 §2.1.4).
-    A sliding-window layer adds these bytes only until its rolling buffer holds ``W`` tokens
-    (:func:`kv_cache_bytes`).
-    """
+    """Self-attention KV-cache bytes per generated token over the decoder layers: ``2 * n_kv_heads *
+    head_dim`` values per layer, or ``kv_lora_rank + qk_rope_head_dim`` for MLA (DeepSeek-V2 §2.1.4)."""
     return _self_attention_layers(cfg) * kv_cache_values(cfg) * bytes_per_value
 
 
 def kv_cache_bytes(cfg: Any, n_tokens: int, bytes_per_value: int = 4) -> int:
-    """Self-attention KV-cache bytes of one sequence of ``n_tokens`` (all decoder layers): a
-    sliding-window layer of window ``W`` holds ``min(n_tokens, W)`` tokens (its rolling buffer),
-    a global layer all of them."""
+    """Self-attention KV-cache bytes of ``n_tokens`` over the decoder layers (a window-``W`` layer holds
+    ``min(n_tokens, W)``)."""
     values = kv_cache_values(cfg)
     windows = layer_windows(cfg, _self_attention_layers(cfg))
     return sum(min(n_tokens, w) if w is not None else n_tokens for w in windows) * values * bytes_per_value

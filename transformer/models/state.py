@@ -19,20 +19,16 @@ class DecodingState:
     """Everything a model needs to extend its hypotheses by one token.
 
     Attributes:
-        self_caches: one self-attention :class:`KVCache` per decoder layer (a rolling buffer for a
-            sliding-window layer: ``key_positions`` and ``self_pad_mask`` cover the whole history,
-            and such a layer reads their last columns).
-        positions: ``(batch,)`` position of the next token of each row.
-        key_positions: ``(batch, cached_len)`` positions of the cached self-attention keys.
-        self_pad_mask: ``(batch, cached_len)`` bool, True at padding keys (left-padded prompts of the
-            decoder-only model), or None when no row has padding.
+        self_caches: one self-attention :class:`KVCache` per decoder layer (a sliding-window layer's
+            rolling buffer reads the last columns of the masks below).
+        positions: ``(batch,)`` position of each row's next token.
+        key_positions: ``(batch, cached_len)`` positions of the cached keys.
+        self_pad_mask: ``(batch, cached_len)`` bool, True at padding keys (left-padded prompts), or None.
         cross_caches: one static cross-attention cache per decoder layer (encoder-decoder only).
         memory: encoder output ``(sources, src_len, d_model)``; dropped once the cross caches are full.
-        memory_mask: ``(sources, 1, 1, src_len)`` bool, True = attend, or None without source padding.
-        group: decoder rows per source row. The cross-attention side (``cross_caches``, ``memory``,
-            ``memory_mask``) keeps one row per source sentence, shared by ``group`` consecutive
-            decoder rows (the beams or samples of that sentence), so following the beams never
-            copies it: ``batch = sources * group``.
+        memory_mask: ``(sources, 1, 1, src_len)`` bool, True = attend, or None.
+        group: decoder rows per source row (``batch = sources * group``): the cross-attention side keeps
+            one row per sentence, so following the beams never copies it.
     """
 
     self_caches: list[KVCache]
@@ -45,14 +41,8 @@ class DecodingState:
     group: int = 1
 
     def reorder(self, index: Tensor, host_index: Sequence[int] | None = None) -> None:
-        """Select (and repeat) batch rows in place, e.g. expand to beams or follow surviving beams.
-
-        Args:
-            index: ``(new_batch,)`` long tensor of row indices.
-            host_index: the same indices on the host, when the caller has them (the searches do):
-                the cross-attention side then follows without reading ``index`` back (a host sync
-                on an accelerator).
-        """
+        """Select (and repeat) batch rows by a ``(new_batch,)`` index, in place; ``host_index``, the same on
+        the host, spares a device read for the cross-attention side."""
         rows = self.positions.shape[0]
         for cache in self.self_caches:
             cache.reorder(index)
@@ -64,13 +54,8 @@ class DecodingState:
             self._reorder_sources(index, rows // self.group, host_index)
 
     def _reorder_sources(self, index: Tensor, n_sources: int, host_index: Sequence[int] | None) -> None:
-        """Follow ``index`` on the cross-attention side, which has one row per source.
-
-        When the new rows come in equal runs that each read one source (beams expanded, reordered
-        within their sentence, or finished sentences dropped), the sources are selected once per
-        run, and not at all when they stay the same; otherwise every new row gets its own copy
-        (``group`` 1). Decided on the host, from ``host_index`` (else from one read of ``index``).
-        """
+        """Follow ``index`` on the cross-attention side: once per run of rows reading one source (not at
+        all when unchanged), else a copy per row (``group`` 1); decided on the host."""
         host = index.tolist() if host_index is None else host_index
         sources, group = source_runs([i // self.group for i in host])
         self.group = group
@@ -85,13 +70,7 @@ class DecodingState:
             self.memory_mask = self.memory_mask.index_select(0, rows)
 
     def reserve(self, steps: int) -> None:
-        """Room for ``steps`` more tokens in every self-attention cache
-        (:meth:`~transformer.modules.attention_core.KVCache.reserve`): a search that knows its longest
-        continuation allocates each cache once.
-
-        Args:
-            steps: ``decode_step`` calls still to come, at most.
-        """
+        """Room for ``steps`` more tokens in every self-attention cache, so each allocates once."""
         for cache in self.self_caches:
             cache.reserve(steps)
 
@@ -102,12 +81,8 @@ class DecodingState:
 
 
 def source_runs(src: list[int]) -> tuple[list[int], int]:
-    """The sources of new decoder rows that read source rows ``src``, and the rows per source.
-
-    Returns:
-        ``(sources, group)``: one source per run and the run length when ``src`` comes in equal
-        runs of consecutive rows (``[4, 4, 0, 0]`` -> ``([4, 0], 2)``), else ``(src, 1)``.
-    """
+    """``(sources, group)``: one source per run and the run length when ``src`` comes in equal runs
+    (``[4, 4, 0, 0]`` -> ``([4, 0], 2)``), else ``(src, 1)``."""
     sources: list[int] = []
     counts: list[int] = []
     for s in src:
@@ -123,19 +98,8 @@ def source_runs(src: list[int]) -> tuple[list[int], int]:
 
 
 def real_token_mask(tokens: Tensor, pad_id: int, stack: TransformerStack) -> Tensor | None:
-    """The ``token_mask`` of ``stack``'s mixture-of-experts layers for right-padded ``tokens``.
-
-    Args:
-        tokens: ``(batch, seq_len)`` token ids, ``pad_id`` at padding.
-        pad_id: the padding id.
-        stack: the stack that reads the mask (:attr:`TransformerStack.routes_tokens`).
-
-    Returns:
-        ``(batch, seq_len)`` bool, True at real tokens; None when the stack has no mixture of
-        experts (nothing computed) or, in eager CPU mode, when nothing is padded (read on the host,
-        as for the encoder's attention mask); always a mask on an accelerator (no host sync) and
-        under ``torch.compile``.
-    """
+    """``(batch, seq_len)`` bool, True at the real tokens of right-padded ``tokens``, for ``stack``'s
+    mixture-of-experts layers; None without such layers or, in eager CPU mode, without padding."""
     if not stack.routes_tokens:
         return None
     real = tokens.ne(pad_id)
@@ -151,18 +115,8 @@ def incremental_step(
     tokens: Tensor,
     state: DecodingState,
 ) -> Tensor:
-    """Feed one token per row through a decoder stack with KV caches; update ``state`` in place.
-
-    Args:
-        embed: target embedding (with its position encoding).
-        stack: the decoder stack.
-        output_proj: Linear ``d_model -> vocab``.
-        tokens: ``(batch, 1)`` the previous output token of each row.
-        state: the caches; ``positions`` says where ``tokens`` sit.
-
-    Returns:
-        Logits ``(batch, vocab)`` for the next token.
-    """
+    """Feed ``(batch, 1)`` tokens through a decoder stack with KV caches at ``state.positions``; update
+    ``state`` in place and return ``(batch, vocab)`` next-token logits."""
     pos = state.positions[:, None]  # (B, 1)
     k_positions = torch.cat((state.key_positions, pos), dim=1)  # (B, Tk)
     pad_mask = state.self_pad_mask

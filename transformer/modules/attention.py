@@ -1,14 +1,7 @@
-"""Multi-head attention with grouped key/value heads, optional QK-norm and a KV cache.
-
-One module serves self-attention and cross-attention, MHA (``n_kv_heads == n_heads``), GQA
-(Ainslie et al. 2023; ``n_kv_heads`` divides ``n_heads``) and MQA (Shazeer 2019; ``n_kv_heads == 1``).
-The kernel is :func:`torch.nn.functional.scaled_dot_product_attention`. Multi-head latent
-attention (DeepSeek-V2) is :class:`~transformer.modules.mla.MultiHeadLatentAttention`; the cache,
-masks and per-stack inputs both use live in :mod:`transformer.modules.attention_core`.
-
-:data:`ATTENTION_KINDS` is the ``model/attention`` switch: option name -> :class:`AttentionKind`
-(the rule that gives the number of key/value heads, and the self-attention class).
-"""
+"""Multi-head attention with grouped key/value heads, optional QK-norm and a KV cache: MHA, GQA
+(Ainslie et al. 2023) and MQA (Shazeer 2019) through SDPA, for self- and cross-attention. Latent
+attention is :mod:`transformer.modules.mla`; the cache and masks are in
+:mod:`transformer.modules.attention_core`. :data:`ATTENTION_KINDS` is the ``model/attention`` switch."""
 
 from __future__ import annotations
 
@@ -62,17 +55,11 @@ class AttentionKind:
     """One ``model/attention`` option.
 
     Attributes:
-        kv_heads: ``(n_heads, n_kv_heads or None) -> key/value heads``; raises ``ValueError`` when
-            the two do not fit the kind (MLA: the heads its latent expands to; its encoder-decoder
-            cross-attention is MHA with that many heads).
-        self_attention: the self-attention class (:class:`Attention`,
-            :class:`MultiHeadLatentAttention`, or a plugin's class built by its ``from_sizes``, see
-            :func:`transformer.registry.register_attention`).
-        cache_values: for a plugin's class, ``(n_heads, n_kv_heads, head_dim, config) -> values one
-            layer caches per token`` (None: unknown; the built-in classes' sizes are known).
-        cost: for a plugin's class, ``(d_model, n_heads, n_kv_heads, head_dim, config) ->
-            (projection weights of one layer, query/key width, value width over all heads)`` for the
-            FLOP count (None: unknown).
+        kv_heads: ``(n_heads, n_kv_heads or None) -> key/value heads``, raising ``ValueError`` when
+            they do not fit (MLA: the heads its latent expands to).
+        self_attention: the self-attention class (a plugin's is built by its ``from_sizes``).
+        cache_values, cost: a plugin's size functions (:func:`transformer.registry.register_attention`);
+            None: unknown.
     """
 
     kv_heads: Callable[[int, int | None], int]
@@ -94,23 +81,16 @@ class AttentionKind:
 class Attention(nn.Module):
     """Scaled dot-product attention over ``n_heads`` query and ``n_kv_heads`` key/value heads.
 
-    Query head ``h`` reads key/value head ``h // (n_heads // n_kv_heads)``. With ``q_norm`` /
-    ``k_norm`` every query and key head is normalised over ``head_dim`` before RoPE (QK-norm, as
-    Qwen3's ``Qwen3Attention`` and OLMo 2 (OLMo et al. 2024), here per head as in Qwen3).
+    Query head ``h`` reads key/value head ``h // (n_heads // n_kv_heads)``. ``q_norm`` / ``k_norm``
+    normalise each head over ``head_dim`` before RoPE (QK-norm, as Qwen3 and OLMo 2).
 
     Args:
-        n_heads: query heads.
-        n_kv_heads: key/value heads; must divide ``n_heads``.
-        head_dim: width of one head.
-        in_proj: Linear ``d_model -> (n_heads + 2 * n_kv_heads) * head_dim`` holding the q, k and v
-            projections stacked in that order (one matmul for self-attention, as in
-            ``nn.MultiheadAttention``'s ``in_proj_weight``).
+        in_proj: Linear ``d_model -> (n_heads + 2 * n_kv_heads) * head_dim``, q, k and v stacked.
         out_proj: Linear ``n_heads * head_dim -> d_model``.
-        dropout: dropout on the attention weights (training only).
-        q_norm, k_norm: norms over ``head_dim`` applied to each query / key head (QK-norm), or None.
+        dropout: on the attention weights (training only).
 
     Raises:
-        ValueError: if the sizes do not fit.
+        ValueError: the sizes do not fit.
     """
 
     def __init__(
@@ -159,23 +139,15 @@ class Attention(nn.Module):
         rotary: tuple[Tensor, Tensor] | None = None,
         cache: KVCache | None = None,
     ) -> Tensor:
-        """Attend from ``x`` to itself (``memory is None``) or to ``memory``.
+        """Attend from ``x`` ``(batch, q_len, d_model)`` to itself or to ``memory``; ``(batch, q_len, d_model)``.
 
         Args:
-            x: queries' input ``(batch, q_len, d_model)``.
-            memory: keys'/values' input ``(batch, k_len, d_model)`` for cross-attention, or
-                ``(batch / g, k_len, d_model)`` shared by ``g`` consecutive rows of ``x`` (beams of one
-                sentence during decoding; the same holds for a static cache's rows).
-            attn_mask: from :func:`~transformer.modules.attention_core.build_attention_mask`, covering cached plus new keys (cross-attention:
-                one row per memory row); a rolling cache (sliding window) reads its last columns.
-            is_causal: causal mask (only without ``attn_mask``), bottom-right aligned: with a KV
-                cache the ``q_len`` new queries are the last positions of the cached plus new keys.
-            rotary: ``(cos, sin)`` for the new positions (RoPE), applied to q and the new k.
-            cache: a :class:`KVCache`; self-attention appends the new k/v; a static (cross-attention)
-                cache is filled once from ``memory`` and reused afterwards, when ``memory`` may be None.
-
-        Returns:
-            ``(batch, q_len, d_model)``.
+            memory: ``(batch, k_len, d_model)`` for cross-attention, or ``(batch / g, k_len, d_model)``
+                shared by ``g`` consecutive rows of ``x`` (the beams of a sentence).
+            attn_mask: over cached plus new keys (:func:`~transformer.modules.attention_core.build_attention_mask`).
+            is_causal: bottom-right aligned causal mask (only without ``attn_mask``).
+            rotary: RoPE ``(cos, sin)`` of the new positions, applied to q and the new k.
+            cache: self-attention appends to it; a static cache is filled once from ``memory``.
         """
         q_width = self.n_heads * self.head_dim
         w, b = self.in_proj.weight, self.in_proj.bias

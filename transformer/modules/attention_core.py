@@ -1,11 +1,6 @@
-"""What every attention module shares: the KV cache (preallocated and written in place; a rolling
-buffer for sliding-window layers), the mask builder, the per-stack :class:`AttentionInputs` and the
-SDPA call.
-
-:class:`~transformer.modules.attention.Attention` (MHA/GQA/MQA) and
-:class:`~transformer.modules.mla.MultiHeadLatentAttention` both read them; everything here is
-re-exported by :mod:`transformer.modules.attention`.
-"""
+"""What every attention module shares: the KV cache, the mask builder, the per-stack
+:class:`AttentionInputs` and the SDPA call; re-exported by :mod:`transformer.modules.attention`.
+Why SDPA runs in fp32 on the CPU: docs/design.md#attention-on-the-cpu-and-fp32-gqa-on-a-gpu."""
 
 from __future__ import annotations
 
@@ -23,27 +18,16 @@ __all__ = ["AttentionInputs", "KVCache", "align_mask", "build_attention_mask", "
 class KVCache:
     """Keys and values of one attention module during incremental decoding.
 
-    ``k`` and ``v`` are ``(batch, n_kv_heads, cached_len, head_dim)``; multi-head latent attention
-    keeps its latent ``(batch, 1, cached_len, kv_lora_rank)`` in ``k`` and its rotated shared key
-    ``(batch, 1, cached_len, qk_rope_head_dim)`` in ``v``. Three kinds:
-
-    * a self-attention cache (the default) writes each step's keys and values in place into
-      buffers ``(rows, heads, capacity, dim)`` allocated once for the whole search: the search says
-      how many more entries will come (:meth:`reserve`), and without that the capacity doubles when
-      full. ``k`` / ``v`` are views of the filled part (slices of dims 0 and 2, the last dim stays
-      contiguous). A reorder (beams following their parents, rows leaving) gathers the filled part
-      into a second buffer of the same size and swaps the two (double buffering: one copy per
-      reorder, no allocation after the first; the price is twice the buffer memory);
-    * a rolling buffer (``max_len``, a sliding-window layer) concatenates and keeps the newest
-      ``max_len`` entries (its length stops growing at the window, so a reallocation per step
-      is small);
-    * a static cache (cross-attention) is filled once per source (``k``/``v`` set directly) and only
-      read and reordered afterwards.
+    ``k`` and ``v`` are ``(batch, n_kv_heads, cached_len, head_dim)`` (multi-head latent attention: its
+    latent ``(batch, 1, cached_len, kv_lora_rank)`` in ``k``, its rotated key in ``v``). A self-attention
+    cache writes in place into buffers sized by :meth:`reserve` (doubling when full) and double-buffers
+    reorders; a rolling buffer (``max_len``) keeps the newest entries; a static cache (cross-attention)
+    is filled once and only read.
 
     Args:
-        static: True for cross-attention (filled once from the encoder output, then only read).
-        max_len: keep at most this many of the newest entries (a rolling buffer: a sliding-window
-            layer of window ``W`` keeps ``W``, as Mistral's, Jiang et al. 2023 §2); None keeps all.
+        static: True for cross-attention.
+        max_len: keep at most this many newest entries (a sliding window, Jiang et al. 2023 §2); None
+            keeps all.
     """
 
     __slots__ = ("_k", "_v", "_spare", "_rows", "_len", "_want", "static", "max_len")
@@ -85,29 +69,15 @@ class KVCache:
         self._rows, self._len = (0, 0) if value is None else (value.shape[0], value.shape[2])
 
     def reserve(self, n: int) -> None:
-        """Make room for ``n`` more entries than the cache holds now (a search's longest
-        continuation), so that decoding allocates no buffer after this: done at the next write or
-        reorder. Nothing for a rolling or static cache (they do not grow with the search).
-
-        Args:
-            n: entries to come (>= 0).
-        """
+        """Make room for ``n`` more entries, so decoding allocates no buffer after the next write
+        (nothing for a rolling or static cache)."""
         if not self.static and self.max_len is None:
             self._want = self._len + n
 
     def extend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append new entries along the time axis (dim 2) and return cached + new for this step.
+        """Append ``(batch, heads, new_len, dim)`` keys and values along dim 2; return cached + new.
 
-        A rolling cache then keeps the newest ``max_len`` of them.
-
-        Args:
-            k, v: ``(batch, heads, new_len, dim)``.
-
-        Returns:
-            ``(k, v)`` ``(batch, heads, cached_len + new_len, dim)`` (cached_len <= max_len); for a
-            self-attention cache views of its buffers, which a later :meth:`reorder` may overwrite
-            (read them in this step, or copy them).
-        """
+        The returned views of a self-attention cache may be overwritten by a later :meth:`reorder`."""
         if self.max_len is not None:
             return self._extend_rolling(k, v)
         start, end = self._len, self._len + k.shape[2]
@@ -119,8 +89,8 @@ class KVCache:
         return self.k, self.v
 
     def _grow(self, k: Tensor, v: Tensor, end: int) -> None:
-        """New buffers of at least ``end`` entries (what :meth:`reserve` asked, else twice the old
-        capacity), holding the entries so far."""
+        """New buffers of at least ``end`` entries (the reserved size, else twice the old), holding the
+        entries so far."""
         old_k, old_v = self.k, self.v
         rows = k.shape[0] if old_k is None else self._rows
         capacity = self._want if self._want >= end else max(end, 0 if self._k is None else 2 * self._k.shape[2])
@@ -142,11 +112,7 @@ class KVCache:
         return k, v
 
     def reorder(self, index: Tensor) -> None:
-        """Select (and repeat) batch rows, e.g. to follow the surviving beams.
-
-        Args:
-            index: ``(new_batch,)`` long tensor of rows to keep.
-        """
+        """Select (and repeat) batch rows by a ``(new_batch,)`` long index, e.g. to follow the surviving beams."""
         if self._k is None:
             return
         if self.static or self.max_len is not None:
@@ -168,20 +134,10 @@ class KVCache:
 
 
 def window_keep(q_positions: Tensor, k_positions: Tensor, window: int, causal: bool) -> Tensor:
-    """The keys a sliding window of ``window`` positions lets each query see.
+    """Bool ``(batch | 1, 1, q_len, k_len)``, True inside a sliding window of ``window`` positions.
 
-    Causal: the query at position ``i`` sees keys ``i - window < j <= i`` (``window`` keys, itself
-    included), Mistral's ``sliding_window`` (Jiang et al. 2023; HF ``sliding_window_overlay``).
-    Bidirectional (encoders): ``|i - j| < window``, the same reach on both sides.
-
-    Args:
-        q_positions: ``(batch | 1, q_len)``; k_positions: ``(batch | 1, k_len)``.
-        window: positions seen (>= 1).
-        causal: whether later keys are masked anyway (only the distance back is checked then).
-
-    Returns:
-        bool ``(batch | 1, 1, q_len, k_len)``, True = inside the window.
-    """
+    Causal: query ``i`` sees keys ``i - window < j <= i``, Mistral's ``sliding_window`` (Jiang et al.
+    2023). Bidirectional: ``|i - j| < window``. Positions are ``(batch | 1, len)``."""
     dist = q_positions[:, :, None] - k_positions[:, None, :]  # (B, Tq, Tk)
     keep = dist < window if causal else dist.abs() < window
     return keep[:, None]
@@ -197,26 +153,21 @@ def build_attention_mask(
     device: torch.device | str | None = None,
     keep: Tensor | None = None,
 ) -> tuple[Tensor | None, bool]:
-    """Combine padding, causality, a window and an additive score bias into SDPA arguments.
+    """Combine padding, causality, a window and an additive score bias into SDPA's arguments.
 
-    Queries are the last ``q_len`` of ``k_len`` positions (so a causal mask is bottom-right aligned,
-    which is what a KV cache needs: one or several new queries over cached keys, as in chunked
-    prefill or speculative decoding).
+    Queries are the last ``q_len`` of ``k_len`` positions, so a causal mask is bottom-right aligned (what
+    a KV cache needs).
 
     Args:
-        key_padding_mask: ``(batch, k_len)`` bool, True at padding keys, or None.
-        causal: forbid attending to later positions.
-        q_len, k_len: query and key lengths.
+        key_padding_mask: ``(batch, k_len)`` bool, True at padding, or None.
         score_bias: ``(batch | 1, n_heads, q_len, k_len)`` additive bias (ALiBi), or None.
-        dtype: dtype of a float mask (the attention dtype).
-        device: where a mask built from causality alone goes (default: the device of
-            ``key_padding_mask`` or ``score_bias``, else the CPU).
-        keep: ``(batch | 1, 1, q_len, k_len)`` bool, True = may attend (a sliding window,
-            :func:`window_keep`), or None.
+        dtype: dtype of a float mask.
+        device: where a causal-only mask goes (default: the inputs', else the CPU).
+        keep: ``(batch | 1, 1, q_len, k_len)`` bool, True = may attend (:func:`window_keep`), or None.
 
     Returns:
-        ``(attn_mask, is_causal)`` for SDPA: None + True for the plain causal case, a bool mask
-        ``(batch, 1, q_len, k_len)`` (True = attend) without a bias, a float mask with a bias.
+        ``(attn_mask, is_causal)``: None and True for the plain causal case, a bool mask
+        ``(batch, 1, q_len, k_len)`` (True = attend) without a bias, a float mask with one.
     """
     if key_padding_mask is None and score_bias is None and keep is None:
         if not causal or q_len == 1:
@@ -248,15 +199,8 @@ def build_attention_mask(
 def align_mask(
     attn_mask: Tensor | None, is_causal: bool, q_len: int, k_len: int, device: torch.device
 ) -> tuple[Tensor | None, bool]:
-    """Fit a stack's mask to one attention module's keys (cached plus new).
-
-    A rolling cache (sliding-window layer) holds only the newest keys: its mask is the last
-    ``k_len`` columns of the stack's, which covers the whole key history. A causal flag over a
-    cache becomes a bottom-right aligned mask (SDPA aligns ``is_causal`` top-left).
-
-    Returns:
-        ``(attn_mask, is_causal)`` for SDPA.
-    """
+    """``(attn_mask, is_causal)`` fitted to one module's keys: the last ``k_len`` columns for a
+    rolling cache, a bottom-right causal mask over a cache (SDPA aligns ``is_causal`` top-left)."""
     if attn_mask is not None and attn_mask.shape[-1] > k_len:
         attn_mask = attn_mask[..., -k_len:]
     causal = is_causal and attn_mask is None
@@ -267,17 +211,13 @@ def align_mask(
 
 @dataclass(frozen=True)
 class AttentionInputs:
-    """The self-attention arguments every layer of a stack shares, prepared once per forward pass
-    (:meth:`prepare`) and passed down the stack as one object.
+    """The self-attention arguments every layer of a stack shares, prepared once per forward pass.
 
     Attributes:
-        mask: the SDPA mask from :func:`build_attention_mask` (bool ``(batch, 1, q_len, k_len)``,
-            True = attend, or a float mask ``(batch | 1, n_heads, q_len, k_len)`` carrying a score
-            bias), or None.
+        mask: the mask of :func:`build_attention_mask`, or None.
         is_causal: SDPA's causal flag (set only without ``mask``).
         rotary: RoPE ``(cos, sin)``, each ``(batch | 1, 1, q_len, rotary_dim)`` fp32, or None.
-        local_mask: the same mask restricted to a sliding window (read by the stack's local
-            layers), or None when the stack has none.
+        local_mask: the mask within the stack's sliding window, or None.
     """
 
     mask: Tensor | None = None
@@ -297,18 +237,13 @@ class AttentionInputs:
         dtype: torch.dtype = torch.float32,
         window: int | None = None,
     ) -> AttentionInputs:
-        """Positions -> score bias -> mask(s) -> rotary tables, the one sequence every stack runs.
+        """Positions -> score bias -> mask(s) -> rotary tables, the sequence every stack runs.
 
         Args:
-            position: the stack's position encoding (its :meth:`~PositionEncoding.score_bias` and
-                :meth:`~PositionEncoding.rotary`; absolute encodings contribute nothing here).
-            q_positions: ``(batch | 1, q_len)`` positions of the queries.
-            k_positions: ``(batch | 1, k_len)`` positions of the keys (cached plus new); default
-                ``q_positions``.
-            causal: forbid attending to later positions (decoders).
-            key_padding_mask: ``(batch, k_len)`` bool, True at padding keys, or None.
-            dtype: dtype of a float mask (the activations' dtype).
-            window: the sliding window of the stack's local layers (positions), or None.
+            q_positions: ``(batch | 1, q_len)``.
+            k_positions: ``(batch | 1, k_len)`` (cached plus new); default ``q_positions``.
+            key_padding_mask: ``(batch, k_len)`` bool, True at padding, or None.
+            window: the sliding window of the stack's local layers, or None.
         """
         k_positions = q_positions if k_positions is None else k_positions
         bias = position.score_bias(q_positions, k_positions, causal=causal)
@@ -324,17 +259,10 @@ class AttentionInputs:
 def sdpa(
     q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool, enable_gqa: bool
 ) -> Tensor:
-    """:func:`F.scaled_dot_product_attention`, in fp32 on the CPU under bf16/fp16 autocast.
+    """:func:`F.scaled_dot_product_attention`, in fp32 on the CPU under low-precision autocast.
 
-    On the CPU, SDPA's low-precision flash kernel is slow where Transformers for translation live
-    (sentences of tens of tokens; its backward dominated a bf16 training step, measured in
-    ``docs/benchmarks/cpu_choices.md``). Attention is a small share of the FLOPs at these lengths,
-    so it runs in fp32 there (the projections around it stay in bf16) and returns the autocast
-    dtype. On CUDA, low-precision flash/efficient kernels are used.
-
-    Shapes: q ``(batch, n_heads, q_len, head_dim)``, k ``(batch, n_kv_heads, k_len, head_dim)``,
-    v ``(batch, n_kv_heads, k_len, v_dim)`` -> ``(batch, n_heads, q_len, v_dim)``.
-    """
+    q ``(batch, n_heads, q_len, head_dim)``, k ``(batch, n_kv_heads, k_len, head_dim)``, v
+    ``(batch, n_kv_heads, k_len, v_dim)`` -> ``(batch, n_heads, q_len, v_dim)``."""
     device = q.device.type
     if device == "cpu" and torch.is_autocast_enabled(device) and q.dtype in (torch.bfloat16, torch.float16):
         low = q.dtype
@@ -357,18 +285,7 @@ def sdpa(
 
 
 def expand_kv_heads(k: Tensor, v: Tensor, n_heads: int) -> tuple[Tensor, Tensor]:
-    """Key/value heads repeated so that each query head has its own (what ``enable_gqa`` computes).
-
-    Used by :func:`sdpa` for fp32 grouped-query attention on a GPU: SDPA's fused kernels for fp32
-    (memory-efficient) need as many key/value heads as query heads, and flash and cuDNN take no fp32,
-    so with ``enable_gqa`` an fp32 call falls back to the math kernel, which builds the whole
-    ``(batch, n_heads, q_len, k_len)`` score matrix (seen on an H200 with torch 2.11:
-    ``docs/benchmarks/gpu/gpu_check.md``). Repeating the ``n_kv_heads`` heads costs
-    ``n_heads / n_kv_heads`` times the key/value memory of the call and lets the memory-efficient
-    kernel run. Head ``h`` reads key/value head ``h // (n_heads // n_kv_heads)``, as ``enable_gqa`` does.
-
-    Shapes: k ``(batch, n_kv_heads, k_len, head_dim)``, v ``(batch, n_kv_heads, k_len, v_dim)`` ->
-    ``(batch, n_heads, k_len, ...)``.
-    """
+    """Key/value heads repeated to ``n_heads`` (what ``enable_gqa`` computes): head ``h`` reads
+    ``h // (n_heads // n_kv_heads)``. ``(batch, n_kv_heads, k_len, d)`` -> ``(batch, n_heads, k_len, d)``."""
     group = n_heads // k.shape[1]
     return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)

@@ -1,11 +1,7 @@
-"""Position-wise feed-forward blocks: two-matrix (ReLU, GELU) and gated (SwiGLU, GEGLU); the
-mixture of experts (``moe``) lives in :mod:`transformer.modules.moe`.
-
-:data:`FFNS` is the ``model/ffn`` switch: option name -> block class and activation. The config
-validation, the builder and the FLOPs count read it, so a new activation is one entry here (and
-one ``configs/model/ffn/<name>.yaml``). The ``moe`` entry has no activation of its own: its
-experts are the blocks of another entry, named by ``model.ffn.expert``.
-"""
+"""Position-wise feed-forward blocks: two-matrix (ReLU, GELU) and gated (SwiGLU, GEGLU).
+:data:`FFNS` is the ``model/ffn`` switch (option -> block class and activation), read by the
+validation, the builder and the FLOPs count; ``moe``'s experts are another entry's blocks
+(``model.ffn.expert``, :mod:`transformer.modules.moe`)."""
 
 from __future__ import annotations
 
@@ -22,31 +18,15 @@ from transformer.modules.moe import MixtureOfExperts
 
 
 def glu_hidden_size(d_ff: int, multiple_of: int = 8) -> int:
-    """Hidden width of a gated FFN with the parameters of a two-matrix FFN of width ``d_ff``.
-
-    Three matrices of ``d_model x h`` match two of ``d_model x d_ff`` when ``h = 2/3 * d_ff``
-    (Shazeer 2020, §2); the result is rounded up to a multiple of ``multiple_of`` (Llama's rule).
-
-    Args:
-        d_ff: the two-matrix hidden width.
-        multiple_of: rounding unit (>= 1).
-
-    Returns:
-        ``multiple_of * ceil(int(2 * d_ff / 3) / multiple_of)``.
-    """
+    """``multiple_of * ceil(int(2 * d_ff / 3) / multiple_of)``: a gated FFN's hidden width with the
+    parameters of a two-matrix FFN of width ``d_ff`` (Shazeer 2020 §2; Llama's rounding)."""
     h = int(2 * d_ff / 3)
     return multiple_of * math.ceil(h / multiple_of)
 
 
 class FeedForward(nn.Module):
-    """``w2(dropout(act(w1 x)))`` (Vaswani et al. 2017, §3.3, with ReLU; GELU: Hendrycks & Gimpel 2016).
-
-    Args:
-        w1: Linear ``d_model -> d_ff``.
-        w2: Linear ``d_ff -> d_model``.
-        activation: elementwise function, e.g. ``F.relu``.
-        dropout: activation dropout (fairseq's ``activation_dropout``).
-    """
+    """``w2(dropout(act(w1 x)))`` (Vaswani et al. 2017 §3.3 with ReLU; GELU: Hendrycks & Gimpel 2016);
+    ``w1`` ``d_model -> d_ff``, ``w2`` back, ``dropout`` on the activations."""
 
     n_matrices: ClassVar[int] = 2  # d_model x hidden matrices (parameter and FLOP counts)
 
@@ -78,15 +58,9 @@ class FeedForward(nn.Module):
 
 
 class GatedFeedForward(nn.Module):
-    """``w2(dropout(act(x W_gate) * (x W_up)))`` — SwiGLU (act = SiLU) or GEGLU (act = GELU), Shazeer 2020.
-
-    Args:
-        w13: Linear ``d_model -> 2 * hidden`` with the gate rows first, then the up rows (one matmul;
-            HF Llama's ``gate_proj`` and ``up_proj`` stacked).
-        w2: Linear ``hidden -> d_model`` (``down_proj``).
-        activation: ``F.silu`` or ``F.gelu``.
-        dropout: activation dropout.
-    """
+    """``w2(dropout(act(x W_gate) * (x W_up)))``: SwiGLU (SiLU) or GEGLU (GELU), Shazeer 2020.
+    ``w13`` is Linear ``d_model -> 2 * hidden``, gate rows first (HF ``gate_proj`` and ``up_proj``
+    stacked); ``w2`` is ``down_proj``."""
 
     n_matrices: ClassVar[int] = 3  # gate, up, down
 

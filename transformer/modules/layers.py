@@ -1,13 +1,8 @@
 """A Transformer layer (self-attention, optional cross-attention, feed-forward) and a stack of them.
 
-A layer may be local: its self-attention sees a sliding window of positions (Mistral; Gemma 2/3
-alternate local and global layers), reads the stack's windowed mask and decodes with a rolling
-KV cache of that many entries.
-
-A layer whose feed-forward module is a :class:`~transformer.modules.moe.MixtureOfExperts` hands it
-the stack's ``token_mask`` (True at real tokens), so that padding counts in none of the router's
-losses and loads; the other modules treat every position alike and never see it.
-"""
+A local layer's self-attention sees a sliding window (Mistral; Gemma 2/3 alternate local and
+global layers) through the stack's windowed mask and a rolling KV cache. A mixture-of-experts
+feed-forward module gets the stack's ``token_mask``, so padding counts in none of its statistics."""
 
 from __future__ import annotations
 
@@ -20,16 +15,8 @@ _NO_INPUTS = AttentionInputs()  # no mask, not causal, no rotation
 
 
 class TransformerLayer(nn.Module):
-    """One encoder layer (no cross-attention) or decoder layer (with it).
-
-    Each part is a residual block (:class:`PostNormResidual` or :class:`PreNormResidual`) around an
-    :class:`Attention` or feed-forward module.
-
-    Args:
-        self_attn: residual block around self-attention.
-        ffn: residual block around the feed-forward module.
-        cross_attn: residual block around cross-attention, or None.
-        window: a sliding window (positions) for self-attention, or None (global).
+    """One encoder layer, or decoder layer with ``cross_attn``: residual blocks around attention and the
+    feed-forward module; ``window`` makes its self-attention local.
 
     Raises:
         ValueError: a window < 1.
@@ -61,18 +48,13 @@ class TransformerLayer(nn.Module):
         cross_cache: KVCache | None = None,
         token_mask: Tensor | None = None,
     ) -> Tensor:
-        """Args:
-            x: ``(batch, seq_len, d_model)``.
-            attn_inputs: the self-attention mask, causal flag and RoPE tables for the positions of
-                ``x`` (:meth:`AttentionInputs.prepare`; a local layer reads its ``local_mask``).
+        """``(batch, seq_len, d_model)`` -> the same.
+
+        Args:
+            attn_inputs: mask, causal flag and RoPE tables (:meth:`AttentionInputs.prepare`).
             memory: encoder output ``(batch, src_len, d_model)`` (decoder layers).
             memory_mask: ``(batch, 1, 1, src_len)`` bool, True = attend, or None.
-            self_cache / cross_cache: KV caches for incremental decoding.
-            token_mask: ``(batch, seq_len)`` bool, True at the real tokens of ``x``, False at
-                padding, or None (all real); read by a mixture of experts only (:attr:`routes_tokens`).
-
-        Returns:
-            ``(batch, seq_len, d_model)``.
+            token_mask: ``(batch, seq_len)`` bool, True at real tokens, or None; read by a mixture of experts.
 
         Raises:
             ValueError: a local layer given inputs prepared without a window.
@@ -91,16 +73,10 @@ class TransformerLayer(nn.Module):
 
 
 class TransformerStack(nn.Module):
-    """Layers applied in order, then an optional final norm (pre-LN stacks; Identity for post-LN).
+    """Layers in order, then an optional final norm (pre-LN; Identity for post-LN).
 
-    ``window`` is the sliding window of the stack's local layers (None when all are global): the
-    models prepare :class:`AttentionInputs` with it, and :meth:`new_self_caches` gives each layer
-    its decoding cache. ``routes_tokens`` says whether a layer has a mixture of experts: only then
-    do the models build the ``token_mask`` of the padding.
-
-    Args:
-        layers: the :class:`TransformerLayer` s.
-        final_norm: applied to the last layer's output.
+    ``window`` is the local layers' sliding window (None: all global); ``routes_tokens`` says whether a
+    layer has a mixture of experts (only then is the padding mask built).
 
     Raises:
         ValueError: local layers with different windows.
@@ -130,13 +106,8 @@ class TransformerStack(nn.Module):
         cross_caches: list[KVCache] | None = None,
         token_mask: Tensor | None = None,
     ) -> Tensor:
-        """Same arguments as :meth:`TransformerLayer.forward`, with one cache per layer;
-        ``attn_inputs`` and ``token_mask`` (``(batch, seq_len)`` bool, True at real tokens, or
-        None) are prepared once and read by every layer.
-
-        Returns:
-            ``(batch, seq_len, d_model)``.
-        """
+        """:meth:`TransformerLayer.forward`'s arguments with one cache per layer; ``attn_inputs`` and
+        ``token_mask`` are prepared once for every layer."""
         for i, layer in enumerate(self.layers):
             x = layer(
                 x,

@@ -1,18 +1,9 @@
-"""Multi-head latent attention (MLA; DeepSeek-AI 2024, "DeepSeek-V2", §2.1).
+"""Multi-head latent attention (MLA; DeepSeek-AI 2024, DeepSeek-V2 §2.1).
 
-Keys and values come from one low-rank latent per token, ``c_KV = norm(W_DKV h)``
-(``kv_lora_rank`` wide), expanded per head by ``W_UK`` / ``W_UV``; queries may be low-rank too
-(``q_lora_rank``). Position enters through a decoupled RoPE part (§2.1.3): each query head has a
-rotated part of ``qk_rope_head_dim``, and one rotated key of that width, ``k_R = RoPE(W_KR h)``, is
-shared by all heads. The KV cache holds only ``c_KV`` and ``k_R``: ``kv_lora_rank +
-qk_rope_head_dim`` values per token and layer, against ``2 * n_kv_heads * head_dim`` for MHA/GQA.
-
-The layout and names follow Hugging Face's ``DeepseekV3Attention`` (non-interleaved RoPE,
-``rope_interleave=False``): ``q_proj`` (or ``q_a_proj`` -> ``q_a_layernorm`` -> ``q_b_proj``),
-``kv_a_proj_with_mqa`` (``W_DKV`` and ``W_KR`` stacked), ``kv_a_layernorm``, ``kv_b_proj``
-(``W_UK`` and ``W_UV`` interleaved per head), ``o_proj``; ``tests/modules/test_mla.py`` checks it
-by value on copied weights.
-"""
+Keys and values come from one low-rank latent per token, ``c_KV = norm(W_DKV h)``, expanded per
+head; one decoupled rotated key ``k_R = RoPE(W_KR h)`` is shared by all heads (§2.1.3). The cache
+holds ``kv_lora_rank + qk_rope_head_dim`` values per token and layer. Layout and names are Hugging
+Face's ``DeepseekV3Attention`` (``rope_interleave=False``); docs/architectures.md#multi-head-latent-attention."""
 
 from __future__ import annotations
 
@@ -30,23 +21,18 @@ class MultiHeadLatentAttention(nn.Module):
     """Self-attention over a compressed key/value latent with a decoupled, shared RoPE key.
 
     Args:
-        n_heads: query (and expanded key/value) heads.
-        kv_lora_rank: width of the latent ``c_KV``.
         qk_nope_head_dim: per-head query/key width without position (may be 0).
-        qk_rope_head_dim: per-head rotated query width = width of the shared rotated key (0: no
-            RoPE part, for models with other position encodings).
-        v_head_dim: per-head value width.
-        q_proj: ``d_model -> n_heads * (qk_nope_head_dim + qk_rope_head_dim)`` (a Linear, or a
-            low-rank ``Sequential(Linear(d_model, q_lora_rank), norm, Linear(q_lora_rank, ...))``).
+        qk_rope_head_dim: per-head rotated query width = the shared rotated key's (0: no RoPE part).
+        q_proj: ``d_model -> n_heads * (qk_nope_head_dim + qk_rope_head_dim)``, a Linear or a low-rank
+            ``Sequential(Linear(d_model, q_lora_rank), norm, Linear(q_lora_rank, ...))``.
         kv_down: Linear ``d_model -> kv_lora_rank + qk_rope_head_dim`` (``W_DKV`` then ``W_KR``).
-        kv_norm: the norm of the latent (RMSNorm over ``kv_lora_rank``).
-        kv_up: Linear ``kv_lora_rank -> n_heads * (qk_nope_head_dim + v_head_dim)``, per head the
-            key rows then the value rows.
+        kv_norm: RMSNorm over ``kv_lora_rank``.
+        kv_up: Linear ``kv_lora_rank -> n_heads * (qk_nope_head_dim + v_head_dim)``, per head key rows
+            then value rows.
         out_proj: Linear ``n_heads * v_head_dim -> d_model``.
-        dropout: dropout on the attention weights (training only).
 
     Raises:
-        ValueError: if the projections' sizes do not fit.
+        ValueError: the projections' sizes do not fit.
     """
 
     def __init__(
@@ -100,22 +86,11 @@ class MultiHeadLatentAttention(nn.Module):
         rotary: tuple[Tensor, Tensor] | None = None,
         cache: KVCache | None = None,
     ) -> Tensor:
-        """Attend from ``x`` to itself; the same arguments as :meth:`Attention.forward`.
-
-        Args:
-            x: ``(batch, q_len, d_model)``.
-            memory: must be None (self-attention only).
-            attn_mask: from :func:`build_attention_mask`, covering cached plus new keys.
-            is_causal: causal mask (only without ``attn_mask``), bottom-right aligned over a cache.
-            rotary: ``(cos, sin)`` ``(batch | 1, 1, q_len, qk_rope_head_dim)`` for the new
-                positions, applied to the rotated query parts and the new shared key.
-            cache: a :class:`KVCache` that gets the new latents (``k``) and rotated keys (``v``).
-
-        Returns:
-            ``(batch, q_len, d_model)``.
+        """:meth:`Attention.forward` for self-attention: ``(batch, q_len, d_model)`` -> the same; the cache
+        gets the new latents (``k``) and rotated keys (``v``).
 
         Raises:
-            ValueError: for cross-attention (``memory`` or a static cache).
+            ValueError: cross-attention (``memory`` or a static cache).
         """
         if memory is not None or (cache is not None and cache.static):
             raise ValueError("MultiHeadLatentAttention is self-attention only (cross-attention uses Attention)")

@@ -1,15 +1,9 @@
-"""Mixture of experts (``model/ffn=moe``): a token-choice top-k router
-(:mod:`~transformer.modules.moe_router`), routed experts that each process only the tokens sent to
-them (:class:`GroupedExperts`: dropless, one grouped matmul per weight matrix, or a dense dispatch
-under ``torch.compile`` where ``grouped_mm`` is not traced), optional shared experts, and the
-statistics of the last forward pass over the real tokens (:class:`RouterStats`) from which
-:mod:`~transformer.modules.moe_losses` builds the router losses. References: Switch Transformer
-(Fedus et al. 2021), Mixtral (Jiang et al. 2024), DeepSeek-V3 (DeepSeek-AI 2024); the design
-(dispatch, losses, padding) is in ``docs/architectures.md``, "Mixture of experts".
+"""Mixture of experts (``model/ffn=moe``): a token-choice top-k router, dropless routed experts
+(grouped matmuls, a loop, or a dense dispatch under ``torch.compile``), optional shared experts, and
+the statistics the router losses are built from. Switch Transformer (Fedus et al. 2021), Mixtral
+(Jiang et al. 2024), DeepSeek-V3 (DeepSeek-AI 2024); the design: docs/architectures.md#mixture-of-experts.
 
-Shapes: ``N`` is the number of tokens (``batch * seq_len`` flattened), ``E`` = ``n_experts``,
-``k`` = ``top_k``.
-"""
+Shapes: ``N`` tokens (``batch * seq_len``), ``E`` = ``n_experts``, ``k`` = ``top_k``."""
 
 from __future__ import annotations
 
@@ -42,27 +36,15 @@ DISPATCHES = ("auto", "grouped_mm", "loop", "dense")
 class GroupedExperts(nn.Module):
     """``n_experts`` feed-forward blocks with stacked weights, applied to rows grouped by expert.
 
-    Gated (``w2(act(x W_gate) * (x W_up))``, SwiGLU/GEGLU) or two-matrix (``w2(act(x W_1))``),
-    like :class:`~transformer.modules.ffn.GatedFeedForward` / :class:`~transformer.modules.ffn.FeedForward`
-    per expert. Parameters: ``w13`` ``(E, 2 * hidden, d_model)`` (gate rows first; HF
-    ``gate_up_proj``) or ``w1`` ``(E, hidden, d_model)``, and ``w2`` ``(E, d_model, hidden)`` (HF
-    ``down_proj``); with ``bias``, ``b13``/``b1`` and ``b2``. They start uninitialised: the builder
-    calls :meth:`reset_parameters`.
+    Gated (``w2(act(x W_gate) * (x W_up))``) or two-matrix (``w2(act(x W_1))``) per expert. Weights
+    ``w13`` ``(E, 2 * hidden, d_model)`` (gate rows first, HF ``gate_up_proj``) or ``w1`` ``(E, hidden,
+    d_model)``, and ``w2`` ``(E, d_model, hidden)`` (HF ``down_proj``); uninitialised until
+    :meth:`reset_parameters`.
 
     Args:
-        n_experts: number of experts ``E``.
-        d_model: model width.
-        hidden: each expert's hidden width.
-        activation: elementwise function (``F.silu`` for SwiGLU).
-        gated: three matrices per expert (GLU) instead of two.
-        bias: biases in the experts' linear maps.
-        dropout: activation dropout on the hidden units.
-        dispatch: ``"grouped_mm"`` (one ``F.grouped_mm`` per matrix), ``"loop"`` (a loop over the
-            experts), ``"dense"`` (every expert on every row, :meth:`dense`) or ``"auto"``
-            (grouped_mm where torch has a kernel for the device and dtype: CPU fp32/bf16, CUDA bf16;
-            else the loop). Under ``torch.compile`` it is always grouped_mm where it traces (bf16
-            with a kernel), else dense: the loop cannot be traced, and grouped_mm's meta function
-            accepts bf16 only.
+        dispatch: ``grouped_mm`` (one ``F.grouped_mm`` per matrix), ``loop``, ``dense`` (:meth:`dense`)
+            or ``auto`` (grouped_mm where torch has a kernel: CPU fp32/bf16, CUDA bf16; else the loop).
+            Under ``torch.compile``: grouped_mm in bf16 with a kernel, else dense.
 
     Raises:
         ValueError: non-positive sizes or an unknown ``dispatch``.
@@ -104,8 +86,8 @@ class GroupedExperts(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, init_matrix: Callable[[Tensor], object]) -> None:
-        """Initialise each expert's matrices as the builder initialises a Linear weight: ``init_matrix``
-        on every ``(out, in)`` slice (so Xavier sees one expert's fans), biases to zero."""
+        """``init_matrix`` on every expert's ``(out, in)`` slice (so Xavier sees one expert's fans),
+        biases to zero."""
         for w in (getattr(self, self.in_name), self.w2):
             for e in range(self.n_experts):
                 init_matrix(w[e])
@@ -114,8 +96,7 @@ class GroupedExperts(nn.Module):
                 b.zero_()
 
     def path(self, x: Tensor) -> str:
-        """The dispatch that runs for rows like ``x`` now: ``grouped_mm``, ``loop`` or ``dense``
-        (see ``dispatch``; under ``torch.compile`` grouped_mm where it traces, else dense)."""
+        """The dispatch that runs for rows like ``x`` now: ``grouped_mm``, ``loop`` or ``dense``."""
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
         kernel = hasattr(F, "grouped_mm") and dtype in _GROUPED_MM_DTYPES.get(device, ())
@@ -134,16 +115,8 @@ class GroupedExperts(nn.Module):
         return self.dropout(h)
 
     def dense(self, x: Tensor, experts: Tensor) -> Tensor:
-        """Every expert on every row, each row keeping its chosen experts' outputs: fixed shapes,
-        no host sync (the traceable dispatch; ``n_experts / top_k`` times the work of the others).
-
-        Args:
-            x: ``(N, d_model)`` rows in token order.
-            experts: ``(N, k)`` int64 the experts of each row.
-
-        Returns:
-            ``(N, k, d_model)``: row ``n``'s output of its ``j``-th expert at ``[n, j]``.
-        """
+        """Every expert on every row, ``(N, d_model)`` in token order with ``(N, k)`` choices -> ``(N, k,
+        d_model)``: fixed shapes and no host sync, at ``n_experts / top_k`` times the work."""
         w_in, b_in = getattr(self, self.in_name), getattr(self, self.b_in_name)
         h = torch.matmul(x, w_in.transpose(1, 2))  # (E, N, width)
         if b_in is not None:
@@ -155,16 +128,8 @@ class GroupedExperts(nn.Module):
         return y[experts, rows]  # (N, k, d_model)
 
     def forward(self, x: Tensor, counts: Tensor) -> Tensor:
-        """Apply expert ``e`` to its rows (by ``grouped_mm`` or the loop; :meth:`dense` takes the
-        rows in token order instead).
-
-        Args:
-            x: ``(M, d_model)`` rows sorted by expert: ``counts[0]`` rows for expert 0, then expert 1, ...
-            counts: ``(E,)`` int64 rows per expert (``counts.sum() == M``).
-
-        Returns:
-            ``(M, d_model)``, row ``i`` the output of the expert of row ``i``.
-        """
+        """Apply each expert to its rows: ``(M, d_model)`` sorted by expert, ``counts`` ``(E,)`` rows
+        per expert -> ``(M, d_model)``."""
         w_in, b_in = getattr(self, self.in_name), getattr(self, self.b_in_name)
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
@@ -188,21 +153,14 @@ class GroupedExperts(nn.Module):
 
 @dataclass
 class RouterStats:
-    """What one MoE block saw in its last forward pass (read by
-    :func:`~transformer.modules.moe_losses.router_losses`).
-
-    Everything but ``dropped`` counts the real tokens only (``token_mask`` of
-    :meth:`MixtureOfExperts.forward`; all ``N`` tokens without one).
+    """What one MoE block saw in its last forward pass, over the real tokens only (except ``dropped``).
 
     Attributes:
-        tokens: real tokens routed: ``N`` (an int) without a token mask, else a ``()`` int64 tensor
-            (read without a host sync).
-        load: ``(E,)`` int64 assignments of real tokens per expert (each token counts once per
-            chosen expert, so ``load.sum() == top_k * tokens``).
-        dropped: assignments no expert processed (0: the dispatch is dropless).
-        prob_sum: ``(E,)`` the balance loss's router probabilities summed over the real tokens
-            (differentiable); None outside training.
-        z_sum: ``()`` ``sum_real_tokens logsumexp(logits)^2`` (differentiable); None outside training.
+        tokens: real tokens routed (an int, or a ``()`` int64 tensor with a token mask).
+        load: ``(E,)`` int64 assignments per expert (``load.sum() == top_k * tokens``).
+        dropped: assignments no expert processed (0: dropless).
+        prob_sum: ``(E,)`` router probabilities summed over the tokens (differentiable); None in eval.
+        z_sum: ``()`` ``sum logsumexp(logits)^2`` (differentiable); None in eval.
     """
 
     tokens: int | Tensor
@@ -215,23 +173,11 @@ class RouterStats:
 class MixtureOfExperts(nn.Module):
     """A sparse feed-forward block: ``y = shared(x) + sum_{e in topk(x)} weight_e(x) * expert_e(x)``.
 
-    The drop-in replacement of a feed-forward block in any layer of either model family. Tokens
-    are routed independently, padding positions too (dropless, so they take nothing from the real
-    tokens), but the statistics, hence the router losses and the bias update, leave out the
-    positions the ``token_mask`` marks as padding, as HF's ``load_balancing_loss_func`` given an
-    ``attention_mask`` (huggingface/transformers#28517). After each forward pass ``self.stats``
-    holds the :class:`RouterStats`.
-
-    Args:
-        router: the :class:`TopKRouter`.
-        experts: the routed :class:`GroupedExperts` (as many as the router has outputs).
-        shared_experts: an always-applied feed-forward block (DeepSeek's ``n_shared_experts``
-            experts as one block of their summed width), or None.
-        aux_loss_coef: weight of the load-balancing loss in the training loss (``router_aux_loss_coef``).
-        z_loss_coef: weight of the router z-loss (``router_z_loss_coef``).
+    Padding positions are routed too (dropless, so they take nothing from the real tokens), but the
+    statistics leave them out, as HF's ``load_balancing_loss_func`` with an ``attention_mask``.
 
     Raises:
-        ValueError: when the router and the experts disagree on the number of experts.
+        ValueError: the router and the experts disagree on the number of experts.
     """
 
     def __init__(
@@ -251,15 +197,9 @@ class MixtureOfExperts(nn.Module):
         self.stats: RouterStats | None = None
 
     def forward(self, x: Tensor, token_mask: Tensor | None = None) -> Tensor:
-        """Route and apply the experts to every position of ``x``.
+        """``(batch, seq_len, d_model)`` -> the same; ``self.stats`` then holds the :class:`RouterStats`.
 
-        Args:
-            x: ``(batch, seq_len, d_model)`` (any leading shape).
-            token_mask: ``(batch, seq_len)`` bool (``x``'s leading shape), True at real tokens,
-                False at padding; None when every position is a real token (no extra work then).
-
-        Returns:
-            ``(batch, seq_len, d_model)``; ``self.stats`` holds the real tokens' :class:`RouterStats`.
+        ``token_mask`` is ``(batch, seq_len)`` bool, True at real tokens; None when all are real.
 
         Raises:
             ValueError: a ``token_mask`` whose shape is not ``x``'s without the last dimension.
@@ -292,8 +232,7 @@ class MixtureOfExperts(nn.Module):
         return out.view(shape)
 
     def _stats(self, route: Routing, counts: Tensor, dropped: int, real: Tensor | None) -> RouterStats:
-        """The :class:`RouterStats` of ``route`` over the real tokens (``real``: ``(N,)`` bool, or
-        None for all); masked by multiplication, without a host sync."""
+        """The :class:`RouterStats` of ``route`` over the real tokens, masked without a host sync."""
         tokens: int | Tensor = route.experts.shape[0]
         load = counts
         if real is not None:

@@ -1,13 +1,8 @@
-"""The router losses of a model's mixture-of-experts blocks, collected after a forward pass, and
-DeepSeek-V3's bias update (:mod:`transformer.modules.moe` holds the blocks).
-
-* :func:`router_losses`: the load-balancing loss of Switch Transformer (Fedus et al. 2021, eq. 4)
-  exactly as Hugging Face's ``load_balancing_loss_func`` computes it with an ``attention_mask``
-  (``n_experts * sum_i f_i * P_i`` over the real tokens of all MoE layers of a stack at once,
-  padding left out) and the router z-loss of ST-MoE (Zoph et al. 2022, eq. 5) over the same
-  tokens, per stack, summed over the stacks.
-* :func:`update_expert_biases`: DeepSeek-AI 2024 (DeepSeek-V3), §2.1.2, after each update.
-"""
+"""The router losses of a model's mixture-of-experts blocks after a forward pass, per stack over the
+real tokens: Switch Transformer's load-balancing loss (Fedus et al. 2021 eq. 4) as Hugging Face's
+``load_balancing_loss_func`` computes it with an ``attention_mask``, and ST-MoE's z-loss (Zoph et
+al. 2022 eq. 5); and DeepSeek-V3's bias update (DeepSeek-AI 2024 §2.1.2).
+docs/architectures.md#mixture-of-experts."""
 
 from __future__ import annotations
 
@@ -30,16 +25,13 @@ def moe_blocks(module: nn.Module) -> list[MixtureOfExperts]:
 
 @dataclass
 class RouterLosses:
-    """The router losses of a model's last training forward pass (:func:`router_losses`).
+    """The router losses of a model's last training forward pass.
 
     Attributes:
-        aux_loss: ``()`` the load-balancing loss, summed over the stacks (unweighted).
-        z_loss: ``()`` the router z-loss, summed over the stacks (unweighted).
-        weighted: ``()`` ``aux_loss_coef * aux_loss + z_loss_coef * z_loss``, what the training
-            loss adds per target token.
-        load: ``(n_moe_layers, E)`` int64 assignments of real tokens per expert of each block
-            (detached), in :func:`moe_blocks` order.
-        dropped: assignments no expert processed, all blocks (0).
+        aux_loss, z_loss: ``()`` summed over the stacks, unweighted.
+        weighted: ``()`` ``aux_loss_coef * aux_loss + z_loss_coef * z_loss``, added per target token.
+        load: ``(n_moe_layers, E)`` int64 real-token assignments per expert (detached), :func:`moe_blocks` order.
+        dropped: assignments no expert processed (0).
     """
 
     aux_loss: Tensor
@@ -68,25 +60,13 @@ def _stack_losses(blocks: list[MixtureOfExperts]) -> tuple[Tensor, Tensor, Tenso
 
 
 def router_losses(model: nn.Module) -> RouterLosses | None:
-    """Collect the router losses of the last *training* forward pass of ``model``'s MoE blocks.
+    """The :class:`RouterLosses` of the last training forward pass of ``model``'s MoE blocks, or None
+    without such blocks or outside training.
 
-    Per stack (the encoder, the decoder), over all its MoE layers' real tokens together, as
-    Hugging Face's ``load_balancing_loss_func`` does for the tuple of a model's router logits and
-    its ``attention_mask``: ``aux = E * sum_i f_i * P_i`` (Switch Transformer eq. 4 with ``alpha``
-    left out; ``f_i`` the assignments to expert ``i`` over the number of real tokens, so that with
-    top-k routing the ``f_i`` sum to ``k`` and a balanced router scores ``k``; ``P_i`` its mean
-    router probability) and ``z = mean_real_tokens logsumexp(logits)^2`` (ST-MoE eq. 5). Padding
-    positions (the blocks' ``token_mask``) count in neither.
-    An encoder-decoder adds its two stacks' losses (HF ``SwitchTransformersForConditionalGeneration``).
-    For ``sigmoid`` routing ``P_i`` averages the affinities normalised per token (DeepSeek-V3 eq. 19).
-    A bare block outside any stack counts as one stack.
-
-    Args:
-        model: a model (or a block) whose forward pass ran in training mode.
-
-    Returns:
-        The :class:`RouterLosses`, or None when ``model`` has no MoE block or its last forward pass
-        was not in training mode.
+    Per stack over its real tokens: ``aux = E * sum_i f_i * P_i`` (``f_i`` the assignments to expert
+    ``i`` over the tokens, summing to ``k``; ``P_i`` its mean router probability, per-token normalised
+    affinities for sigmoid routing, DeepSeek-V3 eq. 19) and ``z = mean logsumexp(logits)^2``. An
+    encoder-decoder adds its two stacks' (HF ``SwitchTransformersForConditionalGeneration``).
 
     Raises:
         ValueError: blocks of one stack with different sizes or coefficients.

@@ -1,16 +1,9 @@
-"""The router of a mixture of experts (``model/ffn=moe``, :mod:`transformer.modules.moe`): token-choice
-top-k routing (:class:`TopKRouter`), its decision (:class:`Routing`) and the ``model.ffn.router``
-switch (:data:`ROUTER_SCORES`).
+"""The router of a mixture of experts: token-choice top-k routing (:class:`TopKRouter`), its decision
+(:class:`Routing`) and the ``model.ffn.router`` switch (:data:`ROUTER_SCORES`). ``softmax`` scores
+with renormalised top-k weights are Mixtral's (Jiang et al. 2024); ``sigmoid`` with a selection
+bias, nudged after each update, DeepSeek-V3's (DeepSeek-AI 2024 §2.1.2, eqs. 12-16).
 
-Each token picks its ``top_k`` experts by score; ``softmax`` scores with renormalised top-k weights
-are Mixtral's (Jiang et al. 2024; Switch Transformer, Fedus et al. 2021, is top-1 without
-renormalising), ``sigmoid`` scores with a per-expert selection bias are DeepSeek-V3's (DeepSeek-AI
-2024, §2.1.2, eqs. 12-16): the bias only changes which experts are picked, and
-:meth:`TopKRouter.update_bias` nudges it after each update (auxiliary-loss-free balance).
-
-Shapes: ``N`` is the number of tokens (``batch * seq_len`` flattened), ``E`` = ``n_experts``,
-``k`` = ``top_k``.
-"""
+Shapes: ``N`` tokens (``batch * seq_len``), ``E`` = ``n_experts``, ``k`` = ``top_k``."""
 
 from __future__ import annotations
 
@@ -26,13 +19,8 @@ __all__ = ["ROUTER_SCORES", "RouterScoring", "Routing", "TopKRouter"]
 
 @dataclass(frozen=True)
 class RouterScoring:
-    """One option of ``model.ffn.router``: how router logits become expert scores.
-
-    Attributes:
-        scores: ``(N, E)`` fp32 logits -> ``(N, E)`` scores (the top-k weights are taken from them).
-        sums_to_one: whether the scores of a token already sum to 1; otherwise the balance loss
-            normalises them per token (DeepSeek-V3 eq. 19).
-    """
+    """One option of ``model.ffn.router``: ``scores``, ``(N, E)`` fp32 logits -> ``(N, E)`` scores, and
+    whether a token's scores already sum to 1 (``sums_to_one``; else the balance loss normalises them)."""
 
     scores: Callable[[Tensor], Tensor]
     sums_to_one: bool
@@ -67,20 +55,17 @@ class Routing:
 
 
 class TopKRouter(nn.Module):
-    """Token-choice top-k routing: ``experts = topk(scores + expert_bias)``, ``weights = scores[experts]``,
-    renormalised to sum to 1 when ``norm_topk_prob``, times ``routed_scaling_factor``.
+    """Token-choice top-k routing: ``experts = topk(scores + expert_bias)``, ``weights =
+    scores[experts]``, renormalised when ``norm_topk_prob``, times ``routed_scaling_factor``.
 
-    The logits are computed in fp32 (also under autocast). ``expert_bias`` (a buffer, not a
-    parameter; saved with the weights) enters only the selection, never the weights (DeepSeek-V3
-    eq. 16); it stays 0 unless :meth:`update_bias` moves it.
+    Logits are fp32, also under autocast. ``expert_bias`` (a saved buffer) enters only the selection
+    (DeepSeek-V3 eq. 16) and stays 0 unless :meth:`update_bias` moves it.
 
     Args:
         gate: Linear ``d_model -> n_experts`` without bias (HF ``gate.weight``).
-        scoring: a :data:`ROUTER_SCORES` entry.
-        top_k: experts per token (HF ``num_experts_per_tok``), ``1 <= top_k <= n_experts``.
-        norm_topk_prob: renormalise the chosen scores (Mixtral, DeepSeek-V3); Switch: False.
+        top_k: experts per token (HF ``num_experts_per_tok``), in ``[1, n_experts]``.
         routed_scaling_factor: multiplies the weights (DeepSeek-V3: 2.5).
-        bias_update_speed: ``gamma`` of :meth:`update_bias` (DeepSeek-V3: 0.001); 0 = no balancing bias.
+        bias_update_speed: ``gamma`` of :meth:`update_bias` (DeepSeek-V3: 0.001; 0: off).
 
     Raises:
         ValueError: a gate with a bias, or ``top_k`` outside ``[1, n_experts]``.
@@ -123,14 +108,8 @@ class TopKRouter(nn.Module):
 
     @torch.no_grad()
     def update_bias(self, load: Tensor) -> None:
-        """DeepSeek-V3's auxiliary-loss-free balance, after an update: ``expert_bias_i +=
-        bias_update_speed * sign(mean(load) - load_i)`` (overloaded experts get picked less often).
-        Nothing happens when ``bias_update_speed`` is 0.
-
-        Args:
-            load: ``(E,)`` tokens assigned to each expert during the update (all micro-batches
-                and ranks, so that every rank moves the bias the same way).
-        """
+        """DeepSeek-V3's auxiliary-loss-free balance: ``expert_bias_i += gamma * sign(mean(load) - load_i)``
+        from the ``(E,)`` tokens per expert of the whole update (all micro-batches and ranks)."""
         if self.bias_update_speed > 0:
             load = load.to(self.expert_bias.device, torch.float32)
             self.expert_bias.add_(torch.sign(load.mean() - load), alpha=self.bias_update_speed)

@@ -1,19 +1,11 @@
-"""Position encodings: sinusoidal, learned, rotary (RoPE), ALiBi and none.
+"""Position encodings: sinusoidal, learned, rotary (RoPE), ALiBi and none (:data:`POSITIONS`, the
+``model/position`` switch).
 
-Every encoding answers the same three questions, so the model asks each once per forward pass and
-layers never branch on the kind of position:
-
-* :meth:`PositionEncoding.embed` — a vector added to the token embeddings (absolute encodings);
-* :meth:`PositionEncoding.rotary` — ``(cos, sin)`` tables that rotate queries and keys (RoPE; the
-  rotation is :func:`transformer.kernels.rotary.apply_rotary`);
-* :meth:`PositionEncoding.score_bias` — an additive bias on the attention scores (ALiBi).
-
-:data:`POSITIONS` is the ``model/position`` switch: option name -> class; every class is built
-from the model's sizes with :meth:`PositionEncoding.from_sizes`.
-
-Positions are explicit ``LongTensor`` s of shape ``(batch, seq_len)`` so that left-padded prompts
-(decoder-only decoding) and incremental steps use the same code as training.
-"""
+Each encoding answers three questions once per forward pass, so layers never branch on the kind:
+:meth:`~PositionEncoding.embed` (added to the embeddings), :meth:`~PositionEncoding.rotary` (``(cos,
+sin)`` for queries and keys) and :meth:`~PositionEncoding.score_bias` (added to attention scores).
+Positions are explicit ``(batch, seq_len)`` LongTensors, so left-padded prompts and incremental
+steps run the training code."""
 
 from __future__ import annotations
 
@@ -27,23 +19,18 @@ from transformer.modules.rope_scaling import RopeScaling, dynamic_inv_freq, rope
 
 
 def _host_readable(positions: Tensor) -> bool:
-    """Whether reading ``positions``' values is free: non-empty, not on CUDA (a host sync) and not
-    under ``torch.compile`` (a graph break)."""
+    """Whether reading ``positions`` is free: non-empty, not on CUDA, not under ``torch.compile``."""
     return bool(positions.numel()) and not positions.is_cuda and not torch.compiler.is_compiling()
 
 
 class PositionEncoding(nn.Module):
-    """Base class: by default an encoding contributes nothing at any of the three sites.
+    """Base class: contributes nothing at any of the three sites.
 
-    Fixed tables (sinusoids, RoPE frequencies, ALiBi slopes) are kept as fp32 attributes rather
-    than buffers so that ``model.to(torch.bfloat16)`` never rounds them; :meth:`_fp32` moves them to
-    the device of the input on first use.
-    """
+    Fixed tables are fp32 attributes, not buffers, so ``model.to(torch.bfloat16)`` never rounds them."""
 
     size_keywords: ClassVar[tuple[str, ...]] = ()
-    """The constructor's keywords :meth:`from_sizes` fills: any of ``d_model``, ``n_heads``,
-    ``max_positions``, ``rope_theta``, ``head_dim`` (``rotary_dim or d_model // n_heads``) and
-    ``scaling`` (``rope_scaling``); none by default, so a subclass without it is built as ``cls()``."""
+    """The constructor's keywords :meth:`from_sizes` fills (of ``d_model``, ``n_heads``, ``max_positions``,
+    ``rope_theta``, ``head_dim``, ``scaling``); none: built as ``cls()``."""
 
     @classmethod
     def from_sizes(
@@ -56,17 +43,8 @@ class PositionEncoding(nn.Module):
         rotary_dim: int | None = None,
         rope_scaling: RopeScaling | None = None,
     ) -> PositionEncoding:
-        """Build the encoding from the model's sizes: ``cls(**{k: ... for k in cls.size_keywords})``.
-
-        Args:
-            d_model: model width.
-            n_heads: query heads (head width ``d_model // n_heads``).
-            max_positions: positions a table holds.
-            rope_theta: the RoPE base.
-            rotary_dim: the width RoPE rotates per head (default ``d_model // n_heads``; multi-head
-                latent attention rotates only its ``qk_rope_head_dim`` part).
-            rope_scaling: RoPE scaling (:mod:`transformer.modules.rope_scaling`), or None.
-        """
+        """``cls(**{k: ... for k in cls.size_keywords})`` from the model's sizes; ``rotary_dim``
+        defaults to ``d_model // n_heads`` (multi-head latent attention rotates only part of a head)."""
         sizes = dict(
             d_model=d_model, n_heads=n_heads, max_positions=max_positions, rope_theta=rope_theta, scaling=rope_scaling
         )
@@ -99,20 +77,11 @@ class NoPositions(PositionEncoding):
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
-    """The sinusoid table of Vaswani et al. 2017, §3.5, in fp32.
-
-    ``PE[pos, 2i] = sin(pos / 10000^(2i/d_model))`` and ``PE[pos, 2i+1] = cos(pos / 10000^(2i/d_model))``
-    (sines and cosines interleaved exactly as in the paper's formula).
-
-    Args:
-        n_positions: number of rows (positions ``0 .. n_positions-1``).
-        d_model: width; must be even.
-
-    Returns:
-        Tensor ``(n_positions, d_model)``, dtype float32.
+    """``(n_positions, d_model)`` fp32 sinusoids of Vaswani et al. 2017 §3.5, interleaved as in the paper:
+    ``PE[pos, 2i] = sin(pos / 10000^(2i/d_model))``, ``PE[pos, 2i+1] = cos(...)``.
 
     Raises:
-        ValueError: if ``d_model`` is odd.
+        ValueError: ``d_model`` is odd.
     """
     if d_model % 2 != 0:
         raise ValueError(f"sinusoidal positions need an even d_model, got {d_model}")
@@ -126,12 +95,8 @@ def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
 
 
 class SinusoidalPositionalEmbedding(PositionEncoding):
-    """Fixed sinusoidal positions added to the embeddings (Vaswani et al. 2017, §3.5).
-
-    Args:
-        d_model: embedding width (even).
-        max_positions: rows precomputed; longer inputs extend the table on the fly.
-    """
+    """Fixed sinusoidal positions (Vaswani et al. 2017 §3.5); longer inputs than ``max_positions``
+    extend the table on the fly."""
 
     size_keywords = ("d_model", "max_positions")
 
@@ -141,7 +106,7 @@ class SinusoidalPositionalEmbedding(PositionEncoding):
         self.table = sinusoidal_table(max_positions, d_model)
 
     def embed(self, positions: Tensor) -> Tensor:
-        """Args: positions ``(batch, seq_len)``. Returns ``(batch, seq_len, d_model)`` fp32."""
+        """``(batch, seq_len)`` positions -> ``(batch, seq_len, d_model)`` fp32."""
         table = self._fp32("table", positions.device)
         needed = int(positions.max()) + 1 if _host_readable(positions) else 0  # grows in eager CPU only
         if needed > table.shape[0]:
@@ -150,12 +115,7 @@ class SinusoidalPositionalEmbedding(PositionEncoding):
 
 
 class LearnedPositionalEmbedding(PositionEncoding):
-    """Learned absolute positions (Gehring et al. 2017; BERT/GPT-2 style), one row per position.
-
-    Args:
-        max_positions: number of rows; a position ``>= max_positions`` raises ``ValueError``.
-        d_model: embedding width.
-    """
+    """Learned absolute positions (Gehring et al. 2017; BERT/GPT-2), ``max_positions`` rows."""
 
     size_keywords = ("max_positions", "d_model")
 
@@ -165,10 +125,10 @@ class LearnedPositionalEmbedding(PositionEncoding):
         nn.init.normal_(self.weight, std=d_model**-0.5)
 
     def embed(self, positions: Tensor) -> Tensor:
-        """Args: positions ``(batch, seq_len)``. Returns ``(batch, seq_len, d_model)``.
+        """``(batch, seq_len)`` positions -> ``(batch, seq_len, d_model)``.
 
         Raises:
-            ValueError: if a position does not have a learned row (CPU tensors only; no sync on GPU).
+            ValueError: a position without a learned row (checked where reading is free).
         """
         if _host_readable(positions) and int(positions.max()) >= self.weight.shape[0]:
             raise ValueError(
@@ -179,21 +139,13 @@ class LearnedPositionalEmbedding(PositionEncoding):
 
 
 class RotaryEmbedding(PositionEncoding):
-    """Rotary position embedding on queries and keys (Su et al. 2021, "RoFormer").
+    """Rotary position embedding on queries and keys (Su et al. 2021, RoFormer).
 
-    The q·k score of two rotated vectors depends only on their offset. Frequencies
-    ``theta^(-2i/head_dim)`` (or their scaled form, :mod:`transformer.modules.rope_scaling`) and the
-    cos/sin tables are always fp32, whatever the model dtype. A scaling with an attention factor
-    (YaRN) multiplies cos and sin by it, as Hugging Face's rotary embeddings do.
-
-    Args:
-        head_dim: per-head width rotated (even).
-        rope_theta: the base (10000 in Llama 2, 500000 in Llama 3).
-        scaling: RoPE scaling (``linear``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``, or a plugin's,
-            which receives its own fields from ``scaling.config``), or None.
+    Frequencies ``theta^(-2i/head_dim)``, or their scaled form (:mod:`transformer.modules.rope_scaling`),
+    and the tables are fp32. A scaling's attention factor (YaRN) multiplies cos and sin, as in Hugging Face.
 
     Raises:
-        ValueError: if ``head_dim`` is odd or the scaling unknown.
+        ValueError: ``head_dim`` is odd or the scaling unknown.
     """
 
     size_keywords = ("head_dim", "rope_theta", "scaling")
@@ -208,7 +160,7 @@ class RotaryEmbedding(PositionEncoding):
         self.inv_freq, self.attention_factor = rope_inv_freq(head_dim, rope_theta, self.scaling)
 
     def rotary(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """Args: positions ``(batch, seq_len)``. Returns cos, sin ``(batch, 1, seq_len, head_dim)`` fp32."""
+        """``(batch, seq_len)`` positions -> cos, sin ``(batch, 1, seq_len, head_dim)`` fp32."""
         if self.scaling is not None and self.scaling.rope_type == "dynamic":
             inv_freq = dynamic_inv_freq(self.head_dim, self.rope_theta, self.scaling, positions)
         else:
@@ -221,15 +173,9 @@ class RotaryEmbedding(PositionEncoding):
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
-    """Head slopes of ALiBi (Press et al. 2022, §3 and their reference code).
-
-    For ``n`` a power of two the slopes are the geometric sequence starting at ``2^(-8/n)`` with that
-    ratio (8 heads: ``2^-1 … 2^-8``). Otherwise the slopes of the closest smaller power of two ``p``
-    are followed by every other slope of ``2p`` heads, as in the paper's code.
-
-    Returns:
-        Tensor ``(n_heads,)`` fp32.
-    """
+    """``(n_heads,)`` fp32 ALiBi slopes (Press et al. 2022 §3 and their code): ``2^(-8/n)`` to the powers
+    ``1..n`` for a power of two ``n``; else those of the nearest smaller power ``p`` then every other
+    slope of ``2p``."""
 
     def power_of_two(n: int) -> list[float]:
         start = 2.0 ** (-8.0 / n)
@@ -244,14 +190,8 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
 
 class ALiBi(PositionEncoding):
-    """Attention with Linear Biases (Press et al. 2022): score bias ``-slope_h * distance``.
-
-    Causal self-attention uses ``-m_h * (i - j)`` for keys ``j <= i``; bidirectional (encoder)
-    self-attention uses the symmetric ``-m_h * |i - j|``. Cross-attention gets no bias.
-
-    Args:
-        n_heads: number of query heads.
-    """
+    """Attention with Linear Biases (Press et al. 2022): score bias ``-m_h * (i - j)`` causal,
+    ``-m_h * |i - j|`` bidirectional; none on cross-attention."""
 
     size_keywords = ("n_heads",)
 
@@ -260,11 +200,7 @@ class ALiBi(PositionEncoding):
         self.slopes = alibi_slopes(n_heads)
 
     def score_bias(self, q_positions: Tensor, k_positions: Tensor, causal: bool) -> Tensor:
-        """Args: q_positions ``(batch, q_len)``, k_positions ``(batch, k_len)``.
-
-        Returns:
-            fp32 bias ``(batch, n_heads, q_len, k_len)``; future keys are masked elsewhere.
-        """
+        """``(batch, q_len)``, ``(batch, k_len)`` positions -> fp32 bias ``(batch, n_heads, q_len, k_len)``."""
         dist = (q_positions[:, :, None] - k_positions[:, None, :]).float()  # (B, Tq, Tk)
         dist = dist.clamp(min=0) if causal else dist.abs()
         return -self._fp32("slopes", q_positions.device)[None, :, None, None] * dist[:, None]

@@ -14,13 +14,7 @@ from transformer.kernels.dropout import dropout_add
 
 
 class PostNormResidual(nn.Module):
-    """``norm(x + dropout(sublayer(x)))`` — Vaswani et al. 2017, §5.4.
-
-    Args:
-        sublayer: attention or feed-forward module.
-        norm: LayerNorm or RMSNorm over ``d_model``.
-        dropout: residual dropout ``P_drop``.
-    """
+    """``norm(x + dropout(sublayer(x)))`` (Vaswani et al. 2017 §5.4)."""
 
     final_norm: ClassVar[bool] = False  # the output of a post-norm stack is already normalised
 
@@ -34,13 +28,7 @@ class PostNormResidual(nn.Module):
 
 
 class PreNormResidual(nn.Module):
-    """``x + dropout(sublayer(norm(x)))`` — Xiong et al. 2020; the stack then ends with a final norm.
-
-    Args:
-        sublayer: attention or feed-forward module.
-        norm: LayerNorm or RMSNorm over ``d_model``.
-        dropout: residual dropout.
-    """
+    """``x + dropout(sublayer(norm(x)))`` (Xiong et al. 2020); the stack then ends with a final norm."""
 
     final_norm: ClassVar[bool] = True  # a pre-norm stack ends with one more norm
 

@@ -1,29 +1,16 @@
-"""RoPE scaling: the inverse frequencies and attention factor of a scaled rotary embedding.
-
-Each scaling stretches RoPE past the length a model was trained at. :data:`ROPE_SCALINGS` is the
-``model.position.rope_scaling.rope_type`` switch: option name -> the function that turns the
-unscaled inverse frequencies into the scaled ones and the factor that multiplies ``cos`` and ``sin``
-(so q·k scores by its square), computed as Hugging Face's ``ROPE_INIT_FUNCTIONS``
-(``transformers.modeling_rope_utils``) computes them, which ``tests/modules/test_rope_scaling.py``
-checks by value:
+"""RoPE scaling: the inverse frequencies and cos/sin factor of a scaled rotary embedding, as Hugging
+Face's ``ROPE_INIT_FUNCTIONS`` computes them (docs/architectures.md#rope-scaling).
+:data:`ROPE_SCALINGS` is the ``model.position.rope_scaling.rope_type`` switch:
 
 * ``default``: none (Su et al. 2021).
-* ``linear``: positions divided by ``factor`` (Chen et al. 2023, "Position Interpolation"),
-  i.e. every inverse frequency divided by ``factor``.
-* ``ntk``: static NTK-aware scaling (bloc97 2023): the base raised to ``theta * factor^(d/(d-2))``.
-* ``dynamic``: dynamic NTK (HF ``dynamic``): the NTK base recomputed from the current length ``L``
-  of the input, ``theta * (factor * L / L0 - (factor - 1))^(d/(d-2))`` once ``L > L0`` (the
-  ``original_max_position_embeddings``), unscaled below. As in HF, a decoding step uses the length
-  so far, so cached keys keep the frequencies of the step that computed them.
-* ``yarn``: YaRN (Peng et al. 2023, §3.2-3.4): NTK-by-parts between ``beta_fast`` and ``beta_slow``
-  rotations over the original length, attention factor ``0.1 ln(factor) + 1``.
-* ``llama3``: Llama 3.1 (Meta 2024): low frequencies divided by ``factor``, high ones kept, a
-  smooth ramp between the wavelengths ``L0 / low_freq_factor`` and ``L0 / high_freq_factor``.
-
-A plugin's scaling (:func:`transformer.registry.register_rope_scaling`) is either such a function or
-a class whose classmethod ``from_sizes(*, head_dim, theta, scaling[, config])`` gives the same pair;
-``config`` is :attr:`RopeScaling.config`, the option's own fields.
-"""
+* ``linear``: inverse frequencies divided by ``factor`` (Chen et al. 2023).
+* ``ntk``: static NTK-aware base ``theta * factor^(d/(d-2))`` (bloc97 2023).
+* ``dynamic``: the NTK base from the current length ``L``,
+  ``theta * (factor * L / L0 - (factor - 1))^(d/(d-2))`` once ``L > L0``.
+* ``yarn``: NTK-by-parts between ``beta_fast`` and ``beta_slow`` rotations, attention factor
+  ``0.1 ln(factor) + 1`` (Peng et al. 2023 §3.2-3.4).
+* ``llama3``: low frequencies divided by ``factor``, high ones kept, a smooth ramp between
+  wavelengths ``L0 / low_freq_factor`` and ``L0 / high_freq_factor`` (Meta 2024)."""
 
 from __future__ import annotations
 
@@ -41,19 +28,15 @@ __all__ = ["ROPE_SCALINGS", "RopeScaling", "dynamic_inv_freq", "rope_inv_freq", 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """The parameters of a RoPE scaling, in Hugging Face's ``rope_parameters`` names.
+    """A RoPE scaling's parameters, in Hugging Face's ``rope_parameters`` names.
 
     Attributes:
-        rope_type: a key of :data:`ROPE_SCALINGS`.
-        factor: the context extension factor ``s`` (>= 1; 8 in Llama 3.1).
-        original_max_position_embeddings: ``L0``, the length the model was trained at (tokens;
-            ``dynamic``, ``yarn``, ``llama3``).
+        factor: the context extension factor (>= 1; 8 in Llama 3.1).
+        original_max_position_embeddings: ``L0``, the trained length in tokens.
         low_freq_factor, high_freq_factor: ``llama3``'s wavelength bounds (1 and 4 in Llama 3.1).
-        beta_fast, beta_slow: ``yarn``'s ramp bounds in rotations (32 and 1 in the paper).
-        attention_factor: ``yarn``'s factor on cos/sin; None = ``0.1 ln(factor) + 1``.
-        config: the ``model.position.rope_scaling`` node the scaling was read from (a plugin
-            option's own fields, which its ``from_sizes`` receives as ``config``), or None; not
-            compared (two scalings with the same fields above are equal).
+        beta_fast, beta_slow: ``yarn``'s ramp bounds in rotations (32 and 1).
+        attention_factor: ``yarn``'s cos/sin factor; None = ``0.1 ln(factor) + 1``.
+        config: the node read (a plugin's own fields for its ``from_sizes``); not compared.
     """
 
     rope_type: str = "default"
@@ -132,17 +115,8 @@ ROPE_SCALINGS: dict[str, Callable[..., Any]] = {
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> tuple[Tensor, float]:
-    """The inverse frequencies (fp32 ``(head_dim // 2,)``) and cos/sin factor of a RoPE scaling.
-
-    The :data:`ROPE_SCALINGS` entry of ``scaling.rope_type`` is called as ``fn(head_dim, theta,
-    scaling)``, or, when it has a classmethod ``from_sizes`` (a plugin's class), as
-    ``from_sizes(head_dim=, theta=, scaling=[, config=scaling.config])``: ``config`` is passed when
-    ``from_sizes`` names it.
-
-    Args:
-        head_dim: the rotated width (even).
-        theta: the RoPE base.
-        scaling: the scaling, or None for unscaled RoPE.
+    """``(inv_freq, factor)``: fp32 ``(head_dim // 2,)`` inverse frequencies and the cos/sin factor of
+    ``scaling`` (None: unscaled), from its :data:`ROPE_SCALINGS` function or a plugin class's ``from_sizes``.
 
     Raises:
         ValueError: an unknown ``rope_type``.
@@ -163,12 +137,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = Non
 
 
 def dynamic_inv_freq(head_dim: int, theta: float, scaling: RopeScaling, positions: Tensor) -> Tensor:
-    """Dynamic NTK inverse frequencies for inputs at ``positions`` ``(batch, seq_len)``: the NTK
-    base from the length ``L = max(positions) + 1`` (no host sync), unscaled while ``L <= L0``.
-
-    Returns:
-        fp32 ``(head_dim // 2,)`` on the device of ``positions``.
-    """
+    """fp32 ``(head_dim // 2,)`` dynamic NTK inverse frequencies for ``(batch, seq_len)`` positions, from
+    ``L = max(positions) + 1`` without a host sync; unscaled while ``L <= L0``."""
     if positions.numel():
         length = positions.max().double() + 1
     else:

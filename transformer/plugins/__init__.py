@@ -1,36 +1,11 @@
 """Plugins: the user's own switch options, imported from their folder, recorded with the run, and
-never imported behind the user's back.
+never imported behind the user's back (docs/plugins.md#recorded-with-the-run-never-imported-behind-your-back).
 
-A plugin is a folder that is a Python package (``my_ideas/__init__.py``, which registers options
-through :mod:`transformer.registry`), a single ``.py`` file, or an importable module name. The
-switch ``plugins=[path/to/my_ideas]`` imports it before the configuration is validated, and adds its
-``configs/`` folder (when it has one) to Hydra's search path. Like fairseq's ``--user-dir``, the
-folder's parent goes on ``sys.path`` and the package is imported under its folder name, so its own
-modules import each other as usual.
-
-**Recorded with the run.** A training run writes ``plugin_files`` into its config (``<plugin
-name>/<file> -> sha256`` for every ``.py`` and ``configs/**.yaml`` file) and copies the files into
-``<run>/plugins/<plugin name>/`` (:func:`record_plugins`). Any later command that loads the run
-(:func:`import_recorded`: translate, evaluate, export, a resume) imports the plugin again:
-
-1. from the folder it was trained with (``plugins`` holds its absolute path), when every file
-   there still has its recorded hash and the folder lies outside the run folder;
-2. else from a folder the user names (``plugins=[...]`` on that command), when its files match;
-3. else, only with ``plugins_trust=true`` on that command, from the run folder's copy (checked
-   against the hashes).
-
-Otherwise the command stops with one line naming the recorded files and ``plugins_trust=true``
-(:class:`PluginError`): loading a checkpoint never executes code the user did not choose (the reason
-weights are read with safetensors and ``weights_only``; Hugging Face asks for
-``trust_remote_code=True``).
-
-**Trust is the command's, never the folder's.** ``plugins_trust`` is read from the command line of
-each command only (:func:`set_user_choice`); a run never records it as true (:func:`untrusted`
-clears it before a config is written) and a recorded value is ignored. A run folder received from
-someone else cannot vouch for itself: a recorded path inside the run folder (its own copy, or any
-other folder in it) is never "the folder it was trained with", and a recorded plugin without
-recorded hashes is imported only from a folder the user names.
-"""
+A plugin is a package folder, a ``.py`` file or a module name; ``plugins=[...]`` imports it before
+validation (its parent on ``sys.path``, like fairseq's ``--user-dir``) and adds its ``configs/``.
+A run records its files' hashes and a copy (:func:`record_plugins`); a later command re-imports it
+from the trained folder, a folder the user names, or, with ``plugins_trust=true`` on that command
+only, the run's copy (:func:`import_recorded`), else raises :class:`PluginError`."""
 
 from transformer.plugins.core import (
     ORIGINS,

@@ -1,12 +1,7 @@
-"""The work of ``scripts/train.py``: what runs before Hydra composes, and the Hydra task itself.
-
-``scripts/train.py`` is a shell: its ``__main__`` calls :func:`prepare_command_line` and its
-``@hydra.main`` function calls :func:`train_job`. Every user error ends with one line ``error: ...``
-on stderr and the status of :data:`RUN_ERRORS` (:func:`transformer.cli.user_errors`); a job that
-ends before writing anything of its own takes back Hydra's record
-(:func:`transformer.hydra_record.forget_record`), so a run refused before training leaves no folder
-behind and a refused resume leaves its folder as it was.
-"""
+"""The work of ``scripts/train.py``: :func:`prepare_command_line` before Hydra composes, and
+:func:`train_job`, the Hydra task. A user error ends in one line and a status of :data:`RUN_ERRORS`;
+a job refused before writing anything of its own takes back Hydra's record, so it leaves no folder
+(or its folder as it was)."""
 
 from __future__ import annotations
 
@@ -61,25 +56,14 @@ RUN_ERRORS = {
 
 
 def prepare_command_line(argv: Sequence[str], config_dir: str | Path | None = None) -> list[str]:
-    """Check the command line before Hydra sees it and add the plugins' config folders.
+    """Check the command line before Hydra sees it; return ``argv`` with each plugin's ``configs/`` added
+    to ``hydra.searchpath``.
 
-    A missing Hydra launcher/sweeper plugin, a flat group override (``model.attention=gqa``, which
-    names ``model/attention=gqa``), a plugin that does not import and a key that no typed config
-    node has (``+train.max_updatez=5``, ``model.ffn.tau=0.5``, or a key of a chosen experiment's or
-    plugin's YAML: :func:`~transformer.config.check_command_line`, every job of a multirun) each
-    stop here with one line and exit status 2, before Hydra makes a run folder.
-
-    Args:
-        argv: the command line's arguments (``sys.argv[1:]``).
-        config_dir: the script's config folder (``configs/``), where the command line is composed
-            to find unknown keys; None skips that check (the job still refuses them when it starts).
-
-    Returns:
-        ``argv`` with ``hydra.searchpath`` extended by each plugin's ``configs/`` folder (its options
-        and any ``+ladder=...`` of its own resolve like built-in ones).
+    A missing Hydra plugin, a flat group override (``model.attention=gqa``), a plugin that does not
+    import, or an unknown key (composed from ``config_dir``; None skips it) stops here.
 
     Raises:
-        SystemExit: status 2, after the line on stderr.
+        SystemExit: status 2, after one line on stderr.
     """
     try:
         check_hydra_plugins(argv)
@@ -115,10 +99,8 @@ def _refused(err: BaseException) -> None:
 
 
 def _failed(err: BaseException, before: tuple[dict[str, tuple[int, int]], bool] | None = None) -> None:
-    """A job ended by a user error: ``refused`` when it wrote nothing (a resume refused, a folder in
-    use, data missing, a device that is not here), else ``failed``, recorded in the sweep; Hydra's
-    record taken back when the job wrote nothing (``before``: the run folder as it was,
-    :func:`_folder_state`)."""
+    """Record a job ended by a user error as ``refused`` (it wrote nothing) or ``failed``, taking Hydra's
+    record back when it wrote nothing."""
     untouched = getattr(err, "run_folder_untouched", False) and not isinstance(err, PluginError)
     if not isinstance(err, PluginError):
         untouched = _as_it_was(before) or untouched
@@ -128,9 +110,8 @@ def _failed(err: BaseException, before: tuple[dict[str, tuple[int, int]], bool] 
 
 
 def _folder_state(folder: Path | None) -> tuple[dict[str, tuple[int, int]], bool] | None:
-    """The run folder's entries but Hydra's record (written for this job already) and the lock:
-    ``({name: (size, mtime_ns)}, whether the lock file is there)``; None outside Hydra or without a
-    folder. (The lock's holder is rewritten by each run that takes it.)"""
+    """``({name: (size, mtime_ns)}, lock file present)`` of the run folder, Hydra's record and the lock
+    aside; None outside Hydra."""
     if folder is None or not folder.is_dir():
         return None
     state = {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()}
@@ -139,9 +120,7 @@ def _folder_state(folder: Path | None) -> tuple[dict[str, tuple[int, int]], bool
 
 
 def _as_it_was(before: tuple[dict[str, tuple[int, int]], bool] | None) -> bool:
-    """Whether this job's run folder is as ``before`` (:func:`_folder_state`), the job having been
-    refused before it wrote anything; a lock file it created is removed then (a new run's folder then
-    holds only Hydra's record, which :func:`~transformer.hydra_record.forget_record` takes back)."""
+    """Whether the run folder is as ``before`` (a lock file this job created is removed then)."""
     folder = job_run_dir()
     now = _folder_state(folder)
     if before is None or now is None or now[0] != before[0]:
@@ -152,10 +131,8 @@ def _as_it_was(before: tuple[dict[str, tuple[int, int]], bool] | None) -> bool:
 
 
 def _untrained_folder_taken_back(err: BaseException) -> bool:
-    """Take back what a new run that failed before its first update completed wrote (``err``'s
-    ``written_by_run``: its config, tokenizers, plugin copies, empty metrics, log and released lock,
-    each created by this run), then say whether this job's run folder holds nothing but Hydra's record
-    (so that :func:`~transformer.hydra_record.forget_record` takes the folder back)."""
+    """Remove what a new run that failed before its first update wrote (``err.written_by_run``); say
+    whether only Hydra's record is left."""
     for path in getattr(err, "written_by_run", None) or []:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
@@ -174,22 +151,14 @@ def _untrained_folder_taken_back(err: BaseException) -> bool:
 def train_job(cfg: DictConfig) -> float | None:
     """Validate the composed config, then train, validate, test and write ``results.json``.
 
-    In a multirun a job that ends with a user error (its line printed, its outcome recorded in the
-    sweep's ``jobs.jsonl``: :func:`~transformer.cli.record_job`) returns None, what a sweeper
-    records as a failed trial, so that Hydra runs the other jobs and prints no traceback; the
-    sweep then ends with one line counting the jobs (:class:`~transformer.cli.SweepSummary`) and
-    exit status 1.
-
-    Args:
-        cfg: the config Hydra composed (``configs/train.yaml`` plus the command line).
+    In a multirun a job ended by a user error returns None (a failed trial) so the other jobs run;
+    the sweep then ends with one summary line and status 1.
 
     Returns:
-        The run's best validation ``train.best_metric``, what a Hydra sweeper optimises (never a
-        test score).
+        The best validation ``train.best_metric``, what a sweeper optimises (never a test score).
 
     Raises:
-        SystemExit: a user error (status of :data:`RUN_ERRORS`), or a stop by a signal of
-            ``train.stop_signals`` (status 75, ``checkpoint_last`` saved).
+        SystemExit: a user error (:data:`RUN_ERRORS`), or a stop signal (75, ``checkpoint_last`` saved).
     """
     try:
         return _train_job(cfg)

@@ -1,15 +1,7 @@
-"""The work of ``scripts/average_checkpoints.py``: pick the checkpoints to average (the last N
-numbered ones of a run, or files), average them (:func:`~.files.average_checkpoints`) and write one
-safetensors file whose metadata names the run they come from.
-
-The metadata's ``source_run`` lets ``scripts/translate.py`` and ``scripts/evaluate.py`` find the
-run's config and tokenizer even when the average is written outside the run folder
-(:func:`transformer.generation.load_run`); ``averaged_from`` lists the checkpoints.
-
-:func:`save_run_average` is the training run's own average (``train.average_last > 0``): written
-into the run folder as ``checkpoint_avg.safetensors`` before the final test, so that the weights
-behind ``results.json``'s test scores are on disk and ``checkpoint=RUN`` loads them.
-"""
+"""The work of ``scripts/average_checkpoints.py``: average the last N numbered checkpoints of a run
+(or files) into one safetensors file whose metadata names the run (``source_run``, so translate and
+evaluate find its config and tokenizer) and the checkpoints (``averaged_from``); and a run's own
+average, ``checkpoint_avg.safetensors``, which its final test uses (docs/decoding.md#averaging-checkpoints)."""
 
 from __future__ import annotations
 
@@ -31,23 +23,12 @@ __all__ = ["resolve_inputs", "save_run_average", "source_run", "write_average"]
 
 
 def resolve_inputs(inputs: Sequence[Path | str], num_last: int | None, *, warn_prefix: str = "warning: ") -> list[Path]:
-    """The checkpoints to average.
-
-    Args:
-        inputs: one folder of numbered checkpoints, or checkpoint files/stems.
-        num_last: keep only the last ``num_last`` (by update for a folder, by position for files);
-            None keeps all.
-        warn_prefix: what the warning line on stderr starts with.
-
-    Returns:
-        Checkpoint paths, oldest first.
+    """The checkpoints to average, oldest first: one folder of numbered checkpoints, or files/stems;
+    the last ``num_last`` (None: all). Fewer than ``num_last`` is a warning on stderr.
 
     Raises:
-        ValueError: when a folder is mixed with files, ``num_last < 1``, or there is nothing to
-            average (the message names the folder, what it holds, and ``train.save_every``).
-
-    Warns:
-        On stderr, when fewer than ``num_last`` checkpoints exist (all of them are averaged).
+        ValueError: a folder mixed with files, ``num_last < 1``, or nothing to average (the folder,
+            what it holds, and ``train.save_every`` named).
     """
     inputs = [Path(p) for p in inputs]
     if num_last is not None and num_last < 1:
@@ -77,15 +58,7 @@ def resolve_inputs(inputs: Sequence[Path | str], num_last: int | None, *, warn_p
 
 
 def source_run(paths: Sequence[Path | str]) -> Path | None:
-    """The run folder the checkpoints come from.
-
-    Args:
-        paths: the checkpoints (files or stems), at least one.
-
-    Returns:
-        The first checkpoint's folder (resolved) when it holds the run's config (``config.yaml`` or
-        ``.hydra/config.yaml``), else None.
-    """
+    """The first checkpoint's folder (resolved) when it holds the run's config, else None."""
     folder = Path(paths[0]).resolve().parent
     found = any((folder / name).is_file() for name in CONFIG_NAMES)
     return folder if found else None
@@ -94,20 +67,8 @@ def source_run(paths: Sequence[Path | str]) -> Path | None:
 def write_average(
     inputs: Sequence[Path | str], output: Path | str, num_last: int | None = None, *, warn_prefix: str = "warning: "
 ) -> Path:
-    """Average the checkpoints :func:`resolve_inputs` picks into one safetensors file, written
-    atomically, and print ``averaged N checkpoints (names) into OUTPUT`` on stdout.
-
-    Averaging is done in float64 and cast back to each tensor's dtype (integer buffers come from
-    the last checkpoint); the file loads with ``model.load_state_dict(safetensors.torch.load_file(path))``.
-
-    Args:
-        inputs: one folder of numbered ``checkpoint_{update}`` files, or checkpoint files/stems.
-        output: the ``.safetensors`` file to write.
-        num_last: average only the last ``num_last``; None averages all.
-        warn_prefix: what the warning line on stderr starts with (see :func:`resolve_inputs`).
-
-    Returns:
-        The written path.
+    """Average the checkpoints :func:`resolve_inputs` picks into ``output`` (atomic), print one line, and
+    return the path. Float64 sums cast back to each dtype; integer buffers come from the last checkpoint.
 
     Raises:
         ValueError: see :func:`resolve_inputs`; checkpoints whose tensors differ.
@@ -127,26 +88,16 @@ def write_average(
 def save_run_average(
     run_dir: Path | str, checkpoints: Sequence[Path | str], model_config: dict[str, Any] | None = None
 ) -> tuple[dict[str, Tensor], Path]:
-    """Average a run's checkpoints and write the average atomically into the run folder as
-    ``checkpoint_avg.safetensors`` (:data:`transformer.run_folder.AVERAGE`), the weights its final
-    test then uses.
-
-    The file's metadata holds the format tag, a fresh ``checkpoint_id``, ``averaged_from`` (the
-    checkpoint names, oldest first) and, when given, ``model_config`` (JSON, as a training
-    checkpoint records it), so that loaders check it against the run's config.
-
-    Args:
-        run_dir: the run folder (the file goes there).
-        checkpoints: the checkpoints to average (stems or ``.safetensors`` files), oldest first.
-        model_config: the run's resolved ``model`` config as a plain dict, or None.
+    """Average a run's checkpoints (oldest first) into ``<run_dir>/checkpoint_avg.safetensors``,
+    atomically, with the format tag, a fresh ``checkpoint_id``, ``averaged_from`` and ``model_config``
+    in its metadata.
 
     Returns:
-        ``(averaged, path)``: the averaged tensors exactly as written (load them with
-        ``model.load_state_dict(averaged, strict=True)``) and the written file.
+        ``(averaged, path)``: the tensors as written (``load_state_dict(averaged, strict=True)``) and the file.
 
     Raises:
         ValueError, FileNotFoundError, CheckpointError: see :func:`~.files.average_checkpoints`.
-        OSError: the file cannot be written (nothing is left half-written).
+        OSError: the file cannot be written (nothing half-written).
     """
     averaged = average_checkpoints(checkpoints)
     metadata = {

@@ -33,18 +33,11 @@ __all__ = ["average_checkpoints", "load_checkpoint", "load_weights", "save_check
 
 
 def load_weights(path: Path | str, map_location: str | torch.device = "cpu") -> dict[str, Tensor]:
-    """Read a safetensors weights file.
-
-    Args:
-        path: a ``.safetensors`` file or a checkpoint stem (``dir / name``; the suffix is added).
-        map_location: the device to put the tensors on.
-
-    Returns:
-        name -> tensor.
+    """name -> tensor of a ``.safetensors`` file or checkpoint stem, on ``map_location``.
 
     Raises:
-        FileNotFoundError: when the file is missing.
-        CheckpointError: when it cannot be parsed.
+        FileNotFoundError: the file is missing.
+        CheckpointError: it cannot be parsed.
     """
     return read_weights(weights_path(Path(path)), str(map_location))[0]
 
@@ -52,23 +45,14 @@ def load_weights(path: Path | str, map_location: str | torch.device = "cpu") -> 
 def save_checkpoint(
     path_dir: Path | str, name: str, model_state: dict[str, Tensor], train_state: dict[str, Any]
 ) -> Path:
-    """Write checkpoint ``name`` (``.safetensors``, ``.pt``, ``.json``) atomically into ``path_dir``.
+    """Write checkpoint ``name`` (``.safetensors``, ``.pt``, ``.json``) atomically into ``path_dir``;
+    return the stem ``path_dir / name``.
 
-    Args:
-        path_dir: the folder (created when missing).
-        name: the file stem, e.g. ``"checkpoint_last"``.
-        model_state: ``model.state_dict()`` (tied weights allowed, any device).
-        train_state: plain training state, e.g. ``{"optimizer": opt.state_dict(), "scheduler":
-            sched.state_dict(), "scaler": scaler.state_dict(), "rng": get_rng_state(),
-            "sampler": {...}, "update": 1000, "epoch": 3, "best_metric": 31.2, "config": {...}}``.
-
-    Returns:
-        The checkpoint stem ``path_dir / name`` (pass ``stem.parent, stem.name`` to
-        :func:`load_checkpoint`).
+    ``train_state`` is plain data (optimizer, scheduler, scaler, rng, sampler, update, epoch,
+    best_metric, config) that ``torch.load(weights_only=True)`` reads.
 
     Raises:
-        TypeError: when ``train_state`` holds something ``torch.load(weights_only=True)`` cannot
-            read, or ``model_state`` a non-tensor; nothing is written then.
+        TypeError: ``train_state`` holds anything else, or ``model_state`` a non-tensor; nothing is written.
     """
     path_dir = Path(path_dir)
     check_plain(train_state, "train_state")
@@ -102,21 +86,11 @@ def save_checkpoint(
 def load_checkpoint(
     path_dir: Path | str, name: str, map_location: str | torch.device = "cpu"
 ) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """Read checkpoint ``name`` from ``path_dir``.
-
-    Args:
-        path_dir: the folder.
-        name: the file stem (``"checkpoint_last"``).
-        map_location: device for the weights and the tensors of the training state.
-
-    Returns:
-        ``(model_state, train_state)``: name -> tensor for ``model.load_state_dict(...,
-        strict=True)``, and the training state dict as saved.
+    """``(model_state, train_state)`` of checkpoint ``name`` in ``path_dir``.
 
     Raises:
-        FileNotFoundError: when a file is missing.
-        CheckpointError: when a file cannot be parsed (the message says why, and never suggests
-            unpickling a foreign file) or the two files come from different saves.
+        FileNotFoundError: a file is missing.
+        CheckpointError: a file cannot be parsed (never unpickled) or the two come from different saves.
     """
     stem = Path(path_dir) / name
     weights_path, state_path = checkpoint_file(stem, WEIGHTS_SUFFIX), checkpoint_file(stem, STATE_SUFFIX)
@@ -139,9 +113,8 @@ def load_checkpoint(
 
 
 def _load_failure(err: Exception) -> str:
-    """Why ``torch.load`` refused a training state, without torch's advice to unpickle it anyway
-    (a training state of this project holds only plain data, so any other object means the file
-    is foreign or damaged, and it is never unpickled)."""
+    """Why ``torch.load`` refused a training state, without torch's advice to unpickle it (a foreign or
+    damaged file)."""
     text = str(err)
     if isinstance(err, pickle.UnpicklingError) or "Weights only load failed" in text:
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
@@ -154,23 +127,13 @@ def _load_failure(err: Exception) -> str:
 
 
 def average_checkpoints(paths: Iterable[Path | str]) -> dict[str, Tensor]:
-    """Average the weights of several checkpoints (Vaswani et al. 2017 §6.1; fairseq
-    ``average_checkpoints.py``).
-
-    Floating-point tensors are summed in float64 and divided by the count, then cast back to
-    their dtype. Other tensors (integer buffers) are taken from the last checkpoint. Files are
-    read one at a time.
-
-    Args:
-        paths: ``.safetensors`` files or checkpoint stems, at least one.
-
-    Returns:
-        name -> averaged tensor (CPU, no shared storage).
+    """name -> the weights averaged over checkpoints (Vaswani et al. 2017 §6.1; fairseq's
+    ``average_checkpoints.py``), CPU: floats summed in float64 and cast back, other tensors from the
+    last; files read one at a time.
 
     Raises:
-        ValueError: when ``paths`` is empty, or a file's names or shapes differ from the first
-            file's (the message names the file and the keys).
-        FileNotFoundError, CheckpointError: when a file is missing or unreadable.
+        ValueError: no ``paths``, or names or shapes differing from the first file's (named).
+        FileNotFoundError, CheckpointError: a missing or unreadable file.
     """
     files = [weights_path(Path(p)) for p in paths]
     if not files:

@@ -56,21 +56,15 @@ def _remove_checkpoint(stem: Path) -> None:
 
 
 class CheckpointManager:
-    """The checkpoints of one run: ``checkpoint_last``, ``checkpoint_best`` and numbered
-    ``checkpoint_{update}`` files (fairseq names), all in ``run_dir``.
+    """The checkpoints of one run in ``run_dir``: ``checkpoint_last``, ``checkpoint_best`` and numbered
+    ``checkpoint_{update}`` (fairseq names); ``keep_last`` numbered ones kept (0: all).
 
-    Each :meth:`save` serialises once (into ``checkpoint_{update}``, else ``checkpoint_best``, else
-    ``checkpoint_last``) and makes the others hard links of it (copies where links are not
-    supported), ``checkpoint_last`` last; every replacement is atomic, so a crash leaves the previous
-    files loadable, and a ``checkpoint_last`` never exists without the numbered and best checkpoints
-    of its save (a resume from it then averages the same checkpoints as an uninterrupted run).
-
-    Args:
-        run_dir: the folder holding the checkpoints (created when missing).
-        keep_last: how many numbered checkpoints to keep (the newest); 0 keeps all.
+    Each :meth:`save` serialises once and hard-links the others (copies where links fail),
+    ``checkpoint_last`` last, each replacement atomic: a crash leaves the previous files loadable, and
+    ``checkpoint_last`` never exists without its save's numbered and best checkpoints.
 
     Raises:
-        ValueError: when ``keep_last < 0``.
+        ValueError: ``keep_last < 0``.
     """
 
     LAST = LAST
@@ -91,18 +85,8 @@ class CheckpointManager:
         is_best: bool = False,
         numbered: bool = False,
     ) -> Path:
-        """Write ``checkpoint_last``; also ``checkpoint_best`` when ``is_best`` and
-        ``checkpoint_{update}`` when ``numbered`` (then prune to the newest ``keep_last``).
-
-        Args:
-            update: the number of completed updates (names the numbered checkpoint).
-            model_state: ``model.state_dict()``.
-            train_state: the plain training state (see :func:`save_checkpoint`).
-            is_best: whether this is the best validation result so far.
-            numbered: whether to keep this state as ``checkpoint_{update}``.
-
-        Returns:
-            The stem of ``checkpoint_last``.
+        """Write ``checkpoint_last``, also ``checkpoint_best`` when ``is_best`` and ``checkpoint_{update}``
+        when ``numbered`` (then prune); return the stem of ``checkpoint_last``.
 
         Raises:
             TypeError: see :func:`save_checkpoint`.
@@ -139,14 +123,7 @@ class CheckpointManager:
 
 
 def numbered_checkpoints(folder: Path | str) -> list[Path]:
-    """Stems of the ``checkpoint_{update}`` checkpoints in ``folder``, oldest (lowest update) first.
-
-    Args:
-        folder: a checkpoint folder (see :class:`CheckpointManager`); a missing folder has none.
-
-    Returns:
-        ``[folder / "checkpoint_{update}", ...]`` for every ``checkpoint_{update}.safetensors``.
-    """
+    """Stems of the ``checkpoint_{update}`` checkpoints in ``folder``, lowest update first."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -155,19 +132,9 @@ def numbered_checkpoints(folder: Path | str) -> list[Path]:
 
 
 def remove_stale_temporaries(run_dir: Path | str) -> list[Path]:
-    """Delete the temporary files that an interrupted save left in a run folder.
-
-    Only files named like the temporaries of :func:`transformer.io.atomic_write` for the files a
-    run writes (``.checkpoint_last.pt.k3j9x2ab.tmp``, ``.results.json.q1w2e3r4.tmp``, ...) and the
-    ``results.json.tmp`` of older versions are removed; nothing else in the folder is touched. Call
-    it only when no other process writes into ``run_dir``.
-
-    Args:
-        run_dir: the run folder (a missing folder has none).
-
-    Returns:
-        The removed files.
-    """
+    """Delete and return the temporaries an interrupted save left in ``run_dir`` (named like
+    :func:`transformer.io.atomic_write`'s for a run's files, and the old ``results.json.tmp``); nothing
+    else. Only when no other process writes there."""
     folder = Path(run_dir)
     if not folder.is_dir():
         return []

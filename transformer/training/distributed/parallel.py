@@ -1,28 +1,11 @@
-"""Data parallelism with torch's engines: DistributedDataParallel or FSDP2, plus activation checkpointing.
+"""Data parallelism with torch's engines: DistributedDataParallel or FSDP2 (``fully_shard`` per
+layer, then the root), plus per-layer activation checkpointing; one process uses the model as it is.
 
-Every update's gradient is the gradient of the *summed* label-smoothed loss of all micro-batches
-of all ranks, divided by the global number of target tokens (fairseq's normalisation). Every rank
-knows that number before the update starts (:meth:`~transformer.data.batching.TokenBatchSampler.step_tokens`),
-so the loss is scaled by ``world_size / ntokens`` before the backward pass
-(:meth:`DataParallel.loss_scale`) and both engines keep their own averaging reduction: ``N`` ranks
-compute the same update as one rank with ``update_freq=N`` (up to the order of summation), and a
-quiet update's only collective is the gradient reduction itself (torchtitan's way).
-
-* ``train.distributed=ddp``: :class:`torch.nn.parallel.DistributedDataParallel` over the model and
-  its loss; the all-reduce of each gradient bucket (``train.bucket_cap_mb``) overlaps the backward
-  pass, in fp32 or, with ``train.grad_reduce_dtype=bf16``, compressed to bf16; micro-batches
-  before the last of an update run under ``no_sync()`` (accumulation without communication).
-* ``train.distributed=fsdp``: FSDP2 (``torch.distributed.fsdp.fully_shard``) on every Transformer
-  layer, then on the whole model (embeddings, output layer, final norms): parameters, gradients
-  and optimizer state are sharded across ranks and gathered layer by layer. With
-  ``train.precision=bf16`` the policy computes in bf16 and reduces gradients in fp32 (bf16 with
-  ``train.grad_reduce_dtype=bf16``); ``train.reshard_after_forward=false`` keeps the gathered layers
-  for the backward pass (more memory, one all-gather less per layer).
-* ``train.activation_checkpointing=true``: each layer keeps only its input and recomputes its
-  activations in the backward pass (torch's composable ``checkpoint``, module names unchanged).
-
-One process (no torchrun) uses the model as it is.
-"""
+An update's gradient is that of the summed loss over all micro-batches and ranks divided by the
+global target tokens (fairseq's normalisation). Every rank knows that count before the update, so
+the loss is scaled by ``world_size / ntokens`` (:meth:`DataParallel.loss_scale`) and the engines keep
+their averaging reduction: the gradient reduction is a quiet update's only collective. The
+switches: docs/switches.md#data-parallel-and-sharded-training."""
 
 from __future__ import annotations
 
@@ -61,13 +44,7 @@ DISTRIBUTED = ("ddp", "fsdp")
 
 
 class TrainingLoss(nn.Module):
-    """The model and its loss as one module (what DDP/FSDP wrap: their hooks run in its forward).
-
-    Args:
-        model: an encoder-decoder or decoder-only model.
-        criterion: a :class:`~transformer.training.step.criterion.LabelSmoothedCrossEntropy`.
-        features: optional replacement of ``model.features`` (e.g. a ``torch.compile`` d one).
-    """
+    """The model and its loss as one module (what DDP/FSDP wrap: their hooks run in its forward)."""
 
     def __init__(self, model: nn.Module, criterion: Any, features: Any = None) -> None:
         super().__init__()
@@ -76,20 +53,13 @@ class TrainingLoss(nn.Module):
         self.features = features
 
     def forward(self, net_input: dict[str, Tensor], target: Tensor) -> dict[str, Tensor | int]:
-        """``{"loss", "nll_loss", "ntokens"}`` sums of one batch (see
-        :func:`~transformer.training.step.criterion.model_loss`); ``target`` is ``(batch, seq_len)``."""
+        """``{"loss", "nll_loss", "ntokens"}`` sums of one batch
+        (:func:`~transformer.training.step.criterion.model_loss`)."""
         return model_loss(self.model, self.criterion, net_input, target, features=self.features)
 
 
 def transformer_layers(model: nn.Module) -> list[nn.Module]:
-    """The Transformer layers of a model (every stack's ``layers``), in order.
-
-    Args:
-        model: a model whose stacks are ``encoder`` / ``decoder`` (or ``layers``-holding modules).
-
-    Returns:
-        The layer modules (FSDP units and checkpointing units).
-    """
+    """The Transformer layers of a model (every stack's ``layers``), in order: FSDP and checkpointing units."""
     return [
         layer
         for module in model.modules()
@@ -99,16 +69,8 @@ def transformer_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def checkpoint_layers(model: nn.Module) -> int:
-    """Activation checkpointing per layer (Chen et al. 2016): each layer saves its input only and
-    recomputes its activations in the backward pass. The RNG state is replayed, so dropout masks
-    and hence gradients are the same as without checkpointing; parameter names do not change.
-
-    Args:
-        model: the model (modified in place).
-
-    Returns:
-        The number of layers checkpointed.
-    """
+    """Activation checkpointing per layer (Chen et al. 2016), in place; returns the layers checkpointed.
+    The RNG state is replayed, so dropout and gradients are unchanged; parameter names too."""
     layers = transformer_layers(model)
     for layer in layers:
         checkpoint(layer)
@@ -124,18 +86,11 @@ class DataParallel:
     """How the gradients of one model are shared between ranks (none, DDP or FSDP2).
 
     Args:
-        loss_module: a :class:`TrainingLoss` over the model, on this rank's device.
-        mode: ``none``, ``ddp`` or ``fsdp``, taken as given (the trainer passes ``none`` for one
-            process; a DDP engine over a 1-rank group measures DDP's own overhead).
-        dist_info: rank / world size / device.
-        param_dtype: FSDP2's compute dtype for parameters (``torch.bfloat16`` under
-            ``train.precision=bf16``); ``None`` keeps fp32.
-        bucket_cap_mb: DDP's gradient bucket size in MiB (``train.bucket_cap_mb``).
-        static_graph: DDP's ``static_graph`` (``train.static_graph``): the same parameters take
-            part in every update, so DDP may skip its per-update search for unused ones.
-        grad_reduce_dtype: ``fp32`` or ``bf16`` (``train.grad_reduce_dtype``): the dtype gradients
-            are all-reduced (DDP) or reduce-scattered (FSDP2) in.
-        reshard_after_forward: FSDP2's ``reshard_after_forward`` (``train.reshard_after_forward``).
+        mode: ``none``, ``ddp`` or ``fsdp``, taken as given (DDP over one rank measures its overhead).
+        param_dtype: FSDP2's compute dtype (bf16 under ``train.precision=bf16``); None keeps fp32.
+        bucket_cap_mb, static_graph: DDP's (``train.bucket_cap_mb``, ``train.static_graph``).
+        grad_reduce_dtype: ``fp32`` or ``bf16``: the dtype gradients are reduced in.
+        reshard_after_forward: FSDP2's (``train.reshard_after_forward``).
 
     Raises:
         ValueError: an unknown ``mode`` or ``grad_reduce_dtype``, or ``ddp`` / ``fsdp`` without a
@@ -195,9 +150,8 @@ class DataParallel:
             self.engine = loss_module
 
     def release(self) -> None:
-        """Drop the DistributedDataParallel wrapper (and its ``Reducer``) at the end of a run,
-        before the process group is destroyed (:func:`~transformer.training.distributed.process_group.shutdown_distributed`);
-        the loss module stays usable on this rank."""
+        """Drop the DistributedDataParallel wrapper (and its ``Reducer``) before the process group is
+        destroyed; the loss module stays usable on this rank."""
         self.engine = self.loss_module
 
     @property
@@ -237,18 +191,8 @@ class DataParallel:
         return int(round(t.item()))
 
     def agree(self, train_time: float, signalled: bool) -> tuple[float, bool]:
-        """One clock and one stop flag for all ranks: the largest ``train_time`` (the slowest rank's
-        clock, so every rank takes the time budget's decision at the same update) and whether any
-        rank received a stop signal. A collective and a host read under torchrun: every rank calls
-        it at the same updates (those it logs, validates or saves), never in a quiet update.
-
-        Args:
-            train_time: this rank's training seconds so far.
-            signalled: whether this rank received a stop signal.
-
-        Returns:
-            ``(train_time, signalled)`` agreed over the ranks (this rank's own with one process).
-        """
+        """``(train_time, signalled)`` agreed over the ranks: the slowest rank's clock and whether any
+        rank got a stop signal. A collective: every rank calls it at the same updates, never a quiet one."""
         if self.mode == "none":
             return train_time, signalled
         t = torch.tensor([train_time, 1.0 if signalled else 0.0], dtype=torch.float64, device=self.dist.device)

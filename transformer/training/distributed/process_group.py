@@ -1,12 +1,6 @@
-"""Data parallelism under torchrun: this process's rank and device, and the process group.
-
-A run launched by ``torchrun --nproc_per_node=N scripts/train.py`` has ``WORLD_SIZE``, ``RANK`` and
-``LOCAL_RANK`` in its environment; :func:`setup_distributed` joins the process group (NCCL on CUDA,
-gloo on CPU). A SLURM job started by ``hydra/launcher=submitit_slurm`` (one task per GPU, no torchrun)
-takes the same variables from submitit's job environment (:func:`export_submitit_environment`). How gradients are shared (DistributedDataParallel or FSDP2, summed and divided by
-the global number of target tokens, so N ranks compute the same update as one rank with
-``update_freq=N``) is :mod:`transformer.training.distributed.parallel`.
-"""
+"""Data parallelism under torchrun (or a submitit SLURM task): this process's rank and device, and
+the process group (NCCL on CUDA, gloo on the CPU). How gradients are shared is
+:mod:`transformer.training.distributed.parallel`."""
 
 from __future__ import annotations
 
@@ -48,17 +42,9 @@ class DistInfo:
 
 
 def export_submitit_environment() -> bool:
-    """In a task started by submitit (``SUBMITIT_EXECUTOR`` set, e.g. by ``hydra/launcher=submitit_slurm``
-    or ``submitit_local``) and not by torchrun (no ``WORLD_SIZE``): export torchrun's variables
-    (``MASTER_ADDR`` = the job's first host, ``MASTER_PORT`` from the job id unless set, ``RANK``,
-    ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) from submitit's job environment
-    (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_JOB_NODELIST``, ...), via
-    ``submitit.helpers.TorchDistributedEnvironment``. ``CUDA_VISIBLE_DEVICES`` is left alone: each
-    task takes the GPU ``LOCAL_RANK``.
-
-    Returns:
-        Whether the variables were exported.
-    """
+    """In a submitit task not started by torchrun, export torchrun's variables (``MASTER_ADDR``,
+    ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) from the SLURM job
+    environment; return whether it did. Each task takes GPU ``LOCAL_RANK``."""
     if "SUBMITIT_EXECUTOR" not in os.environ or "WORLD_SIZE" in os.environ:
         return False
     from submitit.helpers import TorchDistributedEnvironment  # the optional [slurm] extra
@@ -68,24 +54,15 @@ def export_submitit_environment() -> bool:
 
 
 def setup_distributed(device_name: str, timeout_s: float = 1800.0) -> DistInfo:
-    """Initialise ``torch.distributed`` when launched by torchrun or submitit (``WORLD_SIZE > 1``).
+    """Join the process group when ``WORLD_SIZE > 1``; return this process's :class:`DistInfo` (rank 0
+    of 1 without it).
 
-    Uses NCCL on CUDA and gloo on CPU. The device is :func:`~transformer.device.resolve_device`'s
-    (``auto``: CUDA when present; ``cuda``: the GPU ``LOCAL_RANK``), made this process's current
-    CUDA device. Under submitit, torchrun's variables are first exported from the job environment
-    (:func:`export_submitit_environment`).
-
-    Args:
-        device_name: ``train.device``: ``auto``, ``cpu``, ``cuda`` or any ``torch.device`` string.
-        timeout_s: how long a collective waits for the other ranks before it fails
-            (``train.dist_timeout``; NCCL's own default is 10 minutes, too short for a rank that
-            tests or saves a big model while the others wait).
-
-    Returns:
-        This process's :class:`DistInfo` (rank 0 of 1 without torchrun).
+    The device is :func:`~transformer.device.resolve_device`'s (``cuda``: GPU ``LOCAL_RANK``).
+    ``timeout_s`` (``train.dist_timeout``) is how long a collective waits; NCCL's 10-minute default is
+    too short for a rank saving a big model.
 
     Raises:
-        ConfigError: a CUDA device on a machine where torch sees none.
+        ConfigError: a CUDA device where torch sees none.
     """
     export_submitit_environment()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -106,20 +83,8 @@ def setup_distributed(device_name: str, timeout_s: float = 1800.0) -> DistInfo:
 
 
 def shutdown_distributed(parallel: Any = None) -> None:
-    """Wait for every rank, then leave the process group (nothing to do without one).
-
-    Args:
-        parallel: the run's :class:`~transformer.training.distributed.parallel.DataParallel`; its
-            DistributedDataParallel wrapper is released first.
-
-    The order avoids a deadlock seen under load with gloo (a rank hung at exit after its run had
-    finished): a gloo worker thread drops the barrier's work, and with it the references to
-    tensors that have Python objects, which needs the GIL; if the last reference to the process
-    group is then dropped by the DDP ``Reducer``'s destructor, that destructor joins the worker
-    threads while holding the GIL. So the ``Reducer`` goes first (the group is still held by
-    ``torch.distributed``, nothing is joined), the GIL is free for a moment after the barrier (the
-    workers finish their clean-up), and ``destroy_process_group`` destroys the group last.
-    """
+    """Wait for every rank, release ``parallel``'s DDP wrapper, then leave the process group (a
+    deadlock-free order: docs/design.md#leaving-the-process-group)."""
     if not dist.is_initialized():
         return
     if parallel is not None:

@@ -1,10 +1,6 @@
 """Metrics loggers: JSONL always, plus Weights & Biases (offline works without network) or
-TensorBoard.
-
-Every logger takes ``log(metrics, step, split)`` where ``step`` is the update count and ``split``
-names the stream (``"train"``, ``"valid"``, ``"test"``). Values may be Python numbers, 0-d tensors
-or strings (strings go to JSONL and wandb only).
-"""
+TensorBoard. ``log(metrics, step, split)``: ``step`` is the update count, ``split`` the stream
+(``train``, ``valid``, ``test``); values are numbers, 0-d tensors or strings (JSONL and wandb only)."""
 
 from __future__ import annotations
 
@@ -42,13 +38,7 @@ class MetricsLogger:
     """Interface of a metrics sink; the base class itself discards everything."""
 
     def log(self, metrics: Mapping[str, Any], step: int, split: str) -> None:
-        """Record ``metrics`` at update ``step`` for stream ``split``.
-
-        Args:
-            metrics: name -> number, 0-d tensor or string (e.g. ``{"loss": 4.2, "lr": 5e-4}``).
-            step: the update count.
-            split: ``"train"``, ``"valid"``, ``"test"``...
-        """
+        """Record ``metrics`` (name -> number, 0-d tensor or string) at update ``step`` for stream ``split``."""
 
     def close(self) -> None:
         """Flush and release resources; further :meth:`log` calls are not allowed."""
@@ -61,17 +51,10 @@ class MetricsLogger:
 
 
 class JsonlLogger(MetricsLogger):
-    """Appends one JSON object per call to ``run_dir/metrics.jsonl``:
-    ``{"split": ..., "update": step, **metrics, "time": unix seconds}``.
+    """Appends ``{"split", "update", **metrics, "time"}`` per call to ``run_dir/metrics.jsonl``, flushed.
 
-    The file is opened in append mode, so a resumed run continues the same file (rows logged after
-    the resumed checkpoint appear twice; readers keep the last row per ``(split, update)``). A
-    partial last line left by a crash is terminated first. Each row is flushed. Non-finite floats
-    are written as ``NaN``/``Infinity`` (Python's ``json`` reads them back).
-
-    Args:
-        run_dir: the run folder (created when missing).
-    """
+    A resumed run appends to the same file (readers keep the last row per ``(split, update)``); a
+    partial last line left by a crash is terminated first; non-finite floats are ``NaN``/``Infinity``."""
 
     FILENAME = "metrics.jsonl"
 
@@ -92,7 +75,7 @@ class JsonlLogger(MetricsLogger):
         """Append one row.
 
         Raises:
-            ValueError: when a metric is named ``split``, ``update`` or ``time``.
+            ValueError: a metric named ``split``, ``update`` or ``time``.
         """
         clash = [k for k in _RESERVED if k in metrics]
         if clash:
@@ -108,23 +91,14 @@ class JsonlLogger(MetricsLogger):
 
 
 class WandbLogger(MetricsLogger):
-    """Weights & Biases run (``wandb`` imported lazily). Metrics are logged as ``{split}/{name}``
-    against the ``update`` axis (``define_metric``), so a resumed run may log smaller updates.
+    """A Weights & Biases run, metrics as ``{split}/{name}`` against the ``update`` axis.
 
-    ``mode="offline"`` writes ``run_dir/wandb/offline-run-*`` without touching the network (sync
-    later with ``wandb sync``); ``"online"`` needs a login; ``"disabled"`` does nothing. Console
-    capture, git, system stats and hardware probing are off, and wandb is silent.
-
-    Args:
-        run_dir: the run folder; wandb writes under ``run_dir/wandb``.
-        project: the wandb project (``logger.project``).
-        run_name: the run's display name.
-        config: the run's configuration as a plain dict.
-        mode: ``"offline"`` (default), ``"online"`` or ``"disabled"`` (``logger.mode``).
+    ``mode="offline"`` writes ``run_dir/wandb/offline-run-*`` without network (``wandb sync`` later);
+    ``"online"`` needs a login; ``"disabled"`` does nothing. wandb's console capture and probes are off.
 
     Raises:
-        ValueError: for an unknown mode.
-        ImportError: when wandb is not installed.
+        ValueError: an unknown mode.
+        ImportError: wandb is not installed.
     """
 
     def __init__(
@@ -175,14 +149,10 @@ class WandbLogger(MetricsLogger):
 
 
 class TensorboardLogger(MetricsLogger):
-    """TensorBoard event files in ``run_dir/tensorboard`` (``torch.utils.tensorboard``, which needs
-    the ``tensorboard`` package). Numeric metrics only, as scalars ``{split}/{name}`` at ``step``.
-
-    Args:
-        run_dir: the run folder.
+    """Numeric metrics as TensorBoard scalars ``{split}/{name}`` in ``run_dir/tensorboard``.
 
     Raises:
-        ImportError: when tensorboard is not installed.
+        ImportError: tensorboard is not installed.
     """
 
     def __init__(self, run_dir: Path | str) -> None:
@@ -203,11 +173,7 @@ class TensorboardLogger(MetricsLogger):
 
 
 class MultiLogger(MetricsLogger):
-    """Fans every call out to several loggers; with none it is a no-op (non-main ranks).
-
-    Args:
-        loggers: the loggers to call, in order.
-    """
+    """Fans every call out to several loggers; with none it is a no-op (non-main ranks)."""
 
     def __init__(self, loggers: Iterable[MetricsLogger] = ()) -> None:
         self.loggers = list(loggers)
@@ -233,20 +199,11 @@ class MultiLogger(MetricsLogger):
 def build_loggers(
     cfg: Any, run_dir: Path | str, run_name: str, config_dict: Mapping[str, Any], is_main: bool
 ) -> MultiLogger:
-    """The loggers of a run: JSONL always, plus ``cfg.name`` (``wandb`` or ``tensorboard``).
-
-    Args:
-        cfg: a :class:`transformer.config.LoggerConfig` (``name``, ``project``, ``mode``).
-        run_dir: the run folder.
-        run_name: the run's display name (wandb).
-        config_dict: the resolved configuration as a plain dict (wandb's run config).
-        is_main: False on non-zero distributed ranks, which get a no-op logger.
-
-    Returns:
-        A :class:`MultiLogger`.
+    """A :class:`MultiLogger`: JSONL plus ``cfg.name`` (``wandb`` or ``tensorboard``); a no-op
+    unless ``is_main``.
 
     Raises:
-        ValueError: for an unknown ``cfg.name``.
+        ValueError: an unknown ``cfg.name``.
     """
     if cfg.name not in ("none", "wandb", "tensorboard"):
         raise ValueError(f"logger.name={cfg.name!r} is not one of none, wandb, tensorboard")

@@ -1,11 +1,5 @@
-"""Divergence guards: a diverging run stops with a sentence that names the update and the last
-checkpoint that is truly finite, and non-finite weights are never saved.
-
-The trainer checks the loss, the gradient norm (a finite loss can come with NaN gradients, e.g.
-``optim.lr=1e6``) and, before every save, the weights themselves. :class:`DivergenceWatch` does the
-first two without a host sync on an accelerator: the first non-finite update is kept on the device
-and read when the trainer logs, validates or saves.
-"""
+"""Divergence guards: a diverging run stops with a sentence naming the update and the last finite
+checkpoint, and non-finite weights are never saved (docs/runs.md#divergence)."""
 
 from __future__ import annotations
 
@@ -24,26 +18,10 @@ __all__ = ["DivergenceWatch", "divergence_message", "nonfinite_tensors", "nonfin
 class DivergenceWatch:
     """The first update whose loss or gradient norm is not finite.
 
-    On the CPU, where reading a value costs nothing, :meth:`record` checks each update at once and
-    raises there, before its optimizer step. On an accelerator it keeps the first non-finite update
-    on the device (``[update, 1 for the loss / 0 for the gradient norm, the value]``, fp64; update 0:
-    none so far), with no host sync, and :meth:`check` reads it: the trainer calls it every
-    ``train.log_every`` updates, before validating and before saving, so a divergence is found up to
-    ``log_every`` updates late (the optimizer steps in between; non-finite weights are never saved)
-    and the stop message still names the update that diverged.
-
-    Under torchrun each rank records its own loss, and findings are always deferred: :meth:`check`
-    (which every rank calls at the same updates) gathers them, so every rank raises at once, naming
-    the first update any rank found.
-
-    Args:
-        device: the training device.
-        world_size: ranks of the run (> 1: findings are gathered by :meth:`check`).
-
-    Attributes:
-        deferred: whether findings wait on the device for :meth:`check` (not on the CPU of one
-            process, unless :attr:`defer_on_cpu`).
-    """
+    Not deferred (the CPU of one process), :meth:`record` raises at once, before the optimizer step.
+    Deferred (an accelerator, or several ranks), the first finding stays on the device as
+    ``[update, 1 for the loss / 0 for the gradient norm, value]`` (fp64; update 0: none) and
+    :meth:`check` reads it, gathered over ranks so all raise together."""
 
     defer_on_cpu = False
     """Tests set it to run the accelerator's deferred path on the CPU."""
@@ -55,17 +33,10 @@ class DivergenceWatch:
         self.found: Tensor | None = None
 
     def record(self, update: int, loss: Tensor, grad_norm: Tensor | None, last_saved: tuple[Path, int] | None) -> None:
-        """Check one update's loss and (unless None: fp16 leaves overflows to the GradScaler) its
-        gradient norm.
-
-        Args:
-            update: the update (1-based).
-            loss: its summed loss over this rank's batches (a scalar tensor).
-            grad_norm: its total gradient norm (a scalar tensor), or None.
-            last_saved: ``(stem, update)`` of the newest finite checkpoint, for the message.
+        """Check one update's summed loss and gradient norm (None under fp16: the GradScaler handles overflows).
 
         Raises:
-            TrainingError: not deferred, when the loss or the gradient norm is not finite.
+            TrainingError: not deferred, when either is not finite.
         """
         if not self.deferred:
             bad_loss = not bool(torch.isfinite(loss))
@@ -85,7 +56,7 @@ class DivergenceWatch:
         """Read what :meth:`record` kept (a host sync; nothing when not deferred).
 
         Raises:
-            TrainingError: when an update recorded so far was not finite (the first one is named).
+            TrainingError: an update so far was not finite (the first one is named).
         """
         found = self.found
         if self.world_size > 1:  # every rank's finding; the first update any rank found wins
@@ -110,31 +81,13 @@ class DivergenceWatch:
 
 
 def nonfinite_tensors(named: Iterable[tuple[str, Tensor]]) -> list[str]:
-    """Names of the floating-point tensors holding NaN or ±inf.
-
-    Args:
-        named: ``(name, tensor)`` pairs, e.g. ``model.state_dict().items()``.
-
-    Returns:
-        The names, in order (empty when every tensor is finite).
-    """
+    """Names of the floating-point tensors of ``(name, tensor)`` pairs holding NaN or ±inf, in order."""
     return [name for name, t in named if t.is_floating_point() and not bool(t.isfinite().all())]
 
 
 def nonfinite_weights(model: nn.Module, ema: Any, parallel: Any) -> list[str]:
-    """Names of the weights (and moving-average weights) holding NaN or inf, found on every rank:
-    each checks its own tensors (its shards under FSDP) and the ranks add up what they found, so
-    that all of them stop together.
-
-    Args:
-        model: the trained model (DTensor shards under FSDP).
-        ema: the :class:`~transformer.training.step.ema.EMA` of its weights, or None.
-        parallel: the run's :class:`~transformer.training.distributed.parallel.DataParallel` (``sum_over_ranks``).
-
-    Returns:
-        The names found on this rank, or one entry counting those found on other ranks; empty when
-        every weight is finite everywhere.
-    """
+    """Names of the model's (and EMA's) weights holding NaN or inf on this rank, or one entry counting
+    those of other ranks; summed over ranks, so every rank stops together."""
     local = [(name, t.to_local() if hasattr(t, "to_local") else t) for name, t in model.state_dict().items()]
     bad = nonfinite_tensors(local)
     if ema is not None:
@@ -144,17 +97,8 @@ def nonfinite_weights(model: nn.Module, ema: Any, parallel: Any) -> list[str]:
 
 
 def divergence_message(problem: str, update: int, last_saved: tuple[Path, int] | None) -> str:
-    """The stop message of a diverged run.
-
-    Args:
-        problem: what was found, e.g. ``"non-finite gradient norm (nan)"``.
-        update: the update it was found at (1-based).
-        last_saved: ``(checkpoint stem, its update)`` of the newest finite checkpoint of the run
-            folder, or None when this run has none.
-
-    Returns:
-        One sentence: the problem, the update, the checkpoint to use, and what to change.
-    """
+    """One sentence: ``problem`` at ``update``, the last finite checkpoint (``(stem, update)`` or None),
+    and what to change."""
     if last_saved is None:
         where = "no checkpoint of this run was saved before it"
     else:

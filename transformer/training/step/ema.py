@@ -1,11 +1,7 @@
-"""Exponential moving average of the weights (``train.ema_decay``).
-
-After every update ``ema = decay * ema + (1 - decay) * weight`` (Polyak & Juditsky 1992; Marian's
-``--exponential-smoothing``, fairseq's and eole's EMA), kept in fp32 beside the model whatever the
-training precision, starting from the initial weights. The update is PyTorch's own
-(:func:`torch.optim.swa_utils.get_ema_multi_avg_fn`, one ``_foreach_lerp_`` over all tensors).
-Validation and the final test run with the averaged weights swapped in (:meth:`EMA.swapped`).
-"""
+"""Exponential moving average of the weights (``train.ema_decay``): ``ema = decay * ema + (1 - decay)
+* weight`` after every update (Polyak & Juditsky 1992; Marian's ``--exponential-smoothing``), in
+fp32 from the initial weights, with PyTorch's ``get_ema_multi_avg_fn``. Validation and the final
+test swap the averages in (:meth:`EMA.swapped`)."""
 
 from __future__ import annotations
 
@@ -20,16 +16,11 @@ __all__ = ["EMA"]
 
 
 class EMA:
-    """fp32 moving averages of a model's parameters, by parameter name.
+    """fp32 moving averages of a model's parameters, by name; ``decay`` in ``(0, 1)`` (0.999: about the
+    last 1000 updates).
 
-    Tied parameters are averaged once (under the first name :meth:`nn.Module.named_parameters`
-    gives); :meth:`state_dict` returns every name of the model's ``state_dict`` (tied names share
-    a tensor), so it loads into the model like its own weights. Persistent buffers (a mixture of
-    experts' selection biases) are not averaged: :meth:`state_dict` gives their current values.
-
-    Args:
-        model: the model being trained (its current weights start the average).
-        decay: in ``(0, 1)``; 0.999 averages over roughly the last 1000 updates.
+    Tied parameters are averaged once, and :meth:`state_dict` gives every name of the model's, so it
+    loads like the model's own weights; persistent buffers are not averaged (their current values).
 
     Raises:
         ValueError: ``decay`` outside ``(0, 1)``.
@@ -81,12 +72,8 @@ class EMA:
     @contextmanager
     @torch.no_grad()
     def swapped(self, model: nn.Module) -> Iterator[nn.Module]:
-        """Run the block with the averaged weights in ``model``; its own weights come back afterwards
-        (bit for bit, also when the block raises).
-
-        Yields:
-            ``model`` holding the averages (cast to each parameter's dtype).
-        """
+        """Yield ``model`` holding the averages (in each parameter's dtype); its own weights come back
+        afterwards, bit for bit, also when the block raises."""
         params = dict(model.named_parameters())
         saved = [params[n].detach().clone() for n in self.names]
         try:

@@ -1,22 +1,6 @@
-"""Optimizers: Adam (Kingma & Ba 2015) and AdamW (Loshchilov & Hutter 2019) with the betas and
-eps of Vaswani et al. 2017 §5.3 by default (``OptimConfig``).
-
-Weight decay:
-
-- ``adam``: ``torch.optim.Adam(weight_decay=...)``, i.e. L2 regularisation added to the gradient,
-  applied to every parameter. (fairseq's ``adam`` decays decoupled, like AdamW, on all
-  parameters; use ``adamw`` for decoupled decay.)
-- ``adamw``: decoupled decay on the weight matrices only. Biases, norm gains (every parameter
-  with fewer than 2 dimensions) and embeddings (parameters of ``nn.Embedding`` modules, or whose
-  name contains ``embed``) go to a second param group with ``weight_decay=0`` (the GPT-2/minGPT
-  and Hugging Face convention). A weight tied between an embedding and the output projection is
-  one parameter, owned by the embedding, so it is not decayed.
-
-Implementation: when ``cfg.fused`` is None, the fused single-kernel update on CUDA and CPU (on
-CPU PyTorch runs ``foreach`` as a loop over parameters, which is slower: measured in
-``docs/benchmarks/cpu_choices.md``) and ``foreach`` elsewhere; ``cfg.fused=True`` forces the fused
-kernels, ``False`` forces ``foreach``.
-"""
+"""Optimizers: Adam (Kingma & Ba 2015) and AdamW (Loshchilov & Hutter 2019) with the betas and eps
+of Vaswani et al. 2017 §5.3 by default. Which parameters AdamW decays, and the fused kernel:
+docs/design.md#weight-decay-and-the-fused-optimizer."""
 
 from __future__ import annotations
 
@@ -44,23 +28,13 @@ def _named_trainable(params: nn.Module | Iterable[Any]) -> tuple[list[tuple[str,
 
 
 def param_groups_for_weight_decay(params: nn.Module | Iterable[Any], weight_decay: float) -> list[dict[str, Any]]:
-    """Split trainable parameters into a decayed and a non-decayed group.
+    """The non-empty ones of a decayed group and a ``weight_decay=0`` group of the trainable parameters.
 
-    Parameters with ``ndim < 2`` (biases, norm gains), parameters of ``nn.Embedding`` modules and
-    parameters whose name contains ``embed`` are not decayed.
-
-    Args:
-        params: a module (names and ``nn.Embedding`` ownership are used), an iterable of
-            ``(name, parameter)`` pairs, or an iterable of parameters (only the ``ndim < 2`` rule
-            applies). Parameters with ``requires_grad=False`` are left out.
-        weight_decay: the decay of the first group.
-
-    Returns:
-        The non-empty ones of ``[{"params": [...], "weight_decay": weight_decay},
-        {"params": [...], "weight_decay": 0.0}]``.
+    Parameters with ``ndim < 2``, of ``nn.Embedding`` modules, or named ``*embed*`` are not decayed.
+    ``params`` is a module, ``(name, parameter)`` pairs, or bare parameters (only the ``ndim`` rule).
 
     Raises:
-        ValueError: when there are no trainable parameters.
+        ValueError: no trainable parameters.
     """
     named, embedding_ids = _named_trainable(params)
     no_decay = [p for n, p in named if p.ndim < 2 or id(p) in embedding_ids or "embed" in n.lower()]
@@ -71,23 +45,11 @@ def param_groups_for_weight_decay(params: nn.Module | Iterable[Any], weight_deca
 
 
 def build_optimizer(params: nn.Module | Iterable[Any], cfg: Any, device_type: str) -> torch.optim.Optimizer:
-    """Build Adam or AdamW from ``cfg`` (see the module docstring for weight-decay groups).
-
-    Args:
-        params: a module, an iterable of ``(name, parameter)`` pairs, an iterable of parameters,
-            or a list of param-group dicts (used as given).
-        cfg: a :class:`transformer.config.OptimConfig` (``name``, ``lr``, ``betas``, ``eps``,
-            ``weight_decay``, ``fused``).
-        device_type: where the parameters live (``"cuda"``, ``"cpu"``, ``"mps"``); picks
-            ``fused``/``foreach`` when ``cfg.fused`` is None.
-
-    Returns:
-        A ``torch.optim.Adam`` or ``torch.optim.AdamW`` with ``lr=cfg.lr`` (the scheduler
-        overwrites it before the first update).
+    """``torch.optim.Adam`` or ``AdamW`` from ``cfg``, fused or ``foreach`` by ``device_type`` when
+    ``cfg.fused`` is None. ``params`` may also be a list of param-group dicts, used as given.
 
     Raises:
-        ValueError: for an unknown ``cfg.name``, a negative ``lr``/``weight_decay``, or no
-            trainable parameters.
+        ValueError: an unknown ``cfg.name``, a negative ``lr``/``weight_decay``, or no trainable parameters.
     """
     name = str(cfg.name).lower()
     if name not in ("adam", "adamw"):
@@ -117,15 +79,8 @@ def build_optimizer(params: nn.Module | Iterable[Any], cfg: Any, device_type: st
 
 
 def total_norm(params: list[torch.Tensor]) -> torch.Tensor:
-    """The 2-norm of the gradients of ``params`` taken together, on the device (no host read): what
-    ``clip_grad_norm_`` measures, without its pass scaling every gradient (``train.clip_norm=0``).
-
-    Args:
-        params: parameters whose ``grad`` is set (DTensors under FSDP give a DTensor of partial norms).
-
-    Returns:
-        A scalar tensor (fp32 for fp32 gradients).
-    """
+    """The 2-norm of the gradients of ``params`` together, on the device (no host read): what
+    ``clip_grad_norm_`` measures without scaling (``train.clip_norm=0``). A DTensor under FSDP."""
     grads = [p.grad for p in params]
     if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6
         # one multi-tensor norm kernel per device and dtype off the CPU (which has no foreach kernels)

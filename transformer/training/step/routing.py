@@ -1,14 +1,7 @@
-"""The training loop's bookkeeping of mixture-of-experts routing (``model/ffn=moe``).
-
-Per update, :class:`RoutingMonitor` adds up what :func:`~transformer.training.step.criterion.model_loss`
-returns for each micro-batch (router losses, tokens per expert), sums the expert loads over the
-ranks, moves DeepSeek-V3's selection biases after the optimizer step
-(:func:`~transformer.models.update_expert_biases`; a no-op unless ``model.ffn.bias_update_speed > 0``)
-and returns the metrics the trainer logs to ``metrics.jsonl``. The biases are buffers of the model,
-saved with its weights, so a resumed run continues them exactly. A dense model has nothing to
-monitor: every call is a no-op. Nothing is read on the host during an update: the sums stay on the
-device and :func:`read_routing` turns them into numbers when the trainer logs or saves.
-"""
+"""The training loop's bookkeeping of mixture-of-experts routing: per update, :class:`RoutingMonitor`
+adds up each micro-batch's router losses and expert loads, sums the loads over the ranks, moves
+DeepSeek-V3's selection biases (saved with the weights), and returns the metrics to log. The sums
+stay on the device until :func:`read_routing`; for a dense model every call is a no-op."""
 
 from __future__ import annotations
 
@@ -24,13 +17,8 @@ __all__ = ["RoutingMonitor", "read_routing"]
 
 
 class RoutingMonitor:
-    """Router losses and expert loads of one update, and the bias update that ends it.
-
-    Args:
-        model: the trained model (the bare module, not its DDP/FSDP wrapper).
-        distributed: whether the loads must be summed over the ranks (``torch.distributed`` is
-            initialised with more than one process).
-    """
+    """Router losses and expert loads of one update, and the bias update that ends it; ``model`` is the
+    bare module, ``distributed`` sums the loads over the ranks."""
 
     def __init__(self, model: nn.Module, distributed: bool) -> None:
         self.model, self.distributed = model, distributed
@@ -55,15 +43,9 @@ class RoutingMonitor:
         self.dropped += out["moe_dropped"]  # a Python int (the dispatch is dropless)
 
     def finish(self) -> dict[str, Any]:
-        """After the optimizer step: sum the update's loads over the ranks, update the selection
-        biases and start the next update (every rank calls it: a collective under torchrun).
-
-        Returns:
-            ``{}`` for a dense model; else the update's routing on the device, for
-            :func:`read_routing`: ``moe_losses`` (``(2, micro_batches)``: each micro-batch's
-            unweighted auxiliary loss and z-loss), ``moe_counts`` (the loads over all ranks,
-            ``(n_moe_layers, E)`` flattened, then the dropped assignments) and ``moe_layers``.
-        """
+        """After the optimizer step (a collective under torchrun): sum the loads over the ranks, update the
+        biases and start the next update. Returns ``{}`` for a dense model, else the device values
+        :func:`read_routing` reads (``moe_losses`` ``(2, micro_batches)``, ``moe_counts``, ``moe_layers``)."""
         if self.load is None:
             return {}
         counts = torch.cat(
@@ -95,18 +77,10 @@ class RoutingMonitor:
 
 
 def read_routing(raw: dict[str, Any]) -> dict[str, Any]:
-    """The logged routing metrics of :meth:`RoutingMonitor.finish`'s device values (a host sync).
-
-    Args:
-        raw: what ``finish`` returned (``{}`` for a dense model).
-
-    Returns:
-        ``{}`` for a dense model; else ``moe_aux_loss`` and ``moe_z_loss`` (unweighted, mean over
-        this rank's micro-batches), ``moe_tokens_per_expert`` (per MoE layer, in model order, the
-        update's assignments of real tokens per expert over all ranks; padding never counts),
-        ``moe_max_load`` (the largest expert load over the mean load, all layers; 1 = balanced) and
-        ``moe_dropped_tokens`` (0: dropless dispatch).
-    """
+    """The logged routing metrics (a host sync): ``{}`` for a dense model; else ``moe_aux_loss`` and
+    ``moe_z_loss`` (unweighted, mean over micro-batches), ``moe_tokens_per_expert`` (per layer, real
+    tokens over all ranks), ``moe_max_load`` (largest over mean load; 1 = balanced) and
+    ``moe_dropped_tokens`` (0)."""
     if not raw:
         return {}
     counts = raw["moe_counts"]

@@ -1,18 +1,8 @@
 """Learning-rate schedules: inverse square root (fairseq and Vaswani et al. 2017 forms), cosine and
 constant, each with a linear warmup.
 
-Update numbering: updates are numbered from 1, and the learning rate used by update ``u`` (the
-``u``-th ``optimizer.step()``) is :func:`lr_at` ``(u)``. :class:`WarmupLRScheduler` keeps that
-contract with the usual PyTorch call order::
-
-    for batch in batches:          # update u = 1, 2, ...
-        loss.backward()
-        optimizer.step()           # uses lr_at(u)
-        scheduler.step()           # sets lr_at(u + 1) for the next update
-
-``scheduler.last_epoch`` counts the completed updates, so the optimizer's learning rate is always
-``lr_at(scheduler.last_epoch + 1)``.
-"""
+Updates are numbered from 1: update ``u`` (the ``u``-th ``optimizer.step()``) uses ``lr_at(u)``, and
+after ``scheduler.step()`` the optimizer holds ``lr_at(scheduler.last_epoch + 1)``."""
 
 from __future__ import annotations
 
@@ -30,10 +20,8 @@ _NAMES = ("inverse_sqrt", "cosine", "constant")
 _FORMS = ("fairseq", "noam")
 
 SCHEDULES: dict[str, Callable[[int, Any, float, int, int], float]] = {}
-"""Schedules registered by plugins (:func:`transformer.registry.register_lr_scheduler`): name ->
-``schedule(update, cfg, base_lr, d_model, max_updates) -> learning rate``, with :func:`lr_at`'s
-arguments (``cfg`` holds every ``lr_scheduler.*`` field, the option's own included). The built-in
-names are :data:`_NAMES` (their formulas are in :func:`lr_at`)."""
+"""Plugin schedules (:func:`transformer.registry.register_lr_scheduler`): name -> a function of
+:func:`lr_at`'s arguments."""
 assert tuple(LR_SCHEDULERS) == _NAMES  # the names validation accepts before any plugin registers
 
 
@@ -42,38 +30,19 @@ def _linear_warmup(update: int, warmup: int, init_lr: float, peak_lr: float) -> 
 
 
 def lr_at(update: int, cfg: Any, base_lr: float, d_model: int, max_updates: int) -> float:
-    """The learning rate used by update ``update`` (numbered from 1).
+    """The learning rate of update ``update`` (from 1); ``w = cfg.warmup_updates``, ``u = update``.
 
-    Schedules (``cfg.name`` / ``cfg.form``), with ``w = cfg.warmup_updates`` and ``u = update``:
-
-    - ``inverse_sqrt``, ``form=fairseq`` (fairseq ``inverse_sqrt``): linear warmup
-      ``warmup_init_lr + (base_lr - warmup_init_lr) * u / w`` for ``u <= w``, then
-      ``base_lr * sqrt(w / u)``. The peak, reached at ``u = w``, is ``base_lr``.
-    - ``inverse_sqrt``, ``form=noam`` (Vaswani et al. 2017 §5.3, eq. 3):
-      ``noam_scale * d_model^-0.5 * min(u^-0.5, u * w^-1.5)``. ``base_lr`` and ``warmup_init_lr``
-      are not used; this equals the fairseq form with ``warmup_init_lr = 0`` and
-      ``base_lr = noam_scale * d_model^-0.5 * w^-0.5`` (6.99e-4 for d_model 512, w 4000).
-    - ``cosine``: the same linear warmup, then a half cosine from ``base_lr`` down to
-      ``cfg.min_lr`` at ``u = max_updates`` (Loshchilov & Hutter 2017, without restarts), and
-      ``min_lr`` after it.
-    - ``constant``: the same linear warmup, then ``base_lr``.
-
-    ``w = 0`` means no warmup (``cosine`` and ``constant`` only).
-
-    Args:
-        update: the update number, ``>= 1``.
-        cfg: a :class:`transformer.config.SchedulerConfig` (or a DictConfig with its fields).
-        base_lr: the peak learning rate (``optim.lr``), in the optimizer's units.
-        d_model: the model width, used by the ``noam`` form only.
-        max_updates: the length of the run in updates, used by ``cosine`` only.
-
-    Returns:
-        The learning rate as a float.
+    - ``inverse_sqrt``, ``form=fairseq``: linear warmup from ``warmup_init_lr`` to ``base_lr`` at
+      ``u = w``, then ``base_lr * sqrt(w / u)``.
+    - ``inverse_sqrt``, ``form=noam`` (Vaswani et al. 2017 eq. 3):
+      ``noam_scale * d_model^-0.5 * min(u^-0.5, u * w^-1.5)``; ``base_lr`` is not used.
+    - ``cosine``: the warmup, then a half cosine from ``base_lr`` to ``cfg.min_lr`` at ``max_updates``
+      (Loshchilov & Hutter 2017, no restarts), ``min_lr`` after it.
+    - ``constant``: the warmup, then ``base_lr``. ``w = 0``: no warmup (cosine and constant only).
 
     Raises:
-        ValueError: for ``update < 1``, an unknown ``cfg.name`` or ``cfg.form``, ``form=noam`` with
-            another schedule than ``inverse_sqrt`` or with ``warmup_init_lr != 0``,
-            ``inverse_sqrt`` with ``warmup_updates <= 0``, a negative ``warmup_updates``, or
+        ValueError: ``update < 1``, an unknown name or form, ``noam`` with another schedule or a
+            nonzero ``warmup_init_lr``, ``inverse_sqrt`` without warmup, a negative warmup, or
             ``cosine`` with ``max_updates <= warmup_updates``.
     """
     if update < 1:
@@ -138,26 +107,12 @@ class _ScheduleParams:
 class WarmupLRScheduler(LRScheduler):
     """A PyTorch LR scheduler that sets every param group's learning rate to :func:`lr_at`.
 
-    The optimizer's learning rate during update ``u`` (numbered from 1) is ``lr_at(u)``:
-    construction sets ``lr_at(1)``, and each :meth:`step` (called after ``optimizer.step()``)
-    sets the rate of the next update. All param groups get the same absolute rate; the groups'
-    own ``lr`` values are overwritten.
-
-    :meth:`state_dict` holds only the position (``last_epoch`` = completed updates) as plain ints
-    and floats, so it loads with ``torch.load(weights_only=True)``; the schedule itself comes
-    from the config given to the constructor, and :meth:`load_state_dict` re-applies the rate of
-    the next update, so loading the optimizer state before or after the scheduler state gives
-    the same learning rate.
-
-    Args:
-        optimizer: the optimizer whose param groups are driven.
-        cfg: a :class:`transformer.config.SchedulerConfig`.
-        base_lr: the peak learning rate (``optim.lr``).
-        d_model: the model width (``noam`` form).
-        max_updates: the run length in updates (``cosine``).
+    Construction sets ``lr_at(1)``; each :meth:`step` after ``optimizer.step()`` sets the next update's
+    rate. The state holds only the position (plain ints, ``weights_only`` loadable), and loading it
+    re-applies the next rate, so the order of loading optimizer and scheduler states does not matter.
 
     Raises:
-        ValueError: when the configuration is invalid (see :func:`lr_at`).
+        ValueError: an invalid configuration (:func:`lr_at`).
     """
 
     def __init__(
@@ -172,7 +127,7 @@ class WarmupLRScheduler(LRScheduler):
 
     @property
     def num_updates(self) -> int:
-        """The number of completed updates (``scheduler.step()`` calls)."""
+        """Completed updates (``scheduler.step()`` calls)."""
         return self.last_epoch
 
     def lr_for_update(self, update: int) -> float:
@@ -192,7 +147,7 @@ class WarmupLRScheduler(LRScheduler):
         """Restore the position and set the optimizer's rate to that of the next update.
 
         Raises:
-            KeyError: when ``state_dict`` has no ``last_epoch``.
+            KeyError: ``state_dict`` has no ``last_epoch``.
         """
         self.last_epoch = int(state_dict["last_epoch"])
         self._step_count = int(state_dict.get("_step_count", self.last_epoch + 1))
@@ -208,20 +163,10 @@ class WarmupLRScheduler(LRScheduler):
 def build_scheduler(
     optimizer: torch.optim.Optimizer, cfg: Any, base_lr: float, d_model: int, max_updates: int
 ) -> WarmupLRScheduler:
-    """Build the scheduler of ``cfg`` for ``optimizer``; see :class:`WarmupLRScheduler`.
-
-    Args:
-        optimizer: the optimizer to drive.
-        cfg: a :class:`transformer.config.SchedulerConfig`.
-        base_lr: the peak learning rate (``optim.lr``).
-        d_model: the model width (``noam`` form).
-        max_updates: the run length in updates (``cosine``; ``train.max_updates``).
-
-    Returns:
-        A :class:`WarmupLRScheduler` that has already set ``lr_at(1)`` on the optimizer.
+    """A :class:`WarmupLRScheduler` for ``optimizer`` that has already set ``lr_at(1)``.
 
     Raises:
-        ValueError: when the configuration is invalid (see :func:`lr_at`).
+        ValueError: an invalid configuration (:func:`lr_at`).
     """
     return WarmupLRScheduler(optimizer, cfg, base_lr, d_model, max_updates)
 
