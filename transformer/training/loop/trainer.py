@@ -60,17 +60,12 @@ class Trainer:
     """Owns the model, the optimiser and the update of one run.
 
     Args:
-        cfg: the resolved :class:`~transformer.config.Config` (validated by the caller).
-        data: the loaded corpus (tokenizers and splits).
-        dist_info: rank / world size / device.
-        run_dir: the run folder (checkpoints, metrics.jsonl, results.json).
-        parallel_mode: the data-parallel engine (``none``, ``ddp``, ``fsdp``); None:
-            ``train.distributed`` under torchrun, ``none`` for one process. ``ddp`` over a 1-rank
-            process group measures DDP's own cost (``benchmarks/gpu_check``).
-        log: where the run's lines go (e.g. the run folder's ``train.log``); None: stderr on rank 0.
-        compile_backend: the ``torch.compile`` backend when the step is compiled; None: inductor
-            (:data:`~transformer.training.step.compiled.BACKEND`). ``eager`` checks dynamo's graphs
-            without generating code.
+        cfg: the resolved, validated :class:`~transformer.config.Config`.
+        data: the loaded corpus; ``dist_info``: rank, world size, device; ``run_dir``: the run folder.
+        parallel_mode: ``none``, ``ddp`` or ``fsdp``; None: ``train.distributed`` under torchrun,
+            ``none`` for one process (``ddp`` over a 1-rank group measures DDP's own cost).
+        log: where the run's lines go; None: stderr on rank 0.
+        compile_backend: the compiled step's ``torch.compile`` backend; None: inductor.
     """
 
     def __init__(
@@ -253,16 +248,8 @@ class Trainer:
         return self.train_batches()
 
     def train_step(self, batches: list[Batch], ntokens: int | None = None) -> dict[str, Any]:
-        """One update over ``update_freq`` micro-batches, reading nothing on the host.
-
-        Each micro-batch's summed loss is scaled by
-        :meth:`~transformer.training.distributed.parallel.DataParallel.loss_scale` before backward,
-        so the reduced gradients arrive divided by the update's target tokens over all ranks.
-
-        Args:
-            batches: this rank's micro-batches of the update, on the device.
-            ntokens: the update's target tokens over all ranks (``fit`` counts them on the host);
-                None: the batches' own, summed over the ranks by a collective.
+        """One update over this rank's micro-batches ``batches`` (on the device), reading nothing on
+        the host; ``ntokens``: the update's target tokens over all ranks (None: counted by a collective).
 
         Returns:
             The statistics on the device, for :func:`~transformer.training.step.update_stats.read_stats`:
@@ -270,8 +257,8 @@ class Trainer:
             ``lr``, ``grad_norm``, and ``routing`` for a mixture of experts.
 
         Raises:
-            TrainingError: on the CPU of one process, a non-finite loss or gradient norm (naming the
-                update and the last finite checkpoint); elsewhere :meth:`DivergenceWatch.check` finds it later.
+            TrainingError: a non-finite loss or gradient norm, on the CPU of one process (elsewhere
+                :meth:`DivergenceWatch.check` finds it later).
         """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -351,11 +338,8 @@ class Trainer:
         return self.stopping is not None and self.stopping.requested
 
     def _meet(self, due: Due) -> tuple[bool, bool, str | None]:
-        """Whether the ranks meet after this update, whether a stop signal arrived, and why training
-        stops (or None). They meet where it is due, and where a limit that every rank reaches at
-        the same update is reached; one process also judges the time budget and signals after
-        every update. At a meeting the clocks are agreed (the slowest's) with the signal, in one
-        collective (:meth:`~transformer.training.distributed.parallel.DataParallel.agree`)."""
+        """``(met, signalled, stop)``: whether the ranks meet after this update (where ``due``, or at
+        a limit; one process after every update), whether a stop signal arrived, why training stops."""
         meet = due.meeting
         if not meet and self.parallel.mode == "none":
             meet = self.stop_reason(self.state.running_time()) is not None or self._signal_received()
@@ -368,16 +352,9 @@ class Trainer:
         return True, signalled, self.stop_reason()
 
     def fit(self, logger: Any, stopping: GracefulStop | None = None) -> str:
-        """Train until a ``train.*`` limit is reached: each update, then what it owes (a log line,
-        a validation, a checkpoint, a stop; see docs/runs.md#one-update). Every rank takes every
-        decision at the same update.
-
-        Args:
-            logger: a :class:`~transformer.training.monitoring.loggers.MetricsLogger`.
-            stopping: the run's :class:`~transformer.training.stopping.GracefulStop`, or None.
-
-        Returns:
-            The reason training stopped (:meth:`stop_reason`).
+        """Train until a ``train.*`` limit is reached (each update, then what it owes:
+        docs/runs.md#one-update) with a ``MetricsLogger`` and the run's ``GracefulStop`` (or None).
+        Returns the reason training stopped.
 
         Raises:
             TrainingError: a non-finite loss or gradient norm (the last good checkpoint stays).
