@@ -24,10 +24,10 @@ from benchmarks import REPO
 from transformer.models import build_model
 from transformer.models.flops import forward_flops
 from transformer.modules.ffn import glu_hidden_size
+from transformer.precision import cpu_has_fast_bf16
 from transformer.training.job.allocator import tune_cpu_allocator
 from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss
 from transformer.training.step.optim import build_optimizer
-from transformer.training.step.precision import cpu_has_fast_bf16
 
 VOCAB = 8000
 SRC_LEN = TGT_LEN = 24

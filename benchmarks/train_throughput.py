@@ -83,7 +83,7 @@ from benchmarks.train_step import (
 )
 from benchmarks.train_throughput_report import markdown
 from transformer.models.flops import kv_cache_bytes_per_token
-from transformer.training.step.precision import cpu_has_fast_bf16
+from transformer.precision import cpu_has_fast_bf16
 
 # ----------------------------------------------------------------------------- one row per fresh process
 

@@ -103,7 +103,8 @@ HOST_MODULES: dict[str, str] = {
 """Files under ``transformer/`` whose tensors are all made on the host on purpose, and why."""
 
 DEVICE_CHOICES: dict[str, str] = {
-    "device.py": "resolve_device: the one place that picks a device from a name; cuda_has_fast_bf16",
+    "device.py": "resolve_device: the one place that picks a device from a name",
+    "precision.py": "cuda_has_fast_bf16: whether a CUDA device torch sees multiplies bf16 natively",
     "training/checkpoint/rng.py": "saves and restores the GPU's generator states when there is one",
 }
 """Files under ``transformer/`` that may call ``torch.cuda.is_available()``, and why."""

@@ -10,16 +10,7 @@ import os
 
 import torch
 
-__all__ = ["cuda_has_fast_bf16", "resolve_device", "unavailable"]
-
-
-def cuda_has_fast_bf16(device: torch.device | str) -> bool:
-    """Whether ``device`` is a CUDA device with native bf16 (compute capability 8.0+)."""
-    device = torch.device(device)
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return False
-    major, _ = torch.cuda.get_device_capability(device)
-    return major >= 8
+__all__ = ["resolve_device", "unavailable"]
 
 
 def resolve_device(name: str | torch.device | None = "auto", local_rank: int | None = None) -> torch.device:

@@ -16,7 +16,7 @@ import torch
 
 from benchmarks import REPO, git_commit
 from benchmarks.train_step import device_peak
-from transformer.training.step.precision import cpu_model_name
+from transformer.precision import cpu_model_name
 
 from . import REQUIRED, missing_packages
 from .context import (

@@ -25,9 +25,9 @@ from benchmarks.train_step import device_peak
 from transformer.config import register_configs, to_config, validate_config
 from transformer.data.dataset import load_translation_data
 from transformer.data.download import excerpt_overrides, multi30k_excerpt
+from transformer.precision import cpu_model_name, describe_hardware
 from transformer.training.distributed.process_group import DistInfo
 from transformer.training.loop.trainer import Trainer
-from transformer.training.step.precision import cpu_model_name, describe_hardware
 
 from .report import Budget, check
 

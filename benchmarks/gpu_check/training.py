@@ -16,7 +16,7 @@ import torch
 
 from transformer.config import GenerationConfig
 from transformer.generation import translate_sentences
-from transformer.training.step.precision import cpu_has_fast_bf16
+from transformer.precision import cpu_has_fast_bf16
 from transformer.training.step.update_stats import read_stats
 
 from .context import (

@@ -1,6 +1,6 @@
 """The precision decoding runs in: the run's on an accelerator (autocast), fp32 on the CPU.
 
-No GPU here: the accelerator is the CPU with :data:`~transformer.generation.common.FP32_DEVICES`
+No GPU here: the accelerator is the CPU with :data:`~transformer.precision.FP32_DEVICES`
 emptied, so that ``torch.autocast("cpu", ...)`` stands in for CUDA's."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from torch import nn
 
 from tests.generation.helpers import compose_script_config, make_model, make_run_dir
 from tests.generation.test_translate import random_ids
+from transformer import precision as precision_module
 from transformer.config import ConfigError, GenerationConfig
-from transformer.generation import common, decoding_precision, prepare_decoding, translate_sentences
+from transformer.generation import prepare_decoding, translate_sentences
+from transformer.precision import decoding_precision
 from transformer.training.loop.validation import translate_and_score
 
 GEN = GenerationConfig(strategy="beam", beam_size=3, max_len_a=1.0, max_len_b=6)
@@ -21,7 +23,7 @@ GEN = GenerationConfig(strategy="beam", beam_size=3, max_len_a=1.0, max_len_b=6)
 @pytest.fixture
 def accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU decodes as an accelerator does."""
-    monkeypatch.setattr(common, "FP32_DEVICES", ())
+    monkeypatch.setattr(precision_module, "FP32_DEVICES", ())
 
 
 def _linear_dtypes(model: nn.Module) -> tuple[set[torch.dtype], list]:

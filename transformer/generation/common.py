@@ -18,20 +18,14 @@ import torch
 from torch import Tensor, nn
 
 from transformer.config import GenerationConfig
-from transformer.device import cuda_has_fast_bf16
 from transformer.modules.positions import LearnedPositionalEmbedding
 
 __all__ = [
     "Hypothesis",
-    "DECODING_PRECISIONS",
-    "FP32_DEVICES",
     "NonFiniteOutputWarning",
     "SearchLimits",
-    "autocast_dtype",
     "constrain",
     "decoding",
-    "decoding_autocast",
-    "decoding_precision",
     "length_penalty",
     "learned_positions",
     "log_probs",
@@ -178,51 +172,6 @@ def warn_nonfinite(n_sentences: int) -> None:
         NonFiniteOutputWarning,
         stacklevel=3,
     )
-
-
-DECODING_PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-"""The precisions decoding takes: ``train.precision``'s values."""
-FP32_DEVICES = ("cpu",)
-"""Device types that decode in fp32 whatever the run's precision: the CPU, whose decoding speed is
-measured in fp32 (``docs/benchmarks/decode_speed.md``) and whose fp32 hypotheses the tests hold; a
-CPU with fast bf16 trains in bf16 under ``train.precision=auto`` and still decodes in fp32."""
-_AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def decoding_precision(precision: str, device: torch.device | str) -> str:
-    """``fp32``, ``bf16`` or ``fp16``: what decoding runs in on ``device`` for ``train.precision=precision``.
-
-    fp32 on :data:`FP32_DEVICES`; elsewhere the run's own, ``auto`` resolved as in training (bf16 on
-    CUDA with compute capability 8.0 or more, else fp32). See docs/decoding.md#precision-and-the-kv-cache.
-
-    Raises:
-        ValueError: an unknown precision.
-    """
-    if precision not in DECODING_PRECISIONS:
-        raise ValueError(f"precision={precision!r} is not one of {', '.join(DECODING_PRECISIONS)}")
-    device = torch.device(device)
-    if device.type in FP32_DEVICES:
-        return "fp32"
-    if precision == "auto":
-        return "bf16" if cuda_has_fast_bf16(device) else "fp32"
-    return precision
-
-
-def autocast_dtype(precision: str, device: torch.device | str) -> torch.dtype | None:
-    """The autocast dtype of decoding (:func:`decoding_precision`), None for fp32 (no autocast)."""
-    return _AUTOCAST[decoding_precision(precision, device)]
-
-
-def decoding_autocast(precision: str, device: torch.device | str) -> contextlib.AbstractContextManager[Any]:
-    """``torch.autocast`` in :func:`decoding_precision`, or a null context for fp32.
-
-    Raises:
-        ValueError: an unknown precision.
-    """
-    dtype = autocast_dtype(precision, device)
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=dtype)
 
 
 @contextlib.contextmanager

@@ -14,11 +14,11 @@ import torch
 from transformer.cli import user_errors
 from transformer.config import ConfigError, GenerationConfig
 from transformer.device import resolve_device, unavailable
-from transformer.generation.common import decoding_precision
 from transformer.generation.ensemble import load_models
 from transformer.generation.loading import LoadedRun, merge_generation
 from transformer.generation.overrides import test_time_overrides
 from transformer.plugins import set_user_choice
+from transformer.precision import decoding_precision
 
 __all__ = ["PreparedDecoding", "prepare_decoding", "run_script"]
 
@@ -31,7 +31,7 @@ class PreparedDecoding:
         test_time: the test-time overrides applied (a dotlist, e.g. a RoPE scaling).
         gen: the run's generation settings with the script's non-null ``generation.*`` on top.
         members: an ensemble's checkpoints, else None.
-        precision: the search's precision on ``device`` (:func:`~transformer.generation.common.decoding_precision`).
+        precision: the search's precision on ``device`` (:func:`~transformer.precision.decoding_precision`).
     """
 
     device: torch.device

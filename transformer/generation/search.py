@@ -17,20 +17,17 @@ from transformer.generation.common import (
     Hypothesis,
     SearchLimits,
     decoding,
-    decoding_autocast,
-    decoding_precision,
     length_penalty,
     max_lengths,
 )
 from transformer.generation.sampling import greedy_search, sample, top_k_top_p_filter
+from transformer.precision import decoding_autocast
 
 __all__ = [
     "Hypothesis",
     "SearchLimits",
     "beam_search",
     "decoding",
-    "decoding_autocast",
-    "decoding_precision",
     "generate",
     "greedy_search",
     "length_penalty",

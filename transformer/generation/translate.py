@@ -15,8 +15,9 @@ from torch import nn
 
 from transformer.cli import plugin_failure
 from transformer.config import GenerationConfig, to_generation_config
-from transformer.generation.common import Hypothesis, decoding_precision, learned_positions
+from transformer.generation.common import Hypothesis, learned_positions
 from transformer.generation.search import generate
+from transformer.precision import decoding_precision
 
 __all__ = [
     "batches_by_tokens",
@@ -111,7 +112,7 @@ def translate_sentences(
             ``errors[index] = why`` and goes on (a failed batch is retried one sentence at a time). A
             plugin's exception is raised all the same.
         progress: True for a new tqdm bar on stderr, an existing bar, or False.
-        precision: the run's ``train.precision`` (:func:`~transformer.generation.common.decoding_precision`).
+        precision: the run's ``train.precision`` (:func:`~transformer.precision.decoding_precision`).
         shard: ``(rank, world_size)``: decode only every ``world_size``-th batch from ``rank``.
 
     Returns:

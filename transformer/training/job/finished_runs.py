@@ -30,7 +30,7 @@ import torch
 
 from transformer.config import IGNORED_KEYS, Config, ConfigError, config_dict, config_identity
 from transformer.device import resolve_device
-from transformer.training.step.precision import resolve_precision
+from transformer.precision import resolve_precision
 
 __all__ = ["finished_runs_folder", "finished_twin", "skip_if_finished_elsewhere"]
 

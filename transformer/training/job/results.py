@@ -29,10 +29,10 @@ from transformer.data.dataset import TranslationData
 from transformer.hydra_record import job_run_dir
 from transformer.io import atomic_write_text
 from transformer.models import forward_flops
+from transformer.precision import describe_hardware
 from transformer.run_folder import BEST, references_file, weights_path
 from transformer.training.checkpoint import load_checkpoint, save_run_average
 from transformer.training.distributed.process_group import broadcast_from_main, broadcast_weights
-from transformer.training.step.precision import describe_hardware
 
 __all__ = [
     "build_results",

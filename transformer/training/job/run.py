@@ -43,6 +43,7 @@ from transformer.plugins import (
     set_user_choice,
     untrusted,
 )
+from transformer.precision import resolve_precision
 from transformer.run_folder import has_checkpoint
 from transformer.training.checkpoint import CheckpointError, remove_stale_temporaries
 from transformer.training.distributed.process_group import setup_distributed, shutdown_distributed
@@ -59,7 +60,6 @@ from transformer.training.job.resume import ResumePoint, checkpoint_names, compl
 from transformer.training.loop.trainer import Trainer
 from transformer.training.monitoring.loggers import build_loggers
 from transformer.training.step.compiled import resolve_compile
-from transformer.training.step.precision import resolve_precision
 from transformer.training.stopping import GracefulStop, StopRequested
 
 __all__ = ["restore", "train"]

@@ -12,7 +12,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from transformer.data.dataset import TranslationData
 from transformer.data.prefetch import resolve_prefetch
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SEP_ID
 from transformer.models import build_model
+from transformer.precision import AUTOCAST_DTYPES, autocast, resolve_precision
 from transformer.training.checkpoint import CheckpointManager
 from transformer.training.checkpoint.format import TRAINING_STATE_KEYS
 from transformer.training.checkpoint.rng import gather_rng_states, get_rng_state, restore_rank_rng
@@ -48,7 +49,6 @@ from transformer.training.step.criterion import LabelSmoothedCrossEntropy
 from transformer.training.step.divergence import DivergenceWatch, divergence_message, nonfinite_weights
 from transformer.training.step.ema import EMA
 from transformer.training.step.optim import build_optimizer, total_norm
-from transformer.training.step.precision import resolve_precision
 from transformer.training.step.routing import RoutingMonitor
 from transformer.training.step.schedules import build_scheduler
 from transformer.training.stopping import Due, GracefulStop, budget_reached, due_at, signal_stop
@@ -93,13 +93,12 @@ class Trainer:
         self.precision = resolve_precision(t.precision, self.device)
         # a run resolved auto before it recorded its config (job/run.py); a Trainer built directly resolves it here
         self.pad_to_multiple = resolve_pad_to_multiple(t.pad_to_multiple, self.device.type, self.precision)
-        self.autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
         # DDP or FSDP2 under torchrun; before the optimizer, since FSDP2 replaces parameters by shards
         self.parallel = DataParallel(
             TrainingLoss(self.model, self.criterion),
             parallel_mode or (t.distributed if dist_info.world_size > 1 else "none"),
             dist_info,
-            param_dtype=self.autocast_dtype if self.precision == "bf16" else None,
+            param_dtype=AUTOCAST_DTYPES[self.precision] if self.precision == "bf16" else None,
             bucket_cap_mb=t.bucket_cap_mb,
             static_graph=t.static_graph,
             grad_reduce_dtype=t.grad_reduce_dtype,
@@ -231,10 +230,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ the update
 
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+    def _autocast(self) -> AbstractContextManager[Any]:
+        return autocast(self.precision, self.device)
 
     def micro_loss(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One micro-batch's summed losses through DDP / FSDP2 (or the bare model) under the run's

@@ -1,6 +1,6 @@
 """One training step and its parts: the label-smoothed loss and the model's loss (:mod:`.criterion`),
 the compiled step (:mod:`.compiled`), the optimizer (:mod:`.optim`) and learning-rate schedules
-(:mod:`.schedules`), mixed precision and the machine's number formats (:mod:`.precision`), the moving
+(:mod:`.schedules`), the moving
 average of the weights (:mod:`.ema`), MoE routing statistics (:mod:`.routing`), the numbers logged for
 an update (:mod:`.update_stats`) and the non-finite checks (:mod:`.divergence`).
 
