@@ -3,8 +3,13 @@ as ``python -m benchmarks.NAME`` on the installed package (``pip install -e .``)
 
 Each module is one benchmark with its command line; what they share lives here:
 :data:`REPO` (the checkout they measure), :func:`git_commit` (the commit a report names),
-:func:`module_command` (a benchmark run again in a fresh process, e.g. one per measured model) and
-:func:`write_report` (a table printed and kept with its rows). Their tables are written by
+:func:`module_command` (a benchmark run again in a fresh process, e.g. one per measured model),
+:func:`write_report` (a table printed and kept with its rows), :func:`synchronize` (the device's
+queued work waited for around a timing), :func:`one_line` (an error as a row records it) and
+:func:`prob` (a dropout probability as a row names it). A module with a command line (a ``main``
+under ``if __name__ == "__main__"``) is a benchmark and no other module imports it; what two
+benchmarks share lives in a library module (``ab.py``: the A/B harness over ``scripts/train.py``
+processes; ``train_step.py``, ``peers.py``, ...). Their tables are written by
 :mod:`transformer.analysis.markdown`; their pages are listed in ``docs/measuring.md``.
 """
 
@@ -15,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from transformer.io import atomic_write_text
 
@@ -54,3 +61,20 @@ def write_report(out: Path | None, name: str, rows: list[dict[str, Any]], text: 
     if out is not None:
         atomic_write_text(out / f"{name}.json", json.dumps(rows, indent=1) + "\n")
         atomic_write_text(out / f"{name}.md", text)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); nothing to wait for on a CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def one_line(err: BaseException, limit: int = 400) -> str:
+    """``Type: message`` on one line (whitespace runs joined), cut to ``limit`` characters: an error
+    as a row records it."""
+    return " ".join(f"{type(err).__name__}: {err}".split())[:limit]
+
+
+def prob(x: float) -> str:
+    """A probability as a row names it (``"0.1"``)."""
+    return repr(float(x))

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import REPO
+from benchmarks import REPO, prob, synchronize
 from transformer.models import build_model
 from transformer.models.flops import forward_flops
 from transformer.modules.ffn import glu_hidden_size
@@ -123,7 +123,8 @@ def train_flops(cfg: Any, rows: int, src_len: int, tgt_len: int) -> float:
 
 
 class Ours(torch.nn.Module):
-    """Our model + criterion, the same calls as ``Trainer._loss``/``train_step``."""
+    """Our model + criterion: the fused output layer and loss of the trainer's step
+    (:func:`~transformer.training.step.criterion.model_loss`), the mean over target tokens."""
 
     def __init__(self, cfg: Any, compile_model: bool = False, fused_loss: bool = True, vocab: int = VOCAB) -> None:
         super().__init__()
@@ -150,12 +151,6 @@ def _rss_mb() -> float:
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (CUDA); nothing on the CPU."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def time_steps(
@@ -200,14 +195,10 @@ def make_optimizer(model: torch.nn.Module, optim_cfg: Any, device_type: str = "c
     return build_optimizer(model, optim_cfg, device_type)
 
 
-def _p(x: float) -> str:
-    return repr(float(x))
-
-
 def our_dropout(cfg: Any) -> str:
     """The dropout our model applies (embeddings and residual branches; attention/FFN if set)."""
-    extra = [f"{k} {_p(v)}" for k, v in (("attn", cfg.attention_dropout), ("ff", cfg.activation_dropout)) if v]
-    return _p(cfg.dropout) + (f" (+ {', '.join(extra)})" if extra else "")
+    extra = [f"{k} {prob(v)}" for k, v in (("attn", cfg.attention_dropout), ("ff", cfg.activation_dropout)) if v]
+    return prob(cfg.dropout) + (f" (+ {', '.join(extra)})" if extra else "")
 
 
 def prime_runtime(optim_cfg: Any) -> None:

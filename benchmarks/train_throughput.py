@@ -65,14 +65,13 @@ from typing import Any
 
 import torch
 
-from benchmarks import REPO, git_commit, module_command
+from benchmarks import REPO, git_commit, module_command, prob
 from benchmarks.train_step import (
     DTYPES,
     PRESET_OVERRIDES,
     SIZES,
     SRC_LEN,
     TGT_LEN,
-    _p,
     cpu_name,
     cuda_matmul_peak,
     device_peak,
@@ -213,7 +212,7 @@ def throughput(args: argparse.Namespace, peaks: dict[str, float]) -> list[dict[s
                 ours_spec = {**base, "model": "ours", "overrides": ours_over}
                 these = [("ours" + tag, ours_spec)]
                 if family == "decoder-only":
-                    these.append((f"ours, preset dropout {_p(cfg.dropout)}{tag}", {**base, "model": "ours"}))
+                    these.append((f"ours, preset dropout {prob(cfg.dropout)}{tag}", {**base, "model": "ours"}))
                 if not args.no_ablation:  # before the fused output layer + loss: full logits, then the loss
                     these.append(("ours, unfused loss" + tag, {**ours_spec, "fused_loss": False}))
                 if (args.compile or args.compile_base) and (size == "tiny" or args.compile_base):

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import peers
+from benchmarks import peers, synchronize
 from benchmarks.train_step import (
     Ours,
     cuda_matmul_peak,
@@ -51,7 +51,6 @@ from benchmarks.train_step import (
     make_optimizer,
     matmul_peak,
     our_dropout,
-    synchronize,
 )
 
 from .batches import describe, make_tensors, real_train_flops, representative_batch

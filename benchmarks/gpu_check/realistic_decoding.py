@@ -26,13 +26,14 @@ from typing import Any
 
 import torch
 
+from benchmarks import one_line, synchronize
 from transformer.config import GenerationConfig
 from transformer.generation import translate_sentences
 from transformer.generation.translate import make_src_tokens
 from transformer.models import build_model
 
 from .presets import model_config
-from .report import Budget, Report, guarded, one_line
+from .report import Budget, Report, guarded
 
 JOBS = (
     ("ours", "beam5"),
@@ -43,11 +44,6 @@ JOBS = (
     ("CTranslate2", "greedy"),
 )
 NEED_S = 30  # seconds a decoding row needs on a GPU (HF beam search is the slowest)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _setup(ctx: Any, data: Any) -> dict[str, Any]:
@@ -133,10 +129,10 @@ def decode_row(system: str, strategy: str, setup: dict[str, Any], ctx: Any) -> d
         run, hold = _decoder(system, setup, dev, ctx.work)
         with torch.inference_mode(), amp:
             run(setup["chunks"][0][:8], gen)  # warm-up (kernels, CTranslate2's first allocation)
-            _sync(dev)
+            synchronize(dev)
             t = time.perf_counter()
             outputs = [row for ids in setup["chunks"] for row in run(ids, gen)]
-            _sync(dev)
+            synchronize(dev)
             seconds = time.perf_counter() - t
         n = setup["sentences"]
         row = {

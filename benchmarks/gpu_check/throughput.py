@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import one_line
 from benchmarks.train_step import (
     PRESET_OVERRIDES,
     SIZES,
@@ -25,7 +26,7 @@ from benchmarks.train_step import (
 )
 
 from .context import Context
-from .report import OutOfTime, Report, Stopped, check, one_line
+from .report import OutOfTime, Report, Stopped, check
 
 
 def section_throughput(sec: dict[str, Any], ctx: Context, report: Report) -> None:

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from benchmarks import synchronize
 from transformer.data.binarize import TokenSequences
 from transformer.data.dataset import ParallelDataset, TranslationData
 from transformer.data.tokenizer import PAD_ID
@@ -216,12 +217,6 @@ def one_rank_group(device: torch.device) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (nothing to wait for on a CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def time_updates(trainer: Any, warmup: int, updates: int, device: torch.device) -> dict[str, Any]:

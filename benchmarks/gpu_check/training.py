@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import one_line, synchronize
 from transformer.config import GenerationConfig
 from transformer.generation import translate_sentences
 from transformer.training.step.precision import cpu_has_fast_bf16
@@ -121,7 +122,7 @@ def train_and_judge(
         report.write()
         return None
     except Exception as err:  # the run failed
-        what = f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"
+        what = one_line(err)
         runs[name] = {"error": what, "traceback": traceback.format_exc(limit=12)[-3000:]}
         check(sec, f"{name}: run", False, what)
         report.write()
@@ -204,8 +205,7 @@ def section_decoding(sec: dict[str, Any], ctx: Context, report: Report) -> None:
             t = time.time()
             with torch.inference_mode():
                 hyps[name] = translate_sentences(m, src, gen, dev)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
+            synchronize(dev)
             out[f"{name}_s"] = time.time() - t
         a, b = hyp_tokens(hyps["device"]), hyp_tokens(hyps["cpu"])
         diff = [i for i in range(n) if a[i] != b[i]]
