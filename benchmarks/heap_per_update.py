@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import REPO
-from benchmarks.batch_shapes import FIXED  # training only: no validation, no test split beside the data's own
+from benchmarks.ab import FIXED  # training only: no validation, no test split beside the data's own
 
 
 def rss_mb() -> float:

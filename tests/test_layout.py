@@ -230,3 +230,49 @@ def test_benchmarks_use_the_package_through_its_public_api():
         writes += [f"{where}:{line}: {w}" for line, w in _package_writes(source) if (where, w) not in PACKAGE_WRITES]
     assert private == [], "private names used by the benchmarks: " + ", ".join(private)
     assert writes == [], "the benchmarks write to the package: " + ", ".join(writes)
+
+
+def _benchmark_modules() -> dict[str, tuple[ast.Module, str]]:
+    """``{"benchmarks.x.y": (tree, the package its relative imports start from)}`` of every module
+    under ``benchmarks/`` (a package's ``__init__.py`` as the package)."""
+    modules = {}
+    for path in sorted(BENCHMARKS.rglob("*.py")):
+        parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        package = name if parts[-1] == "__init__" else ".".join(parts[:-1])
+        modules[name] = (ast.parse(path.read_text(encoding="utf-8")), package)
+    return modules
+
+
+def _imported_modules(tree: ast.Module, package: str, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``tree`` imports (``import benchmarks.x``, ``from benchmarks.x
+    import y``, ``from benchmarks import x`` of a module, and relative imports from ``package``)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            found |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return found & known
+
+
+def test_no_benchmark_imports_another_as_a_library():
+    """A module with a command line (``if __name__ == "__main__":``, or a package's ``__main__.py``) is
+    a benchmark: no other module imports it. What benchmarks share lives in a library module
+    (``benchmarks/__init__.py``, ``ab.py``, ``train_step.py``, ``peers.py``, ...)."""
+    modules = _benchmark_modules()
+    runnable = {
+        name
+        for name, (tree, _) in modules.items()
+        if name.endswith(".__main__") or 'if __name__ == "__main__":' in ast.unparse(tree).replace("'", '"')
+    }
+    assert {"benchmarks.compile_ab", "benchmarks.gpu_check.__main__"} <= runnable and "benchmarks.ab" not in runnable
+    imports = {name: _imported_modules(tree, package, set(modules)) for name, (tree, package) in modules.items()}
+    assert {"benchmarks.ab", "benchmarks"} <= imports["benchmarks.compile_ab"]
+    assert "benchmarks.gpu_check.report" in imports["benchmarks.gpu_check.throughput"]  # from .report import ...
+    used = [f"{name} imports {other}" for name, found in imports.items() for other in sorted(found & runnable - {name})]
+    assert used == [], "benchmarks imported as libraries (move what they share to a library module): " + ", ".join(used)
