@@ -5,7 +5,7 @@ Each module is one benchmark with its command line; what they share lives here:
 :data:`REPO` (the checkout they measure), :func:`git_commit` (the commit a report names),
 :func:`module_command` (a benchmark run again in a fresh process, e.g. one per measured model),
 :func:`write_report` (a table printed and kept with its rows), :func:`synchronize` (the device's
-queued work waited for around a timing), :func:`one_line` (an error as a row records it) and
+queued work waited for around a timing), :func:`rss_mb` (this process's resident memory), :func:`one_line` (an error as a row records it) and
 :func:`prob` (a dropout probability as a row names it). A module with a command line (a ``main``
 under ``if __name__ == "__main__"``) is a benchmark and no other module imports it; what two
 benchmarks share lives in a library module (``ab.py``: the A/B harness over ``scripts/train.py``
@@ -16,6 +16,7 @@ processes; ``train_step.py``, ``peers.py``, ...). Their tables are written by
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,12 @@ def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work (CUDA); nothing to wait for on a CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def rss_mb() -> float:
+    """This process's resident memory in MiB (``/proc/self/statm``)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def one_line(err: BaseException, limit: int = 400) -> str:

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.train_step import LABEL_SMOOTHING, VOCAB, make_batch, make_optimizer, preset, time_steps
+from benchmarks.train_step import LABEL_SMOOTHING, VOCAB, hand_step, make_batch, make_optimizer, preset, time_steps
 from transformer.analysis.markdown import cell, table
 from transformer.config import model_sizes
 from transformer.models import build_model, count_parameters, moe_blocks
@@ -113,12 +113,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     for name, ctor, optim_cfg, _ in specs:
         torch.manual_seed(0)
         model = ctor()
-        models.append((name, model, make_optimizer(model, optim_cfg)))
+        models.append((name, model, hand_step(model, batch, make_optimizer(model, optim_cfg))))
     per_round: dict[str, list[float]] = {name: [] for name, _, _ in models}
     for rnd in range(args.rounds):
         for j in range(len(models)):  # interleaved: round r starts with model r
-            name, model, opt = models[(rnd + j) % len(models)]
-            per_round[name].append(time_steps(model, batch, opt, args.warmup, args.steps)["step_s"])
+            name, _, step = models[(rnd + j) % len(models)]
+            per_round[name].append(time_steps(step, args.warmup, args.steps)["step_s"])
         print(
             f"  round {rnd + 1}/{args.rounds}: " + ", ".join(f"{n} {per_round[n][-1] * 1e3:.0f} ms" for n in per_round),
             flush=True,

@@ -26,6 +26,7 @@ from benchmarks.train_step import (
     VOCAB,
     Ours,
     dims,
+    hand_step,
     make_batch,
     make_optimizer,
     preset,
@@ -60,15 +61,14 @@ def main() -> None:
         if args.model not in table:
             raise SystemExit(f"--model {args.model!r} is not 'ours' or one of {sorted(table)}")
         model = table[args.model](dims(cfg), VOCAB)
-    optimizer = make_optimizer(model, optim_cfg)
-    batch = make_batch(cfg.arch, rows, SRC_LEN, TGT_LEN)
-    median = time_steps(model, batch, optimizer, warmup=2, steps=args.steps)["step_s"]
+    step = hand_step(model, make_batch(cfg.arch, rows, SRC_LEN, TGT_LEN), make_optimizer(model, optim_cfg))
+    median = time_steps(step, warmup=2, steps=args.steps)["step_s"]
     print(
         f"{args.model} {args.preset} {rows}x{TGT_LEN}: median step {median * 1e3:.1f} ms, "
         f"{rows * TGT_LEN / median:,.0f} target tok/s ({args.threads} threads, malloc {args.malloc})"
     )
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        time_steps(model, batch, optimizer, warmup=0, steps=args.profile_steps)
+        time_steps(step, warmup=0, steps=args.profile_steps)
     print(f"operators over {args.profile_steps} steps (self CPU time):")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.row_limit))
 

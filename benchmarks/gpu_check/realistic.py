@@ -45,11 +45,9 @@ import torch
 from benchmarks import peers, synchronize
 from benchmarks.train_step import (
     Ours,
-    cuda_matmul_peak,
-    device_peak,
     dims,
+    flops_peak,
     make_optimizer,
-    matmul_peak,
     our_dropout,
 )
 
@@ -205,14 +203,12 @@ def bf16_peak(ctx: Context) -> tuple[float, str]:
     """The device's dense bf16 peak (FLOP/s) and where it comes from (found once, kept in ``ctx``)."""
     if ctx.peak is None:
         if ctx.device.type == "cuda":
-            table = device_peak(ctx.meta_device, "bf16")
+            ctx.peak = flops_peak(ctx.device, "bf16")
+        else:  # a smoke run: fp32, not a bf16 peak
             ctx.peak = (
-                (table, "datasheet (DEVICE_PEAKS, dense bf16)")
-                if table
-                else (cuda_matmul_peak(ctx.device, torch.bfloat16), "measured (best bf16 torch.mm 4096^3 / 8192^3)")
+                flops_peak(ctx.device, "fp32", reps=1)[0],
+                "measured fp32 torch.mm on the CPU (not a bf16 peak)",
             )
-        else:
-            ctx.peak = (matmul_peak(reps=1), "measured fp32 torch.mm on the CPU (a smoke run: not a bf16 peak)")
     return ctx.peak
 
 

@@ -16,12 +16,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks import one_line, synchronize
+from benchmarks.train_step import make_trainer
 from transformer.config import GenerationConfig
 from transformer.generation import translate_sentences
 from transformer.modules.attention import Attention
 from transformer.modules.mla import MultiHeadLatentAttention
 
-from .context import Context, load_data, make_trainer, run_config
+from .context import Context, load_data, run_config
 from .report import Report, Stopped, check
 
 _BACKEND_OPS = {  # aten op (prefix) -> backend

@@ -49,13 +49,14 @@ import torch
 import torch.distributed as dist
 
 from benchmarks import synchronize
+from benchmarks.train_step import compose_config, make_trainer
 from transformer.data.binarize import TokenSequences
 from transformer.data.dataset import ParallelDataset, TranslationData
 from transformer.data.tokenizer import PAD_ID
 from transformer.training.step import compiled
 
 from .batches import LengthBatch, real_train_flops
-from .context import Context, compose_config, data_overrides, load_data, make_trainer
+from .context import Context, data_overrides, load_data
 from .presets import MODELS, QUICK_DIMS
 from .realistic import bf16_peak
 from .report import OutOfTime, Report, check, guarded

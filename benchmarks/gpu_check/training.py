@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from benchmarks import one_line, synchronize
+from benchmarks.train_step import make_trainer
 from transformer.config import GenerationConfig
 from transformer.generation import translate_sentences
 from transformer.training.step.precision import cpu_has_fast_bf16
@@ -24,7 +25,6 @@ from .context import (
     Context,
     fit_run,
     load_data,
-    make_trainer,
     model_overrides,
     run_config,
 )
