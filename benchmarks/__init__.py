@@ -5,7 +5,8 @@ Each module is one benchmark with its command line; what they share lives here:
 :data:`REPO` (the checkout they measure), :func:`git_commit` (the commit a report names),
 :func:`module_command` (a benchmark run again in a fresh process, e.g. one per measured model),
 :func:`write_report` (a table printed and kept with its rows), :func:`synchronize` (the device's
-queued work waited for around a timing), :func:`rss_mb` (this process's resident memory), :func:`one_line` (an error as a row records it) and
+queued work waited for around a timing), :func:`reset_peak` and :func:`release` (a row's device
+memory counted from a clean start and handed back after it), :func:`rss_mb` (this process's resident memory), :func:`one_line` (an error as a row records it) and
 :func:`prob` (a dropout probability as a row names it). A module with a command line (a ``main``
 under ``if __name__ == "__main__"``) is a benchmark and no other module imports it; what two
 benchmarks share lives in a library module (``ab.py``: the A/B harness over ``scripts/train.py``
@@ -15,6 +16,7 @@ processes; ``train_step.py``, ``peers.py``, ...). Their tables are written by
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -68,6 +70,24 @@ def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work (CUDA); nothing to wait for on a CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def release(device: torch.device) -> None:
+    """Drop what the last row left: Python's garbage, and on CUDA the caching allocator's free blocks."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def reset_peak(device: torch.device) -> int:
+    """:func:`release`, then on CUDA restart the count of ``torch.cuda.max_memory_allocated``; the bytes
+    allocated now (0 on a CPU), what a row's peak is read above."""
+    release(device)
+    if device.type != "cuda":
+        return 0
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
 
 
 def rss_mb() -> float:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import REPO, prob, rss_mb, synchronize
+from benchmarks import REPO, prob, release, reset_peak, rss_mb, synchronize
 from transformer.config import register_configs, to_config, validate_config
 from transformer.data.collate import Batch
 from transformer.data.dataset import ParallelDataset, TranslationData
@@ -354,12 +354,7 @@ def measure(spec: dict[str, Any], device: torch.device) -> dict[str, Any]:
     memory is a process's: :func:`worker` measures it."""
     cfg, _, build = model_under_test(spec)
     cuda = device.type == "cuda"
-    if cuda:
-        gc.collect()
-        torch.cuda.empty_cache()
-        synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
+    before = reset_peak(device)
     step, model = build(device)
     r = time_steps(step, spec["warmup"], spec["steps"], device)
     r.update(
@@ -372,9 +367,7 @@ def measure(spec: dict[str, Any], device: torch.device) -> dict[str, Any]:
     if spec.get("compile"):
         r["compile_s"] = r["warmup_s"][0]  # the first step traces and compiles
     del step, model
-    gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
+    release(device)
     return r
 
 

@@ -33,7 +33,6 @@ recorded as skipped (the whole section, when no row fitted). ``--quick`` (the CP
 
 from __future__ import annotations
 
-import gc
 import statistics
 import time
 import types
@@ -42,7 +41,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import peers, synchronize
+from benchmarks import peers, release, reset_peak, synchronize
 from benchmarks.train_step import (
     Ours,
     dims,
@@ -157,11 +156,7 @@ def measure(
     flops = real_train_flops(cfg, lb, vocab)
     module = opt = None
     try:
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(dev)
-            before = torch.cuda.memory_allocated(dev)
+        before = reset_peak(dev)
         torch.manual_seed(0)
         module = build(system, cfg, vocab).to(dev)
         batch = {k: v.to(dev) for k, v in tensors.items()}
@@ -194,9 +189,7 @@ def measure(
         del module, opt
         if mode != "eager":
             torch._dynamo.reset()
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+        release(dev)
 
 
 def bf16_peak(ctx: Context) -> tuple[float, str]:

@@ -18,7 +18,6 @@ is a sanity check (the same weights must mostly give the same tokens; bf16 round
 from __future__ import annotations
 
 import contextlib
-import gc
 import importlib.util
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import one_line, synchronize
+from benchmarks import one_line, release, reset_peak, synchronize
 from transformer.config import GenerationConfig
 from transformer.generation import translate_sentences
 from transformer.generation.translate import make_src_tokens
@@ -122,10 +121,7 @@ def decode_row(system: str, strategy: str, setup: dict[str, Any], ctx: Any) -> d
     amp = torch.autocast(dev.type, dtype=torch.bfloat16) if dev.type == "cuda" else contextlib.nullcontext()
     hold = None
     try:
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(dev)
+        reset_peak(dev)
         run, hold = _decoder(system, setup, dev, ctx.work)
         with torch.inference_mode(), amp:
             run(setup["chunks"][0][:8], gen)  # warm-up (kernels, CTranslate2's first allocation)
@@ -148,9 +144,7 @@ def decode_row(system: str, strategy: str, setup: dict[str, Any], ctx: Any) -> d
     finally:
         del hold
         setup["model"].cpu()
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+        release(dev)
 
 
 def decode_jobs(sec: dict[str, Any], ctx: Any, report: Report, data: Any, budget: Budget) -> None:

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from benchmarks import synchronize
+from benchmarks import release, reset_peak, synchronize
 from benchmarks.train_step import compose_config, make_trainer
 from transformer.data.binarize import TokenSequences
 from transformer.data.dataset import ParallelDataset, TranslationData
@@ -281,10 +281,7 @@ def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
     trainer = None
     group = one_rank_group(dev) if mode.startswith("ddp") else contextlib.nullcontext()
     try:
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(dev)
+        reset_peak(dev)
         with group:
             # DDP over the one-rank group: the trainer's own engine
             trainer = make_trainer(cfg, data, dev, "ddp" if mode.startswith("ddp") else None, backend)
@@ -335,9 +332,7 @@ def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
         del trainer
         if mode.endswith("compiled"):
             torch._dynamo.reset()  # the next rows and sections compile their own graphs afresh
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+        release(dev)
 
 
 # ----------------------------------------------------------------------------- the section
