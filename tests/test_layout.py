@@ -3,7 +3,8 @@ out"). Modules of functions stay small, no longer than :data:`MAX_LINES` lines a
 lays them out; a file that is one class may be longer (:data:`ONE_CLASS`, each with its reason),
 since cutting a class along a line count scatters its attributes over files. Every test file that
 the pages, the code and the scripts name exists, and ``tests/training/`` mirrors the rooms of
-``transformer/training/``."""
+``transformer/training/``. The benchmarks use the package through its public API (no private name,
+no module global set, no class patched) and import no benchmark as a library."""
 
 import ast
 import re
