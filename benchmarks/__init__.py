@@ -1,16 +1,16 @@
 """The benchmarks: speed and memory of the zoo against its peers, each run from the repository's root
 as ``python -m benchmarks.NAME`` on the installed package (``pip install -e .``).
 
-Each module is one benchmark with its command line; what they share lives here:
-:data:`REPO` (the checkout they measure), :func:`git_commit` (the commit a report names),
-:func:`module_command` (a benchmark run again in a fresh process, e.g. one per measured model),
-:func:`write_report` (a table printed and kept with its rows), :func:`synchronize` (the device's
-queued work waited for around a timing), :func:`reset_peak` and :func:`release` (a row's device
-memory counted from a clean start and handed back after it), :func:`rss_mb` (this process's resident memory), :func:`one_line` (an error as a row records it) and
-:func:`prob` (a dropout probability as a row names it). A module with a command line (a ``main``
-under ``if __name__ == "__main__"``) is a benchmark and no other module imports it; what two
-benchmarks share lives in a library module (``ab.py``: the A/B harness over ``scripts/train.py``
-processes; ``train_step.py``, ``peers.py``, ...). Their tables are written by
+A module with a command line (a ``main`` under ``if __name__ == "__main__"``) is one benchmark, and no
+other module imports it; what two benchmarks share lives in a library module (``ab.py``: the A/B
+harness over ``scripts/train.py`` processes; ``train_step.py``: the models under test and their
+timed step; ``peers.py``) or here: :data:`REPO` (the checkout they measure), :func:`git_commit` (the
+commit a report names), :func:`module_command` (a benchmark run again in a fresh process, e.g. one
+per measured model), :func:`write_report` (a table printed and kept with its rows),
+:func:`synchronize` (the device's queued work waited for around a timing), :func:`reset_peak` and
+:func:`release` (a row's device memory counted from a clean start and handed back after it),
+:func:`rss_mb` (this process's resident memory), :func:`one_line` (an error as a row records it) and
+:func:`prob` (a dropout probability as a row names it). Their tables are written by
 :mod:`transformer.analysis.markdown`; their pages are listed in ``docs/measuring.md``.
 """
 
