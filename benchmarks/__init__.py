@@ -1,20 +1,30 @@
 """The benchmarks: speed and memory of the zoo against its peers, each run from the repository's root
 as ``python -m benchmarks.NAME`` on the installed package (``pip install -e .``).
 
-Each module is one benchmark with its command line; what they share lives here:
-:data:`REPO` (the checkout they measure), :func:`git_commit` (the commit a report names),
-:func:`module_command` (a benchmark run again in a fresh process, e.g. one per measured model) and
-:func:`write_report` (a table printed and kept with its rows). Their tables are written by
+A module with a command line (a ``main`` under ``if __name__ == "__main__"``) is one benchmark, and no
+other module imports it; what two benchmarks share lives in a library module (``ab.py``: the A/B
+harness over ``scripts/train.py`` processes; ``train_step.py``: the models under test and their
+timed step; ``peers.py``) or here: :data:`REPO` (the checkout they measure), :func:`git_commit` (the
+commit a report names), :func:`module_command` (a benchmark run again in a fresh process, e.g. one
+per measured model), :func:`write_report` (a table printed and kept with its rows),
+:func:`synchronize` (the device's queued work waited for around a timing), :func:`reset_peak` and
+:func:`release` (a row's device memory counted from a clean start and handed back after it),
+:func:`rss_mb` (this process's resident memory), :func:`one_line` (an error as a row records it) and
+:func:`prob` (a dropout probability as a row names it). Their tables are written by
 :mod:`transformer.analysis.markdown`; their pages are listed in ``docs/measuring.md``.
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from transformer.io import atomic_write_text
 
@@ -54,3 +64,44 @@ def write_report(out: Path | None, name: str, rows: list[dict[str, Any]], text: 
     if out is not None:
         atomic_write_text(out / f"{name}.json", json.dumps(rows, indent=1) + "\n")
         atomic_write_text(out / f"{name}.md", text)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); nothing to wait for on a CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def release(device: torch.device) -> None:
+    """Drop what the last row left: Python's garbage, and on CUDA the caching allocator's free blocks."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def reset_peak(device: torch.device) -> int:
+    """:func:`release`, then on CUDA restart the count of ``torch.cuda.max_memory_allocated``; the bytes
+    allocated now (0 on a CPU), what a row's peak is read above."""
+    release(device)
+    if device.type != "cuda":
+        return 0
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def rss_mb() -> float:
+    """This process's resident memory in MiB (``/proc/self/statm``)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def one_line(err: BaseException, limit: int = 400) -> str:
+    """``Type: message`` on one line (whitespace runs joined), cut to ``limit`` characters: an error
+    as a row records it."""
+    return " ".join(f"{type(err).__name__}: {err}".split())[:limit]
+
+
+def prob(x: float) -> str:
+    """A probability as a row names it (``"0.1"``)."""
+    return repr(float(x))

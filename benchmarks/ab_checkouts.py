@@ -7,8 +7,8 @@ before and after a change), each run a fresh ``scripts/train.py`` process under 
 
 Every process trains the default model on Multi30k for ``--updates`` updates with the default
 configuration of its own checkout (whatever ``train.pad_to_multiple``, precision or cache capacity
-that checkout defaults to), no validation and no test (the measuring command of
-``benchmarks/batch_shapes.py``); the order within a pair alternates (A B, B A, ...), as a shared
+that checkout defaults to), no validation and no test (the harness of :mod:`benchmarks.ab`); the
+order within a pair alternates (A B, B A, ...), as a shared
 machine's speed drifts. Per run: target tokens/s (``results.json``), the peak resident memory
 (``/usr/bin/time -f %M``), the batch shapes and the precision. The table gives each pair's ratio
 B / A and their median. Run it alone (``flock /tmp/cpu.lock``): timing beside other work measures
@@ -18,14 +18,11 @@ the other work.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks import write_report
-from benchmarks.batch_shapes import run_once
+from benchmarks import ab, write_report
 from transformer.analysis.markdown import cell, table
 
 
@@ -65,22 +62,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("a", type=Path, help="checkout A (e.g. before)")
     p.add_argument("b", type=Path, help="checkout B (e.g. after)")
     p.add_argument("--pairs", type=int, default=3)
-    p.add_argument("--updates", type=int, default=150)
     p.add_argument("--extra", default="", help="overrides given to both sides (space-separated)")
-    p.add_argument("--data-root", default=os.environ.get("TRANSFORMER_DATA_DIR", "../shared/data"))
-    p.add_argument("--out", type=Path, default=None, help="folder for ab_checkouts.json / .md")
+    ab.add_arguments(p, "ab_checkouts")
     args = p.parse_args(argv)
     for side in (args.a, args.b):
         if not (side / "scripts" / "train.py").is_file():
             p.error(f"{side} is not a checkout of this repository (no scripts/train.py)")
-    rows = []
+    roots = {"A": args.a, "B": args.b}
+
+    def run(side: str) -> dict:
+        root = roots[side].resolve()
+        _, _, row = ab.train_process(args.extra, args.updates, args.data_root, Path(work), root=root)
+        return {**row, "side": side, "checkout": str(roots[side])}
+
     with tempfile.TemporaryDirectory() as work:
-        for pair in range(args.pairs):
-            order = [("A", args.a), ("B", args.b)] if pair % 2 == 0 else [("B", args.b), ("A", args.a)]
-            for side, root in order:
-                row = run_once(args.extra, args.updates, args.data_root, Path(work), root=root.resolve())
-                rows.append({**row, "pair": pair, "side": side, "checkout": str(root)})
-                print(json.dumps(rows[-1]), flush=True)
+        rows = ab.interleaved_rounds(["A", "B"], args.pairs, run, key="pair")  # A B, B A, ...
     write_report(args.out, "ab_checkouts", rows, markdown(rows, (str(args.a), str(args.b))))
     return 0
 

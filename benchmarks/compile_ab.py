@@ -6,7 +6,7 @@ fresh ``scripts/train.py`` process under ``/usr/bin/time``.
 
 Every process trains the default model on Multi30k for ``--updates`` updates with the default
 configuration (precision, ``train.pad_to_multiple``, threads as the checkout resolves them), no
-validation and no test (the measuring command of ``benchmarks/batch_shapes.py``), and logs update 1
+validation and no test (the harness of :mod:`benchmarks.ab`), and logs update 1
 and the last update only (``train.log_every`` past the end), so that ``metrics.jsonl`` times the
 first update alone and the others as one window. The order of the variants alternates round by
 round (a shared machine's speed drifts). Per run: target tokens/s over the whole training time
@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks import write_report
-from benchmarks.batch_shapes import interleaved_rounds, train_process
+from benchmarks import ab, write_report
 from transformer.analysis.markdown import cell, table
 
 VARIANTS = ("train.compile=false", "train.compile=true")
@@ -37,9 +35,9 @@ KEYS = ("tok_s", "tok_s_after_first", "first_update_s", "recompiles", "rss_mb")
 
 
 def run_once(variant: str, updates: int, data_root: str, workdir: Path) -> dict:
-    """:func:`~benchmarks.batch_shapes.train_process`'s measurements, tok/s after the first (compiling)
-    update, the first update's seconds and the recompilations."""
-    run_dir, stderr, row = train_process(
+    """:func:`~benchmarks.ab.train_process`'s measurements, tok/s after the first (compiling) update,
+    the first update's seconds and the recompilations."""
+    run_dir, stderr, row = ab.train_process(
         variant,
         updates,
         data_root,
@@ -101,12 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", nargs="+", default=list(VARIANTS))
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--updates", type=int, default=150)
-    p.add_argument("--data-root", default=os.environ.get("TRANSFORMER_DATA_DIR", "../shared/data"))
-    p.add_argument("--out", type=Path, default=None, help="folder for compile_ab.json / .md")
+    ab.add_arguments(p, "compile_ab")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as work:
-        rows = interleaved_rounds(
+        rows = ab.interleaved_rounds(
             args.variants, args.rounds, lambda v: run_once(v, args.updates, args.data_root, Path(work))
         )
     write_report(args.out, "compile_ab", rows, markdown(rows, args.variants))

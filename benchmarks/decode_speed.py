@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import REPO, module_command
+from benchmarks import REPO, module_command, synchronize
 
 # ----------------------------------------------------------------------------- parity
 
@@ -140,12 +140,10 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
     decode = {"ours": run_ours, "hf": run_hf, "hf_early": run_hf, "ct2": run_ct2, "ct2_int8": run_ct2}[args.system]
     decode(src_ids[:16])  # warm-up
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    synchronize(device)
     start = time.perf_counter()
     outputs = decode(src_ids)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    synchronize(device)
     seconds = time.perf_counter() - start
     hyps = [toks.tgt.decode(t) for t in outputs]
     out_file = Path(args.workdir) / f"{args.system}.{args.strategy}.txt"

@@ -18,19 +18,12 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import os
 import runpy
 import sys
 from pathlib import Path
 
-from benchmarks import REPO
-from benchmarks.batch_shapes import FIXED  # training only: no validation, no test split beside the data's own
-
-
-def rss_mb() -> float:
-    """This process's resident memory in MiB (``/proc/self/statm``)."""
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+from benchmarks import REPO, rss_mb
+from benchmarks.ab import FIXED  # training only: no validation, no test split beside the data's own
 
 
 def record_updates(out: Path, trim: bool) -> None:

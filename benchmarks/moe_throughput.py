@@ -6,20 +6,20 @@ One command (from the repository root; transformers comes with the ``bench`` ext
     python -m benchmarks.moe_throughput                 # llama_style_tiny + model/ffn=moe, 8 experts, top-2
     python -m benchmarks.moe_throughput --quick         # a smoke run: 2 layers, 8 rows, 1 round of 2 steps
 
-prints a Markdown table (target tokens/s of a training step: zero_grad, forward, loss with the
-load-balancing term, backward, Adam step; median of ``--steps`` steps after ``--warmup``, then
-the median over ``--rounds`` interleaved rounds) with ratios against our default dispatch, and
-writes the rows as JSON with ``--out``. Unlike ``train_throughput.py`` every model lives in this
+prints a Markdown table (target tokens/s of a training step; median of ``--steps`` steps after
+``--warmup``, then the median over ``--rounds`` interleaved rounds) with ratios against our default
+dispatch, and writes the rows as JSON with ``--out``. Unlike ``train_throughput.py`` every model lives in this
 process (same batch tensors, same thread count); peak memory is therefore not reported.
 
 Rows:
 
-* ``ours`` (``F.grouped_mm`` dispatch on CPU) and ``ours, loop dispatch`` (a loop over the experts);
-  our loss is the trainer's: the fused output layer + label-smoothed cross entropy + the weighted
-  router losses (``model_loss`` + ``router_loss``).
+* ``ours`` (``F.grouped_mm`` dispatch on CPU) and ``ours, loop dispatch`` (a loop over the experts):
+  the trainer's own update (``Trainer.train_step``): the fused output layer + label-smoothed cross
+  entropy + the weighted router losses over the update's target tokens, clipping, the Adam step,
+  the schedule and the router's bias update.
 * ``HF Mixtral (<experts_implementation>)`` for HF's dispatches (``grouped_mm``, ``eager``: a loop
-  over the experts that received tokens, ``batched_mm``), HF's own loss (cross entropy +
-  ``router_aux_loss_coef * load_balancing_loss_func``).
+  over the experts that received tokens, ``batched_mm``): zero_grad, HF's own loss (cross entropy +
+  ``router_aux_loss_coef * load_balancing_loss_func``), backward, the Adam step.
 
 Same dims: d_model, layers, heads, key/value heads, vocabulary (8000), experts, top-k, expert
 width (our GLU-sized ``ffn_hidden`` is Mixtral's ``intermediate_size``), no biases, untied output,
@@ -37,26 +37,19 @@ from typing import Any
 
 import torch
 
-from benchmarks.train_step import LABEL_SMOOTHING, VOCAB, make_batch, make_optimizer, preset, time_steps
+from benchmarks.train_step import (
+    VOCAB,
+    as_batch,
+    hand_step,
+    make_batch,
+    make_optimizer,
+    preset,
+    time_steps,
+    trainer_under_test,
+)
 from transformer.analysis.markdown import cell, table
 from transformer.config import model_sizes
-from transformer.models import build_model, count_parameters, moe_blocks
-from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss
-
-
-class OursMoE(torch.nn.Module):
-    """Our model + the trainer's loss: ``(loss + router_loss) / ntokens``."""
-
-    def __init__(self, cfg: Any, dispatch: str) -> None:
-        super().__init__()
-        self.model = build_model(cfg, VOCAB)
-        for block in moe_blocks(self.model):
-            block.experts.dispatch = dispatch
-        self.criterion = LabelSmoothedCrossEntropy(LABEL_SMOOTHING, ignore_index=0)
-
-    def step_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        out = model_loss(self.model, self.criterion, {"tokens": batch["tokens"]}, batch["target"])
-        return (out["loss"] + out["router_loss"]) / out["ntokens"]
+from transformer.models import count_parameters, moe_blocks
 
 
 def moe_dims(cfg: Any) -> dict[str, Any]:
@@ -76,20 +69,39 @@ def moe_dims(cfg: Any) -> dict[str, Any]:
     }
 
 
-def build_rows(args: argparse.Namespace) -> list[tuple[str, Any]]:
-    """``(name, constructor)`` of every model measured."""
+def build_rows(args: argparse.Namespace) -> tuple[Any, list[tuple[str, Any]]]:
+    """Our model config, and ``(name, build)`` of every model measured: ``build(batch)`` gives its
+    ``(step, model)``."""
     overrides = [
         "model/ffn=moe",
         "model.dropout=0.0",
         f"model.ffn.n_experts={args.experts}",
         f"model.ffn.top_k={args.top_k}",
+        *([f"model.n_decoder_layers={args.layers}"] if args.layers else []),
+        *args.override,
     ]
-    if args.layers:
-        overrides.append(f"model.n_decoder_layers={args.layers}")
-    cfg, optim_cfg = preset(args.preset, overrides + list(args.override))
+    cfg, optim_cfg = preset(args.preset, overrides)
     if cfg.arch != "decoder_only":
         raise SystemExit(f"--preset {args.preset} is not decoder-only (MixtralForCausalLM is)")
-    rows = [("ours", lambda: OursMoE(cfg, "auto")), ("ours, loop dispatch", lambda: OursMoE(cfg, "loop"))]
+
+    def ours(dispatch: str) -> Any:
+        def build(batch: dict[str, torch.Tensor]) -> tuple[Any, torch.nn.Module]:
+            trainer = trainer_under_test({"preset": args.preset, "overrides": overrides}, batch, torch.device("cpu"))
+            for block in moe_blocks(trainer.model):
+                block.experts.dispatch = dispatch
+            micro = [as_batch(batch)]
+            return (lambda: trainer.train_step(micro)), trainer.model
+
+        return build
+
+    def mixtral(impl: str) -> Any:
+        def build(batch: dict[str, torch.Tensor]) -> tuple[Any, torch.nn.Module]:
+            model = peers.HFMixtralPeer(moe_dims(cfg), VOCAB, impl)
+            return hand_step(model, batch, make_optimizer(model, optim_cfg)), model.core
+
+        return build
+
+    rows = [("ours", ours("auto")), ("ours, loop dispatch", ours("loop"))]
     if not args.no_peers:
         from benchmarks import peers
 
@@ -98,27 +110,25 @@ def build_rows(args: argparse.Namespace) -> list[tuple[str, Any]]:
         except ImportError as err:
             print(f"HF Mixtral skipped: {err}", flush=True)
         else:
-            for impl in args.hf_experts:
-                rows.append((f"HF Mixtral ({impl})", lambda impl=impl: peers.HFMixtralPeer(moe_dims(cfg), VOCAB, impl)))
-    return [(name, ctor, optim_cfg, cfg) for name, ctor in rows]
+            rows += [(f"HF Mixtral ({impl})", mixtral(impl)) for impl in args.hf_experts]
+    return cfg, rows
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     torch.set_num_threads(args.threads)
-    specs = build_rows(args)
-    cfg = specs[0][3]
+    cfg, specs = build_rows(args)
     batch = make_batch("decoder_only", args.rows, args.src_len, args.tgt_len)
     tokens = args.rows * args.tgt_len  # target tokens per step (the loss positions), the same for every model
     models = []
-    for name, ctor, optim_cfg, _ in specs:
+    for name, build in specs:
         torch.manual_seed(0)
-        model = ctor()
-        models.append((name, model, make_optimizer(model, optim_cfg)))
+        step, model = build(batch)
+        models.append((name, model, step))
     per_round: dict[str, list[float]] = {name: [] for name, _, _ in models}
     for rnd in range(args.rounds):
         for j in range(len(models)):  # interleaved: round r starts with model r
-            name, model, opt = models[(rnd + j) % len(models)]
-            per_round[name].append(time_steps(model, batch, opt, args.warmup, args.steps)["step_s"])
+            name, _, step = models[(rnd + j) % len(models)]
+            per_round[name].append(time_steps(step, args.warmup, args.steps)["step_s"])
         print(
             f"  round {rnd + 1}/{args.rounds}: " + ", ".join(f"{n} {per_round[n][-1] * 1e3:.0f} ms" for n in per_round),
             flush=True,
@@ -126,15 +136,14 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     out = []
     for name, model, _ in models:
         step_s = statistics.median(per_round[name])
-        inner = getattr(model, "model", getattr(model, "core", model))
         out.append(
             {
                 "name": name,
                 "tok_s": tokens / step_s,
                 "step_s": step_s,
                 "round_step_s": per_round[name],
-                "params": count_parameters(inner),
-                "active_params": count_parameters(inner, active_only=True) if name.startswith("ours") else None,
+                "params": count_parameters(model),
+                "active_params": count_parameters(model, active_only=True) if name.startswith("ours") else None,
             }
         )
     base = out[0]["tok_s"]

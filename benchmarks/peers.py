@@ -27,11 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from benchmarks import prob
+
 PAD = 0
-
-
-def _p(x: float) -> str:
-    return repr(float(x))
 
 
 class TorchTransformerPeer(nn.Module):
@@ -57,7 +55,7 @@ class TorchTransformerPeer(nn.Module):
         layer = self.core.encoder.layers[0]
         # nn.Transformer drops the residual branches, and also the attention weights and FFN hidden units
         assert self.drop.p == layer.self_attn.dropout == layer.dropout.p
-        self.dropout_desc = f"{_p(self.drop.p)} (+ attn weights, ff)"
+        self.dropout_desc = f"{prob(self.drop.p)} (+ attn weights, ff)"
 
     def _embed(self, x: Tensor) -> Tensor:
         return self.drop(self.emb(x) * self.scale + self.pe[: x.shape[1]])
@@ -111,8 +109,8 @@ class HFSeq2SeqPeer(nn.Module):
             self.core = transformers.BartForConditionalGeneration(cfg)
         self.core.config._attn_implementation = "sdpa"
         c = self.core.config
-        extra = [f"{k} {_p(v)}" for k, v in (("attn", c.attention_dropout), ("ff", c.activation_dropout)) if v]
-        self.dropout_desc = _p(c.dropout) + (f" (+ {', '.join(extra)})" if extra else "")
+        extra = [f"{k} {prob(v)}" for k, v in (("attn", c.attention_dropout), ("ff", c.activation_dropout)) if v]
+        self.dropout_desc = prob(c.dropout) + (f" (+ {', '.join(extra)})" if extra else "")
 
     def step_loss(self, batch: dict[str, Tensor]) -> Tensor:
         labels = batch["target"].masked_fill(batch["target"].eq(PAD), -100)
@@ -141,7 +139,7 @@ class HFLlamaPeer(nn.Module):
         )
         self.core = transformers.LlamaForCausalLM(cfg)
         # LlamaForCausalLM has no embedding or residual dropout; attention_dropout is its only one
-        self.dropout_desc = _p(self.core.config.attention_dropout)
+        self.dropout_desc = prob(self.core.config.attention_dropout)
 
     def step_loss(self, batch: dict[str, Tensor]) -> Tensor:
         # HF shifts labels itself: labels[i] is predicted from position i - 1
@@ -183,7 +181,7 @@ class HFMixtralPeer(nn.Module):
         )
         self.core = transformers.MixtralForCausalLM(cfg)
         self.experts_implementation = self.core.config._experts_implementation
-        self.dropout_desc = _p(self.core.config.attention_dropout)  # Mixtral has no other dropout
+        self.dropout_desc = prob(self.core.config.attention_dropout)  # Mixtral has no other dropout
 
     def step_loss(self, batch: dict[str, Tensor]) -> Tensor:
         labels = torch.cat((batch["tokens"][:, :1], batch["target"][:, :-1]), 1)  # HF shifts labels itself
@@ -231,9 +229,9 @@ class XTransformersEncDecPeer(nn.Module):
         self.eps = d["label_smoothing"]
         # x-transformers drops the embeddings and the FFN hidden units, not the residual branches
         self.dropout_desc = (
-            f"{_p(emb_dropout)} (emb, ff)"
+            f"{prob(emb_dropout)} (emb, ff)"
             if emb_dropout == ff_dropout
-            else f"emb {_p(emb_dropout)}, ff {_p(ff_dropout)}"
+            else f"emb {prob(emb_dropout)}, ff {prob(ff_dropout)}"
         )
 
     def step_loss(self, batch: dict[str, Tensor]) -> Tensor:
@@ -275,7 +273,7 @@ class XTransformersDecoderPeer(nn.Module):
             ),
         )
         self.eps = d["label_smoothing"]
-        self.dropout_desc = _p(max(emb_dropout, attn_dropout, ff_dropout))
+        self.dropout_desc = prob(max(emb_dropout, attn_dropout, ff_dropout))
 
     def step_loss(self, batch: dict[str, Tensor]) -> Tensor:
         logits = self.core(batch["tokens"])

@@ -6,8 +6,8 @@ Example (from the repository root; peers need the ``bench`` extra)::
     python -m benchmarks.profile_step --model "HF Marian" --preset transformer_tiny
     python -m benchmarks.profile_step --model ours --preset llama_style_tiny model.dropout=0.0
 
-Same batch, optimizer, threads and allocator setting as ``benchmarks/train_throughput.py``: the
-median step time of ``--steps`` steps, then the operators of ``--profile-steps`` steps sorted by
+Same batch, step (ours: ``Trainer.train_step``), optimizer, threads and allocator setting as
+``benchmarks/train_throughput.py``: the median step time of ``--steps`` steps, then the operators of ``--profile-steps`` steps sorted by
 their own CPU time (``--row-limit`` rows).
 """
 
@@ -19,18 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks import peers
-from benchmarks.train_step import (
-    SIZES,
-    SRC_LEN,
-    TGT_LEN,
-    VOCAB,
-    Ours,
-    dims,
-    make_batch,
-    make_optimizer,
-    preset,
-    time_steps,
-)
+from benchmarks.train_step import SIZES, SRC_LEN, TGT_LEN, model_under_test, preset, time_steps
 from transformer.training.job.allocator import tune_cpu_allocator
 
 
@@ -50,25 +39,21 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.malloc == "tuned":
         tune_cpu_allocator()
-    cfg, optim_cfg = preset(args.preset, args.overrides)
+    cfg, _ = preset(args.preset, args.overrides)
     rows = args.rows or next((r for ed, do, r in SIZES.values() if args.preset in (ed, do)), 96)
-    torch.manual_seed(0)
-    if args.model == "ours":
-        model = Ours(cfg)
-    else:
-        table = peers.encdec_peers() if cfg.arch == "encoder_decoder" else peers.decoder_only_peers()
-        if args.model not in table:
-            raise SystemExit(f"--model {args.model!r} is not 'ours' or one of {sorted(table)}")
-        model = table[args.model](dims(cfg), VOCAB)
-    optimizer = make_optimizer(model, optim_cfg)
-    batch = make_batch(cfg.arch, rows, SRC_LEN, TGT_LEN)
-    median = time_steps(model, batch, optimizer, warmup=2, steps=args.steps)["step_s"]
+    table = peers.encdec_peers() if cfg.arch == "encoder_decoder" else peers.decoder_only_peers()
+    if args.model != "ours" and args.model not in table:
+        raise SystemExit(f"--model {args.model!r} is not 'ours' or one of {sorted(table)}")
+    spec = {"model": args.model, "preset": args.preset, "overrides": args.overrides}
+    _, _, build = model_under_test({**spec, "rows": rows, "src_len": SRC_LEN, "tgt_len": TGT_LEN})
+    step, _ = build(torch.device("cpu"))
+    median = time_steps(step, warmup=2, steps=args.steps)["step_s"]
     print(
         f"{args.model} {args.preset} {rows}x{TGT_LEN}: median step {median * 1e3:.1f} ms, "
         f"{rows * TGT_LEN / median:,.0f} target tok/s ({args.threads} threads, malloc {args.malloc})"
     )
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        time_steps(model, batch, optimizer, warmup=0, steps=args.profile_steps)
+        time_steps(step, warmup=0, steps=args.profile_steps)
     print(f"operators over {args.profile_steps} steps (self CPU time):")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.row_limit))
 

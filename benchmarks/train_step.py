@@ -1,31 +1,43 @@
 """One training step of a model under test, timed: the machinery of ``benchmarks/train_throughput.py``
-that ``gpu_check/``, ``moe_throughput.py`` and ``profile_step.py`` share.
+that ``gpu_check/``, ``moe_throughput.py`` and ``profile_step.py`` share; a library, no command line.
 
 The models' presets and synthetic batches (:func:`preset`, :func:`make_batch`), their training FLOPs
-(:func:`train_flops`), our model with its criterion (:class:`Ours`) and the peers
-(:func:`model_under_test`, from ``peers.py``), the timed steps (:func:`time_steps`), one row
-measured in a fresh process (:func:`worker`) or on a CUDA device (:func:`measure_on_cuda`), and the
-machine's matmul peaks (:func:`matmul_peak`, :func:`cuda_matmul_peak`, :data:`DEVICE_PEAKS`).
+(:func:`train_flops`), our model's update as the trainer runs it (:func:`trainer_under_test`:
+:meth:`Trainer.train_step <transformer.training.loop.trainer.Trainer.train_step>` with its clipping,
+loss scaling, token normalisation and schedule), our model with its criterion alone (:class:`Ours`,
+for the profiler, the loss ablation and the compiled loss rows) and the peers (:func:`model_under_test`,
+from ``peers.py``) with a hand-written step (:func:`hand_step`: they have no trainer of ours), the
+timed steps (:func:`time_steps`), one row measured in a fresh process (:func:`worker`) or on a
+CUDA device (:func:`measure_on_cuda`), and the machine's matmul peaks (:func:`matmul_peak`,
+:func:`cuda_matmul_peak`, :data:`DEVICE_PEAKS`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import os
-import platform
 import resource
+import shutil
+import tempfile
 import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks import REPO
+from benchmarks import REPO, prob, release, reset_peak, rss_mb, synchronize
+from transformer.config import register_configs, to_config, validate_config
+from transformer.data.collate import Batch
+from transformer.data.dataset import ParallelDataset, TranslationData
 from transformer.models import build_model
 from transformer.models.flops import forward_flops
 from transformer.modules.ffn import glu_hidden_size
 from transformer.precision import cpu_has_fast_bf16
+from transformer.training.distributed.process_group import DistInfo
 from transformer.training.job.allocator import tune_cpu_allocator
+from transformer.training.loop.trainer import Trainer
 from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss
 from transformer.training.step.optim import build_optimizer
 
@@ -64,15 +76,26 @@ DEVICE_PEAKS: dict[str, dict[str, float]] = {
 # ----------------------------------------------------------------------------- configs and batches
 
 
-def preset(name: str, overrides: list[str] | None = None) -> Any:
-    """Compose ``configs/model/<name>.yaml`` with its nested defaults, as Hydra does."""
-    from hydra import compose, initialize_config_dir
-
-    from transformer.config import register_configs
+def compose(overrides: list[str]) -> Any:
+    """``configs/train.yaml`` with ``overrides``, composed as Hydra does (nested defaults included)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[f"model={name}"] + list(overrides or []))
+        return hydra_compose(config_name="train", overrides=overrides)
+
+
+def compose_config(overrides: list[str]) -> Any:
+    """``configs/train.yaml`` with ``overrides``, validated, as the typed :class:`~transformer.config.Config`."""
+    cfg = compose(overrides)
+    validate_config(cfg)
+    return to_config(cfg)
+
+
+def preset(name: str, overrides: list[str] | None = None) -> Any:
+    """``(model, optim)`` of ``configs/model/<name>.yaml`` with its nested defaults, as Hydra composes them."""
+    cfg = compose([f"model={name}"] + list(overrides or []))
     return cfg.model, cfg.optim
 
 
@@ -123,16 +146,15 @@ def train_flops(cfg: Any, rows: int, src_len: int, tgt_len: int) -> float:
 
 
 class Ours(torch.nn.Module):
-    """Our model + criterion, the same calls as ``Trainer._loss``/``train_step``."""
+    """Our model + criterion: the fused output layer and loss of the trainer's step
+    (:func:`~transformer.training.step.criterion.model_loss`), the mean over target tokens."""
 
-    def __init__(self, cfg: Any, compile_model: bool = False, fused_loss: bool = True, vocab: int = VOCAB) -> None:
+    def __init__(self, cfg: Any, fused_loss: bool = True, vocab: int = VOCAB) -> None:
         super().__init__()
         self.model = build_model(cfg, vocab)
         self.arch = cfg.arch
         self.criterion = LabelSmoothedCrossEntropy(LABEL_SMOOTHING, ignore_index=0)
         self.unfused = not fused_loss  # False: the trainer's fused path
-        if compile_model:  # the trainer's fused path with the layers compiled
-            self.model.features = torch.compile(self.model.features)
 
     def step_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         net_input = (
@@ -144,55 +166,131 @@ class Ours(torch.nn.Module):
         return out["loss"] / out["ntokens"]
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (CUDA); nothing on the CPU."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_steps(
+def hand_step(
     model: torch.nn.Module,
     batch: dict[str, torch.Tensor],
     optimizer: torch.optim.Optimizer,
-    warmup: int,
-    steps: int,
     precision: str = "fp32",
     device: torch.device | None = None,
-) -> dict[str, Any]:
-    """Median and best step time (s) of ``steps`` steps after ``warmup``; the warmup step times.
+) -> Callable[[], Any]:
+    """One step of a model that has no trainer of ours (a peer, or :class:`Ours` alone): zero_grad,
+    ``model.step_loss(batch)`` (a mean over target tokens), backward, optimizer step.
 
     ``precision="bf16"`` runs the forward and loss under ``torch.autocast(<device type>, bfloat16)``
-    (as the trainer does); the backward and the optimizer step follow autocast's dtypes. On CUDA
-    (``device``; model and batch already there) every step is timed between two
-    ``torch.cuda.synchronize`` calls.
+    (as the trainer does); the backward and the optimizer step follow autocast's dtypes.
     """
     model.train()
-    device = torch.device("cpu") if device is None else device
+    device_type = "cpu" if device is None else device.type
 
-    def step() -> float:
-        synchronize(device)
-        t = time.perf_counter()
+    def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        ctx = torch.autocast(device.type, dtype=DTYPES[precision]) if precision != "fp32" else contextlib.nullcontext()
+        ctx = torch.autocast(device_type, dtype=DTYPES[precision]) if precision != "fp32" else contextlib.nullcontext()
         with ctx:
             loss = model.step_loss(batch)
         loss.backward()
         optimizer.step()
+
+    return step
+
+
+def time_steps(step: Callable[[], Any], warmup: int, steps: int, device: torch.device | None = None) -> dict[str, Any]:
+    """Median and best time (s) of ``steps`` calls of ``step`` after ``warmup``; the warmup calls' times.
+
+    On CUDA (``device``) every call is timed between two ``torch.cuda.synchronize`` calls.
+    """
+    device = torch.device("cpu") if device is None else device
+
+    def timed() -> float:
+        synchronize(device)
+        t = time.perf_counter()
+        step()
         synchronize(device)
         return time.perf_counter() - t
 
-    warmup_s = [step() for _ in range(warmup)]
+    warmup_s = [timed() for _ in range(warmup)]
     gc.collect()
-    times = sorted(step() for _ in range(steps))
+    times = sorted(timed() for _ in range(steps))
     return {"step_s": times[len(times) // 2], "best_s": times[0], "warmup_s": warmup_s}
+
+
+class VocabSize:
+    """A tokenizer stand-in of ``size`` entries: the trainer sizes the embeddings and the output layer
+    by ``len(tokenizer)``, and a timed update reads nothing else of it."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        """The vocabulary's size."""
+        return self.size
+
+
+def as_batch(batch: dict[str, torch.Tensor]) -> Batch:
+    """A :func:`make_batch` batch as the trainer's :class:`~transformer.data.collate.Batch`."""
+    enc_dec = "src" in batch
+    net_input = (
+        {"src_tokens": batch["src"], "prev_output_tokens": batch["prev"]} if enc_dec else {"tokens": batch["tokens"]}
+    )
+    rows = len(batch["target"])
+    return Batch(
+        net_input,
+        batch["target"],
+        batch["src"] if enc_dec else batch["tokens"],
+        torch.arange(rows),
+        int(batch["target"].ne(0).sum()),
+        rows,
+    )
+
+
+def make_trainer(
+    cfg: Any, data: Any, device: torch.device, parallel_mode: str | None = None, compile_backend: str | None = None
+) -> Trainer:
+    """A :class:`~transformer.training.loop.trainer.Trainer` for one process on ``device``
+    (``parallel_mode="ddp"``: DDP over the one-rank process group that exists; ``compile_backend``:
+    the compiled step's ``torch.compile`` backend), its run folder ``cfg.run_dir``, its log lines dropped."""
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return Trainer(
+        cfg,
+        data,
+        DistInfo(0, 1, device),
+        run_dir,
+        parallel_mode=parallel_mode,
+        log=lambda msg: None,
+        compile_backend=compile_backend,
+    )
+
+
+def trainer_under_test(spec: dict[str, Any], batch: dict[str, torch.Tensor], device: torch.device) -> Trainer:
+    """Our row's :class:`~transformer.training.loop.trainer.Trainer`: the preset with the row's
+    overrides, ``train.precision`` and ``train.compile`` (the whole step compiled) of the row, its
+    data the rows of ``batch`` (a :data:`VOCAB`-entry vocabulary); no validation, no checkpoint, its
+    run folder a temporary one, removed with the trainer."""
+    arch = "encoder_decoder" if "src" in batch else "decoder_only"
+    src = batch["src"] if arch == "encoder_decoder" else batch["tokens"]
+    pairs = ParallelDataset(src.tolist(), batch["target"].tolist(), None, None, "train")
+    vocab = VocabSize(VOCAB)
+    data = TranslationData(vocab, vocab, {"train": pairs, "valid": pairs})
+    run_dir = tempfile.mkdtemp(prefix="train_step_")
+    cfg = compose_config(
+        [f"model={spec['preset']}", *(spec.get("overrides") or [])]
+        + [
+            f"criterion.label_smoothing={LABEL_SMOOTHING}",
+            f"train.precision={spec.get('precision', 'fp32')}",
+            f"train.compile={str(bool(spec.get('compile'))).lower()}",
+            f"train.device={device.type}",
+            "train.validate_every=0",
+            "train.save_every=0",
+            "train.progress=false",
+            f"run_dir={run_dir}",
+        ]
+    )
+    trainer = make_trainer(cfg, data, device)
+    weakref.finalize(trainer, shutil.rmtree, run_dir, True)
+    return trainer
 
 
 def make_optimizer(model: torch.nn.Module, optim_cfg: Any, device_type: str = "cpu") -> torch.optim.Optimizer:
@@ -200,14 +298,10 @@ def make_optimizer(model: torch.nn.Module, optim_cfg: Any, device_type: str = "c
     return build_optimizer(model, optim_cfg, device_type)
 
 
-def _p(x: float) -> str:
-    return repr(float(x))
-
-
 def our_dropout(cfg: Any) -> str:
     """The dropout our model applies (embeddings and residual branches; attention/FFN if set)."""
-    extra = [f"{k} {_p(v)}" for k, v in (("attn", cfg.attention_dropout), ("ff", cfg.activation_dropout)) if v]
-    return _p(cfg.dropout) + (f" (+ {', '.join(extra)})" if extra else "")
+    extra = [f"{k} {prob(v)}" for k, v in (("attn", cfg.attention_dropout), ("ff", cfg.activation_dropout)) if v]
+    return prob(cfg.dropout) + (f" (+ {', '.join(extra)})" if extra else "")
 
 
 def prime_runtime(optim_cfg: Any) -> None:
@@ -223,57 +317,57 @@ def prime_runtime(optim_cfg: Any) -> None:
     opt.step()
 
 
-def model_under_test(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, torch.Tensor], Any]:
-    """``(model config, optim config, batch on the CPU, constructor)`` of one row's ``spec``
-    (see :func:`worker`); a peer's package is imported here (``peers.preload``)."""
+def model_under_test(spec: dict[str, Any]) -> tuple[Any, Any, Callable[[torch.device], tuple[Callable[[], Any], Any]]]:
+    """``(model config, optim config, build)`` of one row's ``spec`` (see :func:`worker`);
+    ``build(device)`` returns the row's ``(step, model)`` on ``device``: ours, the trainer's update
+    (:func:`trainer_under_test`; with ``fused_loss=False`` the ablation, :class:`Ours` unfused under
+    :func:`hand_step`); a peer, its step under :func:`hand_step`. A peer's package is imported here
+    (``peers.preload``), before the memory baseline."""
     cfg, optim_cfg = preset(spec["preset"], spec.get("overrides"))
-    batch = make_batch(cfg.arch, spec["rows"], spec["src_len"], spec["tgt_len"])
-    if spec["model"] == "ours":
-
-        def ctor() -> torch.nn.Module:
-            return Ours(cfg, compile_model=spec.get("compile", False), fused_loss=spec.get("fused_loss", True))
-    else:
+    cpu_batch = make_batch(cfg.arch, spec["rows"], spec["src_len"], spec["tgt_len"])
+    precision = spec.get("precision", "fp32")
+    if spec["model"] != "ours":
         from benchmarks import peers
 
         peers.preload(spec["model"])  # module imports are not the model's memory
         table = peers.encdec_peers() if cfg.arch == "encoder_decoder" else peers.decoder_only_peers()
         pctor, d = table[spec["model"]], dims(cfg)
 
-        def ctor() -> torch.nn.Module:
-            return pctor(d, VOCAB)
+    def build(device: torch.device) -> tuple[Callable[[], Any], Any]:
+        batch = {k: v.to(device) for k, v in cpu_batch.items()}
+        torch.manual_seed(0)
+        if spec["model"] == "ours" and spec.get("fused_loss", True):
+            trainer = trainer_under_test(spec, cpu_batch, device)
+            micro = [as_batch(batch)]
+            return (lambda: trainer.train_step(micro)), trainer.model
+        model = (Ours(cfg, fused_loss=False) if spec["model"] == "ours" else pctor(d, VOCAB)).to(device)
+        return hand_step(model, batch, make_optimizer(model, optim_cfg, device.type), precision, device), model
 
-    return cfg, optim_cfg, batch, ctor
+    return cfg, optim_cfg, build
 
 
-def measure_on_cuda(spec: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """One row on a CUDA device, in this process: the step times of :func:`time_steps` and the
-    peak memory the row allocated (``torch.cuda.max_memory_allocated`` after
-    ``reset_peak_memory_stats``, minus what was allocated before the model was built: weights,
-    gradients, Adam state, activations; the caching allocator's reserve is not counted)."""
-    cfg, optim_cfg, batch, ctor = model_under_test(spec)
-    gc.collect()
-    torch.cuda.empty_cache()
-    synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.manual_seed(0)
-    model = ctor().to(device)
-    batch = {k: v.to(device) for k, v in batch.items()}
-    opt = make_optimizer(model, optim_cfg, device.type)
-    r = time_steps(model, batch, opt, spec["warmup"], spec["steps"], spec.get("precision", "fp32"), device)
-    synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device)
+def measure(spec: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """One row in this process: the step times of :func:`time_steps`, the parameters and the dropout;
+    on a CUDA device also the peak memory the row allocated (``torch.cuda.max_memory_allocated``
+    after ``reset_peak_memory_stats``, minus what was allocated before the model was built: weights,
+    gradients, Adam state, activations; the caching allocator's reserve is not counted). The CPU's
+    memory is a process's: :func:`worker` measures it."""
+    cfg, _, build = model_under_test(spec)
+    cuda = device.type == "cuda"
+    before = reset_peak(device)
+    step, model = build(device)
+    r = time_steps(step, spec["warmup"], spec["steps"], device)
     r.update(
-        mem_mb=(peak - before) / 2**20,
         params=sum(p.numel() for p in model.parameters()),
         dropout=our_dropout(cfg) if spec["model"] == "ours" else getattr(model, "dropout_desc", "?"),
-        device=torch.cuda.get_device_name(device),
+        mem_mb=(torch.cuda.max_memory_allocated(device) - before) / 2**20 if cuda else None,
     )
+    if cuda:
+        r["device"] = torch.cuda.get_device_name(device)
     if spec.get("compile"):
-        r["compile_s"] = r["warmup_s"][0]
-    del model, opt, batch
-    gc.collect()
-    torch.cuda.empty_cache()
+        r["compile_s"] = r["warmup_s"][0]  # the first step traces and compiles
+    del step, model
+    release(device)
     return r
 
 
@@ -283,21 +377,20 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     ``spec``: ``model`` (``"ours"`` or a peer name of ``peers.py``), ``preset``, ``overrides``
     (Hydra), ``compile``, ``fused_loss``, ``rows``, ``src_len``, ``tgt_len``, ``warmup``, ``steps``,
     ``threads``, ``malloc``, ``precision`` (``fp32`` | ``bf16``), ``device`` (``cpu``, the default,
-    or ``cuda``: see :func:`measure_on_cuda`).
+    or ``cuda``: see :func:`measure`). On the CPU the memory is the process's peak RSS over its RSS
+    before the model was built (after one tiny step that starts torch's runtime).
     """
     torch.set_num_threads(spec["threads"])
     tuned = tune_cpu_allocator() if spec["malloc"] == "tuned" else False
     device = torch.device(spec.get("device", "cpu"))
     if device.type == "cuda":
-        return {**measure_on_cuda(spec, device), "malloc_tuned": tuned}
-    cfg, optim_cfg, batch, ctor = model_under_test(spec)
+        return {**measure(spec, device), "malloc_tuned": tuned}
+    cfg, optim_cfg, build = model_under_test(spec)
     prime_runtime(optim_cfg)
     gc.collect()
-    before = _rss_mb()
-    torch.manual_seed(0)
-    model = ctor()
-    opt = make_optimizer(model, optim_cfg)
-    r = time_steps(model, batch, opt, spec["warmup"], spec["steps"], spec.get("precision", "fp32"))
+    before = rss_mb()
+    step, model = build(device)
+    r = time_steps(step, spec["warmup"], spec["steps"], device)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     r.update(
         mem_mb=peak - before,
@@ -364,11 +457,14 @@ def device_peak(name: str, precision: str) -> float | None:
     return None
 
 
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+def flops_peak(device: torch.device, precision: str, reps: int = 5) -> tuple[float, str]:
+    """The peak (FLOP/s) a row's MFU is read against on ``device`` at ``precision`` (``bf16`` |
+    ``fp32``), and where it comes from: a GPU's datasheet (:data:`DEVICE_PEAKS`), else the best
+    ``torch.mm`` measured on the device (:func:`cuda_matmul_peak`, :func:`matmul_peak`)."""
+    dtype = DTYPES[precision]
+    if device.type != "cuda":
+        return matmul_peak(reps, dtype), "measured (best torch.mm, CPU)"
+    table = device_peak(torch.cuda.get_device_name(device), precision)
+    if table:
+        return table, "datasheet (DEVICE_PEAKS, dense)"
+    return cuda_matmul_peak(device, dtype, reps), "measured (best torch.mm 4096^3 / 8192^3)"

@@ -18,8 +18,10 @@ What is measured (``--threads`` intra-op threads, synthetic uniform tokens, no p
   measured bf16/fp32 matmul peaks, on a CPU without AMX or AVX512-BF16 (there bf16 matmuls are
   emulated, ~100x slower than fp32); ``--force-bf16`` runs them anyway.
 
-* **throughput**: target tokens per second of one training step (zero_grad, forward, loss,
-  backward, optimizer step), for the 2017 encoder-decoder (``transformer_tiny``,
+* **throughput**: target tokens per second of one training step, for ours the trainer's own update
+  (``Trainer.train_step``: loss scaled by the update's target tokens, gradient clipping, the
+  GradScaler, the optimizer and the schedule; ``benchmarks/train_step.py``), for a peer zero_grad,
+  forward, its loss, backward, optimizer step; for the 2017 encoder-decoder (``transformer_tiny``,
   ``transformer_2017_base``) and the Llama-style decoder-only (``llama_style_tiny``,
   ``llama_style``) presets, side by side with ``torch.nn.Transformer``, HF Marian and BART, HF
   Llama and x-transformers at the same dims, batch shape (``B x 24`` target tokens; decoder-only
@@ -44,9 +46,10 @@ What is measured (``--threads`` intra-op threads, synthetic uniform tokens, no p
 * **KV cache**: bytes per generated token for MHA, GQA and MQA at Llama base dims.
 * **scaling**: our step time against sequence length (64 ... 1024, fixed 4096 tokens per batch)
   and against batch tokens (fixed length 32), tiny encoder-decoder (``--no-scaling`` to skip).
-* **torch.compile**: our tiny rows with ``torch.compile`` on the layers (``--compile``; base rows
-  too with ``--compile-base``); the first (compiling) step is reported separately (``compile_s``).
-  The ``ours, unfused loss`` rows are the code before the fused output layer + loss (ablation,
+* **torch.compile**: our tiny rows with ``train.compile=true`` (the trainer's whole step compiled;
+  ``--compile``; base rows too with ``--compile-base``); the first (compiling) step is reported
+  separately (``compile_s``). The ``ours, unfused loss`` rows are our model and loss before the fused
+  output layer + loss (full logits, then the loss) under the peers' hand-written step (ablation,
   ``--no-ablation`` to skip).
 * **decoding**: the rows of a ``benchmarks/decode_speed.py`` results file (``--decode <run>/decode_speed.json``).
 """
@@ -65,25 +68,21 @@ from typing import Any
 
 import torch
 
-from benchmarks import REPO, git_commit, module_command
+from benchmarks import REPO, git_commit, module_command, prob
 from benchmarks.train_step import (
     DTYPES,
     PRESET_OVERRIDES,
     SIZES,
     SRC_LEN,
     TGT_LEN,
-    _p,
-    cpu_name,
-    cuda_matmul_peak,
-    device_peak,
-    matmul_peak,
+    flops_peak,
     preset,
     train_flops,
     worker,
 )
 from benchmarks.train_throughput_report import markdown
 from transformer.models.flops import kv_cache_bytes_per_token
-from transformer.precision import cpu_has_fast_bf16
+from transformer.precision import cpu_has_fast_bf16, cpu_model_name
 
 # ----------------------------------------------------------------------------- one row per fresh process
 
@@ -163,7 +162,7 @@ def bf16_skip_reason(args: argparse.Namespace, peaks: dict[str, float]) -> str:
     if args.force_bf16 or getattr(args, "device", "cpu") == "cuda" or cpu_has_fast_bf16():
         return ""
     return (
-        f"no fast bf16 on this CPU ({cpu_name()}: no AMX / AVX512-BF16, torch capability "
+        f"no fast bf16 on this CPU ({cpu_model_name()}: no AMX / AVX512-BF16, torch capability "
         f"{torch.backends.cpu.get_cpu_capability()}); bf16 matmul {peaks['bf16'] / 1e9:.1f} GFLOP/s vs fp32 "
         f"{peaks['fp32'] / 1e9:.0f}; --force-bf16 runs them anyway"
     )
@@ -213,7 +212,7 @@ def throughput(args: argparse.Namespace, peaks: dict[str, float]) -> list[dict[s
                 ours_spec = {**base, "model": "ours", "overrides": ours_over}
                 these = [("ours" + tag, ours_spec)]
                 if family == "decoder-only":
-                    these.append((f"ours, preset dropout {_p(cfg.dropout)}{tag}", {**base, "model": "ours"}))
+                    these.append((f"ours, preset dropout {prob(cfg.dropout)}{tag}", {**base, "model": "ours"}))
                 if not args.no_ablation:  # before the fused output layer + loss: full logits, then the loss
                     these.append(("ours, unfused loss" + tag, {**ours_spec, "fused_loss": False}))
                 if (args.compile or args.compile_base) and (size == "tiny" or args.compile_base):
@@ -402,12 +401,10 @@ def main() -> None:
     start = time.time()
     precs = ("fp32", *[p for p in args.precision if p != "fp32"])
     gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else None
+    dev = torch.device("cuda", 0) if gpu else torch.device("cpu")
 
     def probe() -> dict[str, float]:
-        if gpu is None:
-            return {prec: matmul_peak(dtype=DTYPES[prec]) for prec in precs}
-        dev = torch.device("cuda", 0)
-        return {prec: device_peak(gpu, prec) or cuda_matmul_peak(dev, DTYPES[prec]) for prec in precs}
+        return {prec: flops_peak(dev, prec)[0] for prec in precs}
 
     peaks = probe()
     for prec, value in peaks.items():
@@ -422,7 +419,7 @@ def main() -> None:
         "commit": commit,
         "precision": args.precision,
         "machine": {
-            "cpu": cpu_name(),
+            "cpu": cpu_model_name(),
             "gpu": gpu,
             "device": args.device,
             "threads": args.threads,

@@ -49,7 +49,9 @@ def markdown(res: dict[str, Any]) -> str:
         "of the median step of each round.  ",
         f"glibc malloc: {malloc}.",
         "",
-        "Target tokens/s of a full training step (forward, loss, backward, Adam step) at the row's precision "
+        "Target tokens/s of a full training step at the row's precision (ours: the trainer's own update, "
+        "`Trainer.train_step`, with its token-normalised loss, clipping and schedule; a peer: forward, loss, "
+        "backward, Adam step) "
         '(bf16 = `torch.autocast("cpu", bfloat16)` around forward and loss for every model), vocabulary '
         f"{VOCAB}, uniform random tokens without padding; each model in a fresh process; ratio = peer / ours at the "
         "same precision; bf16/fp32 = ours in bf16 over ours in fp32; "

@@ -3,7 +3,8 @@ out"). Modules of functions stay small, no longer than :data:`MAX_LINES` lines a
 lays them out; a file that is one class may be longer (:data:`ONE_CLASS`, each with its reason),
 since cutting a class along a line count scatters its attributes over files. Every test file that
 the pages, the code and the scripts name exists, and ``tests/training/`` mirrors the rooms of
-``transformer/training/``."""
+``transformer/training/``. The benchmarks use the package through its public API (no private name,
+no module global set, no class patched) and import no benchmark as a library."""
 
 import ast
 import re
@@ -136,3 +137,143 @@ def test_no_module_outside_the_trainer_writes_its_attributes():
         for line, what in _trainer_attribute_writes(path.read_text(encoding="utf-8"))
     ]
     assert writes == []
+
+
+BENCHMARKS = REPO_ROOT / "benchmarks"
+THIRD_PARTY_PRIVATES = {
+    "_dynamo": "torch._dynamo.reset() and its counters: torch's own way to drop compiled graphs between rows",
+    "_attn_implementation": "a Hugging Face config field: the peer runs PyTorch's SDPA as ours does",
+    "_experts_implementation": "a Hugging Face config field: which expert kernel the Mixtral peer runs",
+}
+"""The ``._name`` attributes a benchmark may read on another object, each with its reason (third-party
+ones only: the package gives a benchmark a public hook where it needs one)."""
+PACKAGE_WRITES = {
+    ("benchmarks/heap_per_update.py", "Trainer.train_step"): "wraps the update to read the RSS after each "
+    "one of a real scripts/train.py run; the package has no per-update hook to call instead",
+}
+"""``(file, name.attribute)`` of the benchmarks' writes to a name imported from the package, each with its reason."""
+
+
+def _private_uses(source: str) -> list[tuple[int, str]]:
+    """``(line, what)`` of each ``x._name`` attribute (``x`` not ``self`` or ``cls``, the name not a
+    dunder nor in :data:`THIRD_PARTY_PRIVATES`) and each import of a private name or module of the package."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.endswith("__"):
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                if node.attr not in THIRD_PARTY_PRIVATES:
+                    found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "transformer":
+            names = [*node.module.split("."), *(a.name for a in node.names)]
+            found += [(node.lineno, f"from {node.module} import {n}") for n in names if n.startswith("_")]
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "transformer" and any(p.startswith("_") for p in a.name.split(".")):
+                    found.append((node.lineno, f"import {a.name}"))
+    return found
+
+
+def _package_writes(source: str) -> list[tuple[int, str]]:
+    """``(line, "name.attr")`` of each assignment (or ``setattr``) to an attribute of a name bound by an
+    import from the package (a module, a class or a function of ``transformer``)."""
+    tree = ast.parse(source)
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "transformer":
+            imported |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            imported |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] == "transformer"}
+    found = []
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = [
+                t for target in node.targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])
+            ]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and node.args:
+            name = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else "?"
+            targets = [ast.Attribute(value=node.args[0], attr=str(name), lineno=node.lineno)]
+        for t in targets:
+            root = t
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(t, ast.Attribute) and isinstance(root, ast.Name) and root.id in imported:
+                found.append((node.lineno, f"{ast.unparse(t.value)}.{t.attr}"))
+    return sorted(found)
+
+
+def test_the_public_api_finders_see_private_uses_and_package_writes():
+    source = (
+        "from transformer.training.step import compiled\nfrom transformer.a import _b\nimport transformer._c\n"
+        "import torch\ntrainer._loss(b)\nself._x = 1\nx.__class__\ntorch._dynamo.reset()\n"
+        "compiled.BACKEND = 'eager'\nsetattr(compiled, 'BACKEND', 1)\ntorch.x = 1\ncompiled.a.b += 1\n"
+    )
+    assert _private_uses(source) == [
+        (2, "from transformer.a import _b"),
+        (3, "import transformer._c"),
+        (5, "trainer._loss"),
+    ]
+    assert _package_writes(source) == [(9, "compiled.BACKEND"), (10, "compiled.BACKEND"), (12, "compiled.a.b")]
+
+
+def test_benchmarks_use_the_package_through_its_public_api():
+    """No benchmark calls a private method, reads a private attribute or imports a private name of
+    the package, nor sets a module global or patches a class of it; a benchmark that needs more
+    asks for a public hook. Third-party privates a peer or a compiled row needs are named, with
+    their reasons, in :data:`THIRD_PARTY_PRIVATES`."""
+    private, writes = [], []
+    for path in sorted(BENCHMARKS.rglob("*.py")):
+        where = path.relative_to(REPO_ROOT).as_posix()
+        source = path.read_text(encoding="utf-8")
+        private += [f"{where}:{line}: {what}" for line, what in _private_uses(source)]
+        writes += [f"{where}:{line}: {w}" for line, w in _package_writes(source) if (where, w) not in PACKAGE_WRITES]
+    assert private == [], "private names used by the benchmarks: " + ", ".join(private)
+    assert writes == [], "the benchmarks write to the package: " + ", ".join(writes)
+
+
+def _benchmark_modules() -> dict[str, tuple[ast.Module, str]]:
+    """``{"benchmarks.x.y": (tree, the package its relative imports start from)}`` of every module
+    under ``benchmarks/`` (a package's ``__init__.py`` as the package)."""
+    modules = {}
+    for path in sorted(BENCHMARKS.rglob("*.py")):
+        parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        package = name if parts[-1] == "__init__" else ".".join(parts[:-1])
+        modules[name] = (ast.parse(path.read_text(encoding="utf-8")), package)
+    return modules
+
+
+def _imported_modules(tree: ast.Module, package: str, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``tree`` imports (``import benchmarks.x``, ``from benchmarks.x
+    import y``, ``from benchmarks import x`` of a module, and relative imports from ``package``)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            found |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return found & known
+
+
+def test_no_benchmark_imports_another_as_a_library():
+    """A module with a command line (``if __name__ == "__main__":``, or a package's ``__main__.py``) is
+    a benchmark: no other module imports it. What benchmarks share lives in a library module
+    (``benchmarks/__init__.py``, ``ab.py``, ``train_step.py``, ``peers.py``, ...)."""
+    modules = _benchmark_modules()
+    runnable = {
+        name
+        for name, (tree, _) in modules.items()
+        if name.endswith(".__main__") or 'if __name__ == "__main__":' in ast.unparse(tree).replace("'", '"')
+    }
+    assert {"benchmarks.compile_ab", "benchmarks.gpu_check.__main__"} <= runnable and "benchmarks.ab" not in runnable
+    imports = {name: _imported_modules(tree, package, set(modules)) for name, (tree, package) in modules.items()}
+    assert {"benchmarks.ab", "benchmarks"} <= imports["benchmarks.compile_ab"]
+    assert "benchmarks.gpu_check.report" in imports["benchmarks.gpu_check.throughput"]  # from .report import ...
+    used = [f"{name} imports {other}" for name, found in imports.items() for other in sorted(found & runnable - {name})]
+    assert used == [], "benchmarks imported as libraries (move what they share to a library module): " + ", ".join(used)

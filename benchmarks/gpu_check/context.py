@@ -18,16 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_dir
 
 from benchmarks import REPO, git_commit
-from benchmarks.train_step import device_peak
-from transformer.config import register_configs, to_config, validate_config
+from benchmarks.train_step import compose_config, device_peak, make_trainer
 from transformer.data.dataset import load_translation_data
 from transformer.data.download import excerpt_overrides, multi30k_excerpt
 from transformer.precision import cpu_model_name, describe_hardware
-from transformer.training.distributed.process_group import DistInfo
-from transformer.training.loop.trainer import Trainer
 
 from .report import Budget, check
 
@@ -203,15 +199,6 @@ def model_overrides(ctx: Context, family: str) -> list[str]:
     return over + ["model.dropout=0.0"]
 
 
-def compose_config(overrides: list[str]) -> Any:
-    """``configs/train.yaml`` with ``overrides``, validated, as the typed :class:`~transformer.config.Config`."""
-    register_configs()
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides)
-    validate_config(cfg)
-    return to_config(cfg)
-
-
 def run_config(
     ctx: Context, name: str, family: str, precision: str, compile_on: bool, updates: int, device: str
 ) -> Any:
@@ -264,25 +251,6 @@ class Collect:
 
     def close(self) -> None:
         """Nothing to release."""
-
-
-def make_trainer(
-    cfg: Any, data: Any, device: torch.device, parallel_mode: str | None = None, compile_backend: str | None = None
-) -> Any:
-    """A :class:`~transformer.training.loop.trainer.Trainer` for one process on ``device``
-    (``parallel_mode="ddp"``: DDP over the one-rank process group that exists; ``compile_backend``:
-    the compiled step's ``torch.compile`` backend)."""
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return Trainer(
-        cfg,
-        data,
-        DistInfo(0, 1, device),
-        run_dir,
-        parallel_mode=parallel_mode,
-        log=lambda msg: None,
-        compile_backend=compile_backend,
-    )
 
 
 def fit_run(ctx: Context, cfg: Any) -> tuple[Any, dict[str, Any]]:

@@ -33,7 +33,6 @@ recorded as skipped (the whole section, when no row fitted). ``--quick`` (the CP
 
 from __future__ import annotations
 
-import gc
 import statistics
 import time
 import types
@@ -42,16 +41,13 @@ from typing import Any
 
 import torch
 
-from benchmarks import peers
+from benchmarks import peers, release, reset_peak, synchronize
 from benchmarks.train_step import (
     Ours,
-    cuda_matmul_peak,
-    device_peak,
     dims,
+    flops_peak,
     make_optimizer,
-    matmul_peak,
     our_dropout,
-    synchronize,
 )
 
 from .batches import describe, make_tensors, real_train_flops, representative_batch
@@ -160,11 +156,7 @@ def measure(
     flops = real_train_flops(cfg, lb, vocab)
     module = opt = None
     try:
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(dev)
-            before = torch.cuda.memory_allocated(dev)
+        before = reset_peak(dev)
         torch.manual_seed(0)
         module = build(system, cfg, vocab).to(dev)
         batch = {k: v.to(dev) for k, v in tensors.items()}
@@ -197,23 +189,19 @@ def measure(
         del module, opt
         if mode != "eager":
             torch._dynamo.reset()
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+        release(dev)
 
 
 def bf16_peak(ctx: Context) -> tuple[float, str]:
     """The device's dense bf16 peak (FLOP/s) and where it comes from (found once, kept in ``ctx``)."""
     if ctx.peak is None:
         if ctx.device.type == "cuda":
-            table = device_peak(ctx.meta_device, "bf16")
+            ctx.peak = flops_peak(ctx.device, "bf16")
+        else:  # a smoke run: fp32, not a bf16 peak
             ctx.peak = (
-                (table, "datasheet (DEVICE_PEAKS, dense bf16)")
-                if table
-                else (cuda_matmul_peak(ctx.device, torch.bfloat16), "measured (best bf16 torch.mm 4096^3 / 8192^3)")
+                flops_peak(ctx.device, "fp32", reps=1)[0],
+                "measured fp32 torch.mm on the CPU (not a bf16 peak)",
             )
-        else:
-            ctx.peak = (matmul_peak(reps=1), "measured fp32 torch.mm on the CPU (a smoke run: not a bf16 peak)")
     return ctx.peak
 
 

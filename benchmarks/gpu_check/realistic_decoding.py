@@ -18,7 +18,6 @@ is a sanity check (the same weights must mostly give the same tokens; bf16 round
 from __future__ import annotations
 
 import contextlib
-import gc
 import importlib.util
 import time
 from collections.abc import Callable
@@ -26,13 +25,14 @@ from typing import Any
 
 import torch
 
+from benchmarks import one_line, release, reset_peak, synchronize
 from transformer.config import GenerationConfig
 from transformer.generation import translate_sentences
 from transformer.generation.translate import make_src_tokens
 from transformer.models import build_model
 
 from .presets import model_config
-from .report import Budget, Report, guarded, one_line
+from .report import Budget, Report, guarded
 
 JOBS = (
     ("ours", "beam5"),
@@ -43,11 +43,6 @@ JOBS = (
     ("CTranslate2", "greedy"),
 )
 NEED_S = 30  # seconds a decoding row needs on a GPU (HF beam search is the slowest)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _setup(ctx: Any, data: Any) -> dict[str, Any]:
@@ -126,17 +121,14 @@ def decode_row(system: str, strategy: str, setup: dict[str, Any], ctx: Any) -> d
     amp = torch.autocast(dev.type, dtype=torch.bfloat16) if dev.type == "cuda" else contextlib.nullcontext()
     hold = None
     try:
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(dev)
+        reset_peak(dev)
         run, hold = _decoder(system, setup, dev, ctx.work)
         with torch.inference_mode(), amp:
             run(setup["chunks"][0][:8], gen)  # warm-up (kernels, CTranslate2's first allocation)
-            _sync(dev)
+            synchronize(dev)
             t = time.perf_counter()
             outputs = [row for ids in setup["chunks"] for row in run(ids, gen)]
-            _sync(dev)
+            synchronize(dev)
             seconds = time.perf_counter() - t
         n = setup["sentences"]
         row = {
@@ -152,9 +144,7 @@ def decode_row(system: str, strategy: str, setup: dict[str, Any], ctx: Any) -> d
     finally:
         del hold
         setup["model"].cpu()
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+        release(dev)
 
 
 def decode_jobs(sec: dict[str, Any], ctx: Any, report: Report, data: Any, budget: Budget) -> None:

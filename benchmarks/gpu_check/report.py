@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks import git_commit
+from benchmarks import git_commit, one_line
 from transformer.analysis.collect import find_run_dirs, load_run
 from transformer.analysis.markdown import cell, table
 from transformer.io import atomic_write_text
@@ -130,12 +130,6 @@ class Report:
 def check(sec: dict[str, Any], name: str, passed: bool, detail: str = "") -> None:
     """Append one named check to a section."""
     sec["checks"].append({"name": name, "passed": bool(passed), "detail": detail})
-
-
-def one_line(err: BaseException, limit: int = 400) -> str:
-    """``Type: message`` on one line (whitespace runs joined), cut to ``limit`` characters: an error
-    as a row records it."""
-    return " ".join(f"{type(err).__name__}: {err}".split())[:limit]
 
 
 @contextlib.contextmanager

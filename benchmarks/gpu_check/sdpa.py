@@ -15,12 +15,14 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks import one_line, synchronize
+from benchmarks.train_step import make_trainer
 from transformer.config import GenerationConfig
 from transformer.generation import translate_sentences
 from transformer.modules.attention import Attention
 from transformer.modules.mla import MultiHeadLatentAttention
 
-from .context import Context, load_data, make_trainer, run_config
+from .context import Context, load_data, run_config
 from .report import Report, Stopped, check
 
 _BACKEND_OPS = {  # aten op (prefix) -> backend
@@ -259,15 +261,13 @@ def profile_sdpa(ctx: Context, family: str, precision: str, phases: list[str]) -
                 )
                 with torch.inference_mode():
                     translate_sentences(trainer.model, src, gen, ctx.device)
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize(ctx.device)
+            synchronize(ctx.device)
         attribute_backends(prof, rec.calls)
         rows = summarise_calls(rec.calls, rec.samples, ctx.device)
         if phase == "train forward":
             with profile(activities=activities) as prof_b:
                 backward.backward()
-                if ctx.device.type == "cuda":
-                    torch.cuda.synchronize(ctx.device)
+                synchronize(ctx.device)
             names: dict[str, int] = {}
             for evt in prof_b.events():
                 if "attention" in evt.name and "backward" in evt.name and evt.name.startswith("aten::_"):
@@ -292,7 +292,7 @@ def section_sdpa(sec: dict[str, Any], ctx: Context, report: Report) -> None:
             except Stopped:
                 raise
             except Exception as err:  # the other family / precision still runs
-                msg = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+                msg = one_line(err, 300)
                 r.setdefault("errors", {})[f"{family} {precision}"] = traceback.format_exc(limit=10)[-3000:]
                 check(sec, f"{family} {precision}: profiled", False, msg)
                 report.write()

@@ -7,41 +7,30 @@ from typing import Any
 
 import torch
 
+from benchmarks import one_line
 from benchmarks.train_step import (
     PRESET_OVERRIDES,
     SIZES,
     SRC_LEN,
     TGT_LEN,
     cuda_matmul_peak,
-    device_peak,
-    make_optimizer,
-    matmul_peak,
-    measure_on_cuda,
-    model_under_test,
-    our_dropout,
+    flops_peak,
+    measure,
     preset,
-    time_steps,
     train_flops,
 )
 
 from .context import Context
-from .report import OutOfTime, Report, Stopped, check, one_line
+from .report import OutOfTime, Report, Stopped, check
 
 
 def section_throughput(sec: dict[str, Any], ctx: Context, report: Report) -> None:
     """Ours vs HF at tiny / small / base, fp32 and bf16: tokens/s, MFU, peak memory."""
     a, dev = ctx.args, ctx.device
     r = sec["results"]
-    peaks: dict[str, float] = {}
-    source: dict[str, str] = {}
-    for prec, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-        table = device_peak(ctx.meta_device, prec) if dev.type == "cuda" else None
-        if table:
-            peaks[prec], source[prec] = table, "datasheet (DEVICE_PEAKS, dense)"
-        elif dev.type == "cuda":
-            peaks[prec], source[prec] = cuda_matmul_peak(dev, dtype), "measured (best torch.mm 4096^3 / 8192^3)"
-        else:
-            peaks[prec], source[prec] = matmul_peak(reps=2, dtype=dtype), "measured (best torch.mm, CPU)"
+    found = {prec: flops_peak(dev, prec, reps=5 if dev.type == "cuda" else 2) for prec in ("bf16", "fp32")}
+    peaks = {prec: peak for prec, (peak, _) in found.items()}
+    source = {prec: where for prec, (_, where) in found.items()}
     if dev.type == "cuda":  # the probe beside the table, to see how close the table is
         r["measured_matmul_tflops"] = {
             p: cuda_matmul_peak(dev, d) / 1e12 for p, d in (("bf16", torch.bfloat16), ("fp32", torch.float32))
@@ -119,21 +108,3 @@ def section_throughput(sec: dict[str, Any], ctx: Context, report: Report) -> Non
     if not measured and r["rows"] and all("out_of_time" in x for x in r["rows"]):
         raise OutOfTime(r["rows"][0]["out_of_time"])
     check(sec, "our rows measured", bool(measured), f"{len(measured)} of ours measured")
-
-
-def measure(spec: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """One throughput row in this process (CUDA: :func:`train_throughput.measure_on_cuda`; CPU: step
-    times only, memory is per process in ``train_throughput.py`` and is not measured here)."""
-    if device.type == "cuda":
-        return measure_on_cuda(spec, device)
-    cfg, optim_cfg, batch, ctor = model_under_test(spec)
-    torch.manual_seed(0)
-    model = ctor()
-    opt = make_optimizer(model, optim_cfg)
-    r = time_steps(model, batch, opt, spec["warmup"], spec["steps"], spec["precision"])
-    r.update(
-        params=sum(p.numel() for p in model.parameters()),
-        mem_mb=None,
-        dropout=our_dropout(cfg) if spec["model"] == "ours" else getattr(model, "dropout_desc", "?"),
-    )
-    return r

@@ -48,6 +48,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from benchmarks import release, reset_peak, synchronize
+from benchmarks.train_step import compose_config, make_trainer
 from transformer.data.binarize import TokenSequences
 from transformer.data.dataset import ParallelDataset, TranslationData
 from transformer.data.tokenizer import PAD_ID
@@ -55,7 +57,7 @@ from transformer.training.step import compiled
 from transformer.training.step.update_stats import read_stats
 
 from .batches import LengthBatch, real_train_flops
-from .context import Context, compose_config, data_overrides, load_data, make_trainer
+from .context import Context, data_overrides, load_data
 from .presets import MODELS, QUICK_DIMS
 from .realistic import bf16_peak
 from .report import OutOfTime, Report, check, guarded
@@ -219,12 +221,6 @@ def one_rank_group(device: torch.device) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (nothing to wait for on a CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_updates(trainer: Any, warmup: int, updates: int, device: torch.device) -> dict[str, Any]:
     """The first update alone, ``warmup`` more, then ``updates`` timed together (the device
     synchronised at both ends, nothing read on the host between them).
@@ -286,10 +282,7 @@ def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
     trainer = None
     group = one_rank_group(dev) if mode.startswith("ddp") else contextlib.nullcontext()
     try:
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(dev)
+        reset_peak(dev)
         with group:
             # DDP over the one-rank group: the trainer's own engine
             trainer = make_trainer(cfg, data, dev, "ddp" if mode.startswith("ddp") else None, backend)
@@ -340,9 +333,7 @@ def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
         del trainer
         if mode.endswith("compiled"):
             torch._dynamo.reset()  # the next rows and sections compile their own graphs afresh
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+        release(dev)
 
 
 # ----------------------------------------------------------------------------- the section

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from benchmarks import one_line, synchronize
+from benchmarks.train_step import make_trainer
 from transformer.config import GenerationConfig
 from transformer.generation import translate_sentences
 from transformer.precision import cpu_has_fast_bf16
@@ -24,7 +26,6 @@ from .context import (
     Context,
     fit_run,
     load_data,
-    make_trainer,
     model_overrides,
     run_config,
 )
@@ -122,7 +123,7 @@ def train_and_judge(
         report.write()
         return None
     except Exception as err:  # the run failed
-        what = f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"
+        what = one_line(err)
         runs[name] = {"error": what, "traceback": traceback.format_exc(limit=12)[-3000:]}
         check(sec, f"{name}: run", False, what)
         report.write()
@@ -205,8 +206,7 @@ def section_decoding(sec: dict[str, Any], ctx: Context, report: Report) -> None:
             t = time.time()
             with torch.inference_mode():
                 hyps[name] = translate_sentences(m, src, gen, dev)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
+            synchronize(dev)
             out[f"{name}_s"] = time.time() - t
         a, b = hyp_tokens(hyps["device"]), hyp_tokens(hyps["cpu"])
         diff = [i for i in range(n) if a[i] != b[i]]
