@@ -41,7 +41,7 @@ plugin's code raising (its constructor or forward: the line names the plugin, fi
 score is written).
 
 The work is :func:`transformer.evaluation.command.evaluate` (``command`` here); this file parses the
-config and reports errors (:func:`transformer.generation.prepare.run_script`).
+config and reports errors (:func:`transformer.cli.run_script`).
 """
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from transformer.cli import run_script
 from transformer.config import ConfigError, register_configs
 from transformer.data.corpus import DataError
 from transformer.evaluation.command import evaluate
 from transformer.generation import LoadError
-from transformer.generation.prepare import run_script
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: its configs/ are the scripts' config
 

@@ -25,7 +25,7 @@ or a plugin's code raising (its constructor or forward: the line names the plugi
 a line is then never left empty in silence).
 
 The work is :func:`transformer.generation.translate_file` (``run`` here); this file parses the
-config and reports errors (:func:`transformer.generation.prepare.run_script`).
+config and reports errors (:func:`transformer.cli.run_script`).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from transformer.cli import run_script
 from transformer.config import ConfigError, register_configs
 from transformer.generation import LinesFailed, LoadError, translate_file
-from transformer.generation.prepare import run_script
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: its configs/ are the scripts' config
 

@@ -19,7 +19,7 @@ from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 
-from transformer.plugins import PluginError, loaded_plugins
+from transformer.plugins import plugin_failure, set_user_choice
 from transformer.run_folder import JOBS_RECORD, job_records_of
 
 __all__ = [
@@ -31,8 +31,8 @@ __all__ = [
     "check_sweep_objective",
     "in_multirun",
     "one_line",
-    "plugin_failure",
     "record_job",
+    "run_script",
     "sweep_objective",
     "sweep_summary",
     "sweeper_direction",
@@ -240,34 +240,6 @@ def one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
 
 
-def plugin_failure(err: BaseException) -> PluginError | None:
-    """A :class:`~transformer.plugins.PluginError` ``the plugin <name> failed at <file>:<line>: ...``
-    from the innermost traceback frame of ``err`` (or its causes) inside a loaded plugin's folder, or
-    None when no plugin's code is in the traceback."""
-    roots = [(p.name, p.root.resolve()) for p in loaded_plugins()]
-    if not roots:
-        return None
-    seen: set[int] = set()
-    chain: BaseException | None = err
-    while chain is not None and id(chain) not in seen:
-        seen.add(id(chain))
-        where = None
-        tb = chain.__traceback__
-        while tb is not None:
-            file = Path(tb.tb_frame.f_code.co_filename).resolve()
-            owner = next((name for name, root in roots if file == root or root in file.parents), None)
-            if owner is not None:
-                where = (owner, file, tb.tb_lineno)
-            tb = tb.tb_next
-        if where is not None:
-            owner, file, line = where
-            return PluginError(
-                f"the plugin {owner} failed at {file}:{line}: " + " ".join(f"{type(chain).__name__}: {chain}".split())
-            )
-        chain = chain.__cause__ or chain.__context__
-    return None
-
-
 def _status(err: BaseException, statuses: Mapping[type | tuple[type, ...], int]) -> int | None:
     """The status of the first key of ``statuses`` that ``err`` is an instance of, else None."""
     for kinds, status in statuses.items():
@@ -337,3 +309,16 @@ def user_errors(
         if on_error is not None:
             on_error(err)
         _report(err, status, prefix)
+
+
+def run_script(cfg: Any, work: Callable[[Any], Any], errors: dict, **options: Any) -> Any:
+    """A decoding script's ``main``: find the run's plugins (or trust its copy), then return
+    ``work(cfg)``; a user error (``errors``: type -> status) or a plugin failure (status 2) is one
+    line and an exit status (:func:`user_errors`).
+
+    Raises:
+        SystemExit: a user error.
+    """
+    with user_errors(errors, plugins=2, **options):
+        set_user_choice(cfg.plugins, cfg.plugins_trust)
+        return work(cfg)

@@ -1,26 +1,23 @@
 """What ``scripts/translate.py`` and ``scripts/evaluate.py`` do before they decode: threads, device,
 test-time overrides, the run or ensemble loaded, its generation settings with the script's on top,
-and the decoding precision. :func:`run_script` is both scripts' ``main``."""
+and the decoding precision. The scripts' ``main`` is :func:`transformer.cli.run_script`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from transformer.cli import user_errors
 from transformer.config import ConfigError, GenerationConfig
 from transformer.device import resolve_device, unavailable
 from transformer.generation.ensemble import load_models
 from transformer.generation.loading import LoadedRun, merge_generation
 from transformer.generation.overrides import test_time_overrides
-from transformer.plugins import set_user_choice
 from transformer.precision import decoding_precision
 
-__all__ = ["PreparedDecoding", "prepare_decoding", "run_script"]
+__all__ = ["PreparedDecoding", "prepare_decoding"]
 
 
 @dataclass
@@ -79,15 +76,3 @@ def prepare_decoding(cfg: Any) -> PreparedDecoding:
         members=list(members) if members else None,
         precision=precision,
     )
-
-
-def run_script(cfg: Any, work: Callable[[Any], Any], errors: dict, **options: Any) -> Any:
-    """A script's ``main``: find the run's plugins (or trust its copy), then return ``work(cfg)``; a user
-    error (``errors``: type -> status) or a plugin failure (status 2) is one line and an exit status.
-
-    Raises:
-        SystemExit: a user error.
-    """
-    with user_errors(errors, plugins=2, **options):
-        set_user_choice(cfg.plugins, cfg.plugins_trust)
-        return work(cfg)

@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from transformer.cli import plugin_failure
 from transformer.config import GenerationConfig, to_generation_config
 from transformer.generation.common import Hypothesis, learned_positions
 from transformer.generation.search import generate
+from transformer.plugins import plugin_failure
 from transformer.precision import decoding_precision
 
 __all__ = [

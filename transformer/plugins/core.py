@@ -26,6 +26,7 @@ __all__ = [
     "import_plugin",
     "import_plugins",
     "loaded_plugins",
+    "plugin_failure",
     "plugin_files",
     "plugin_of",
     "plugins_named",
@@ -254,3 +255,31 @@ def command_line_plugins(argv: list[str]) -> list[str]:
 def _name_of(entry: str) -> str:
     path = Path(entry)
     return path.stem if path.suffix == ".py" else (path.name if "/" in entry else entry.rsplit(".", 1)[-1])
+
+
+def plugin_failure(err: BaseException) -> PluginError | None:
+    """A :class:`~transformer.plugins.PluginError` ``the plugin <name> failed at <file>:<line>: ...``
+    from the innermost traceback frame of ``err`` (or its causes) inside a loaded plugin's folder, or
+    None when no plugin's code is in the traceback."""
+    roots = [(p.name, p.root.resolve()) for p in loaded_plugins()]
+    if not roots:
+        return None
+    seen: set[int] = set()
+    chain: BaseException | None = err
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        where = None
+        tb = chain.__traceback__
+        while tb is not None:
+            file = Path(tb.tb_frame.f_code.co_filename).resolve()
+            owner = next((name for name, root in roots if file == root or root in file.parents), None)
+            if owner is not None:
+                where = (owner, file, tb.tb_lineno)
+            tb = tb.tb_next
+        if where is not None:
+            owner, file, line = where
+            return PluginError(
+                f"the plugin {owner} failed at {file}:{line}: " + " ".join(f"{type(chain).__name__}: {chain}".split())
+            )
+        chain = chain.__cause__ or chain.__context__
+    return None

@@ -20,7 +20,6 @@ from transformer.cli import (
     check_hydra_plugins,
     check_sweep_objective,
     in_multirun,
-    plugin_failure,
     record_job,
     sweep_objective,
     sweeper_direction,
@@ -39,7 +38,7 @@ from transformer.config import (
 from transformer.data.corpus import DataError
 from transformer.hydra_record import forget_record, job_run_dir
 from transformer.io import LOCK_NAME, FolderLocked
-from transformer.plugins import PluginError, command_line_plugins, import_plugins
+from transformer.plugins import PluginError, command_line_plugins, import_plugins, plugin_failure
 from transformer.run_folder import HYDRA_RECORD
 from transformer.training.checkpoint import CheckpointError
 from transformer.training.errors import TrainingError
