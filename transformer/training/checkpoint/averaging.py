@@ -8,18 +8,54 @@ from __future__ import annotations
 import json
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from transformer.io import write_safetensors
-from transformer.run_folder import AVERAGE, CONFIG_NAMES, FORMAT, WEIGHTS_SUFFIX, checkpoint_stem
-from transformer.training.checkpoint.files import average_checkpoints
+from transformer.run_folder import AVERAGE, CONFIG_NAMES, FORMAT, WEIGHTS_SUFFIX, checkpoint_stem, weights_path
+from transformer.training.checkpoint.files import load_weights
 from transformer.training.checkpoint.manager import numbered_checkpoints
 
-__all__ = ["resolve_inputs", "save_run_average", "source_run", "write_average"]
+__all__ = ["average_checkpoints", "resolve_inputs", "save_run_average", "source_run", "write_average"]
+
+
+def average_checkpoints(paths: Iterable[Path | str]) -> dict[str, Tensor]:
+    """name -> the weights averaged over checkpoints (Vaswani et al. 2017 §6.1; fairseq's
+    ``average_checkpoints.py``), CPU: floats summed in float64 and cast back, other tensors from the
+    last; files read one at a time.
+
+    Raises:
+        ValueError: no ``paths``, or names or shapes differing from the first file's (named).
+        FileNotFoundError, CheckpointError: a missing or unreadable file.
+    """
+    files = [weights_path(Path(p)) for p in paths]
+    if not files:
+        raise ValueError("average_checkpoints needs at least one checkpoint")
+    sums: dict[str, Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    for i, path in enumerate(files):
+        state = load_weights(path)
+        if i == 0:
+            dtypes = {k: v.dtype for k, v in state.items()}
+            sums = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in state.items()}
+            continue
+        if state.keys() != sums.keys():
+            missing, extra = sorted(sums.keys() - state.keys()), sorted(state.keys() - sums.keys())
+            raise ValueError(
+                f"{path} does not have the tensors of {files[0]}: missing {missing[:10]}, extra {extra[:10]}"
+            )
+        for k, v in state.items():
+            if v.shape != sums[k].shape or v.is_floating_point() != dtypes[k].is_floating_point:
+                raise ValueError(
+                    f"{path}: {k} is {v.dtype} {tuple(v.shape)}, in {files[0]} it is {dtypes[k]} {tuple(sums[k].shape)}"
+                )
+            sums[k] = sums[k].add_(v.to(torch.float64)) if v.is_floating_point() else v
+    n = len(files)
+    return {k: (v.div_(n).to(dtypes[k]) if dtypes[k].is_floating_point else v) for k, v in sums.items()}
 
 
 def resolve_inputs(inputs: Sequence[Path | str], num_last: int | None, *, warn_prefix: str = "warning: ") -> list[Path]:
@@ -96,7 +132,7 @@ def save_run_average(
         ``(averaged, path)``: the tensors as written (``load_state_dict(averaged, strict=True)``) and the file.
 
     Raises:
-        ValueError, FileNotFoundError, CheckpointError: see :func:`~.files.average_checkpoints`.
+        ValueError, FileNotFoundError, CheckpointError: see :func:`average_checkpoints`.
         OSError: the file cannot be written (nothing half-written).
     """
     averaged = average_checkpoints(checkpoints)

@@ -9,7 +9,6 @@ import pickle
 import re
 import time
 import uuid
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from transformer.training.checkpoint.format import (
     weights_path,
 )
 
-__all__ = ["average_checkpoints", "load_checkpoint", "load_weights", "save_checkpoint"]
+__all__ = ["load_checkpoint", "load_weights", "save_checkpoint"]
 
 
 def load_weights(path: Path | str, map_location: str | torch.device = "cpu") -> dict[str, Tensor]:
@@ -124,38 +123,3 @@ def _load_failure(err: Exception) -> str:
             "training state written by this project (such files are never unpickled)"
         )
     return " ".join(text.split("\n")[0].split()) or type(err).__name__
-
-
-def average_checkpoints(paths: Iterable[Path | str]) -> dict[str, Tensor]:
-    """name -> the weights averaged over checkpoints (Vaswani et al. 2017 §6.1; fairseq's
-    ``average_checkpoints.py``), CPU: floats summed in float64 and cast back, other tensors from the
-    last; files read one at a time.
-
-    Raises:
-        ValueError: no ``paths``, or names or shapes differing from the first file's (named).
-        FileNotFoundError, CheckpointError: a missing or unreadable file.
-    """
-    files = [weights_path(Path(p)) for p in paths]
-    if not files:
-        raise ValueError("average_checkpoints needs at least one checkpoint")
-    sums: dict[str, Tensor] = {}
-    dtypes: dict[str, torch.dtype] = {}
-    for i, path in enumerate(files):
-        state = load_weights(path)
-        if i == 0:
-            dtypes = {k: v.dtype for k, v in state.items()}
-            sums = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in state.items()}
-            continue
-        if state.keys() != sums.keys():
-            missing, extra = sorted(sums.keys() - state.keys()), sorted(state.keys() - sums.keys())
-            raise ValueError(
-                f"{path} does not have the tensors of {files[0]}: missing {missing[:10]}, extra {extra[:10]}"
-            )
-        for k, v in state.items():
-            if v.shape != sums[k].shape or v.is_floating_point() != dtypes[k].is_floating_point:
-                raise ValueError(
-                    f"{path}: {k} is {v.dtype} {tuple(v.shape)}, in {files[0]} it is {dtypes[k]} {tuple(sums[k].shape)}"
-                )
-            sums[k] = sums[k].add_(v.to(torch.float64)) if v.is_floating_point() else v
-    n = len(files)
-    return {k: (v.div_(n).to(dtypes[k]) if dtypes[k].is_floating_point else v) for k, v in sums.items()}
