@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from transformer.io import atomic_write_text
+from transformer.runs.io import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
 """The checkout the benchmarks belong to (its ``configs/``, ``scripts/`` and ``docs/benchmarks/``)."""

@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 
 from transformer.plugins import plugin_failure, set_user_choice
-from transformer.run_folder import JOBS_RECORD, job_records_of
+from transformer.runs.folder import JOBS_RECORD, job_records_of
 
 __all__ = [
     "HYDRA_PLUGINS",

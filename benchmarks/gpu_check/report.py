@@ -1,5 +1,5 @@
 """The record of the GPU check (``python -m benchmarks.gpu_check``): ``gpu_check.json`` and ``gpu_check.md``, rewritten
-(atomically, :func:`transformer.io.atomic_write_text`) whenever a section changes, the sections'
+(atomically, :func:`transformer.runs.io.atomic_write_text`) whenever a section changes, the sections'
 status and checks, the time budget, and the summary of a ``results_gpu.sh`` study
 (``--study-summary``). The ``realistic`` section's tables are drawn by ``render.py``."""
 
@@ -19,7 +19,7 @@ from typing import Any
 from benchmarks import git_commit, one_line
 from transformer.analysis.collect import find_run_dirs, load_run
 from transformer.analysis.markdown import cell, table
-from transformer.io import atomic_write_text
+from transformer.runs.io import atomic_write_text
 
 from .render import Column, columns, render_realistic, render_trainer
 

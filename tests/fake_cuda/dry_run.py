@@ -362,7 +362,7 @@ class _GpuFiles:
         return "cuda:0" if storage.data_ptr() in self.cuda_storages else None
 
     def patches(self) -> list[Any]:
-        save, save_file = torch.save, __import__("transformer.io", fromlist=["save_file"]).save_file
+        save, save_file = torch.save, __import__("transformer.runs.io", fromlist=["save_file"]).save_file
 
         def torch_save(obj: Any, f: Any, *a: Any, **k: Any) -> None:
             with unset_fake_temporarily():
@@ -372,7 +372,7 @@ class _GpuFiles:
             with unset_fake_temporarily():
                 save_file(self.materialise(tensors, filename), filename, metadata=metadata)
 
-        return [mock.patch("torch.save", torch_save), mock.patch("transformer.io.save_file", safetensors_save)]
+        return [mock.patch("torch.save", torch_save), mock.patch("transformer.runs.io.save_file", safetensors_save)]
 
 
 _FILES = _GpuFiles()

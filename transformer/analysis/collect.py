@@ -16,7 +16,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from transformer.config import upgrade_config
-from transformer.run_folder import job_records_of, references_file
+from transformer.runs.folder import job_records_of, references_file
 
 __all__ = ["Run", "expected_jobs", "find_run_dirs", "job_records", "load_run", "natural_key", "never_started"]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from transformer.analysis.collect import Run, natural_key
 from transformer.config import IGNORED_KEYS, flatten_config, identity_key, is_ignored, with_defaults
-from transformer.run_folder import test_time_tag
+from transformer.runs.folder import test_time_tag
 
 __all__ = ["IGNORED_KEYS", "Configuration", "flatten_config", "group_runs", "is_ignored", "with_defaults"]
 

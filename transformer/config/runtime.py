@@ -13,8 +13,8 @@ from typing import Any, get_type_hints
 from omegaconf import OmegaConf
 
 from transformer.config.schema import Config
-from transformer.hydra_record import record_subdir
-from transformer.run_folder import has_checkpoint
+from transformer.runs.folder import has_checkpoint
+from transformer.runs.hydra_record import record_subdir
 
 __all__ = [
     "DEFAULT_TIME_BUDGET_S",
@@ -93,7 +93,7 @@ def hydra_subdir(resume: Any = False, resume_from: Any = None, output_dir: Any =
             mode = False  # validate_config reports it, with the other fields
         resuming = bool(mode)
         if resuming and str(output_dir or "").lower() not in ("", "none", "null"):
-            # the run folder's checkpoint_last (transformer/run_folder.py: the layout's one home)
+            # the run folder's checkpoint_last (transformer/runs/folder.py: the layout's one home)
             resuming = has_checkpoint(str(output_dir))
     return record_subdir(resuming, output_dir)
 

@@ -24,7 +24,7 @@ from transformer.data.download import sha256_file
 from transformer.data.errors import DataError
 from transformer.data.reading import iter_parallel
 from transformer.data.tokenizer import Tokenizer
-from transformer.io import atomic_write_text
+from transformer.runs.io import atomic_write_text
 
 CACHE_VERSION = 2
 FOLDER_FORMAT = "transformer-zoo/binarized"

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from transformer.data.errors import DataError
-from transformer.io import atomic_write_bytes
+from transformer.runs.io import atomic_write_bytes
 
 ENV_DATA_DIR = "TRANSFORMER_DATA_DIR"
 """Environment variable naming the data root (a folder that holds ``multi30k/``)."""

@@ -23,7 +23,7 @@ from typing import Any
 import sentencepiece as spm
 
 from transformer.data.reading import iter_line_blocks
-from transformer.io import atomic_write_bytes, atomic_write_text
+from transformer.runs.io import atomic_write_bytes, atomic_write_text
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID, SEP_ID = 0, 1, 2, 3, 4
 SEP_PIECE = "<sep>"

@@ -19,7 +19,7 @@ from transformer.config import ConfigError, GenerationConfig, config_dict
 from transformer.data.corpus import read_lines, read_parallel, resolve_split_files
 from transformer.evaluation.metrics import corpus_scores, paired_bootstrap
 from transformer.generation import detokenize, prepare_decoding, translate_sentences
-from transformer.run_folder import EVAL_DIR, checkpoint_stem, test_time_tag
+from transformer.runs.folder import EVAL_DIR, checkpoint_stem, test_time_tag
 
 __all__ = ["evaluate", "evaluate_checkpoint", "score_files"]
 

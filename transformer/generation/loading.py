@@ -33,8 +33,8 @@ from transformer.device import resolve_device
 from transformer.generation.overrides import test_time_refusal
 from transformer.models import build_model
 from transformer.plugins import PluginError, import_recorded, untrusted
-from transformer.run_folder import CONFIG_NAMES, META_SUFFIX, STATE_SUFFIX, checkpoint_file, checkpoint_stem
-from transformer.run_weights import LoadError, find_checkpoint, read_weights
+from transformer.runs.folder import CONFIG_NAMES, META_SUFFIX, STATE_SUFFIX, checkpoint_file, checkpoint_stem
+from transformer.runs.weights import LoadError, find_checkpoint, read_weights
 
 __all__ = ["LoadError", "LoadedRun", "Tokenizers", "find_checkpoint", "load_run", "merge_generation", "resolve_device"]
 

@@ -18,7 +18,7 @@ from transformer.generation import load_run
 from transformer.interop import ct2, hf_llama, hf_marian, hf_moe, hf_moe_import
 from transformer.interop.export_common import ExportError, plugin_options_unsupported, refuse, staging_dir
 from transformer.plugins import import_plugins
-from transformer.run_folder import BEST
+from transformer.runs.folder import BEST
 from transformer.training.checkpoint import save_checkpoint
 
 __all__ = ["FORMATS", "export_run", "import_hf_llama", "run_export", "unsupported"]

@@ -8,7 +8,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from transformer.io import atomic_write_bytes
 from transformer.plugins.core import (
     _LOADED,
     _USER,
@@ -20,6 +19,7 @@ from transformer.plugins.core import (
     import_plugin,
     plugin_files,
 )
+from transformer.runs.io import atomic_write_bytes
 
 __all__ = ["RUN_SUBDIR", "import_recorded", "kept_recorded_paths", "record_plugins", "untrusted"]
 

@@ -36,10 +36,10 @@ from transformer.config import (
     validate_config,
 )
 from transformer.data.corpus import DataError
-from transformer.hydra_record import forget_record, job_run_dir
-from transformer.io import LOCK_NAME, FolderLocked
 from transformer.plugins import PluginError, command_line_plugins, import_plugins, plugin_failure
-from transformer.run_folder import HYDRA_RECORD
+from transformer.runs.folder import HYDRA_RECORD
+from transformer.runs.hydra_record import forget_record, job_run_dir
+from transformer.runs.io import LOCK_NAME, FolderLocked
 from transformer.training.checkpoint import CheckpointError
 from transformer.training.errors import TrainingError
 from transformer.training.job.run import train

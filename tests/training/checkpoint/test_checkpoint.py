@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import transformer.io
+import transformer.runs.io
 from transformer.training.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -110,7 +110,7 @@ def test_crash_while_writing_weights_keeps_previous_checkpoint(tmp_path, monkeyp
             f.write(b"\x00" * 11)
         raise OSError("disk full")
 
-    monkeypatch.setattr(transformer.io, "save_file", half_written)
+    monkeypatch.setattr(transformer.runs.io, "save_file", half_written)
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(tmp_path, "checkpoint_last", {"w": torch.ones(3)}, {"update": 2})
     _assert_good_and_clean(tmp_path)

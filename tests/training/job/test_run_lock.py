@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.training.conftest import small_cli_args
-from transformer.io import FolderLock, FolderLocked, check_unlocked, folder_locked_by_other
+from transformer.runs.io import FolderLock, FolderLocked, check_unlocked, folder_locked_by_other
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -45,7 +45,7 @@ def test_a_second_lock_names_the_holder_and_release_frees_it(tmp_path):
 
 def _holder(folder: Path) -> subprocess.Popen:
     code = (
-        "import sys, time; from transformer.io import FolderLock; FolderLock(sys.argv[1]).acquire(); "
+        "import sys, time; from transformer.runs.io import FolderLock; FolderLock(sys.argv[1]).acquire(); "
         "print('held', flush=True); time.sleep(300)"
     )
     proc = subprocess.Popen(

@@ -8,8 +8,8 @@ Modules: :mod:`.format`, :mod:`.files` (save, load, average), :mod:`.manager` (a
 numbered checkpoints), :mod:`.averaging` (``scripts/average_checkpoints.py``, ``checkpoint_avg``),
 :mod:`.rng`."""
 
-from transformer.io import atomic_write, weights_for_safetensors
-from transformer.io import write_safetensors as save_weights
+from transformer.runs.io import atomic_write, weights_for_safetensors
+from transformer.runs.io import write_safetensors as save_weights
 from transformer.training.checkpoint.averaging import average_checkpoints, save_run_average, write_average
 from transformer.training.checkpoint.files import load_checkpoint, load_weights, save_checkpoint
 from transformer.training.checkpoint.format import CheckpointError

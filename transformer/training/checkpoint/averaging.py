@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer.io import write_safetensors
-from transformer.run_folder import AVERAGE, CONFIG_NAMES, FORMAT, WEIGHTS_SUFFIX, checkpoint_stem, weights_path
+from transformer.runs.folder import AVERAGE, CONFIG_NAMES, FORMAT, WEIGHTS_SUFFIX, checkpoint_stem, weights_path
+from transformer.runs.io import write_safetensors
 from transformer.training.checkpoint.files import load_weights
 from transformer.training.checkpoint.manager import numbered_checkpoints
 

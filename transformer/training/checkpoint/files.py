@@ -1,5 +1,5 @@
 """Reading and writing checkpoints (see :mod:`transformer.training.checkpoint` for the format):
-all three files of a save are staged before any is moved into place (:func:`transformer.io.atomic_write_all`).
+all three files of a save are staged before any is moved into place (:func:`transformer.runs.io.atomic_write_all`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer.io import atomic_write_all, safetensors_writer, weights_for_safetensors
-from transformer.run_weights import read_weights
+from transformer.runs.io import atomic_write_all, safetensors_writer, weights_for_safetensors
+from transformer.runs.weights import read_weights
 from transformer.training.checkpoint.format import (
     FORMAT,
     META_SUFFIX,

@@ -1,5 +1,5 @@
 """What a checkpoint's training state may hold; its files' names, suffixes and format tag are
-:mod:`transformer.run_folder`'s, its error :mod:`transformer.run_weights`'s (re-exported here).
+:mod:`transformer.runs.folder`'s, its error :mod:`transformer.runs.weights`'s (re-exported here).
 
 See :mod:`transformer.training.checkpoint` for the layout; :mod:`.files` reads and writes it.
 """
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer.run_folder import (  # the names and suffixes live in the run folder's one home
+from transformer.runs.folder import (  # the names and suffixes live in the run folder's one home
     FORMAT,
     META_SUFFIX,
     STATE_SUFFIX,
@@ -21,7 +21,7 @@ from transformer.run_folder import (  # the names and suffixes live in the run f
     checkpoint_file,
     weights_path,
 )
-from transformer.run_weights import CheckpointError  # a LoadError: scripts that load a run report it as one
+from transformer.runs.weights import CheckpointError  # a LoadError: scripts that load a run report it as one
 
 __all__ = [
     "FORMAT",

@@ -12,9 +12,9 @@ from typing import Any
 
 from torch import Tensor
 
-from transformer.io import atomic_write_all
-from transformer.run_folder import BEST, LAST
-from transformer.run_folder import numbered as numbered_name
+from transformer.runs.folder import BEST, LAST
+from transformer.runs.folder import numbered as numbered_name
+from transformer.runs.io import atomic_write_all
 from transformer.training.checkpoint.files import save_checkpoint
 from transformer.training.checkpoint.format import (
     META_SUFFIX,
@@ -27,7 +27,7 @@ from transformer.training.checkpoint.format import (
 __all__ = ["CheckpointManager", "numbered_checkpoints", "remove_stale_temporaries"]
 
 _NUMBERED = re.compile(r"^checkpoint_(\d+)" + re.escape(WEIGHTS_SUFFIX) + "$")
-# a temporary file of transformer.io.atomic_write: "." + destination name + "." + random + ".tmp"
+# a temporary file of transformer.runs.io.atomic_write: "." + destination name + "." + random + ".tmp"
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]+\.tmp$")
 _RUN_FILES = re.compile(
     r"^(checkpoint_\w+\.(safetensors|pt|json)|results\.json|config\.yaml|spm(\.src|\.tgt)?\.model|metrics\.jsonl)$"
@@ -133,7 +133,7 @@ def numbered_checkpoints(folder: Path | str) -> list[Path]:
 
 def remove_stale_temporaries(run_dir: Path | str) -> list[Path]:
     """Delete and return the temporaries an interrupted save left in ``run_dir`` (named like
-    :func:`transformer.io.atomic_write`'s for a run's files, and the old ``results.json.tmp``); nothing
+    :func:`transformer.runs.io.atomic_write`'s for a run's files, and the old ``results.json.tmp``); nothing
     else. Only when no other process writes there."""
     folder = Path(run_dir)
     if not folder.is_dir():

@@ -26,11 +26,11 @@ import torch
 
 from transformer.config import Config, config_dict
 from transformer.data.dataset import TranslationData
-from transformer.hydra_record import job_run_dir
-from transformer.io import atomic_write_text
 from transformer.models import forward_flops
 from transformer.precision import describe_hardware
-from transformer.run_folder import BEST, references_file, weights_path
+from transformer.runs.folder import BEST, references_file, weights_path
+from transformer.runs.hydra_record import job_run_dir
+from transformer.runs.io import atomic_write_text
 from transformer.training.checkpoint import load_checkpoint, save_run_average
 from transformer.training.distributed.process_group import broadcast_from_main, broadcast_weights
 
@@ -152,7 +152,7 @@ def build_results(
             named in ``metrics.jsonl`` (``moe_tokens_per_expert``, ``moe_max_load``,
             ``moe_aux_loss``, ``moe_z_loss``, ``moe_dropped_tokens``; absent for a dense model).
         device: the training device.
-        choices: Hydra's config-group choices (see :func:`transformer.hydra_record.job_choices`).
+        choices: Hydra's config-group choices (see :func:`transformer.runs.hydra_record.job_choices`).
         wall_time_s: wall-clock seconds of the whole run (its earlier processes, until their last
             save, and this one).
         active_params: the parameters one token uses (``count_parameters(model, active_only=True)``:

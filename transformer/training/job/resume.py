@@ -42,8 +42,8 @@ from transformer.config import (
     typed_config,
     validate_config,
 )
-from transformer.hydra_record import recorded_choices
-from transformer.run_folder import checkpoint_stem, has_checkpoint
+from transformer.runs.folder import checkpoint_stem, has_checkpoint
+from transformer.runs.hydra_record import recorded_choices
 from transformer.training.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, numbered_checkpoints
 
 __all__ = [

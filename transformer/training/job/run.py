@@ -30,8 +30,6 @@ from transformer.config import (
 from transformer.data.batching import resolve_pad_to_multiple
 from transformer.data.dataset import load_translation_data
 from transformer.device import resolve_device, unavailable
-from transformer.hydra_record import job_choices, recorded_choices
-from transformer.io import FolderLock, atomic_write_text, check_unlocked
 from transformer.models import count_parameters
 from transformer.plugins import (
     Plugin,
@@ -44,7 +42,9 @@ from transformer.plugins import (
     untrusted,
 )
 from transformer.precision import resolve_precision
-from transformer.run_folder import has_checkpoint
+from transformer.runs.folder import has_checkpoint
+from transformer.runs.hydra_record import job_choices, recorded_choices
+from transformer.runs.io import FolderLock, atomic_write_text, check_unlocked
 from transformer.training.checkpoint import CheckpointError, remove_stale_temporaries
 from transformer.training.distributed.process_group import setup_distributed, shutdown_distributed
 from transformer.training.job.allocator import limit_onednn_cache, tune_cpu_allocator
@@ -86,7 +86,7 @@ def train(cfg: Config | DictConfig) -> dict[str, Any]:
         ``choices``, ``config`` and per-split ``test`` scores.
 
     One process writes a run folder at a time: rank 0 holds the folder's
-    :class:`~transformer.io.FolderLock` until the run ends; a signal of ``train.stop_signals`` stops
+    :class:`~transformer.runs.io.FolderLock` until the run ends; a signal of ``train.stop_signals`` stops
     it politely (:mod:`transformer.training.stopping`). A job that submitit requeued continues from
     its checkpoint.
 

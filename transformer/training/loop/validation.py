@@ -17,7 +17,7 @@ from transformer.data.collate import collate
 from transformer.data.tokenizer import Tokenizer
 from transformer.evaluation.metrics import corpus_scores
 from transformer.generation.translate import translate_dataset
-from transformer.io import atomic_write_text
+from transformer.runs.io import atomic_write_text
 from transformer.training.distributed.process_group import DistInfo, broadcast_from_main
 from transformer.training.errors import TrainingError
 from transformer.training.step.criterion import LabelSmoothedCrossEntropy, model_loss, perplexity

@@ -51,7 +51,7 @@ REFS_SUFFIX = ".ref"
 """The references a hypotheses file was scored against, beside it (``hyps/<split>.ref``): a run folder
 is compared (paired bootstrap) without the data it was tested on."""
 HYDRA_RECORD = ".hydra"
-"""Hydra's record of the run (:mod:`transformer.hydra_record` writes, reads and takes it back)."""
+"""Hydra's record of the run (:mod:`transformer.runs.hydra_record` writes, reads and takes it back)."""
 CONFIG_NAMES = ("config.yaml", HYDRA_RECORD + "/config.yaml")
 """Where a run folder's config is, in the order read."""
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from torch import Tensor
 
-from transformer.io import SafetensorsReadError, read_safetensors
-from transformer.run_folder import BEST, LAST, WEIGHTS_SUFFIX, has_checkpoint, weights_path
+from transformer.runs.folder import BEST, LAST, WEIGHTS_SUFFIX, has_checkpoint, weights_path
+from transformer.runs.io import SafetensorsReadError, read_safetensors
 
 __all__ = ["CHECKPOINT_NAMES", "CheckpointError", "LoadError", "find_checkpoint", "read_weights"]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from transformer.io import folder_locked_by_other
-from transformer.run_folder import HYDRA_RECORD
+from transformer.runs.folder import HYDRA_RECORD
+from transformer.runs.io import folder_locked_by_other
 
 __all__ = ["RESUME_RECORD", "forget_record", "job_choices", "job_run_dir", "record_subdir", "recorded_choices"]
 

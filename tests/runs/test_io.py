@@ -1,11 +1,11 @@
-"""transformer.io: atomic writes (all-or-nothing, no temporary files left) and the safetensors reader."""
+"""transformer.runs.io: atomic writes (all-or-nothing, no temporary files left) and the safetensors reader."""
 
 import os
 
 import pytest
 import torch
 
-from transformer import io as tio
+from transformer.runs import io as tio
 
 
 def test_atomic_write_text_and_bytes_replace_whole_files(tmp_path):

@@ -1,4 +1,4 @@
-"""Hydra's record of a job (transformer/hydra_record.py): a run refused before training leaves no
+"""Hydra's record of a job (transformer/runs/hydra_record.py): a run refused before training leaves no
 folder behind, a folder that held anything else is left alone, and the record's
 names and choices are read back."""
 
@@ -10,7 +10,7 @@ import sys
 import time
 
 from tests.conftest import REPO_ROOT
-from transformer.hydra_record import (
+from transformer.runs.hydra_record import (
     RESUME_RECORD,
     forget_record,
     job_choices,
