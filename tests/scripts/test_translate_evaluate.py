@@ -253,22 +253,22 @@ def test_translate_with_a_rope_scaling_at_test_time(run, input_file, tmp_path, c
 
 def test_both_scripts_main_is_run_script_plugins_first_then_one_line_errors(monkeypatch, capsys) -> None:
     """``main`` of scripts/translate.py and scripts/evaluate.py is one helper of the package
-    (transformer.generation.prepare.run_script): the run's plugins chosen, then the work, its user
-    errors one line and an exit status."""
+    (transformer.cli.run_script): the run's plugins chosen, then the work, its user errors one line
+    and an exit status."""
     from omegaconf import OmegaConf
 
-    from transformer.generation import prepare
+    from transformer import cli
 
-    assert _load_script("translate").run_script is _load_script("evaluate").run_script is prepare.run_script
+    assert _load_script("translate").run_script is _load_script("evaluate").run_script is cli.run_script
     seen = []
-    monkeypatch.setattr(prepare, "set_user_choice", lambda *a: seen.append(a))
+    monkeypatch.setattr(cli, "set_user_choice", lambda *a: seen.append(a))
     cfg = OmegaConf.create({"plugins": ["p"], "plugins_trust": True})
-    assert prepare.run_script(cfg, lambda c: seen.append("work") or 7, {}) == 7
+    assert cli.run_script(cfg, lambda c: seen.append("work") or 7, {}) == 7
     assert seen == [(["p"], True), "work"]
 
     def missing(_):
         raise FileNotFoundError("no such file: x")
 
     with pytest.raises(SystemExit) as exit_:
-        prepare.run_script(cfg, missing, {FileNotFoundError: 2})
+        cli.run_script(cfg, missing, {FileNotFoundError: 2})
     assert exit_.value.code == 2 and capsys.readouterr().err == "error: no such file: x\n"
