@@ -139,6 +139,25 @@ def test_no_module_outside_the_trainer_writes_its_attributes():
     assert writes == []
 
 
+def test_the_trainer_owns_the_update_and_its_parts_the_rest():
+    """The Trainer keeps the update and the loop; the batches, the counters and clocks, validation
+    and the training log are parts of their own in ``training/loop/`` (docs/contributing.md), so its
+    file stays under 400 lines and holds no other class."""
+    source = TRAINER_FILE.read_text(encoding="utf-8")
+    assert len(source.splitlines()) < 400
+    classes = [node.name for node in ast.parse(source).body if isinstance(node, ast.ClassDef)]
+    assert classes == ["Trainer"]
+    parts = {
+        "batches.py": "TrainBatches",
+        "state.py": "TrainState",
+        "validation.py": "Validator",
+        "train_log.py": "TrainLog",
+    }
+    for file, name in parts.items():
+        tree = ast.parse((TRAINER_FILE.parent / file).read_text(encoding="utf-8"))
+        assert name in {node.name for node in tree.body if isinstance(node, ast.ClassDef)}, file
+
+
 BENCHMARKS = REPO_ROOT / "benchmarks"
 THIRD_PARTY_PRIVATES = {
     "_dynamo": "torch._dynamo.reset() and its counters: torch's own way to drop compiled graphs between rows",

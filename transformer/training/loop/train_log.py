@@ -41,3 +41,8 @@ class TrainLog:
         self.logger.log(logged, step=update, split="train")
         self.window_tokens, self.logged_time = 0, train_time
         self.shown = {"loss": f"{logged['loss']:.3f}", "tok_s": f"{logged['tokens_per_s']:.0f}"}
+
+    def postfix(self, lr: float) -> dict[str, str]:
+        """What the progress bar shows after an update: the last logged loss and tokens/s (reading
+        every update's would stall an accelerator) and the update's learning rate."""
+        return {"loss": self.shown["loss"], "lr": f"{lr:.2e}", "tok_s": self.shown["tok_s"]}

@@ -39,14 +39,9 @@ from transformer.training.loop.train_log import TrainLog
 from transformer.training.loop.validation import Validator
 from transformer.training.monitoring.memory import PhaseMemory
 from transformer.training.monitoring.progress import TrainingBar
-from transformer.training.step.compiled import (
-    compile_dynamic,
-    compile_errors_named,
-    compile_training_step,
-    resolve_compile,
-)
+from transformer.training.step import compiled
 from transformer.training.step.criterion import LabelSmoothedCrossEntropy
-from transformer.training.step.divergence import DivergenceWatch, divergence_message, nonfinite_weights
+from transformer.training.step.divergence import DivergenceWatch
 from transformer.training.step.ema import EMA
 from transformer.training.step.optim import build_optimizer, total_norm
 from transformer.training.step.routing import RoutingMonitor
@@ -86,9 +81,9 @@ class Trainer:
         self.model = self._build_model()
         if t.activation_checkpointing:
             checkpoint_layers(self.model)
-        self.compiled = resolve_compile(t.compile, self.device.type)  # auto: on accelerators
+        self.compiled = compiled.resolve_compile(t.compile, self.device.type)  # auto: on accelerators
         # validation's loss runs the compiled layers; training compiles the whole step below
-        self.features = compile_dynamic(self.model.features, compile_backend) if self.compiled else None
+        self.features = compiled.compile_dynamic(self.model.features, compile_backend) if self.compiled else None
         self.criterion = LabelSmoothedCrossEntropy(cfg.criterion.label_smoothing, ignore_index=PAD_ID)
         self.precision = resolve_precision(t.precision, self.device)
         # a run resolved auto before it recorded its config (job/run.py); a Trainer built directly resolves it here
@@ -105,7 +100,7 @@ class Trainer:
             reshard_after_forward=t.reshard_after_forward,
         )
         if self.compiled:
-            compile_training_step(self.parallel, compile_backend)  # one graph per micro-batch, dynamic shapes
+            compiled.compile_training_step(self.parallel, compile_backend)  # one graph per micro-batch, dynamic shapes
         self.routing = RoutingMonitor(self.model, self.parallel.mode != "none")  # MoE: router stats, bias update
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device.type)
         self.scheduler = build_scheduler(
@@ -151,8 +146,6 @@ class Trainer:
             eos_id=EOS_ID,
             sep_id=SEP_ID,
         ).to(self.device)
-
-    # ------------------------------------------------------------------ checkpoints
 
     def train_state(self, rng: list[dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
         """A checkpoint's training state (:data:`~transformer.training.checkpoint.format.TRAINING_STATE_KEYS`):
@@ -208,11 +201,7 @@ class Trainer:
             TrainingError: a non-finite loss, gradient norm or weight (nothing written; every rank raises).
         """
         self.divergence.check(self.last_saved)
-        bad = nonfinite_weights(self.model, self.ema, self.parallel)
-        if bad:
-            raise TrainingError(
-                divergence_message(f"non-finite weights ({', '.join(bad[:3])})", self.update, self.last_saved)
-            )
+        self.divergence.check_weights(self.model, self.ema, self.parallel, self.update, self.last_saved)
         rng = gather_rng_states(self.dist.rank, self.dist.world_size)  # a collective under torchrun
         if self.checkpoints is not None or self.parallel.mode == "fsdp":
             weights, state = self.parallel.full_state_dict(), self.train_state(rng)
@@ -227,8 +216,6 @@ class Trainer:
         unsharded copy on every rank (a collective); nothing to do otherwise."""
         if self.parallel.mode == "fsdp":
             self.model = self.parallel.eval_model(self._build_model)
-
-    # ------------------------------------------------------------------ the update
 
     def _autocast(self) -> AbstractContextManager[Any]:
         return autocast(self.precision, self.device)
@@ -305,8 +292,6 @@ class Trainer:
             routing=routing,
         )
 
-    # ------------------------------------------------------------------ what an update owes
-
     def validate(self, logger: Any) -> bool:
         """One validation round (:meth:`Validator.validate`) of the trained model, or of its moving
         average when on; under FSDP the weights are gathered on every rank. Every rank calls it.
@@ -376,7 +361,7 @@ class Trainer:
         try:
             while stop is None:
                 step_start = time.time()
-                with compile_errors_named(self.compiled and self.update == first_update):
+                with compiled.compile_errors_named(self.compiled and self.update == first_update):
                     stats = self.train_step(*self.train_batches.next_update(batches, t.update_freq))
                 train_log.add(stats)
                 due = due_at(t, self.update)
@@ -384,13 +369,7 @@ class Trainer:
                 if due.log or stop is not None:  # and the last update
                     self.divergence.check(self.last_saved)  # before the host reads the numbers
                     train_log.write(stats, self.update, self.epoch, self.state.train_time)
-                progress.step(
-                    time.time() - step_start,
-                    self.update,
-                    loss=train_log.shown["loss"],
-                    lr=f"{stats['lr']:.2e}",
-                    tok_s=train_log.shown["tok_s"],
-                )
+                progress.step(time.time() - step_start, self.update, **train_log.postfix(stats["lr"]))
                 if due.validate or stop is not None:
                     self.divergence.check(self.last_saved)
                     is_best = self.validate(logger)

@@ -75,6 +75,20 @@ class DivergenceWatch:
             self._raise(int(update), bool(is_loss), value, last_saved)
 
     @staticmethod
+    def check_weights(
+        model: nn.Module, ema: Any, parallel: Any, update: int, last_saved: tuple[Path, int] | None
+    ) -> None:
+        """Before a save: raise when a weight of the model (or of its moving average) is not
+        finite on any rank (:func:`nonfinite_weights`; every rank calls it and raises together).
+
+        Raises:
+            TrainingError: naming up to three such tensors and the last finite checkpoint.
+        """
+        bad = nonfinite_weights(model, ema, parallel)
+        if bad:
+            raise TrainingError(divergence_message(f"non-finite weights ({', '.join(bad[:3])})", update, last_saved))
+
+    @staticmethod
     def _raise(update: int, is_loss: bool, value: float, last_saved: tuple[Path, int] | None) -> None:
         problem = f"non-finite loss ({value})" if is_loss else f"non-finite gradient norm ({value})"
         raise TrainingError(divergence_message(problem, update, last_saved))
