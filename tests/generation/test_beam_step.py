@@ -23,9 +23,9 @@ def _search(next_lprobs, n: int, K: int, V: int, steps: int):
     scores = torch.full((n, K), NINF)
     scores[:, 0] = 0.0
     seqs = [[() for _ in range(K)] for _ in range(n)]
-    for step in range(steps):
+    for _ in range(steps):
         lprobs = torch.stack([torch.stack([next_lprobs(s, p) for p in seqs[s]]) for s in range(n)])  # (n, K, V)
-        cand_scores, tokens, beams = select_candidates(step, lprobs, scores)
+        cand_scores, tokens, beams = select_candidates(lprobs, scores)
         assert cand_scores.shape == (n, min(2 * K, K * V))
         scores = cand_scores[:, :K]
         seqs = [[seqs[s][b] + (t,) for b, t in zip(beams[s, :K].tolist(), tokens[s, :K].tolist())] for s in range(n)]
@@ -50,7 +50,7 @@ def test_one_selection_is_the_best_2k_of_every_extension(K: int) -> None:
     lprobs = _lprobs((n, K, V), seed=K)
     scores = -torch.rand(n, K, generator=torch.Generator().manual_seed(10 + K)) * 3
     scores[1, 1:] = NINF  # a sentence with dead beams
-    cand_scores, tokens, beams = select_candidates(1, lprobs.clone(), scores)
+    cand_scores, tokens, beams = select_candidates(lprobs.clone(), scores)
     for s in range(n):
         every = sorted(
             ((float(scores[s, b] + lprobs[s, b, t]), b, t) for b in range(K) for t in range(V)), key=lambda x: -x[0]

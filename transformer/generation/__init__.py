@@ -12,6 +12,8 @@ Typical use::
 or stdin, line by line, into a file or stdout.
 """
 
+from transformer.generation.beam import beam_search
+from transformer.generation.common import Hypothesis, SearchLimits, decoding, length_penalty, max_lengths
 from transformer.generation.ensemble import EnsembleModel, EnsembleState, load_models
 from transformer.generation.loading import (
     LoadedRun,
@@ -24,18 +26,8 @@ from transformer.generation.loading import (
 )
 from transformer.generation.overrides import TEST_TIME_FIELDS, test_time_overrides, test_time_refusal
 from transformer.generation.prepare import PreparedDecoding, prepare_decoding
-from transformer.generation.search import (
-    Hypothesis,
-    SearchLimits,
-    beam_search,
-    decoding,
-    generate,
-    greedy_search,
-    length_penalty,
-    max_lengths,
-    sample,
-    top_k_top_p_filter,
-)
+from transformer.generation.sampling import greedy_search, sample, top_k_top_p_filter
+from transformer.generation.search import generate
 from transformer.generation.translate import (
     batches_by_tokens,
     detokenize,

@@ -63,18 +63,18 @@ def beam_search(
         return _beam_search(model, src_tokens, search_limits, beam_size, nbest)
 
 
-def select_candidates(step: int, lprobs: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def select_candidates(lprobs: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Each sentence's ``2 * K`` best one-token extensions of its beams (fairseq's ``BeamSearch.step``).
 
+    At step 0 the other beams' ``-inf`` scores keep beam 0 alone.
+
     Args:
-        step: unused (fairseq's signature; at step 0 the other beams' ``-inf`` scores keep beam 0 alone).
         lprobs: ``(n, K, V)`` float32 log-probabilities, overwritten with cumulative scores.
         scores: ``(n, K)`` float32 summed log-probabilities of the beams (``-inf``: dead).
 
     Returns:
         ``(scores, tokens, beams)``, each ``(n, min(2 * K, K * V))``, best first.
     """
-    del step
     n, K, vocab = lprobs.shape
     cand = lprobs.add_(scores.view(n, K, 1)).view(n, K * vocab)  # in place: lprobs is not read again
     cand_scores, cand_idx = cand.topk(min(2 * K, K * vocab), dim=1)
@@ -203,7 +203,7 @@ def _beam_search(
         bad = nonfinite_rows(logits) & (scores.view(-1) > ninf)  # (n * K,) live beams with NaN/inf output
         # a diverged model: those beams die (NaN scores would never end the search)
         lprobs.masked_fill_(bad[:, None], ninf)
-        cand_scores, cand_tok, cand_beam = select_candidates(step, lprobs.view(n, K, vocab), scores)  # (n, 2K)
+        cand_scores, cand_tok, cand_beam = select_candidates(lprobs.view(n, K, vocab), scores)  # (n, 2K)
         is_eos = cand_tok.eq(eos)
         finished.add(
             finishing(cand_scores, is_eos, K),

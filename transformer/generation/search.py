@@ -1,8 +1,7 @@
-"""Decoding strategies over the models' KV-cached interface (``start_decoding``, ``decode_step``,
-``state.reorder(index, host_index)``), and :func:`generate`, which picks one from the settings.
-One path serves both families; the strategies live in :mod:`.sampling` (greedy, sampling) and
-:mod:`.beam`, their shared conventions in :mod:`.common` (docs/decoding.md#search-conventions).
-The names are re-exported here and from :mod:`transformer.generation`."""
+""":func:`generate`: decode a batch with the strategy ``generation.strategy`` names (greedy and
+sampling: :mod:`.sampling`; beam: :mod:`.beam`) over the models' KV-cached interface
+(``start_decoding``, ``decode_step``, ``state.reorder``); their shared conventions are in
+:mod:`.common` (docs/decoding.md#search-conventions)."""
 
 from __future__ import annotations
 
@@ -16,25 +15,11 @@ from transformer.generation.beam import beam_search
 from transformer.generation.common import (
     Hypothesis,
     SearchLimits,
-    decoding,
-    length_penalty,
-    max_lengths,
 )
-from transformer.generation.sampling import greedy_search, sample, top_k_top_p_filter
+from transformer.generation.sampling import greedy_search, sample
 from transformer.precision import decoding_autocast
 
-__all__ = [
-    "Hypothesis",
-    "SearchLimits",
-    "beam_search",
-    "decoding",
-    "generate",
-    "greedy_search",
-    "length_penalty",
-    "max_lengths",
-    "sample",
-    "top_k_top_p_filter",
-]
+__all__ = ["generate"]
 
 
 def generate(

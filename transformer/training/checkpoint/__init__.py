@@ -10,9 +10,9 @@ numbered checkpoints), :mod:`.averaging` (``scripts/average_checkpoints.py``, ``
 
 from transformer.runs.io import atomic_write, weights_for_safetensors
 from transformer.runs.io import write_safetensors as save_weights
+from transformer.runs.weights import CheckpointError
 from transformer.training.checkpoint.averaging import average_checkpoints, save_run_average, write_average
 from transformer.training.checkpoint.files import load_checkpoint, load_weights, save_checkpoint
-from transformer.training.checkpoint.format import CheckpointError
 from transformer.training.checkpoint.manager import CheckpointManager, numbered_checkpoints, remove_stale_temporaries
 from transformer.training.checkpoint.rng import get_rng_state, set_rng_state
 

@@ -15,18 +15,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from transformer.runs.folder import FORMAT, META_SUFFIX, STATE_SUFFIX, WEIGHTS_SUFFIX, checkpoint_file, weights_path
 from transformer.runs.io import atomic_write_all, safetensors_writer, weights_for_safetensors
-from transformer.runs.weights import read_weights
-from transformer.training.checkpoint.format import (
-    FORMAT,
-    META_SUFFIX,
-    STATE_SUFFIX,
-    WEIGHTS_SUFFIX,
-    CheckpointError,
-    check_plain,
-    checkpoint_file,
-    weights_path,
-)
+from transformer.runs.weights import CheckpointError, read_weights
+from transformer.training.checkpoint.format import check_plain
 
 __all__ = ["load_checkpoint", "load_weights", "save_checkpoint"]
 

@@ -1,8 +1,6 @@
-"""What a checkpoint's training state may hold; its files' names, suffixes and format tag are
-:mod:`transformer.runs.folder`'s, its error :mod:`transformer.runs.weights`'s (re-exported here).
-
-See :mod:`transformer.training.checkpoint` for the layout; :mod:`.files` reads and writes it.
-"""
+"""What a checkpoint's training state holds (:data:`TRAINING_STATE_KEYS`) and may hold (plain
+values that ``torch.load(weights_only=True)`` reads: :func:`check_plain`). The files' names,
+suffixes and format tag are :mod:`transformer.runs.folder`'s; :mod:`.files` reads and writes them."""
 
 from __future__ import annotations
 
@@ -12,29 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer.runs.folder import (  # the names and suffixes live in the run folder's one home
-    FORMAT,
-    META_SUFFIX,
-    STATE_SUFFIX,
-    SUFFIXES,
-    WEIGHTS_SUFFIX,
-    checkpoint_file,
-    weights_path,
-)
-from transformer.runs.weights import CheckpointError  # a LoadError: scripts that load a run report it as one
-
-__all__ = [
-    "FORMAT",
-    "META_SUFFIX",
-    "STATE_SUFFIX",
-    "SUFFIXES",
-    "TRAINING_STATE_KEYS",
-    "WEIGHTS_SUFFIX",
-    "CheckpointError",
-    "check_plain",
-    "checkpoint_file",
-    "weights_path",
-]
+__all__ = ["TRAINING_STATE_KEYS", "check_plain"]
 
 TRAINING_STATE_KEYS = (
     "optimizer",

@@ -12,17 +12,10 @@ from typing import Any
 
 from torch import Tensor
 
-from transformer.runs.folder import BEST, LAST
+from transformer.runs.folder import BEST, LAST, META_SUFFIX, STATE_SUFFIX, SUFFIXES, WEIGHTS_SUFFIX, checkpoint_file
 from transformer.runs.folder import numbered as numbered_name
 from transformer.runs.io import atomic_write_all
 from transformer.training.checkpoint.files import save_checkpoint
-from transformer.training.checkpoint.format import (
-    META_SUFFIX,
-    STATE_SUFFIX,
-    SUFFIXES,
-    WEIGHTS_SUFFIX,
-    checkpoint_file,
-)
 
 __all__ = ["CheckpointManager", "numbered_checkpoints", "remove_stale_temporaries"]
 

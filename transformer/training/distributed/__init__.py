@@ -2,8 +2,7 @@
 :func:`setup_distributed`, :class:`DistInfo`) and the DDP / FSDP2 engine around the model
 (:mod:`.parallel`). Imports :mod:`transformer.training.step` (the criterion the engine wraps).
 
-The process group's names are re-exported here, so ``from transformer.training.distributed import
-DistInfo`` works as it did when this room was one module.
+The process group's functions are this package's public API (docs/contributing.md#moved-modules).
 """
 
 from transformer.training.distributed.process_group import (
