@@ -1,5 +1,5 @@
 """The command line of the GPU check (``python -m benchmarks.gpu_check``) and the order its sections
-run in; what each section does: the package's docstring (``benchmarks/gpu_check/__init__.py``)."""
+run in; what each section does: ``docs/gpu.md`` ("The GPU check")."""
 
 from __future__ import annotations
 

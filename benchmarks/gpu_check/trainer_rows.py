@@ -1,38 +1,7 @@
-"""The ``trainer`` section of the GPU check: :meth:`~transformer.training.loop.trainer.Trainer.train_step`
-itself at WMT sizes, what a user's ``scripts/train.py`` run does every update.
-
-Each row builds a :class:`~transformer.training.loop.trainer.Trainer` the way
-``transformer/training/job/run.py`` does (one process, rank 0 of 1 on the device; the
-config composed from ``configs/train.yaml``) and runs its own update on its own data path
-(:meth:`Trainer.batches <transformer.training.loop.trainer.Trainer.batches>`: batches collated
-``train.prefetch`` ahead in a background thread, pinned and copied with ``non_blocking`` on CUDA),
-``train.precision=auto`` (bf16 on a GPU that has it), the preset's dropout, optimizer, clipping and
-schedule. Modes (``--trainer-modes``):
-
-* ``eager``: ``train.compile=false``;
-* ``compiled``: ``train.compile=true``, the whole step compiled with dynamic shapes
-  (``transformer/training/step/compiled.py``; ``--quick`` on a CPU compiles with dynamo's ``eager``
-  backend, as the realistic section does, so that the smoke run takes seconds);
-* ``ddp`` / ``ddp-compiled``: the same through DistributedDataParallel over a process group of one
-  rank (nccl on CUDA, gloo on a CPU): its gradient hooks and bucket all-reduces run as under
-  ``torchrun``, with nothing to wait for on other ranks (the trainer built with
-  ``parallel_mode="ddp"``).
-
-Data (:func:`wmt_like_split`): consecutive Multi30k training pairs joined into one pair, a
-geometric number of sentences each, so that the target side's mean length is ``--trainer-mean-len``
-pieces (27 by default, WMT14 en-de's with a 32k joint BPE) with WMT's long tail (joined pairs of
-128 pieces and more; at most 250 a side, the usual cleaning limit). The model's vocabulary is
-``--trainer-vocab`` entries (32,000, a WMT-size joint vocabulary) over the Multi30k tokenizer's ids
-(:class:`WideVocab`), so the embeddings, the output layer and the loss have WMT's sizes.
-``train.max_tokens`` is ``--trainer-tokens`` (16,384, padding included, as the realistic rows).
-
-Each row: the first update's time (for a compiled row the compilation, reported as ``compile_s``
-beside it), then ``--trainer-warmup`` updates, then ``--trainer-updates`` updates timed together
-with the device synchronised at both ends (no host read between them, as in ``Trainer.fit``):
-target tokens/s (real target tokens, the trainer's own count), ms per update, MFU against the
-device's dense bf16 peak counting the real tokens of every timed batch (:func:`.batches.real_train_flops`),
-peak memory, graphs compiled before and while timing. A row that fails or runs out of memory is
-recorded with its error; a row that would start past the check's budget is recorded as skipped.
+""":meth:`~transformer.training.loop.trainer.Trainer.train_step` itself at WMT sizes, on its own data
+path: the ``trainer`` section of the GPU check (``docs/gpu.md``, "The trainer's own update"). Data:
+Multi30k's pairs joined to WMT-like lengths (:func:`wmt_like_split`) at a ``--trainer-vocab``
+vocabulary (:class:`WideVocab`); modes eager, compiled, and DDP over a one-rank process group.
 """
 
 from __future__ import annotations
@@ -274,7 +243,7 @@ def batch_lengths(batches: list[Any]) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
-    """One row (see the module docstring); raises what the row raised."""
+    """One row (``docs/gpu.md``, "The trainer's own update"); raises what the row raised."""
     a, dev = ctx.args, ctx.device
     data = wmt_like_data(ctx)
     cfg = trainer_config(ctx, mode)
