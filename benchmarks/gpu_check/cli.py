@@ -64,6 +64,16 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- main
 
+RUN: dict[str, Callable[[dict[str, Any], Context, Report], None]] = {  # section: its function, in SECTIONS' order
+    "environment": section_environment,
+    "trainer": section_trainer,
+    "training_compile": section_training_compile,
+    "realistic": section_realistic,
+    "training": section_training,
+    "decoding": section_decoding,
+    "sdpa": section_sdpa,
+    "throughput": section_throughput,
+}
 SECTION_NEED_S = {  # seconds a section's first piece of work needs on a GPU: less left, and it is skipped
     "trainer": 25,
     "training_compile": 90,
@@ -214,34 +224,21 @@ def main(argv: list[str] | None = None) -> int:
         raise Stopped(f"stopped by signal {signal.Signals(signum).name} (a time cap) during this section")
 
     signal.signal(signal.SIGTERM, on_term)
-    sections: dict[str, Callable[[dict[str, Any]], None]] = {
-        "environment": lambda s: section_environment(s, ctx),
-        "trainer": lambda s: section_trainer(s, ctx, report),
-        "training_compile": lambda s: section_training_compile(s, ctx, report),
-        "realistic": lambda s: section_realistic(s, ctx, report),
-        "training": lambda s: section_training(s, ctx, report),
-        "decoding": lambda s: section_decoding(s, ctx, report),
-        "sdpa": lambda s: section_sdpa(s, ctx, report),
-        "throughput": lambda s: section_throughput(s, ctx, report),
-    }
-    plan = [(name, sections[name]) for name in SECTIONS]
     report.write()
     stopped = None
-    for name, fn in plan:
+    for name in SECTIONS:
         if stopped:
             report.skip(name, stopped)
         elif name in args.skip:
             report.skip(name, "--skip")
         elif device.type == "cuda" and not torch.cuda.is_available() and name != "environment":
             report.skip(name, "no CUDA device")
-        elif ctx.budget.left() < SECTION_NEED_S.get(name, 0):
-            try:
-                ctx.budget.need(SECTION_NEED_S[name], name)
-            except OutOfTime as err:
-                report.skip(name, f"time budget: {err}")
         else:
             try:
-                report.run(name, fn)
+                ctx.budget.need(SECTION_NEED_S.get(name, 0), name)
+                report.run(name, lambda sec, fn=RUN[name]: fn(sec, ctx, report))
+            except OutOfTime as err:
+                report.skip(name, f"time budget: {err}")
             except Stopped as err:
                 stopped = f"not run: {err}"
     statuses = {n: s["status"] for n, s in report.data["sections"].items()}

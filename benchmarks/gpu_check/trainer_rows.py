@@ -26,7 +26,7 @@ from transformer.training.step import compiled
 from transformer.training.step.update_stats import read_stats
 
 from .batches import LengthBatch, real_train_flops
-from .context import Context, data_overrides, load_data
+from .context import Context, data_overrides, load_data, train_overrides
 from .presets import MODELS, QUICK_DIMS
 from .realistic import bf16_peak
 from .report import OutOfTime, Report, check, guarded
@@ -66,23 +66,11 @@ def _flat(seqs: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def wmt_like_split(split: ParallelDataset, mean_len: float, seed: int = 0, max_side: int = MAX_SIDE) -> ParallelDataset:
-    """Consecutive pairs of ``split`` joined into longer pairs with WMT-like target lengths.
-
-    Pair ``j`` of the result is pairs ``a_j .. b_j - 1`` of ``split``, source after source and target
-    after target (so it is still a translation pair): a run of ``k`` pairs, ``k`` drawn from a
-    geometric distribution of mean ``mean_len / mean target length`` (at least 1), cut short where a
-    side would pass ``max_side`` pieces. The target mean then comes to about ``mean_len`` and the
-    lengths have a geometric (long) tail; every pair of ``split`` is used once, in order.
-
-    Args:
-        split: a training split (ids without specials).
-        mean_len: the target side's mean length to reach, in pieces.
-        seed: the draw of the run lengths.
-        max_side: the longest side of a joined pair (a single pair longer than it stays as it is).
-
-    Returns:
-        A :class:`~transformer.data.dataset.ParallelDataset` named ``split.name`` over in-memory
-        :class:`~transformer.data.binarize.TokenSequences`.
+    """Consecutive pairs of ``split`` (ids without specials) joined, source after source and target
+    after target, into pairs whose targets average about ``mean_len`` pieces with a geometric tail:
+    runs of ``k`` pairs, ``k`` geometric of mean ``mean_len / mean target length`` (drawn with
+    ``seed``), cut short where a side would pass ``max_side`` pieces; every pair used once, in order.
+    Returns a :class:`~transformer.data.dataset.ParallelDataset` named ``split.name``.
 
     Raises:
         ValueError: ``split`` is empty or ``mean_len`` is not positive.
@@ -147,24 +135,12 @@ def trainer_config(ctx: Context, mode: str) -> Any:
     by mode, ``train.precision=auto``, no validation, no checkpoints."""
     a = ctx.args
     preset, over, family = MODELS[a.trainer_model]
+    updates = 1 + a.trainer_warmup + a.trainer_updates
     return compose_config(
         [f"model={preset}", *over, *(QUICK_DIMS[family] if a.quick else [])]
         + data_overrides(ctx)
-        + [
-            f"train.max_tokens={a.trainer_tokens}",
-            f"train.max_updates={1 + a.trainer_warmup + a.trainer_updates}",
-            "train.max_time=0",
-            "train.validate_every=0",
-            "train.valid_bleu=false",
-            "train.save_every=0",
-            "train.average_last=0",
-            "train.progress=false",
-            "train.precision=auto",
-            f"train.compile={str(mode.endswith('compiled')).lower()}",
-            f"train.device={ctx.device.type}",
-            "seed=1",
-            f"run_dir={ctx.work / 'runs' / f'trainer_{mode}'}",
-        ]
+        + train_overrides(ctx, f"trainer_{mode}", "auto", mode.endswith("compiled"), updates, ctx.device.type)
+        + [f"train.max_tokens={a.trainer_tokens}", "train.average_last=0"]
     )
 
 
@@ -178,12 +154,7 @@ def one_rank_group(device: torch.device) -> Iterator[None]:
     """
     if dist.is_initialized():
         raise RuntimeError("a process group already exists in this process")
-    dist.init_process_group(
-        "nccl" if device.type == "cuda" else "gloo",
-        store=dist.HashStore(),
-        rank=0,
-        world_size=1,
-    )
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield
     finally:
@@ -201,34 +172,26 @@ def time_updates(trainer: Any, warmup: int, updates: int, device: torch.device) 
     """
     freq = trainer.cfg.train.update_freq
     batches = trainer.batches()  # the trainer's own data path: prefetching, pinned, non_blocking
-    out: dict[str, Any] = {}
-    try:
-        step = lambda: trainer.train_step([next(batches) for _ in range(freq)])  # noqa: E731
-        graphs = compiled.compiled_graphs()
+    out: dict[str, Any] = {"stats": [], "batches": []}
+
+    def part(n: int, seconds: str, graphs: str, keep: bool = False) -> None:
+        before = compiled.compiled_graphs()
         synchronize(device)
         t = time.perf_counter()
-        step()
-        synchronize(device)
-        out["first_update_s"] = time.perf_counter() - t
-        out["graphs_first"] = compiled.compiled_graphs() - graphs
-        graphs = compiled.compiled_graphs()
-        t = time.perf_counter()
-        for _ in range(warmup):
-            step()
-        synchronize(device)
-        out["warmup_s"] = time.perf_counter() - t
-        out["graphs_warmup"] = compiled.compiled_graphs() - graphs
-        graphs = compiled.compiled_graphs()
-        stats, seen = [], []
-        t = time.perf_counter()
-        for _ in range(updates):
+        for _ in range(n):
             micro = [next(batches) for _ in range(freq)]
-            stats.append(trainer.train_step(micro))
-            seen += micro
+            stats = trainer.train_step(micro)
+            if keep:
+                out["stats"].append(stats)
+                out["batches"] += micro
         synchronize(device)
-        out["timed_s"] = time.perf_counter() - t
-        out["graphs_timed"] = compiled.compiled_graphs() - graphs
-        out.update(stats=stats, batches=seen)
+        out[seconds] = time.perf_counter() - t
+        out[graphs] = compiled.compiled_graphs() - before
+
+    try:
+        part(1, "first_update_s", "graphs_first")
+        part(warmup, "warmup_s", "graphs_warmup")
+        part(updates, "timed_s", "graphs_timed", keep=True)
     finally:
         batches.close()  # stops the prefetching thread
     return out
