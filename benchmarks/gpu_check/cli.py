@@ -119,54 +119,45 @@ def _shown(value: Any) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The command line (``--quick`` changes the defaults of :data:`STARRED`, marked * in the help)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    p.add_argument("--quick", action="store_true", help="tiny sizes and few steps: the CPU smoke mode (seconds)")
-    p.add_argument(
-        "--out", type=Path, help="results folder (default docs/benchmarks/gpu/ on cuda, runs/gpu_check_cpu/ on cpu)"
-    )
+    add = p.add_argument
+    add("--device", choices=["cuda", "cpu"], default="cuda")
+    add("--quick", action="store_true", help="tiny sizes and few steps: the CPU smoke mode (seconds)")
+    add("--out", type=Path, help="results folder (default docs/benchmarks/gpu/ on cuda, runs/gpu_check_cpu/ on cpu)")
     work = REPO / "runs" / "gpu_check_work"
-    p.add_argument("--work", type=Path, default=work, help="checkpoints, data cache, smoke corpus (not results)")
+    add("--work", type=Path, default=work, help="checkpoints, data cache, smoke corpus (not results)")
     for name, (normal, quick, what, kwargs) in STARRED.items():
         help_ = f"* {what} ({_shown(normal)}; --quick {_shown(quick)})"
-        p.add_argument("--" + name.replace("_", "-"), default=None, help=help_, **kwargs)
-    p.add_argument("--skip", nargs="*", default=[], choices=list(SECTIONS[1:]), help="sections recorded as skipped")
-    p.add_argument(
+        add("--" + name.replace("_", "-"), default=None, help=help_, **kwargs)
+    add("--skip", nargs="*", default=[], choices=list(SECTIONS[1:]), help="sections recorded as skipped")
+    add(
         "--compile-precision",
         nargs="+",
         default=["bf16", "fp32"],
         choices=["fp32", "bf16"],
         help="precisions of the training_compile section, in order (bf16 first: what train.precision=auto trains)",
     )
-    p.add_argument(
-        "--trainer-model", default="base", choices=["base", "big"], help="trainer section: model (presets.py)"
-    )
-    p.add_argument(
+    add("--trainer-model", default="base", choices=["base", "big"], help="trainer section: model (presets.py)")
+    add(
         "--trainer-modes",
         nargs="+",
         default=["eager", "compiled", "ddp"],
         choices=list(TRAINER_MODES),
         help="trainer section: rows, in order (ddp: DDP over a 1-rank process group)",
     )
-    p.add_argument(
-        "--trainer-mean-len", type=float, default=27.0, help="trainer section: mean target length of the joined pairs"
-    )
-    p.add_argument("--sentences", type=int, default=50, help="test sentences of the decoding check")
-    p.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
-    p.add_argument(
-        "--encdec-peers", nargs="*", default=["HF Marian"], help="encoder-decoder peers (benchmarks/peers.py)"
-    )
-    p.add_argument("--decoder-peers", nargs="*", default=["HF Llama"], help="decoder-only peers")
+    add("--trainer-mean-len", type=float, default=27.0, help="trainer section: mean target length of the joined pairs")
+    add("--sentences", type=int, default=50, help="test sentences of the decoding check")
+    add("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    add("--encdec-peers", nargs="*", default=["HF Marian"], help="encoder-decoder peers (benchmarks/peers.py)")
+    add("--decoder-peers", nargs="*", default=["HF Llama"], help="decoder-only peers")
     models = ["base", "big", "llama100m"]
-    p.add_argument(
-        "--realistic-models", nargs="+", default=models, choices=models, help="realistic section: models (presets.py)"
-    )
-    p.add_argument(
+    add("--realistic-models", nargs="+", default=models, choices=models, help="realistic section: models (presets.py)")
+    add(
         "--study-summary",
         type=Path,
         metavar="RUNS_DIR",
         help="summarise a results_gpu.sh study's run folders into --out instead",
     )
-    p.add_argument("--study-note", default="", help="a sentence for the study summary (time cap, ...)")
+    add("--study-note", default="", help="a sentence for the study summary (time cap, ...)")
     return p
 
 
