@@ -18,25 +18,9 @@ from benchmarks import REPO, git_commit
 from benchmarks.train_step import device_peak
 from transformer.precision import cpu_model_name
 
-from . import REQUIRED, missing_packages
-from .context import (
-    OPTIONAL,
-    Context,
-    device_description,
-    find_data_dir,
-    section_environment,
-)
+from .context import Context, device_description, find_data_dir, section_environment
 from .realistic import section_realistic
-from .report import (
-    SECTIONS,
-    Budget,
-    OutOfTime,
-    Report,
-    Stopped,
-    check,
-    markdown,
-    study_summary,
-)
+from .report import SECTIONS, Budget, OutOfTime, Report, Stopped, check, markdown, study_summary
 from .sdpa import section_sdpa
 from .throughput import section_throughput
 from .trainer_rows import MODES as TRAINER_MODES
@@ -44,8 +28,6 @@ from .trainer_rows import section_trainer
 from .training import section_decoding, section_training, section_training_compile
 
 __all__ = [
-    "OPTIONAL",
-    "REQUIRED",
     "SECTIONS",
     "Budget",
     "Context",
@@ -58,7 +40,6 @@ __all__ = [
     "device_peak",
     "main",
     "markdown",
-    "missing_packages",
     "study_summary",
 ]
 

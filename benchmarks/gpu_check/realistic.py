@@ -15,13 +15,7 @@ from typing import Any
 import torch
 
 from benchmarks import peers, release, reset_peak, synchronize
-from benchmarks.train_step import (
-    Ours,
-    dims,
-    flops_peak,
-    make_optimizer,
-    our_dropout,
-)
+from benchmarks.train_step import Ours, dims, flops_peak, make_optimizer, our_dropout
 
 from .batches import describe, make_tensors, real_train_flops, representative_batch
 from .context import Context, load_data
