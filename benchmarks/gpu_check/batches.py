@@ -13,9 +13,10 @@ import numpy as np
 import torch
 
 from transformer.data.batching import TokenBatchSampler
+from transformer.data.collate import collate_decoder_only, collate_encoder_decoder
+from transformer.data.tokenizer import PAD_ID
 from transformer.models.flops import forward_flops
 
-PAD, BOS, EOS, SEP = 0, 2, 3, 4
 MULTIPLE = 8  # lengths padded to a multiple of 8 (fairseq's --pad-to-multiple; tensor-core friendly)
 
 
@@ -62,29 +63,19 @@ def representative_batch(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_t
     return LengthBatch(max_tokens, np.asarray(src_lengths)[pick], np.asarray(tgt_lengths)[pick], len(batches))
 
 
-def _pad(rows: list[list[int]]) -> torch.Tensor:
-    width = -(-max(len(r) for r in rows) // MULTIPLE) * MULTIPLE
-    return torch.tensor([r + [PAD] * (width - len(r)) for r in rows], dtype=torch.long)
-
-
 def make_tensors(lb: LengthBatch, arch: str, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """The batch as ``train_step``'s models take it, ids uniform in ``5..vocab-1``, padded with 0 to a
-    multiple of 8: encoder-decoder ``src`` (ids + EOS), ``prev`` (BOS + ids), ``target`` (ids + EOS);
-    decoder-only ``tokens`` (source + SEP + target) and ``target`` (0 over the source, then the target
-    + EOS), as the project's collation builds them."""
+    """The batch as ``train_step``'s models take it, ids uniform in ``5..vocab-1``, collated by the
+    project (:func:`~transformer.data.collate.collate_encoder_decoder` / ``collate_decoder_only``,
+    padded to a multiple of 8): encoder-decoder ``src``, ``prev``, ``target``; decoder-only ``tokens``
+    (source + SEP + target) and ``target`` (PAD over the source, then the target + EOS)."""
     g = torch.Generator().manual_seed(seed)
     src = [torch.randint(5, vocab, (int(n),), generator=g).tolist() for n in lb.src]
     tgt = [torch.randint(5, vocab, (int(n),), generator=g).tolist() for n in lb.tgt]
     if arch == "encoder_decoder":
-        return {
-            "src": _pad([s + [EOS] for s in src]),
-            "prev": _pad([[BOS] + t for t in tgt]),
-            "target": _pad([t + [EOS] for t in tgt]),
-        }
-    return {
-        "tokens": _pad([s + [SEP] + t for s, t in zip(src, tgt)]),
-        "target": _pad([[PAD] * len(s) + t + [EOS] for s, t in zip(src, tgt)]),
-    }
+        b = collate_encoder_decoder(src, tgt, pad_to_multiple=MULTIPLE)
+        return {"src": b.net_input["src_tokens"], "prev": b.net_input["prev_output_tokens"], "target": b.target}
+    b = collate_decoder_only(src, tgt, pad_to_multiple=MULTIPLE)
+    return {"tokens": b.net_input["tokens"], "target": b.target}
 
 
 def real_train_flops(cfg: Any, lb: LengthBatch, vocab: int) -> float:
@@ -113,6 +104,6 @@ def describe(lb: LengthBatch, tensors: dict[str, torch.Tensor]) -> dict[str, Any
         "target_tokens": lb.target_tokens,
         "mean_src_len": float(lb.src.mean()),
         "mean_tgt_len": float(lb.tgt.mean()),
-        "padding": 1 - int(main.ne(PAD).sum()) / main.numel(),
+        "padding": 1 - int(main.ne(PAD_ID).sum()) / main.numel(),
         "batches_in_epoch": lb.batches_in_epoch,
     }

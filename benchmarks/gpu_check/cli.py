@@ -1,5 +1,5 @@
 """The command line of the GPU check (``python -m benchmarks.gpu_check``) and the order its sections
-run in; what each section does: the package's docstring (``benchmarks/gpu_check/__init__.py``)."""
+run in; what each section does: ``docs/gpu.md`` ("The GPU check")."""
 
 from __future__ import annotations
 
@@ -18,25 +18,9 @@ from benchmarks import REPO, git_commit
 from benchmarks.train_step import device_peak
 from transformer.precision import cpu_model_name
 
-from . import REQUIRED, missing_packages
-from .context import (
-    OPTIONAL,
-    Context,
-    device_description,
-    find_data_dir,
-    section_environment,
-)
+from .context import Context, device_description, find_data_dir, section_environment
 from .realistic import section_realistic
-from .report import (
-    SECTIONS,
-    Budget,
-    OutOfTime,
-    Report,
-    Stopped,
-    check,
-    markdown,
-    study_summary,
-)
+from .report import SECTIONS, Budget, OutOfTime, Report, Stopped, check, markdown, study_summary
 from .sdpa import section_sdpa
 from .throughput import section_throughput
 from .trainer_rows import MODES as TRAINER_MODES
@@ -44,8 +28,6 @@ from .trainer_rows import section_trainer
 from .training import section_decoding, section_training, section_training_compile
 
 __all__ = [
-    "OPTIONAL",
-    "REQUIRED",
     "SECTIONS",
     "Budget",
     "Context",
@@ -58,12 +40,21 @@ __all__ = [
     "device_peak",
     "main",
     "markdown",
-    "missing_packages",
     "study_summary",
 ]
 
 # ----------------------------------------------------------------------------- main
 
+RUN: dict[str, Callable[[dict[str, Any], Context, Report], None]] = {  # section: its function, in SECTIONS' order
+    "environment": section_environment,
+    "trainer": section_trainer,
+    "training_compile": section_training_compile,
+    "realistic": section_realistic,
+    "training": section_training,
+    "decoding": section_decoding,
+    "sdpa": section_sdpa,
+    "throughput": section_throughput,
+}
 SECTION_NEED_S = {  # seconds a section's first piece of work needs on a GPU: less left, and it is skipped
     "trainer": 25,
     "training_compile": 90,
@@ -109,54 +100,45 @@ def _shown(value: Any) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The command line (``--quick`` changes the defaults of :data:`STARRED`, marked * in the help)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    p.add_argument("--quick", action="store_true", help="tiny sizes and few steps: the CPU smoke mode (seconds)")
-    p.add_argument(
-        "--out", type=Path, help="results folder (default docs/benchmarks/gpu/ on cuda, runs/gpu_check_cpu/ on cpu)"
-    )
+    add = p.add_argument
+    add("--device", choices=["cuda", "cpu"], default="cuda")
+    add("--quick", action="store_true", help="tiny sizes and few steps: the CPU smoke mode (seconds)")
+    add("--out", type=Path, help="results folder (default docs/benchmarks/gpu/ on cuda, runs/gpu_check_cpu/ on cpu)")
     work = REPO / "runs" / "gpu_check_work"
-    p.add_argument("--work", type=Path, default=work, help="checkpoints, data cache, smoke corpus (not results)")
+    add("--work", type=Path, default=work, help="checkpoints, data cache, smoke corpus (not results)")
     for name, (normal, quick, what, kwargs) in STARRED.items():
         help_ = f"* {what} ({_shown(normal)}; --quick {_shown(quick)})"
-        p.add_argument("--" + name.replace("_", "-"), default=None, help=help_, **kwargs)
-    p.add_argument("--skip", nargs="*", default=[], choices=list(SECTIONS[1:]), help="sections recorded as skipped")
-    p.add_argument(
+        add("--" + name.replace("_", "-"), default=None, help=help_, **kwargs)
+    add("--skip", nargs="*", default=[], choices=list(SECTIONS[1:]), help="sections recorded as skipped")
+    add(
         "--compile-precision",
         nargs="+",
         default=["bf16", "fp32"],
         choices=["fp32", "bf16"],
         help="precisions of the training_compile section, in order (bf16 first: what train.precision=auto trains)",
     )
-    p.add_argument(
-        "--trainer-model", default="base", choices=["base", "big"], help="trainer section: model (presets.py)"
-    )
-    p.add_argument(
+    add("--trainer-model", default="base", choices=["base", "big"], help="trainer section: model (presets.py)")
+    add(
         "--trainer-modes",
         nargs="+",
         default=["eager", "compiled", "ddp"],
         choices=list(TRAINER_MODES),
         help="trainer section: rows, in order (ddp: DDP over a 1-rank process group)",
     )
-    p.add_argument(
-        "--trainer-mean-len", type=float, default=27.0, help="trainer section: mean target length of the joined pairs"
-    )
-    p.add_argument("--sentences", type=int, default=50, help="test sentences of the decoding check")
-    p.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
-    p.add_argument(
-        "--encdec-peers", nargs="*", default=["HF Marian"], help="encoder-decoder peers (benchmarks/peers.py)"
-    )
-    p.add_argument("--decoder-peers", nargs="*", default=["HF Llama"], help="decoder-only peers")
+    add("--trainer-mean-len", type=float, default=27.0, help="trainer section: mean target length of the joined pairs")
+    add("--sentences", type=int, default=50, help="test sentences of the decoding check")
+    add("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    add("--encdec-peers", nargs="*", default=["HF Marian"], help="encoder-decoder peers (benchmarks/peers.py)")
+    add("--decoder-peers", nargs="*", default=["HF Llama"], help="decoder-only peers")
     models = ["base", "big", "llama100m"]
-    p.add_argument(
-        "--realistic-models", nargs="+", default=models, choices=models, help="realistic section: models (presets.py)"
-    )
-    p.add_argument(
+    add("--realistic-models", nargs="+", default=models, choices=models, help="realistic section: models (presets.py)")
+    add(
         "--study-summary",
         type=Path,
         metavar="RUNS_DIR",
         help="summarise a results_gpu.sh study's run folders into --out instead",
     )
-    p.add_argument("--study-note", default="", help="a sentence for the study summary (time cap, ...)")
+    add("--study-note", default="", help="a sentence for the study summary (time cap, ...)")
     return p
 
 
@@ -214,34 +196,21 @@ def main(argv: list[str] | None = None) -> int:
         raise Stopped(f"stopped by signal {signal.Signals(signum).name} (a time cap) during this section")
 
     signal.signal(signal.SIGTERM, on_term)
-    sections: dict[str, Callable[[dict[str, Any]], None]] = {
-        "environment": lambda s: section_environment(s, ctx),
-        "trainer": lambda s: section_trainer(s, ctx, report),
-        "training_compile": lambda s: section_training_compile(s, ctx, report),
-        "realistic": lambda s: section_realistic(s, ctx, report),
-        "training": lambda s: section_training(s, ctx, report),
-        "decoding": lambda s: section_decoding(s, ctx, report),
-        "sdpa": lambda s: section_sdpa(s, ctx, report),
-        "throughput": lambda s: section_throughput(s, ctx, report),
-    }
-    plan = [(name, sections[name]) for name in SECTIONS]
     report.write()
     stopped = None
-    for name, fn in plan:
+    for name in SECTIONS:
         if stopped:
             report.skip(name, stopped)
         elif name in args.skip:
             report.skip(name, "--skip")
         elif device.type == "cuda" and not torch.cuda.is_available() and name != "environment":
             report.skip(name, "no CUDA device")
-        elif ctx.budget.left() < SECTION_NEED_S.get(name, 0):
-            try:
-                ctx.budget.need(SECTION_NEED_S[name], name)
-            except OutOfTime as err:
-                report.skip(name, f"time budget: {err}")
         else:
             try:
-                report.run(name, fn)
+                ctx.budget.need(SECTION_NEED_S.get(name, 0), name)
+                report.run(name, lambda sec, fn=RUN[name]: fn(sec, ctx, report))
+            except OutOfTime as err:
+                report.skip(name, f"time budget: {err}")
             except Stopped as err:
                 stopped = f"not run: {err}"
     statuses = {n: s["status"] for n, s in report.data["sections"].items()}

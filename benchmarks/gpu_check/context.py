@@ -24,7 +24,9 @@ from benchmarks.train_step import compose_config, device_peak, make_trainer
 from transformer.data.dataset import load_translation_data
 from transformer.data.download import excerpt_overrides, multi30k_excerpt
 from transformer.precision import cpu_model_name, describe_hardware
+from transformer.training import MetricsLogger
 
+from .presets import QUICK_DIMS
 from .report import Budget, check
 
 OPTIONAL = {  # module: what is lost without it
@@ -69,7 +71,7 @@ def device_description(device: torch.device) -> dict[str, Any]:
     return {"device": "cpu", "device_name": cpu_model_name()}
 
 
-def section_environment(sec: dict[str, Any], ctx: Context) -> None:
+def section_environment(sec: dict[str, Any], ctx: Context, report: Any = None) -> None:
     """Versions, flags and what is missing."""
     r = sec["results"]
     r.update(device_description(ctx.device))
@@ -191,42 +193,44 @@ def model_overrides(ctx: Context, family: str) -> list[str]:
     if family == "encoder-decoder":
         over = ["model=transformer_tiny"] + (QUICK_MODEL if ctx.args.quick else [])
     else:
-        over = ["model=llama_style_tiny"] + (
-            ["model.n_decoder_layers=2", "model.d_model=32", "model.n_heads=4", "model.d_ff=64"]
-            if ctx.args.quick
-            else []
-        )
+        over = ["model=llama_style_tiny"] + (QUICK_DIMS["decoder-only"] if ctx.args.quick else [])
     return over + ["model.dropout=0.0"]
+
+
+def train_overrides(ctx: Context, name: str, precision: str, compile_on: bool, updates: int, device: str) -> list[str]:
+    """What every run of the check sets of ``train``: ``updates`` updates, no time limit, no validation
+    until the end, no BLEU, no checkpoints, no progress bar, seed 1, run folder ``<work>/runs/<name>``."""
+    return [
+        f"train.max_updates={updates}",
+        "train.max_time=0",
+        "train.validate_every=0",
+        "train.valid_bleu=false",
+        "train.save_every=0",
+        "train.progress=false",
+        f"train.precision={precision}",
+        f"train.compile={str(compile_on).lower()}",
+        f"train.device={device}",
+        "seed=1",
+        f"run_dir={ctx.work / 'runs' / name}",
+    ]
 
 
 def run_config(
     ctx: Context, name: str, family: str, precision: str, compile_on: bool, updates: int, device: str
 ) -> Any:
-    """One training run's config: the family's model, Multi30k, ``updates`` updates, no validation
-    until the end, no BLEU, every update logged, run folder ``<work>/runs/<name>``."""
+    """One training run's config: the family's model, Multi30k, :func:`train_overrides`, every update logged."""
     q = ctx.args.quick
-    over = (
+    return compose_config(
         model_overrides(ctx, family)
         + data_overrides(ctx)
+        + train_overrides(ctx, name, precision, compile_on, updates, device)
         + [
             f"train.max_tokens={600 if q else 4096}",
-            f"train.max_updates={updates}",
-            "train.max_time=0",
-            "train.validate_every=0",
-            "train.valid_bleu=false",
             "train.log_every=1",
-            "train.progress=false",
-            "train.save_every=0",
-            f"train.precision={precision}",
-            f"train.compile={str(compile_on).lower()}",
-            f"train.device={device}",
             f"optim.lr={3e-3 if q else 5e-3}",
             f"lr_scheduler.warmup_updates={4 if q else 100}",
-            "seed=1",
-            f"run_dir={ctx.work / 'runs' / name}",
         ]
     )
-    return compose_config(over)
 
 
 def load_data(ctx: Context) -> Any:
@@ -237,8 +241,8 @@ def load_data(ctx: Context) -> Any:
     return ctx.data
 
 
-class Collect:
-    """The metrics sink :meth:`Trainer.fit` logs to (the ``MetricsLogger`` interface), in memory."""
+class Collect(MetricsLogger):
+    """The metrics sink :meth:`Trainer.fit` logs to, in memory: the numbers of every record."""
 
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -248,9 +252,6 @@ class Collect:
         self.rows.append(
             {"split": split, "update": step, **{k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}}
         )
-
-    def close(self) -> None:
-        """Nothing to release."""
 
 
 def fit_run(ctx: Context, cfg: Any) -> tuple[Any, dict[str, Any]]:

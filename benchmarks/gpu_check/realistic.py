@@ -1,34 +1,7 @@
-"""The ``realistic`` section of the GPU check, run after the trainer's own update and the
-compiled trainer: training steps at the sizes the zoo is meant for, ours beside Hugging Face at the
-same sizes and batches, eager, compiled and compiled with CUDA graphs, then decoding
-(:mod:`.realistic_decoding`); the ``trainer`` section's rows (:mod:`.trainer_rows`:
-``Trainer.train_step`` on WMT-like batches) are shown beside them in the table.
-
-Models (:data:`MODELS`): ``transformer_2017_base`` and ``transformer_2017_big`` (encoder-decoders,
-their preset dropout, beside HF Marian at the same dims, given the source padding mask as HF
-training does) and a ~100M-parameter ``llama_style`` (d_model 640, 12 layers, 10 heads, d_ff 2560;
-dropout 0 as HF Llama, beside it), all with a ``--realistic-vocab`` vocabulary (32,000: a WMT-size
-joint vocabulary). Batches (:mod:`.batches`): the median batch of the project's own batching of
-Multi30k's training pairs at each ``--realistic-tokens`` (8k, 16k, 32k tokens counting padding, as
-``train.max_tokens``), real lengths, random ids, lengths padded to a multiple of 8. Every step is
-one ``zero_grad`` + forward and loss under bf16 autocast + backward + the project's fused Adam.
-Modes: ``eager``; ``compiled`` (``torch.compile`` of the row's loss function, so forward, loss and
-backward run compiled: AOTAutograd compiles the backward graph; the optimizer step stays the fused
-kernel), ``cudagraphs`` (the same with ``mode="reduce-overhead"``: CUDA graphs). The trainer's own
-``train.compile`` compiles the same part of a step (forward, fused loss, backward:
-``transformer/training/step/compiled.py``); here each row's loss function is compiled the same way
-for ours and the peers. Each row: target tokens/s (real target tokens,
-EOS included, over the median step), MFU against the device's dense bf16 peak counting real tokens
-only (:func:`.batches.real_train_flops`), the step time, the first step's time (the compile), peak
-memory (``torch.cuda.max_memory_allocated`` above what was allocated before), and for compiled rows
-the graphs and graph breaks torch._dynamo counted.
-
-Rows run in priority order (:func:`plan`): every model eagerly at the first batch size, decoding,
-the encoder-decoders compiled at the first batch size, the other batch sizes eagerly, then the
-rest. Each row is guarded: an error or an out-of-memory is recorded in its row and the next runs;
-a row that would start past the section's budget (``--realistic-budget-s``) or the check's is
-recorded as skipped (the whole section, when no row fitted). ``--quick`` (the CPU smoke run) uses the same code at tiny sizes, with
-``torch.compile``'s eager backend (dynamo traces, no Inductor) and no CUDA graphs.
+"""The ``realistic`` section of the GPU check (``docs/gpu.md``, "The realistic-size table"): training
+steps of :data:`.presets.MODELS` on :mod:`.batches`' Multi30k-like batches, ours beside the HF peers,
+eager / compiled / CUDA graphs, then decoding (:mod:`.realistic_decoding`), rows in :func:`plan`'s
+order, each guarded and budgeted. ``--quick`` compiles with dynamo's eager backend, no CUDA graphs.
 """
 
 from __future__ import annotations
@@ -42,13 +15,7 @@ from typing import Any
 import torch
 
 from benchmarks import peers, release, reset_peak, synchronize
-from benchmarks.train_step import (
-    Ours,
-    dims,
-    flops_peak,
-    make_optimizer,
-    our_dropout,
-)
+from benchmarks.train_step import Ours, dims, flops_peak, make_optimizer, our_dropout
 
 from .batches import describe, make_tensors, real_train_flops, representative_batch
 from .context import Context, load_data
@@ -146,7 +113,7 @@ def time_row(
 def measure(
     name: str, system: str, mode: str, max_tokens: int, ctx: Context, lengths: dict[str, Any]
 ) -> dict[str, Any]:
-    """One training row (see the module docstring); raises what the row raised."""
+    """One training row (``docs/gpu.md``, "The realistic-size table"); raises what the row raised."""
     a, dev = ctx.args, ctx.device
     cfg, optim_cfg, over = model_config(name, a.quick)
     vocab = a.realistic_vocab

@@ -1,19 +1,9 @@
-"""Decoding in the ``realistic`` section of the GPU check: greedy and beam 5 over the first
-``--realistic-sentences`` (1,000: all of Multi30k's test_2016_flickr) source sentences, in batches of
-``--decode-batch`` (64) sentences of neighbouring lengths, with ``transformer_2017_base`` at the data's
-vocabulary (embeddings tied as far as the data's vocabularies allow): ours (:func:`~transformer.generation.translate_sentences`), the same weights in HF
-``MarianMTModel.generate`` (:func:`~transformer.interop.hf_marian.to_marian`, the export's mapping)
-and in CTranslate2 (:func:`~transformer.interop.ct2.save_ct2`, where ``ctranslate2`` is installed).
-
-The weights are random (seeded): no checkpoint of this size is trained, and the speed of a search
-does not depend on what was learned but on how many steps it takes. A random model rarely ends a
-hypothesis, so every system decodes every sentence to the same maximum, ``max_len_b`` = the split's
-mean target length (a Multi30k-length translation) plus the forced EOS, the same work for all:
-``len ** alpha`` length penalty 0.6 (the only form HF and CTranslate2 have), HF with
-``early_stopping="never"`` (our stopping rule), PAD banned, at least one token. On a GPU the three run
-in bf16 (autocast for ours and HF, ``compute_type=bfloat16`` for CTranslate2), on a CPU in fp32.
-Each (system, search) is one row, guarded like the training rows; the share of outputs equal to ours
-is a sanity check (the same weights must mostly give the same tokens; bf16 rounding may differ)."""
+"""Decoding in the ``realistic`` section of the GPU check: greedy and beam 5 with ``transformer_2017_base``
+(random, seeded weights: a search's speed depends on its steps, not on what was learned), ours
+(:func:`~transformer.generation.translate_sentences`) beside the same weights in HF ``generate``
+(:func:`~transformer.interop.hf_marian.to_marian`) and CTranslate2 (:func:`~transformer.interop.ct2.save_ct2`).
+Every output runs to the split's mean target length plus EOS, so every system does the same work;
+bf16 on a GPU, fp32 on a CPU."""
 
 from __future__ import annotations
 

@@ -153,15 +153,10 @@ def guarded(row: dict[str, Any], traceback_limit: int = 0) -> Iterator[None]:
 
 
 def study_summary(runs_dir: Path, out: Path, device_name: str, note: str) -> dict[str, Any]:
-    """Per run folder of a ``results_gpu.sh`` study (:func:`~transformer.analysis.collect.load_run`
-    of each one that has a ``metrics.jsonl``, finished or not): updates reached, last tokens/s,
-    validation and test BLEU (``results.json`` when the run finished); written to
-    ``out/study_progress.{json,md}``.
-
-    A finished run's device is the one its ``results.json`` records (``cuda:0``, with the GPU's name),
-    so a summary written on another machine names where the runs trained; ``device_name`` (this
-    machine's device) titles the summary only when no finished run records a GPU (an empty summary
-    when ``runs_dir`` does not exist: the study never started)."""
+    """Per run folder of a ``results_gpu.sh`` study that has a ``metrics.jsonl``
+    (:func:`~transformer.analysis.collect.load_run`): updates reached, last tokens/s, validation and
+    test BLEU, the device its ``results.json`` records; written to ``out/study_progress.{json,md}``,
+    titled by the finished runs' GPUs, else ``device_name`` (empty when ``runs_dir`` does not exist)."""
     rows, finished = [], []
     for run in map(load_run, find_run_dirs(runs_dir) if runs_dir.is_dir() else []):
         if not (run.run_dir / "metrics.jsonl").is_file():  # a folder that never logged is no row

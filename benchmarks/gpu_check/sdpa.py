@@ -75,13 +75,7 @@ class SdpaRecorder:
 
         def wrapper(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
             module = self.stack[-1] if self.stack else "?"
-            if attn_mask is None:
-                mask = "none"
-            else:
-                mask = (
-                    f"{'bool' if attn_mask.dtype == torch.bool else str(attn_mask.dtype).replace('torch.', '')} "
-                    f"{tuple(attn_mask.shape)}"
-                )
+            mask = "none" if attn_mask is None else f"{attn_mask.dtype} {tuple(attn_mask.shape)}".replace("torch.", "")
             desc = {
                 "module": module,
                 "role": attention_role(module),
@@ -109,16 +103,8 @@ class SdpaRecorder:
                     for x in (q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
                 )
             with torch.profiler.record_function(f"sdpa_call#{i}"):
-                return original(
-                    q,
-                    k,
-                    v,
-                    attn_mask=attn_mask,
-                    dropout_p=dropout_p,
-                    is_causal=is_causal,
-                    scale=scale,
-                    enable_gqa=enable_gqa,
-                )
+                kw = {"attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
+                return original(q, k, v, enable_gqa=enable_gqa, **kw)
 
         torch.nn.functional.scaled_dot_product_attention = wrapper
         return self
@@ -148,12 +134,9 @@ def _descendants(evt: Any) -> list[Any]:
 
 
 def attribute_backends(prof: Any, calls: list[dict[str, Any]]) -> None:
-    """Fill ``backend`` (and ``kernels``) of every recorded call from the profile's events.
-
-    With CUDA activity a call's ``record_function`` range appears twice, as the CPU range (whose
-    children are the aten ops) and as a ``gpu_user_annotation`` on the device's track (no CPU
-    children): what either holds counts, so the second cannot overwrite the first (the first GPU
-    run, torch 2.11 on an H200, marked every call unidentified that way)."""
+    """Fill ``backend`` (and ``kernels``) of every recorded call from the profile's events. With CUDA
+    activity a call's range appears twice (the CPU range with the aten ops, and a ``gpu_user_annotation``
+    without children): what either holds counts, so the second cannot overwrite the first."""
     found: dict[int, list[str]] = {}
     kernels: dict[int, set[str]] = {}
     for evt in prof.events():

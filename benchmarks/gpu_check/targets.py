@@ -20,8 +20,17 @@ def _best(rows: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
     return max(measured, key=lambda x: x[key]) if measured else None
 
 
-def _judge(value: float | None, bound: float) -> str:
-    return "not measured" if value is None else "met" if value >= bound else "missed"
+def _record(key: str, what: str, bound: float, unit: str, value: float | None, detail: str) -> dict[str, Any]:
+    status = "not measured" if value is None else "met" if value >= bound else "missed"
+    return {
+        "target": key,
+        "what": what,
+        "bound": bound,
+        "unit": unit,
+        "value": value,
+        "status": status,
+        "detail": detail,
+    }
 
 
 def evaluate_targets(
@@ -61,17 +70,7 @@ def evaluate_targets(
             if ("ours", "beam5") in speed and ("HF generate", "beam5") in speed:
                 value = speed[("ours", "beam5")] / speed[("HF generate", "beam5")]
                 detail = f"ours {speed[('ours', 'beam5')]:.1f} vs HF {speed[('HF generate', 'beam5')]:.1f} sentences/s"
-        out.append(
-            {
-                "target": key,
-                "what": what,
-                "bound": bound,
-                "unit": unit,
-                "value": value,
-                "status": _judge(value, bound),
-                "detail": detail,
-            }
-        )
+        out.append(_record(key, what, bound, unit, value, detail))
     return out
 
 
@@ -89,12 +88,4 @@ def evaluate_trainer_target(rows: list[dict[str, Any]], model: str, min_tokens: 
     best = _best([x for x in rows if x.get("max_tokens", 0) >= min_tokens], "mfu")
     value = best["mfu"] if best else None
     detail = f"{best['mode']}, {best['max_tokens']} tokens: {100 * value:.1f}%" if best else ""
-    return {
-        "target": key,
-        "what": f"transformer_2017_base: {what}",
-        "bound": bound,
-        "unit": "MFU",
-        "value": value,
-        "status": _judge(value, bound),
-        "detail": detail,
-    }
+    return _record(key, f"transformer_2017_base: {what}", bound, "MFU", value, detail)

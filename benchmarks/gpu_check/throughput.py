@@ -46,6 +46,7 @@ def section_throughput(sec: dict[str, Any], ctx: Context, report: Report) -> Non
     )
     report.write()
     peers = {"encoder-decoder": a.encdec_peers, "decoder-only": a.decoder_peers}
+    common = {"rows": a.rows, "src_len": SRC_LEN, "tgt_len": TGT_LEN, "warmup": a.warmup, "steps": a.steps}
     for size in a.sizes:
         ed, do, _ = SIZES[size]
         for family, preset_name in (("encoder-decoder", ed), ("decoder-only", do)):
@@ -55,26 +56,10 @@ def section_throughput(sec: dict[str, Any], ctx: Context, report: Report) -> Non
             for prec in a.precision:
                 ours_row = None
                 for model in ["ours", *peers[family]]:
-                    spec = {
-                        "model": model,
-                        "preset": preset_name,
-                        "rows": a.rows,
-                        "src_len": SRC_LEN,
-                        "tgt_len": TGT_LEN,
-                        "warmup": a.warmup,
-                        "steps": a.steps,
-                        "precision": prec,
-                        "overrides": over
-                        + (["model.dropout=0.0"] if family == "decoder-only" and model == "ours" else []),
-                    }
-                    row = {
-                        "size": size,
-                        "family": family,
-                        "model": model,
-                        "precision": prec,
-                        "preset": preset_name,
-                        "overrides": over,
-                    }
+                    row: dict[str, Any] = {"size": size, "family": family, "model": model, "precision": prec}
+                    row.update(preset=preset_name, overrides=over)
+                    own = ["model.dropout=0.0"] if family == "decoder-only" and model == "ours" else []
+                    spec = {**common, "model": model, "preset": preset_name, "precision": prec, "overrides": over + own}
                     try:
                         ctx.budget.need(10 if a.quick else 12, f"{size} {family} {model} {prec}")
                         m = measure(spec, dev)

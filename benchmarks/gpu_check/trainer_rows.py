@@ -1,38 +1,7 @@
-"""The ``trainer`` section of the GPU check: :meth:`~transformer.training.loop.trainer.Trainer.train_step`
-itself at WMT sizes, what a user's ``scripts/train.py`` run does every update.
-
-Each row builds a :class:`~transformer.training.loop.trainer.Trainer` the way
-``transformer/training/job/run.py`` does (one process, rank 0 of 1 on the device; the
-config composed from ``configs/train.yaml``) and runs its own update on its own data path
-(:meth:`Trainer.batches <transformer.training.loop.trainer.Trainer.batches>`: batches collated
-``train.prefetch`` ahead in a background thread, pinned and copied with ``non_blocking`` on CUDA),
-``train.precision=auto`` (bf16 on a GPU that has it), the preset's dropout, optimizer, clipping and
-schedule. Modes (``--trainer-modes``):
-
-* ``eager``: ``train.compile=false``;
-* ``compiled``: ``train.compile=true``, the whole step compiled with dynamic shapes
-  (``transformer/training/step/compiled.py``; ``--quick`` on a CPU compiles with dynamo's ``eager``
-  backend, as the realistic section does, so that the smoke run takes seconds);
-* ``ddp`` / ``ddp-compiled``: the same through DistributedDataParallel over a process group of one
-  rank (nccl on CUDA, gloo on a CPU): its gradient hooks and bucket all-reduces run as under
-  ``torchrun``, with nothing to wait for on other ranks (the trainer built with
-  ``parallel_mode="ddp"``).
-
-Data (:func:`wmt_like_split`): consecutive Multi30k training pairs joined into one pair, a
-geometric number of sentences each, so that the target side's mean length is ``--trainer-mean-len``
-pieces (27 by default, WMT14 en-de's with a 32k joint BPE) with WMT's long tail (joined pairs of
-128 pieces and more; at most 250 a side, the usual cleaning limit). The model's vocabulary is
-``--trainer-vocab`` entries (32,000, a WMT-size joint vocabulary) over the Multi30k tokenizer's ids
-(:class:`WideVocab`), so the embeddings, the output layer and the loss have WMT's sizes.
-``train.max_tokens`` is ``--trainer-tokens`` (16,384, padding included, as the realistic rows).
-
-Each row: the first update's time (for a compiled row the compilation, reported as ``compile_s``
-beside it), then ``--trainer-warmup`` updates, then ``--trainer-updates`` updates timed together
-with the device synchronised at both ends (no host read between them, as in ``Trainer.fit``):
-target tokens/s (real target tokens, the trainer's own count), ms per update, MFU against the
-device's dense bf16 peak counting the real tokens of every timed batch (:func:`.batches.real_train_flops`),
-peak memory, graphs compiled before and while timing. A row that fails or runs out of memory is
-recorded with its error; a row that would start past the check's budget is recorded as skipped.
+""":meth:`~transformer.training.loop.trainer.Trainer.train_step` itself at WMT sizes, on its own data
+path: the ``trainer`` section of the GPU check (``docs/gpu.md``, "The trainer's own update"). Data:
+Multi30k's pairs joined to WMT-like lengths (:func:`wmt_like_split`) at a ``--trainer-vocab``
+vocabulary (:class:`WideVocab`); modes eager, compiled, and DDP over a one-rank process group.
 """
 
 from __future__ import annotations
@@ -57,7 +26,7 @@ from transformer.training.step import compiled
 from transformer.training.step.update_stats import read_stats
 
 from .batches import LengthBatch, real_train_flops
-from .context import Context, data_overrides, load_data
+from .context import Context, data_overrides, load_data, train_overrides
 from .presets import MODELS, QUICK_DIMS
 from .realistic import bf16_peak
 from .report import OutOfTime, Report, check, guarded
@@ -97,23 +66,11 @@ def _flat(seqs: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def wmt_like_split(split: ParallelDataset, mean_len: float, seed: int = 0, max_side: int = MAX_SIDE) -> ParallelDataset:
-    """Consecutive pairs of ``split`` joined into longer pairs with WMT-like target lengths.
-
-    Pair ``j`` of the result is pairs ``a_j .. b_j - 1`` of ``split``, source after source and target
-    after target (so it is still a translation pair): a run of ``k`` pairs, ``k`` drawn from a
-    geometric distribution of mean ``mean_len / mean target length`` (at least 1), cut short where a
-    side would pass ``max_side`` pieces. The target mean then comes to about ``mean_len`` and the
-    lengths have a geometric (long) tail; every pair of ``split`` is used once, in order.
-
-    Args:
-        split: a training split (ids without specials).
-        mean_len: the target side's mean length to reach, in pieces.
-        seed: the draw of the run lengths.
-        max_side: the longest side of a joined pair (a single pair longer than it stays as it is).
-
-    Returns:
-        A :class:`~transformer.data.dataset.ParallelDataset` named ``split.name`` over in-memory
-        :class:`~transformer.data.binarize.TokenSequences`.
+    """Consecutive pairs of ``split`` (ids without specials) joined, source after source and target
+    after target, into pairs whose targets average about ``mean_len`` pieces with a geometric tail:
+    runs of ``k`` pairs, ``k`` geometric of mean ``mean_len / mean target length`` (drawn with
+    ``seed``), cut short where a side would pass ``max_side`` pieces; every pair used once, in order.
+    Returns a :class:`~transformer.data.dataset.ParallelDataset` named ``split.name``.
 
     Raises:
         ValueError: ``split`` is empty or ``mean_len`` is not positive.
@@ -178,24 +135,12 @@ def trainer_config(ctx: Context, mode: str) -> Any:
     by mode, ``train.precision=auto``, no validation, no checkpoints."""
     a = ctx.args
     preset, over, family = MODELS[a.trainer_model]
+    updates = 1 + a.trainer_warmup + a.trainer_updates
     return compose_config(
         [f"model={preset}", *over, *(QUICK_DIMS[family] if a.quick else [])]
         + data_overrides(ctx)
-        + [
-            f"train.max_tokens={a.trainer_tokens}",
-            f"train.max_updates={1 + a.trainer_warmup + a.trainer_updates}",
-            "train.max_time=0",
-            "train.validate_every=0",
-            "train.valid_bleu=false",
-            "train.save_every=0",
-            "train.average_last=0",
-            "train.progress=false",
-            "train.precision=auto",
-            f"train.compile={str(mode.endswith('compiled')).lower()}",
-            f"train.device={ctx.device.type}",
-            "seed=1",
-            f"run_dir={ctx.work / 'runs' / f'trainer_{mode}'}",
-        ]
+        + train_overrides(ctx, f"trainer_{mode}", "auto", mode.endswith("compiled"), updates, ctx.device.type)
+        + [f"train.max_tokens={a.trainer_tokens}", "train.average_last=0"]
     )
 
 
@@ -209,12 +154,7 @@ def one_rank_group(device: torch.device) -> Iterator[None]:
     """
     if dist.is_initialized():
         raise RuntimeError("a process group already exists in this process")
-    dist.init_process_group(
-        "nccl" if device.type == "cuda" else "gloo",
-        store=dist.HashStore(),
-        rank=0,
-        world_size=1,
-    )
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield
     finally:
@@ -232,34 +172,26 @@ def time_updates(trainer: Any, warmup: int, updates: int, device: torch.device) 
     """
     freq = trainer.cfg.train.update_freq
     batches = trainer.batches()  # the trainer's own data path: prefetching, pinned, non_blocking
-    out: dict[str, Any] = {}
-    try:
-        step = lambda: trainer.train_step([next(batches) for _ in range(freq)])  # noqa: E731
-        graphs = compiled.compiled_graphs()
+    out: dict[str, Any] = {"stats": [], "batches": []}
+
+    def part(n: int, seconds: str, graphs: str, keep: bool = False) -> None:
+        before = compiled.compiled_graphs()
         synchronize(device)
         t = time.perf_counter()
-        step()
-        synchronize(device)
-        out["first_update_s"] = time.perf_counter() - t
-        out["graphs_first"] = compiled.compiled_graphs() - graphs
-        graphs = compiled.compiled_graphs()
-        t = time.perf_counter()
-        for _ in range(warmup):
-            step()
-        synchronize(device)
-        out["warmup_s"] = time.perf_counter() - t
-        out["graphs_warmup"] = compiled.compiled_graphs() - graphs
-        graphs = compiled.compiled_graphs()
-        stats, seen = [], []
-        t = time.perf_counter()
-        for _ in range(updates):
+        for _ in range(n):
             micro = [next(batches) for _ in range(freq)]
-            stats.append(trainer.train_step(micro))
-            seen += micro
+            stats = trainer.train_step(micro)
+            if keep:
+                out["stats"].append(stats)
+                out["batches"] += micro
         synchronize(device)
-        out["timed_s"] = time.perf_counter() - t
-        out["graphs_timed"] = compiled.compiled_graphs() - graphs
-        out.update(stats=stats, batches=seen)
+        out[seconds] = time.perf_counter() - t
+        out[graphs] = compiled.compiled_graphs() - before
+
+    try:
+        part(1, "first_update_s", "graphs_first")
+        part(warmup, "warmup_s", "graphs_warmup")
+        part(updates, "timed_s", "graphs_timed", keep=True)
     finally:
         batches.close()  # stops the prefetching thread
     return out
@@ -274,7 +206,7 @@ def batch_lengths(batches: list[Any]) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
-    """One row (see the module docstring); raises what the row raised."""
+    """One row (``docs/gpu.md``, "The trainer's own update"); raises what the row raised."""
     a, dev = ctx.args, ctx.device
     data = wmt_like_data(ctx)
     cfg = trainer_config(ctx, mode)

@@ -21,14 +21,7 @@ from transformer.generation import translate_sentences
 from transformer.precision import cpu_has_fast_bf16
 from transformer.training.step.update_stats import read_stats
 
-from .context import (
-    QUICK_SLICE,
-    Context,
-    fit_run,
-    load_data,
-    model_overrides,
-    run_config,
-)
+from .context import QUICK_SLICE, Context, fit_run, load_data, model_overrides, run_config
 from .report import OutOfTime, Report, Stopped, check
 
 
