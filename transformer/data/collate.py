@@ -99,19 +99,13 @@ _ALIGN = 8
 """Elements of int64 in 64 bytes: each of a batch's tensors starts on such a boundary of its buffer."""
 
 
-def _views(buffer: torch.Tensor, n: int, widths: Sequence[int]) -> list[torch.Tensor]:
-    """``(n, width)`` tensors laid one after the other in ``buffer``, each on a 64-byte boundary
-    (``torch.compile``'s code copies a misaligned input first)."""
-    views, start = [], 0
-    for width in widths:
-        views.append(buffer[start : start + n * width].view(n, width))
-        start += -(-n * width // _ALIGN) * _ALIGN
-    return views
-
-
-def _buffer_size(n: int, widths: Sequence[int]) -> int:
-    """Elements of a buffer holding :func:`_views`' tensors."""
-    return sum(-(-n * width // _ALIGN) * _ALIGN for width in widths)
+def _one_buffer(n: int, widths: Sequence[int]) -> list[torch.Tensor]:
+    """``(n, width)`` long tensors, one per width, laid one after the other in one new buffer, each
+    on a 64-byte boundary (``torch.compile``'s code copies a misaligned input first)."""
+    spans = [-(-n * width // _ALIGN) * _ALIGN for width in widths]
+    buffer = torch.empty(sum(spans), dtype=torch.long)
+    starts = np.cumsum([0, *spans[:-1]])
+    return [buffer[start : start + n * width].view(n, width) for start, width in zip(starts.tolist(), widths)]
 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], pad: int = PAD_ID, multiple: int = 1) -> torch.Tensor:
@@ -150,8 +144,7 @@ def collate_encoder_decoder(
     src_len = src.lengths
     width_s = _width(src_len + 1, m)
     if tgt is None:
-        buffer = torch.empty(_buffer_size(n, [width_s]), dtype=torch.long)
-        (src_tokens,) = _views(buffer, n, [width_s])
+        (src_tokens,) = _one_buffer(n, [width_s])
         prev = torch.empty((n, 0), dtype=torch.long)
         target = torch.empty((n, 0), dtype=torch.long)
         ntokens = 0
@@ -159,8 +152,7 @@ def collate_encoder_decoder(
         tgt = _as_sequences(tgt)
         tgt_len = tgt.lengths
         width_t = _width(tgt_len + 1, m)
-        buffer = torch.empty(_buffer_size(n, [width_s, width_t, width_t]), dtype=torch.long)
-        src_tokens, prev, target = _views(buffer, n, [width_s, width_t, width_t])
+        src_tokens, prev, target = _one_buffer(n, [width_s, width_t, width_t])
         p, y = prev.numpy(), target.numpy()
         p.fill(PAD_ID)
         p[:, :1] = BOS_ID  # (B, T): BOS + tgt (a slice: a batch of no rows has no column)
@@ -202,16 +194,14 @@ def collate_decoder_only(
     width_s = _width(src_len, m)
     if tgt is None:
         width = _width(src_len + 1, m)
-        buffer = torch.empty(_buffer_size(n, [width, width_s]), dtype=torch.long)
-        tokens, src_tokens = _views(buffer, n, [width, width_s])
+        tokens, src_tokens = _one_buffer(n, [width, width_s])
         target = torch.empty((n, 0), dtype=torch.long)
         ntokens = 0
     else:
         tgt = _as_sequences(tgt)
         tgt_len = tgt.lengths
         width = _width(src_len + 1 + tgt_len, m)
-        buffer = torch.empty(_buffer_size(n, [width, width, width_s]), dtype=torch.long)
-        tokens, target, src_tokens = _views(buffer, n, [width, width, width_s])
+        tokens, target, src_tokens = _one_buffer(n, [width, width, width_s])
         ntokens = int(tgt_len.sum()) + n
     col = np.arange(width)
     x = tokens.numpy()
