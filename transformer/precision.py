@@ -18,7 +18,6 @@ __all__ = [
     "FP32_DEVICES",
     "PRECISIONS",
     "autocast",
-    "autocast_dtype",
     "cpu_has_fast_bf16",
     "cpu_model_name",
     "cuda_has_fast_bf16",
@@ -96,11 +95,6 @@ def decoding_precision(precision: str, device: torch.device | str) -> str:
     if precision == "auto":
         return "bf16" if cuda_has_fast_bf16(device) else "fp32"
     return precision
-
-
-def autocast_dtype(precision: str, device: torch.device | str) -> torch.dtype | None:
-    """The autocast dtype of decoding (:func:`decoding_precision`), None for fp32 (no autocast)."""
-    return AUTOCAST_DTYPES[decoding_precision(precision, device)]
 
 
 def decoding_autocast(precision: str, device: torch.device | str) -> contextlib.AbstractContextManager[Any]:
