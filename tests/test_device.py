@@ -65,6 +65,7 @@ HOST_FACTORIES: dict[tuple[str, str], str] = {
     ("data/batching.py", "TokenBatchSampler._epoch"): "the data order, drawn on the host",
     ("data/collate.py", "pad_sequences"): "batches are built on the host, then Batch.to(device)",
     ("data/collate.py", "_ids_tensor"): "batches are built on the host, then Batch.to(device)",
+    ("data/collate.py", "_one_buffer"): "batches are built on the host, then Batch.to(device)",
     ("data/collate.py", "collate_encoder_decoder"): "batches are built on the host, then Batch.to(device)",
     ("data/collate.py", "collate_decoder_only"): "batches are built on the host, then Batch.to(device)",
     (
