@@ -6,11 +6,11 @@ RSS after it is the memory the process still holds.
     python -m benchmarks.heap_per_update --trim --out /tmp/heap/trim.jsonl -- train.max_updates=150
 
 Everything after ``--`` goes to ``scripts/train.py`` (the README's default command, with no validation
-and no test: ``FIXED``). The training runs in this process, its ``Trainer.train_step`` wrapped to read
-``/proc/self/statm`` after each update: one JSON line per update, ``{"update", "rss_mb",
-"held_mb"}`` (``held_mb``: after the trim; the same as ``rss_mb`` without ``--trim``). A trim costs
-page faults on the next update, so time the two modes apart and alone (``flock /tmp/cpu.lock``).
-Linux with glibc only.
+and no test: ``FIXED``), run in this process with ``logger=heap_per_update train.log_every=1``: the
+logger (:func:`transformer.registry.register_logger`) reads ``/proc/self/statm`` at each update's
+train row and writes one JSON line, ``{"update", "rss_mb", "held_mb"}`` (``held_mb``: after the trim;
+the same as ``rss_mb`` without ``--trim``). A trim costs page faults on the next update, so time the
+two modes apart and alone (``flock /tmp/cpu.lock``). Linux with glibc only.
 """
 
 from __future__ import annotations
@@ -20,35 +20,37 @@ import ctypes
 import json
 import runpy
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from benchmarks import REPO, rss_mb
 from benchmarks.ab import FIXED  # training only: no validation, no test split beside the data's own
+from transformer.registry import register_logger
+from transformer.training.monitoring.loggers import MetricsLogger
 
 
-def record_updates(out: Path, trim: bool) -> None:
-    """Wrap :meth:`~transformer.training.loop.trainer.Trainer.train_step` to write one line per update
-    to ``out`` (and call glibc's ``malloc_trim(0)`` after each update when ``trim``)."""
-    from transformer.training.loop.trainer import Trainer
+class HeapLog(MetricsLogger):
+    """One JSON line per train row to ``out``; ``malloc_trim(0)`` before the second reading when ``trim``."""
 
-    malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim if trim else None
-    step = Trainer.train_step
-    out.parent.mkdir(parents=True, exist_ok=True)
-    f = out.open("w", encoding="utf-8")
-    count = [0]
+    def __init__(self, out: Path, trim: bool) -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self.file = out.open("w", encoding="utf-8")
+        self.malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim if trim else None
 
-    def recorded(self, batches, ntokens=None):
-        stats = step(self, batches, ntokens)
-        count[0] += 1
+    def log(self, metrics: Mapping[str, Any], step: int, split: str) -> None:
+        """Record the RSS (MiB) after update ``step``, before and after the trim."""
+        if split != "train":
+            return
         before = rss_mb()
-        if malloc_trim is not None:
-            malloc_trim(0)
-        row = {"update": count[0], "rss_mb": round(before, 1), "held_mb": round(rss_mb(), 1)}
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        return stats
+        if self.malloc_trim is not None:
+            self.malloc_trim(0)
+        self.file.write(json.dumps({"update": step, "rss_mb": round(before, 1), "held_mb": round(rss_mb(), 1)}) + "\n")
+        self.file.flush()
 
-    Trainer.train_step = recorded
+    def close(self) -> None:
+        """Close the file."""
+        self.file.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,8 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True, help="JSON lines, one per update")
     p.add_argument("--trim", action="store_true", help="malloc_trim(0) after each update")
     args = p.parse_args(own)
-    record_updates(args.out, args.trim)
-    sys.argv = [str(REPO / "scripts" / "train.py"), *FIXED, *train_args]
+    register_logger("heap_per_update", lambda cfg, run_dir, run_name, config: HeapLog(args.out, args.trim))
+    sys.argv = [str(REPO / "scripts" / "train.py"), *FIXED, "logger=heap_per_update", "train.log_every=1", *train_args]
     runpy.run_path(sys.argv[0], run_name="__main__")
 
 

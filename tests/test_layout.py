@@ -166,10 +166,7 @@ THIRD_PARTY_PRIVATES = {
 }
 """The ``._name`` attributes a benchmark may read on another object, each with its reason (third-party
 ones only: the package gives a benchmark a public hook where it needs one)."""
-PACKAGE_WRITES = {
-    ("benchmarks/heap_per_update.py", "Trainer.train_step"): "wraps the update to read the RSS after each "
-    "one of a real scripts/train.py run; the package has no per-update hook to call instead",
-}
+PACKAGE_WRITES: dict[tuple[str, str], str] = {}
 """``(file, name.attribute)`` of the benchmarks' writes to a name imported from the package, each with its reason."""
 
 

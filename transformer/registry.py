@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from hydra.core.config_store import ConfigStore
 from torch import nn
 
 from transformer.config import ConfigError, register_option_config
@@ -24,11 +25,13 @@ from transformer.modules.norms import NORMS
 from transformer.modules.positions import POSITIONS, PositionEncoding
 from transformer.modules.rope_scaling import ROPE_SCALINGS
 from transformer.plugins import ORIGINS, current_plugin
+from transformer.training.monitoring.loggers import LOGGERS, LoggerFactory
 from transformer.training.step.schedules import SCHEDULES
 
 __all__ = [
     "register_attention",
     "register_ffn",
+    "register_logger",
     "register_lr_scheduler",
     "register_norm",
     "register_position",
@@ -219,3 +222,23 @@ def register_lr_scheduler(name: str, schedule: Callable | None = None, *, config
         LR_SCHEDULERS.append(name)
 
     return _decorate(register, schedule)
+
+
+def register_logger(name: str, factory: LoggerFactory | None = None) -> Any:
+    """Register ``factory(cfg, run_dir, run_name, config_dict) -> MetricsLogger`` as ``logger=<name>``:
+    the logger written beside ``metrics.jsonl`` on rank 0 (``cfg``: the ``logger`` node; ``run_dir``: a
+    ``Path``; ``config_dict``: the resolved config as plain containers). It is called with
+    ``log(metrics, step, split)`` every ``train.log_every`` updates, after each validation and after
+    the test, and closed at the end of the run
+    (:class:`~transformer.training.monitoring.loggers.MetricsLogger`).
+
+    Raises:
+        ConfigError: a taken name.
+    """
+
+    def register(obj: Any) -> None:
+        _claim("logger", name, LOGGERS)
+        LOGGERS[name] = obj
+        ConfigStore.instance().store(group="logger", name=name, node={"name": name})
+
+    return _decorate(register, factory)

@@ -89,3 +89,37 @@ def test_build_loggers_rank_and_validation(tmp_path):
     plain.close()
     with pytest.raises(ValueError, match="logger.name"):
         build_loggers(LoggerConfig(name="mlflow"), tmp_path, "x", {}, is_main=True)
+
+
+def test_a_registered_logger_is_selected_by_logger_name_and_a_taken_name_is_refused(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from tests.conftest import REPO_ROOT
+    from transformer.config import ConfigError, register_configs
+    from transformer.registry import register_logger
+    from transformer.training.monitoring.loggers import LOGGERS, MetricsLogger
+
+    seen = []
+
+    class Collect(MetricsLogger):
+        def __init__(self, cfg, run_dir, run_name, config):
+            seen.append(("built", cfg.name, run_dir, run_name, config))
+
+        def log(self, metrics, step, split):
+            seen.append((split, step, dict(metrics)))
+
+    try:
+        register_logger("collect_test", Collect)
+        with pytest.raises(ConfigError, match="logger=wandb is a built-in option already"):
+            register_logger("wandb", Collect)
+        register_configs()
+        with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
+            node = compose(config_name="train", overrides=["logger=collect_test"]).logger
+        assert node.name == "collect_test"
+        loggers = build_loggers(node, tmp_path, "run", {"seed": 1}, is_main=True)
+        loggers.log({"loss": 2.0}, step=3, split="train")
+        loggers.close()
+        assert seen == [("built", "collect_test", tmp_path, "run", {"seed": 1}), ("train", 3, {"loss": 2.0})]
+        assert _rows(tmp_path)[0]["loss"] == 2.0  # beside metrics.jsonl, not instead of it
+    finally:
+        LOGGERS.pop("collect_test", None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -196,28 +196,39 @@ class MultiLogger(MetricsLogger):
             raise error
 
 
+LoggerFactory = Callable[[Any, Path, str, Mapping[str, Any]], MetricsLogger]
+"""``factory(cfg, run_dir, run_name, config_dict) -> MetricsLogger``: ``cfg`` is the ``logger`` node."""
+
+LOGGERS: dict[str, LoggerFactory | None] = {
+    "none": None,  # metrics.jsonl only
+    "wandb": lambda cfg, run_dir, run_name, config: WandbLogger(run_dir, cfg.project, run_name, config, mode=cfg.mode),
+    "tensorboard": lambda cfg, run_dir, run_name, config: TensorboardLogger(run_dir),
+}
+"""``logger.name`` -> the factory of the logger beside JSONL (:func:`transformer.registry.register_logger` adds one)."""
+
+
 def build_loggers(
     cfg: Any, run_dir: Path | str, run_name: str, config_dict: Mapping[str, Any], is_main: bool
 ) -> MultiLogger:
-    """A :class:`MultiLogger`: JSONL plus ``cfg.name`` (``wandb`` or ``tensorboard``); a no-op
+    """A :class:`MultiLogger`: JSONL plus the logger :data:`LOGGERS` names ``cfg.name``; a no-op
     unless ``is_main``.
 
     Raises:
-        ValueError: an unknown ``cfg.name``.
+        ValueError: a ``cfg.name`` :data:`LOGGERS` does not hold.
     """
-    if cfg.name not in ("none", "wandb", "tensorboard"):
-        raise ValueError(f"logger.name={cfg.name!r} is not one of none, wandb, tensorboard")
+    if cfg.name not in LOGGERS:
+        raise ValueError(f"logger.name={cfg.name!r} is not one of {', '.join(LOGGERS)}")
     if not is_main:
         return MultiLogger()
     loggers: list[MetricsLogger] = [JsonlLogger(run_dir)]
-    if cfg.name == "wandb":
-        loggers.append(WandbLogger(run_dir, cfg.project, run_name, config_dict, mode=cfg.mode))
-    elif cfg.name == "tensorboard":
-        loggers.append(TensorboardLogger(run_dir))
+    factory = LOGGERS[cfg.name]
+    if factory is not None:
+        loggers.append(factory(cfg, Path(run_dir), run_name, config_dict))
     return MultiLogger(loggers)
 
 
 __all__ = [
+    "LOGGERS",
     "JsonlLogger",
     "MetricsLogger",
     "MultiLogger",
