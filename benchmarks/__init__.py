@@ -3,8 +3,8 @@ as ``python -m benchmarks.NAME`` on the installed package (``pip install -e .``)
 
 A module with a command line (a ``main`` under ``if __name__ == "__main__"``) is one benchmark, and no
 other module imports it; what two benchmarks share lives in a library module (``ab.py``: the A/B
-harness over ``scripts/train.py`` processes; ``train_step.py``: the models under test and their
-timed step; ``peers.py``)
+harness over ``scripts/train.py`` processes; ``decoding.py``: ours, HF ``generate`` and CTranslate2
+on the same weights; ``train_step.py``: the models under test and their timed step; ``peers.py``)
 or here: :data:`REPO` (the checkout they measure), :func:`git_commit` (the commit a report names),
 :func:`module_command` and :func:`worker_result` (a benchmark run again in a fresh process, e.g. one
 per measured model, and the JSON it printed), :func:`interleaved_rounds` (every variant measured in
