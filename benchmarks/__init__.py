@@ -38,17 +38,12 @@ REPO = Path(__file__).resolve().parents[1]
 def git_commit(repo: Path = REPO) -> str:
     """The short commit of ``repo``'s working tree (``+ local changes`` when tracked files differ), or
     ``?`` outside a git checkout."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10).stdout.strip()
+
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
+        commit, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
         return (commit or "?") + (" + local changes" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "?"

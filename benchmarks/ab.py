@@ -51,14 +51,15 @@ def train_process(variant: str, updates: int, data_root: str, workdir: Path, roo
     if out.returncode != 0:
         raise RuntimeError(f"{variant}: exit {out.returncode}: {out.stderr[-2000:]}")
     results = json.loads((run_dir / "results.json").read_text())
-    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in logged if r.get("split") == "train"]
+    metrics = run_dir / "metrics.jsonl"  # an older checkout may log less: its columns stay empty
+    logged = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+    train = [r for r in logged if r.get("split") == "train" and "tokens_per_s" in r]
     shapes = re.search(r"batches: (\d+) distinct", out.stderr)
     return {
         "variant": variant,
         "tok_s": results["train_tokens_per_s"],
-        "tok_s_after_first": train[-1]["tokens_per_s"] if train[-1]["update"] > 1 else None,
-        "first_update_s": train[0]["ntokens"] / train[0]["tokens_per_s"],
+        "tok_s_after_first": train[-1]["tokens_per_s"] if train and train[-1].get("update", 0) > 1 else None,
+        "first_update_s": train[0]["ntokens"] / train[0]["tokens_per_s"] if train and "ntokens" in train[0] else None,
         "recompiles": out.stderr.count("Recompiling function"),
         "updates": results["updates"],
         "rss_mb": int(re.search(r"maxrss_kb=(\d+)", out.stderr).group(1)) / 1024,

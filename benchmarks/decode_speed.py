@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks import REPO, decoding, module_command, worker_result
+from benchmarks import REPO, decoding, module_command, reset_peak, worker_result
 
 COMPUTE = {"ct2": "float32", "ct2_int8": "int8"}
 
@@ -96,9 +96,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     else:
         run = decoding.ours(model, device)
     model = None  # only the system under test holds weights now
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
+    reset_peak(device)
     base_mb = peak_mb(device)
     row = decoding.timed(run, [src_ids], gen, device, warmup=src_ids[:16])
     return {
