@@ -1,6 +1,6 @@
 """Benchmark of the data pipeline (not a test): preprocessing, memory, start-up, batching, padding.
 
-Two modes.
+Three modes.
 
 **Multi30k** (default): on the real corpus, the time to train the SentencePiece vocabulary and
 binarize every split from scratch, the time to map the cached binarized data, and for
@@ -24,8 +24,9 @@ built the same way from Multi30k's validation and test sets. It measures
   the cache (same data options: the training files are hashed) and through ``data.binarized``.
 
 **Collation** (``--collate MAX_TOKENS ...``): on the Multi30k training split, the host time to
-collate one batch (:mod:`benchmarks.collate_speed`), the list-based path beside the numpy one, for
-both architectures at each ``max_tokens``.
+collate one batch, for both architectures at each ``max_tokens``: the first 64 batches of an epoch,
+each collated once untimed (every token page read), then 5 timed rounds; the median round's mean.
+
 
 Usage (from the repository root; the data root defaults to ``$TRANSFORMER_DATA_DIR`` or
 ``../shared/data``)::
@@ -39,10 +40,12 @@ Usage (from the repository root; the data root defaults to ``$TRANSFORMER_DATA_D
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,6 +58,7 @@ from benchmarks.process_memory import run_monitored, status_kb
 from transformer.analysis.markdown import table
 
 MB = 2**20
+MEMORY = ("Rss", "Pss", "RssAnon", "RssFile")
 
 
 # ----------------------------------------------------------------------------- synthetic corpus
@@ -134,7 +138,7 @@ def probe(overrides: list[str], max_tokens: int, rank: int, world_size: int) -> 
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     t_import = time.perf_counter()
-    base = status_kb("self", "Rss", "Pss", "RssAnon", "RssFile")
+    base = status_kb("self", *MEMORY)
     data = load_translation_data(cfg.data, log=None)
     t_load = time.perf_counter()
     train = data.splits["train"]
@@ -144,7 +148,7 @@ def probe(overrides: list[str], max_tokens: int, rank: int, world_size: int) -> 
     sampler.set_epoch(1)
     batch = collate(train, next(iter(sampler)), "encoder_decoder")
     t_ready = time.perf_counter()
-    ready = status_kb("self", "Rss", "Pss", "RssAnon", "RssFile")
+    ready = status_kb("self", *MEMORY)
     tokens = int(sum(ds.src_lengths.sum() + ds.tgt_lengths.sum() for ds in data.splits.values()))
 
     def report(phase: str, mem: dict[str, int], **extra: Any) -> None:
@@ -180,9 +184,9 @@ def probe(overrides: list[str], max_tokens: int, rank: int, world_size: int) -> 
         for seqs in (ds.src, ds.tgt):
             if hasattr(seqs, "tokens"):
                 checksum += int(seqs.tokens.sum(dtype=np.int64)) + int(seqs.offsets[-1])
-    report("touched", status_kb("self", "Rss", "Pss", "RssAnon", "RssFile"), checksum=checksum)
+    report("touched", status_kb("self", *MEMORY), checksum=checksum)
     sys.stdin.readline()
-    mem = status_kb("self", "Rss", "Pss", "RssAnon", "RssFile")
+    mem = status_kb("self", *MEMORY)
     report("measured", mem, bytes_per_token=round((mem["Rss"] - base["Rss"]) * 1024 / max(tokens, 1), 2))
 
 
@@ -192,26 +196,9 @@ def run_ranks(overrides: list[str], max_tokens: int, world_size: int) -> list[di
     procs, starts = [], []
     for rank in range(world_size):
         starts.append(time.perf_counter())
-        procs.append(
-            subprocess.Popen(
-                module_command(
-                    "data_pipeline",
-                    "--probe",
-                    json.dumps(overrides),
-                    "--max-tokens",
-                    str(max_tokens),
-                    "--rank",
-                    str(rank),
-                    "--world-size",
-                    str(world_size),
-                ),
-                cwd=REPO,
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-        )
+        spec = {"overrides": overrides, "max_tokens": max_tokens, "rank": rank, "world_size": world_size}
+        cmd = module_command("data_pipeline", "--probe", json.dumps(spec))
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
     reports: list[dict[str, Any]] = [{} for _ in procs]
     for rank, p in enumerate(procs):
         ready = json.loads(p.stdout.readline())
@@ -253,16 +240,10 @@ def synthetic(args: argparse.Namespace) -> dict[str, Any]:
         manifest = json.loads((folder / "manifest.json").read_text())
         train_manifest = json.loads((folder / manifest["splits"]["train"] / "manifest.json").read_text())
         counts = train_manifest["counts"]
-        pre = {k: first[k] for k in ("wall_s", "peak_tree_rss_mb", "peak_tree_pss_mb", "peak_main_rss_mb", "processes")}
+        pre = {k: v for k, v in first.items() if k != "stdout"}
         print(
-            f"preprocess        {pre['wall_s']:.1f} s wall, peak memory {pre['peak_tree_pss_mb']:.0f} MB PSS / "
-            f"{pre['peak_tree_rss_mb']:.0f} MB RSS (process tree of {pre['processes']}), main process "
-            f"{pre['peak_main_rss_mb']:.0f} MB; {disk / MB:.0f} MB on disk; second run (cache hit) {second['wall_s']:.1f} s"
-        )
-        print(
-            f"train tokens      {counts['src_tokens']:,} + {counts['tgt_tokens']:,} "
-            f"({(counts['src_tokens'] + counts['tgt_tokens']) / counts['pairs']:.1f} per pair), "
-            f"dtype {train_manifest['files']['src.bin']['dtype']}",
+            f"preprocess        {pre['wall_s']:.1f} s wall, main process peak RSS {pre['peak_main_rss_mb']:.0f} MB; "
+            f"second run (cache hit) {second['wall_s']:.1f} s",
             flush=True,
         )
         startup = {}
@@ -305,7 +286,8 @@ def synthetic(args: argparse.Namespace) -> dict[str, Any]:
 
 def padding_figures(train, max_tokens: int, arch: str) -> dict[str, float]:
     """Batch statistics for one epoch of ``train`` (a :class:`~transformer.data.dataset.ParallelDataset`)."""
-    from transformer.data import TokenBatchSampler, collate, item_lengths
+    from transformer.data.batching import TokenBatchSampler, item_lengths
+    from transformer.data.collate import collate
 
     t = time.perf_counter()
     sampler = TokenBatchSampler(train.src_lengths, train.tgt_lengths, max_tokens, arch=arch, seed=1)
@@ -337,11 +319,37 @@ def padding_figures(train, max_tokens: int, arch: str) -> dict[str, float]:
     }
 
 
+def collate_ms(train: Any, max_tokens: int, arch: str, rounds: int = 5, max_batches: int = 64) -> dict[str, Any]:
+    """The host time to collate one batch of ``train`` (see the module docstring), with the batches'
+    mean rows and target tokens."""
+    from transformer.data.batching import TokenBatchSampler
+    from transformer.data.collate import collate
+
+    sampler = TokenBatchSampler(train.src_lengths, train.tgt_lengths, max_tokens, arch=arch, seed=1)
+    sampler.set_epoch(1)
+    batches = list(itertools.islice(sampler, max_batches))
+    for b in batches:  # every token page read once
+        collate(train, b, arch)
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for b in batches:
+            collate(train, b, arch)
+        times.append((time.perf_counter() - start) * 1000 / len(batches))
+    return {
+        "arch": arch,
+        "max_tokens": max_tokens,
+        "batches": len(batches),
+        "rows": sum(map(len, batches)) / len(batches),
+        "target_tokens": sum(int(train.tgt_lengths[b].sum()) + len(b) for b in batches) / len(batches),
+        "collate_ms": statistics.median(times),
+    }
+
+
 def multi30k(args: argparse.Namespace) -> dict[str, Any]:
     """The Multi30k figures, or with ``--collate`` the collation times (see the module docstring)."""
     from omegaconf import OmegaConf
 
-    from benchmarks.collate_speed import print_collate_times
     from transformer.config import DataConfig
     from transformer.data import load_translation_data
 
@@ -356,7 +364,14 @@ def multi30k(args: argparse.Namespace) -> dict[str, Any]:
     cfg.cache_dir = tmp
     try:
         if args.collate:
-            return print_collate_times(load_translation_data(cfg, log=None).splits["train"], args.collate)
+            train = load_translation_data(cfg, log=None).splits["train"]
+            rows = [collate_ms(train, n, arch) for n in args.collate for arch in ("encoder_decoder", "decoder_only")]
+            for r in rows:
+                print(
+                    f"collate {r['arch']:<15} max_tokens {r['max_tokens']:>6}: {r['rows']:.0f} rows, "
+                    f"{r['target_tokens']:,.0f} target tokens/batch; {r['collate_ms']:.3f} ms"
+                )
+            return {"collate": rows}
         t = time.perf_counter()
         data = load_translation_data(cfg, log=None)
         scratch = time.perf_counter() - t
@@ -395,15 +410,10 @@ def multi30k(args: argparse.Namespace) -> dict[str, Any]:
 TARGETS = "Targets at 4.5M pairs on 2 cores: preprocess <= 300 s with peak memory <= 2 GB; a rank's data memory <= 1 GB (<= 4 B/token incl. the index); start-up <= 10 s"
 
 
-def render_markdown(folder: Path) -> str:
-    """A table of every ``data_pipeline_*.json`` (synthetic mode) in ``folder``."""
+def synthetic_table(results: list[dict[str, Any]]) -> list[str]:
+    """The table of synthetic-mode results, one line each."""
     rows = []
-    for path in sorted(
-        folder.glob("data_pipeline_*.json"), key=lambda p: json.loads(p.read_text()).get("synthetic_pairs", 0)
-    ):
-        r = json.loads(path.read_text())
-        if "synthetic_pairs" not in r:
-            continue
+    for r in results:
         pre, c = r["preprocess"], r["train_counts"]
         one, two = r["startup"]["binarized_1rank"][0], r["startup"]["binarized_2rank"]
         cache = r["startup"]["cache_1rank"][0]
@@ -423,6 +433,15 @@ def render_markdown(folder: Path) -> str:
                 f"{r['date']}, `{r['commit']}`",
             ]
         )
+    header = ["train pairs", "train tokens", "preprocess wall", "preprocess peak PSS / RSS (tree)", "on disk"]
+    header += ["cache hit", "start-up cache / binarized", "data RSS per rank: start -> all pages read"]
+    return table([*header, "data PSS, 2 ranks", "measured"], "rrrlrrllll", rows)
+
+
+def render_markdown(folder: Path) -> str:
+    """The page of every ``data_pipeline_*.json`` (synthetic mode) in ``folder``."""
+    results = [json.loads(p.read_text()) for p in folder.glob("data_pipeline_*.json")]
+    results = sorted((r for r in results if "synthetic_pairs" in r), key=lambda r: r["synthetic_pairs"])
     return "\n".join(
         [
             "# Data pipeline at WMT scale (generated by `benchmarks/data_pipeline.py --synthetic-pairs N --out ...`)",
@@ -430,22 +449,7 @@ def render_markdown(folder: Path) -> str:
             "Synthetic corpus: real Multi30k pairs concatenated two at a time (WMT-like lengths), joint BPE,",
             f"`scripts/preprocess.py` with one encoding worker per CPU. {TARGETS}.",
             "",
-            *table(
-                [
-                    "train pairs",
-                    "train tokens",
-                    "preprocess wall",
-                    "preprocess peak PSS / RSS (tree)",
-                    "on disk",
-                    "cache hit",
-                    "start-up cache / binarized",
-                    "data RSS per rank: start -> all pages read",
-                    "data PSS, 2 ranks",
-                    "measured",
-                ],
-                "rrrlrrllll",
-                rows,
-            ),
+            *synthetic_table(results),
             "",
         ]
     )
@@ -471,16 +475,15 @@ def main() -> None:
         "--collate", type=int, nargs="+", metavar="MAX_TOKENS", help="collation time per batch at these max_tokens"
     )
     ap.add_argument("--out", default=None, help="write the figures as JSON")
-    ap.add_argument("--probe", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--world-size", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--probe", default=None, help=argparse.SUPPRESS)  # a start-up probe's JSON spec
     args = ap.parse_args()
     if args.probe:
-        probe(json.loads(args.probe), args.max_tokens, args.rank, args.world_size)
+        probe(**json.loads(args.probe))
         return
     if args.synthetic_pairs > 0:
         args.vocab_size = args.vocab_size or 32000
         result = synthetic(args)
+        print("\n".join(synthetic_table([result])))
     else:
         result = multi30k(args)
     if args.out:

@@ -9,22 +9,19 @@ into a Hugging Face ``MarianMTModel`` of the same dimensions (:mod:`transformer.
 the mapping ``scripts/export.py format=hf`` writes) and exported to a CTranslate2 folder
 (:mod:`transformer.interop.ct2`, as ``scripts/export.py format=ctranslate2``); the benchmark first
 checks that Marian gives the same logits. All systems then decode the same split (Multi30k
-``test_2016_flickr``, 1000 sentences) with the same settings: beam size, ``len ** alpha`` length
-penalty (the only form HF and CTranslate2 have), a fixed maximum of ``--max-len`` tokens plus the
-(forced) EOS, at least one token, PAD banned. Ours and HF get the same batches (sorted by length,
-at most ``--max-tokens`` source tokens x beam per batch); CTranslate2 gets every sentence at once
-and batches by ``--max-tokens / beam`` source tokens itself (``batch_type="tokens"``). HF runs with
-``early_stopping="never"``, the exact stopping rule our beam search uses (no running beam can beat
-the kept ones, bounded with the maximum length), and optionally with ``early_stopping=True`` (stop
-at ``beam`` finished hypotheses, fairseq's shortcut, fastest). CTranslate2 runs in fp32
-(``ct2``) and with int8 weights quantized on load (``ct2_int8``), ``--threads`` intra-op threads,
-one translator; its outputs cut at the maximum get the EOS ours forces, for the comparison.
+``test_2016_flickr``, 1000 sentences) with the same settings (:mod:`benchmarks.decoding`): beam
+size, ``len ** alpha`` length penalty, a fixed maximum of ``--max-len`` tokens plus the (forced)
+EOS, at least one token, PAD banned, at most ``--max-tokens`` source tokens x beam per batch. HF
+runs with ``early_stopping="never"`` (``hf``), the exact stopping rule our beam search uses, and
+with ``early_stopping=True`` (``hf_early``: stop at ``beam`` finished hypotheses, fairseq's
+shortcut, fastest). CTranslate2 runs in fp32 (``ct2``) and with int8 weights quantized on load
+(``ct2_int8``), ``--threads`` intra-op threads, one translator.
 
 Each configuration runs in its own subprocess so that its peak memory (peak RSS on CPU,
 ``torch.cuda.max_memory_allocated`` on GPU) is its own. Printed: a side-by-side table with
-sentences/s, generated tokens/s, peak memory, BLEU of each output (sanity: the same model must score
-the same) and the share of sentences where the output equals ours, plus the speed ratios.
-Results also go to ``--out`` (JSON).
+sentences/s, generated tokens/s, ours' speed over each system's, peak memory, BLEU of each output
+(sanity: the same model must score the same) and the share of sentences where the output equals
+ours. Results also go to ``--out`` (JSON), the hypotheses to ``--workdir``.
 """
 
 from __future__ import annotations
@@ -35,13 +32,12 @@ import os
 import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import REPO, module_command, synchronize
+from benchmarks import REPO, decoding, module_command, reset_peak, worker_result
 
-# ----------------------------------------------------------------------------- parity
+COMPUTE = {"ct2": "float32", "ct2_int8": "int8"}
 
 
 def check_parity(model: Any, hf: Any) -> float:
@@ -61,10 +57,19 @@ def check_parity(model: Any, hf: Any) -> float:
     return float((a - b).abs().max())
 
 
-# ----------------------------------------------------------------------------- worker
+def read_split(cfg: Any, args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The sources and references of ``--split`` (its first ``--limit`` pairs)."""
+    from transformer.data.corpus import read_parallel, resolve_split_files
+
+    if args.data_root:
+        cfg.data.root = args.data_root
+    src, refs, _ = read_parallel(*resolve_split_files(cfg.data, args.split))
+    n = args.limit or len(src)
+    return src[:n], refs[:n]
 
 
-def _peak_mb(device: Any) -> float:
+def peak_mb(device: Any) -> float:
+    """The peak memory of this process so far: ``torch.cuda.max_memory_allocated`` or the peak RSS."""
     import torch
 
     if device.type == "cuda":
@@ -73,100 +78,39 @@ def _peak_mb(device: Any) -> float:
 
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
-    """Decode the split with one (system, strategy); returns timings and writes the hypotheses."""
+    """Decode the split with one (system, strategy): the timings and the output token lists."""
     import torch
 
-    from transformer.config import GenerationConfig
-    from transformer.data.corpus import read_parallel, resolve_split_files
-    from transformer.generation import load_run, resolve_device, translate_sentences
-    from transformer.generation.translate import batches_by_tokens, make_src_tokens
-    from transformer.interop.ct2 import ct2_translate, load_ct2
-    from transformer.interop.hf_marian import marian_generate, to_marian
+    from transformer.generation import load_run, resolve_device
 
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     model, toks, cfg = load_run(args.run, device)
-    if args.data_root:
-        cfg.data.root = args.data_root
-    src_lines, refs, _ = read_parallel(*resolve_split_files(cfg.data, args.split))
-    if args.limit:
-        src_lines, refs = src_lines[: args.limit], refs[: args.limit]
-    src_ids = toks.src.encode_batch(src_lines)
-    beam = args.beam if args.strategy == "beam" else 1
-    gen = GenerationConfig(
-        strategy=args.strategy,
-        beam_size=beam,
-        length_penalty=args.lenpen,
-        length_penalty_form="fairseq",
-        max_len_a=0.0,
-        max_len_b=args.max_len,
-        min_len=1,
-        nbest=1,
-        max_tokens=args.max_tokens,
-    )
-    arch, eos = model.arch, model.eos_id
-    hf = engine = None
+    src_ids = toks.src.encode_batch(read_split(cfg, args)[0])
+    gen = decoding.search(args.strategy, args.beam, args.max_len, args.lenpen, args.max_tokens)
     if args.system.startswith("hf"):
-        hf = to_marian(model.cpu(), cfg.model).to(device)
-        model = None
-    elif args.system.startswith("ct2"):
-        compute = {"ct2": "float32", "ct2_int8": "int8"}[args.system]
-        engine = load_ct2(args.ct2_dir, arch, device=device.type, compute_type=compute, threads=args.threads)
-        model = None
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
-    base_mb = _peak_mb(device)
-
-    def run_hf(ids: list[list[int]]) -> list[list[int]]:
-        out: list[list[int]] = [[] for _ in ids]  # an empty source stays empty, as ours
-        todo = [i for i, s in enumerate(ids) if s]
-        early = {"hf": "never", "hf_early": True}[args.system]
-        for batch in batches_by_tokens([len(ids[i]) + 1 for i in todo], args.max_tokens, beam):
-            idx = [todo[j] for j in batch]
-            src = make_src_tokens([ids[i] for i in idx], "encoder_decoder", device=device)
-            for i, row in zip(idx, marian_generate(hf, src, gen, early_stopping=early)):
-                out[i] = row
-        return out
-
-    def run_ct2(ids: list[list[int]]) -> list[list[int]]:
-        rows = ct2_translate(
-            engine, ids, gen, toks.src, toks.tgt, arch, max_batch_tokens=max(1, args.max_tokens // beam)
-        )
-        return [r if not r or r[-1] == eos else r + [eos] for r in rows]  # the EOS ours forces at the maximum
-
-    def run_ours(ids: list[list[int]]) -> list[list[int]]:
-        return [h[0].tokens if h else [] for h in translate_sentences(model, ids, gen, device, arch)]
-
-    decode = {"ours": run_ours, "hf": run_hf, "hf_early": run_hf, "ct2": run_ct2, "ct2_int8": run_ct2}[args.system]
-    decode(src_ids[:16])  # warm-up
-    synchronize(device)
-    start = time.perf_counter()
-    outputs = decode(src_ids)
-    synchronize(device)
-    seconds = time.perf_counter() - start
-    hyps = [toks.tgt.decode(t) for t in outputs]
-    out_file = Path(args.workdir) / f"{args.system}.{args.strategy}.txt"
-    out_file.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    (out_file.with_suffix(".ids.json")).write_text(json.dumps(outputs))
+        run, _ = decoding.hf_generate(model, cfg.model, device, early_stopping="never" if args.system == "hf" else True)
+    elif args.system in COMPUTE:
+        tokenizers = (toks.src, toks.tgt)
+        run, _ = decoding.ctranslate2(args.ct2_dir, tokenizers, device, COMPUTE[args.system], model.arch, args.threads)
+    else:
+        run = decoding.ours(model, device)
+    model = None  # only the system under test holds weights now
+    reset_peak(device)
+    base_mb = peak_mb(device)
+    row = decoding.timed(run, [src_ids], gen, device, warmup=src_ids[:16])
     return {
         "system": args.system,
         "strategy": args.strategy,
-        "beam": beam,
+        "beam": gen.beam_size,
         "sentences": len(src_ids),
-        "seconds": seconds,
-        "sentences_per_s": len(src_ids) / seconds,
-        "tokens_per_s": sum(len(t) for t in outputs) / seconds,
-        "peak_mb": _peak_mb(device),
+        **row,
+        "peak_mb": peak_mb(device),
         "base_mb": base_mb,
-        "hyp_file": str(out_file),
         "device": str(device),
         "threads": args.threads,
-        "compute_type": {"ct2": "float32", "ct2_int8": "int8"}.get(args.system),
+        "compute_type": COMPUTE.get(args.system),
     }
-
-
-# ----------------------------------------------------------------------------- driver
 
 
 def ensure_checkpoint(args: argparse.Namespace) -> None:
@@ -222,13 +166,14 @@ def main() -> None:
     args.ct2_dir = args.ct2_dir or str(Path(args.workdir) / "ctranslate2")
 
     if args.worker:
-        print("RESULT " + json.dumps(worker(args)))
+        print(json.dumps(worker(args)))
         return
 
     ensure_checkpoint(args)
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     import torch
 
+    from transformer.evaluation import corpus_scores
     from transformer.generation import load_run
 
     torch.set_num_threads(args.threads)
@@ -252,92 +197,36 @@ def main() -> None:
         print(f"exported {args.run} to {args.ct2_dir} (CTranslate2, fp32)")
 
     results = []
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    skip = ("worker", "system", "strategy", "strategies", "systems", "out")
+    common = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in skip and v is not None]
     for strategy in args.strategies.split(","):
         for system in systems:
             if system == "hf_early" and strategy != "beam":
                 continue
-            cmd = module_command("decode_speed", "--worker", f"--system={system}", f"--strategy={strategy}") + [
-                f"--{k.replace('_', '-')}={v}"
-                for k, v in vars(args).items()
-                if k not in ("worker", "system", "strategy", "strategies", "systems", "out") and v is not None
-            ]
-            res = subprocess.run(
-                cmd, capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-            )
-            line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
-            if res.returncode != 0 or not line:
-                print(res.stdout[-2000:], res.stderr[-4000:], file=sys.stderr)
-                raise SystemExit(f"worker {system}/{strategy} failed")
-            r = json.loads(line[0][len("RESULT ") :])
+            cmd = module_command("decode_speed", "--worker", f"--system={system}", f"--strategy={strategy}", *common)
+            r, why = worker_result(cmd, env=env)
+            if r is None:
+                raise SystemExit(f"worker {system}/{strategy} failed: {why}")
             print(f"  {system:9s} {strategy:6s} {r['sentences_per_s']:8.1f} sent/s  {r['peak_mb']:7.0f} MB", flush=True)
             results.append(r)
 
-    from transformer.data.corpus import read_parallel, resolve_split_files
-    from transformer.evaluation import corpus_scores
-
-    if args.data_root:
-        cfg.data.root = args.data_root
-    _, refs, _ = read_parallel(*resolve_split_files(cfg.data, args.split))
-    refs = refs[: args.limit] if args.limit else refs
-    ours_ids = {
-        r["strategy"]: json.loads(Path(r["hyp_file"]).with_suffix(".ids.json").read_text())
-        for r in results
-        if r["system"] == "ours"
-    }
+    refs = read_split(cfg, args)[1]
+    ours = {r["strategy"]: r["outputs"] for r in results if r["system"] == "ours"}
     for r in results:
-        hyps = Path(r["hyp_file"]).read_text(encoding="utf-8").splitlines()
+        outputs = r.pop("outputs")
+        hyps = [toks.tgt.decode(t) for t in outputs]
+        r["hyp_file"] = str(Path(args.workdir) / f"{r['system']}.{r['strategy']}.txt")
+        Path(r["hyp_file"]).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
         r["bleu"] = corpus_scores(hyps, refs)["bleu"]
-        ids = json.loads(Path(r["hyp_file"]).with_suffix(".ids.json").read_text())
-        mine = ours_ids.get(r["strategy"])
-        r["same_as_ours"] = None if mine is None else sum(a == b for a, b in zip(ids, mine)) / len(ids)
-
-    dev = results[0]["device"]
+        r["same_as_ours"] = decoding.same_share(outputs, ours[r["strategy"]]) if r["strategy"] in ours else None
     print(
-        f"\nDecoding {args.split} ({results[0]['sentences']} sentences) on {dev} with {args.threads} threads; "
-        f"model {cfg.model.n_encoder_layers}+{cfg.model.n_decoder_layers} layers, d_model {cfg.model.d_model}, "
+        f"\nDecoding {args.split} ({results[0]['sentences']} sentences) on {results[0]['device']} with {args.threads} "
+        f"threads; model {cfg.model.n_encoder_layers}+{cfg.model.n_decoder_layers} layers, d_model {cfg.model.d_model}, "
         f"vocab {len(toks.tgt)}; length penalty len^{args.lenpen}, max {args.max_len} tokens + EOS, "
         f"max_tokens {args.max_tokens}\n"
     )
-    head = f"| {'system':<28} | {'search':<7} | {'sent/s':>7} | {'tok/s':>7} | {'peak MB':>8} | {'BLEU':>6} | {'= ours':>6} |"
-    print(head)
-    print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
-    names = {
-        "ours": "ours (KV cache)",
-        "hf": "HF generate (never)",
-        "hf_early": "HF generate (early_stop)",
-        "ct2": "CTranslate2 fp32",
-        "ct2_int8": "CTranslate2 int8",
-    }
-    for r in results:
-        same = "" if r["same_as_ours"] is None else f"{100 * r['same_as_ours']:.1f}%"
-        search = "greedy" if r["strategy"] == "greedy" else f"beam {r['beam']}"
-        print(
-            f"| {names[r['system']]:<28} | {search:<7} | {r['sentences_per_s']:7.1f} | {r['tokens_per_s']:7.0f} "
-            f"| {r['peak_mb']:8.0f} | {r['bleu']:6.2f} | {same:>6} |"
-        )
-    print()
-    by = {(r["system"], r["strategy"]): r for r in results}
-    for strategy in args.strategies.split(","):
-        ours = by.get(("ours", strategy))
-        for system in ("hf", "hf_early", "ct2", "ct2_int8"):
-            other = by.get((system, strategy))
-            if ours and other:
-                print(
-                    f"speed-up ours / {names[system]} ({strategy}): "
-                    f"{ours['sentences_per_s'] / other['sentences_per_s']:.2f}x"
-                )
-    ours_beam, ct2_beam = by.get(("ours", "beam")), by.get(("ct2", "beam"))
-    if ours_beam and ct2_beam:
-        ratio = ours_beam["sentences_per_s"] / ct2_beam["sentences_per_s"]
-        print(
-            f"goal: ours >= 0.5x CTranslate2 fp32 at beam {args.beam}: {ratio:.2f}x, "
-            f"{'met' if ratio >= 0.5 else 'missed'}"
-        )
-    if ("ours", "greedy") in by and ("ours", "beam") in by:
-        print(
-            f"ours: greedy / beam {args.beam}: "
-            f"{by[('ours', 'greedy')]['sentences_per_s'] / by[('ours', 'beam')]['sentences_per_s']:.2f}x"
-        )
+    print("\n".join(decoding.markdown(results)))
     out = Path(args.out) if args.out else Path(args.run) / "decode_speed.json"
     out.write_text(json.dumps({"args": vars(args), "parity_max_abs_diff": diff, "results": results}, indent=2) + "\n")
     print(f"\nwrote {out}")

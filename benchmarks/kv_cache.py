@@ -25,9 +25,10 @@ from typing import Any
 import torch
 
 from benchmarks import REPO
+from benchmarks.train_step import preset as compose_preset
 from transformer.analysis.markdown import cell
 from transformer.analysis.markdown import table as md_table
-from transformer.config import model_sizes, register_configs
+from transformer.config import model_sizes
 from transformer.models import build_model, kv_cache_bytes, kv_cache_bytes_per_token
 
 VARIANTS: list[tuple[str, list[str]]] = [
@@ -49,15 +50,6 @@ VARIANTS: list[tuple[str, list[str]]] = [
 SEQUENCE = 4096
 
 
-def compose_model(preset: str, overrides: list[str]) -> Any:
-    """``configs/model/<preset>.yaml`` plus overrides, composed as Hydra does for scripts/train.py."""
-    from hydra import compose, initialize_config_dir
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        return compose(config_name="train", overrides=[f"model={preset}", *overrides]).model
-
-
 def measured_bytes_per_token(cfg: Any, prompt: int = 16) -> float:
     """Bytes the self-attention caches of a built fp32 model hold after a ``prompt``-token prefill,
     divided by ``prompt`` (``prompt`` stays below any window here)."""
@@ -72,11 +64,11 @@ def measured_bytes_per_token(cfg: Any, prompt: int = 16) -> float:
 def table(preset: str) -> list[dict[str, Any]]:
     """One row per variant; raises AssertionError when a built model's caches disagree."""
     rows = []
-    base = compose_model(preset, [])
+    base = compose_preset(preset)[0]
     hd = base.d_model // base.n_heads
     for name, overrides in VARIANTS:
         overrides = [o.format(**{"2hd": 2 * hd, "q": hd // 4}) for o in overrides]
-        cfg = compose_model(preset, overrides)
+        cfg = compose_preset(preset, overrides)[0]
         layers = cfg.n_encoder_layers + cfg.n_decoder_layers
         per_token = kv_cache_bytes_per_token(cfg)
         measured = measured_bytes_per_token(cfg)
@@ -100,7 +92,7 @@ def table(preset: str) -> list[dict[str, Any]]:
 
 def markdown(preset: str, rows: list[dict[str, Any]]) -> str:
     """The table of :func:`table` as the markdown of ``docs/benchmarks/kv_cache.md``."""
-    cfg = compose_model(preset, [])
+    cfg = compose_preset(preset)[0]
     lines = [
         f"# KV-cache memory per token: MHA, GQA, MQA, MLA and sliding windows at `{preset}` size",
         "",

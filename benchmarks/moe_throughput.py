@@ -30,6 +30,7 @@ Do not run it for timing beside other heavy processes: a shared machine's speed 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 from pathlib import Path
@@ -37,6 +38,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import interleaved_rounds, peers
 from benchmarks.train_step import (
     VOCAB,
     as_batch,
@@ -69,9 +71,8 @@ def moe_dims(cfg: Any) -> dict[str, Any]:
     }
 
 
-def build_rows(args: argparse.Namespace) -> tuple[Any, list[tuple[str, Any]]]:
-    """Our model config, and ``(name, build)`` of every model measured: ``build(batch)`` gives its
-    ``(step, model)``."""
+def build_rows(args: argparse.Namespace, batch: dict[str, torch.Tensor]) -> tuple[Any, dict[str, tuple]]:
+    """Our model config, and ``{name: (step, model)}`` of every model measured."""
     overrides = [
         "model/ffn=moe",
         "model.dropout=0.0",
@@ -83,72 +84,55 @@ def build_rows(args: argparse.Namespace) -> tuple[Any, list[tuple[str, Any]]]:
     cfg, optim_cfg = preset(args.preset, overrides)
     if cfg.arch != "decoder_only":
         raise SystemExit(f"--preset {args.preset} is not decoder-only (MixtralForCausalLM is)")
-
-    def ours(dispatch: str) -> Any:
-        def build(batch: dict[str, torch.Tensor]) -> tuple[Any, torch.nn.Module]:
-            trainer = trainer_under_test({"preset": args.preset, "overrides": overrides}, batch, torch.device("cpu"))
-            for block in moe_blocks(trainer.model):
-                block.experts.dispatch = dispatch
-            micro = [as_batch(batch)]
-            return (lambda: trainer.train_step(micro)), trainer.model
-
-        return build
-
-    def mixtral(impl: str) -> Any:
-        def build(batch: dict[str, torch.Tensor]) -> tuple[Any, torch.nn.Module]:
-            model = peers.HFMixtralPeer(moe_dims(cfg), VOCAB, impl)
-            return hand_step(model, batch, make_optimizer(model, optim_cfg)), model.core
-
-        return build
-
-    rows = [("ours", ours("auto")), ("ours, loop dispatch", ours("loop"))]
+    rows = {}
+    for name, dispatch in (("ours", "auto"), ("ours, loop dispatch", "loop")):
+        torch.manual_seed(0)
+        trainer = trainer_under_test({"preset": args.preset, "overrides": overrides}, batch, torch.device("cpu"))
+        for block in moe_blocks(trainer.model):
+            block.experts.dispatch = dispatch
+        rows[name] = (functools.partial(trainer.train_step, [as_batch(batch)]), trainer.model)
     if not args.no_peers:
-        from benchmarks import peers
-
         try:
             peers.preload("HF Mixtral")
         except ImportError as err:
             print(f"HF Mixtral skipped: {err}", flush=True)
-        else:
-            rows += [(f"HF Mixtral ({impl})", mixtral(impl)) for impl in args.hf_experts]
+            return cfg, rows
+        for impl in args.hf_experts:
+            torch.manual_seed(0)
+            model = peers.HFMixtralPeer(moe_dims(cfg), VOCAB, impl)
+            rows[f"HF Mixtral ({impl})"] = (hand_step(model, batch, make_optimizer(model, optim_cfg)), model.core)
     return cfg, rows
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Measure every row in interleaved rounds; print and return the rows."""
     torch.set_num_threads(args.threads)
-    cfg, specs = build_rows(args)
     batch = make_batch("decoder_only", args.rows, args.src_len, args.tgt_len)
     tokens = args.rows * args.tgt_len  # target tokens per step (the loss positions), the same for every model
-    models = []
-    for name, build in specs:
-        torch.manual_seed(0)
-        step, model = build(batch)
-        models.append((name, model, step))
-    per_round: dict[str, list[float]] = {name: [] for name, _, _ in models}
-    for rnd in range(args.rounds):
-        for j in range(len(models)):  # interleaved: round r starts with model r
-            name, _, step = models[(rnd + j) % len(models)]
-            per_round[name].append(time_steps(step, args.warmup, args.steps)["step_s"])
-        print(
-            f"  round {rnd + 1}/{args.rounds}: " + ", ".join(f"{n} {per_round[n][-1] * 1e3:.0f} ms" for n in per_round),
-            flush=True,
-        )
+    cfg, models = build_rows(args, batch)
+
+    def measure(name: str) -> dict[str, Any]:
+        step_s = time_steps(models[name][0], args.warmup, args.steps)["step_s"]
+        print(f"  {name}: {step_s * 1e3:.0f} ms", flush=True)
+        return {"name": name, "step_s": step_s}
+
+    rounds = interleaved_rounds(list(models), args.rounds, measure)
     out = []
-    for name, model, _ in models:
-        step_s = statistics.median(per_round[name])
+    for name, (_, model) in models.items():
+        per_round = [r["step_s"] for r in rounds if r["name"] == name]
+        step_s = statistics.median(per_round)
         out.append(
             {
                 "name": name,
                 "tok_s": tokens / step_s,
                 "step_s": step_s,
-                "round_step_s": per_round[name],
+                "round_step_s": per_round,
                 "params": count_parameters(model),
                 "active_params": count_parameters(model, active_only=True) if name.startswith("ours") else None,
             }
         )
-    base = out[0]["tok_s"]
     for r in out:
-        r["ratio"] = r["tok_s"] / base
+        r["ratio"] = r["tok_s"] / out[0]["tok_s"]
     print(
         f"\n{args.preset} + model/ffn=moe: {cfg.n_encoder_layers + cfg.n_decoder_layers} layers, d_model {cfg.d_model}, "
         f"{args.experts} experts (top-{args.top_k}, width {model_sizes(cfg).ffn_hidden}), batch {args.rows} x "

@@ -46,11 +46,11 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def run_monitored(cmd: list[str], env: dict[str, str] | None = None, interval: float = 0.1) -> dict[str, Any]:
-    """Run ``cmd``, sampling the memory of its process tree; returns wall time, peaks (MiB) and output."""
+def run_monitored(cmd: list[str], interval: float = 0.1) -> dict[str, Any]:
+    """Run ``cmd``, sampling the memory of its process tree; returns wall time, peaks (MiB) and stdout."""
     peaks = {"tree_rss": 0, "tree_pss": 0, "main_rss": 0, "processes": 0}
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     done = threading.Event()
 
     def sample() -> None:
@@ -78,5 +78,4 @@ def run_monitored(cmd: list[str], env: dict[str, str] | None = None, interval: f
         "peak_main_rss_mb": round(peaks["main_rss"] / 1024, 1),
         "processes": peaks["processes"],
         "stdout": stdout,
-        "stderr": stderr,
     }

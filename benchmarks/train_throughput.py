@@ -1,4 +1,4 @@
-"""Train-step throughput of our presets against same-dims peers; MFU, memory, KV cache, scaling.
+"""Train-step throughput of our presets against same-dims peers; MFU, memory, scaling.
 
 One command (from the repository root; peers come from the ``bench`` extra)::
 
@@ -43,7 +43,6 @@ What is measured (``--threads`` intra-op threads, synthetic uniform tokens, no p
   ``transformer.training.job.allocator.tune_cpu_allocator`` (glibc ``mallopt``: freed large tensors
   stay in the heap instead of being unmapped and faulted in again every step) in every worker
   before its model is built; ``--malloc default`` leaves glibc as it is. Same for every model.
-* **KV cache**: bytes per generated token for MHA, GQA and MQA at Llama base dims.
 * **scaling**: our step time against sequence length (64 ... 1024, fixed 4096 tokens per batch)
   and against batch tokens (fixed length 32), tiny encoder-decoder (``--no-scaling`` to skip).
 * **torch.compile**: our tiny rows with ``train.compile=true`` (the trainer's whole step compiled;
@@ -51,7 +50,9 @@ What is measured (``--threads`` intra-op threads, synthetic uniform tokens, no p
   separately (``compile_s``). The ``ours, unfused loss`` rows are our model and loss before the fused
   output layer + loss (full logits, then the loss) under the peers' hand-written step (ablation,
   ``--no-ablation`` to skip).
-* **decoding**: the rows of a ``benchmarks/decode_speed.py`` results file (``--decode <run>/decode_speed.json``).
+* **decoding**: the table of a ``benchmarks/decode_speed.py`` results file (``--decode <run>/decode_speed.json``).
+
+The KV cache per token of each attention variant is ``benchmarks/kv_cache.py``'s table.
 """
 
 from __future__ import annotations
@@ -60,7 +61,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,7 +68,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import REPO, git_commit, module_command, prob
+from benchmarks import REPO, git_commit, interleaved_rounds, module_command, prob, worker_result, write_report
 from benchmarks.train_step import (
     DTYPES,
     PRESET_OVERRIDES,
@@ -81,7 +81,6 @@ from benchmarks.train_step import (
     worker,
 )
 from benchmarks.train_throughput_report import markdown
-from transformer.models.flops import kv_cache_bytes_per_token
 from transformer.precision import cpu_has_fast_bf16, cpu_model_name
 
 # ----------------------------------------------------------------------------- one row per fresh process
@@ -92,26 +91,11 @@ def run_one(name: str, spec: dict[str, Any], tokens: int, args: argparse.Namespa
     spec = {**spec, "threads": args.threads, "malloc": args.malloc}
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     cmd = module_command("train_throughput", "--worker", json.dumps(spec))
-    reason, r = "", None
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=args.worker_timeout)
-        lines = proc.stdout.strip().splitlines()
-        if proc.returncode == 0 and lines:
-            try:
-                r = json.loads(lines[-1])
-            except json.JSONDecodeError:
-                reason = f"unreadable worker output: {lines[-1][:200]}"
-        else:
-            err = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-            reason = err[-1].strip() if err else f"worker exited with {proc.returncode}"
-    except subprocess.TimeoutExpired:
-        reason = f"worker timed out after {args.worker_timeout} s"
+    r, reason = worker_result(cmd, args.worker_timeout, env)
     if r is None:
         print(f"  {name}: skipped ({reason})", flush=True)
         return {"name": name, "skipped": reason, "spec": spec}
-    r["tok_s"] = tokens / r["step_s"]
-    r["name"] = name
-    r["spec"] = spec
+    r.update(tok_s=tokens / r["step_s"], name=name, spec=spec)
     print(
         f"  {name:<24s} {r['tok_s']:9.0f} tok/s  step {r['step_s'] * 1e3:7.1f} ms  mem +{r['mem_mb']:.0f} MiB",
         flush=True,
@@ -119,35 +103,20 @@ def run_one(name: str, spec: dict[str, Any], tokens: int, args: argparse.Namespa
     return r
 
 
-def run_rounds(
-    specs: list[tuple[str, dict[str, Any]]], tokens: int, args: argparse.Namespace, n_rounds: int | None = None
-) -> list[dict[str, Any]]:
-    """Measure every spec ``n_rounds`` (default ``args.rounds``) times, interleaved (round r starts at spec r), one worker each.
-
-    The speed of a shared or throttled machine drifts by up to 2x within minutes; measuring the
-    models one after another once each turns that drift into false ratios. Interleaving gives every
-    model the same conditions, and the reported step time is the median of its per-round medians
-    (``round_step_s`` keeps them all; a best-of estimator picked lucky fast periods in a trial run);
-    memory is the largest of its rounds.
-    """
-    n = len(specs)
-    per: list[list[dict[str, Any]]] = [[] for _ in range(n)]
-    rounds = args.rounds if n_rounds is None else n_rounds
-    for rnd in range(rounds):
-        if rounds > 1:
-            print(f"  round {rnd + 1}/{rounds}", flush=True)
-        for j in range(n):
-            i = (rnd + j) % n
-            per[i].append(run_one(specs[i][0], specs[i][1], tokens, args))
+def run_rounds(specs: dict[str, dict[str, Any]], tokens: int, args: argparse.Namespace, rounds: int) -> list[dict]:
+    """Measure every spec (by name) in ``rounds`` interleaved rounds (:func:`benchmarks.interleaved_rounds`),
+    one worker each: the reported step time is the median of its per-round medians (``round_step_s``
+    keeps them all; a best-of estimator picked lucky fast periods in a trial run), memory the largest
+    of its rounds, ``compile_s`` the first round's."""
+    rows = interleaved_rounds(list(specs), rounds, lambda name: run_one(name, specs[name], tokens, args))
     out = []
-    for runs in per:
-        ok = [r for r in runs if "tok_s" in r]
+    for name in specs:
+        ok = [r for r in rows if r["name"] == name and "tok_s" in r]
         if not ok:
-            out.append(runs[0])
+            out.append(next(r for r in rows if r["name"] == name))
             continue
         best = dict(sorted(ok, key=lambda r: r["step_s"])[(len(ok) - 1) // 2])  # the median round
-        best["round_step_s"] = [r["step_s"] for r in ok]
-        best["mem_mb"] = max(r["mem_mb"] for r in ok)
+        best.update(round_step_s=[r["step_s"] for r in ok], mem_mb=max(r["mem_mb"] for r in ok))
         if "compile_s" in ok[0]:
             best["compile_s"] = ok[0]["compile_s"]
         out.append(best)
@@ -159,7 +128,7 @@ def run_rounds(
 
 def bf16_skip_reason(args: argparse.Namespace, peaks: dict[str, float]) -> str:
     """Why bf16 rows are not run on this machine ("" when they are)."""
-    if args.force_bf16 or getattr(args, "device", "cpu") == "cuda" or cpu_has_fast_bf16():
+    if args.force_bf16 or args.device == "cuda" or cpu_has_fast_bf16():
         return ""
     return (
         f"no fast bf16 on this CPU ({cpu_model_name()}: no AMX / AVX512-BF16, torch capability "
@@ -174,7 +143,7 @@ def throughput(args: argparse.Namespace, peaks: dict[str, float]) -> list[dict[s
     rows_out = []
     several = len(args.precision) > 1
     skip_bf16 = bf16_skip_reason(args, peaks) if "bf16" in args.precision else ""
-    device = getattr(args, "device", "cpu")
+    device = args.device
     for size in args.sizes:
         ed_name, do_name, rows = SIZES[size]
         if device == "cuda":
@@ -193,7 +162,7 @@ def throughput(args: argparse.Namespace, peaks: dict[str, float]) -> list[dict[s
                 flush=True,
             )
             w, s = args.warmup, (args.steps if size == "tiny" else args.base_steps)
-            specs, skipped = [], []
+            specs, skipped = {}, []
             for prec in args.precision:
                 tag = f" [{prec}]" if several else ""
                 base = {
@@ -222,7 +191,7 @@ def throughput(args: argparse.Namespace, peaks: dict[str, float]) -> list[dict[s
                 if prec == "bf16" and skip_bf16:
                     skipped += [{"name": n, "skipped": skip_bf16, "spec": sp} for n, sp in these]
                 else:
-                    specs += these
+                    specs.update(these)
             results = run_rounds(specs, tokens, args, args.rounds if size == "tiny" else args.base_rounds)
             ours = {
                 r["spec"]["precision"]: r
@@ -254,27 +223,6 @@ def throughput(args: argparse.Namespace, peaks: dict[str, float]) -> list[dict[s
     return rows_out
 
 
-def kv_cache() -> list[dict[str, Any]]:
-    out = []
-    for attn in ("mha", "gqa", "mqa"):
-        cfg, _ = preset("llama_style", [f"model/attention={attn}"])
-        from transformer.config import resolve_n_kv_heads
-
-        out.append(
-            {
-                "attention": attn,
-                "n_heads": cfg.n_heads,
-                "n_kv_heads": resolve_n_kv_heads(cfg),
-                "bytes_per_token": kv_cache_bytes_per_token(cfg),
-            }
-        )
-    mha = out[0]["bytes_per_token"]
-    for r in out:
-        r["ratio_to_mha"] = r["bytes_per_token"] / mha
-        assert abs(r["ratio_to_mha"] - r["n_kv_heads"] / r["n_heads"]) < 1e-12
-    return out
-
-
 def scaling(args: argparse.Namespace, peak: float) -> dict[str, list[dict[str, Any]]]:
     name = "transformer_tiny"
     cfg, _ = preset(name)
@@ -291,7 +239,7 @@ def scaling(args: argparse.Namespace, peak: float) -> dict[str, list[dict[str, A
             "tgt_len": length,
             "warmup": 1,
             "steps": args.scaling_steps,
-            "device": getattr(args, "device", "cpu"),
+            "device": args.device,
         }
         r = run_one(label, spec, rows * length, args)
         r.update(seq_len=length, rows=rows, batch_tokens=rows * length)
@@ -299,41 +247,6 @@ def scaling(args: argparse.Namespace, peak: float) -> dict[str, list[dict[str, A
             r["mfu"] = train_flops(cfg, rows, length, length) / r["step_s"] / peak
         out[key].append(r)
     return out
-
-
-def decode_rows(path: Path) -> dict[str, Any]:
-    """The rows of a ``benchmarks/decode_speed.py`` results file (``<run>/decode_speed.json``).
-
-    Decoding needs a trained checkpoint, so it is run on its own (see that script) and its JSON
-    is folded into this table with ``--decode PATH``.
-    """
-    data = json.loads(Path(path).read_text())
-    ours = {r["strategy"]: r for r in data["results"] if r["system"] == "ours"}
-    rows = []
-    for r in data["results"]:
-        base = ours.get(r["strategy"])
-        rows.append(
-            {
-                "system": r["system"],
-                "strategy": r["strategy"],
-                "beam": r["beam"],
-                "sentences": r["sentences"],
-                "sentences_per_s": r["sentences_per_s"],
-                "tokens_per_s": r["tokens_per_s"],
-                "ratio_to_ours": r["sentences_per_s"] / base["sentences_per_s"] if base else None,
-                "peak_mb": r["peak_mb"],
-                "bleu": r["bleu"],
-                "same_as_ours": r.get("same_as_ours"),
-            }
-        )
-    return {
-        "file": str(path),
-        "run": data["args"]["run"],
-        "split": data["args"]["split"],
-        "threads": data["args"]["threads"],
-        "device": data["args"]["device"],
-        "rows": rows,
-    }
 
 
 def main() -> None:
@@ -388,7 +301,7 @@ def main() -> None:
         type=Path,
         default=None,
         metavar="JSON",
-        help="fold in a benchmarks/decode_speed.py results file (<run>/decode_speed.json)",
+        help="add the table of a benchmarks/decode_speed.py results file (<run>/decode_speed.json)",
     )
     p.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "train_throughput.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one model in this process (a JSON spec)
@@ -433,11 +346,10 @@ def main() -> None:
         },
     }
     res["throughput"] = throughput(args, peaks)
-    res["kv_cache"] = kv_cache()
     if not args.no_scaling:
         res["scaling"] = scaling(args, peak)
     if args.decode:
-        res["decode"] = decode_rows(args.decode)
+        res["decode"] = {"file": str(args.decode), **json.loads(args.decode.read_text())}
     peaks_end = probe()
     res["machine"]["peaks_gflops_end"] = {k: v / 1e9 for k, v in peaks_end.items()}
     res["machine"]["peak_gflops_end"] = peaks_end["fp32"] / 1e9
@@ -451,11 +363,7 @@ def main() -> None:
             prec = r.get("precision", "fp32")
             r["mfu"] *= peaks[prec] / best[prec]
     res["seconds"] = time.time() - start
-    md = markdown(res)
-    print(md)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(res, indent=1))
-    args.out.with_suffix(".md").write_text(md)
+    write_report(args.out.parent, args.out.stem, res, markdown(res))
     print(f"wrote {args.out} and {args.out.with_suffix('.md')} in {res['seconds']:.0f} s")
 
 

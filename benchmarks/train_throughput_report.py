@@ -1,10 +1,11 @@
 """The Markdown report of ``benchmarks/train_throughput.py`` (``train_throughput.md``): the
-throughput table, the KV cache, the scaling points and the folded-in decoding rows."""
+throughput table, the scaling points and the table of a decoding results file."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from benchmarks import decoding
 from benchmarks.train_step import VOCAB
 from transformer.analysis.markdown import cell, table
 
@@ -118,25 +119,6 @@ def markdown(res: dict[str, Any]) -> str:
         lines += ["", "torch.compile rows: first (compiling) step, not in the step time: " + "; ".join(compiled) + "."]
     for reason in sorted(bf16_skips):
         lines += ["", f"bf16 rows not run: {reason}."]
-    lines += [
-        "",
-        "## KV cache per generated token (Llama-style base, fp32, all layers)",
-        "",
-        *table(
-            ["attention", "n_heads", "n_kv_heads", "bytes/token", "ratio to MHA"],
-            "lrrrr",
-            (
-                [
-                    r["attention"],
-                    cell(r["n_heads"]),
-                    cell(r["n_kv_heads"]),
-                    cell(r["bytes_per_token"], "{:,}"),
-                    cell(r["ratio_to_mha"], "{:.3f}"),
-                ]
-                for r in res["kv_cache"]
-            ),
-        ),
-    ]
     if res.get("scaling"):
         for key, head in (("seq_len", "sequence length"), ("batch_tokens", "batch tokens (len 32)")):
             if key == "seq_len":
@@ -157,26 +139,7 @@ def markdown(res: dict[str, Any]) -> str:
             lines += ["", *table([head, "rows", "tokens/s", "step ms", "MFU", "memory MiB"], "rrrrrr", points)]
     if res.get("decode"):
         d = res["decode"]
-        lines += [
-            "",
-            f"## Decoding ({d['split']}, {d['device']}, {d['threads']} threads; from `{d['file']}`)",
-            "",
-            "Same checkpoint in both systems (ours copied into a same-size HF Marian); ratio = system / ours.",
-            "",
-        ]
-        header = ["system", "search", "sentences/s", "target tok/s", "ratio to ours", "peak MiB", "BLEU"]
-        rows = [
-            [
-                r["system"],
-                "greedy" if r["beam"] == 1 else f"beam {r['beam']}",
-                cell(r["sentences_per_s"], "{:.1f}"),
-                cell(r["tokens_per_s"], "{:,.0f}"),
-                cell(r["ratio_to_ours"], "{:.2f}"),
-                cell(r["peak_mb"], "{:.0f}"),
-                cell(r["bleu"], "{:.2f}"),
-                cell(r["same_as_ours"] and 100 * r["same_as_ours"], "{:.1f}%"),
-            ]
-            for r in d["rows"]
-        ]
-        lines += table([*header, "same output as ours"], "llrrrrrr", rows)
+        a = d["args"]
+        lines += ["", f"## Decoding ({a['split']}, {a['device']}, {a['threads']} threads; from `{d['file']}`)", ""]
+        lines += decoding.markdown(d["results"])
     return "\n".join(lines) + "\n"

@@ -287,9 +287,9 @@ def test_no_benchmark_imports_another_as_a_library():
         for name, (tree, _) in modules.items()
         if name.endswith(".__main__") or 'if __name__ == "__main__":' in ast.unparse(tree).replace("'", '"')
     }
-    assert {"benchmarks.compile_ab", "benchmarks.gpu_check.__main__"} <= runnable and "benchmarks.ab" not in runnable
+    assert {"benchmarks.ab_runs", "benchmarks.gpu_check.__main__"} <= runnable and "benchmarks.ab" not in runnable
     imports = {name: _imported_modules(tree, package, set(modules)) for name, (tree, package) in modules.items()}
-    assert {"benchmarks.ab", "benchmarks"} <= imports["benchmarks.compile_ab"]
+    assert {"benchmarks.ab", "benchmarks"} <= imports["benchmarks.ab_runs"]
     assert "benchmarks.gpu_check.report" in imports["benchmarks.gpu_check.throughput"]  # from .report import ...
     used = [f"{name} imports {other}" for name, found in imports.items() for other in sorted(found & runnable - {name})]
     assert used == [], "benchmarks imported as libraries (move what they share to a library module): " + ", ".join(used)
