@@ -9,6 +9,7 @@ import pkgutil
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import transformer
@@ -188,6 +189,20 @@ def test_every_name_a_module_exports_exists():
         if not hasattr(importlib.import_module(name), attr)
     ]
     assert missing == [], "names in __all__ that the module does not define: " + ", ".join(missing)
+
+
+def test_no_exported_name_turns_into_a_submodule():
+    """Once every module is imported, each package's ``__all__`` names its objects, not submodules:
+    Python sets a package's attribute to a submodule of the same name when that is imported, which a
+    lazily exported name (``__getattr__``) of that name can never win back."""
+    modules = {name: importlib.import_module(name) for name in sorted(_modules())}
+    clashes = [
+        f"{name}.{attr}"
+        for name, module in modules.items()
+        for attr in getattr(module, "__all__", ())
+        if isinstance(getattr(module, attr, None), types.ModuleType)
+    ]
+    assert clashes == [], "exported names that are submodules: " + ", ".join(clashes)
 
 
 TRAINING_ROOMS = ["errors", "stopping", "step", "checkpoint", "distributed", "monitoring", "loop", "job", "command"]

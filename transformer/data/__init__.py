@@ -12,7 +12,9 @@ Typical use::
             batch = collate(train, indices, "encoder_decoder")   # -> Batch
 
 The names below are imported on first use (PEP 562), so that a process importing one submodule
-(e.g. an encoding worker of :mod:`transformer.data.binarize`) does not import torch.
+(e.g. an encoding worker of :mod:`transformer.data.binarize`) does not import torch. ``collate``
+itself is imported from :mod:`transformer.data.collate`: the package attribute of that name is the
+submodule once it has been imported.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ _EXPORTS = {
     "transformer.data.binarize": ("TokenSequences", "binarize_split", "load_split"),
     "transformer.data.collate": (
         "Batch",
-        "collate",
         "collate_decoder_only",
         "collate_encoder_decoder",
         "make_dataloader",
