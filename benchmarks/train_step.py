@@ -5,11 +5,10 @@ The models' presets and synthetic batches (:func:`preset`, :func:`make_batch`), 
 (:func:`train_flops`), our model's update as the trainer runs it (:func:`trainer_under_test`:
 :meth:`Trainer.train_step <transformer.training.loop.trainer.Trainer.train_step>` with its clipping,
 loss scaling, token normalisation and schedule), our model with its criterion alone (:class:`Ours`,
-for the profiler, the loss ablation and the compiled loss rows) and the peers (:func:`model_under_test`,
+for the profiler, the loss ablation and the CUDA-graph rows) and the peers (:func:`model_under_test`,
 from ``peers.py``) with a hand-written step (:func:`hand_step`: they have no trainer of ours), the
-timed steps (:func:`time_steps`), one row measured in a fresh process (:func:`worker`) or on a
-CUDA device (:func:`measure_on_cuda`), and the machine's matmul peaks (:func:`matmul_peak`,
-:func:`cuda_matmul_peak`, :data:`DEVICE_PEAKS`).
+timed steps (:func:`time_steps`), one row measured in this process (:func:`worker`), and the peak a
+row's MFU is read against (:func:`flops_peak`, :data:`DEVICE_PEAKS`).
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from typing import Any
 import torch
 
 from benchmarks import REPO, prob, release, reset_peak, rss_mb, synchronize
-from transformer.config import register_configs, to_config, validate_config
+from transformer.config import register_configs, resolve_n_kv_heads, to_config, validate_config
 from transformer.data.collate import Batch
 from transformer.data.dataset import ParallelDataset, TranslationData
 from transformer.models import build_model
@@ -76,34 +75,27 @@ DEVICE_PEAKS: dict[str, dict[str, float]] = {
 # ----------------------------------------------------------------------------- configs and batches
 
 
-def compose(overrides: list[str]) -> Any:
-    """``configs/train.yaml`` with ``overrides``, composed as Hydra does (nested defaults included)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+def compose_config(overrides: list[str]) -> Any:
+    """``configs/train.yaml`` with ``overrides``, composed as Hydra does (nested defaults included),
+    validated, as the typed :class:`~transformer.config.Config`."""
+    from hydra import compose, initialize_config_dir
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        return hydra_compose(config_name="train", overrides=overrides)
-
-
-def compose_config(overrides: list[str]) -> Any:
-    """``configs/train.yaml`` with ``overrides``, validated, as the typed :class:`~transformer.config.Config`."""
-    cfg = compose(overrides)
+        cfg = compose(config_name="train", overrides=overrides)
     validate_config(cfg)
     return to_config(cfg)
 
 
 def preset(name: str, overrides: list[str] | None = None) -> Any:
-    """``(model, optim)`` of ``configs/model/<name>.yaml`` with its nested defaults, as Hydra composes them."""
-    cfg = compose([f"model={name}"] + list(overrides or []))
+    """``(model, optim)`` of ``configs/model/<name>.yaml`` with ``overrides`` (:func:`compose_config`)."""
+    cfg = compose_config([f"model={name}", *(overrides or [])])
     return cfg.model, cfg.optim
 
 
 def dims(cfg: Any) -> dict[str, Any]:
     """The sizes a peer needs to match a preset."""
-    from transformer.config import resolve_n_kv_heads
-
-    hidden = glu_hidden_size(cfg.d_model * 0 + cfg.d_ff, cfg.ffn.multiple_of) if cfg.ffn.glu_match_params else cfg.d_ff
+    hidden = glu_hidden_size(cfg.d_ff, cfg.ffn.multiple_of) if cfg.ffn.glu_match_params else cfg.d_ff
     return {
         "d_model": cfg.d_model,
         "n_heads": cfg.n_heads,
@@ -346,56 +338,34 @@ def model_under_test(spec: dict[str, Any]) -> tuple[Any, Any, Callable[[torch.de
     return cfg, optim_cfg, build
 
 
-def measure(spec: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """One row in this process: the step times of :func:`time_steps`, the parameters and the dropout;
-    on a CUDA device also the peak memory the row allocated (``torch.cuda.max_memory_allocated``
-    after ``reset_peak_memory_stats``, minus what was allocated before the model was built: weights,
-    gradients, Adam state, activations; the caching allocator's reserve is not counted). The CPU's
-    memory is a process's: :func:`worker` measures it."""
-    cfg, _, build = model_under_test(spec)
-    cuda = device.type == "cuda"
-    before = reset_peak(device)
-    step, model = build(device)
-    r = time_steps(step, spec["warmup"], spec["steps"], device)
-    r.update(
-        params=sum(p.numel() for p in model.parameters()),
-        dropout=our_dropout(cfg) if spec["model"] == "ours" else getattr(model, "dropout_desc", "?"),
-        mem_mb=(torch.cuda.max_memory_allocated(device) - before) / 2**20 if cuda else None,
-    )
-    if cuda:
-        r["device"] = torch.cuda.get_device_name(device)
-    if spec.get("compile"):
-        r["compile_s"] = r["warmup_s"][0]  # the first step traces and compiles
-    del step, model
-    release(device)
-    return r
-
-
 def worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """Build one model in this (fresh) process, time its steps, measure its memory.
+    """Build one model in this (fresh) process, time its steps (:func:`time_steps`), measure its memory.
 
     ``spec``: ``model`` (``"ours"`` or a peer name of ``peers.py``), ``preset``, ``overrides``
     (Hydra), ``compile``, ``fused_loss``, ``rows``, ``src_len``, ``tgt_len``, ``warmup``, ``steps``,
     ``threads``, ``malloc``, ``precision`` (``fp32`` | ``bf16``), ``device`` (``cpu``, the default,
-    or ``cuda``: see :func:`measure`). On the CPU the memory is the process's peak RSS over its RSS
-    before the model was built (after one tiny step that starts torch's runtime).
+    or ``cuda``). The memory (``mem_mb``, MiB) is on the CPU the process's peak RSS over its RSS before
+    the model was built (after one tiny step that starts torch's runtime); on CUDA the peak
+    ``torch.cuda.max_memory_allocated`` over what was allocated before (weights, gradients, Adam
+    state, activations; the caching allocator's reserve is not counted).
     """
     torch.set_num_threads(spec["threads"])
     tuned = tune_cpu_allocator() if spec["malloc"] == "tuned" else False
     device = torch.device(spec.get("device", "cpu"))
-    if device.type == "cuda":
-        return {**measure(spec, device), "malloc_tuned": tuned}
+    cuda = device.type == "cuda"
     cfg, optim_cfg, build = model_under_test(spec)
     prime_runtime(optim_cfg)
     gc.collect()
-    before = rss_mb()
+    before = reset_peak(device) if cuda else rss_mb()
     step, model = build(device)
     r = time_steps(step, spec["warmup"], spec["steps"], device)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    if cuda:
+        r.update(mem_mb=(torch.cuda.max_memory_allocated(device) - before) / 2**20)
+        r["device"] = torch.cuda.get_device_name(device)
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        r.update(mem_mb=peak - before, rss_before_mb=before, peak_rss_mb=peak)
     r.update(
-        mem_mb=peak - before,
-        rss_before_mb=before,
-        peak_rss_mb=peak,
         malloc_tuned=tuned,
         params=sum(p.numel() for p in model.parameters()),
         dropout=our_dropout(cfg) if spec["model"] == "ours" else getattr(model, "dropout_desc", "?"),
@@ -406,46 +376,6 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- machine peak
-
-
-def matmul_peak(reps: int = 5, dtype: torch.dtype = torch.float32) -> float:
-    """Best ``torch.mm`` rate (FLOP/s) in ``dtype`` over square sizes and the base model's FFN shape.
-
-    One 2048^3 product alone under-reads the peak on some machine states (the base rows then show
-    MFU > 100%), so the best over several shapes is taken. A dtype without hardware support (bf16
-    on an AVX2 CPU) is probed on the smaller shapes only.
-    """
-    best_rate = 0.0
-    shapes = ((1024, 1024, 1024), (2048, 2048, 2048), (1152, 512, 2048), (1152, 2048, 512))
-    if dtype != torch.float32 and not cpu_has_fast_bf16():
-        shapes, reps = (shapes[0], shapes[2]), 2
-    for m, k, n in shapes:
-        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-        torch.mm(a, b)
-        for _ in range(reps):
-            t = time.perf_counter()
-            torch.mm(a, b)
-            best_rate = max(best_rate, 2 * m * k * n / (time.perf_counter() - t))
-    return best_rate
-
-
-def cuda_matmul_peak(device: torch.device, dtype: torch.dtype = torch.bfloat16, reps: int = 5) -> float:
-    """Best ``torch.mm`` rate (FLOP/s) in ``dtype`` on a CUDA device over 4096^3 and 8192^3
-    products (each timed between ``torch.cuda.synchronize`` calls, after one warm-up)."""
-    best_rate = 0.0
-    for n in (4096, 8192):
-        a = torch.randn(n, n, dtype=dtype, device=device)
-        b = torch.randn(n, n, dtype=dtype, device=device)
-        torch.mm(a, b)
-        for _ in range(reps):
-            synchronize(device)
-            t = time.perf_counter()
-            torch.mm(a, b)
-            synchronize(device)
-            best_rate = max(best_rate, 2 * n**3 / (time.perf_counter() - t))
-        del a, b
-    torch.cuda.empty_cache()
-    return best_rate
 
 
 def device_peak(name: str, precision: str) -> float | None:
@@ -460,11 +390,33 @@ def device_peak(name: str, precision: str) -> float | None:
 def flops_peak(device: torch.device, precision: str, reps: int = 5) -> tuple[float, str]:
     """The peak (FLOP/s) a row's MFU is read against on ``device`` at ``precision`` (``bf16`` |
     ``fp32``), and where it comes from: a GPU's datasheet (:data:`DEVICE_PEAKS`), else the best
-    ``torch.mm`` measured on the device (:func:`cuda_matmul_peak`, :func:`matmul_peak`)."""
+    ``torch.mm`` rate measured (``reps`` times a shape, between ``synchronize`` calls, after one
+    warm-up): 4096^3 and 8192^3 on a GPU; on a CPU square 1024 / 2048 and the base model's FFN shapes
+    (one 2048^3 product alone under-reads the peak on some machine states), a dtype without
+    hardware support (bf16 on an AVX2 CPU) on the smaller shapes only."""
     dtype = DTYPES[precision]
-    if device.type != "cuda":
-        return matmul_peak(reps, dtype), "measured (best torch.mm, CPU)"
-    table = device_peak(torch.cuda.get_device_name(device), precision)
-    if table:
-        return table, "datasheet (DEVICE_PEAKS, dense)"
-    return cuda_matmul_peak(device, dtype, reps), "measured (best torch.mm 4096^3 / 8192^3)"
+    if device.type == "cuda":
+        table = device_peak(torch.cuda.get_device_name(device), precision)
+        if table:
+            return table, "datasheet (DEVICE_PEAKS, dense)"
+        shapes, where = [(4096,) * 3, (8192,) * 3], "measured (best torch.mm 4096^3 / 8192^3)"
+    else:
+        shapes, where = (
+            [(1024,) * 3, (2048,) * 3, (1152, 512, 2048), (1152, 2048, 512)],
+            "measured (best torch.mm, CPU)",
+        )
+        if dtype != torch.float32 and not cpu_has_fast_bf16():
+            shapes, reps = shapes[::2], 2
+    best = 0.0
+    for m, k, n in shapes:
+        a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device)
+        torch.mm(a, b)
+        for _ in range(reps):
+            synchronize(device)
+            t = time.perf_counter()
+            torch.mm(a, b)
+            synchronize(device)
+            best = max(best, 2 * m * k * n / (time.perf_counter() - t))
+        del a, b
+    release(device)
+    return best, where

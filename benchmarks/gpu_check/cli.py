@@ -22,7 +22,6 @@ from .context import Context, device_description, find_data_dir, section_environ
 from .realistic import section_realistic
 from .report import SECTIONS, Budget, OutOfTime, Report, Stopped, check, markdown, study_summary
 from .sdpa import section_sdpa
-from .throughput import section_throughput
 from .trainer_rows import MODES as TRAINER_MODES
 from .trainer_rows import section_trainer
 from .training import section_decoding, section_training, section_training_compile
@@ -53,7 +52,6 @@ RUN: dict[str, Callable[[dict[str, Any], Context, Report], None]] = {  # section
     "training": section_training,
     "decoding": section_decoding,
     "sdpa": section_sdpa,
-    "throughput": section_throughput,
 }
 SECTION_NEED_S = {  # seconds a section's first piece of work needs on a GPU: less left, and it is skipped
     "trainer": 25,
@@ -62,12 +60,11 @@ SECTION_NEED_S = {  # seconds a section's first piece of work needs on a GPU: le
     "training": 30,
     "decoding": 10,
     "sdpa": 20,
-    "throughput": 12,
 }
 
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-SIZES, TOKENS, MODES = ["tiny", "small", "base"], [16384, 8192, 32768], ["eager", "compiled", "cudagraphs"]
+TOKENS, MODES = [16384, 8192, 32768], ["eager", "compiled", "cudagraphs"]
 STARRED: dict[str, tuple[Any, Any, str, dict[str, Any]]] = {  # option: (default, --quick's, help, argparse's)
     "budget_s": (320.0, 0.0, "seconds for everything, 0: no limit", {"type": float}),
     "updates": (40, 8, "updates of the bf16 and compile runs", {"type": int}),
@@ -77,10 +74,6 @@ STARRED: dict[str, tuple[Any, Any, str, dict[str, Any]]] = {  # option: (default
     "trainer_warmup": (5, 1, "trainer warm-up updates after the first", {"type": int}),
     "trainer_updates": (30, 2, "trainer updates timed together", {"type": int}),
     "cpu_ref_steps": (3, 2, "updates of each CPU reference", {"type": int}),
-    "sizes": (SIZES, SIZES[:1], "throughput sizes", {"nargs": "+", "choices": SIZES}),
-    "rows": (256, 4, "throughput batch rows x 24 target tokens", {"type": int}),
-    "warmup": (3, 1, "throughput warm-up steps", {"type": int}),
-    "steps": (10, 2, "throughput measured steps, median", {"type": int}),
     "realistic_tokens": (TOKENS, [256], "realistic: max tokens per batch, first first", {"nargs": "+", "type": int}),
     "realistic_modes": (MODES, MODES[:2], "realistic: modes (cudagraphs: CUDA)", {"nargs": "+", "choices": MODES}),
     "realistic_vocab": (32000, 300, "realistic section: vocabulary", {"type": int}),
@@ -127,7 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--trainer-mean-len", type=float, default=27.0, help="trainer section: mean target length of the joined pairs")
     add("--sentences", type=int, default=50, help="test sentences of the decoding check")
-    add("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     add("--encdec-peers", nargs="*", default=["HF Marian"], help="encoder-decoder peers (benchmarks/peers.py)")
     add("--decoder-peers", nargs="*", default=["HF Llama"], help="decoder-only peers")
     models = ["base", "big", "llama100m"]

@@ -30,7 +30,7 @@ from .presets import QUICK_DIMS
 from .report import Budget, check
 
 OPTIONAL = {  # module: what is lost without it
-    "transformers": "the HF Marian / HF Llama rows of the throughput section",
+    "transformers": "the HF Marian / HF Llama rows of the realistic section",
     "triton": "torch.compile on CUDA (inductor's GPU kernels): the training_compile section",
     "matplotlib": "scripts/compare.py's plots in the study (the tables are still written)",
 }

@@ -31,7 +31,6 @@ SECTIONS = (  # the order they run in: what a GPU session is for first, the pari
     "training",
     "decoding",
     "sdpa",
-    "throughput",
 )
 
 
@@ -392,46 +391,11 @@ def _render_sdpa(r: dict[str, Any]) -> list[str]:
     return out
 
 
-THROUGHPUT: list[Column] = [
-    ("size", "size", "{}"),
-    ("family", "family", "{}"),
-    ("model", "model", "{}"),
-    ("precision", "precision", "{}"),
-    ("target tok/s", "tok_s", "{:,.0f}"),
-    ("ratio to ours", "ratio_to_ours", "{:.2f}"),
-    ("MFU vs bf16 peak", "mfu_vs_bf16_peak", "{:.1%}"),
-    ("MFU vs dtype peak", "mfu_vs_dtype_peak", "{:.1%}"),
-    ("step ms", "step_ms", "{:.1f}"),
-    ("peak MiB", "mem_mb", "{:,.0f}"),
-]
-
-
-def _render_throughput(r: dict[str, Any]) -> list[str]:
-    out = [
-        f"Device {r.get('device_name')}; peaks (TFLOP/s) {r.get('peaks_tflops')} from {r.get('peak_source')}"
-        + (f"; measured matmul TFLOP/s {r['measured_matmul_tflops']}" if r.get("measured_matmul_tflops") else "")
-        + f"; batch {r.get('batch')}, median of {r.get('steps')} steps after {r.get('warmup')}. MFU = 3 x forward "
-        "FLOPs (benchmarks/train_throughput.py's count) / step time / peak.",
-        "",
-    ]
-    rows = [
-        x
-        if "tok_s" in x
-        else [
-            *(cell(x[k]) for k in ("size", "family", "model", "precision")),
-            f"skipped: {cell(x.get('skipped', ''), limit=160)}",
-        ]
-        for x in r.get("rows", [])
-    ]
-    return out + columns(THROUGHPUT, "llllrrrrrr", rows)
-
-
 RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "trainer": render_trainer,
     "training": _render_training,
     "training_compile": _render_training,
     "decoding": _render_decoding,
     "sdpa": _render_sdpa,
-    "throughput": _render_throughput,
     "realistic": render_realistic,
 }
