@@ -167,22 +167,25 @@ def hand_step(
     optimizer: torch.optim.Optimizer,
     precision: str = "fp32",
     device: torch.device | None = None,
+    loss: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None,
 ) -> Callable[[], Any]:
     """One step of a model that has no trainer of ours (a peer, or :class:`Ours` alone): zero_grad,
-    ``model.step_loss(batch)`` (a mean over target tokens), backward, optimizer step.
+    ``loss(batch)`` (default ``model.step_loss``: a mean over target tokens; a compiled one, say),
+    backward, optimizer step.
 
     ``precision="bf16"`` runs the forward and loss under ``torch.autocast(<device type>, bfloat16)``
     (as the trainer does); the backward and the optimizer step follow autocast's dtypes.
     """
     model.train()
     device_type = "cpu" if device is None else device.type
+    loss_fn = model.step_loss if loss is None else loss
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         ctx = torch.autocast(device_type, dtype=DTYPES[precision]) if precision != "fp32" else contextlib.nullcontext()
         with ctx:
-            loss = model.step_loss(batch)
-        loss.backward()
+            value = loss_fn(batch)
+        value.backward()
         optimizer.step()
 
     return step
@@ -256,15 +259,17 @@ def make_trainer(
     )
 
 
-def trainer_under_test(spec: dict[str, Any], batch: dict[str, torch.Tensor], device: torch.device) -> Trainer:
+def trainer_under_test(
+    spec: dict[str, Any], batch: dict[str, torch.Tensor], device: torch.device, vocab_size: int = VOCAB
+) -> Trainer:
     """Our row's :class:`~transformer.training.loop.trainer.Trainer`: the preset with the row's
-    overrides, ``train.precision`` and ``train.compile`` (the whole step compiled) of the row, its
-    data the rows of ``batch`` (a :data:`VOCAB`-entry vocabulary); no validation, no checkpoint, its
-    run folder a temporary one, removed with the trainer."""
+    overrides, ``train.precision`` and ``train.compile`` (the whole step compiled, with ``backend``
+    if the spec names one) of the row, its data the rows of ``batch`` (a ``vocab_size``-entry
+    vocabulary); no validation, no checkpoint, its run folder a temporary one, removed with the trainer."""
     arch = "encoder_decoder" if "src" in batch else "decoder_only"
     src = batch["src"] if arch == "encoder_decoder" else batch["tokens"]
     pairs = ParallelDataset(src.tolist(), batch["target"].tolist(), None, None, "train")
-    vocab = VocabSize(VOCAB)
+    vocab = VocabSize(vocab_size)
     data = TranslationData(vocab, vocab, {"train": pairs, "valid": pairs})
     run_dir = tempfile.mkdtemp(prefix="train_step_")
     cfg = compose_config(
@@ -280,7 +285,7 @@ def trainer_under_test(spec: dict[str, Any], batch: dict[str, torch.Tensor], dev
             f"run_dir={run_dir}",
         ]
     )
-    trainer = make_trainer(cfg, data, device)
+    trainer = make_trainer(cfg, data, device, compile_backend=spec.get("backend"))
     weakref.finalize(trainer, shutil.rmtree, run_dir, True)
     return trainer
 

@@ -140,13 +140,6 @@ def section_environment(sec: dict[str, Any], ctx: Context, report: Any = None) -
 
 
 QUICK_SLICE = {"train": 600, "val": 40, "test_2016_flickr": 60}
-QUICK_MODEL = [
-    "model.n_encoder_layers=2",
-    "model.n_decoder_layers=2",
-    "model.d_model=32",
-    "model.n_heads=4",
-    "model.d_ff=64",
-]
 
 
 @dataclasses.dataclass
@@ -163,7 +156,6 @@ class Context:
     cpu_refs: dict[str, Any] = dataclasses.field(default_factory=dict)
     decode_trainer: Any = None
     runs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    meta_device: str = ""  # the device's name, written into every record
     peak: tuple[float, str] | None = None  # the device's dense bf16 peak (FLOP/s) and its source
     trainer_data: Any = None  # the trainer section's WMT-like corpus (built once)
     trainer_rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # its rows, for the realistic table
@@ -189,12 +181,9 @@ def data_overrides(ctx: Context) -> list[str]:
 
 
 def model_overrides(ctx: Context, family: str) -> list[str]:
-    """``transformer_tiny`` / ``llama_style_tiny`` (2 layers of width 32 with ``--quick``), dropout 0."""
-    if family == "encoder-decoder":
-        over = ["model=transformer_tiny"] + (QUICK_MODEL if ctx.args.quick else [])
-    else:
-        over = ["model=llama_style_tiny"] + (QUICK_DIMS["decoder-only"] if ctx.args.quick else [])
-    return over + ["model.dropout=0.0"]
+    """``transformer_tiny`` / ``llama_style_tiny`` (:data:`.presets.QUICK_DIMS` with ``--quick``), dropout 0."""
+    name = "transformer_tiny" if family == "encoder-decoder" else "llama_style_tiny"
+    return [f"model={name}", *(QUICK_DIMS[family] if ctx.args.quick else []), "model.dropout=0.0"]
 
 
 def train_overrides(ctx: Context, name: str, precision: str, compile_on: bool, updates: int, device: str) -> list[str]:
@@ -275,13 +264,13 @@ def fit_run(ctx: Context, cfg: Any) -> tuple[Any, dict[str, Any]]:
         "precision": trainer.precision,
         "compile": cfg.train.compile,
         "losses": [r["loss"] for r in train_rows],
-        "ntokens": [int(r["ntokens"]) for r in train_rows],
         "valid_loss": next((r["loss"] for r in sink.rows if r["split"] == "valid"), None),
         "wall_s": wall,
         "first_update_s": first_s,
         "tokens_per_s_median_2nd_half": statistics.median(later) if later else None,
         "tokens_per_s_overall": trainer.state.train_tokens / max(trainer.state.train_time, 1e-9),
         "peak_memory_mb_by_phase": trainer.memory.as_dict(),
+        "peak_mb": trainer.memory.as_dict().get("training"),
     }
     if ctx.device.type == "cuda":
         out["max_memory_allocated_mb"] = torch.cuda.max_memory_allocated(ctx.device) / 2**20

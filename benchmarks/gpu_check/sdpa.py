@@ -208,12 +208,14 @@ def summarise_calls(
         row["calls"] += 1
         row["backends"][c.get("backend", "unidentified")] = row["backends"].get(c.get("backend", "unidentified"), 0) + 1
         row["kernels"].update(c.get("kernels", []))
-    out = []
     for key, row in rows.items():
         row["kernels"] = sorted(row["kernels"])[:4]
         row["eligible"], row["not_eligible_because"] = eligible_backends(samples[key], device)
-        out.append(row)
-    return out
+        row["used"] = ", ".join(f"{b} x{n}" for b, n in row["backends"].items())
+        row["eligible_shown"] = ", ".join(row["eligible"])
+        why = [f"{b}: {w}" for b, w in row["not_eligible_because"].items() if b in ("flash", "efficient")]
+        row["why"] = "; ".join(why)[:240]
+    return list(rows.values())
 
 
 def profile_sdpa(ctx: Context, family: str, precision: str, phases: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -263,10 +265,9 @@ def profile_sdpa(ctx: Context, family: str, precision: str, phases: list[str]) -
 
 def section_sdpa(sec: dict[str, Any], ctx: Context, report: Report) -> None:
     """Both families, fp32 and bf16 training forward, fp32 decoding."""
+    ctx.budget.need(20, "sdpa")
     r = sec["results"]
-    r["device_name"] = ctx.meta_device
-    r["rules"] = SDPA_RULES
-    found = []
+    found = r["calls"] = []
     for family in ("encoder-decoder", "decoder-only"):
         for precision in ("fp32", "bf16"):
             phases = ["train forward"] + (["greedy decoding", "beam decoding"] if precision == "fp32" else [])
@@ -275,39 +276,28 @@ def section_sdpa(sec: dict[str, Any], ctx: Context, report: Report) -> None:
             except Stopped:
                 raise
             except Exception as err:  # the other family / precision still runs
-                msg = one_line(err, 300)
                 r.setdefault("errors", {})[f"{family} {precision}"] = traceback.format_exc(limit=10)[-3000:]
-                check(sec, f"{family} {precision}: profiled", False, msg)
+                check(sec, f"{family} {precision}: profiled", False, one_line(err, 300))
                 report.write()
                 continue
-            for phase, rows in res.items():
-                for row in rows:
-                    row.update(family=family, precision=precision, phase=phase)
-                    found.append(row)
-            r["calls"] = found
+            found += [
+                {**row, "family": family, "precision": precision, "phase": p} for p, rows in res.items() for row in rows
+            ]
             report.write()
-    unknown = [f"{x['family']} {x['phase']} {x['role']}" for x in found if "unidentified" in x["backends"]]
-    check(
-        sec,
-        "a backend identified for every SDPA call",
-        not unknown and bool(found),
-        "; ".join(unknown[:5]) or f"{sum(x['calls'] for x in found)} calls",
-    )
-    if ctx.device.type == "cpu":
-        check(
-            sec,
-            "CPU backends only",
-            all(set(x["backends"]) <= {"flash (CPU)", "math"} for x in found),
-            ", ".join(sorted({b for x in found for b in x["backends"]})),
+    kernels = sorted({k for x in found for k in x["kernels"]})[:12]
+    back = {
+        f"{x['family']} {x['precision']}: {k}": n for x in found for k, n in x.get("backward_ops_in_step", {}).items()
+    }
+    r["summary"] = ["How PyTorch picks a backend, and which mask the project passes: docs/gpu.md (The GPU check)."]
+    if kernels:
+        r["summary"].append("CUDA kernels seen under the SDPA calls: " + ", ".join(f"`{k}`" for k in kernels))
+    if back:
+        r["summary"].append(
+            "Backward attention ops of the training step: " + "; ".join(f"{k} x{n}" for k, n in back.items())
         )
-
-
-SDPA_RULES = (
-    "PyTorch picks the first eligible SDPA backend (CUDA order: flash, memory-efficient, math; cuDNN only where "
-    "torch prefers it). Flash attention needs fp16/bf16 inputs and no attn_mask (only is_causal), so fp32 "
-    "calls and calls with a padding mask cannot use it; memory-efficient attention takes fp32 and a mask. "
-    "The project passes is_causal=True without a mask where the batch needs no key padding, a bool mask "
-    "(True = attend) where it does (padding of the source in encoder and cross-attention; padding plus "
-    "causality in a decoder-only batch), and no mask for one query over a cache. On the CPU the candidates are "
-    "the CPU flash kernel and math; under CPU autocast attention runs in fp32 (transformer/modules/attention_core.py)."
-)
+    unknown = [f"{x['family']} {x['phase']} {x['role']}" for x in found if "unidentified" in x["backends"]]
+    calls = f"{sum(x['calls'] for x in found)} calls"
+    check(sec, "a backend identified for every SDPA call", not unknown and bool(found), "; ".join(unknown[:5]) or calls)
+    if ctx.device.type == "cpu":
+        used = {b for x in found for b in x["backends"]}
+        check(sec, "CPU backends only", used <= {"flash (CPU)", "math"}, ", ".join(sorted(used)))

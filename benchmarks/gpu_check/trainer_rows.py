@@ -28,13 +28,11 @@ from transformer.training.step.update_stats import read_stats
 from .batches import LengthBatch, real_train_flops
 from .context import Context, data_overrides, load_data, train_overrides
 from .presets import MODELS, QUICK_DIMS
-from .realistic import bf16_peak
+from .realistic import best, bf16_peak, mfu_target
 from .report import OutOfTime, Report, check, guarded
-from .targets import evaluate_trainer_target
 
 MODES = ("eager", "compiled", "ddp", "ddp-compiled")
 NEED_S = {"eager": 25, "compiled": 150, "ddp": 25, "ddp-compiled": 150}  # on a GPU, data and compile included
-QUICK_NEED_S = {"eager": 3, "compiled": 10, "ddp": 3, "ddp-compiled": 10}
 MAX_SIDE = 250  # pieces a side of a joined pair: the usual WMT cleaning limit, under data.max_*_positions
 
 
@@ -166,32 +164,26 @@ def time_updates(trainer: Any, warmup: int, updates: int, device: torch.device) 
     synchronised at both ends, nothing read on the host between them).
 
     Returns:
-        ``first_update_s``, ``warmup_s``, ``timed_s``, ``graphs_first`` / ``graphs_warmup`` /
-        ``graphs_timed`` (dynamo graphs compiled in each part), ``stats`` (the timed updates'
-        :meth:`Trainer.train_step` results) and ``batches`` (the timed batches).
+        ``seconds`` and ``graphs`` (dynamo graphs compiled) of the three parts, ``stats`` (the timed
+        updates' :meth:`Trainer.train_step` results) and ``batches`` (the timed batches).
     """
     freq = trainer.cfg.train.update_freq
     batches = trainer.batches()  # the trainer's own data path: prefetching, pinned, non_blocking
-    out: dict[str, Any] = {"stats": [], "batches": []}
-
-    def part(n: int, seconds: str, graphs: str, keep: bool = False) -> None:
-        before = compiled.compiled_graphs()
-        synchronize(device)
-        t = time.perf_counter()
-        for _ in range(n):
-            micro = [next(batches) for _ in range(freq)]
-            stats = trainer.train_step(micro)
-            if keep:
-                out["stats"].append(stats)
-                out["batches"] += micro
-        synchronize(device)
-        out[seconds] = time.perf_counter() - t
-        out[graphs] = compiled.compiled_graphs() - before
-
+    out: dict[str, Any] = {"seconds": [], "graphs": [], "stats": [], "batches": []}
     try:
-        part(1, "first_update_s", "graphs_first")
-        part(warmup, "warmup_s", "graphs_warmup")
-        part(updates, "timed_s", "graphs_timed", keep=True)
+        for n, keep in ((1, False), (warmup, False), (updates, True)):
+            before = compiled.compiled_graphs()
+            synchronize(device)
+            t = time.perf_counter()
+            for _ in range(n):
+                micro = [next(batches) for _ in range(freq)]
+                stats = trainer.train_step(micro)
+                if keep:
+                    out["stats"].append(stats)
+                    out["batches"] += micro
+            synchronize(device)
+            out["seconds"].append(time.perf_counter() - t)
+            out["graphs"].append(compiled.compiled_graphs() - before)
     finally:
         batches.close()  # stops the prefetching thread
     return out
@@ -231,8 +223,10 @@ def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
         src, tgt, padded = batch_lengths(r.pop("batches"))
         vocab = len(data.tgt_tokenizer)
         flops = real_train_flops(cfg.model, LengthBatch(a.trainer_tokens, src, tgt, 0), vocab)
-        per_update = r["timed_s"] / a.trainer_updates
+        first_s, warmup_s, timed_s = r["seconds"]
+        per_update = timed_s / a.trainer_updates
         row = {
+            "system": "Trainer.train_step",
             "precision": trainer.precision,
             "compile": trainer.compiled,
             "backend": backend if trainer.compiled else None,
@@ -243,19 +237,20 @@ def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
             "params": sum(p.numel() for p in trainer.model.parameters()),
             "updates_timed": a.trainer_updates,
             "warmup_updates": a.trainer_warmup,
-            "first_update_s": r["first_update_s"],
-            "compile_s": max(r["first_update_s"] - per_update, 0.0) if cfg.train.compile else None,
-            "warmup_s": r["warmup_s"],
-            "timed_s": r["timed_s"],
-            "ms_per_update": 1e3 * per_update,
-            "tok_s": ntokens / r["timed_s"],
-            "target_tokens_per_update": ntokens / a.trainer_updates,
+            "first_step_s": first_s,
+            "compile_s": max(first_s - per_update, 0.0) if trainer.compiled else None,
+            "warmup_s": warmup_s,
+            "timed_s": timed_s,
+            "step_ms": 1e3 * per_update,
+            "tok_s": ntokens / timed_s,
+            "target_tokens": ntokens / a.trainer_updates,  # per update, a mean
             "rows_per_update": len(tgt) / a.trainer_updates,
-            "mean_tgt_len": float(tgt.mean()) + 1,
+            "dims": f"WMT-like, {len(tgt) / a.trainer_updates:.0f} rows, mean target {float(tgt.mean()) + 1:.1f}",
             "padding": 1 - (int(tgt.sum()) + len(tgt)) / max(padded, 1),
             "train_flops": flops,
-            "mfu": flops / r["timed_s"] / peak,
-            "graphs": {k: r[k] for k in ("graphs_first", "graphs_warmup", "graphs_timed")},
+            "mfu": flops / timed_s / peak,
+            "graph_counts": r["graphs"],  # first update, warm-up, timed
+            "graphs": " / ".join(map(str, r["graphs"])) if trainer.compiled else None,
             "last_loss": last["loss"],
         }
         if dev.type == "cuda":
@@ -276,29 +271,24 @@ def section_trainer(sec: dict[str, Any], ctx: Context, report: Report) -> None:
     a = ctx.args
     r = sec["results"]
     peak, source = bf16_peak(ctx)
-    r.update(
-        device_name=ctx.meta_device,
-        model=a.trainer_model,
-        max_tokens=a.trainer_tokens,
-        peak_bf16_tflops=peak / 1e12,
-        peak_source=source,
-        rows=[],
-    )
+    r.update(model=a.trainer_model, max_tokens=a.trainer_tokens, peak_bf16_tflops=peak / 1e12, rows=[])
     report.write()
-    need = QUICK_NEED_S if a.quick else NEED_S
     for mode in a.trainer_modes:
         row: dict[str, Any] = {"model": a.trainer_model, "mode": mode, "max_tokens": a.trainer_tokens}
         with guarded(row, traceback_limit=8):
-            ctx.budget.need(need[mode], f"trainer {a.trainer_model} {mode}")
+            ctx.budget.need(NEED_S[mode], f"trainer {a.trainer_model} {mode}")
             if "corpus" not in r:  # built for the first row that runs (the data load is in its time)
                 data = wmt_like_data(ctx)
-                r.update(
-                    vocab=len(data.tgt_tokenizer),
-                    tokenizer_vocab=len(data.tgt_tokenizer.inner),
-                    corpus=length_summary(data.splits["train"]),
-                    corpus_from=f"Multi30k en-de training pairs{' (a slice)' if a.quick else ''} joined to a "
-                    f"target mean of {a.trainer_mean_len:g} pieces",
-                )
+                c = r["corpus"] = length_summary(data.splits["train"])
+                r["summary"] = [
+                    f"`{a.trainer_model}` through `Trainer.train_step` (its data path, `train.precision=auto`), "
+                    f"`train.max_tokens={a.trainer_tokens}`, vocabulary {len(data.tgt_tokenizer)} (ids of the "
+                    f"{len(data.tgt_tokenizer.inner)}-piece tokenizer); corpus: Multi30k en-de training pairs"
+                    f"{' (a slice)' if a.quick else ''} joined to a target mean of {a.trainer_mean_len:g} pieces: "
+                    f"{c['pairs']} pairs, target mean {c['mean_tgt_len']}, 99th percentile {c['tgt_len_p99']}, "
+                    f"longest {c['max_tgt_len']}, {c['share_tgt_ge_128']:.2%} of 128 or more. MFU against "
+                    f"{peak / 1e12:.4g} TFLOP/s ({source}), real tokens only."
+                ]
             row.update(measure(ctx, mode, peak))
         r["rows"].append(row)
         ctx.trainer_rows.append(row)
@@ -306,19 +296,16 @@ def section_trainer(sec: dict[str, Any], ctx: Context, report: Report) -> None:
     measured = [x for x in r["rows"] if "tok_s" in x]
     if not measured and all("skipped" in x for x in r["rows"]):
         raise OutOfTime(r["rows"][0]["skipped"] if r["rows"] else "no mode asked for")
-    # the target's batch bound (16k tokens); a smoke run's tiny batches are read at their own size
-    r["target"] = evaluate_trainer_target(r["rows"], a.trainer_model, a.trainer_tokens if a.quick else 16384)
+    if a.trainer_model == "base":  # the targets name the base model; a smoke run's tiny batches read at their size
+        min_tokens = a.trainer_tokens if a.quick else 16384
+        r["targets"] = [mfu_target("base_trainer_mfu", best(measured, min_tokens=min_tokens))]
     check(sec, "rows measured", bool(measured), f"{len(measured)} of {len(r['rows'])} modes measured")
     for x in measured:
         check(sec, f"{x['mode']}: loss finite", math.isfinite(x["last_loss"]), f"last loss {x['last_loss']:.4f}")
         if x["compile"]:
-            check(
-                sec,
-                f"{x['mode']}: no recompilation while timed",
-                x["graphs"]["graphs_timed"] == 0,
-                f"graphs compiled: first update {x['graphs']['graphs_first']}, warm-up "
-                f"{x['graphs']['graphs_warmup']}, timed {x['graphs']['graphs_timed']}",
-            )
+            first, warmup, timed = x["graph_counts"]
+            detail = f"graphs compiled: first update {first}, warm-up {warmup}, timed {timed}"
+            check(sec, f"{x['mode']}: no recompilation while timed", timed == 0, detail)
     failed = [x["mode"] for x in r["rows"] if "error" in x]
     if failed:
         check(sec, "no row failed", False, "failed: " + ", ".join(failed))

@@ -111,19 +111,20 @@ def train_and_judge(
     except Stopped:
         raise
     except OutOfTime as err:  # a skip, not a failure: the report lists it with the budget's other refusals
-        runs[name] = ctx.runs[name] = {"skipped": str(err)}
+        runs[name] = ctx.runs[name] = {"run": name, "skipped": str(err)}
         sec["notes"].append(str(err))
         report.write()
         return None
     except Exception as err:  # the run failed
         what = one_line(err)
-        runs[name] = {"error": what, "traceback": traceback.format_exc(limit=12)[-3000:]}
+        runs[name] = {"run": name, "error": what, "traceback": traceback.format_exc(limit=12)[-3000:]}
         check(sec, f"{name}: run", False, what)
         report.write()
         return None
-    run["device_name"] = ctx.meta_device
+    run["run"] = name
     if ref.get("note"):
         run["cpu_reference_note"] = ref["note"]
+        sec["notes"].append(f"{name}: {ref['note']}")
     judge_run(sec, name, run, ref, precision)
     runs[name] = run
     ctx.runs[name] = run
@@ -134,13 +135,11 @@ def train_and_judge(
 def section_training(sec: dict[str, Any], ctx: Context, report: Report) -> None:
     """fp32 and bf16, compile off (the fp32 run is the decoding model)."""
     a = ctx.args
-    sec["results"]["config"] = {
-        "model": model_overrides(ctx, "encoder-decoder"),
-        "data": "Multi30k en-de" + (f" (first {QUICK_SLICE['train']} training pairs)" if a.quick else ""),
-        "max_tokens": 600 if a.quick else 4096,
-        "updates": {"fp32": a.decode_updates, "bf16": a.updates},
-        "cpu_reference_updates": a.cpu_ref_steps,
-    }
+    sliced = f" (first {QUICK_SLICE['train']} training pairs)" if a.quick else ""
+    sec["results"]["summary"] = [
+        f"Model `{' '.join(model_overrides(ctx, 'encoder-decoder'))}`, Multi30k en-de{sliced}, "
+        f"`train.max_tokens={600 if a.quick else 4096}`; CPU references of {a.cpu_ref_steps} updates."
+    ]
     trainer = train_and_judge(ctx, sec, report, "fp32", "fp32", False, a.decode_updates, 30)
     if trainer is not None:
         ctx.decode_trainer = trainer
@@ -176,6 +175,7 @@ def section_decoding(sec: dict[str, Any], ctx: Context, report: Report) -> None:
         raise OutOfTime(f"no trained model: {ctx.runs['fp32']['skipped']}")
     if ctx.decode_trainer is None:
         raise RuntimeError("no trained model: the training section's fp32 run did not finish")
+    ctx.budget.need(10, "decoding")
     data = load_data(ctx)
     model = ctx.decode_trainer.model.eval()
     cpu_model = copy.deepcopy(model).to("cpu").eval()
@@ -184,16 +184,11 @@ def section_decoding(sec: dict[str, Any], ctx: Context, report: Report) -> None:
     src = [list(split.src[i]) for i in range(n)]
     tok = data.tgt_tokenizer
     r = sec["results"]
-    r.update(
-        sentences=n,
-        split=split.name,
-        model_updates=ctx.decode_trainer.update,
-        device_name=ctx.meta_device,
-        precision="fp32",
-    )
+    r.update(sentences=n, split=split.name, model_updates=ctx.decode_trainer.update, searches=[])
+    r["summary"] = [f"{n} sentences of {split.name}, the fp32 run's model after {ctx.decode_trainer.update} updates."]
     for search, beam in (("greedy", 1), ("beam", 5)):
         gen = GenerationConfig(strategy=search, beam_size=beam)
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {"search": f"{search}{'' if beam == 1 else f' {beam}'}"}
         hyps = {}
         for name, m, dev in (("device", model, ctx.device), ("cpu", cpu_model, torch.device("cpu"))):
             t = time.time()
@@ -203,12 +198,7 @@ def section_decoding(sec: dict[str, Any], ctx: Context, report: Report) -> None:
             out[f"{name}_s"] = time.time() - t
         a, b = hyp_tokens(hyps["device"]), hyp_tokens(hyps["cpu"])
         diff = [i for i in range(n) if a[i] != b[i]]
-        out.update(
-            equal=n - len(diff),
-            of=n,
-            mean_len=statistics.mean(len(x) for x in a) if a else 0,
-            first_lines=[tok.decode(x) for x in a[:3]],
-        )
+        out.update(equal=n - len(diff), of=n, mean_len=statistics.mean(len(x) for x in a) if a else 0)
         out["differing"] = [
             {
                 "line": i,
@@ -220,11 +210,9 @@ def section_decoding(sec: dict[str, Any], ctx: Context, report: Report) -> None:
             }
             for i in diff[:5]
         ]
-        r[f"beam{beam}" if beam > 1 else "greedy"] = out
-        check(
-            sec,
-            f"{search}{'' if beam == 1 else f' {beam}'}: device = CPU",
-            not diff,
-            f"{n - len(diff)}/{n} hypotheses equal",
-        )
+        if diff:
+            d = out["differing"][0]
+            out["first_difference"] = f"line {d['line']}: device `{d['device']}` vs CPU `{d['cpu']}`"
+        r["searches"].append(out)
+        check(sec, f"{out['search']}: device = CPU", not diff, f"{n - len(diff)}/{n} hypotheses equal")
         report.write()
