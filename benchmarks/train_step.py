@@ -212,15 +212,18 @@ def time_steps(step: Callable[[], Any], warmup: int, steps: int, device: torch.d
 
 
 class VocabSize:
-    """A tokenizer stand-in of ``size`` entries: the trainer sizes the embeddings and the output layer
-    by ``len(tokenizer)``, and a timed update reads nothing else of it."""
+    """A tokenizer of ``size`` entries (``len``: the trainer sizes the embeddings and the output layer
+    by it), everything else ``inner``'s (none for a timed update, which reads nothing else of it)."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, inner: Any = None) -> None:
+        self.size, self.inner = size, inner
 
     def __len__(self) -> int:
         """The vocabulary's size."""
         return self.size
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__.get("inner"), name)
 
 
 def as_batch(batch: dict[str, torch.Tensor]) -> Batch:

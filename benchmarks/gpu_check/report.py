@@ -215,24 +215,7 @@ TARGETS: list[Column] = [
     ("status", "status", "**{}**"),
     ("detail", "detail", "{}"),
 ]
-TRAINER: list[Column] = [
-    ("mode", "mode", "{}"),
-    ("precision", "precision", "{}"),
-    ("compile", "compile", "{}"),
-    ("distributed", "distributed", "{}"),
-    ("target tok/s", "tok_s", "{:,.0f}"),
-    ("ms / update", "step_ms", "{:.1f}"),
-    ("MFU", "mfu", "{:.1%}"),
-    ("first update s", "first_step_s", "{:.2f}"),
-    ("compile s", "compile_s", "{:.1f}"),
-    ("target tokens / update", "target_tokens", "{:,.0f}"),
-    ("rows / update", "rows_per_update", "{:.0f}"),
-    ("padding", "padding", "{:.0%}"),
-    ("peak MiB", "mem_mb", "{:,.0f}"),
-    ("graphs (first / warm-up / timed)", "graphs", "{}"),
-    ("last loss", "last_loss", "{:.3f}"),
-]
-REALISTIC: list[Column] = [  # the trainer section's rows join the realistic training rows
+REALISTIC: list[Column] = [  # the realistic section's training rows and the trainer section's
     ("model", "model", "{}"),
     ("system", "system", "{}"),
     ("mode", "mode", "{}"),
@@ -267,7 +250,6 @@ TRAINING: list[Column] = [
     ("updates", "updates", "{}"),
     ("first loss", "first_loss", "{:.6f}"),
     ("CPU first loss", "cpu_first_loss", "{:.6f}"),
-    ("CPU precision", "cpu_precision", "{}"),
     ("rel diff", "first_loss_rel_diff", "{:.1e}"),
     ("last loss", "last_loss", "{:.4f}"),
     ("tok/s (median, 2nd half)", "tokens_per_s_median_2nd_half", "{:,.0f}"),
@@ -297,7 +279,7 @@ SDPA: list[Column] = [
     ("why not flash / efficient", "why", "{}"),
 ]
 TABLES: dict[str, list[tuple[tuple[str, ...], list[Column]]]] = {  # section: (results' keys, columns) of its tables
-    "trainer": [(("targets",), TARGETS), (("rows",), TRAINER)],
+    "trainer": [(("targets",), TARGETS), (("rows",), REALISTIC)],
     "training_compile": [(("runs",), TRAINING)],
     "realistic": [(("targets",), TARGETS), (("rows", "trainer_rows"), REALISTIC), (("decoding",), DECODING)],
     "training": [(("runs",), TRAINING)],

@@ -1,16 +1,13 @@
 """:meth:`~transformer.training.loop.trainer.Trainer.train_step` itself at WMT sizes, on its own data
 path: the ``trainer`` section of the GPU check (``docs/gpu.md``, "The trainer's own update"). Data:
 Multi30k's pairs joined to WMT-like lengths (:func:`wmt_like_split`) at a ``--trainer-vocab``
-vocabulary (:class:`WideVocab`); modes eager, compiled, and DDP over a one-rank process group.
+vocabulary; modes eager, compiled, and DDP over a one-rank process group.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -18,16 +15,17 @@ import torch
 import torch.distributed as dist
 
 from benchmarks import release, reset_peak, synchronize
-from benchmarks.train_step import compose_config, make_trainer
+from benchmarks.train_step import VocabSize, make_trainer
 from transformer.data.binarize import TokenSequences
 from transformer.data.dataset import ParallelDataset, TranslationData
 from transformer.data.tokenizer import PAD_ID
+from transformer.training.distributed.process_group import shutdown_distributed
 from transformer.training.step import compiled
 from transformer.training.step.update_stats import read_stats
 
 from .batches import LengthBatch, real_train_flops
-from .context import Context, data_overrides, load_data, train_overrides
-from .presets import MODELS, QUICK_DIMS
+from .context import Context, load_data, run_config
+from .presets import MODELS, model_config
 from .realistic import best, bf16_peak, mfu_target
 from .report import OutOfTime, Report, check, guarded
 
@@ -37,23 +35,6 @@ MAX_SIDE = 250  # pieces a side of a joined pair: the usual WMT cleaning limit, 
 
 
 # ----------------------------------------------------------------------------- data
-
-
-class WideVocab:
-    """A tokenizer whose vocabulary counts ``size`` entries (``len``); everything else is ``inner``'s.
-
-    The trainer sizes the embeddings and the output layer by ``len(tokenizer)``; the ids stay
-    ``inner``'s, a subset of the wider vocabulary."""
-
-    def __init__(self, inner: Any, size: int) -> None:
-        self.inner, self.size = inner, max(int(size), len(inner))
-
-    def __len__(self) -> int:
-        """The wider vocabulary's size."""
-        return self.size
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 def _flat(seqs: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -114,49 +95,19 @@ def length_summary(split: ParallelDataset) -> dict[str, Any]:
 
 def wmt_like_data(ctx: Context) -> TranslationData:
     """Multi30k with its training split joined to WMT-like lengths (:func:`wmt_like_split`) and the
-    tokenizers widened to ``--trainer-vocab`` entries (:class:`WideVocab`); built once."""
+    tokenizers widened to ``--trainer-vocab`` entries (the trainer sizes the embeddings and the output
+    layer by them; the ids stay the tokenizer's, a subset); built once."""
     if ctx.trainer_data is None:
         data = load_data(ctx)
-        vocab = ctx.args.trainer_vocab or len(data.src_tokenizer)
-        src = WideVocab(data.src_tokenizer, vocab)
-        tgt = src if data.joint_vocab else WideVocab(data.tgt_tokenizer, vocab)
+        vocab = max(ctx.args.trainer_vocab, len(data.src_tokenizer), len(data.tgt_tokenizer))
+        src = VocabSize(vocab, data.src_tokenizer)
+        tgt = src if data.joint_vocab else VocabSize(vocab, data.tgt_tokenizer)
         train = wmt_like_split(data.splits["train"], ctx.args.trainer_mean_len)
         ctx.trainer_data = TranslationData(src, tgt, {"train": train, "valid": data.splits["valid"]})
     return ctx.trainer_data
 
 
 # ----------------------------------------------------------------------------- one row
-
-
-def trainer_config(ctx: Context, mode: str) -> Any:
-    """The row's typed config: the model preset, Multi30k, ``train.max_tokens``, ``train.compile``
-    by mode, ``train.precision=auto``, no validation, no checkpoints."""
-    a = ctx.args
-    preset, over, family = MODELS[a.trainer_model]
-    updates = 1 + a.trainer_warmup + a.trainer_updates
-    return compose_config(
-        [f"model={preset}", *over, *(QUICK_DIMS[family] if a.quick else [])]
-        + data_overrides(ctx)
-        + train_overrides(ctx, f"trainer_{mode}", "auto", mode.endswith("compiled"), updates, ctx.device.type)
-        + [f"train.max_tokens={a.trainer_tokens}", "train.average_last=0"]
-    )
-
-
-@contextlib.contextmanager
-def one_rank_group(device: torch.device) -> Iterator[None]:
-    """A ``torch.distributed`` process group of this process alone (nccl on CUDA, else gloo),
-    destroyed on the way out.
-
-    Raises:
-        RuntimeError: a process group already exists in this process.
-    """
-    if dist.is_initialized():
-        raise RuntimeError("a process group already exists in this process")
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def time_updates(trainer: Any, warmup: int, updates: int, device: torch.device) -> dict[str, Any]:
@@ -189,62 +140,51 @@ def time_updates(trainer: Any, warmup: int, updates: int, device: torch.device) 
     return out
 
 
-def batch_lengths(batches: list[Any]) -> tuple[np.ndarray, np.ndarray, int]:
-    """Source and target lengths without specials of every row of ``batches`` (encoder-decoder),
-    and the target tensors' padded size."""
-    src = torch.cat([b.net_input["src_tokens"].ne(PAD_ID).sum(1) for b in batches]).cpu().numpy() - 1
-    tgt = torch.cat([b.target.ne(PAD_ID).sum(1) for b in batches]).cpu().numpy() - 1
-    return src, tgt, sum(b.target.numel() for b in batches)
-
-
 def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
     """One row (``docs/gpu.md``, "The trainer's own update"); raises what the row raised."""
     a, dev = ctx.args, ctx.device
     data = wmt_like_data(ctx)
-    cfg = trainer_config(ctx, mode)
+    _, _, over = model_config(a.trainer_model, a.quick)  # the preset, train.precision=auto, no checkpoints
+    own = [f"model={MODELS[a.trainer_model][0]}", *over, f"train.max_tokens={a.trainer_tokens}", "train.average_last=0"]
+    updates = 1 + a.trainer_warmup + a.trainer_updates
+    cfg = run_config(ctx, f"trainer_{mode}", "", "auto", mode.endswith("compiled"), updates, dev.type, own)
     backend = "eager" if a.quick and dev.type == "cpu" else "inductor"
-    trainer = None
-    group = one_rank_group(dev) if mode.startswith("ddp") else contextlib.nullcontext()
+    trainer, ddp = None, mode.startswith("ddp")
     try:
         reset_peak(dev)
-        with group:
-            # DDP over the one-rank group: the trainer's own engine
-            trainer = make_trainer(cfg, data, dev, "ddp" if mode.startswith("ddp") else None, backend)
-            try:
-                r = time_updates(trainer, a.trainer_warmup, a.trainer_updates, dev)
-                last = read_stats(r["stats"][-1])
-                ntokens = sum(int(s["ntokens"]) for s in r["stats"])
-            finally:
-                if mode.startswith("ddp"):  # DDP's reducer goes before its process group (see shutdown_distributed)
-                    trainer.parallel.release()
-                    if mode.endswith("compiled"):
-                        torch._dynamo.reset()  # its graphs hold the DDP module
-                    gc.collect()
-        src, tgt, padded = batch_lengths(r.pop("batches"))
-        vocab = len(data.tgt_tokenizer)
-        flops = real_train_flops(cfg.model, LengthBatch(a.trainer_tokens, src, tgt, 0), vocab)
-        first_s, warmup_s, timed_s = r["seconds"]
+        if ddp:  # DDP over a process group of this process alone: the trainer's own engine
+            dist.init_process_group(
+                "nccl" if dev.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1
+            )
+        try:
+            trainer = make_trainer(cfg, data, dev, "ddp" if ddp else None, backend)
+            r = time_updates(trainer, a.trainer_warmup, a.trainer_updates, dev)
+        finally:
+            if ddp:
+                torch._dynamo.reset()  # compiled graphs hold the DDP module
+                shutdown_distributed(trainer and trainer.parallel)  # DDP's reducer goes before its process group
+        last, ntokens = read_stats(r["stats"][-1]), sum(int(s["ntokens"]) for s in r["stats"])
+        batches = r.pop("batches")  # the rows' lengths without BOS / EOS, and the targets' padded size
+        src = torch.cat([b.net_input["src_tokens"].ne(PAD_ID).sum(1) for b in batches]).cpu().numpy() - 1
+        tgt = torch.cat([b.target.ne(PAD_ID).sum(1) for b in batches]).cpu().numpy() - 1
+        padded = sum(b.target.numel() for b in batches)
+        flops = real_train_flops(cfg.model, LengthBatch(a.trainer_tokens, src, tgt, 0), len(data.tgt_tokenizer))
+        first_s, _, timed_s = r["seconds"]
         per_update = timed_s / a.trainer_updates
         row = {
             "system": "Trainer.train_step",
             "precision": trainer.precision,
-            "compile": trainer.compiled,
-            "backend": backend if trainer.compiled else None,
+            "compile": trainer.compiled and backend,
             "distributed": "ddp, 1-rank group" if mode.startswith("ddp") else "none (one process)",
             "prefetch": trainer.prefetch,
             "pad_to_multiple": trainer.pad_to_multiple,
-            "vocab": vocab,
             "params": sum(p.numel() for p in trainer.model.parameters()),
-            "updates_timed": a.trainer_updates,
-            "warmup_updates": a.trainer_warmup,
             "first_step_s": first_s,
             "compile_s": max(first_s - per_update, 0.0) if trainer.compiled else None,
-            "warmup_s": warmup_s,
             "timed_s": timed_s,
             "step_ms": 1e3 * per_update,
             "tok_s": ntokens / timed_s,
             "target_tokens": ntokens / a.trainer_updates,  # per update, a mean
-            "rows_per_update": len(tgt) / a.trainer_updates,
             "dims": f"WMT-like, {len(tgt) / a.trainer_updates:.0f} rows, mean target {float(tgt.mean()) + 1:.1f}",
             "padding": 1 - (int(tgt.sum()) + len(tgt)) / max(padded, 1),
             "train_flops": flops,

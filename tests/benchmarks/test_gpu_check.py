@@ -130,19 +130,17 @@ def test_trainer_section_times_the_trainers_own_update(quick_run):
     assert list(rows) == ["eager", "compiled", "ddp"]
     for x in rows.values():
         assert "error" not in x and "skipped" not in x, x
-        assert x["updates_timed"] == 2 and x["warmup_updates"] == 1
         assert x["tok_s"] == pytest.approx(x["target_tokens"] * 2 / x["timed_s"])
         assert x["step_ms"] == pytest.approx(1e3 * x["timed_s"] / 2) and x["mfu"] > 0
         assert x["mfu"] == pytest.approx(x["train_flops"] / x["timed_s"] / (r["peak_bf16_tflops"] * 1e12))
         assert x["prefetch"] == 0 and math.isfinite(x["last_loss"])  # train.prefetch=auto on a CPU
-    assert rows["compiled"]["compile"] and rows["compiled"]["backend"] == "eager"
+    assert rows["compiled"]["compile"] == "eager" and rows["eager"]["compile"] is False
     first, _, timed = rows["compiled"]["graph_counts"]
     assert first >= 1 and timed == 0 and rows["compiled"]["graphs"] == f"{first} / 0 / 0"
     assert rows["compiled"]["compile_s"] > 0 and rows["eager"]["compile_s"] is None
     assert rows["ddp"]["distributed"] == "ddp, 1-rank group" and rows["eager"]["distributed"].startswith("none")
     [target] = r["targets"]
     assert target["target"] == "base_trainer_mfu" and target["status"] == "missed"  # a CPU's MFU
-    assert "| compiled | bf16 | True |" in md and "Trainer.train_step" in md
     beside = data["sections"]["realistic"]["results"]["trainer_rows"]
     assert [x["mode"] for x in beside] == ["eager", "compiled", "ddp"]
     assert "| base | Trainer.train_step | compiled | 1024 | WMT-like" in md
