@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import REPO, prob, release, reset_peak, rss_mb, synchronize
+from benchmarks import REPO, peers, prob, release, reset_peak, rss_mb, synchronize
 from transformer.config import register_configs, resolve_n_kv_heads, to_config, validate_config
 from transformer.data.collate import Batch
 from transformer.data.dataset import ParallelDataset, TranslationData
@@ -171,11 +171,8 @@ def hand_step(
 ) -> Callable[[], Any]:
     """One step of a model that has no trainer of ours (a peer, or :class:`Ours` alone): zero_grad,
     ``loss(batch)`` (default ``model.step_loss``: a mean over target tokens; a compiled one, say),
-    backward, optimizer step.
-
-    ``precision="bf16"`` runs the forward and loss under ``torch.autocast(<device type>, bfloat16)``
-    (as the trainer does); the backward and the optimizer step follow autocast's dtypes.
-    """
+    backward, optimizer step; ``precision="bf16"``: the forward and loss under ``torch.autocast``
+    (as the trainer does), the backward and the optimizer step in autocast's dtypes."""
     model.train()
     device_type = "cpu" if device is None else device.type
     loss_fn = model.step_loss if loss is None else loss
@@ -192,10 +189,8 @@ def hand_step(
 
 
 def time_steps(step: Callable[[], Any], warmup: int, steps: int, device: torch.device | None = None) -> dict[str, Any]:
-    """Median and best time (s) of ``steps`` calls of ``step`` after ``warmup``; the warmup calls' times.
-
-    On CUDA (``device``) every call is timed between two ``torch.cuda.synchronize`` calls.
-    """
+    """Median and best time (s) of ``steps`` calls of ``step`` after ``warmup``, and the warm-up calls'
+    times; each call timed between two ``synchronize(device)`` calls (CUDA's queued work waited for)."""
     device = torch.device("cpu") if device is None else device
 
     def timed() -> float:
@@ -293,6 +288,13 @@ def trainer_under_test(
     return trainer
 
 
+def peer_model(name: str, cfg: Any, vocab: int = VOCAB) -> torch.nn.Module:
+    """Peer ``name`` of ``peers.py`` at the dims of our model config ``cfg`` (its package imported first)."""
+    peers.preload(name)
+    table = peers.encdec_peers() if cfg.arch == "encoder_decoder" else peers.decoder_only_peers()
+    return table[name](dims(cfg), vocab)
+
+
 def make_optimizer(model: torch.nn.Module, optim_cfg: Any, device_type: str = "cpu") -> torch.optim.Optimizer:
     """Our builder's Adam for every model under test (same implementation for all; fused on CUDA)."""
     return build_optimizer(model, optim_cfg, device_type)
@@ -305,12 +307,9 @@ def our_dropout(cfg: Any) -> str:
 
 
 def prime_runtime(optim_cfg: Any) -> None:
-    """One tiny forward/backward/optimizer step, so that lazy runtime set-up is not counted as a model's memory.
-
-    Building the optimizer imports ~800 modules (``torch._dynamo`` and friends, ~70 MiB of RSS)
-    and the first backward starts the autograd engine; every model pays that once, before its
-    baseline RSS is read.
-    """
+    """One tiny forward/backward/optimizer step before a model's baseline RSS is read: building the
+    optimizer imports ~800 modules (``torch._dynamo`` and friends, ~70 MiB of RSS) and the first
+    backward starts the autograd engine, lazy set-up that is not the model's memory."""
     lin = torch.nn.Linear(16, 16)
     opt = make_optimizer(lin, optim_cfg)
     lin(torch.randn(4, 16)).sum().backward()
@@ -327,11 +326,7 @@ def model_under_test(spec: dict[str, Any]) -> tuple[Any, Any, Callable[[torch.de
     cpu_batch = make_batch(cfg.arch, spec["rows"], spec["src_len"], spec["tgt_len"])
     precision = spec.get("precision", "fp32")
     if spec["model"] != "ours":
-        from benchmarks import peers
-
         peers.preload(spec["model"])  # module imports are not the model's memory
-        table = peers.encdec_peers() if cfg.arch == "encoder_decoder" else peers.decoder_only_peers()
-        pctor, d = table[spec["model"]], dims(cfg)
 
     def build(device: torch.device) -> tuple[Callable[[], Any], Any]:
         batch = {k: v.to(device) for k, v in cpu_batch.items()}
@@ -340,7 +335,7 @@ def model_under_test(spec: dict[str, Any]) -> tuple[Any, Any, Callable[[torch.de
             trainer = trainer_under_test(spec, cpu_batch, device)
             micro = [as_batch(batch)]
             return (lambda: trainer.train_step(micro)), trainer.model
-        model = (Ours(cfg, fused_loss=False) if spec["model"] == "ours" else pctor(d, VOCAB)).to(device)
+        model = (Ours(cfg, fused_loss=False) if spec["model"] == "ours" else peer_model(spec["model"], cfg)).to(device)
         return hand_step(model, batch, make_optimizer(model, optim_cfg, device.type), precision, device), model
 
     return cfg, optim_cfg, build

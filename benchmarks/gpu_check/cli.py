@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from benchmarks import REPO, git_commit
-from benchmarks.train_step import device_peak
 from transformer.analysis import find_run_dirs, load_run
 from transformer.analysis.markdown import cell
 from transformer.precision import cpu_model_name
@@ -24,13 +23,11 @@ from transformer.runs.io import atomic_write_text
 
 from .context import Context, device_description, find_data_dir, section_environment
 from .realistic import section_realistic
-from .report import SECTIONS, Budget, Column, OutOfTime, Report, Stopped, check, columns, markdown
+from .report import SECTIONS, Budget, Column, Report, Stopped, columns
 from .sdpa import section_sdpa
 from .trainer_rows import MODES as TRAINER_MODES
 from .trainer_rows import section_trainer
 from .training import section_decoding, section_training, section_training_compile
-
-__all__ = ["Budget", "OutOfTime", "Report", "Stopped", "check", "device_peak", "main", "markdown"]
 
 RUN = {  # section: its function, in SECTIONS' order
     "environment": section_environment,
@@ -144,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     stopped = None
     for name in SECTIONS:
         if stopped or name in args.skip or (no_cuda and name != "environment"):
-            report.skip(name, stopped or ("--skip" if name in args.skip else "no CUDA device"))
+            report.start(name, "skipped", reason=stopped or ("--skip" if name in args.skip else "no CUDA device"))
             continue
         try:
             report.run(name, lambda sec, fn=RUN[name]: fn(sec, ctx, report))

@@ -51,10 +51,7 @@ def find_data_dir() -> Path | None:
     """The folder holding ``multi30k/train.en.gz``: ``$TRANSFORMER_DATA_DIR``, ``<repo>/shared/data``
     or ``<repo>/../shared/data``, the first that has it."""
     candidates = [os.environ.get("TRANSFORMER_DATA_DIR"), REPO / "shared" / "data", REPO.parent / "shared" / "data"]
-    for c in candidates:
-        if c and (Path(c) / "multi30k" / "train.en.gz").is_file():
-            return Path(c).resolve()
-    return None
+    return next((Path(c).resolve() for c in candidates if c and (Path(c) / "multi30k" / "train.en.gz").is_file()), None)
 
 
 def device_description(device: torch.device) -> dict[str, Any]:

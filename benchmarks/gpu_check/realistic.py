@@ -17,11 +17,11 @@ from benchmarks import peers, release, reset_peak
 from benchmarks.train_step import (
     Ours,
     as_batch,
-    dims,
     flops_peak,
     hand_step,
     make_optimizer,
     our_dropout,
+    peer_model,
     time_steps,
     trainer_under_test,
 )
@@ -72,6 +72,14 @@ def _masked_seq2seq_loss(self: Any, batch: dict[str, torch.Tensor]) -> torch.Ten
     ).loss
 
 
+def peer(system: str, cfg: Any, vocab: int) -> torch.nn.Module:
+    """A peer of ``benchmarks/peers.py`` at ``cfg``'s dims (HF Marian given the source padding mask)."""
+    module = peer_model(system, cfg, vocab)
+    if isinstance(module, peers.HFSeq2SeqPeer):
+        module.step_loss = types.MethodType(_masked_seq2seq_loss, module)
+    return module
+
+
 def row_step(system: str, mode: str, name: str, tensors: dict[str, torch.Tensor], ctx: Context) -> tuple[Any, Any]:
     """``(step, model)`` of one training row on the device, bf16. Ours eager and compiled: the
     trainer's update (:func:`~benchmarks.train_step.trainer_under_test`, ``train.compile`` for
@@ -88,15 +96,7 @@ def row_step(system: str, mode: str, name: str, tensors: dict[str, torch.Tensor]
         trainer = trainer_under_test({**spec, "backend": backend}, tensors, dev, a.realistic_vocab)
         micro = [as_batch(batch)]
         return (lambda: trainer.train_step(micro)), trainer.model
-    if system == "ours":
-        module = Ours(cfg, vocab=a.realistic_vocab)
-    else:
-        peers.preload(system)
-        table = peers.encdec_peers() if cfg.arch == "encoder_decoder" else peers.decoder_only_peers()
-        module = table[system](dims(cfg), a.realistic_vocab)
-        if isinstance(module, peers.HFSeq2SeqPeer):
-            module.step_loss = types.MethodType(_masked_seq2seq_loss, module)
-    module.to(dev)
+    module = (Ours(cfg, vocab=a.realistic_vocab) if system == "ours" else peer(system, cfg, a.realistic_vocab)).to(dev)
     loss = module.step_loss
     if mode != "eager":
         compiled = torch.compile(loss, backend=backend, **({"mode": "reduce-overhead"} if mode == "cudagraphs" else {}))
@@ -110,16 +110,13 @@ def row_step(system: str, mode: str, name: str, tensors: dict[str, torch.Tensor]
 
 
 def measure(name: str, system: str, mode: str, max_tokens: int, ctx: Context, lengths: dict) -> dict[str, Any]:
-    """One training row (``docs/gpu.md``, "The realistic-size table"); raises what the row raised."""
+    """One training row (``docs/gpu.md``, "The realistic-size table"), timed by
+    :func:`~benchmarks.train_step.time_steps`; raises what the row raised."""
     a, dev = ctx.args, ctx.device
     cfg, _, over = model_config(name, a.quick)
     lb = lengths[(cfg.arch, max_tokens)]
     tensors = make_tensors(lb, cfg.arch, a.realistic_vocab)
-    b = describe(lb, tensors)
-    src = b["shape"].get("src")
-    dims_ = f"{b['rows']} x {src[1]} x {b['shape']['target'][1]}" if src else f"{b['rows']} x {b['shape']['tokens'][1]}"
-    row = {"batch": b, "overrides": over, "dims": dims_ + ("" if src else " (one sequence)")}
-    row.update(target_tokens=lb.target_tokens, padding=b["padding"])
+    row = {**describe(lb, tensors), "overrides": over}
     step = model = None
     try:
         before = reset_peak(dev)
@@ -130,7 +127,7 @@ def measure(name: str, system: str, mode: str, max_tokens: int, ctx: Context, le
         row.update(r, step_ms=1e3 * r["step_s"], tok_s=lb.target_tokens / r["step_s"], first_step_s=r["warmup_s"][0])
         row.update(
             params=sum(p.numel() for p in model.parameters()),
-            train_flops=real_train_flops(cfg, lb, a.realistic_vocab),
+            train_flops=real_train_flops(cfg, lb.src, lb.tgt, a.realistic_vocab),
             dropout=our_dropout(cfg) if system == "ours" else getattr(model, "dropout_desc", "?"),
         )
         if mode != "eager":
@@ -148,13 +145,7 @@ def measure(name: str, system: str, mode: str, max_tokens: int, ctx: Context, le
 def bf16_peak(ctx: Context) -> tuple[float, str]:
     """The device's dense bf16 peak (FLOP/s) and where it comes from (found once, kept in ``ctx``)."""
     if ctx.peak is None:
-        if ctx.device.type == "cuda":
-            ctx.peak = flops_peak(ctx.device, "bf16")
-        else:  # a smoke run: fp32, not a bf16 peak
-            ctx.peak = (
-                flops_peak(ctx.device, "fp32", reps=1)[0],
-                "measured fp32 torch.mm on the CPU (not a bf16 peak)",
-            )
+        ctx.peak = flops_peak(ctx.device, "bf16", reps=5 if ctx.device.type == "cuda" else 1)
     return ctx.peak
 
 

@@ -73,15 +73,11 @@ class Report:
         atomic_write_text(self.out / "gpu_check.md", markdown(self.data))
 
     def start(self, name: str, status: str = "running", **fields: Any) -> dict[str, Any]:
-        """A new section record (status ``running``: what a killed process leaves), written."""
+        """A new section record, written (``running``: what a killed process leaves; or ``skipped``, with a ``reason``)."""
         sec = {"status": status, **fields, "checks": [], "results": {}, "notes": []}
         self.data["sections"][name] = sec
         self.write()
         return sec
-
-    def skip(self, name: str, reason: str) -> None:
-        """Record ``name`` as skipped with ``reason``."""
-        self.start(name, "skipped", reason=reason)
 
     def run(self, name: str, fn: Callable[[dict[str, Any]], None]) -> None:
         """Run section ``fn(sec)``, which fills ``sec["results"]`` and ``sec["checks"]``. Status:
@@ -152,10 +148,6 @@ def columns(cols: Sequence[Column], records: Iterable[dict[str, Any]]) -> list[s
     return table([title for title, _, _ in cols], align, rows)
 
 
-def _records(value: Any) -> list[dict[str, Any]]:
-    return list(value.values()) if isinstance(value, dict) else list(value or [])
-
-
 def markdown(data: dict[str, Any]) -> str:
     """The report as Markdown: a status table, what the budget skipped, then one part per section:
     its checks, its ``summary`` and its :data:`TABLES` (the ``environment`` section as a list)."""
@@ -202,7 +194,8 @@ def markdown(data: dict[str, Any]) -> str:
         for paragraph in r.get("summary", []):
             lines += [paragraph, ""]
         for keys, cols in TABLES[name]:
-            if records := [x for key in keys for x in _records(r.get(key))]:
+            found = [r.get(key) or [] for key in keys]  # lists of records, or dicts of them (runs by name)
+            if records := [x for v in found for x in (v.values() if isinstance(v, dict) else v)]:
                 lines += [*columns(cols, records), ""]
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).rstrip("\n") + "\n"
 

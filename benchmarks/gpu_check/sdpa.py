@@ -146,13 +146,9 @@ def eligible_backends(sample: tuple, device: torch.device) -> tuple[list[str], d
                         q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=gqa
                     )
                 ok.append(name)
-            except Exception as err:  # RuntimeError: no available kernel
-                reasons: list[str] = []
-                for w in caught:  # torch warns why each kernel was refused, then raises "No available kernel"
-                    text = " ".join(str(w.message).split("(Triggered internally")[0].split())
-                    if text and text not in reasons:
-                        reasons.append(text)
-                why[name] = (" | ".join(reasons) or " ".join(str(err).split()))[:400]
+            except Exception as err:  # torch warns why each kernel was refused, then raises "No available kernel"
+                texts = (" ".join(str(w.message).split("(Triggered internally")[0].split()) for w in caught)
+                why[name] = (" | ".join(dict.fromkeys(t for t in texts if t)) or " ".join(str(err).split()))[:400]
     return ok, why
 
 

@@ -23,7 +23,7 @@ from transformer.training.distributed.process_group import shutdown_distributed
 from transformer.training.step import compiled
 from transformer.training.step.update_stats import read_stats
 
-from .batches import LengthBatch, real_train_flops
+from .batches import real_train_flops
 from .context import Context, load_data, run_config
 from .presets import MODELS, model_config
 from .realistic import best, bf16_peak, mfu_target
@@ -168,7 +168,7 @@ def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
         src = torch.cat([b.net_input["src_tokens"].ne(PAD_ID).sum(1) for b in batches]).cpu().numpy() - 1
         tgt = torch.cat([b.target.ne(PAD_ID).sum(1) for b in batches]).cpu().numpy() - 1
         padded = sum(b.target.numel() for b in batches)
-        flops = real_train_flops(cfg.model, LengthBatch(a.trainer_tokens, src, tgt, 0), len(data.tgt_tokenizer))
+        flops = real_train_flops(cfg.model, src, tgt, len(data.tgt_tokenizer))
         first_s, _, timed_s = r["seconds"]
         per_update = timed_s / a.trainer_updates
         row = {

@@ -31,10 +31,13 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def load_gpu_check():
-    """The check's command-line module, which holds the names the tests use."""
-    from benchmarks.gpu_check import cli
+    """The names the tests use: the check's command line and report, and the GPUs' peak table."""
+    import types
 
-    return cli
+    from benchmarks.gpu_check import cli, report
+    from benchmarks.train_step import device_peak
+
+    return types.SimpleNamespace(**{**vars(report), **vars(cli)}, device_peak=device_peak)
 
 
 @pytest.fixture(scope="module")
@@ -224,8 +227,9 @@ def test_realistic_section_measures_every_planned_row_and_decodes(quick_run):
     assert [x["mode"] for x in r["rows"]][:4] == ["eager"] * 4  # eager first: the priority order
     for x in r["rows"]:
         assert "error" not in x and "skipped" not in x, x
-        assert x["tok_s"] == pytest.approx(x["batch"]["target_tokens"] / x["step_s"]) and 0 < x["mfu"]
-        assert x["max_tokens"] == 256 and x["batch"]["rows"] * max(x["batch"]["shape"]["target"][1], 1) > 0
+        assert x["tok_s"] == pytest.approx(x["target_tokens"] / x["step_s"]) and 0 < x["mfu"]
+        rows_, length = x["batch"]["rows"], x["batch"]["shape"]["target"][1]
+        assert x["max_tokens"] == 256 and x["dims"].startswith(f"{rows_} x ") and rows_ * length > 0
     assert (
         rows[("base", "ours", "compiled")]["graphs"]
         == rows[("base", "HF Marian", "compiled")]["graphs"]
@@ -293,12 +297,9 @@ def test_a_failing_or_oom_row_is_recorded_and_the_next_rows_run(tmp_path, monkey
             "tok_s": 100.0,
             "first_step_s": 1.0,
             "params": 10,
-            "batch": {
-                "rows": 2,
-                "shape": {"src": [2, 8], "prev": [2, 8], "target": [2, 8]},
-                "target_tokens": 10,
-                "padding": 0.375,
-            },
+            "dims": "2 x 8 x 8",
+            "target_tokens": 10,
+            "padding": 0.375,
         }
 
     monkeypatch.setattr(realistic, "measure", fake_measure)
@@ -416,10 +417,10 @@ def test_the_flops_count_real_tokens_only():
     cfg, _, _ = model_config("base", quick=True)
     lb = LengthBatch(64, np.array([3, 5, 5]), np.array([4, 6, 6]), 1)
     expected = 3 * (forward_flops(cfg, 50, 4, 5)["total"] + 2 * forward_flops(cfg, 50, 6, 7)["total"])
-    assert real_train_flops(cfg, lb, 50) == pytest.approx(expected)
+    assert real_train_flops(cfg, lb.src, lb.tgt, 50) == pytest.approx(expected)
     dec, _, _ = model_config("llama100m", quick=True)
     one = LengthBatch(64, np.array([3]), np.array([4]), 1)  # 3 + 1 + 4 positions, logits at the last 5
-    assert real_train_flops(dec, one, 50) == pytest.approx(
+    assert real_train_flops(dec, one.src, one.tgt, 50) == pytest.approx(
         3 * (forward_flops(dec, 50, 3, 4)["total"] - 2 * 3 * 32 * 50)
     )
 
