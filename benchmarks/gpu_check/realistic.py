@@ -153,11 +153,10 @@ def judged(key: str, value: float | None, detail: str = "") -> dict[str, Any]:
     """Target ``key``'s record: its value, ``met``, ``missed`` or ``not measured``, and what it read."""
     what, bound, unit = TARGETS[key]
     spec = "{:.1%}" if unit == "MFU" else "{:.2f}x"
-    status = "not measured" if value is None else "met" if value >= bound else "missed"
-    shown = {"bound_shown": ">= " + spec.format(bound), "value_shown": None if value is None else spec.format(value)}
-    return {"target": key, "what": what, "bound": bound, "unit": unit, "value": value, "status": status, **shown} | {
-        "detail": detail
-    }
+    record = {"target": key, "what": what, "bound": bound, "unit": unit, "value": value, "detail": detail}
+    record["status"] = "not measured" if value is None else "met" if value >= bound else "missed"
+    shown = None if value is None else spec.format(value)
+    return record | {"bound_shown": ">= " + spec.format(bound), "value_shown": shown}
 
 
 def best(rows: list[dict[str, Any]], key: str = "mfu", min_tokens: int = 0, **match: Any) -> dict[str, Any] | None:
@@ -186,16 +185,12 @@ def evaluate_targets(rows: list[dict], decoding: list[dict], min_tokens: int = 1
             ratios.append((ratio, f"{tokens}: {ratio:.2f}x (ours {ours['mode']} / Marian {hf['mode']})"))
     speed = {(x["system"], x["strategy"]): x["sentences_per_s"] for x in decoding if "sentences_per_s" in x}
     ours_beam, hf_beam = speed.get(("ours", "beam5")), speed.get(("HF generate", "beam5"))
-    beam = (
-        (ours_beam / hf_beam, f"ours {ours_beam:.1f} vs HF {hf_beam:.1f} sentences/s")
-        if ours_beam and hf_beam
-        else (None,)
-    )
+    beam = ours_beam / hf_beam if ours_beam and hf_beam else None
     return [
         mfu_target("base_mfu", best(rows, min_tokens=min_tokens, model="base", system="ours")),
         judged("base_vs_marian", min(ratios)[0] if ratios else None, "; ".join(d for _, d in ratios)),
         mfu_target("big_mfu", best(rows, min_tokens=min_tokens, model="big", system="ours")),
-        judged("beam_vs_hf", *beam),
+        judged("beam_vs_hf", beam, f"ours {ours_beam:.1f} vs HF {hf_beam:.1f} sentences/s" if beam else ""),
     ]
 
 
