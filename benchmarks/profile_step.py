@@ -19,7 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks import peers
-from benchmarks.train_step import SIZES, SRC_LEN, TGT_LEN, model_under_test, preset, time_steps
+from benchmarks.train_step import SIZES, SRC_LEN, TGT_LEN, model_under_test, time_steps
 from transformer.training.job.allocator import tune_cpu_allocator
 
 
@@ -39,13 +39,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.malloc == "tuned":
         tune_cpu_allocator()
-    cfg, _ = preset(args.preset, args.overrides)
     rows = args.rows or next((r for ed, do, r in SIZES.values() if args.preset in (ed, do)), 96)
+    spec = {"model": args.model, "preset": args.preset, "overrides": args.overrides}
+    cfg, _, build = model_under_test({**spec, "rows": rows, "src_len": SRC_LEN, "tgt_len": TGT_LEN})
     table = peers.encdec_peers() if cfg.arch == "encoder_decoder" else peers.decoder_only_peers()
     if args.model != "ours" and args.model not in table:
         raise SystemExit(f"--model {args.model!r} is not 'ours' or one of {sorted(table)}")
-    spec = {"model": args.model, "preset": args.preset, "overrides": args.overrides}
-    _, _, build = model_under_test({**spec, "rows": rows, "src_len": SRC_LEN, "tgt_len": TGT_LEN})
     step, _ = build(torch.device("cpu"))
     median = time_steps(step, warmup=2, steps=args.steps)["step_s"]
     print(

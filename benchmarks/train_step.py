@@ -5,11 +5,10 @@ The models' presets and synthetic batches (:func:`preset`, :func:`make_batch`), 
 (:func:`train_flops`), our model's update as the trainer runs it (:func:`trainer_under_test`:
 :meth:`Trainer.train_step <transformer.training.loop.trainer.Trainer.train_step>` with its clipping,
 loss scaling, token normalisation and schedule), our model with its criterion alone (:class:`Ours`,
-for the profiler, the loss ablation and the compiled loss rows) and the peers (:func:`model_under_test`,
+for the profiler, the loss ablation and the CUDA-graph rows) and the peers (:func:`model_under_test`,
 from ``peers.py``) with a hand-written step (:func:`hand_step`: they have no trainer of ours), the
-timed steps (:func:`time_steps`), one row measured in a fresh process (:func:`worker`) or on a
-CUDA device (:func:`measure_on_cuda`), and the machine's matmul peaks (:func:`matmul_peak`,
-:func:`cuda_matmul_peak`, :data:`DEVICE_PEAKS`).
+timed steps (:func:`time_steps`), one row measured in this process (:func:`worker`), and the peak a
+row's MFU is read against (:func:`flops_peak`, :data:`DEVICE_PEAKS`).
 """
 
 from __future__ import annotations
@@ -27,8 +26,8 @@ from typing import Any
 
 import torch
 
-from benchmarks import REPO, prob, release, reset_peak, rss_mb, synchronize
-from transformer.config import register_configs, to_config, validate_config
+from benchmarks import REPO, peers, prob, release, reset_peak, rss_mb, synchronize
+from transformer.config import register_configs, resolve_n_kv_heads, to_config, validate_config
 from transformer.data.collate import Batch
 from transformer.data.dataset import ParallelDataset, TranslationData
 from transformer.models import build_model
@@ -76,34 +75,27 @@ DEVICE_PEAKS: dict[str, dict[str, float]] = {
 # ----------------------------------------------------------------------------- configs and batches
 
 
-def compose(overrides: list[str]) -> Any:
-    """``configs/train.yaml`` with ``overrides``, composed as Hydra does (nested defaults included)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+def compose_config(overrides: list[str]) -> Any:
+    """``configs/train.yaml`` with ``overrides``, composed as Hydra does (nested defaults included),
+    validated, as the typed :class:`~transformer.config.Config`."""
+    from hydra import compose, initialize_config_dir
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        return hydra_compose(config_name="train", overrides=overrides)
-
-
-def compose_config(overrides: list[str]) -> Any:
-    """``configs/train.yaml`` with ``overrides``, validated, as the typed :class:`~transformer.config.Config`."""
-    cfg = compose(overrides)
+        cfg = compose(config_name="train", overrides=overrides)
     validate_config(cfg)
     return to_config(cfg)
 
 
 def preset(name: str, overrides: list[str] | None = None) -> Any:
-    """``(model, optim)`` of ``configs/model/<name>.yaml`` with its nested defaults, as Hydra composes them."""
-    cfg = compose([f"model={name}"] + list(overrides or []))
+    """``(model, optim)`` of ``configs/model/<name>.yaml`` with ``overrides`` (:func:`compose_config`)."""
+    cfg = compose_config([f"model={name}", *(overrides or [])])
     return cfg.model, cfg.optim
 
 
 def dims(cfg: Any) -> dict[str, Any]:
     """The sizes a peer needs to match a preset."""
-    from transformer.config import resolve_n_kv_heads
-
-    hidden = glu_hidden_size(cfg.d_model * 0 + cfg.d_ff, cfg.ffn.multiple_of) if cfg.ffn.glu_match_params else cfg.d_ff
+    hidden = glu_hidden_size(cfg.d_ff, cfg.ffn.multiple_of) if cfg.ffn.glu_match_params else cfg.d_ff
     return {
         "d_model": cfg.d_model,
         "n_heads": cfg.n_heads,
@@ -175,32 +167,30 @@ def hand_step(
     optimizer: torch.optim.Optimizer,
     precision: str = "fp32",
     device: torch.device | None = None,
+    loss: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None,
 ) -> Callable[[], Any]:
     """One step of a model that has no trainer of ours (a peer, or :class:`Ours` alone): zero_grad,
-    ``model.step_loss(batch)`` (a mean over target tokens), backward, optimizer step.
-
-    ``precision="bf16"`` runs the forward and loss under ``torch.autocast(<device type>, bfloat16)``
-    (as the trainer does); the backward and the optimizer step follow autocast's dtypes.
-    """
+    ``loss(batch)`` (default ``model.step_loss``: a mean over target tokens; a compiled one, say),
+    backward, optimizer step; ``precision="bf16"``: the forward and loss under ``torch.autocast``
+    (as the trainer does), the backward and the optimizer step in autocast's dtypes."""
     model.train()
     device_type = "cpu" if device is None else device.type
+    loss_fn = model.step_loss if loss is None else loss
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         ctx = torch.autocast(device_type, dtype=DTYPES[precision]) if precision != "fp32" else contextlib.nullcontext()
         with ctx:
-            loss = model.step_loss(batch)
-        loss.backward()
+            value = loss_fn(batch)
+        value.backward()
         optimizer.step()
 
     return step
 
 
 def time_steps(step: Callable[[], Any], warmup: int, steps: int, device: torch.device | None = None) -> dict[str, Any]:
-    """Median and best time (s) of ``steps`` calls of ``step`` after ``warmup``; the warmup calls' times.
-
-    On CUDA (``device``) every call is timed between two ``torch.cuda.synchronize`` calls.
-    """
+    """Median and best time (s) of ``steps`` calls of ``step`` after ``warmup``, and the warm-up calls'
+    times; each call timed between two ``synchronize(device)`` calls (CUDA's queued work waited for)."""
     device = torch.device("cpu") if device is None else device
 
     def timed() -> float:
@@ -217,15 +207,18 @@ def time_steps(step: Callable[[], Any], warmup: int, steps: int, device: torch.d
 
 
 class VocabSize:
-    """A tokenizer stand-in of ``size`` entries: the trainer sizes the embeddings and the output layer
-    by ``len(tokenizer)``, and a timed update reads nothing else of it."""
+    """A tokenizer of ``size`` entries (``len``: the trainer sizes the embeddings and the output layer
+    by it), everything else ``inner``'s (none for a timed update, which reads nothing else of it)."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, inner: Any = None) -> None:
+        self.size, self.inner = size, inner
 
     def __len__(self) -> int:
         """The vocabulary's size."""
         return self.size
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__.get("inner"), name)
 
 
 def as_batch(batch: dict[str, torch.Tensor]) -> Batch:
@@ -264,15 +257,17 @@ def make_trainer(
     )
 
 
-def trainer_under_test(spec: dict[str, Any], batch: dict[str, torch.Tensor], device: torch.device) -> Trainer:
+def trainer_under_test(
+    spec: dict[str, Any], batch: dict[str, torch.Tensor], device: torch.device, vocab_size: int = VOCAB
+) -> Trainer:
     """Our row's :class:`~transformer.training.loop.trainer.Trainer`: the preset with the row's
-    overrides, ``train.precision`` and ``train.compile`` (the whole step compiled) of the row, its
-    data the rows of ``batch`` (a :data:`VOCAB`-entry vocabulary); no validation, no checkpoint, its
-    run folder a temporary one, removed with the trainer."""
+    overrides, ``train.precision`` and ``train.compile`` (the whole step compiled, with ``backend``
+    if the spec names one) of the row, its data the rows of ``batch`` (a ``vocab_size``-entry
+    vocabulary); no validation, no checkpoint, its run folder a temporary one, removed with the trainer."""
     arch = "encoder_decoder" if "src" in batch else "decoder_only"
     src = batch["src"] if arch == "encoder_decoder" else batch["tokens"]
     pairs = ParallelDataset(src.tolist(), batch["target"].tolist(), None, None, "train")
-    vocab = VocabSize(VOCAB)
+    vocab = VocabSize(vocab_size)
     data = TranslationData(vocab, vocab, {"train": pairs, "valid": pairs})
     run_dir = tempfile.mkdtemp(prefix="train_step_")
     cfg = compose_config(
@@ -288,9 +283,16 @@ def trainer_under_test(spec: dict[str, Any], batch: dict[str, torch.Tensor], dev
             f"run_dir={run_dir}",
         ]
     )
-    trainer = make_trainer(cfg, data, device)
+    trainer = make_trainer(cfg, data, device, compile_backend=spec.get("backend"))
     weakref.finalize(trainer, shutil.rmtree, run_dir, True)
     return trainer
+
+
+def peer_model(name: str, cfg: Any, vocab: int = VOCAB) -> torch.nn.Module:
+    """Peer ``name`` of ``peers.py`` at the dims of our model config ``cfg`` (its package imported first)."""
+    peers.preload(name)
+    table = peers.encdec_peers() if cfg.arch == "encoder_decoder" else peers.decoder_only_peers()
+    return table[name](dims(cfg), vocab)
 
 
 def make_optimizer(model: torch.nn.Module, optim_cfg: Any, device_type: str = "cpu") -> torch.optim.Optimizer:
@@ -305,12 +307,9 @@ def our_dropout(cfg: Any) -> str:
 
 
 def prime_runtime(optim_cfg: Any) -> None:
-    """One tiny forward/backward/optimizer step, so that lazy runtime set-up is not counted as a model's memory.
-
-    Building the optimizer imports ~800 modules (``torch._dynamo`` and friends, ~70 MiB of RSS)
-    and the first backward starts the autograd engine; every model pays that once, before its
-    baseline RSS is read.
-    """
+    """One tiny forward/backward/optimizer step before a model's baseline RSS is read: building the
+    optimizer imports ~800 modules (``torch._dynamo`` and friends, ~70 MiB of RSS) and the first
+    backward starts the autograd engine, lazy set-up that is not the model's memory."""
     lin = torch.nn.Linear(16, 16)
     opt = make_optimizer(lin, optim_cfg)
     lin(torch.randn(4, 16)).sum().backward()
@@ -327,11 +326,7 @@ def model_under_test(spec: dict[str, Any]) -> tuple[Any, Any, Callable[[torch.de
     cpu_batch = make_batch(cfg.arch, spec["rows"], spec["src_len"], spec["tgt_len"])
     precision = spec.get("precision", "fp32")
     if spec["model"] != "ours":
-        from benchmarks import peers
-
         peers.preload(spec["model"])  # module imports are not the model's memory
-        table = peers.encdec_peers() if cfg.arch == "encoder_decoder" else peers.decoder_only_peers()
-        pctor, d = table[spec["model"]], dims(cfg)
 
     def build(device: torch.device) -> tuple[Callable[[], Any], Any]:
         batch = {k: v.to(device) for k, v in cpu_batch.items()}
@@ -340,62 +335,40 @@ def model_under_test(spec: dict[str, Any]) -> tuple[Any, Any, Callable[[torch.de
             trainer = trainer_under_test(spec, cpu_batch, device)
             micro = [as_batch(batch)]
             return (lambda: trainer.train_step(micro)), trainer.model
-        model = (Ours(cfg, fused_loss=False) if spec["model"] == "ours" else pctor(d, VOCAB)).to(device)
+        model = (Ours(cfg, fused_loss=False) if spec["model"] == "ours" else peer_model(spec["model"], cfg)).to(device)
         return hand_step(model, batch, make_optimizer(model, optim_cfg, device.type), precision, device), model
 
     return cfg, optim_cfg, build
 
 
-def measure(spec: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """One row in this process: the step times of :func:`time_steps`, the parameters and the dropout;
-    on a CUDA device also the peak memory the row allocated (``torch.cuda.max_memory_allocated``
-    after ``reset_peak_memory_stats``, minus what was allocated before the model was built: weights,
-    gradients, Adam state, activations; the caching allocator's reserve is not counted). The CPU's
-    memory is a process's: :func:`worker` measures it."""
-    cfg, _, build = model_under_test(spec)
-    cuda = device.type == "cuda"
-    before = reset_peak(device)
-    step, model = build(device)
-    r = time_steps(step, spec["warmup"], spec["steps"], device)
-    r.update(
-        params=sum(p.numel() for p in model.parameters()),
-        dropout=our_dropout(cfg) if spec["model"] == "ours" else getattr(model, "dropout_desc", "?"),
-        mem_mb=(torch.cuda.max_memory_allocated(device) - before) / 2**20 if cuda else None,
-    )
-    if cuda:
-        r["device"] = torch.cuda.get_device_name(device)
-    if spec.get("compile"):
-        r["compile_s"] = r["warmup_s"][0]  # the first step traces and compiles
-    del step, model
-    release(device)
-    return r
-
-
 def worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """Build one model in this (fresh) process, time its steps, measure its memory.
+    """Build one model in this (fresh) process, time its steps (:func:`time_steps`), measure its memory.
 
     ``spec``: ``model`` (``"ours"`` or a peer name of ``peers.py``), ``preset``, ``overrides``
     (Hydra), ``compile``, ``fused_loss``, ``rows``, ``src_len``, ``tgt_len``, ``warmup``, ``steps``,
     ``threads``, ``malloc``, ``precision`` (``fp32`` | ``bf16``), ``device`` (``cpu``, the default,
-    or ``cuda``: see :func:`measure`). On the CPU the memory is the process's peak RSS over its RSS
-    before the model was built (after one tiny step that starts torch's runtime).
+    or ``cuda``). The memory (``mem_mb``, MiB) is on the CPU the process's peak RSS over its RSS before
+    the model was built (after one tiny step that starts torch's runtime); on CUDA the peak
+    ``torch.cuda.max_memory_allocated`` over what was allocated before (weights, gradients, Adam
+    state, activations; the caching allocator's reserve is not counted).
     """
     torch.set_num_threads(spec["threads"])
     tuned = tune_cpu_allocator() if spec["malloc"] == "tuned" else False
     device = torch.device(spec.get("device", "cpu"))
-    if device.type == "cuda":
-        return {**measure(spec, device), "malloc_tuned": tuned}
+    cuda = device.type == "cuda"
     cfg, optim_cfg, build = model_under_test(spec)
     prime_runtime(optim_cfg)
     gc.collect()
-    before = rss_mb()
+    before = reset_peak(device) if cuda else rss_mb()
     step, model = build(device)
     r = time_steps(step, spec["warmup"], spec["steps"], device)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    if cuda:
+        r.update(mem_mb=(torch.cuda.max_memory_allocated(device) - before) / 2**20)
+        r["device"] = torch.cuda.get_device_name(device)
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        r.update(mem_mb=peak - before, rss_before_mb=before, peak_rss_mb=peak)
     r.update(
-        mem_mb=peak - before,
-        rss_before_mb=before,
-        peak_rss_mb=peak,
         malloc_tuned=tuned,
         params=sum(p.numel() for p in model.parameters()),
         dropout=our_dropout(cfg) if spec["model"] == "ours" else getattr(model, "dropout_desc", "?"),
@@ -406,46 +379,6 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- machine peak
-
-
-def matmul_peak(reps: int = 5, dtype: torch.dtype = torch.float32) -> float:
-    """Best ``torch.mm`` rate (FLOP/s) in ``dtype`` over square sizes and the base model's FFN shape.
-
-    One 2048^3 product alone under-reads the peak on some machine states (the base rows then show
-    MFU > 100%), so the best over several shapes is taken. A dtype without hardware support (bf16
-    on an AVX2 CPU) is probed on the smaller shapes only.
-    """
-    best_rate = 0.0
-    shapes = ((1024, 1024, 1024), (2048, 2048, 2048), (1152, 512, 2048), (1152, 2048, 512))
-    if dtype != torch.float32 and not cpu_has_fast_bf16():
-        shapes, reps = (shapes[0], shapes[2]), 2
-    for m, k, n in shapes:
-        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-        torch.mm(a, b)
-        for _ in range(reps):
-            t = time.perf_counter()
-            torch.mm(a, b)
-            best_rate = max(best_rate, 2 * m * k * n / (time.perf_counter() - t))
-    return best_rate
-
-
-def cuda_matmul_peak(device: torch.device, dtype: torch.dtype = torch.bfloat16, reps: int = 5) -> float:
-    """Best ``torch.mm`` rate (FLOP/s) in ``dtype`` on a CUDA device over 4096^3 and 8192^3
-    products (each timed between ``torch.cuda.synchronize`` calls, after one warm-up)."""
-    best_rate = 0.0
-    for n in (4096, 8192):
-        a = torch.randn(n, n, dtype=dtype, device=device)
-        b = torch.randn(n, n, dtype=dtype, device=device)
-        torch.mm(a, b)
-        for _ in range(reps):
-            synchronize(device)
-            t = time.perf_counter()
-            torch.mm(a, b)
-            synchronize(device)
-            best_rate = max(best_rate, 2 * n**3 / (time.perf_counter() - t))
-        del a, b
-    torch.cuda.empty_cache()
-    return best_rate
 
 
 def device_peak(name: str, precision: str) -> float | None:
@@ -460,11 +393,33 @@ def device_peak(name: str, precision: str) -> float | None:
 def flops_peak(device: torch.device, precision: str, reps: int = 5) -> tuple[float, str]:
     """The peak (FLOP/s) a row's MFU is read against on ``device`` at ``precision`` (``bf16`` |
     ``fp32``), and where it comes from: a GPU's datasheet (:data:`DEVICE_PEAKS`), else the best
-    ``torch.mm`` measured on the device (:func:`cuda_matmul_peak`, :func:`matmul_peak`)."""
+    ``torch.mm`` rate measured (``reps`` times a shape, between ``synchronize`` calls, after one
+    warm-up): 4096^3 and 8192^3 on a GPU; on a CPU square 1024 / 2048 and the base model's FFN shapes
+    (one 2048^3 product alone under-reads the peak on some machine states), a dtype without
+    hardware support (bf16 on an AVX2 CPU) on the smaller shapes only."""
     dtype = DTYPES[precision]
-    if device.type != "cuda":
-        return matmul_peak(reps, dtype), "measured (best torch.mm, CPU)"
-    table = device_peak(torch.cuda.get_device_name(device), precision)
-    if table:
-        return table, "datasheet (DEVICE_PEAKS, dense)"
-    return cuda_matmul_peak(device, dtype, reps), "measured (best torch.mm 4096^3 / 8192^3)"
+    if device.type == "cuda":
+        table = device_peak(torch.cuda.get_device_name(device), precision)
+        if table:
+            return table, "datasheet (DEVICE_PEAKS, dense)"
+        shapes, where = [(4096,) * 3, (8192,) * 3], "measured (best torch.mm 4096^3 / 8192^3)"
+    else:
+        shapes, where = (
+            [(1024,) * 3, (2048,) * 3, (1152, 512, 2048), (1152, 2048, 512)],
+            "measured (best torch.mm, CPU)",
+        )
+        if dtype != torch.float32 and not cpu_has_fast_bf16():
+            shapes, reps = shapes[::2], 2
+    best = 0.0
+    for m, k, n in shapes:
+        a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device)
+        torch.mm(a, b)
+        for _ in range(reps):
+            synchronize(device)
+            t = time.perf_counter()
+            torch.mm(a, b)
+            synchronize(device)
+            best = max(best, 2 * m * k * n / (time.perf_counter() - t))
+        del a, b
+    release(device)
+    return best, where

@@ -290,6 +290,6 @@ def test_no_benchmark_imports_another_as_a_library():
     assert {"benchmarks.ab_runs", "benchmarks.gpu_check.__main__"} <= runnable and "benchmarks.ab" not in runnable
     imports = {name: _imported_modules(tree, package, set(modules)) for name, (tree, package) in modules.items()}
     assert {"benchmarks.ab", "benchmarks"} <= imports["benchmarks.ab_runs"]
-    assert "benchmarks.gpu_check.report" in imports["benchmarks.gpu_check.throughput"]  # from .report import ...
+    assert "benchmarks.gpu_check.report" in imports["benchmarks.gpu_check.realistic"]  # from .report import ...
     used = [f"{name} imports {other}" for name, found in imports.items() for other in sorted(found & runnable - {name})]
     assert used == [], "benchmarks imported as libraries (move what they share to a library module): " + ", ".join(used)

@@ -78,12 +78,13 @@ def make_tensors(lb: LengthBatch, arch: str, vocab: int, seed: int = 0) -> dict[
     return {"tokens": b.net_input["tokens"], "target": b.target}
 
 
-def real_train_flops(cfg: Any, lb: LengthBatch, vocab: int) -> float:
-    """Training FLOPs of the batch over its real tokens: 3 x the forward FLOPs of every row at its own
-    lengths (:func:`~transformer.models.flops.forward_flops`), the output layer at the loss positions
-    only (the decoder-only model's source positions carry no loss)."""
+def real_train_flops(cfg: Any, src: np.ndarray, tgt: np.ndarray, vocab: int) -> float:
+    """Training FLOPs of a batch over its real tokens (``src`` and ``tgt``: each row's lengths without
+    specials): 3 x the forward FLOPs of every row at its own lengths
+    (:func:`~transformer.models.flops.forward_flops`), the output layer at the loss positions only
+    (the decoder-only model's source positions carry no loss)."""
     total = 0.0
-    pairs, counts = np.unique(np.stack([lb.src, lb.tgt], 1), axis=0, return_counts=True)
+    pairs, counts = np.unique(np.stack([src, tgt], 1), axis=0, return_counts=True)
     for (s, t), n in zip(pairs.tolist(), counts.tolist()):
         if cfg.arch == "encoder_decoder":
             f = forward_flops(cfg, vocab, s + 1, t + 1)["total"]
@@ -94,16 +95,21 @@ def real_train_flops(cfg: Any, lb: LengthBatch, vocab: int) -> float:
 
 
 def describe(lb: LengthBatch, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """Rows, padded shapes, real target tokens and the share of padding (of the target for an
-    encoder-decoder, of the whole sequence for a decoder-only model)."""
-    main = tensors.get("tokens", tensors["target"])
-    return {
-        "max_tokens": lb.max_tokens,
+    """The batch as a row shows it: rows x padded lengths (``dims``), real target tokens and the share
+    of padding (of the target for an encoder-decoder, of the whole sequence for a decoder-only model);
+    under ``batch``: the padded shapes, the mean lengths, the batches of the epoch."""
+    main, shape = tensors.get("tokens", tensors["target"]), {k: list(v.shape) for k, v in tensors.items()}
+    dims = (
+        f"{lb.rows} x {shape['src'][1]} x {shape['target'][1]}"
+        if "src" in shape
+        else f"{lb.rows} x {shape['tokens'][1]} (one sequence)"
+    )
+    batch = {
         "rows": lb.rows,
-        "shape": {k: list(v.shape) for k, v in tensors.items()},
-        "target_tokens": lb.target_tokens,
+        "shape": shape,
         "mean_src_len": float(lb.src.mean()),
         "mean_tgt_len": float(lb.tgt.mean()),
-        "padding": 1 - int(main.ne(PAD_ID).sum()) / main.numel(),
-        "batches_in_epoch": lb.batches_in_epoch,
     }
+    batch["batches_in_epoch"] = lb.batches_in_epoch
+    padding = 1 - int(main.ne(PAD_ID).sum()) / main.numel()
+    return {"dims": dims, "target_tokens": lb.target_tokens, "padding": padding, "batch": batch}

@@ -1,7 +1,7 @@
-"""The record of the GPU check (``python -m benchmarks.gpu_check``): ``gpu_check.json`` and ``gpu_check.md``, rewritten
-(atomically, :func:`transformer.runs.io.atomic_write_text`) whenever a section changes, the sections'
-status and checks, the time budget, and the summary of a ``results_gpu.sh`` study
-(``--study-summary``). The ``realistic`` section's tables are drawn by ``render.py``."""
+"""The record of the GPU check: ``gpu_check.json`` and ``gpu_check.md`` in ``--out``, rewritten
+(atomically) whenever a section or a row changes, so that a crash or a time cap leaves what was done;
+the sections' status and checks, the time budget, and every table of the report, each a list of
+columns (:data:`TABLES`) drawn by one helper (:func:`columns`)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,19 @@ import contextlib
 import datetime
 import json
 import math
+import re
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import git_commit, one_line
-from transformer.analysis.collect import find_run_dirs, load_run
+from benchmarks import one_line
 from transformer.analysis.markdown import cell, table
 from transformer.runs.io import atomic_write_text
 
-from .render import Column, columns, render_realistic, render_trainer
-
-SECTIONS = (  # the order they run in: what a GPU session is for first, the parity checks done before last
+SECTIONS = (  # the order they run in: what a GPU session is for first, the parity checks last
     "environment",
     "trainer",
     "training_compile",
@@ -31,7 +29,6 @@ SECTIONS = (  # the order they run in: what a GPU session is for first, the pari
     "training",
     "decoding",
     "sdpa",
-    "throughput",
 )
 
 
@@ -40,39 +37,29 @@ class Stopped(Exception):
 
 
 class OutOfTime(Exception):
-    """The next piece of work would start past ``--budget-s``."""
+    """The next piece of work would start past its budget."""
 
 
 class Budget:
-    """Seconds left of ``--budget-s`` (0 = no limit), and what was skipped for want of them.
-
-    Args:
-        seconds: the budget (0: no limit).
-        skipped: the list each refusal's message is added to (default: a list of its own; a
-            section's budget passes the check's, so that the report lists every skip in one place).
-    """
+    """Seconds of a budget (0: no limit); every refusal is added to ``skipped`` (a list of its own, or
+    the check's, so that the report lists every skip in one place)."""
 
     def __init__(self, seconds: float, skipped: list[str] | None = None) -> None:
-        self.start, self.seconds = time.time(), seconds
+        self.seconds, self.end = seconds, time.time() + seconds if seconds > 0 else math.inf
         self.skipped = [] if skipped is None else skipped
 
-    def left(self) -> float:
-        """Seconds left (infinite without a budget)."""
-        return math.inf if self.seconds <= 0 else self.seconds - (time.time() - self.start)
-
     def need(self, seconds: float, what: str) -> None:
-        """Raise :class:`OutOfTime` when fewer than ``seconds`` are left for ``what``."""
-        if self.left() < seconds:
-            message = (
-                f"{what}: skipped, {max(self.left(), 0):.0f} s of the {self.seconds:.0f} s budget "
-                f"left, ~{seconds:.0f} s needed"
+        """Raise :class:`OutOfTime` (and list it) when fewer than ``seconds`` are left for ``what``."""
+        left = self.end - time.time()
+        if left < seconds:
+            self.skipped.append(
+                f"{what}: skipped, {max(left, 0):.0f} s of the {self.seconds:.0f} s budget left, ~{seconds:.0f} s needed"
             )
-            self.skipped.append(message)
-            raise OutOfTime(message)
+            raise OutOfTime(self.skipped[-1])
 
 
 class Report:
-    """``gpu_check.json`` + ``gpu_check.md`` in ``out``, rewritten whenever a section changes."""
+    """``gpu_check.json`` + ``gpu_check.md`` in ``out``: ``{"meta": meta, "sections": {name: record}}``."""
 
     def __init__(self, out: Path, meta: dict[str, Any]) -> None:
         self.out = out
@@ -85,26 +72,19 @@ class Report:
         atomic_write_text(self.out / "gpu_check.json", json.dumps(self.data, indent=1, default=str) + "\n")
         atomic_write_text(self.out / "gpu_check.md", markdown(self.data))
 
-    def start(self, name: str) -> dict[str, Any]:
-        """A new section record, status ``running`` (what a killed process leaves)."""
-        return self._record(name, status="running", started=datetime.datetime.now().isoformat(timespec="seconds"))
-
-    def skip(self, name: str, reason: str) -> None:
-        """Record ``name`` as skipped with ``reason``."""
-        self._record(name, status="skipped", reason=reason)
-
-    def _record(self, name: str, **fields: Any) -> dict[str, Any]:
-        sec = {**fields, "checks": [], "results": {}, "notes": []}
+    def start(self, name: str, status: str = "running", **fields: Any) -> dict[str, Any]:
+        """A new section record, written (``running``: what a killed process leaves; or ``skipped``, with a ``reason``)."""
+        sec = {"status": status, **fields, "checks": [], "results": {}, "notes": []}
         self.data["sections"][name] = sec
         self.write()
         return sec
 
     def run(self, name: str, fn: Callable[[dict[str, Any]], None]) -> None:
-        """Run section ``fn(sec)``; it fills ``sec["results"]`` / ``sec["checks"]`` and may call
-        :meth:`write` as it goes. Status: ``passed`` (every check held), ``failed`` (a check did
-        not hold, or it raised: ``error`` and ``traceback``), ``skipped`` (it raised
-        :class:`OutOfTime`: nothing of it fitted the time budget; ``reason``, results kept)."""
-        sec = self.start(name)
+        """Run section ``fn(sec)``, which fills ``sec["results"]`` and ``sec["checks"]``. Status:
+        ``passed`` (every check held), ``failed`` (a check did not hold, or it raised: ``error``,
+        ``traceback``), ``skipped`` (it raised :class:`OutOfTime`: ``reason``, its results kept).
+        :class:`Stopped` is recorded as a failure and raised on."""
+        sec = self.start(name, started=datetime.datetime.now().isoformat(timespec="seconds"))
         t = time.time()
         try:
             fn(sec)
@@ -118,9 +98,8 @@ class Report:
         except OutOfTime as err:
             sec.update(status="skipped", reason=f"time budget: {err}")
         except Exception as err:  # one section failing must not stop the others
-            error = f"{type(err).__name__}: {err}"
-            sec.update(status="failed", error=error, traceback=traceback.format_exc(limit=12)[-4000:])
-            print(f"[{name}] failed: {error}", file=sys.stderr, flush=True)
+            sec.update(status="failed", error=one_line(err), traceback=traceback.format_exc(limit=12)[-4000:])
+            print(f"[{name}] failed: {sec['error']}", file=sys.stderr, flush=True)
         finally:
             sec["seconds"] = round(time.time() - t, 1)
             self.write()
@@ -134,9 +113,9 @@ def check(sec: dict[str, Any], name: str, passed: bool, detail: str = "") -> Non
 
 @contextlib.contextmanager
 def guarded(row: dict[str, Any], traceback_limit: int = 0) -> Iterator[None]:
-    """One row of a section, measured inside the block: :class:`OutOfTime` becomes ``row["skipped"]``
-    and any other error ``row["error"]`` (:func:`one_line`; with ``traceback_limit``, the last frames in
-    ``row["traceback"]`` too), so that the next row still runs; :class:`Stopped` goes on up."""
+    """One row measured inside the block: :class:`OutOfTime` becomes ``row["skipped"]``, any other
+    error ``row["error"]`` (with ``traceback_limit``, its last frames in ``row["traceback"]``), so
+    that the next row still runs; :class:`Stopped` goes on up."""
     try:
         yield
     except Stopped:
@@ -149,289 +128,154 @@ def guarded(row: dict[str, Any], traceback_limit: int = 0) -> Iterator[None]:
             row["traceback"] = traceback.format_exc(limit=traceback_limit)[-2500:]
 
 
-# ----------------------------------------------------------------------------- study summary
-
-
-def study_summary(runs_dir: Path, out: Path, device_name: str, note: str) -> dict[str, Any]:
-    """Per run folder of a ``results_gpu.sh`` study that has a ``metrics.jsonl``
-    (:func:`~transformer.analysis.collect.load_run`): updates reached, last tokens/s, validation and
-    test BLEU, the device its ``results.json`` records; written to ``out/study_progress.{json,md}``,
-    titled by the finished runs' GPUs, else ``device_name`` (empty when ``runs_dir`` does not exist)."""
-    rows, finished = [], []
-    for run in map(load_run, find_run_dirs(runs_dir) if runs_dir.is_dir() else []):
-        if not (run.run_dir / "metrics.jsonl").is_file():  # a folder that never logged is no row
-            continue
-        train = [x for x in run.metrics if x.get("split") == "train"]
-        valid = [x for x in run.metrics if x.get("split") == "valid"]
-        done = run.results
-        if done is not None:
-            finished.append(done)
-        cfg = (run.config or {}).get("train") or {}
-        rows.append(
-            {
-                "run": str(run.run_dir.relative_to(runs_dir)),
-                "updates": train[-1]["update"] if train else 0,
-                "precision": (done or {}).get("precision") or cfg.get("precision"),
-                "device": _run_device(done) or cfg.get("device"),
-                "max_updates": cfg.get("max_updates"),
-                "tokens_per_s": train[-1].get("tokens_per_s") if train else None,
-                "last_valid": {k: valid[-1].get(k) for k in ("update", "loss", "bleu")} if valid else None,
-                "finished": done is not None,
-                "test_bleu": done.get("bleu") if done else None,
-                "wall_time_s": done.get("wall_time_s") if done else None,
-            }
-        )
-    gpus = sorted({d["hardware"]["gpu"] for d in finished if (d.get("hardware") or {}).get("gpu")})
-    device_name = " + ".join(gpus) or device_name
-    res = {
-        "device_name": device_name,
-        "note": note,
-        "runs_dir": str(runs_dir),
-        "runs": rows,
-        "date": datetime.date.today().isoformat(),
-        "commit": git_commit(),
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "study_progress.json", json.dumps(res, indent=1) + "\n")
-    lines = [
-        f"# results_gpu.sh study on {device_name}: progress",
-        "",
-        f"{note}  ",
-        f"Date {res['date']}, commit "
-        f"`{res['commit']}`; runs in `{runs_dir}`. Precision as each run's config says (the ladder and the Wu "
-        "recipe pin fp32, so that these runs compare with the CPU runs).",
-        "",
-    ]
-    lines += columns(STUDY, "lllrrllr", map(_study_record, rows))
-    atomic_write_text(out / "study_progress.md", "\n".join(lines) + "\n")
-    return res
-
-
-STUDY: list[Column] = [
-    ("run", "run", "{}"),
-    ("device", "device", "{}"),
-    ("precision", "precision", "{}"),
-    ("updates / budget", "updates", "{}"),
-    ("train tok/s (last window)", "tokens_per_s", "{:,.0f}"),
-    ("last valid (update: loss / BLEU)", "last_valid", "{}"),
-    ("finished", "finished", "{}"),
-    ("test BLEU", "test_bleu", "{:.2f}"),
-]
-
-
-def _study_record(x: dict[str, Any]) -> dict[str, Any]:
-    """A summary row as its table shows it."""
-    v = x["last_valid"]
-    return {
-        **x,
-        "updates": f"{x['updates']} / {cell(x['max_updates'])}",
-        "tokens_per_s": x["tokens_per_s"] or 0,
-        "last_valid": f"{v['update']}: {v['loss']:.3f} / {cell(v['bleu'], '{:.2f}') or '-'}" if v else None,
-        "finished": "yes" if x["finished"] else "no",
-    }
-
-
-def _run_device(done: dict[str, Any] | None) -> str | None:
-    """``cuda:0 (NVIDIA H200)`` / ``cpu`` from a finished run's ``results.json``; None when unfinished."""
-    if not done or not done.get("device"):
-        return None
-    gpu = (done.get("hardware") or {}).get("gpu")
-    return f"{done['device']} ({gpu})" if gpu and str(done["device"]).startswith("cuda") else str(done["device"])
-
-
 # ----------------------------------------------------------------------------- markdown
+
+Column = tuple[str, str, str]  # title, the record's key, the cell's format (transformer.analysis.markdown.cell)
+
+
+def columns(cols: Sequence[Column], records: Iterable[dict[str, Any]]) -> list[str]:
+    """The lines of a table of ``cols``, formatted numbers right-aligned. A record with an ``error``
+    or ``skipped`` shows the cells it has up to the first it lacks, then why it has no measurement."""
+    rows = []
+    for r in records:
+        if "error" in r or "skipped" in r:
+            n = min(next((i for i, (_, key, _) in enumerate(cols) if key not in r), len(cols)), len(cols) - 1)
+            why = f"**failed**: {r['error']}" if "error" in r else f"skipped: {r['skipped']}"
+            rows.append([cell(r[key], spec) for _, key, spec in cols[:n]] + [cell(why, limit=220)])
+        else:
+            rows.append([cell(r.get(key), spec) for _, key, spec in cols])
+    align = "".join("l" if spec in ("{}", "**{}**") else "r" for _, _, spec in cols)
+    return table([title for title, _, _ in cols], align, rows)
 
 
 def markdown(data: dict[str, Any]) -> str:
-    """The report as Markdown: a status table, then one part per section."""
+    """The report as Markdown: a status table, what the budget skipped, then one part per section:
+    its checks, its ``summary`` and its :data:`TABLES` (the ``environment`` section as a list)."""
     m = data["meta"]
-    gpu = m["device"] == "cuda"
+    flags = f"`--device {m['device']}{' --quick' if m['quick'] else ''}`"
     budget = f"budget {float(m['budget_s']):.0f} s" if m["budget_s"] else "no time budget"
     lines = [
         f"# GPU check: {m['device_name']}",
         "",
-        (
-            f"**GPU results** ({m['device_name']}, `--device cuda{' --quick' if m['quick'] else ''}`)."
-            if gpu
-            else f"**CPU smoke run, not GPU results** (`--device cpu{' --quick' if m['quick'] else ''}` on {m['device_name']})."
-        ),
+        f"**GPU results** ({m['device_name']}, {flags})."
+        if m["device"] == "cuda"
+        else f"**CPU smoke run, not GPU results** ({flags} on {m['device_name']}).",
         "",
         f"Command: `{m['command']}`  ",
         f"Date: {m['date']}; commit `{m['commit']}`; torch {m['torch']}"
-        f"{', CUDA ' + str(m['cuda']) if m.get('cuda') else ''}; "
-        f"{budget}; written {m.get('written', '')}",
+        f"{', CUDA ' + str(m['cuda']) if m.get('cuda') else ''}; {budget}; written {m.get('written', '')}",
         "",
     ]
     status = []
     for name in SECTIONS:
-        s = data["sections"].get(name)
-        if s is None:
-            status.append([name, "not run"])
-            continue
-        note = s.get("error") or s.get("reason") or "; ".join(s.get("notes", [])) or ""
+        s = data["sections"].get(name, {"status": "not run"})
+        note = s.get("error") or s.get("reason") or "; ".join(s.get("notes", []))
         if s["status"] == "running":
             note = "incomplete: the process stopped during this section"
         status.append([name, s["status"], cell(s.get("seconds"), "{:.0f}"), cell(note, limit=300)])
     lines += table(["section", "status", "seconds", "note"], "llrl", status)
-    skipped = data.get("skipped_for_time") or []
-    if skipped:
+    if skipped := data.get("skipped_for_time"):
         lines += [
             "",
             f"Skipped for the time budget ({len(skipped)}; a second call with `--skip` of what ran does them):",
-            "",
         ]
-        lines += [f"- {x}" for x in skipped]
+        lines += ["", *(f"- {x}" for x in skipped)]
     for name in SECTIONS:
         s = data["sections"].get(name)
         if not s or (s["status"] == "skipped" and not s["results"]):
             continue
+        r = s["results"]
         lines += ["", f"## {name}", ""]
         if s["checks"]:
-            checks = [[cell(c["name"]), "yes" if c["passed"] else "**no**", cell(c["detail"])] for c in s["checks"]]
-            lines += [*table(["check", "held", "detail"], "lll", checks), ""]
-        lines += RENDER.get(name, _render_plain)(s["results"])
-    return "\n".join(lines) + "\n"
+            lines += [*columns(CHECKS, s["checks"]), ""]
+        if name not in TABLES:
+            lines += [f"- {k}: {v}" for k, v in r.items()]
+            continue
+        for paragraph in r.get("summary", []):
+            lines += [paragraph, ""]
+        for keys, cols in TABLES[name]:
+            found = [r.get(key) or [] for key in keys]  # lists of records, or dicts of them (runs by name)
+            if records := [x for v in found for x in (v.values() if isinstance(v, dict) else v)]:
+                lines += [*columns(cols, records), ""]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).rstrip("\n") + "\n"
 
 
-def _render_plain(r: dict[str, Any]) -> list[str]:
-    return [f"- {k}: {v}" for k, v in r.items()]
-
-
+CHECKS: list[Column] = [("check", "name", "{}"), ("held", "passed", "{}"), ("detail", "detail", "{}")]
+TARGETS: list[Column] = [
+    ("target", "what", "{}"),
+    ("bound", "bound_shown", "{}"),
+    ("value", "value_shown", "{}"),
+    ("status", "status", "**{}**"),
+    ("detail", "detail", "{}"),
+]
+REALISTIC: list[Column] = [  # the realistic section's training rows and the trainer section's
+    ("model", "model", "{}"),
+    ("system", "system", "{}"),
+    ("mode", "mode", "{}"),
+    ("max tokens", "max_tokens", "{}"),
+    ("rows x src x tgt", "dims", "{}"),
+    ("target tokens", "target_tokens", "{:,.0f}"),
+    ("padding", "padding", "{:.0%}"),
+    ("target tok/s", "tok_s", "{:,.0f}"),
+    ("ours / peer", "ratio", "{:.2f}x"),
+    ("MFU", "mfu", "{:.1%}"),
+    ("step ms", "step_ms", "{:.1f}"),
+    ("first step s", "first_step_s", "{:.1f}"),
+    ("peak MiB", "mem_mb", "{:,.0f}"),
+    ("params", "params", "{:,}"),
+    ("graphs", "graphs", "{}"),
+]
+DECODING: list[Column] = [
+    ("system", "system", "{}"),
+    ("search", "strategy", "{}"),
+    ("seconds", "seconds", "{:.2f}"),
+    ("sentences/s", "sentences_per_s", "{:,.1f}"),
+    ("tokens/s", "tokens_per_s", "{:,.0f}"),
+    ("ours / system", "ratio", "{:.2f}x"),
+    ("mean output length", "mean_output_len", "{:.1f}"),
+    ("equal to ours", "equal_to_ours", "{:.0%}"),
+    ("peak MiB", "peak_mb", "{:,.0f}"),
+]
 TRAINING: list[Column] = [
     ("run", "run", "{}"),
     ("precision", "precision", "{}"),
     ("compile", "compile", "{}"),
     ("updates", "updates", "{}"),
     ("first loss", "first_loss", "{:.6f}"),
-    ("CPU first loss", "cpu_first_loss", "{}"),
+    ("CPU first loss", "cpu_first_loss", "{:.6f}"),
     ("rel diff", "first_loss_rel_diff", "{:.1e}"),
-    ("tol", "tolerance", "{}"),
     ("last loss", "last_loss", "{:.4f}"),
     ("tok/s (median, 2nd half)", "tokens_per_s_median_2nd_half", "{:,.0f}"),
     ("first update s", "first_update_s", "{:.2f}"),
-    ("peak MiB (training)", "peak", "{:,.0f}"),
+    ("peak MiB (training)", "peak_mb", "{:,.0f}"),
 ]
-
-
-def _render_training(r: dict[str, Any]) -> list[str]:
-    out = [f"Config: {r['config']}", ""] if r.get("config") else []
-    rows: list[dict[str, Any] | list[str]] = []
-    for name, x in (r.get("runs") or {}).items():
-        if "skipped" in x or "error" in x:
-            rows.append([name, "", "", "", cell(x.get("skipped") or x.get("error"), limit=200)])
-            continue
-        peak = (x.get("peak_memory_mb_by_phase") or {}).get("training")
-        peak = peak if not isinstance(peak, dict) else peak.get("peak_mb", peak.get("allocated_mb"))
-        cpu = f"{cell(x.get('cpu_first_loss'), '{:.6f}')} ({x.get('cpu_precision')})"
-        peak = peak if isinstance(peak, (int, float)) else x.get("max_memory_allocated_mb")
-        rows.append({**x, "run": name, "cpu_first_loss": cpu, "peak": peak})
-        if x.get("cpu_reference_note"):
-            rows.append(["", cell(f"note: {x['cpu_reference_note']}")])
-    return out + columns(TRAINING, "lllrrrrrrrrr", rows)
-
-
-def _render_decoding(r: dict[str, Any]) -> list[str]:
-    out = [
-        f"{r.get('sentences')} sentences of {r.get('split')}, model after {r.get('model_updates')} updates, fp32, "
-        f"{r.get('device_name')} vs the CPU.",
-        "",
-    ]
-    rows = [
-        [
-            key,
-            f"{x['equal']}/{x['of']}",
-            f"{x['device_s']:.2f}",
-            f"{x['cpu_s']:.2f}",
-            f"{x['mean_len']:.1f}",
-            cell(" / ".join(x["first_lines"]), limit=200),
-        ]
-        for key in ("greedy", "beam5")
-        if (x := r.get(key))
-    ]
-    out += table(["search", "equal", "device s", "CPU s", "mean length", "first lines (device)"], "lrrrrl", rows)
-    for key in ("greedy", "beam5"):
-        for d in (r.get(key) or {}).get("differing", []):
-            out.append(
-                f"\n{key} line {d['line']}: device `{d['device']}` ({cell(d['device_score'], '{:.4f}')}) vs CPU "
-                f"`{d['cpu']}` ({cell(d['cpu_score'], '{:.4f}')})"
-            )
-    return out
-
-
+PARITY: list[Column] = [
+    ("search", "search", "{}"),
+    ("equal", "equal", "{}"),
+    ("of", "of", "{}"),
+    ("device s", "device_s", "{:.2f}"),
+    ("CPU s", "cpu_s", "{:.2f}"),
+    ("mean length", "mean_len", "{:.1f}"),
+    ("first difference", "first_difference", "{}"),
+]
 SDPA: list[Column] = [
     ("family", "family", "{}"),
     ("phase", "phase", "{}"),
     ("precision", "precision", "{}"),
     ("attention", "role", "{}"),
-    ("calls", "calls", "{}"),
-    ("backend used", "backends", "{}"),
+    ("calls", "calls", "{:d}"),
+    ("backend used", "used", "{}"),
     ("mask", "mask_example", "{}"),
     ("is_causal", "is_causal", "{}"),
     ("GQA", "enable_gqa", "{}"),
-    ("eligible", "eligible", "{}"),
+    ("eligible", "eligible_shown", "{}"),
     ("why not flash / efficient", "why", "{}"),
 ]
-
-
-def _render_sdpa(r: dict[str, Any]) -> list[str]:
-    rows = []
-    for x in r.get("calls", []):
-        why = "; ".join(f"{b}: {w}" for b, w in x["not_eligible_because"].items() if b in ("flash", "efficient"))
-        used = ", ".join(f"{b} x{n}" for b, n in x["backends"].items())
-        rows.append({**x, "backends": used, "eligible": ", ".join(x["eligible"]), "why": why[:240]})
-    out = [r.get("rules", ""), "", *columns(SDPA, "llllrllllll", rows)]
-    kernels = sorted({k for x in r.get("calls", []) for k in x.get("kernels", [])})
-    if kernels:
-        out += ["", "CUDA kernels seen under the SDPA calls: " + ", ".join(f"`{k}`" for k in kernels[:12])]
-    back = {}
-    for x in r.get("calls", []):
-        for k, n in (x.get("backward_ops_in_step") or {}).items():
-            back[f"{x['family']} {x['precision']}: {k}"] = n
-    if back:
-        out += ["", "Backward attention ops of the training step: " + "; ".join(f"{k} x{n}" for k, n in back.items())]
-    return out
-
-
-THROUGHPUT: list[Column] = [
-    ("size", "size", "{}"),
-    ("family", "family", "{}"),
-    ("model", "model", "{}"),
-    ("precision", "precision", "{}"),
-    ("target tok/s", "tok_s", "{:,.0f}"),
-    ("ratio to ours", "ratio_to_ours", "{:.2f}"),
-    ("MFU vs bf16 peak", "mfu_vs_bf16_peak", "{:.1%}"),
-    ("MFU vs dtype peak", "mfu_vs_dtype_peak", "{:.1%}"),
-    ("step ms", "step_ms", "{:.1f}"),
-    ("peak MiB", "mem_mb", "{:,.0f}"),
-]
-
-
-def _render_throughput(r: dict[str, Any]) -> list[str]:
-    out = [
-        f"Device {r.get('device_name')}; peaks (TFLOP/s) {r.get('peaks_tflops')} from {r.get('peak_source')}"
-        + (f"; measured matmul TFLOP/s {r['measured_matmul_tflops']}" if r.get("measured_matmul_tflops") else "")
-        + f"; batch {r.get('batch')}, median of {r.get('steps')} steps after {r.get('warmup')}. MFU = 3 x forward "
-        "FLOPs (benchmarks/train_throughput.py's count) / step time / peak.",
-        "",
-    ]
-    rows = [
-        x
-        if "tok_s" in x
-        else [
-            *(cell(x[k]) for k in ("size", "family", "model", "precision")),
-            f"skipped: {cell(x.get('skipped', ''), limit=160)}",
-        ]
-        for x in r.get("rows", [])
-    ]
-    return out + columns(THROUGHPUT, "llllrrrrrr", rows)
-
-
-RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
-    "trainer": render_trainer,
-    "training": _render_training,
-    "training_compile": _render_training,
-    "decoding": _render_decoding,
-    "sdpa": _render_sdpa,
-    "throughput": _render_throughput,
-    "realistic": render_realistic,
+TABLES: dict[str, list[tuple[tuple[str, ...], list[Column]]]] = {  # section: (results' keys, columns) of its tables
+    "trainer": [(("targets",), TARGETS), (("rows",), REALISTIC)],
+    "training_compile": [(("runs",), TRAINING)],
+    "realistic": [(("targets",), TARGETS), (("rows", "trainer_rows"), REALISTIC), (("decoding",), DECODING)],
+    "training": [(("runs",), TRAINING)],
+    "decoding": [(("searches",), PARITY)],
+    "sdpa": [(("calls",), SDPA)],
 }

@@ -4,10 +4,10 @@ kernel ran for every attention call (torch.profiler), and which backends each ca
 
 from __future__ import annotations
 
-import json
 import traceback
 import warnings
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -45,64 +45,47 @@ def backend_of(op_name: str) -> str | None:
 
 class SdpaRecorder:
     """Wraps ``F.scaled_dot_product_attention`` (every SDPA call of the project goes through it):
-    each call runs inside ``record_function("sdpa_call#i")`` and is described (attention module,
-    shapes, dtype, mask, causal flag); one call of each distinct description keeps its arguments
-    for the eligibility replay. Forward hooks on the attention modules name the calling module."""
+    each call runs inside ``record_function("sdpa_call#i")``, ``keys[i]`` its kind (attention role,
+    dtype, mask, causal and GQA flags, whether it needs gradients, one query or more); ``rows`` one
+    record per kind with its count, ``samples`` the arguments of its first call, for the eligibility
+    replay. Forward hooks on the attention modules name the calling module."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        self.calls: list[dict[str, Any]] = []
-        self.samples: dict[str, tuple] = {}
+        self.model, self.original = model, F.scaled_dot_product_attention
+        self.keys: list[tuple] = []
+        self.rows: dict[tuple, dict[str, Any]] = {}
+        self.samples: dict[tuple, tuple] = {}
         self.stack: list[str] = []
         self.handles: list[Any] = []
-        self.original = F.scaled_dot_product_attention
 
     def __enter__(self) -> SdpaRecorder:
-        def enter(name: str) -> Callable[..., None]:
-            def hook(module: Any, args: Any) -> None:
-                self.stack.append(name)
-
-            return hook
-
         def leave(module: Any, args: Any, output: Any) -> None:  # returns None: the output is unchanged
             self.stack.pop()
 
         for name, mod in self.model.named_modules():
             if isinstance(mod, (Attention, MultiHeadLatentAttention)):
-                self.handles.append(mod.register_forward_pre_hook(enter(name)))
+                self.handles.append(mod.register_forward_pre_hook(lambda m, args, name=name: self.stack.append(name)))
                 self.handles.append(mod.register_forward_hook(leave))
         original = self.original
 
         def wrapper(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-            module = self.stack[-1] if self.stack else "?"
+            role = attention_role(self.stack[-1] if self.stack else "?")
             mask = "none" if attn_mask is None else f"{attn_mask.dtype} {tuple(attn_mask.shape)}".replace("torch.", "")
-            desc = {
-                "module": module,
-                "role": attention_role(module),
-                "q": tuple(q.shape),
-                "k": tuple(k.shape),
-                "dtype": str(q.dtype).replace("torch.", ""),
-                "mask": mask,
-                "is_causal": bool(is_causal),
-                "dropout_p": float(dropout_p),
-                "enable_gqa": bool(enable_gqa),
-                "requires_grad": q.requires_grad,
-            }
-            key = json.dumps(
-                {k2: desc[k2] for k2 in ("role", "dtype", "is_causal", "enable_gqa", "requires_grad")}
-                | {"mask": mask.split(" ")[0], "q1": q.shape[2] == 1}
-            )
-            desc["key"] = key
-            i = len(self.calls)
-            self.calls.append(desc)
-            if key not in self.samples:  # detached copies; q, k, v keep whether they needed gradients
+            dtype = str(q.dtype).replace("torch.", "")
+            flags = {"is_causal": bool(is_causal), "enable_gqa": bool(enable_gqa), "requires_grad": q.requires_grad}
+            key = (role, dtype, mask.split(" ")[0], *flags.values(), q.shape[2] == 1)
+            if key not in self.rows:  # detached copies; q, k, v keep whether they needed gradients
+                self.rows[key] = {"role": role, "dtype": dtype, "mask": key[2], "mask_example": mask, **flags}
+                self.rows[key].update(q_example=tuple(q.shape), k_example=tuple(k.shape), calls=0, backends={})
                 self.samples[key] = tuple(
                     x.detach().clone().requires_grad_(x.requires_grad and x.is_floating_point())
                     if isinstance(x, torch.Tensor)
                     else x
                     for x in (q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
                 )
-            with torch.profiler.record_function(f"sdpa_call#{i}"):
+            self.rows[key]["calls"] += 1
+            self.keys.append(key)
+            with torch.profiler.record_function(f"sdpa_call#{len(self.keys) - 1}"):
                 kw = {"attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
                 return original(q, k, v, enable_gqa=enable_gqa, **kw)
 
@@ -124,36 +107,27 @@ def attention_role(module: str) -> str:
     return "decoder self-attention"
 
 
-def _descendants(evt: Any) -> list[Any]:
-    out, todo = [], list(getattr(evt, "cpu_children", []) or [])
-    while todo:
-        e = todo.pop()
-        out.append(e)
-        todo.extend(getattr(e, "cpu_children", []) or [])
-    return out
+def _descendants(evt: Any) -> Iterator[Any]:
+    for child in getattr(evt, "cpu_children", None) or []:
+        yield child
+        yield from _descendants(child)
 
 
 def attribute_backends(prof: Any, calls: list[dict[str, Any]]) -> None:
     """Fill ``backend`` (and ``kernels``) of every recorded call from the profile's events. With CUDA
     activity a call's range appears twice (the CPU range with the aten ops, and a ``gpu_user_annotation``
     without children): what either holds counts, so the second cannot overwrite the first."""
-    found: dict[int, list[str]] = {}
-    kernels: dict[int, set[str]] = {}
+    found: dict[int, list[str]] = {i: [] for i in range(len(calls))}
+    kernels: dict[int, set[str]] = {i: set() for i in range(len(calls))}
     for evt in prof.events():
-        if not evt.name.startswith("sdpa_call#"):
-            continue
-        i = int(evt.name.split("#", 1)[1])
-        if i >= len(calls):
-            continue
-        for child in _descendants(evt):
-            b = backend_of(child.name)
-            if b:
-                found.setdefault(i, []).append(b)
-            for kern in getattr(child, "kernels", []) or []:
-                kernels.setdefault(i, set()).add(getattr(kern, "name", str(kern))[:120])
+        i = int(evt.name.split("#", 1)[1]) if evt.name.startswith("sdpa_call#") else len(calls)
+        for child in _descendants(evt) if i < len(calls) else ():
+            if backend := backend_of(child.name):
+                found[i].append(backend)
+            kernels[i].update(getattr(k, "name", str(k))[:120] for k in getattr(child, "kernels", None) or [])
     for i, call in enumerate(calls):
-        call["backend"] = found[i][0] if found.get(i) else "unidentified"
-        call["kernels"] = sorted(kernels.get(i, ()))[:4]
+        call["backend"] = found[i][0] if found[i] else "unidentified"
+        call["kernels"] = sorted(kernels[i])[:4]
 
 
 def eligible_backends(sample: tuple, device: torch.device) -> tuple[list[str], dict[str, str]]:
@@ -172,48 +146,30 @@ def eligible_backends(sample: tuple, device: torch.device) -> tuple[list[str], d
                         q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=gqa
                     )
                 ok.append(name)
-            except Exception as err:  # RuntimeError: no available kernel
-                reasons: list[str] = []
-                for w in caught:  # torch warns why each kernel was refused, then raises "No available kernel"
-                    text = " ".join(str(w.message).split("(Triggered internally")[0].split())
-                    if text and text not in reasons:
-                        reasons.append(text)
-                why[name] = (" | ".join(reasons) or " ".join(str(err).split()))[:400]
+            except Exception as err:  # torch warns why each kernel was refused, then raises "No available kernel"
+                texts = (" ".join(str(w.message).split("(Triggered internally")[0].split()) for w in caught)
+                why[name] = (" | ".join(dict.fromkeys(t for t in texts if t)) or " ".join(str(err).split()))[:400]
     return ok, why
 
 
-def summarise_calls(
-    calls: list[dict[str, Any]], samples: dict[str, tuple], device: torch.device
-) -> list[dict[str, Any]]:
-    """One row per distinct kind of call: count, backends that ran, eligibility and reasons."""
-    rows: dict[str, dict[str, Any]] = {}
-    for c in calls:
-        row = rows.setdefault(
-            c["key"],
-            {
-                "role": c["role"],
-                "dtype": c["dtype"],
-                "mask": c["mask"].split(" ")[0],
-                "mask_example": c["mask"],
-                "is_causal": c["is_causal"],
-                "enable_gqa": c["enable_gqa"],
-                "q_example": c["q"],
-                "k_example": c["k"],
-                "requires_grad": c["requires_grad"],
-                "calls": 0,
-                "backends": {},
-                "kernels": set(),
-            },
-        )
-        row["calls"] += 1
-        row["backends"][c.get("backend", "unidentified")] = row["backends"].get(c.get("backend", "unidentified"), 0) + 1
-        row["kernels"].update(c.get("kernels", []))
-    out = []
-    for key, row in rows.items():
-        row["kernels"] = sorted(row["kernels"])[:4]
-        row["eligible"], row["not_eligible_because"] = eligible_backends(samples[key], device)
-        out.append(row)
-    return out
+def summarise_calls(rec: SdpaRecorder, prof: Any, device: torch.device) -> list[dict[str, Any]]:
+    """One row per kind of call: count, the backends that ran (``used``) and their kernels, the
+    backends it could use (``eligible``) and torch's reason for the others."""
+    calls: list[dict[str, Any]] = [{} for _ in rec.keys]
+    attribute_backends(prof, calls)
+    kernels: dict[tuple, set[str]] = {}
+    for key, c in zip(rec.keys, calls):
+        backends = rec.rows[key]["backends"]
+        backends[c["backend"]] = backends.get(c["backend"], 0) + 1
+        kernels.setdefault(key, set()).update(c["kernels"])
+    for key, row in rec.rows.items():
+        row["kernels"] = sorted(kernels.get(key, ()))[:4]
+        row["eligible"], row["not_eligible_because"] = eligible_backends(rec.samples[key], device)
+        row["used"] = ", ".join(f"{b} x{n}" for b, n in row["backends"].items())
+        row["eligible_shown"] = ", ".join(row["eligible"])
+        why = [f"{b}: {w}" for b, w in row["not_eligible_because"].items() if b in ("flash", "efficient")]
+        row["why"] = "; ".join(why)[:240]
+    return list(rec.rows.values())
 
 
 def profile_sdpa(ctx: Context, family: str, precision: str, phases: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -230,31 +186,21 @@ def profile_sdpa(ctx: Context, family: str, precision: str, phases: list[str]) -
         with rec, profile(activities=activities) as prof:
             if phase == "train forward":
                 trainer.model.train()
-                batch = next(trainer.batches())
-                out_loss = trainer.micro_loss(batch)
-                backward = out_loss["loss"]
-            else:
+                loss = trainer.micro_loss(next(trainer.batches()))["loss"]
+            else:  # a few steps are enough: every step after the first calls SDPA the same way
                 trainer.model.eval()
-                # a few steps are enough: every step after the first calls SDPA the same way
-                gen = GenerationConfig(
-                    strategy="greedy" if phase == "greedy decoding" else "beam",
-                    beam_size=1 if phase == "greedy decoding" else 5,
-                    max_len_a=0.0,
-                    max_len_b=6,
-                )
+                beam = 5 if phase == "beam decoding" else 1
+                gen = GenerationConfig(strategy=phase.split()[0], beam_size=beam, max_len_a=0.0, max_len_b=6)
                 with torch.inference_mode():
                     translate_sentences(trainer.model, src, gen, ctx.device)
             synchronize(ctx.device)
-        attribute_backends(prof, rec.calls)
-        rows = summarise_calls(rec.calls, rec.samples, ctx.device)
+        rows = summarise_calls(rec, prof, ctx.device)
         if phase == "train forward":
             with profile(activities=activities) as prof_b:
-                backward.backward()
+                loss.backward()
                 synchronize(ctx.device)
-            names: dict[str, int] = {}
-            for evt in prof_b.events():
-                if "attention" in evt.name and "backward" in evt.name and evt.name.startswith("aten::_"):
-                    names[evt.name] = names.get(evt.name, 0) + 1
+            ops = (e.name for e in prof_b.events() if e.name.startswith("aten::_") and "attention" in e.name)
+            names = dict(Counter(name for name in ops if "backward" in name))
             for row in rows:
                 row["backward_ops_in_step"] = names
         out[phase] = rows
@@ -263,10 +209,9 @@ def profile_sdpa(ctx: Context, family: str, precision: str, phases: list[str]) -
 
 def section_sdpa(sec: dict[str, Any], ctx: Context, report: Report) -> None:
     """Both families, fp32 and bf16 training forward, fp32 decoding."""
+    ctx.budget.need(20, "sdpa")
     r = sec["results"]
-    r["device_name"] = ctx.meta_device
-    r["rules"] = SDPA_RULES
-    found = []
+    found = r["calls"] = []
     for family in ("encoder-decoder", "decoder-only"):
         for precision in ("fp32", "bf16"):
             phases = ["train forward"] + (["greedy decoding", "beam decoding"] if precision == "fp32" else [])
@@ -275,39 +220,28 @@ def section_sdpa(sec: dict[str, Any], ctx: Context, report: Report) -> None:
             except Stopped:
                 raise
             except Exception as err:  # the other family / precision still runs
-                msg = one_line(err, 300)
                 r.setdefault("errors", {})[f"{family} {precision}"] = traceback.format_exc(limit=10)[-3000:]
-                check(sec, f"{family} {precision}: profiled", False, msg)
+                check(sec, f"{family} {precision}: profiled", False, one_line(err, 300))
                 report.write()
                 continue
-            for phase, rows in res.items():
-                for row in rows:
-                    row.update(family=family, precision=precision, phase=phase)
-                    found.append(row)
-            r["calls"] = found
+            found += [
+                {**row, "family": family, "precision": precision, "phase": p} for p, rows in res.items() for row in rows
+            ]
             report.write()
-    unknown = [f"{x['family']} {x['phase']} {x['role']}" for x in found if "unidentified" in x["backends"]]
-    check(
-        sec,
-        "a backend identified for every SDPA call",
-        not unknown and bool(found),
-        "; ".join(unknown[:5]) or f"{sum(x['calls'] for x in found)} calls",
-    )
-    if ctx.device.type == "cpu":
-        check(
-            sec,
-            "CPU backends only",
-            all(set(x["backends"]) <= {"flash (CPU)", "math"} for x in found),
-            ", ".join(sorted({b for x in found for b in x["backends"]})),
+    kernels = sorted({k for x in found for k in x["kernels"]})[:12]
+    back = {
+        f"{x['family']} {x['precision']}: {k}": n for x in found for k, n in x.get("backward_ops_in_step", {}).items()
+    }
+    r["summary"] = ["How PyTorch picks a backend, and which mask the project passes: docs/gpu.md (The GPU check)."]
+    if kernels:
+        r["summary"].append("CUDA kernels seen under the SDPA calls: " + ", ".join(f"`{k}`" for k in kernels))
+    if back:
+        r["summary"].append(
+            "Backward attention ops of the training step: " + "; ".join(f"{k} x{n}" for k, n in back.items())
         )
-
-
-SDPA_RULES = (
-    "PyTorch picks the first eligible SDPA backend (CUDA order: flash, memory-efficient, math; cuDNN only where "
-    "torch prefers it). Flash attention needs fp16/bf16 inputs and no attn_mask (only is_causal), so fp32 "
-    "calls and calls with a padding mask cannot use it; memory-efficient attention takes fp32 and a mask. "
-    "The project passes is_causal=True without a mask where the batch needs no key padding, a bool mask "
-    "(True = attend) where it does (padding of the source in encoder and cross-attention; padding plus "
-    "causality in a decoder-only batch), and no mask for one query over a cache. On the CPU the candidates are "
-    "the CPU flash kernel and math; under CPU autocast attention runs in fp32 (transformer/modules/attention_core.py)."
-)
+    unknown = [f"{x['family']} {x['phase']} {x['role']}" for x in found if "unidentified" in x["backends"]]
+    calls = f"{sum(x['calls'] for x in found)} calls"
+    check(sec, "a backend identified for every SDPA call", not unknown and bool(found), "; ".join(unknown[:5]) or calls)
+    if ctx.device.type == "cpu":
+        used = {b for x in found for b in x["backends"]}
+        check(sec, "CPU backends only", used <= {"flash (CPU)", "math"}, ", ".join(sorted(used)))

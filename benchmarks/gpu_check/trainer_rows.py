@@ -1,16 +1,13 @@
 """:meth:`~transformer.training.loop.trainer.Trainer.train_step` itself at WMT sizes, on its own data
 path: the ``trainer`` section of the GPU check (``docs/gpu.md``, "The trainer's own update"). Data:
 Multi30k's pairs joined to WMT-like lengths (:func:`wmt_like_split`) at a ``--trainer-vocab``
-vocabulary (:class:`WideVocab`); modes eager, compiled, and DDP over a one-rank process group.
+vocabulary; modes eager, compiled, and DDP over a one-rank process group.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -18,44 +15,26 @@ import torch
 import torch.distributed as dist
 
 from benchmarks import release, reset_peak, synchronize
-from benchmarks.train_step import compose_config, make_trainer
+from benchmarks.train_step import VocabSize, make_trainer
 from transformer.data.binarize import TokenSequences
 from transformer.data.dataset import ParallelDataset, TranslationData
 from transformer.data.tokenizer import PAD_ID
+from transformer.training.distributed.process_group import shutdown_distributed
 from transformer.training.step import compiled
 from transformer.training.step.update_stats import read_stats
 
-from .batches import LengthBatch, real_train_flops
-from .context import Context, data_overrides, load_data, train_overrides
-from .presets import MODELS, QUICK_DIMS
-from .realistic import bf16_peak
+from .batches import real_train_flops
+from .context import Context, load_data, run_config
+from .presets import MODELS, model_config
+from .realistic import best, bf16_peak, mfu_target
 from .report import OutOfTime, Report, check, guarded
-from .targets import evaluate_trainer_target
 
 MODES = ("eager", "compiled", "ddp", "ddp-compiled")
 NEED_S = {"eager": 25, "compiled": 150, "ddp": 25, "ddp-compiled": 150}  # on a GPU, data and compile included
-QUICK_NEED_S = {"eager": 3, "compiled": 10, "ddp": 3, "ddp-compiled": 10}
 MAX_SIDE = 250  # pieces a side of a joined pair: the usual WMT cleaning limit, under data.max_*_positions
 
 
 # ----------------------------------------------------------------------------- data
-
-
-class WideVocab:
-    """A tokenizer whose vocabulary counts ``size`` entries (``len``); everything else is ``inner``'s.
-
-    The trainer sizes the embeddings and the output layer by ``len(tokenizer)``; the ids stay
-    ``inner``'s, a subset of the wider vocabulary."""
-
-    def __init__(self, inner: Any, size: int) -> None:
-        self.inner, self.size = inner, max(int(size), len(inner))
-
-    def __len__(self) -> int:
-        """The wider vocabulary's size."""
-        return self.size
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 def _flat(seqs: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -116,12 +95,13 @@ def length_summary(split: ParallelDataset) -> dict[str, Any]:
 
 def wmt_like_data(ctx: Context) -> TranslationData:
     """Multi30k with its training split joined to WMT-like lengths (:func:`wmt_like_split`) and the
-    tokenizers widened to ``--trainer-vocab`` entries (:class:`WideVocab`); built once."""
+    tokenizers widened to ``--trainer-vocab`` entries (the trainer sizes the embeddings and the output
+    layer by them; the ids stay the tokenizer's, a subset); built once."""
     if ctx.trainer_data is None:
         data = load_data(ctx)
-        vocab = ctx.args.trainer_vocab or len(data.src_tokenizer)
-        src = WideVocab(data.src_tokenizer, vocab)
-        tgt = src if data.joint_vocab else WideVocab(data.tgt_tokenizer, vocab)
+        vocab = max(ctx.args.trainer_vocab, len(data.src_tokenizer), len(data.tgt_tokenizer))
+        src = VocabSize(vocab, data.src_tokenizer)
+        tgt = src if data.joint_vocab else VocabSize(vocab, data.tgt_tokenizer)
         train = wmt_like_split(data.splits["train"], ctx.args.trainer_mean_len)
         ctx.trainer_data = TranslationData(src, tgt, {"train": train, "valid": data.splits["valid"]})
     return ctx.trainer_data
@@ -130,132 +110,87 @@ def wmt_like_data(ctx: Context) -> TranslationData:
 # ----------------------------------------------------------------------------- one row
 
 
-def trainer_config(ctx: Context, mode: str) -> Any:
-    """The row's typed config: the model preset, Multi30k, ``train.max_tokens``, ``train.compile``
-    by mode, ``train.precision=auto``, no validation, no checkpoints."""
-    a = ctx.args
-    preset, over, family = MODELS[a.trainer_model]
-    updates = 1 + a.trainer_warmup + a.trainer_updates
-    return compose_config(
-        [f"model={preset}", *over, *(QUICK_DIMS[family] if a.quick else [])]
-        + data_overrides(ctx)
-        + train_overrides(ctx, f"trainer_{mode}", "auto", mode.endswith("compiled"), updates, ctx.device.type)
-        + [f"train.max_tokens={a.trainer_tokens}", "train.average_last=0"]
-    )
-
-
-@contextlib.contextmanager
-def one_rank_group(device: torch.device) -> Iterator[None]:
-    """A ``torch.distributed`` process group of this process alone (nccl on CUDA, else gloo),
-    destroyed on the way out.
-
-    Raises:
-        RuntimeError: a process group already exists in this process.
-    """
-    if dist.is_initialized():
-        raise RuntimeError("a process group already exists in this process")
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def time_updates(trainer: Any, warmup: int, updates: int, device: torch.device) -> dict[str, Any]:
     """The first update alone, ``warmup`` more, then ``updates`` timed together (the device
     synchronised at both ends, nothing read on the host between them).
 
     Returns:
-        ``first_update_s``, ``warmup_s``, ``timed_s``, ``graphs_first`` / ``graphs_warmup`` /
-        ``graphs_timed`` (dynamo graphs compiled in each part), ``stats`` (the timed updates'
-        :meth:`Trainer.train_step` results) and ``batches`` (the timed batches).
+        ``seconds`` and ``graphs`` (dynamo graphs compiled) of the three parts, ``stats`` (the timed
+        updates' :meth:`Trainer.train_step` results) and ``batches`` (the timed batches).
     """
     freq = trainer.cfg.train.update_freq
     batches = trainer.batches()  # the trainer's own data path: prefetching, pinned, non_blocking
-    out: dict[str, Any] = {"stats": [], "batches": []}
-
-    def part(n: int, seconds: str, graphs: str, keep: bool = False) -> None:
-        before = compiled.compiled_graphs()
-        synchronize(device)
-        t = time.perf_counter()
-        for _ in range(n):
-            micro = [next(batches) for _ in range(freq)]
-            stats = trainer.train_step(micro)
-            if keep:
-                out["stats"].append(stats)
-                out["batches"] += micro
-        synchronize(device)
-        out[seconds] = time.perf_counter() - t
-        out[graphs] = compiled.compiled_graphs() - before
-
+    out: dict[str, Any] = {"seconds": [], "graphs": [], "stats": [], "batches": []}
     try:
-        part(1, "first_update_s", "graphs_first")
-        part(warmup, "warmup_s", "graphs_warmup")
-        part(updates, "timed_s", "graphs_timed", keep=True)
+        for n, keep in ((1, False), (warmup, False), (updates, True)):
+            before = compiled.compiled_graphs()
+            synchronize(device)
+            t = time.perf_counter()
+            for _ in range(n):
+                micro = [next(batches) for _ in range(freq)]
+                stats = trainer.train_step(micro)
+                if keep:
+                    out["stats"].append(stats)
+                    out["batches"] += micro
+            synchronize(device)
+            out["seconds"].append(time.perf_counter() - t)
+            out["graphs"].append(compiled.compiled_graphs() - before)
     finally:
         batches.close()  # stops the prefetching thread
     return out
-
-
-def batch_lengths(batches: list[Any]) -> tuple[np.ndarray, np.ndarray, int]:
-    """Source and target lengths without specials of every row of ``batches`` (encoder-decoder),
-    and the target tensors' padded size."""
-    src = torch.cat([b.net_input["src_tokens"].ne(PAD_ID).sum(1) for b in batches]).cpu().numpy() - 1
-    tgt = torch.cat([b.target.ne(PAD_ID).sum(1) for b in batches]).cpu().numpy() - 1
-    return src, tgt, sum(b.target.numel() for b in batches)
 
 
 def measure(ctx: Context, mode: str, peak: float) -> dict[str, Any]:
     """One row (``docs/gpu.md``, "The trainer's own update"); raises what the row raised."""
     a, dev = ctx.args, ctx.device
     data = wmt_like_data(ctx)
-    cfg = trainer_config(ctx, mode)
+    _, _, over = model_config(a.trainer_model, a.quick)  # the preset, train.precision=auto, no checkpoints
+    own = [f"model={MODELS[a.trainer_model][0]}", *over, f"train.max_tokens={a.trainer_tokens}", "train.average_last=0"]
+    updates = 1 + a.trainer_warmup + a.trainer_updates
+    cfg = run_config(ctx, f"trainer_{mode}", "", "auto", mode.endswith("compiled"), updates, dev.type, own)
     backend = "eager" if a.quick and dev.type == "cpu" else "inductor"
-    trainer = None
-    group = one_rank_group(dev) if mode.startswith("ddp") else contextlib.nullcontext()
+    trainer, ddp = None, mode.startswith("ddp")
     try:
         reset_peak(dev)
-        with group:
-            # DDP over the one-rank group: the trainer's own engine
-            trainer = make_trainer(cfg, data, dev, "ddp" if mode.startswith("ddp") else None, backend)
-            try:
-                r = time_updates(trainer, a.trainer_warmup, a.trainer_updates, dev)
-                last = read_stats(r["stats"][-1])
-                ntokens = sum(int(s["ntokens"]) for s in r["stats"])
-            finally:
-                if mode.startswith("ddp"):  # DDP's reducer goes before its process group (see shutdown_distributed)
-                    trainer.parallel.release()
-                    if mode.endswith("compiled"):
-                        torch._dynamo.reset()  # its graphs hold the DDP module
-                    gc.collect()
-        src, tgt, padded = batch_lengths(r.pop("batches"))
-        vocab = len(data.tgt_tokenizer)
-        flops = real_train_flops(cfg.model, LengthBatch(a.trainer_tokens, src, tgt, 0), vocab)
-        per_update = r["timed_s"] / a.trainer_updates
+        if ddp:  # DDP over a process group of this process alone: the trainer's own engine
+            dist.init_process_group(
+                "nccl" if dev.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1
+            )
+        try:
+            trainer = make_trainer(cfg, data, dev, "ddp" if ddp else None, backend)
+            r = time_updates(trainer, a.trainer_warmup, a.trainer_updates, dev)
+        finally:
+            if ddp:
+                torch._dynamo.reset()  # compiled graphs hold the DDP module
+                shutdown_distributed(trainer and trainer.parallel)  # DDP's reducer goes before its process group
+        last, ntokens = read_stats(r["stats"][-1]), sum(int(s["ntokens"]) for s in r["stats"])
+        batches = r.pop("batches")  # the rows' lengths without BOS / EOS, and the targets' padded size
+        src = torch.cat([b.net_input["src_tokens"].ne(PAD_ID).sum(1) for b in batches]).cpu().numpy() - 1
+        tgt = torch.cat([b.target.ne(PAD_ID).sum(1) for b in batches]).cpu().numpy() - 1
+        padded = sum(b.target.numel() for b in batches)
+        flops = real_train_flops(cfg.model, src, tgt, len(data.tgt_tokenizer))
+        first_s, _, timed_s = r["seconds"]
+        per_update = timed_s / a.trainer_updates
         row = {
+            "system": "Trainer.train_step",
             "precision": trainer.precision,
-            "compile": trainer.compiled,
-            "backend": backend if trainer.compiled else None,
+            "compile": trainer.compiled and backend,
             "distributed": "ddp, 1-rank group" if mode.startswith("ddp") else "none (one process)",
             "prefetch": trainer.prefetch,
             "pad_to_multiple": trainer.pad_to_multiple,
-            "vocab": vocab,
             "params": sum(p.numel() for p in trainer.model.parameters()),
-            "updates_timed": a.trainer_updates,
-            "warmup_updates": a.trainer_warmup,
-            "first_update_s": r["first_update_s"],
-            "compile_s": max(r["first_update_s"] - per_update, 0.0) if cfg.train.compile else None,
-            "warmup_s": r["warmup_s"],
-            "timed_s": r["timed_s"],
-            "ms_per_update": 1e3 * per_update,
-            "tok_s": ntokens / r["timed_s"],
-            "target_tokens_per_update": ntokens / a.trainer_updates,
-            "rows_per_update": len(tgt) / a.trainer_updates,
-            "mean_tgt_len": float(tgt.mean()) + 1,
+            "first_step_s": first_s,
+            "compile_s": max(first_s - per_update, 0.0) if trainer.compiled else None,
+            "timed_s": timed_s,
+            "step_ms": 1e3 * per_update,
+            "tok_s": ntokens / timed_s,
+            "target_tokens": ntokens / a.trainer_updates,  # per update, a mean
+            "dims": f"WMT-like, {len(tgt) / a.trainer_updates:.0f} rows, mean target {float(tgt.mean()) + 1:.1f}",
             "padding": 1 - (int(tgt.sum()) + len(tgt)) / max(padded, 1),
             "train_flops": flops,
-            "mfu": flops / r["timed_s"] / peak,
-            "graphs": {k: r[k] for k in ("graphs_first", "graphs_warmup", "graphs_timed")},
+            "mfu": flops / timed_s / peak,
+            "graph_counts": r["graphs"],  # first update, warm-up, timed
+            "graphs": " / ".join(map(str, r["graphs"])) if trainer.compiled else None,
             "last_loss": last["loss"],
         }
         if dev.type == "cuda":
@@ -276,29 +211,24 @@ def section_trainer(sec: dict[str, Any], ctx: Context, report: Report) -> None:
     a = ctx.args
     r = sec["results"]
     peak, source = bf16_peak(ctx)
-    r.update(
-        device_name=ctx.meta_device,
-        model=a.trainer_model,
-        max_tokens=a.trainer_tokens,
-        peak_bf16_tflops=peak / 1e12,
-        peak_source=source,
-        rows=[],
-    )
+    r.update(model=a.trainer_model, max_tokens=a.trainer_tokens, peak_bf16_tflops=peak / 1e12, rows=[])
     report.write()
-    need = QUICK_NEED_S if a.quick else NEED_S
     for mode in a.trainer_modes:
         row: dict[str, Any] = {"model": a.trainer_model, "mode": mode, "max_tokens": a.trainer_tokens}
         with guarded(row, traceback_limit=8):
-            ctx.budget.need(need[mode], f"trainer {a.trainer_model} {mode}")
+            ctx.budget.need(NEED_S[mode], f"trainer {a.trainer_model} {mode}")
             if "corpus" not in r:  # built for the first row that runs (the data load is in its time)
                 data = wmt_like_data(ctx)
-                r.update(
-                    vocab=len(data.tgt_tokenizer),
-                    tokenizer_vocab=len(data.tgt_tokenizer.inner),
-                    corpus=length_summary(data.splits["train"]),
-                    corpus_from=f"Multi30k en-de training pairs{' (a slice)' if a.quick else ''} joined to a "
-                    f"target mean of {a.trainer_mean_len:g} pieces",
-                )
+                c = r["corpus"] = length_summary(data.splits["train"])
+                r["summary"] = [
+                    f"`{a.trainer_model}` through `Trainer.train_step` (its data path, `train.precision=auto`), "
+                    f"`train.max_tokens={a.trainer_tokens}`, vocabulary {len(data.tgt_tokenizer)} (ids of the "
+                    f"{len(data.tgt_tokenizer.inner)}-piece tokenizer); corpus: Multi30k en-de training pairs"
+                    f"{' (a slice)' if a.quick else ''} joined to a target mean of {a.trainer_mean_len:g} pieces: "
+                    f"{c['pairs']} pairs, target mean {c['mean_tgt_len']}, 99th percentile {c['tgt_len_p99']}, "
+                    f"longest {c['max_tgt_len']}, {c['share_tgt_ge_128']:.2%} of 128 or more. MFU against "
+                    f"{peak / 1e12:.4g} TFLOP/s ({source}), real tokens only."
+                ]
             row.update(measure(ctx, mode, peak))
         r["rows"].append(row)
         ctx.trainer_rows.append(row)
@@ -306,19 +236,16 @@ def section_trainer(sec: dict[str, Any], ctx: Context, report: Report) -> None:
     measured = [x for x in r["rows"] if "tok_s" in x]
     if not measured and all("skipped" in x for x in r["rows"]):
         raise OutOfTime(r["rows"][0]["skipped"] if r["rows"] else "no mode asked for")
-    # the target's batch bound (16k tokens); a smoke run's tiny batches are read at their own size
-    r["target"] = evaluate_trainer_target(r["rows"], a.trainer_model, a.trainer_tokens if a.quick else 16384)
+    if a.trainer_model == "base":  # the targets name the base model; a smoke run's tiny batches read at their size
+        min_tokens = a.trainer_tokens if a.quick else 16384
+        r["targets"] = [mfu_target("base_trainer_mfu", best(measured, min_tokens=min_tokens))]
     check(sec, "rows measured", bool(measured), f"{len(measured)} of {len(r['rows'])} modes measured")
     for x in measured:
         check(sec, f"{x['mode']}: loss finite", math.isfinite(x["last_loss"]), f"last loss {x['last_loss']:.4f}")
         if x["compile"]:
-            check(
-                sec,
-                f"{x['mode']}: no recompilation while timed",
-                x["graphs"]["graphs_timed"] == 0,
-                f"graphs compiled: first update {x['graphs']['graphs_first']}, warm-up "
-                f"{x['graphs']['graphs_warmup']}, timed {x['graphs']['graphs_timed']}",
-            )
+            first, warmup, timed = x["graph_counts"]
+            detail = f"graphs compiled: first update {first}, warm-up {warmup}, timed {timed}"
+            check(sec, f"{x['mode']}: no recompilation while timed", timed == 0, detail)
     failed = [x["mode"] for x in r["rows"] if "error" in x]
     if failed:
         check(sec, "no row failed", False, "failed: " + ", ".join(failed))

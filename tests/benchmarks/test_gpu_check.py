@@ -3,7 +3,7 @@
 scripts around it (``scripts/gpu_check.sh``, ``scripts/results_gpu.sh``) on a slice of Multi30k.
 
 No GPU runs here: the CPU smoke mode exercises every section's code (the trainer, the decoder, the
-SDPA profile, the throughput rows) with the CPU standing in for the device, so decoding parity
+SDPA profile) with the CPU standing in for the device, so decoding parity
 and the first-step loss are trivially equal; the GPU results come from ``scripts/gpu_check.sh`` on
 a GPU machine.
 """
@@ -31,10 +31,13 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def load_gpu_check():
-    """The check's command-line module, which holds the names the tests use."""
-    from benchmarks.gpu_check import cli
+    """The names the tests use: the check's command line and report, and the GPUs' peak table."""
+    import types
 
-    return cli
+    from benchmarks.gpu_check import cli, report
+    from benchmarks.train_step import device_peak
+
+    return types.SimpleNamespace(**{**vars(report), **vars(cli)}, device_peak=device_peak)
 
 
 @pytest.fixture(scope="module")
@@ -130,17 +133,17 @@ def test_trainer_section_times_the_trainers_own_update(quick_run):
     assert list(rows) == ["eager", "compiled", "ddp"]
     for x in rows.values():
         assert "error" not in x and "skipped" not in x, x
-        assert x["updates_timed"] == 2 and x["warmup_updates"] == 1
-        assert x["tok_s"] == pytest.approx(x["target_tokens_per_update"] * 2 / x["timed_s"])
-        assert x["ms_per_update"] == pytest.approx(1e3 * x["timed_s"] / 2) and x["mfu"] > 0
+        assert x["tok_s"] == pytest.approx(x["target_tokens"] * 2 / x["timed_s"])
+        assert x["step_ms"] == pytest.approx(1e3 * x["timed_s"] / 2) and x["mfu"] > 0
         assert x["mfu"] == pytest.approx(x["train_flops"] / x["timed_s"] / (r["peak_bf16_tflops"] * 1e12))
         assert x["prefetch"] == 0 and math.isfinite(x["last_loss"])  # train.prefetch=auto on a CPU
-    assert rows["compiled"]["compile"] and rows["compiled"]["backend"] == "eager"
-    assert rows["compiled"]["graphs"]["graphs_first"] >= 1 and rows["compiled"]["graphs"]["graphs_timed"] == 0
+    assert rows["compiled"]["compile"] == "eager" and rows["eager"]["compile"] is False
+    first, _, timed = rows["compiled"]["graph_counts"]
+    assert first >= 1 and timed == 0 and rows["compiled"]["graphs"] == f"{first} / 0 / 0"
     assert rows["compiled"]["compile_s"] > 0 and rows["eager"]["compile_s"] is None
     assert rows["ddp"]["distributed"] == "ddp, 1-rank group" and rows["eager"]["distributed"].startswith("none")
-    assert r["target"]["target"] == "base_trainer_mfu" and r["target"]["status"] == "missed"  # a CPU's MFU
-    assert "| compiled | " in md and "Trainer.train_step" in md
+    [target] = r["targets"]
+    assert target["target"] == "base_trainer_mfu" and target["status"] == "missed"  # a CPU's MFU
     beside = data["sections"]["realistic"]["results"]["trainer_rows"]
     assert [x["mode"] for x in beside] == ["eager", "compiled", "ddp"]
     assert "| base | Trainer.train_step | compiled | 1024 | WMT-like" in md
@@ -149,9 +152,9 @@ def test_trainer_section_times_the_trainers_own_update(quick_run):
 def test_decoding_on_the_cpu_equals_the_cpu(quick_run):
     _, data, _ = quick_run
     r = data["sections"]["decoding"]["results"]
-    assert r["sentences"] == 50
-    for key in ("greedy", "beam5"):
-        assert r[key]["equal"] == r[key]["of"] == 50 and r[key]["differing"] == []
+    assert r["sentences"] == 50 and [x["search"] for x in r["searches"]] == ["greedy", "beam 5"]
+    for x in r["searches"]:
+        assert x["equal"] == x["of"] == 50 and x["differing"] == [] and "first_difference" not in x
 
 
 def test_a_calls_gpu_annotation_does_not_hide_its_cpu_ops():
@@ -211,21 +214,6 @@ def test_sdpa_section_names_a_cpu_backend_for_every_call(quick_run):
     assert "flash (CPU)" in md
 
 
-def test_throughput_rows_have_ours_and_the_peers_or_a_reason(quick_run):
-    _, data, _ = quick_run
-    r = data["sections"]["throughput"]["results"]
-    rows = r["rows"]
-    assert {(x["family"], x["precision"]) for x in rows if x["model"] == "ours" and x.get("tok_s", 0) > 0} == {
-        (f, p) for f in ("encoder-decoder", "decoder-only") for p in ("fp32", "bf16")
-    }
-    for x in rows:
-        assert "tok_s" in x or x.get("skipped"), x
-        if "tok_s" in x:
-            assert 0 < x["mfu_vs_bf16_peak"] and x["step_ms"] > 0
-    assert {x["model"] for x in rows} == {"ours", "HF Marian", "HF Llama"}
-    assert set(r["peaks_tflops"]) == {"bf16", "fp32"}
-
-
 def test_realistic_section_measures_every_planned_row_and_decodes(quick_run):
     _, data, md = quick_run
     sec = data["sections"]["realistic"]
@@ -239,10 +227,16 @@ def test_realistic_section_measures_every_planned_row_and_decodes(quick_run):
     assert [x["mode"] for x in r["rows"]][:4] == ["eager"] * 4  # eager first: the priority order
     for x in r["rows"]:
         assert "error" not in x and "skipped" not in x, x
-        assert x["tok_s"] == pytest.approx(x["batch"]["target_tokens"] / x["step_s"]) and 0 < x["mfu"]
-        assert x["max_tokens"] == 256 and x["batch"]["rows"] * max(x["batch"]["shape"]["target"][1], 1) > 0
+        assert x["tok_s"] == pytest.approx(x["target_tokens"] / x["step_s"]) and 0 < x["mfu"]
+        rows_, length = x["batch"]["rows"], x["batch"]["shape"]["target"][1]
+        assert x["max_tokens"] == 256 and x["dims"].startswith(f"{rows_} x ") and rows_ * length > 0
     assert (
-        rows[("base", "ours", "compiled")]["backend"] == "eager" and rows[("base", "ours", "compiled")]["graphs"] >= 1
+        rows[("base", "ours", "compiled")]["graphs"]
+        == rows[("base", "HF Marian", "compiled")]["graphs"]
+        == "1 / 0 breaks"
+    )
+    assert rows[("base", "ours", "eager")]["ratio"] == pytest.approx(
+        rows[("base", "ours", "eager")]["tok_s"] / rows[("base", "HF Marian", "eager")]["tok_s"]
     )
     assert "cudagraphs rows not run: CUDA graphs need a CUDA device" in sec["notes"]
     decoding = {(x["system"], x["strategy"]): x for x in r["decoding"]}
@@ -254,6 +248,13 @@ def test_realistic_section_measures_every_planned_row_and_decodes(quick_run):
     assert [t["target"] for t in r["targets"]] == ["base_mfu", "base_vs_marian", "big_mfu", "beam_vs_hf"]
     assert {t["target"]: t["status"] for t in r["targets"]}["big_mfu"] == "not measured"
     assert "| base | ours | eager | 256 |" in md and "| HF generate | beam5 |" in md
+
+
+def _report(tmp_path, **meta):
+    from benchmarks.gpu_check.report import Report
+
+    defaults = {"device": "cpu", "device_name": "test CPU", "quick": True, "budget_s": 0}
+    return Report(tmp_path, {**defaults, "command": "x", "date": "d", "commit": "c", "torch": "t", **meta})
 
 
 def _realistic_ctx(tmp_path):
@@ -283,20 +284,7 @@ def _realistic_ctx(tmp_path):
 def test_a_failing_or_oom_row_is_recorded_and_the_next_rows_run(tmp_path, monkeypatch):
     from benchmarks.gpu_check import realistic
 
-    gc = load_gpu_check()
-    report = gc.Report(
-        tmp_path,
-        {
-            "device": "cpu",
-            "device_name": "test CPU",
-            "command": "x",
-            "date": "d",
-            "commit": "c",
-            "torch": "t",
-            "quick": True,
-            "budget_s": 0,
-        },
-    )
+    report = _report(tmp_path)
     ran = []
 
     def fake_measure(name, system, mode, tokens, ctx, lengths):
@@ -309,12 +297,9 @@ def test_a_failing_or_oom_row_is_recorded_and_the_next_rows_run(tmp_path, monkey
             "tok_s": 100.0,
             "first_step_s": 1.0,
             "params": 10,
-            "batch": {
-                "rows": 2,
-                "shape": {"src": [2, 8], "prev": [2, 8], "target": [2, 8]},
-                "target_tokens": 10,
-                "padding": 0.375,
-            },
+            "dims": "2 x 8 x 8",
+            "target_tokens": 10,
+            "padding": 0.375,
         }
 
     monkeypatch.setattr(realistic, "measure", fake_measure)
@@ -353,19 +338,7 @@ def test_rows_past_the_sections_budget_are_recorded_as_skipped(tmp_path, monkeyp
     from benchmarks.gpu_check import realistic
 
     gc = load_gpu_check()
-    report = gc.Report(
-        tmp_path,
-        {
-            "device": "cpu",
-            "device_name": "test CPU",
-            "command": "x",
-            "date": "d",
-            "commit": "c",
-            "torch": "t",
-            "quick": True,
-            "budget_s": 0,
-        },
-    )
+    report = _report(tmp_path)
     monkeypatch.setattr(realistic, "bf16_peak", lambda ctx: (4e12, "test"))
     monkeypatch.setattr(realistic, "decode_jobs", lambda *a: None)
     monkeypatch.setattr(realistic, "load_data", lambda ctx: _fake_data())
@@ -381,7 +354,7 @@ def test_rows_past_the_sections_budget_are_recorded_as_skipped(tmp_path, monkeyp
     md = gc.markdown(report.data)
     assert "| base | ours | eager | 64 | skipped: base ours eager 64: skipped" in md
     assert f"Skipped for the time budget ({len(ctx.budget.skipped)};" in md
-    assert "- base ours eager 64: skipped, 0 s of the 0 s budget left, ~2 s needed" in md
+    assert "- base ours eager 64: skipped, 0 s of the 0 s budget left, ~12 s needed" in md
 
 
 def test_the_plan_runs_what_is_needed_most_first():
@@ -444,16 +417,16 @@ def test_the_flops_count_real_tokens_only():
     cfg, _, _ = model_config("base", quick=True)
     lb = LengthBatch(64, np.array([3, 5, 5]), np.array([4, 6, 6]), 1)
     expected = 3 * (forward_flops(cfg, 50, 4, 5)["total"] + 2 * forward_flops(cfg, 50, 6, 7)["total"])
-    assert real_train_flops(cfg, lb, 50) == pytest.approx(expected)
+    assert real_train_flops(cfg, lb.src, lb.tgt, 50) == pytest.approx(expected)
     dec, _, _ = model_config("llama100m", quick=True)
     one = LengthBatch(64, np.array([3]), np.array([4]), 1)  # 3 + 1 + 4 positions, logits at the last 5
-    assert real_train_flops(dec, one, 50) == pytest.approx(
+    assert real_train_flops(dec, one.src, one.tgt, 50) == pytest.approx(
         3 * (forward_flops(dec, 50, 3, 4)["total"] - 2 * 3 * 32 * 50)
     )
 
 
 def test_the_targets_read_the_best_rows():
-    from benchmarks.gpu_check.targets import evaluate_targets
+    from benchmarks.gpu_check.realistic import evaluate_targets
 
     def row(model, system, mode, tokens, tok_s, mfu):
         return {"model": model, "system": system, "mode": mode, "max_tokens": tokens, "tok_s": tok_s, "mfu": mfu}
@@ -487,19 +460,7 @@ def test_the_targets_read_the_best_rows():
 
 def test_a_failing_section_is_recorded_and_the_next_one_runs(tmp_path):
     gc = load_gpu_check()
-    report = gc.Report(
-        tmp_path,
-        {
-            "device": "cpu",
-            "device_name": "test CPU",
-            "command": "x",
-            "date": "d",
-            "commit": "c",
-            "torch": "t",
-            "quick": True,
-            "budget_s": 0,
-        },
-    )
+    report = _report(tmp_path)
     seen = {}
 
     def broken(sec):
@@ -523,14 +484,14 @@ def test_a_failing_section_is_recorded_and_the_next_one_runs(tmp_path):
     assert saved["decoding"]["status"] == "passed"
     assert saved["sdpa"]["status"] == "failed" and "does not hold" in saved["sdpa"]["error"]
     md = (tmp_path / "gpu_check.md").read_text()
-    assert "| training | failed |" in md and "| throughput | not run |" in md
+    assert "| training | failed |" in md and "| realistic | not run |" in md
 
     def stopped(sec):
         raise gc.Stopped("stopped by signal SIGTERM")
 
     with pytest.raises(gc.Stopped):
-        report.run("throughput", stopped)
-    assert json.loads((tmp_path / "gpu_check.json").read_text())["sections"]["throughput"]["status"] == "failed"
+        report.run("realistic", stopped)
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["sections"]["realistic"]["status"] == "failed"
 
 
 def test_budget_and_device_peaks():
@@ -576,26 +537,13 @@ def test_the_check_fits_one_device_call_and_leaves_one_for_a_rerun():
     assert "STUDY=${STUDY:-0}" in script and "--budget-s $(( CHECK_S - 40 ))" in script
     assert args.trainer_modes == ["eager", "compiled", "ddp"] and args.compile_precision == ["bf16", "fp32"]
     assert (args.trainer_tokens, args.trainer_vocab, args.trainer_mean_len) == (16384, 32000, 27.0)
-    assert set(gc.SECTION_NEED_S) == set(gc.SECTIONS[1:])
 
 
 def test_a_section_out_of_time_is_skipped_with_its_reason(tmp_path, monkeypatch):
     from benchmarks.gpu_check import trainer_rows
 
     gc = load_gpu_check()
-    report = gc.Report(
-        tmp_path,
-        {
-            "device": "cuda",
-            "device_name": "test GPU",
-            "command": "x",
-            "date": "d",
-            "commit": "c",
-            "torch": "t",
-            "quick": False,
-            "budget_s": 1,
-        },
-    )
+    report = _report(tmp_path, device="cuda", device_name="test GPU", quick=False, budget_s=1)
     ctx = _realistic_ctx(tmp_path)
     ctx.budget = gc.Budget(1e-9)
     ctx.args.trainer_modes, ctx.args.trainer_model, ctx.args.trainer_tokens = ["eager", "compiled"], "base", 16384
@@ -638,52 +586,38 @@ def test_wmt_like_split_joins_consecutive_pairs_to_wmt_lengths():
 
 
 def test_study_summary_reads_run_folders(tmp_path):
+    """Summarised on another machine (a CPU), a finished GPU run still says where it trained; an
+    unfinished one shows how far it got."""
     gc = load_gpu_check()
-    run = tmp_path / "runs" / "ladder" / "step0_vaswani2017_seed1"
-    run.mkdir(parents=True)
-    (run / "metrics.jsonl").write_text(
-        json.dumps({"split": "train", "update": 200, "loss": 5.0, "tokens_per_s": 1234.0})
-        + "\n"
-        + json.dumps({"split": "valid", "update": 200, "loss": 4.5, "bleu": 3.2})
-        + "\n"
-    )
-    (run / "config.yaml").write_text("train:\n  precision: fp32\n  device: cuda\n  max_updates: 6000\n")
-    res = gc.study_summary(tmp_path / "runs", tmp_path / "sum", "NVIDIA H200", "a note")
-    assert res["runs"] == [
-        {
-            "run": "ladder/step0_vaswani2017_seed1",
-            "updates": 200,
-            "precision": "fp32",
-            "device": "cuda",
-            "max_updates": 6000,
-            "tokens_per_s": 1234.0,
-            "last_valid": {"update": 200, "loss": 4.5, "bleu": 3.2},
-            "finished": False,
-            "test_bleu": None,
-            "wall_time_s": None,
-        }
-    ]
-    md = (tmp_path / "sum" / "study_progress.md").read_text()
-    assert "NVIDIA H200" in md and "| ladder/step0_vaswani2017_seed1 | cuda | fp32 | 200 / 6000 |" in md
-
-
-def test_study_summary_names_the_device_a_finished_run_records(tmp_path):
-    """Summarised on another machine (a CPU), finished GPU runs still say where they trained."""
-    gc = load_gpu_check()
-    run = tmp_path / "runs" / "length" / "learned_seed2"
-    run.mkdir(parents=True)
-    (run / "metrics.jsonl").write_text(json.dumps({"split": "train", "update": 6000, "tokens_per_s": 9.0}) + "\n")
-    (run / "config.yaml").write_text("train:\n  precision: fp32\n  device: auto\n  max_updates: 6000\n")
-    (run / "results.json").write_text(
-        json.dumps(
-            {"bleu": 32.8521778950228, "device": "cuda:0", "precision": "fp32", "hardware": {"gpu": "NVIDIA H200"}}
-        )
-    )
+    running, finished = tmp_path / "runs" / "ladder" / "step0_vaswani2017_seed1", tmp_path / "runs" / "length" / "l"
+    for run, device in ((running, "cuda"), (finished, "auto")):
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text(f"train:\n  precision: fp32\n  device: {device}\n  max_updates: 6000\n")
+    train = {"split": "train", "update": 200, "loss": 5.0, "tokens_per_s": 1234.0}
+    valid = {"split": "valid", "update": 200, "loss": 4.5, "bleu": 3.2}
+    (running / "metrics.jsonl").write_text(json.dumps(train) + "\n" + json.dumps(valid) + "\n")
+    (finished / "metrics.jsonl").write_text(json.dumps({"split": "train", "update": 6000}) + "\n")
+    results = {"bleu": 32.8521778950228, "device": "cuda:0", "precision": "fp32", "hardware": {"gpu": "NVIDIA H200"}}
+    (finished / "results.json").write_text(json.dumps(results))
     res = gc.study_summary(tmp_path / "runs", tmp_path / "sum", "CPU AMD EPYC", "a note")
-    assert res["device_name"] == "NVIDIA H200" and res["runs"][0]["device"] == "cuda:0 (NVIDIA H200)"
+    assert res["device_name"] == "NVIDIA H200" and [x["run"] for x in res["runs"]] == [
+        "ladder/step0_vaswani2017_seed1",
+        "length/l",
+    ]
+    assert res["runs"][0] == {
+        "run": "ladder/step0_vaswani2017_seed1",
+        "device": "cuda",
+        "precision": "fp32",
+        "updates": "200 / 6000",
+        "tokens_per_s": 1234.0,
+        "last_valid": "200: 4.500 / 3.20",
+        "finished": False,
+        "test_bleu": None,
+    }
     md = (tmp_path / "sum" / "study_progress.md").read_text()
-    assert md.startswith("# results_gpu.sh study on NVIDIA H200")
-    assert "| length/learned_seed2 | cuda:0 (NVIDIA H200) | fp32 | 6000 / 6000 |" in md and "| yes | 32.85 |" in md
+    assert md.startswith("# results_gpu.sh study on NVIDIA H200") and "a note" in md
+    assert "| ladder/step0_vaswani2017_seed1 | cuda | fp32 | 200 / 6000 | 1,234 | 200: 4.500 / 3.20 | False |" in md
+    assert "| length/l | cuda:0 (NVIDIA H200) | fp32 | 6000 / 6000 |  |  | True | 32.85 |" in md
 
 
 def test_gpu_check_sh_preflight_says_what_is_there(tmp_path):
