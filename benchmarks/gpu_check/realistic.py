@@ -233,8 +233,9 @@ def section_realistic(sec: dict[str, Any], ctx: Context, report: Report) -> None
             ctx.budget.need(NEED_S[mode], what)
             row.update(measure(name, system, mode, tokens, ctx, lengths))
             row["mfu"] = row["train_flops"] / row["step_s"] / peak
-            if ours := best(r["rows"], "tok_s", model=name, system="ours", mode=mode, max_tokens=tokens):
-                ours["ratio"] = ours["tok_s"] / row["tok_s"]
+            ours = best(r["rows"], "tok_s", model=name, system="ours", mode=mode, max_tokens=tokens)
+            if system != "ours" and ours:  # on the peer's row, as decoding's: one ratio per peer
+                row["ratio"] = ours["tok_s"] / row["tok_s"]
         r["rows"].append(row)
         report.write()
     ours = {x["strategy"]: x for x in r["decoding"] if x["system"] == "ours" and "sentences_per_s" in x}
