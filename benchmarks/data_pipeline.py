@@ -375,6 +375,7 @@ def multi30k(args: argparse.Namespace) -> dict[str, Any]:
         t = time.perf_counter()
         data = load_translation_data(cfg, log=None)
         scratch = time.perf_counter() - t
+        assert data.stats["tokenizer_cache"] == "miss"  # the vocabulary was trained in this timing
         t = time.perf_counter()
         cached = load_translation_data(cfg, log=None)
         warm = time.perf_counter() - t
