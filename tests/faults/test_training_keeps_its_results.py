@@ -50,3 +50,38 @@ def test_negative_learning_rate_fails_before_the_data_is_read(tmp_path):
     )
     assert res.returncode == 2 and "optim.lr" in res.stderr and "Traceback" not in res.stderr
     assert "no_corpus" not in res.stderr  # no data was looked for
+
+
+FAILING_LOGGER = """from transformer.registry import register_logger
+from transformer.training.monitoring.loggers import MetricsLogger
+
+
+@register_logger("failing")
+class Failing(MetricsLogger):
+    def __init__(self, cfg, run_dir, run_name, config):
+        pass
+
+    def log(self, metrics, step, split):
+        if split == "test" and {in_test}:
+            raise ValueError("the tracking server refused the test row")
+
+    def close(self):
+        if not {in_test}:
+            raise OSError("the tracking server went away")
+"""
+
+
+@pytest.mark.parametrize("in_test", [True, False], ids=["test-row", "close"])
+def test_a_plugin_logger_failing_after_training_keeps_the_trained_folder(in_test, gappy_corpus, tmp_path):
+    """A plugin's metrics logger that raises on the test row or when closed ends the command in one
+    line naming the plugin; the checkpoints and logs the run trained stay."""
+    plugin = tmp_path / "my_ideas" / "failing"
+    plugin.mkdir(parents=True)
+    (plugin / "__init__.py").write_text(FAILING_LOGGER.format(in_test=in_test))
+    run = tmp_path / "run"
+    args = small_cli_args(gappy_corpus, run, "train.max_updates=2", f"plugins=[{plugin}]", "logger=failing")
+    res = run_script("train", *args, f"hydra.run.dir={run}", cwd=tmp_path)
+    err = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and err[-1].startswith("error: the plugin failing failed at"), err[-5:]
+    assert "tracking server" in err[-1]
+    assert (run / "checkpoint_last.pt").is_file() and (run / "metrics.jsonl").is_file(), sorted(run.iterdir())

@@ -121,5 +121,9 @@ def test_a_registered_logger_is_selected_by_logger_name_and_a_taken_name_is_refu
         loggers.close()
         assert seen == [("built", "collect_test", tmp_path, "run", {"seed": 1}), ("train", 3, {"loss": 2.0})]
         assert _rows(tmp_path)[0]["loss"] == 2.0  # beside metrics.jsonl, not instead of it
+        register_logger("returns_none_test", lambda cfg, run_dir, run_name, config: None)
+        with pytest.raises(TypeError, match="logger=returns_none_test: its factory returned None, not a MetricsLogger"):
+            build_loggers(LoggerConfig(name="returns_none_test"), tmp_path, "run", {}, is_main=True)
     finally:
+        LOGGERS.pop("returns_none_test", None)
         LOGGERS.pop("collect_test", None)

@@ -294,29 +294,33 @@ def _train(
         f"train.max_tokens={t.max_tokens})"
     )
     loggers = build_loggers(cfg.logger, run_dir, run_name(cfg, choices), config_dict(cfg), dist_info.is_main)
-    with GracefulStop(t.stop_signals, announce=dist_info.is_main) as stopping:
-        try:
-            stop = trainer.fit(loggers, stopping)
-        except StopRequested as stopped:
-            log(
-                f"{stopped}; to continue, run the same command with train.resume=auto (a sweep's own command does), "
-                f"or: python scripts/train.py hydra.run.dir={run_dir} train.resume=true"
-            )
-            loggers.close()
-            shutdown_distributed(trainer.parallel)
-            stopping.hand_over()  # e.g. submitit's preemption handler: it requeues the job and exits
-            raise
-        except Exception as err:  # train() tells a run that failed at its first update from one that trained
-            err.updates_done = trainer.update  # type: ignore[attr-defined]
-            raise
-    log(f"stopped: {stop}")
-    trainer.unshard_for_test()  # FSDP: the final test decodes with full weights on every rank
+    try:
+        with GracefulStop(t.stop_signals, announce=dist_info.is_main) as stopping:
+            try:
+                stop = trainer.fit(loggers, stopping)
+            except StopRequested as stopped:
+                log(
+                    f"{stopped}; to continue, run the same command with train.resume=auto (a sweep's own command "
+                    f"does), or: python scripts/train.py hydra.run.dir={run_dir} train.resume=true"
+                )
+                loggers.close()
+                shutdown_distributed(trainer.parallel)
+                stopping.hand_over()  # e.g. submitit's preemption handler: it requeues the job and exits
+                raise
+        log(f"stopped: {stop}")
+        trainer.unshard_for_test()  # FSDP: the final test decodes with full weights on every rank
 
-    results = final_test(trainer, choices, params, start, active_params=active)  # the ranks decode together
-    if not dist_info.is_main:
-        results = {}
-    loggers.log({k: v for k, v in results.items() if isinstance(v, (int, float))}, step=trainer.update, split="test")
-    loggers.close()
+        results = final_test(trainer, choices, params, start, active_params=active)  # the ranks decode together
+        if not dist_info.is_main:
+            results = {}
+        test_row = {k: v for k, v in results.items() if isinstance(v, (int, float))}
+        loggers.log(test_row, step=trainer.update, split="test")
+        loggers.close()
+    except StopRequested:
+        raise
+    except Exception as err:  # train() tells a run that failed at its first update from one that trained
+        err.updates_done = trainer.update  # type: ignore[attr-defined]
+        raise
     shutdown_distributed(trainer.parallel)
     return results
 

@@ -215,6 +215,7 @@ def build_loggers(
 
     Raises:
         ValueError: a ``cfg.name`` :data:`LOGGERS` does not hold.
+        TypeError: its factory returned no logger (an object without ``log`` and ``close``).
     """
     if cfg.name not in LOGGERS:
         raise ValueError(f"logger.name={cfg.name!r} is not one of {', '.join(LOGGERS)}")
@@ -223,7 +224,10 @@ def build_loggers(
     loggers: list[MetricsLogger] = [JsonlLogger(run_dir)]
     factory = LOGGERS[cfg.name]
     if factory is not None:
-        loggers.append(factory(cfg, Path(run_dir), run_name, config_dict))
+        logger = factory(cfg, Path(run_dir), run_name, config_dict)
+        if not (callable(getattr(logger, "log", None)) and callable(getattr(logger, "close", None))):
+            raise TypeError(f"logger={cfg.name}: its factory returned {logger!r}, not a MetricsLogger")
+        loggers.append(logger)
     return MultiLogger(loggers)
 
 
