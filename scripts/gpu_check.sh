@@ -13,7 +13,7 @@
 #    (transformer_2017_base / big and a ~100M llama_style, bf16, 8k/16k/32k-token Multi30k-like
 #    batches, eager / compiled / CUDA graphs, ours beside HF Marian / HF Llama; beam-5 and greedy
 #    decoding beside HF generate and CTranslate2), then training fp32/bf16 against the CPU, decoding
-#    parity, SDPA backends, tokens/s and MFU beside HF at small sizes;
+#    parity and the SDPA backends;
 # 3. with STUDY=1 and the time left of TOTAL_S (at least 90 s): scripts/results_gpu.sh (the ladder x 2 seeds and
 #    the Wu et al. run, fp32 as the ladder pins, so comparable with the CPU runs) with
 #    TIME_LIMIT = what is left, its run folders in $WORK/study; then the small files of every run
@@ -24,7 +24,8 @@
 #
 # Everything goes under one folder, $OUT (default runs/gpu_<date>; on the device tool, the folder
 # that comes back), and every file names the device: copy $OUT/gpu_check/ to docs/benchmarks/gpu/
-# and $OUT/study/ to docs/results/gpu/ to commit them beside the CPU results.
+# and $OUT/study/ to docs/results/gpu/ to commit them beside the CPU results. The exit status is the
+# check's (0: every section passed or was skipped; 1: one failed; 124: cut by CHECK_S), 2 at preflight.
 #
 # Environment: OUT, WORK (checkpoints, caches: default runs/gpu_work, not copied), TOTAL_S (default
 # 540: a 600 s device command with a minute spare), CHECK_S (default 360: the check alone leaves a
@@ -100,7 +101,8 @@ if [ "$CHECK" = 1 ]; then
   # shellcheck disable=SC2086  # CHECK_ARGS is a list of arguments
   timeout -s TERM -k 20 "$CHECK_S" "$PYTHON" -m benchmarks.gpu_check --device "$DEVICE" --out "$OUT/gpu_check" \
     --work "$WORK/gpu_check" --budget-s $(( CHECK_S - 40 )) $CHECK_ARGS
-  echo "benchmarks.gpu_check: exit $? after $(elapsed) s (0: every section passed; 1: one failed; 124: cut by CHECK_S)"
+  check_status=$?
+  echo "benchmarks.gpu_check: exit $check_status after $(elapsed) s (0: every section passed; 1: one failed; 124: cut by CHECK_S)"
 fi
 
 # ---------------------------------------------------------------- 3. the study, with the time left
@@ -119,3 +121,4 @@ elif [ "$STUDY" = 1 ]; then
   echo "results_gpu.sh: not started, ${left} s left of TOTAL_S=$TOTAL_S (needs 90)"
 fi
 echo "gpu_check.sh: done in $(elapsed) s; everything is in $OUT"
+exit "${check_status:-0}"  # the check's status: the study runs after a failed check, but the session sees it

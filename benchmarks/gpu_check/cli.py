@@ -67,7 +67,7 @@ def _shown(value: Any) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (``--quick`` changes the defaults of :data:`STARRED`, marked * in the help)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     add = p.add_argument
     add("--device", choices=["cuda", "cpu"], default="cuda")
     add("--quick", action="store_true", help="tiny sizes and few steps: the CPU smoke mode (seconds)")
@@ -106,8 +106,17 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the sections in :data:`SECTIONS`' order; 0 when every section passed or was skipped, else 1."""
-    args = apply_defaults(build_parser().parse_args(argv))
+    """Run the sections in :data:`SECTIONS`' order; 0 when every section passed or was skipped, else 1;
+    2 without writing anything for ``--device cuda`` on a machine without one and no ``--out``."""
+    args = build_parser().parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available() and args.out is None and args.study_summary is None:
+        print(
+            f"gpu_check: --device cuda but torch {torch.__version__} sees no CUDA device; nothing written "
+            "(the default --out holds the recorded GPU results: give --out to record this machine's check)",
+            file=sys.stderr,
+        )
+        return 2
+    args = apply_defaults(args)
     if args.study_summary is not None:
         name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU {cpu_model_name()}"
         study_summary(args.study_summary, args.out, name, args.study_note)

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import REPO_ROOT, SHARED_DATA, multi30k_excerpt, parallel_text_args
 
@@ -778,3 +779,16 @@ def test_gpu_check_sh_runs_the_study_and_keeps_only_small_files(corpus, tmp_path
     summary = json.loads((out / "study" / "study_progress.json").read_text())
     assert summary["runs"][0]["finished"] and summary["runs"][0]["device"] == "cpu"
     assert (out / "gpu_check_sh.log").is_file() and (out / "preflight.txt").is_file()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a CUDA device runs the check")
+def test_device_cuda_without_one_and_without_out_writes_nothing(tmp_path, capsys):
+    """The default ``--out`` of ``--device cuda`` is the recorded GPU results: a machine without a GPU
+    leaves them as they are."""
+    from benchmarks.gpu_check.cli import main
+
+    recorded = REPO_ROOT / "docs" / "benchmarks" / "gpu" / "gpu_check.md"
+    before = recorded.read_bytes()
+    assert main(["--device", "cuda", "--work", str(tmp_path)]) == 2
+    assert "sees no CUDA device; nothing written" in capsys.readouterr().err
+    assert recorded.read_bytes() == before and not any(tmp_path.iterdir())
