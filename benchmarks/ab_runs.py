@@ -9,7 +9,7 @@ checkouts of this repository (e.g. main before and after a change), each run a f
 
 The runs are every (checkout, variant) of ``--checkouts`` (default: this checkout) and ``--variants``
 (default: the checkout's own configuration). Every process trains the default model on Multi30k for
-``--updates`` updates with no validation and no test (the harness of :mod:`benchmarks.ab`); round
+``--updates`` updates with no validation on the way (the harness of :mod:`benchmarks.ab`); round
 ``r`` starts at run ``r``, since a shared machine's speed drifts. The table gives per run the
 medians over the rounds of its target tokens/s (compiling included), tokens/s after the first
 update, the first update's seconds, the recompilations and the peak resident memory, its batch
@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -76,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-root", default=os.environ.get("TRANSFORMER_DATA_DIR", "../shared/data"))
     p.add_argument("--out", type=Path, default=None, help="folder for ab_runs.json / .md")
     args = p.parse_args(argv)
+    if args.rounds < 1 or args.updates < 1:
+        p.error(f"--rounds and --updates must be at least 1, got {args.rounds} and {args.updates}")
+    args.variants = [" ".join(v.split()) for v in args.variants]  # one variant, however it is spaced
     for root in args.checkouts:
         if not (root / "scripts" / "train.py").is_file():
             p.error(f"{root} is not a checkout of this repository (no scripts/train.py)")
@@ -93,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         return row
 
     with tempfile.TemporaryDirectory() as work:
-        rows = interleaved_rounds(list(runs), args.rounds, run)
+        try:
+            rows = interleaved_rounds(list(runs), args.rounds, run)
+        except RuntimeError as err:  # a run failed: its variant and the error line it printed
+            print(f"ab_runs: {err}", file=sys.stderr)
+            return 1
     write_report(args.out, "ab_runs", rows, markdown(rows, list(runs)))
     return 0
 

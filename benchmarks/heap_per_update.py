@@ -6,7 +6,7 @@ RSS after it is the memory the process still holds.
     python -m benchmarks.heap_per_update --trim --out /tmp/heap/trim.jsonl -- train.max_updates=150
 
 Everything after ``--`` goes to ``scripts/train.py`` (the README's default command, with no validation
-and no test: ``FIXED``), run in this process with ``logger=heap_per_update train.log_every=1``: the
+on the way: ``FIXED``; the end's validation loss and one test split follow the last update), run in this process with ``logger=heap_per_update train.log_every=1``: the
 logger (:func:`transformer.registry.register_logger`) reads ``/proc/self/statm`` at each update's
 train row and writes one JSON line, ``{"update", "rss_mb", "held_mb"}`` (``held_mb``: after the trim;
 the same as ``rss_mb`` without ``--trim``). A trim costs page faults on the next update, so time the
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import REPO, rss_mb
-from benchmarks.ab import FIXED  # training only: no validation, no test split beside the data's own
+from benchmarks.ab import FIXED  # no validation before the end, one test split
 from transformer.registry import register_logger
 from transformer.training.monitoring.loggers import MetricsLogger
 
@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True, help="JSON lines, one per update")
     p.add_argument("--trim", action="store_true", help="malloc_trim(0) after each update")
     args = p.parse_args(own)
+    if any(a.split("=", 1)[0].lstrip("+~") in ("logger", "train.log_every") for a in train_args):
+        p.error("logger= and train.log_every= are this benchmark's own (logger=heap_per_update train.log_every=1)")
     register_logger("heap_per_update", lambda cfg, run_dir, run_name, config: HeapLog(args.out, args.trim))
     sys.argv = [str(REPO / "scripts" / "train.py"), *FIXED, "logger=heap_per_update", "train.log_every=1", *train_args]
     runpy.run_path(sys.argv[0], run_name="__main__")
