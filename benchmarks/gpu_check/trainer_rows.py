@@ -26,7 +26,7 @@ from transformer.training.step.update_stats import read_stats
 from .batches import real_train_flops
 from .context import Context, load_data, run_config
 from .presets import MODELS, model_config
-from .realistic import best, bf16_peak, mfu_target
+from .realistic import at_smoke_sizes, best, bf16_peak, mfu_target
 from .report import OutOfTime, Report, check, guarded
 
 MODES = ("eager", "compiled", "ddp", "ddp-compiled")
@@ -239,6 +239,8 @@ def section_trainer(sec: dict[str, Any], ctx: Context, report: Report) -> None:
     if a.trainer_model == "base":  # the targets name the base model; a smoke run's tiny batches read at their size
         min_tokens = a.trainer_tokens if a.quick else 16384
         r["targets"] = [mfu_target("base_trainer_mfu", best(measured, min_tokens=min_tokens))]
+        if a.quick:
+            r["targets"] = at_smoke_sizes(r["targets"])
     check(sec, "rows measured", bool(measured), f"{len(measured)} of {len(r['rows'])} modes measured")
     for x in measured:
         check(sec, f"{x['mode']}: loss finite", math.isfinite(x["last_loss"]), f"last loss {x['last_loss']:.4f}")

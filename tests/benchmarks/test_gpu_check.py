@@ -145,6 +145,7 @@ def test_trainer_section_times_the_trainers_own_update(quick_run):
     assert rows["ddp"]["distributed"] == "ddp, 1-rank group" and rows["eager"]["distributed"].startswith("none")
     [target] = r["targets"]
     assert target["target"] == "base_trainer_mfu" and target["status"] == "missed"  # a CPU's MFU
+    assert target["detail"].startswith("smoke run, read at its own sizes: ") and "1024 tokens" in target["detail"]
     beside = data["sections"]["realistic"]["results"]["trainer_rows"]
     assert [x["mode"] for x in beside] == ["eager", "compiled", "ddp"]
     assert "| base | Trainer.train_step | compiled | 1024 | WMT-like" in md
