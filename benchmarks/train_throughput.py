@@ -306,6 +306,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "train_throughput.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one model in this process (a JSON spec)
     args = p.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available() and not args.worker:
+        p.error(f"--device cuda: torch {torch.__version__} sees no CUDA device")
 
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))), flush=True)
