@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import signal
 import sys
@@ -15,11 +14,10 @@ from typing import Any
 
 import torch
 
-from benchmarks import REPO, git_commit
+from benchmarks import REPO, git_commit, write_report
 from transformer.analysis import find_run_dirs, load_run
 from transformer.analysis.markdown import cell
 from transformer.precision import cpu_model_name
-from transformer.runs.io import atomic_write_text
 
 from .context import Context, device_description, find_data_dir, section_environment
 from .realistic import section_realistic
@@ -208,11 +206,9 @@ def study_summary(runs_dir: Path, out: Path, device_name: str, note: str) -> dic
         "runs": rows,
     }
     res.update(date=datetime.date.today().isoformat(), commit=git_commit())
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "study_progress.json", json.dumps(res, indent=1) + "\n")
     lines = [f"# results_gpu.sh study on {res['device_name']}: progress", "", f"{note}  "]
     lines += [
         f"Date {res['date']}, commit `{res['commit']}`; runs in `{runs_dir}`, precision as each run's config says."
     ]
-    atomic_write_text(out / "study_progress.md", "\n".join([*lines, "", *columns(STUDY, rows)]) + "\n")
+    write_report(out, "study_progress", res, "\n".join([*lines, "", *columns(STUDY, rows)]) + "\n")
     return res
