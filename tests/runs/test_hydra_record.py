@@ -10,6 +10,7 @@ import sys
 import time
 
 from tests.conftest import REPO_ROOT
+from tests.faults.conftest import run_script
 from transformer.runs.hydra_record import (
     RESUME_RECORD,
     forget_record,
@@ -23,14 +24,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": ""}
 
 
 def _train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), *args],
-        cwd=REPO_ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_script("train", *args, cwd=REPO_ROOT, env=ENV)
 
 
 def test_a_refused_run_leaves_no_folder_and_one_that_held_files_keeps_them(tmp_path):
